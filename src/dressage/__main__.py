@@ -1,0 +1,5 @@
+import sys
+
+from dressage.cli import main
+
+sys.exit(main())

@@ -1,0 +1,62 @@
+"""Model shapes that size trajectory fields: recorded MoE layers, routing top-k, expert count.
+
+Presets carry the public shapes of the models the seed measures. ``num_layers`` is the number
+of layers whose routing R3 records (dense layers come back from SGLang as rows of zeros, but
+the seed sizes R3 by MoE layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dressage.errors import ConfigError
+
+__all__ = ["ModelSpec", "MODEL_PRESETS", "get_model"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """Shape of a MoE model as far as trajectory storage is concerned."""
+
+    name: str
+    num_layers: int
+    """Layers recorded by R3 (one row of ``topk`` ids per layer per token)."""
+    topk: int
+    """Experts routed per token per layer."""
+    num_experts: int
+    """Routed experts per layer; ids are ``0..num_experts-1``."""
+    vocab_size: int = 151_936
+    """Token id range; sizes the built-in engine's output."""
+
+    def __post_init__(self) -> None:
+        for key in ("num_layers", "topk", "num_experts", "vocab_size"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model.{key} must be a positive integer, got {value!r}")
+        if self.topk > self.num_experts:
+            raise ConfigError(f"model.topk ({self.topk}) exceeds model.num_experts ({self.num_experts})")
+
+    @property
+    def r3_ids_per_token(self) -> int:
+        return self.num_layers * self.topk
+
+
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in (
+        ModelSpec(name="qwen3.6-35b-a3b", num_layers=40, topk=8, num_experts=256),
+        ModelSpec(name="glm-5.2-744b-a40b", num_layers=75, topk=8, num_experts=256, vocab_size=154_880),
+        ModelSpec(name="qwen3-next-80b-a3b", num_layers=48, topk=10, num_experts=512),
+        # A toy shape for tests and quick demos.
+        ModelSpec(name="tiny-moe", num_layers=4, topk=2, num_experts=16, vocab_size=512),
+    )
+}
+
+
+def get_model(name: str) -> ModelSpec:
+    try:
+        return MODEL_PRESETS[name.lower()]
+    except KeyError:
+        raise ConfigError(
+            f"model: unknown preset {name!r}; known presets: {', '.join(MODEL_PRESETS)}"
+        ) from None

@@ -1,0 +1,144 @@
+"""SGLang ``/generate`` wire format: decode (and, for the built-in engine, encode) ``meta_info``.
+
+Facts of the format:
+- ``meta_info["output_token_logprobs"]``: a list of ``[logprob, token_id, text | None]``.
+- ``meta_info["routed_experts"]``: base64 of int32 bytes, rows ``[routed_experts_start_len, T-1)``
+  of the request's full sequence (``T`` = input + output tokens), each row ``num_layers x topk``.
+  An optional ``meta_info["routed_experts_dtype"]`` tag names another integer dtype.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from dressage.errors import FieldShapeError, WireFormatError
+
+__all__ = [
+    "GenerateOutput",
+    "decode_output_token_logprobs",
+    "decode_routed_experts_b64",
+    "encode_routed_experts_b64",
+    "decode_generate_response",
+]
+
+_WIRE_DTYPES = {"int32": np.int32, "uint8": np.uint8, "uint16": np.uint16, "int16": np.int16, "int64": np.int64}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateOutput:
+    """One normalised ``/generate`` response: this call's output tokens and their large fields."""
+
+    output_ids: np.ndarray          # int32 [R]
+    logprobs: np.ndarray | None     # float32 [R]
+    routed_experts: np.ndarray | None  # int32 [rows, L, K], rows [start, P+R-1)
+    finish_reason: str | None
+    meta_info: Mapping[str, Any]
+
+
+def decode_output_token_logprobs(entries: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``output_token_logprobs`` into (token ids int32, logprobs float32)."""
+    if not isinstance(entries, list):
+        raise WireFormatError(f"output_token_logprobs must be a list, got {type(entries).__name__}")
+    n = len(entries)
+    ids = np.empty(n, dtype=np.int32)
+    lps = np.empty(n, dtype=np.float32)
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, (list, tuple)) or len(entry) < 2:
+            raise WireFormatError(f"output_token_logprobs[{i}] must be [logprob, token_id, text], got {entry!r}")
+        lp, tid = entry[0], entry[1]
+        if isinstance(tid, bool) or not isinstance(tid, int):
+            raise WireFormatError(f"output_token_logprobs[{i}]: token id {tid!r} is not an integer")
+        if lp is None:
+            # SGLang reports None for a token it did not score; training must not see NaN silently.
+            raise WireFormatError(f"output_token_logprobs[{i}]: logprob is null")
+        if isinstance(lp, bool) or not isinstance(lp, (int, float)):
+            raise WireFormatError(f"output_token_logprobs[{i}]: logprob {lp!r} is not a number")
+        ids[i] = tid
+        lps[i] = lp
+    return ids, lps
+
+
+def decode_routed_experts_b64(data: str | bytes, num_layers: int, topk: int,
+                              dtype: str = "int32") -> np.ndarray:
+    """Decode base64 routed experts into an int32 ``[rows, num_layers, topk]`` array (a copy)."""
+    if dtype not in _WIRE_DTYPES:
+        raise WireFormatError(f"routed_experts_dtype {dtype!r} is not a known integer dtype")
+    if not isinstance(data, (str, bytes)):
+        raise WireFormatError(f"routed_experts must be a base64 string, got {type(data).__name__}")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise WireFormatError(f"routed_experts is not valid base64: {exc}") from exc
+    item = np.dtype(_WIRE_DTYPES[dtype]).itemsize
+    per_row = num_layers * topk * item
+    if len(raw) % per_row:
+        raise FieldShapeError(
+            f"routed_experts has {len(raw)} bytes, not a multiple of one row "
+            f"({num_layers} layers x {topk} top-k x {item} bytes = {per_row})"
+        )
+    arr = np.frombuffer(raw, dtype=_WIRE_DTYPES[dtype]).reshape(-1, num_layers, topk)
+    return arr.astype(np.int32)
+
+
+def encode_routed_experts_b64(ids: np.ndarray) -> str:
+    """Encode ``[rows, L, K]`` ids the way SGLang sends them (int32 bytes, base64)."""
+    return base64.b64encode(np.ascontiguousarray(ids, dtype=np.int32).tobytes()).decode("ascii")
+
+
+def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start_len: int = 0,
+                             num_layers: int | None = None, topk: int | None = None,
+                             want_logprobs: bool = True, want_routed_experts: bool = False) -> GenerateOutput:
+    """Validate and normalise one ``/generate`` JSON response.
+
+    Checks that the logprob entries match ``output_ids`` one to one and that the routed-expert
+    rows cover exactly ``[routed_experts_start_len, prompt_len + len(output_ids) - 1)``.
+    """
+    if not isinstance(body, Mapping):
+        raise WireFormatError(f"/generate response must be a JSON object, got {type(body).__name__}")
+    meta = body.get("meta_info")
+    if not isinstance(meta, Mapping):
+        raise WireFormatError("/generate response has no meta_info object")
+    output_ids = body.get("output_ids")
+    logprobs = None
+    if want_logprobs:
+        if "output_token_logprobs" not in meta:
+            raise WireFormatError("meta_info.output_token_logprobs missing (was return_logprob set?)")
+        lp_ids, logprobs = decode_output_token_logprobs(meta["output_token_logprobs"])
+        if output_ids is None:
+            output_ids = lp_ids
+        elif len(output_ids) != len(lp_ids) or not np.array_equal(np.asarray(output_ids, dtype=np.int64), lp_ids):
+            raise FieldShapeError(
+                f"output_ids ({len(output_ids)} tokens) and output_token_logprobs ({len(lp_ids)} entries) disagree"
+            )
+    if output_ids is None:
+        raise WireFormatError("/generate response has neither output_ids nor output_token_logprobs")
+    if not isinstance(output_ids, (list, np.ndarray)) or any(
+            isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in output_ids):
+        raise WireFormatError("output_ids must be a list of integers")
+    out = np.asarray(output_ids, dtype=np.int32)
+    routed = None
+    if want_routed_experts:
+        if num_layers is None or topk is None:
+            raise WireFormatError("decoding routed_experts needs num_layers and topk")
+        if "routed_experts" not in meta:
+            raise WireFormatError(
+                "meta_info.routed_experts missing (start the engine with --enable-return-routed-experts "
+                "and send return_routed_experts)"
+            )
+        routed = decode_routed_experts_b64(meta["routed_experts"], num_layers, topk,
+                                           str(meta.get("routed_experts_dtype", "int32")))
+        expected = prompt_len + len(out) - 1 - routed_experts_start_len
+        if routed.shape[0] != expected:
+            raise FieldShapeError(
+                f"routed_experts has {routed.shape[0]} rows; expected {expected} = prompt {prompt_len} + "
+                f"output {len(out)} - 1 - routed_experts_start_len {routed_experts_start_len}"
+            )
+    finish = meta.get("finish_reason")
+    if isinstance(finish, Mapping):
+        finish = finish.get("type")
+    return GenerateOutput(out, logprobs, routed, finish if isinstance(finish, str) else None, meta)
