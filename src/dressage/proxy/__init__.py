@@ -1,0 +1,1 @@
+"""Proxy layer: the online side between agents and the inference engine."""
