@@ -9,6 +9,12 @@ Hierarchy::
     │   ├── FieldShapeError          wrong rank, shape or length (tokens vs logprobs, R3 rows vs T-1)
     │   └── ExpertIdRangeError       an expert id that does not fit the storage dtype
     ├── WireFormatError              an engine response that is not SGLang's /generate format
+    ├── EngineError                  the inference engine (SGLang /generate) failed a call
+    │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
+    │   ├── EngineTimeout            no answer within the call's timeout
+    │   └── EngineRequestError       the engine rejected the request (4xx); the message is its own
+    ├── TokenizerError               tokenizer or chat template
+    │   └── ChatTemplateError        messages the template cannot render (or no exact TITO delta)
     ├── TrajectoryError              session / StepRecord / Segment semantics
     │   ├── SessionStateError        append to a finalized or aborted session
     │   └── UnknownStepError         a parent or step id that does not exist
@@ -34,6 +40,12 @@ __all__ = [
     "FieldShapeError",
     "ExpertIdRangeError",
     "WireFormatError",
+    "EngineError",
+    "EngineUnavailable",
+    "EngineTimeout",
+    "EngineRequestError",
+    "TokenizerError",
+    "ChatTemplateError",
     "TrajectoryError",
     "SessionStateError",
     "UnknownStepError",
@@ -86,6 +98,34 @@ class ExpertIdRangeError(FieldError):
 
 class WireFormatError(DressageError, ValueError):
     """An engine response that does not follow SGLang's /generate format."""
+
+
+class EngineError(DressageError):
+    """A call to the inference engine failed; ``status_code`` is the HTTP status when there was one."""
+
+    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+        self.status_code = status_code
+        super().__init__(message)
+
+
+class EngineUnavailable(EngineError):
+    """The engine could not be reached, dropped the connection, or answered 5xx."""
+
+
+class EngineTimeout(EngineError):
+    """The engine did not answer within the call's timeout."""
+
+
+class EngineRequestError(EngineError, ValueError):
+    """The engine rejected the request as malformed (HTTP 4xx)."""
+
+
+class TokenizerError(DressageError):
+    """A tokenizer could not be loaded or used."""
+
+
+class ChatTemplateError(TokenizerError, ValueError):
+    """Messages the chat template cannot render, or a TITO delta that is not an exact suffix."""
 
 
 class TrajectoryError(DressageError):
