@@ -1,0 +1,94 @@
+"""Sample: what the trainer consumes, with slime's field names.
+
+Large fields held by reference stay in ``remote`` (ordered pieces) until the training reader
+restores them after data-parallel sharding; resident fields are materialised at conversion.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dressage.trajectory.pieces import Fill, Piece
+from dressage.trajectory.segment import Segment
+
+__all__ = ["Sample", "SAMPLE_LARGE_FIELDS"]
+
+# Segment large-field name -> slime Sample attribute.
+SAMPLE_LARGE_FIELDS = {"logprobs": "rollout_log_probs", "routed_experts": "rollout_routed_experts"}
+
+
+@dataclass(slots=True, eq=False, kw_only=True)
+class Sample:
+    """One training sample.
+
+    ``tokens`` = prompt + response (int32); ``loss_mask``, ``rollout_log_probs`` and
+    ``token_versions`` cover the ``response_length`` response tokens; ``rollout_routed_experts``
+    is int32 ``[len(tokens) - 1, num_layers, topk]``.
+    """
+
+    tokens: np.ndarray
+    response_length: int
+    loss_mask: np.ndarray
+    token_versions: np.ndarray
+    rollout_log_probs: np.ndarray | None = None
+    rollout_routed_experts: np.ndarray | None = None
+    reward: float | None = None
+    session_id: str = ""
+    segment_index: int = 0
+    group_index: int | None = None
+    index: int | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    remote: dict[str, tuple[Piece | Fill, ...]] = field(default_factory=dict)
+    """Large fields still behind references, by Segment field name."""
+    r3_trailing: tuple[int, ...] = ()
+
+    @classmethod
+    def from_segment(cls, seg: Segment, *, reward: float | None = None, group_index: int | None = None,
+                     index: int | None = None, metadata: dict[str, Any] | None = None) -> "Sample":
+        sample = cls(
+            tokens=seg.tokens, response_length=seg.response_length, loss_mask=seg.loss_mask,
+            token_versions=seg.token_versions, reward=reward, session_id=seg.session_id,
+            segment_index=seg.index, group_index=group_index, index=index,
+            metadata={"boundary_reason": seg.boundary_reason, "step_ids": list(seg.step_ids),
+                      "version_span": seg.version_span(), **(metadata or {})},
+            r3_trailing=seg.r3_trailing,
+        )
+        for name, attr in SAMPLE_LARGE_FIELDS.items():
+            if name not in seg.large:
+                continue
+            if seg.is_resident(name):
+                setattr(sample, attr, seg.materialize(name))
+            else:
+                sample.remote[name] = seg.large[name]
+        return sample
+
+    @property
+    def total_length(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def prompt_length(self) -> int:
+        return self.total_length - self.response_length
+
+    @property
+    def weight_versions(self) -> list[str]:
+        """Distinct policy versions of the trained tokens, in order of first use (slime's field)."""
+        trained = self.token_versions[self.loss_mask.astype(bool)]
+        _, first = np.unique(trained, return_index=True)
+        return [str(int(trained[i])) for i in sorted(first)]
+
+    @property
+    def is_restored(self) -> bool:
+        return not self.remote
+
+    def field_arrays(self) -> dict[str, np.ndarray]:
+        """Every array field, for comparison and digests (restored fields only)."""
+        out = {"tokens": self.tokens, "loss_mask": self.loss_mask, "token_versions": self.token_versions}
+        if self.rollout_log_probs is not None:
+            out["rollout_log_probs"] = self.rollout_log_probs
+        if self.rollout_routed_experts is not None:
+            out["rollout_routed_experts"] = self.rollout_routed_experts
+        return out

@@ -1,0 +1,281 @@
+"""A rollout session: StepRecords linked by exact token-prefix lineage (create / append / branch).
+
+Routing a call is a pure decision on token ids (:meth:`Session.route`); committing it
+(:meth:`Session.commit_step`) validates everything first and changes the session only when every
+check passed. Nothing here reads field data: large fields may be arrays or references.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Literal
+
+import numpy as np
+
+from dressage.errors import FieldShapeError, SessionStateError, TrajectoryError, UnknownStepError
+from dressage.trajectory.pieces import trailing_shape
+from dressage.trajectory.step import Boundary, StepRecord, check_rows
+
+__all__ = ["RouteDecision", "Session", "SessionState"]
+
+SessionState = Literal["active", "finalized", "aborted"]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteDecision:
+    """Where a new call attaches. ``kind`` is what it would be if committed now."""
+
+    kind: Literal["create", "append", "branch"]
+    parent_id: int | None
+    routed_experts_start: int
+    boundary: Boundary | None = None
+
+
+def _as_ids(ids: Any, what: str) -> np.ndarray:
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise FieldShapeError(f"{what} must be a 1-D list of token ids, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise FieldShapeError(f"{what} must hold integers, got dtype {arr.dtype}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > np.iinfo(np.int32).max):
+        raise FieldShapeError(f"{what} holds token ids outside 0..2**31-1")
+    return arr.astype(np.int32, copy=False)
+
+
+def _canonical_tools(tools: Any) -> str | None:
+    return None if tools is None else json.dumps(tools, sort_keys=True, separators=(",", ":"))
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+class Session:
+    """One rollout session.
+
+    ``r3_shape`` is ``(num_layers, topk)`` when Rollout Routing Replay is on; every step must then
+    carry routed experts for its rows. ``decode`` and ``special_ids`` (from the tokenizer) let the
+    session classify near-miss prefixes; both are optional.
+    """
+
+    def __init__(self, session_id: str, *, metadata: dict[str, Any] | None = None,
+                 r3_shape: tuple[int, int] | None = None, record_logprobs: bool = True,
+                 decode: Callable[[np.ndarray], str] | None = None,
+                 special_ids: Iterable[int] = ()) -> None:
+        self.session_id = str(session_id)
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.r3_shape = None if r3_shape is None else (int(r3_shape[0]), int(r3_shape[1]))
+        self.record_logprobs = bool(record_logprobs)
+        self.decode = decode
+        self.special_ids = frozenset(int(i) for i in special_ids)
+        self.steps: dict[int, StepRecord] = {}
+        self.children: dict[int, list[int]] = {}
+        self.state: SessionState = "active"
+        self.reward: float | None = None
+        self.abort_reason: str | None = None
+        self.created_at = time.time()
+        self._next_lineage = 0
+
+    # ----------------------------------------------------------------- queries
+    def step(self, step_id: int) -> StepRecord:
+        try:
+            return self.steps[step_id]
+        except KeyError:
+            raise UnknownStepError(f"session {self.session_id}: no step {step_id}") from None
+
+    def path_to(self, step_id: int) -> list[StepRecord]:
+        """Steps from the tree root down to ``step_id``."""
+        out = []
+        cur: int | None = step_id
+        while cur is not None:
+            s = self.step(cur)
+            out.append(s)
+            cur = s.parent_id
+        return out[::-1]
+
+    def leaves(self) -> list[StepRecord]:
+        return [s for s in self.steps.values() if not self.children.get(s.step_id)]
+
+    # ----------------------------------------------------------------- routing
+    def route(self, prompt_ids: Any, *, tools: Any = None) -> RouteDecision:
+        """Decide create / append / branch for a call with ``prompt_ids`` (reads no field data).
+
+        The parent is the step whose prompt + response ids are the longest exact prefix of the
+        new prompt; ties go to the most recent step.
+        """
+        prompt = _as_ids(prompt_ids, "prompt_ids")
+        if prompt.size == 0:
+            raise FieldShapeError("prompt_ids is empty")
+        best: StepRecord | None = None
+        for s in self.steps.values():
+            if s.seq_len <= len(prompt) and (best is None or s.seq_len >= best.seq_len):
+                if np.array_equal(prompt[:s.seq_len], s.full_ids):
+                    best = s
+        if best is not None:
+            if tools is not None and best.tools is not None and _canonical_tools(tools) != _canonical_tools(best.tools):
+                return RouteDecision("create", None, 0,
+                                     Boundary("tool_schema_change", matched_tokens=best.seq_len,
+                                              candidate_step=best.step_id))
+            kind = "branch" if self.children.get(best.step_id) else "append"
+            return RouteDecision(kind, best.step_id, best.end_row)
+        return RouteDecision("create", None, 0, self._classify_boundary(prompt))
+
+    def _classify_boundary(self, prompt: np.ndarray) -> Boundary:
+        if not self.steps:
+            return Boundary("new_session")
+        cand, lcp = None, -1
+        for s in self.steps.values():
+            n = _common_prefix(prompt, s.full_ids)
+            if n >= lcp:
+                cand, lcp = s, n
+        if lcp < cand.prompt_len:
+            # Diverges before the candidate's last reply: the agent rewrote or compressed history.
+            return Boundary("history_rewrite", matched_tokens=lcp, candidate_step=cand.step_id)
+        old_tail, new_tail = cand.full_ids[lcp:], prompt[lcp:]
+        first = [int(x) for x in (old_tail[:1].tolist() + new_tail[:1].tolist())]
+        if any(t in self.special_ids for t in first):
+            drift = "template"
+        elif self.decode is not None and self.decode(new_tail).startswith(self.decode(old_tail)):
+            drift = "retokenization"
+        else:
+            drift = "other"
+        return Boundary("tito_mismatch", drift=drift, matched_tokens=lcp, candidate_step=cand.step_id)
+
+    # ------------------------------------------------------------------ commit
+    def commit_step(self, decision: RouteDecision, *, prompt_ids: Any, response_ids: Any,
+                    logprobs: Any = None, routed_experts: Any = None,
+                    routed_experts_start: int | None = None, token_versions: Any = 0,
+                    messages: Any = None, tools: Any = None, boundary_reason: str | None = None,
+                    metadata: dict[str, Any] | None = None, created_at: float | None = None) -> StepRecord:
+        """Validate and record one step. On any error the session is unchanged."""
+        if self.state != "active":
+            raise SessionStateError(f"session {self.session_id} is {self.state}; it takes no more steps")
+        prompt = _as_ids(prompt_ids, "prompt_ids")
+        response = _as_ids(response_ids, "response_ids")
+        if prompt.size == 0 or response.size == 0:
+            raise FieldShapeError("a step needs a non-empty prompt and response")
+        parent = None
+        if decision.parent_id is not None:
+            parent = self.step(decision.parent_id)
+            if parent.seq_len > len(prompt) or not np.array_equal(prompt[:parent.seq_len], parent.full_ids):
+                raise TrajectoryError(
+                    f"step {parent.step_id} is not a prefix of this prompt; route the call again"
+                )
+        R = len(response)
+        if logprobs is None and self.record_logprobs:
+            raise FieldShapeError("logprobs are required for every step of this session")
+        if isinstance(logprobs, (list, tuple)):
+            logprobs = np.asarray(logprobs, dtype=np.float32)
+        if isinstance(logprobs, np.ndarray):
+            if logprobs.ndim != 1:
+                raise FieldShapeError(f"logprobs must be 1-D, got shape {logprobs.shape}")
+            logprobs = logprobs.astype(np.float32, copy=False)
+        check_rows(logprobs, R, f"logprobs vs {R} response tokens")
+        start = decision.routed_experts_start if routed_experts_start is None else int(routed_experts_start)
+        limit = parent.end_row if parent is not None else 0
+        if self.r3_shape is not None:
+            if routed_experts is None:
+                raise FieldShapeError("routed_experts are required (Rollout Routing Replay is on)")
+            if not 0 <= start <= limit:
+                raise FieldShapeError(
+                    f"routed_experts_start {start} leaves a gap: the rows must start at or before {limit}"
+                )
+            check_rows(routed_experts, len(prompt) + R - 1 - start,
+                       f"routed_experts vs T-1-start = {len(prompt)}+{R}-1-{start}")
+            if trailing_shape(routed_experts) != self.r3_shape:
+                raise FieldShapeError(
+                    f"routed_experts rows are {trailing_shape(routed_experts)}, expected {self.r3_shape} "
+                    "(num_layers, topk)"
+                )
+            if isinstance(routed_experts, np.ndarray) and routed_experts.dtype.kind not in "iu":
+                raise FieldShapeError(f"routed_experts must hold integers, got {routed_experts.dtype}")
+        elif routed_experts is not None:
+            raise FieldShapeError("routed_experts given but this session has Rollout Routing Replay off")
+        versions = np.asarray(token_versions)
+        if versions.ndim == 0:
+            versions = np.full(R, int(versions), dtype=np.int32)
+        elif versions.shape != (R,):
+            raise FieldShapeError(f"token_versions has shape {versions.shape}, expected ({R},)")
+        versions = versions.astype(np.int32, copy=False)
+
+        # Every check passed: mutate. The kind is re-derived now, as another call may have
+        # extended the parent since the decision was made.
+        step_id = len(self.steps)
+        if parent is None:
+            lineage, branch_from = self._new_lineage(), None
+            boundary = decision.boundary or Boundary(boundary_reason or "new_session")
+            if boundary_reason:
+                boundary = Boundary(boundary_reason, boundary.drift, boundary.matched_tokens, boundary.candidate_step)
+        elif self.children.get(parent.step_id):
+            lineage, branch_from, boundary = self._new_lineage(), parent.step_id, None
+        else:
+            lineage, branch_from, boundary = parent.lineage_id, None, None
+        now = time.time()
+        rec = StepRecord(
+            step_id=step_id, prompt_ids=prompt, response_ids=response, logprobs=logprobs,
+            routed_experts=routed_experts, routed_experts_start=start if self.r3_shape else 0,
+            token_versions=versions, parent_id=None if parent is None else parent.step_id,
+            lineage_id=lineage, branch_from=branch_from, boundary=boundary, messages=messages,
+            tools=tools, created_at=created_at or now, finished_at=now, metadata=dict(metadata or {}),
+        )
+        self.steps[step_id] = rec
+        if parent is not None:
+            self.children.setdefault(parent.step_id, []).append(step_id)
+        return rec
+
+    def add_step(self, prompt_ids: Any, response_ids: Any, **kwargs: Any) -> StepRecord:
+        """Route and commit in one call (``tools`` also takes part in routing)."""
+        decision = self.route(prompt_ids, tools=kwargs.get("tools"))
+        return self.commit_step(decision, prompt_ids=prompt_ids, response_ids=response_ids, **kwargs)
+
+    def _new_lineage(self) -> int:
+        self._next_lineage += 1
+        return self._next_lineage - 1
+
+    # --------------------------------------------------------------- lifecycle
+    def finalize(self, reward: float | None = None) -> None:
+        if self.state != "active":
+            raise SessionStateError(f"session {self.session_id} is already {self.state}")
+        if not self.steps:
+            raise SessionStateError(f"session {self.session_id} has no steps to finalize")
+        self.reward = None if reward is None else float(reward)
+        self.state = "finalized"
+
+    def abort(self, reason: str = "aborted") -> None:
+        if self.state == "finalized":
+            raise SessionStateError(f"session {self.session_id} is already finalized")
+        self.state, self.abort_reason = "aborted", reason
+
+    def retry_orphans(self) -> set[int]:
+        """Childless steps with a sibling that has children: calls the agent retried and dropped.
+
+        Roots count as siblings when their prompts are identical (the first call was retried).
+        """
+        groups: dict[Any, list[StepRecord]] = {}
+        for s in self.steps.values():
+            key = ("p", s.parent_id) if s.parent_id is not None else ("r", s.prompt_ids.tobytes())
+            groups.setdefault(key, []).append(s)
+        orphans: set[int] = set()
+        for sibs in groups.values():
+            if len(sibs) > 1 and any(self.children.get(s.step_id) for s in sibs):
+                orphans.update(s.step_id for s in sibs if not self.children.get(s.step_id))
+        return orphans
+
+    def large_field_refs(self) -> list[Any]:
+        """Every non-resident large-field value of every step (e.g. to clear them on abort)."""
+        out = []
+        for s in self.steps.values():
+            for value in (s.logprobs, s.routed_experts):
+                if value is not None and not isinstance(value, np.ndarray):
+                    out.append(value)
+        return out
+
+    def __repr__(self) -> str:
+        return f"Session({self.session_id!r}, steps={len(self.steps)}, state={self.state})"
+

@@ -1,0 +1,137 @@
+"""Field registry, R3 codec and SGLang wire decoding."""
+
+import base64
+
+import numpy as np
+import pytest
+
+from dressage.errors import (ConfigError, ExpertIdRangeError, FieldShapeError, UnknownFieldError,
+                             WireFormatError)
+from dressage.fields import (FIELDS, check_dtype_holds_experts, check_field_names, decode_generate_response,
+                             decode_routed_experts, decode_routed_experts_b64, encode_routed_experts,
+                             encode_routed_experts_b64, get_field, get_model, r3_itemsize)
+
+
+def test_registry_has_slime_token_fields_with_dtypes():
+    assert FIELDS["logprobs"].dtype == np.float32
+    assert FIELDS["routed_experts"].trailing_shape(40, 8) == (40, 8)
+    assert FIELDS["routed_experts"].scope == "rows"
+    assert {n for n, s in FIELDS.items() if s.transferable} == {"logprobs", "routed_experts"}
+    with pytest.raises(UnknownFieldError, match="log_probs"):
+        get_field("log_probs")
+    with pytest.raises(UnknownFieldError):
+        check_field_names(["logprobs", "expert_ids"], allowed=("logprobs", "routed_experts"))
+    assert check_field_names(["logprobs", "logprobs"]) == ("logprobs",)
+
+
+@pytest.mark.parametrize("dtype, itemsize", [("uint8", 1), ("uint16", 2), ("int32", 4)])
+def test_r3_round_trip_restores_int32(dtype, itemsize):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 256, size=(17, 40, 8), dtype=np.int32)
+    stored = encode_routed_experts(ids, dtype)
+    assert stored.dtype.itemsize == itemsize
+    assert stored.nbytes == ids.nbytes * itemsize // 4
+    back = decode_routed_experts(stored)
+    assert back.dtype == np.int32
+    np.testing.assert_array_equal(back, ids)
+
+
+def test_uint8_rejects_id_256_naming_value_layer_and_position():
+    ids = np.zeros((5, 4, 2), dtype=np.int32)
+    ids[3, 2, 1] = 256
+    with pytest.raises(ExpertIdRangeError) as info:
+        encode_routed_experts(ids, "uint8")
+    err = info.value
+    assert (err.value, err.row, err.layer, err.slot) == (256, 3, 2, 1)
+    assert "256" in str(err) and "row 3" in str(err) and "layer 2" in str(err)
+    assert ids[3, 2, 1] == 256  # input untouched
+
+
+def test_uint16_rejects_negative_and_too_large():
+    ids = np.zeros((2, 1, 1), dtype=np.int64)
+    ids[1, 0, 0] = 70_000
+    with pytest.raises(ExpertIdRangeError, match="70000"):
+        encode_routed_experts(ids, "uint16")
+    ids[1, 0, 0] = -1
+    with pytest.raises(ExpertIdRangeError, match="-1"):
+        encode_routed_experts(ids, "int32")
+
+
+def test_num_experts_bound_is_checked_too():
+    ids = np.full((1, 1, 1), 20, dtype=np.int32)
+    with pytest.raises(ExpertIdRangeError, match="0..15"):
+        encode_routed_experts(ids, "int32", num_experts=16)
+
+
+def test_dtype_must_hold_model_experts():
+    check_dtype_holds_experts(256, "uint8")
+    with pytest.raises(ConfigError, match="uint8"):
+        check_dtype_holds_experts(get_model("qwen3-next-80b-a3b").num_experts, "uint8")
+    check_dtype_holds_experts(65_536, "uint16")
+    with pytest.raises(ConfigError):
+        check_dtype_holds_experts(65_537, "uint16")
+    with pytest.raises(ConfigError, match="int8"):
+        r3_itemsize("int8")
+
+
+def _hand_built_response(prompt_len, out_ids, start, L=2, K=2):
+    rows = prompt_len + len(out_ids) - 1 - start
+    experts = (np.arange(rows * L * K, dtype=np.int32) % 7).reshape(rows, L, K)
+    body = {
+        "text": "xx",
+        "output_ids": list(out_ids),
+        "meta_info": {
+            "id": "r1",
+            "finish_reason": {"type": "stop", "matched": 2},
+            "prompt_tokens": prompt_len,
+            "completion_tokens": len(out_ids),
+            "output_token_logprobs": [[-0.5 * (i + 1), t, None] for i, t in enumerate(out_ids)],
+            "routed_experts": base64.b64encode(experts.tobytes()).decode(),
+        },
+    }
+    return body, experts
+
+
+def test_sglang_response_decodes_exactly():
+    body, experts = _hand_built_response(prompt_len=5, out_ids=[11, 12, 2], start=0)
+    out = decode_generate_response(body, prompt_len=5, num_layers=2, topk=2, want_routed_experts=True)
+    np.testing.assert_array_equal(out.output_ids, [11, 12, 2])
+    np.testing.assert_array_equal(out.logprobs, np.array([-0.5, -1.0, -1.5], dtype=np.float32))
+    assert out.routed_experts.shape == (7, 2, 2) and out.routed_experts.dtype == np.int32
+    np.testing.assert_array_equal(out.routed_experts, experts)
+    assert out.finish_reason == "stop"
+
+
+def test_sglang_routed_experts_start_len_is_honoured():
+    body, _ = _hand_built_response(prompt_len=10, out_ids=[1, 2, 3], start=6)
+    out = decode_generate_response(body, prompt_len=10, routed_experts_start_len=6, num_layers=2, topk=2,
+                                   want_routed_experts=True)
+    assert out.routed_experts.shape[0] == 10 + 3 - 1 - 6
+    with pytest.raises(FieldShapeError, match="expected 12"):
+        decode_generate_response(body, prompt_len=10, routed_experts_start_len=0, num_layers=2, topk=2,
+                                 want_routed_experts=True)
+
+
+def test_sglang_dtype_tag_is_honoured():
+    ids = np.array([[[1, 2]], [[3, 250]]], dtype=np.uint8)
+    b64 = base64.b64encode(ids.tobytes()).decode()
+    out = decode_routed_experts_b64(b64, 1, 2, dtype="uint8")
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out, ids.astype(np.int32))
+    assert decode_routed_experts_b64(encode_routed_experts_b64(out), 1, 2).tolist() == out.tolist()
+
+
+@pytest.mark.parametrize("mutate, err, msg", [
+    (lambda b: b.pop("meta_info"), WireFormatError, "meta_info"),
+    (lambda b: b["meta_info"].update(output_token_logprobs=[[-1.0, 11, None]]), FieldShapeError, "disagree"),
+    (lambda b: b["meta_info"].update(output_token_logprobs=[[None, 11, None], [0.0, 12, None], [0.0, 2, None]]),
+     WireFormatError, "null"),
+    (lambda b: b["meta_info"].update(routed_experts="***"), WireFormatError, "base64"),
+    (lambda b: b["meta_info"].update(routed_experts=base64.b64encode(b"abc").decode()), FieldShapeError, "multiple"),
+    (lambda b: b["meta_info"].pop("routed_experts"), WireFormatError, "enable-return-routed-experts"),
+])
+def test_malformed_sglang_responses_are_typed_errors(mutate, err, msg):
+    body, _ = _hand_built_response(prompt_len=5, out_ids=[11, 12, 2], start=0)
+    mutate(body)
+    with pytest.raises(err, match=msg):
+        decode_generate_response(body, prompt_len=5, num_layers=2, topk=2, want_routed_experts=True)
