@@ -1,0 +1,18 @@
+"""TransferQueue: large trajectory fields live in StorageUnits; only FieldRefs travel.
+
+``TransferQueue.start(config)`` brings up a deployment (embedded, local processes, or Ray actors);
+``.client()`` puts arrays and gets them back by reference. See docs/transferqueue.md.
+"""
+
+from dressage.tq.client import ClientCounters, TransferQueueClient
+from dressage.tq.config import TransferQueueConfig, load_config
+from dressage.tq.controller import Controller, KeyState, UnitInfo
+from dressage.tq.deployment import TransferQueue
+from dressage.tq.refs import FieldRef
+from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit, StorageUnit
+
+__all__ = [
+    "FieldRef", "TransferQueue", "TransferQueueClient", "ClientCounters", "TransferQueueConfig",
+    "load_config", "Controller", "KeyState", "UnitInfo", "StorageUnit", "MemoryStorageUnit",
+    "SpillStorageUnit",
+]

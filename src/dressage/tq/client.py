@@ -1,0 +1,294 @@
+"""TransferQueueClient: put / get_many / delete / clear against a Controller and its StorageUnits.
+
+The same class serves every deployment: it holds a directory handle (the in-process Controller or a
+remote one) and one StorageUnit handle per unit (in-process backends or ZMQ remotes). Reads go straight
+to units using the unit id inside each FieldRef; the Controller is only asked where to write and what to
+clear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from dressage.errors import (
+    IntegrityError,
+    KeyNotFoundError,
+    StorageFullError,
+    TransferQueueError,
+)
+from dressage.tq.refs import FieldRef
+from dressage.tq.storage.base import StorageUnit, prepare_array
+
+__all__ = ["TransferQueueClient", "ClientCounters"]
+
+_FULL_BACKOFF_S = (0.005, 0.2)  # first and largest sleep between retries of a full unit (on_full: wait)
+
+
+@dataclass(slots=True)
+class ClientCounters:
+    """What this client moved. ``get_requests`` counts unit round trips, so 0 proves no TQ read happened."""
+
+    puts: int = 0
+    bytes_written: int = 0
+    get_calls: int = 0
+    get_requests: int = 0
+    rows_read: int = 0
+    bytes_read: int = 0
+    refs_requested: int = 0
+    deletes: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class TransferQueueClient:
+    """Writes fields to StorageUnits and reads them back by FieldRef. Thread-safe.
+
+    ``get_many`` results are read-only arrays (views of the unit's memory when it is in-process, of the
+    received frames otherwise); pass ``copy=True`` for writable arrays.
+    """
+
+    def __init__(self, controller: Any, units: Mapping[str, StorageUnit], *, node_id: str | None = None,
+                 on_full: str = "spill", full_wait_s: float = 30.0, owns_handles: bool = False,
+                 spec: dict[str, Any] | None = None) -> None:
+        self._controller = controller
+        self._units = dict(units)
+        self.node_id = node_id
+        self._on_full = on_full
+        self._full_wait_s = float(full_wait_s)
+        self._owns_handles = owns_handles
+        self._spec = spec
+        self._lock = threading.Lock()
+        self._counters = ClientCounters()
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    @classmethod
+    def connect(cls, spec: Mapping[str, Any], *, node_id: str | None = None) -> "TransferQueueClient":
+        """A client in another process (a trainer reader, a Ray actor) from ``TransferQueue.client_spec()``."""
+        from dressage.tq.remote_client import connect_spec  # ZMQ only when needed
+
+        return connect_spec(cls, spec, node_id=node_id)
+
+    # -- write ---------------------------------------------------------------------------------
+    def put(self, field: str, array: np.ndarray, *, batch: str | None = None, key: str | None = None) -> FieldRef:
+        """Store ``array`` and return its FieldRef once it is durable in the unit.
+
+        On any failure nothing stays behind: the directory entry is dropped and the unit copy, if one was
+        made, is queued for deletion.
+        """
+        self._check_open()
+        if not isinstance(field, str) or not field:
+            raise TransferQueueError(f"field must be a non-empty string, got {field!r}")
+        if batch is not None and not isinstance(batch, str):
+            raise TransferQueueError(f"batch must be a string or None, got {batch!r}")
+        data = prepare_array(array, copy=False)
+        key = uuid.uuid4().hex if key is None else key
+        if not isinstance(key, str) or not key:
+            raise TransferQueueError(f"key must be a non-empty string, got {key!r}")
+        deadline = time.monotonic() + self._full_wait_s
+        sleep = _FULL_BACKOFF_S[0]
+        while True:
+            unit_id = self._controller.place(key, data.nbytes, node_id=self.node_id, batch=batch, field=field)
+            try:
+                self._unit(unit_id).put(key, data, copy=True)
+            except StorageFullError:
+                self._controller.abort(key)
+                if self._on_full != "wait" or time.monotonic() + sleep > deadline:
+                    raise
+                time.sleep(sleep)  # space appears when a trainer clears a batch
+                sleep = min(sleep * 2, _FULL_BACKOFF_S[1])
+                continue
+            except BaseException:
+                self._abort_quietly(key)
+                raise
+            break
+        try:
+            self._controller.commit(key)
+        except BaseException:
+            self._abort_quietly(key)
+            raise
+        with self._lock:
+            self._counters.puts += 1
+            self._counters.bytes_written += data.nbytes
+        return FieldRef(key=key, unit_id=unit_id, field=field, dtype=data.dtype.name,
+                        shape=tuple(data.shape), batch=batch)
+
+    def _abort_quietly(self, key: str) -> None:
+        try:
+            self._controller.abort(key)
+        except Exception:  # the original error is the one worth raising; retention cleans up
+            pass
+
+    def put_async(self, field: str, array: np.ndarray, *, batch: str | None = None,
+                  key: str | None = None) -> "Future[FieldRef]":
+        """``put`` on the client's thread pool. The caller must not modify ``array`` until it resolves."""
+        self._check_open()
+        return self._executor().submit(self.put, field, array, batch=batch, key=key)
+
+    async def aput(self, field: str, array: np.ndarray, *, batch: str | None = None,
+                   key: str | None = None) -> FieldRef:
+        return await asyncio.wrap_future(self.put_async(field, array, batch=batch, key=key))
+
+    # -- read ----------------------------------------------------------------------------------
+    def get_many(self, refs: Sequence[FieldRef], *, copy: bool = False, consume: bool = False) -> list[np.ndarray]:
+        """Arrays for ``refs``, in order: one round trip per unit, identical requests read once, and
+        only each ref's rows cross the wire. ``consume=True`` marks the keys consumed."""
+        self._check_open()
+        refs = list(refs)
+        slots: list[int] = []
+        per_unit: dict[str, list[tuple[str, int, int]]] = {}
+        where: dict[tuple[str, str, int, int], tuple[str, int]] = {}
+        for ref in refs:
+            if not isinstance(ref, FieldRef):
+                raise TransferQueueError(f"get_many takes FieldRefs, got {type(ref).__name__}")
+            ident = (ref.unit_id, ref.key, ref.row_start, int(ref.row_stop))  # type: ignore[arg-type]
+            if ident not in where:
+                reqs = per_unit.setdefault(ref.unit_id, [])
+                where[ident] = (ref.unit_id, len(reqs))
+                reqs.append((ref.key, ref.row_start, int(ref.row_stop)))  # type: ignore[arg-type]
+        for unit_id in per_unit:
+            self._unit(unit_id)  # unknown units fail before any read
+        results = self._read_units(per_unit)
+        out = []
+        for ref in refs:
+            unit_id, idx = where[(ref.unit_id, ref.key, ref.row_start, int(ref.row_stop))]  # type: ignore[arg-type]
+            arr = results[unit_id][idx]
+            expect = (ref.num_rows, *ref.row_shape)
+            if arr.dtype.name != ref.dtype or tuple(arr.shape) != expect:
+                raise IntegrityError(
+                    f"key {ref.key!r} in unit {unit_id}: got {arr.dtype.name}{list(arr.shape)}, "
+                    f"the ref says {ref.dtype}{list(expect)}"
+                )
+            out.append(np.array(arr, copy=True) if copy else arr)
+        with self._lock:
+            c = self._counters
+            c.get_calls += 1
+            c.refs_requested += len(refs)
+            c.get_requests += len(per_unit)
+            for arrays in results.values():
+                c.rows_read += sum(int(a.shape[0]) for a in arrays)
+                c.bytes_read += sum(int(a.nbytes) for a in arrays)
+        if consume and refs:
+            self._controller.mark_consumed({r.key for r in refs})
+        return out
+
+    def _read_units(self, per_unit: dict[str, list[tuple[str, int, int]]]) -> dict[str, list[np.ndarray]]:
+        items = list(per_unit.items())
+        remote = [uid for uid, _ in items if self._units[uid].remote]
+        if len(remote) <= 1:
+            return {uid: self._units[uid].get_many(reqs) for uid, reqs in items}
+        # Several remote units: ask them all at once so the slowest, not the sum, sets the latency.
+        futures = {uid: self._executor().submit(self._units[uid].get_many, reqs) for uid, reqs in items}
+        return {uid: fut.result() for uid, fut in futures.items()}
+
+    def get(self, ref: FieldRef, *, copy: bool = False) -> np.ndarray:
+        return self.get_many([ref], copy=copy)[0]
+
+    async def aget_many(self, refs: Sequence[FieldRef], *, copy: bool = False,
+                        consume: bool = False) -> list[np.ndarray]:
+        self._check_open()
+        fut = self._executor().submit(self.get_many, refs, copy=copy, consume=consume)
+        return await asyncio.wrap_future(fut)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def delete(self, refs_or_keys: Iterable[FieldRef | str]) -> int:
+        """Remove keys everywhere now; returns how many the directory knew."""
+        self._check_open()
+        keys = list(dict.fromkeys(r.key if isinstance(r, FieldRef) else str(r) for r in refs_or_keys))
+        return self._drop(self._controller.delete(keys))
+
+    def clear(self, batch: str) -> int:
+        """Remove every key of a finished batch from every unit; returns the number of keys removed."""
+        self._check_open()
+        if not isinstance(batch, str):
+            raise TransferQueueError(f"clear takes a batch name, got {batch!r}")
+        return self._drop(self._controller.clear(batch))
+
+    def _drop(self, placement: dict[str, list[str]]) -> int:
+        # The directory already forgot the keys and queued the unit deletions; deleting here as well
+        # makes the call synchronous (idempotent, so the janitor's later pass is harmless).
+        failed: list[BaseException] = []
+        for unit_id, keys in placement.items():
+            unit = self._units.get(unit_id)
+            if unit is None:
+                continue
+            try:
+                unit.delete(keys)
+            except Exception as exc:  # the janitor retries; report after trying every unit
+                failed.append(exc)
+        n = sum(len(k) for k in placement.values())
+        with self._lock:
+            self._counters.deletes += n
+        if failed:
+            raise failed[0]
+        return n
+
+    def mark_consumed(self, refs_or_keys: Iterable[FieldRef | str]) -> int:
+        self._check_open()
+        return self._controller.mark_consumed(
+            {r.key if isinstance(r, FieldRef) else str(r) for r in refs_or_keys})
+
+    def set_batch(self, refs_or_keys: Iterable[FieldRef | str], batch: str | None) -> int:
+        """Move keys to another batch (e.g. once the rollout step that will consume them is known)."""
+        self._check_open()
+        return self._controller.set_batch(
+            {r.key if isinstance(r, FieldRef) else str(r) for r in refs_or_keys}, batch)
+
+    @property
+    def counters(self) -> ClientCounters:
+        """A snapshot of this client's counters."""
+        with self._lock:
+            return ClientCounters(**self._counters.as_dict())
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self._counters = ClientCounters()
+
+    @property
+    def unit_ids(self) -> list[str]:
+        return list(self._units)
+
+    def _unit(self, unit_id: str) -> StorageUnit:
+        try:
+            return self._units[unit_id]
+        except KeyError:
+            raise KeyNotFoundError(f"StorageUnit {unit_id!r} is not part of this TransferQueue") from None
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tq-client")
+            return self._pool
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransferQueueError("TransferQueueClient is closed")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self._owns_handles:
+            for unit in self._units.values():
+                unit.close()
+            close = getattr(self._controller, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> "TransferQueueClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

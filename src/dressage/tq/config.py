@@ -1,0 +1,147 @@
+"""TransferQueueConfig: every TransferQueue setting, validated once at the edge.
+
+Loaded from YAML (``--transfer-queue-config FILE``; the keys may sit under a top-level
+``transfer_queue:`` map) or built in code. Bad keys and values raise ConfigError naming the dotted key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from dressage.errors import ConfigError
+from dressage.units import parse_bytes
+
+__all__ = ["TransferQueueConfig", "DEPLOYMENTS", "ON_FULL", "load_config", "EXAMPLE_CONFIG"]
+
+DEPLOYMENTS = ("embedded", "local", "ray")
+ON_FULL = ("spill", "wait", "error")
+_PREFIX = "transfer_queue"
+EXAMPLE_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "transfer_queue.yaml"
+
+
+@dataclass(kw_only=True, slots=True)
+class TransferQueueConfig:
+    """Where StorageUnits run, how much memory each may hold, and what happens when one is full."""
+
+    deployment: str = "embedded"
+    """``embedded`` (one process, the default), ``local`` (Controller and StorageUnits as processes on
+    this host) or ``ray`` (Controller and one StorageUnit per node as Ray actors)."""
+    num_storage_units: int | None = None
+    """Number of StorageUnits; ``None`` means 1 for embedded/local and one per alive node for ray."""
+    unit_memory_budget: int | str = "4GiB"
+    """Payload bytes one StorageUnit holds in memory (``"4GiB"``, ``512MiB``, or an int)."""
+    on_full: str = "spill"
+    """A put that does not fit the budget: ``spill`` to ``spill_dir``, ``wait`` up to ``full_wait_s``
+    for space (then StorageFullError), or ``error`` at once."""
+    spill_dir: str | None = None
+    """Directory for spilled blobs (one subdirectory per unit); ``None``: a temporary directory."""
+    full_wait_s: float = 30.0
+    """How long a put waits for space when ``on_full: wait``."""
+    retention_s: float | None = 3600.0
+    """Keys nobody cleared are removed this long after their last write or read; ``None`` keeps them."""
+    host: str = "127.0.0.1"
+    """Address ZMQ sockets bind to; use ``0.0.0.0`` on a real multi-host Ray cluster."""
+    controller_port: int = 0
+    """Controller port (local/ray, or embedded once exposed); 0 picks a free port."""
+    unit_base_port: int = 0
+    """StorageUnit ``i`` binds ``unit_base_port + i``; 0 picks free ports."""
+    request_timeout_s: float = 30.0
+    """A StorageUnit or Controller that does not answer within this is StorageUnitUnavailable."""
+    startup_timeout_s: float = 60.0
+    """How long ``TransferQueue.start`` waits for processes or actors to come up."""
+    ray_address: str | None = None
+    """``ray.init(address=...)`` when Ray is not initialised yet; ``None`` starts or joins a local one."""
+
+    def __post_init__(self) -> None:
+        _choice("deployment", self.deployment, DEPLOYMENTS)
+        _choice("on_full", self.on_full, ON_FULL)
+        if self.num_storage_units is not None:
+            _int("num_storage_units", self.num_storage_units, lo=1, hi=4096)
+        self.unit_memory_budget = parse_bytes(self.unit_memory_budget, f"{_PREFIX}.unit_memory_budget")
+        if self.spill_dir is not None and not isinstance(self.spill_dir, (str, os.PathLike)):
+            raise ConfigError(f"{_PREFIX}.spill_dir: expected a path, got {self.spill_dir!r}")
+        if self.spill_dir is not None:
+            self.spill_dir = os.fspath(self.spill_dir)
+        self.full_wait_s = _seconds("full_wait_s", self.full_wait_s, allow_zero=True)
+        if self.retention_s is not None:
+            self.retention_s = _seconds("retention_s", self.retention_s)
+        self.request_timeout_s = _seconds("request_timeout_s", self.request_timeout_s)
+        self.startup_timeout_s = _seconds("startup_timeout_s", self.startup_timeout_s)
+        if not isinstance(self.host, str) or not self.host or any(c in self.host for c in " /:"):
+            raise ConfigError(f"{_PREFIX}.host: expected a host name or IP address, got {self.host!r}")
+        _int("controller_port", self.controller_port, lo=0, hi=65535)
+        _int("unit_base_port", self.unit_base_port, lo=0, hi=65535)
+        if self.ray_address is not None and not isinstance(self.ray_address, str):
+            raise ConfigError(f"{_PREFIX}.ray_address: expected a string, got {self.ray_address!r}")
+
+    @property
+    def budget_bytes(self) -> int:
+        return int(self.unit_memory_budget)
+
+    def replace(self, **changes: Any) -> "TransferQueueConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> "TransferQueueConfig":
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{_PREFIX}: expected a mapping, got {type(data).__name__}")
+        if set(data) == {_PREFIX}:
+            data = data[_PREFIX] or {}
+            if not isinstance(data, Mapping):
+                raise ConfigError(f"{_PREFIX}: expected a mapping, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in known:
+                raise ConfigError(f"{_PREFIX}.{key}: unknown key (known: {', '.join(sorted(known))})")
+        return cls(**dict(data))
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> "TransferQueueConfig":
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"{_PREFIX}: cannot read {os.fspath(path)!r}: {exc}") from exc
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{_PREFIX}: {os.fspath(path)!r} is not valid YAML: {exc}") from exc
+        return cls.from_dict(data)
+
+
+def load_config(source: "TransferQueueConfig | Mapping[str, Any] | str | os.PathLike[str] | None") -> TransferQueueConfig:
+    """Accept a config, a mapping, a YAML path, or ``None`` (defaults)."""
+    if isinstance(source, TransferQueueConfig):
+        return source
+    if source is None or isinstance(source, Mapping):
+        return TransferQueueConfig.from_dict(source)
+    return TransferQueueConfig.from_yaml(source)
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{_PREFIX}.{name}: expected one of {', '.join(allowed)}, got {value!r}")
+
+
+def _int(name: str, value: Any, *, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ConfigError(f"{_PREFIX}.{name}: expected an integer in [{lo}, {hi}], got {value!r}")
+
+
+def _seconds(name: str, value: Any, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{_PREFIX}.{name}: expected seconds as a number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{_PREFIX}.{name}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)

@@ -1,0 +1,291 @@
+"""The TransferQueue Controller: a directory of keys, never a holder of payload bytes.
+
+It knows where each key lives, its size, when it was written, its batch and its state, places new keys
+(writer's node first, then most free capacity) and queues deletions. Every method is a short in-memory
+operation under one lock, so no client, however slow, can stall the others; unit I/O happens in the
+``Janitor`` thread or in clients, never inside a Controller call.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dressage.errors import StorageFullError, TransferQueueError
+
+__all__ = ["Controller", "KeyState", "UnitInfo", "Janitor"]
+
+log = logging.getLogger(__name__)
+_TOMBSTONES = 100_000  # how many cleared keys the directory remembers, for ``state()``
+
+
+class KeyState(str, enum.Enum):
+    PENDING = "pending"      # placed, payload in flight to the unit
+    WRITTEN = "written"      # durable in its unit
+    CONSUMED = "consumed"    # read by a trainer at least once
+    CLEARED = "cleared"      # removed (or queued for removal) from its unit
+
+
+@dataclass(frozen=True, slots=True)
+class UnitInfo:
+    """A StorageUnit as the directory sees it; ``address`` is its ZMQ endpoint when it has one."""
+
+    unit_id: str
+    node_id: str | None = None
+    memory_budget: int = 4 << 30
+    address: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"unit_id": self.unit_id, "node_id": self.node_id, "memory_budget": self.memory_budget,
+                "address": self.address}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> "UnitInfo":
+        return cls(unit_id=str(obj["unit_id"]), node_id=obj.get("node_id"),
+                   memory_budget=int(obj.get("memory_budget", 4 << 30)), address=obj.get("address"))
+
+
+@dataclass(slots=True)
+class _Entry:
+    unit_id: str
+    nbytes: int
+    batch: str | None
+    field: str
+    state: KeyState
+    written_at: float
+    touched_at: float
+
+
+class Controller:
+    """Thread-safe key directory. ``clock`` is injectable so retention tests need no sleeping."""
+
+    def __init__(self, units: Sequence[UnitInfo] = (), *, retention_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._units: dict[str, UnitInfo] = {}
+        self._used: dict[str, int] = {}
+        self._count: dict[str, int] = {}
+        self._entries: dict[str, _Entry] = {}
+        self._tombstones: OrderedDict[str, str] = OrderedDict()
+        self._to_delete: dict[str, set[str]] = {}
+        self._retention_s = retention_s
+        self._clock = clock
+        self._cleared_total = 0
+        for u in units:
+            self.add_unit(u)
+
+    # -- units ---------------------------------------------------------------------------------
+    def add_unit(self, unit: UnitInfo) -> None:
+        with self._lock:
+            self._units[unit.unit_id] = unit
+            self._used.setdefault(unit.unit_id, 0)
+            self._count.setdefault(unit.unit_id, 0)
+
+    def units(self) -> list[UnitInfo]:
+        with self._lock:
+            return list(self._units.values())
+
+    # -- write path ----------------------------------------------------------------------------
+    def place(self, key: str, nbytes: int, *, node_id: str | None = None, batch: str | None = None,
+              field: str = "") -> str:
+        """Reserve ``nbytes`` for a new key and return the unit that should store it."""
+        with self._lock:
+            if not self._units:
+                raise StorageFullError("the TransferQueue has no StorageUnits")
+            if key in self._entries:
+                raise TransferQueueError(f"key {key!r} already exists; keys are write-once")
+            unit_id = self._choose(int(nbytes), node_id)
+            now = self._clock()
+            self._entries[key] = _Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
+            self._used[unit_id] += int(nbytes)
+            self._count[unit_id] += 1
+            self._tombstones.pop(key, None)
+            return unit_id
+
+    def _choose(self, nbytes: int, node_id: str | None) -> str:
+        def free(uid: str) -> int:
+            return self._units[uid].memory_budget - self._used[uid]
+
+        everyone = list(self._units)
+        local = [u for u in everyone if node_id is not None and self._units[u].node_id == node_id]
+        for pool in (local, everyone):
+            fitting = [u for u in pool if free(u) >= nbytes]
+            if fitting:
+                # Most free bytes, then fewest keys: equal units fill evenly.
+                return max(fitting, key=lambda u: (free(u), -self._count[u]))
+        # Nobody has room: the unit with most room spills, waits or refuses, per its policy.
+        return max(local or everyone, key=lambda u: (free(u), -self._count[u]))
+
+    def commit(self, key: str) -> None:
+        """The payload is durable in its unit."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                raise TransferQueueError(f"commit of key {key!r} that was never placed (or expired)")
+            entry.state = KeyState.WRITTEN
+            entry.touched_at = self._clock()
+
+    def abort(self, key: str) -> None:
+        """Forget a key whose write failed; the unit copy (if any) is queued for deletion."""
+        with self._lock:
+            self._remove(key)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def mark_consumed(self, keys: Iterable[str]) -> int:
+        now, n = self._clock(), 0
+        with self._lock:
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    entry.state = KeyState.CONSUMED
+                    entry.touched_at = now
+                    n += 1
+        return n
+
+    def set_batch(self, keys: Iterable[str], batch: str | None) -> int:
+        n = 0
+        with self._lock:
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    entry.batch = batch
+                    n += 1
+        return n
+
+    def delete(self, keys: Iterable[str]) -> dict[str, list[str]]:
+        """Drop keys from the directory; returns ``{unit_id: keys}`` the caller should delete there."""
+        out: dict[str, list[str]] = {}
+        with self._lock:
+            for key in keys:
+                unit_id = self._remove(key)
+                if unit_id is not None:
+                    out.setdefault(unit_id, []).append(key)
+        return out
+
+    def clear(self, batch: str) -> dict[str, list[str]]:
+        """Drop every key of ``batch``; returns ``{unit_id: keys}`` as :meth:`delete` does."""
+        with self._lock:
+            keys = [k for k, e in self._entries.items() if e.batch == batch]
+        return self.delete(keys)
+
+    def expire(self) -> dict[str, list[str]]:
+        """Retention sweep: drop keys untouched (not written, read or committed) for ``retention_s``."""
+        if self._retention_s is None:
+            return {}
+        deadline = self._clock() - self._retention_s
+        with self._lock:
+            keys = [k for k, e in self._entries.items() if e.touched_at < deadline]
+        if keys:
+            log.info("retention: clearing %d key(s) untouched for %.1f s", len(keys), self._retention_s)
+        return self.delete(keys)
+
+    def _remove(self, key: str) -> str | None:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        self._used[entry.unit_id] -= entry.nbytes
+        self._count[entry.unit_id] -= 1
+        self._to_delete.setdefault(entry.unit_id, set()).add(key)
+        self._tombstones[key] = entry.unit_id
+        if len(self._tombstones) > _TOMBSTONES:
+            self._tombstones.popitem(last=False)
+        self._cleared_total += 1
+        return entry.unit_id
+
+    def take_deletions(self) -> dict[str, list[str]]:
+        """Hand the queued unit deletions to the janitor (deletes are idempotent, so repeats are safe)."""
+        with self._lock:
+            out: dict[str, list[str]] = {}
+            for unit_id, keys in self._to_delete.items():
+                # A key written again after its abort is live: deleting it now would lose data.
+                dead = sorted(k for k in keys if not (k in self._entries and self._entries[k].unit_id == unit_id))
+                if dead:
+                    out[unit_id] = dead
+            self._to_delete = {}
+        return out
+
+    def requeue_deletions(self, unit_id: str, keys: Iterable[str]) -> None:
+        with self._lock:
+            self._to_delete.setdefault(unit_id, set()).update(keys)
+
+    # -- queries -------------------------------------------------------------------------------
+    def state(self, key: str) -> KeyState | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                return entry.state
+            return KeyState.CLEARED if key in self._tombstones else None
+
+    def where(self, keys: Iterable[str]) -> dict[str, str]:
+        """``{key: unit_id}`` for keys the directory holds."""
+        with self._lock:
+            return {k: self._entries[k].unit_id for k in keys if k in self._entries}
+
+    def keys(self, batch: str | None = None) -> list[str]:
+        with self._lock:
+            return [k for k, e in self._entries.items() if batch is None or e.batch == batch]
+
+    def total_keys(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per unit: keys and bytes in the directory, pending writes, queued deletions."""
+        with self._lock:
+            pending: dict[str, int] = {}
+            for e in self._entries.values():
+                if e.state is KeyState.PENDING:
+                    pending[e.unit_id] = pending.get(e.unit_id, 0) + 1
+            return {
+                uid: {"node_id": u.node_id, "directory_keys": self._count[uid],
+                      "directory_bytes": self._used[uid], "pending": pending.get(uid, 0),
+                      "queued_deletes": len(self._to_delete.get(uid, ()))}
+                for uid, u in self._units.items()
+            }
+
+
+class Janitor:
+    """Background thread: runs the retention sweep and performs queued unit deletions.
+
+    ``resolve(unit_id)`` returns something with ``delete(keys)`` (a StorageUnit or remote handle).
+    A unit that fails keeps its keys queued for the next round; the loop never raises.
+    """
+
+    def __init__(self, controller: Controller, resolve: Callable[[str], Any], *, interval_s: float) -> None:
+        self._controller = controller
+        self._resolve = resolve
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tq-janitor", daemon=True)
+
+    def start(self) -> "Janitor":
+        self._thread.start()
+        return self
+
+    def run_once(self) -> int:
+        self._controller.expire()
+        removed = 0
+        for unit_id, keys in self._controller.take_deletions().items():
+            try:
+                unit = self._resolve(unit_id)
+                if unit is not None:
+                    removed += unit.delete(keys)
+            except Exception as exc:  # a dead unit must not kill the sweep; retried next round
+                log.warning("janitor: deleting %d key(s) from unit %s failed: %s", len(keys), unit_id, exc)
+                self._controller.requeue_deletions(unit_id, keys)
+        return removed
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.run_once()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)

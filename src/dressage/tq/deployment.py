@@ -1,0 +1,178 @@
+"""TransferQueue.start(config): bring up a Controller and StorageUnits, hand out clients, shut down.
+
+``embedded`` keeps everything in this process (ZMQ servers start only if ``client_spec()`` is asked for,
+so other processes can join); ``local`` runs the Controller and each StorageUnit as processes on this host;
+``ray`` runs them as Ray actors, one StorageUnit per node. Clients look the same in all three.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Mapping
+
+from dressage.errors import TransferQueueError
+from dressage.tq.client import TransferQueueClient
+from dressage.tq.config import TransferQueueConfig, load_config
+from dressage.tq.controller import Controller, Janitor, UnitInfo
+from dressage.tq.storage import StorageUnit, make_storage_unit
+
+__all__ = ["TransferQueue", "sweep_interval"]
+
+log = logging.getLogger(__name__)
+SPEC_VERSION = 1
+
+
+def sweep_interval(config: TransferQueueConfig) -> float:
+    """How often the janitor runs: often enough for retention and queued deletes, never busy."""
+    if config.retention_s is None:
+        return 1.0
+    return min(max(config.retention_s / 10.0, 0.05), 5.0)
+
+
+class TransferQueue:
+    """A running TransferQueue deployment. Use as a context manager or call :meth:`shutdown`."""
+
+    def __init__(self, config: TransferQueueConfig, deployment: Any) -> None:
+        self.config = config
+        self._deployment = deployment
+        self._clients: list[TransferQueueClient] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @classmethod
+    def start(cls, config: "TransferQueueConfig | Mapping[str, Any] | str | os.PathLike[str] | None" = None,
+              ) -> "TransferQueue":
+        """Start the deployment ``config.deployment`` names (a config, mapping, YAML path or None)."""
+        config = load_config(config)
+        if config.deployment == "embedded":
+            deployment: Any = _Embedded(config)
+        elif config.deployment == "local":
+            from dressage.tq.local import LocalDeployment
+
+            deployment = LocalDeployment(config)
+        else:
+            from dressage.tq.ray_deploy import RayDeployment
+
+            deployment = RayDeployment(config)
+        return cls(config, deployment)
+
+    @property
+    def deployment(self) -> str:
+        return self.config.deployment
+
+    def client(self, node_id: str | None = None) -> TransferQueueClient:
+        """A client in this process; ``node_id`` makes writes prefer StorageUnits on that node."""
+        self._check_open()
+        client = self._deployment.client(node_id)
+        with self._lock:
+            self._clients.append(client)
+        return client
+
+    def client_spec(self) -> dict[str, Any]:
+        """A small msgpack-able dict; ``TransferQueueClient.connect(spec)`` joins from another process."""
+        self._check_open()
+        return self._deployment.client_spec()
+
+    @property
+    def controller(self) -> Any:
+        """The directory handle (in-process Controller or its remote twin)."""
+        return self._deployment.controller
+
+    def units(self) -> list[UnitInfo]:
+        return self._deployment.controller.units()
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per unit: what the unit holds (keys, bytes, memory_bytes, spilled_bytes, counters) merged
+        with the Controller's view (directory_keys, pending, queued_deletes)."""
+        self._check_open()
+        directory = self._deployment.controller.stats()
+        out = {}
+        for unit_id, unit in self._deployment.unit_handles().items():
+            row = dict(unit.stats())
+            row.update(directory.get(unit_id, {}))
+            out[unit_id] = row
+        return out
+
+    def total_keys(self) -> int:
+        """Keys stored across every unit, counted by the units themselves."""
+        return sum(int(s["keys"]) for s in self.stats().values())
+
+    def processes(self) -> dict[str, int]:
+        """``{component: pid}`` of the processes holding TQ state (for PSS measurement)."""
+        return self._deployment.processes()
+
+    def run_janitor(self) -> int:
+        """Run one retention sweep and queued deletion pass now; returns keys removed from units."""
+        return self._deployment.run_janitor()
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            clients, self._clients = self._clients, []
+        for client in clients:
+            client.close()
+        self._deployment.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransferQueueError("the TransferQueue was shut down")
+
+    def __enter__(self) -> "TransferQueue":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:  # processes must not outlive a forgotten handle
+        try:
+            self.shutdown()
+        except Exception:
+            pass
+
+
+class _Embedded:
+    """Everything in this process; units are in-process backends."""
+
+    def __init__(self, config: TransferQueueConfig) -> None:
+        self.config = config
+        n = config.num_storage_units or 1
+        self.units: dict[str, StorageUnit] = {}
+        for i in range(n):
+            uid = f"unit{i}"
+            self.units[uid] = make_storage_unit(uid, node_id=None, memory_budget=config.budget_bytes,
+                                                on_full=config.on_full, spill_dir=config.spill_dir)
+        self.controller = Controller(
+            [UnitInfo(uid, None, config.budget_bytes) for uid in self.units], retention_s=config.retention_s)
+        self.janitor = Janitor(self.controller, self.units.get, interval_s=sweep_interval(config)).start()
+        self._servers: Any = None
+
+    def client(self, node_id: str | None) -> TransferQueueClient:
+        return TransferQueueClient(self.controller, self.units, node_id=node_id, on_full=self.config.on_full,
+                                   full_wait_s=self.config.full_wait_s)
+
+    def client_spec(self) -> dict[str, Any]:
+        if self._servers is None:
+            from dressage.tq.local import expose_embedded
+
+            self._servers = expose_embedded(self.config, self.controller, self.units)
+        return self._servers.spec
+
+    def unit_handles(self) -> dict[str, StorageUnit]:
+        return self.units
+
+    def processes(self) -> dict[str, int]:
+        return {"tq": os.getpid()}
+
+    def run_janitor(self) -> int:
+        return self.janitor.run_once()
+
+    def shutdown(self) -> None:
+        self.janitor.stop()
+        if self._servers is not None:
+            self._servers.close()
+        for unit in self.units.values():
+            unit.close()

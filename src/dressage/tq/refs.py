@@ -1,0 +1,122 @@
+"""FieldRef: the small reference that travels in place of a large field's array.
+
+A ref names one stored blob (key, StorageUnit, field, stored dtype, full stored shape) and the rows of
+that blob it covers. Segments narrow refs instead of slicing arrays, so they never read TQ.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from dressage.errors import ProtocolError, RowRangeError
+
+__all__ = ["FieldRef", "WIRE_TAG"]
+
+# First element of a ref's wire form: lets a reader tell a ref from any other list.
+WIRE_TAG = "fref1"
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRef:
+    """Reference to rows ``[row_start, row_stop)`` of a blob stored in a StorageUnit.
+
+    ``shape`` is the full stored shape (first axis = rows); ``dtype`` is the stored dtype name,
+    which may be narrower than the field's native dtype (R3 as ``uint8``).
+    """
+
+    key: str
+    unit_id: str
+    field: str
+    dtype: str
+    shape: tuple[int, ...]
+    row_start: int = 0
+    row_stop: int | None = None
+    batch: str | None = None
+    _itemsize: int = field(default=0, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        shape = tuple(int(d) for d in self.shape)
+        if not shape or any(d < 0 for d in shape):
+            raise RowRangeError(f"FieldRef {self.key!r}: shape must have at least one axis >= 0, got {shape}")
+        stop = shape[0] if self.row_stop is None else int(self.row_stop)
+        start = int(self.row_start)
+        if not 0 <= start <= stop <= shape[0]:
+            raise RowRangeError(
+                f"FieldRef {self.key!r}: rows [{start}, {stop}) outside the stored rows [0, {shape[0]})"
+            )
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "row_start", start)
+        object.__setattr__(self, "row_stop", stop)
+        object.__setattr__(self, "_itemsize", np.dtype(self.dtype).itemsize)
+
+    # -- derived -------------------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        return int(self.row_stop) - self.row_start  # type: ignore[arg-type]
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return self.shape[1:]
+
+    @property
+    def row_nbytes(self) -> int:
+        return self._itemsize * math.prod(self.shape[1:])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the rows this ref covers (what a read moves), not of the whole blob."""
+        return self.num_rows * self.row_nbytes
+
+    @property
+    def stored_nbytes(self) -> int:
+        return self.shape[0] * self.row_nbytes
+
+    @property
+    def is_whole(self) -> bool:
+        return self.row_start == 0 and self.row_stop == self.shape[0]
+
+    def narrow(self, start: int, stop: int) -> "FieldRef":
+        """Rows ``[start, stop)`` relative to this ref; never reads data."""
+        start, stop = int(start), int(stop)
+        if not 0 <= start <= stop <= self.num_rows:
+            raise RowRangeError(
+                f"FieldRef {self.key!r}: narrow({start}, {stop}) outside its {self.num_rows} rows"
+            )
+        return replace(self, row_start=self.row_start + start, row_stop=self.row_start + stop)
+
+    def with_batch(self, batch: str | None) -> "FieldRef":
+        return replace(self, batch=batch)
+
+    # -- wire ----------------------------------------------------------------------------------
+    def to_wire(self) -> list[Any]:
+        """A msgpack-able list; ``FieldRef.from_wire`` inverts it."""
+        return [WIRE_TAG, self.key, self.unit_id, self.field, self.dtype, list(self.shape),
+                self.row_start, self.row_stop, self.batch]
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> "FieldRef":
+        if not isinstance(obj, (list, tuple)) or len(obj) != 9 or obj[0] != WIRE_TAG:
+            raise ProtocolError(f"not a FieldRef wire form: {obj!r:.200}")
+        _, key, unit_id, fld, dtype, shape, start, stop, batch = obj
+        if not all(isinstance(v, str) for v in (key, unit_id, fld, dtype)):
+            raise ProtocolError(f"FieldRef wire form has non-string names: {obj!r:.200}")
+        if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) for d in shape):
+            raise ProtocolError(f"FieldRef wire form has a bad shape: {shape!r:.200}")
+        try:
+            return cls(key=key, unit_id=unit_id, field=fld, dtype=dtype, shape=tuple(shape),
+                       row_start=start, row_stop=stop, batch=batch)
+        except TypeError as exc:
+            raise ProtocolError(f"FieldRef wire form: {exc}") from exc
+
+    def __reduce__(self):  # slotted + frozen: pickle through the constructor
+        return (_rebuild, (self.key, self.unit_id, self.field, self.dtype, self.shape,
+                           self.row_start, self.row_stop, self.batch))
+
+
+def _rebuild(key, unit_id, fld, dtype, shape, start, stop, batch) -> FieldRef:
+    return FieldRef(key=key, unit_id=unit_id, field=fld, dtype=dtype, shape=shape,
+                    row_start=start, row_stop=stop, batch=batch)

@@ -1,0 +1,96 @@
+"""FieldRef (narrowing, wire form, pickling) and TransferQueueConfig validation."""
+
+from __future__ import annotations
+
+import pickle
+
+import msgpack
+import pytest
+
+from dressage.errors import ConfigError, ProtocolError, RowRangeError
+from dressage.tq import FieldRef, TransferQueueConfig
+from dressage.tq.config import EXAMPLE_CONFIG, load_config
+
+
+def make_ref(**kw):
+    base = dict(key="k", unit_id="unit0", field="routed_experts", dtype="uint8", shape=(100, 40, 8))
+    base.update(kw)
+    return FieldRef(**base)
+
+
+def test_ref_defaults_cover_the_whole_blob_and_size_follows_rows():
+    ref = make_ref()
+    assert (ref.row_start, ref.row_stop, ref.num_rows) == (0, 100, 100)
+    assert ref.nbytes == 100 * 40 * 8 and ref.is_whole
+
+
+def test_narrow_is_relative_and_composes():
+    ref = make_ref().narrow(10, 50).narrow(5, 15)
+    assert (ref.row_start, ref.row_stop, ref.num_rows, ref.nbytes) == (15, 25, 10, 10 * 320)
+    assert ref.shape == (100, 40, 8)
+
+
+@pytest.mark.parametrize("start,stop", [(-1, 3), (5, 4), (0, 101)])
+def test_narrow_outside_the_ref_is_row_range_error(start, stop):
+    with pytest.raises(RowRangeError):
+        make_ref().narrow(start, stop)
+    with pytest.raises(RowRangeError):
+        make_ref(row_start=10, row_stop=20).narrow(0, 11)
+
+
+def test_ref_constructor_rejects_rows_outside_the_shape():
+    with pytest.raises(RowRangeError):
+        make_ref(row_start=0, row_stop=101)
+
+
+def test_ref_is_frozen_hashable_picklable_and_msgpack_round_trips():
+    ref = make_ref(batch="step-3").narrow(1, 7)
+    with pytest.raises(AttributeError):
+        ref.key = "other"  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(ref)) == ref
+    wire = msgpack.unpackb(msgpack.packb(ref.to_wire()), raw=False)
+    assert FieldRef.from_wire(wire) == ref and hash(FieldRef.from_wire(wire)) == hash(ref)
+    assert len({ref, FieldRef.from_wire(wire)}) == 1
+
+
+@pytest.mark.parametrize("bad", [None, [], ["x"] * 9, ["fref1", 1, "u", "f", "uint8", [3], 0, 3, None],
+                                 ["fref1", "k", "u", "f", "uint8", "3", 0, 3, None]])
+def test_bad_ref_wire_forms_are_protocol_errors(bad):
+    with pytest.raises(ProtocolError):
+        FieldRef.from_wire(bad)
+
+
+def test_config_defaults_and_byte_sizes():
+    cfg = TransferQueueConfig()
+    assert cfg.deployment == "embedded" and cfg.on_full == "spill" and cfg.host == "127.0.0.1"
+    assert cfg.budget_bytes == 4 << 30
+    assert TransferQueueConfig(unit_memory_budget="512MiB").budget_bytes == 512 << 20
+
+
+@pytest.mark.parametrize("key,value", [
+    ("deployment", "k8s"), ("on_full", "drop"), ("num_storage_units", 0), ("num_storage_units", True),
+    ("unit_memory_budget", "lots"), ("unit_memory_budget", -1), ("retention_s", -5), ("retention_s", "1h"),
+    ("request_timeout_s", 0), ("controller_port", 70000), ("unit_base_port", -1), ("host", "a b"),
+])
+def test_bad_values_name_the_dotted_key(key, value):
+    with pytest.raises(ConfigError, match=rf"transfer_queue\.{key}"):
+        TransferQueueConfig.from_dict({key: value})
+
+
+def test_unknown_key_is_rejected_by_name(tmp_path):
+    path = tmp_path / "tq.yaml"
+    path.write_text("transfer_queue:\n  deployment: local\n  num_units: 3\n")
+    with pytest.raises(ConfigError, match=r"transfer_queue\.num_units: unknown key"):
+        TransferQueueConfig.from_yaml(path)
+
+
+def test_yaml_loads_nested_or_flat(tmp_path):
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("deployment: local\nnum_storage_units: 2\nunit_memory_budget: 1GiB\nretention_s: null\n")
+    cfg = load_config(flat)
+    assert (cfg.deployment, cfg.num_storage_units, cfg.budget_bytes, cfg.retention_s) == ("local", 2, 1 << 30, None)
+
+
+def test_shipped_example_config_is_valid():
+    cfg = TransferQueueConfig.from_yaml(EXAMPLE_CONFIG)
+    assert cfg.deployment in ("embedded", "local", "ray")
