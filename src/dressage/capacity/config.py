@@ -1,0 +1,127 @@
+"""What a capacity question is made of: model shape, batch, Segments per trajectory, dtype, nodes.
+
+:class:`CapacityConfig` is validated once, here; every error names the flag it came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dressage.errors import ConfigError
+from dressage.fields.models import ModelSpec
+from dressage.fields.r3 import DEFAULT_R3_DTYPE, check_dtype_holds_experts, r3_dtype
+
+__all__ = ["CapacityConfig", "parse_segments_distribution", "distribution_mean"]
+
+# What the seed's field table implies for messages: 2.3% next to R3's 92.4%, with R3 at
+# 40 x 8 x 4 = 1,280 bytes per token (Qwen3.6, int32), is 2.3 / 92.4 * 1280 = 31.9 B/token.
+# Each StepRecord keeps the full chat history of its request, so the text is held many times.
+DEFAULT_MESSAGE_BYTES_PER_TOKEN = 32.0
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _positive_int(key: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{_flag(key)} ({key}) must be a positive integer, got {value!r}")
+
+
+def _positive_number(key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise ConfigError(f"{_flag(key)} ({key}) must be a positive finite number, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CapacityConfig:
+    """One rollout batch to size and project."""
+
+    model: ModelSpec
+    """Recorded MoE layers, routing top-k and expert count."""
+    context_length: int
+    """Context window in tokens: the upper bound of one Segment."""
+    rollout_batch_size: int
+    """Prompts per rollout batch."""
+    n_samples_per_prompt: int = 1
+    """Trajectories sampled per prompt; trajectories = batch x samples (the seed's B)."""
+    mean_segments: float = 1.0
+    """Average Segments per trajectory (the seed's X-bar); the context window does not bound it."""
+    mean_segment_tokens: int | None = None
+    """Average tokens per Segment; ``None`` means every Segment fills the context window."""
+    routed_experts_dtype: str = DEFAULT_R3_DTYPE
+    """R3 storage dtype (uint8, uint16, int32)."""
+    nodes: int = 1
+    """TQ StorageUnits, one per node; R3 and logprobs spread over them evenly."""
+    host_memory_bytes: int | None = None
+    """Host memory of the master node, for the largest batch that fits."""
+    message_bytes_per_token: float = DEFAULT_MESSAGE_BYTES_PER_TOKEN
+    """Bytes of chat messages held per Segment token (same in every representation)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, ModelSpec):
+            raise ConfigError(f"--model (model) must be a ModelSpec, got {type(self.model).__name__}")
+        for key in ("context_length", "rollout_batch_size", "n_samples_per_prompt", "nodes"):
+            _positive_int(key, getattr(self, key))
+        _positive_number("mean_segments", self.mean_segments)
+        _positive_number("message_bytes_per_token", self.message_bytes_per_token)
+        if self.mean_segment_tokens is not None:
+            _positive_int("mean_segment_tokens", self.mean_segment_tokens)
+            if self.mean_segment_tokens > self.context_length:
+                raise ConfigError(
+                    f"--mean-segment-tokens ({self.mean_segment_tokens}) exceeds --context-length "
+                    f"({self.context_length}): a Segment is bounded by the context window"
+                )
+        if self.host_memory_bytes is not None:
+            _positive_int("host_memory_bytes", self.host_memory_bytes)
+        try:
+            r3_dtype(self.routed_experts_dtype)
+            check_dtype_holds_experts(self.model.num_experts, self.routed_experts_dtype)
+        except ConfigError as exc:
+            raise ConfigError(f"--routed-experts-dtype: {exc}") from None
+
+    @property
+    def segment_tokens(self) -> int:
+        """Tokens of an average Segment (the full context unless told otherwise)."""
+        return self.context_length if self.mean_segment_tokens is None else self.mean_segment_tokens
+
+    @property
+    def trajectories(self) -> int:
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+    @property
+    def segments(self) -> int:
+        """Active Segments of the batch: N_segment = sum_i X_i ~ B * X-bar (at least one)."""
+        return max(1, round(self.trajectories * self.mean_segments))
+
+
+def parse_segments_distribution(text: str, what: str = "--segments-distribution") -> dict[int, float]:
+    """``"1:0.6,2:0.3,3:0.1"`` -> ``{1: 0.6, 2: 0.3, 3: 0.1}``: Segments per trajectory and their weight.
+
+    Weights need not sum to one; they are normalised by :func:`distribution_mean`.
+    """
+    out: dict[int, float] = {}
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        count, sep, weight = part.partition(":")
+        try:
+            x, w = int(count), float(weight) if sep else 1.0
+        except ValueError:
+            raise ConfigError(f"{what}: cannot parse {part!r} (expected SEGMENTS:WEIGHT, e.g. 1:0.6,2:0.4)") from None
+        if x <= 0 or not w >= 0 or w == float("inf"):
+            raise ConfigError(f"{what}: {part!r} needs a positive Segment count and a finite weight >= 0")
+        out[x] = out.get(x, 0.0) + w
+    if not out:
+        raise ConfigError(f"{what}: empty distribution {text!r}")
+    return out
+
+
+def distribution_mean(dist: Mapping[int, float], what: str = "--segments-distribution") -> float:
+    """Mean Segments per trajectory (X-bar) of a ``{segments: weight}`` distribution."""
+    total = float(sum(dist.values()))
+    if not total > 0:
+        raise ConfigError(f"{what}: weights sum to zero")
+    return sum(x * w for x, w in dist.items()) / total
