@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv clean
+.PHONY: run test venv bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,15 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# `make bench` adds the benchmark baselines (transferqueue, CPU torch) and runs `dressage bench tq`;
+# ARGS=--quick for a run under a minute. Kept out of `dev` so CI stays light.
+$(VENV)/.installed-bench: pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	@touch $@
+
+bench: $(VENV)/.installed-bench
+	$(VENV)/bin/dressage bench tq --json out/bench_tq.json $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

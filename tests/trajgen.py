@@ -44,3 +44,25 @@ def call(session: Session, prompt, response, *, version: int = 0, tools=None, sa
 
 def new_session(sid: str = "s", r3: bool = True, **kw) -> Session:
     return Session(sid, r3_shape=(L, K) if r3 else None, **kw)
+
+
+def sglang_body(prompt, response, *, start: int, salt: int = 0, experts=None) -> dict:
+    """A ``/generate`` JSON body as SGLang returns it for this call (rows [start, T-1))."""
+    import base64
+
+    prompt = np.asarray(prompt, dtype=np.int32)
+    response = np.asarray(response, dtype=np.int32)
+    rows = expected_r3(np.concatenate([prompt, response]), start=start) if experts is None else experts
+    lps = fake_logprobs(response, salt)
+    return {
+        "text": "",
+        "output_ids": response.tolist(),
+        "meta_info": {
+            "id": f"req-{salt}",
+            "finish_reason": {"type": "stop"},
+            "prompt_tokens": int(len(prompt)),
+            "completion_tokens": int(len(response)),
+            "output_token_logprobs": [[float(lp), int(t), None] for lp, t in zip(lps, response)],
+            "routed_experts": base64.b64encode(np.ascontiguousarray(rows, dtype=np.int32).tobytes()).decode(),
+        },
+    }

@@ -8,7 +8,7 @@ shared prefix is stored once however many Segment views use it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from dressage.trajectory.pieces import Fill, Piece, concat_pieces, pieces_reside
 from dressage.trajectory.session import Session
 from dressage.trajectory.step import StepRecord
 
-__all__ = ["Segment", "build_segments", "lineage_chains", "timeline_chains"]
+__all__ = ["Segment", "build_segments", "lineage_chains", "timeline_chains", "materialize_pieces"]
 
 View = Literal["lineage", "timeline"]
 
@@ -72,15 +72,7 @@ class Segment:
     def materialize(self, name: str, resolve: Callable[[Piece], np.ndarray] = resolve_resident) -> np.ndarray | None:
         """Compose a large field into its training form (R3 restored to int32)."""
         pieces = self.large.get(name)
-        if pieces is None:
-            return None
-        if name == "logprobs":
-            return concat_pieces(pieces, np.float32, (), resolve)
-        if name == "routed_experts":
-            stored = {np.dtype(_piece_dtype(p)) for p in pieces if isinstance(p, Piece)}
-            dtype = stored.pop() if len(stored) == 1 else np.dtype(np.int32)
-            return decode_routed_experts(concat_pieces(pieces, dtype, self.r3_trailing, resolve))
-        raise FieldShapeError(f"segment has no large field {name!r}")
+        return None if pieces is None else materialize_pieces(name, pieces, self.r3_trailing, resolve)
 
     def large_field_nbytes(self, name: str) -> int:
         pieces = self.large.get(name, ())
@@ -99,8 +91,17 @@ class Segment:
         }
 
 
-def _piece_dtype(p: Piece) -> Any:
-    return p.value.dtype
+def materialize_pieces(name: str, pieces: Sequence[Piece | Fill], r3_trailing: tuple[int, ...] = (),
+                       resolve: Callable[[Piece], np.ndarray] = resolve_resident) -> np.ndarray:
+    """One large field from its pieces: ``logprobs`` float32, ``routed_experts`` restored to int32."""
+    if name == "logprobs":
+        return concat_pieces(pieces, np.float32, (), resolve)
+    if name == "routed_experts":
+        stored = {np.dtype(p.value.dtype) for p in pieces if isinstance(p, Piece)}
+        # One stored dtype: compose in it and widen once; mixed dtypes compose straight to int32.
+        dtype = stored.pop() if len(stored) == 1 else np.dtype(np.int32)
+        return decode_routed_experts(concat_pieces(pieces, dtype, tuple(r3_trailing), resolve))
+    raise FieldShapeError(f"no large field {name!r}")
 
 
 def _row_nbytes(value: Any) -> int:

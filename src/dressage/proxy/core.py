@@ -1,0 +1,214 @@
+"""Proxy core: SGLang responses -> StepRecords, with the TQ write and local commit as one region.
+
+The HTTP front (``dressage.proxy.server``) calls this; so can any embedding. Online decisions
+(routing, versions) and Segment construction at finalize read nothing from TransferQueue.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from dressage.errors import DressageError, FieldShapeError, SessionStateError, TransferQueueError, UnknownStepError
+from dressage.fields import GenerateOutput, decode_generate_response, encode_routed_experts
+from dressage.proxy.config import DataPlaneConfig
+from dressage.trajectory import RouteDecision, Segment, Session, StepRecord, build_segments
+
+__all__ = ["ProxyCore", "FinalizedSession", "TransferWriteError"]
+
+
+class TransferWriteError(TransferQueueError):
+    """A StepRecord's large fields could not be written to TransferQueue; nothing was recorded."""
+
+
+@dataclass(slots=True)
+class FinalizedSession:
+    """What finalize hands to the RolloutManager: lightweight Segments plus session metadata."""
+
+    session_id: str
+    segments: list[Segment]
+    reward: float | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    released_refs: list[Any] = field(default_factory=list)
+    """Refs of steps no Segment uses (dropped retry orphans): deleted from TQ at finalize."""
+
+
+class ProxyCore:
+    """Sessions of one Proxy and the commit region that records their steps.
+
+    ``tq`` is a TransferQueue client (``put_async`` / ``delete``) and is required when
+    ``config.enable_transfer_queue``. ``sink`` receives each :class:`FinalizedSession`.
+    """
+
+    def __init__(self, config: DataPlaneConfig, tq: Any = None, *, sink: Callable[[FinalizedSession], None] | None = None,
+                 decode: Callable[[np.ndarray], str] | None = None, special_ids: Sequence[int] = (),
+                 batch_tag: Callable[[], str | None] | None = None) -> None:
+        if config.enable_transfer_queue and tq is None:
+            raise TransferWriteError("TransferQueue is enabled but no TransferQueue client was given")
+        self.config = config
+        self.tq = tq
+        self.sink = sink
+        self._decode = decode
+        self._special_ids = tuple(special_ids)
+        self._batch_tag = batch_tag or (lambda: None)
+        self.sessions: dict[str, Session] = {}
+        self._lock = threading.RLock()
+        self._calls: dict[str, int] = {}
+
+    # ----------------------------------------------------------------- sessions
+    def create_session(self, metadata: Mapping[str, Any] | None = None, session_id: str | None = None) -> Session:
+        sid = session_id or secrets.token_urlsafe(18)  # unguessable: the id is the session's capability
+        with self._lock:
+            if sid in self.sessions:
+                raise SessionStateError(f"session {sid} already exists")
+            session = Session(sid, metadata=dict(metadata or {}), r3_shape=self.config.r3_shape,
+                              decode=self._decode, special_ids=self._special_ids)
+            self.sessions[sid] = session
+            self._calls[sid] = 0
+        return session
+
+    def session(self, session_id: str) -> Session:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise UnknownStepError(f"unknown session {session_id!r}") from None
+
+    def active_session(self, session_id: str) -> Session:
+        s = self.session(session_id)
+        if s.state != "active":
+            raise SessionStateError(f"session {session_id} is {s.state}")
+        return s
+
+    # ------------------------------------------------------------------ calls
+    def plan(self, session_id: str, prompt_ids: Any, *, tools: Any = None) -> RouteDecision:
+        """Route a call before it goes to the engine (decides ``routed_experts_start_len``)."""
+        return self.active_session(session_id).route(prompt_ids, tools=tools)
+
+    def generate_params(self, decision: RouteDecision) -> dict[str, Any]:
+        """The SGLang ``/generate`` flags this call needs."""
+        params: dict[str, Any] = {"return_logprob": True}
+        if self.config.use_rollout_routing_replay:
+            params["return_routed_experts"] = True
+            params["routed_experts_start_len"] = int(decision.routed_experts_start)
+        return params
+
+    def normalize(self, body: Mapping[str, Any], *, prompt_len: int, decision: RouteDecision) -> GenerateOutput:
+        """Decode one ``/generate`` JSON body for this call (validates every length)."""
+        m = self.config.model
+        return decode_generate_response(
+            body, prompt_len=prompt_len, routed_experts_start_len=decision.routed_experts_start,
+            num_layers=m.num_layers, topk=m.topk, want_logprobs=True,
+            want_routed_experts=self.config.use_rollout_routing_replay)
+
+    def ingest(self, session_id: str, decision: RouteDecision, body: Mapping[str, Any], *, prompt_ids: Any,
+               version: int = 0, **step_kwargs: Any) -> StepRecord:
+        """Normalise an engine response and record it as one StepRecord."""
+        prompt = np.asarray(prompt_ids, dtype=np.int32)
+        out = self.normalize(body, prompt_len=len(prompt), decision=decision)
+        return self.record_step(session_id, decision, prompt_ids=prompt, response_ids=out.output_ids,
+                                logprobs=out.logprobs, routed_experts=out.routed_experts,
+                                token_versions=version, **step_kwargs)
+
+    def record_step(self, session_id: str, decision: RouteDecision, *, prompt_ids: Any, response_ids: Any,
+                    logprobs: Any, routed_experts: Any = None, token_versions: Any = 0,
+                    **step_kwargs: Any) -> StepRecord:
+        """The commit region: encode, write offloaded fields to TQ, commit locally.
+
+        Expert ids are range-checked for the storage dtype before any byte is written. If the TQ
+        write fails nothing is committed; if the local commit fails the keys already written
+        are deleted, so neither side keeps half a step.
+        """
+        session = self.active_session(session_id)
+        response = np.asarray(response_ids, dtype=np.int32)
+        fields: dict[str, Any] = {"logprobs": None if logprobs is None else np.asarray(logprobs, dtype=np.float32)}
+        if routed_experts is not None:
+            fields["routed_experts"] = encode_routed_experts(
+                routed_experts, self.config.routed_experts_dtype, num_experts=self.config.model.num_experts)
+        elif self.config.use_rollout_routing_replay:
+            fields["routed_experts"] = None
+        refs = self._write_offloaded(session_id, fields, expected_rows=len(response))
+        values = dict(fields)
+        values.update(refs)
+        try:
+            with self._lock:
+                return session.commit_step(decision, prompt_ids=prompt_ids, response_ids=response,
+                                           logprobs=values["logprobs"], routed_experts=values.get("routed_experts"),
+                                           token_versions=token_versions, **step_kwargs)
+        except BaseException:
+            self._delete_quietly(list(refs.values()))
+            raise
+
+    def _write_offloaded(self, session_id: str, fields: dict[str, Any], *, expected_rows: int) -> dict[str, Any]:
+        names = [n for n in self.config.offloaded if fields.get(n) is not None]
+        if not names:
+            return {}
+        lp = fields.get("logprobs")
+        if lp is not None and lp.shape != (expected_rows,):
+            # Fail before writing: the local commit would reject it anyway.
+            raise FieldShapeError(f"logprobs vs {expected_rows} response tokens: {lp.shape[0]} rows")
+        with self._lock:
+            call = self._calls[session_id]
+            self._calls[session_id] = call + 1
+        batch = self._batch_tag()
+        futures: dict[str, Future] = {
+            n: self.tq.put_async(n, np.ascontiguousarray(fields[n]), batch=batch, key=f"{session_id}/{call}/{n}")
+            for n in names
+        }
+        refs: dict[str, Any] = {}
+        error: BaseException | None = None
+        for n, fut in futures.items():
+            try:
+                refs[n] = fut.result()
+            except BaseException as exc:  # collect every outcome before deciding
+                error = error or exc
+        if error is not None:
+            self._delete_quietly(list(refs.values()))
+            raise TransferWriteError(f"session {session_id}: TransferQueue write failed: {error}") from error
+        return refs
+
+    def _delete_quietly(self, refs: list[Any]) -> None:
+        if refs and self.tq is not None:
+            try:
+                self.tq.delete(refs)
+            except DressageError:
+                pass  # the unit is gone; retention clears what it held
+
+    # --------------------------------------------------------------- lifecycle
+    def finalize(self, session_id: str, reward: float | None = None) -> FinalizedSession:
+        """Finalize, build Segments (no TQ reads), release refs no Segment uses, hand to the sink."""
+        with self._lock:
+            session = self.session(session_id)
+            session.finalize(reward)
+        segments = build_segments(session, self.config.segment_view,
+                                  drop_retry_orphans=self.config.drop_retry_orphans)
+        used = {id(p.value) for seg in segments for pieces in seg.large.values() for p in pieces
+                if hasattr(p, "value")}
+        unused = [r for r in session.large_field_refs() if id(r) not in used]
+        self._delete_quietly(unused)
+        done = FinalizedSession(session_id, segments, session.reward, dict(session.metadata), unused)
+        if self.sink is not None:
+            self.sink(done)
+        return done
+
+    def abort(self, session_id: str, reason: str = "aborted") -> int:
+        """Abort a session and delete its TQ keys; returns how many refs were released."""
+        with self._lock:
+            session = self.session(session_id)
+            session.abort(reason)
+        refs = session.large_field_refs()
+        self._delete_quietly(refs)
+        return len(refs)
+
+    def forget(self, session_id: str) -> None:
+        """Drop a finished session from memory (its Segments live on in the RolloutManager)."""
+        with self._lock:
+            s = self.sessions.get(session_id)
+            if s is not None and s.state == "active":
+                raise SessionStateError(f"session {session_id} is still active")
+            self.sessions.pop(session_id, None)
+            self._calls.pop(session_id, None)

@@ -1,0 +1,99 @@
+"""RolloutManager: finalized Segments -> Samples (refs stay attached) -> DP-sharded batches.
+
+With TQ on, a Sample carries only resident token fields and FieldRefs, so what this manager
+holds, and what it passes through Ray, stays small. With TQ off, it holds the materialised
+large fields, as the original path does.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from dressage.errors import ConfigError
+from dressage.trajectory import Sample, shard_samples
+from dressage.trajectory.pieces import Piece
+
+__all__ = ["RolloutManager", "RolloutBatch", "sample_resident_nbytes", "sample_ref_keys"]
+
+
+def sample_resident_nbytes(sample: Sample) -> int:
+    """Bytes of the arrays a Sample carries itself (token fields and materialised large fields)."""
+    return sum(int(a.nbytes) for a in sample.field_arrays().values())
+
+
+def sample_ref_keys(samples: Sequence[Sample]) -> set[str]:
+    """Distinct TQ keys the Samples reference."""
+    return {p.value.key for s in samples for pieces in s.remote.values() for p in pieces
+            if isinstance(p, Piece) and hasattr(p.value, "key")}
+
+
+@dataclass(slots=True)
+class RolloutBatch:
+    """One training batch: its Samples and their DP shards."""
+
+    rollout_id: int
+    samples: list[Sample]
+    shards: list[list[Sample]] = field(default_factory=list)
+
+    @property
+    def resident_nbytes(self) -> int:
+        return sum(sample_resident_nbytes(s) for s in self.samples)
+
+
+class RolloutManager:
+    """Collects finalized sessions (as the Proxy's sink) and cuts training batches."""
+
+    def __init__(self, *, dp_size: int = 1, keep_groups: bool = True) -> None:
+        if not isinstance(dp_size, int) or dp_size <= 0:
+            raise ConfigError(f"dp_size must be a positive integer, got {dp_size!r}")
+        self.dp_size = dp_size
+        self.keep_groups = keep_groups
+        self._ready: list[Sample] = []
+        self._lock = threading.Lock()
+        self._next_index = 0
+        self.sessions_received = 0
+        self.bytes_received = 0
+
+    def add_finalized(self, done: Any) -> list[Sample]:
+        """Convert a :class:`~dressage.proxy.core.FinalizedSession` into Samples and queue them."""
+        meta = dict(done.metadata)
+        group = meta.get("group_index")
+        samples = []
+        for seg in done.segments:
+            samples.append(Sample.from_segment(seg, reward=done.reward, group_index=group,
+                                               metadata={k: v for k, v in meta.items() if k != "group_index"}))
+        with self._lock:
+            for s in samples:
+                s.index = self._next_index
+                self._next_index += 1
+            self._ready.extend(samples)
+            self.sessions_received += 1
+            self.bytes_received += sum(sample_resident_nbytes(s) for s in samples)
+        return samples
+
+    __call__ = add_finalized  # usable directly as ProxyCore(sink=manager)
+
+    @property
+    def num_ready(self) -> int:
+        return len(self._ready)
+
+    def held_nbytes(self) -> int:
+        with self._lock:
+            return sum(sample_resident_nbytes(s) for s in self._ready)
+
+    def take_batch(self, rollout_id: int, max_samples: int | None = None) -> RolloutBatch:
+        """Take queued Samples (all, or the first ``max_samples``) and shard them for DP ranks."""
+        with self._lock:
+            n = len(self._ready) if max_samples is None else min(max_samples, len(self._ready))
+            samples, self._ready = self._ready[:n], self._ready[n:]
+        samples.sort(key=_canonical_order)
+        shards = shard_samples(samples, self.dp_size, keep_groups=self.keep_groups)
+        return RolloutBatch(rollout_id, samples, shards)
+
+
+def _canonical_order(s: Sample) -> tuple:
+    # Order independent of which session finished first, so runs with the same seed agree.
+    return (s.group_index if s.group_index is not None else -1, s.metadata.get("sample_index", -1),
+            s.segment_index, s.index or 0)
