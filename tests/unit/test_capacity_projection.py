@@ -128,3 +128,37 @@ def test_plot_writes_a_png(tmp_path):
 def test_plot_into_missing_directory_names_the_flag(tmp_path):
     with pytest.raises(ConfigError, match="--plot"):
         plot_projection(glm(), SEED_QWEN_BASELINE, tmp_path / "no" / "such" / "dir.png")
+
+
+@settings(max_examples=30, deadline=None)
+@given(host_tib=st.floats(0.05, 50.0), segments=st.sampled_from([1.0, 1.5, 3.0]),
+       path=st.sampled_from(["without_tq", "with_tq"]))
+def test_max_batch_is_the_last_batch_under_the_host_line(host_tib, segments, path):
+    host = int(host_tib * TIB)
+    c = glm(host_memory_bytes=host, mean_segments=segments)
+    b = max_rollout_batch_size(c, SEED_QWEN_BASELINE, path)
+    peak = lambda n: project(replace(c, rollout_batch_size=n), SEED_QWEN_BASELINE).path(path).master_peak_bytes
+    assert peak(b + 1) > host
+    assert b == 0 or peak(b) <= host
+
+
+def test_component_that_grows_with_tq_has_no_large_part():
+    from dressage.capacity import baseline_from_dict, baseline_to_dict
+
+    data = baseline_to_dict(SEED_QWEN_BASELINE)
+    # A Proxy that holds more with TQ on (references, buffers) than without: nothing of it is offloaded.
+    data["with_tq"]["components"]["proxy"] = data["without_tq"]["components"]["proxy"] + GIB
+    b = baseline_from_dict(data)
+    p = project(glm(), b)
+    assert p.without_tq.components["proxy"] == pytest.approx(4 * b.without_tq.components["proxy"])
+
+
+def test_crossing_batch_rejects_non_positive_inputs():
+    for args in ((0, 512, TIB), (TIB, 0, TIB), (TIB, 512, 0)):
+        with pytest.raises(ConfigError):
+            crossing_batch(*args)
+
+
+def test_unknown_path_is_rejected():
+    with pytest.raises(ConfigError, match="path"):
+        project(glm(), SEED_QWEN_BASELINE).path("sideways")

@@ -20,8 +20,12 @@ __all__ = ["CapacityConfig", "parse_segments_distribution", "distribution_mean"]
 DEFAULT_MESSAGE_BYTES_PER_TOKEN = 32.0
 
 
+# Config keys whose command-line flag is not simply the key with dashes.
+_FLAGS = {"host_memory_bytes": "--host-memory"}
+
+
 def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
+    return _FLAGS.get(key, "--" + key.replace("_", "-"))
 
 
 def _positive_int(key: str, value: object) -> None:
