@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import replace
 
 from dressage.capacity import (
@@ -68,7 +69,7 @@ def _int(args: argparse.Namespace, key: str) -> int:
         value = float(text)
     except (TypeError, ValueError):
         raise ConfigError(f"--{key.replace('_', '-')}: expected a whole number, got {text!r}") from None
-    if value != int(value):
+    if not math.isfinite(value) or value != int(value):
         raise ConfigError(f"--{key.replace('_', '-')}: expected a whole number, got {text!r}")
     return int(value)
 
