@@ -1,0 +1,68 @@
+"""``dressage engine serve``: the SGLang-protocol engine for machines without GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dressage.engine.config import DEFAULT_MODEL, EngineConfig, model_from_preset
+from dressage.fields.models import MODEL_PRESETS
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("engine", help="inference engine that speaks SGLang's /generate protocol (no GPU)")
+    esub = p.add_subparsers(dest="engine_command", metavar="ENGINE_COMMAND")
+    esub.required = True
+    s = esub.add_parser("serve", help="serve /generate, /abort_request, /health, /get_model_info, ...")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    s.add_argument("--port", type=int, default=30000, help="port to bind; 0 picks a free one")
+    s.add_argument("--model", default=DEFAULT_MODEL, help=f"model preset: {', '.join(MODEL_PRESETS)}")
+    s.add_argument("--num-layers", type=int, help="override the preset's recorded MoE layers")
+    s.add_argument("--num-experts", type=int, help="override the preset's experts per layer")
+    s.add_argument("--topk", type=int, help="override the preset's routing top-k")
+    s.add_argument("--vocab-size", type=int, help="override the preset's vocabulary size")
+    s.add_argument("--seed", type=int, default=0, help="output is a pure function of seed, prompt, sampling")
+    s.add_argument("--tokenizer", default="byte", help="'byte' (built in) or a Hugging Face tokenizer path")
+    s.add_argument("--tool-call-rate", type=float, default=0.0,
+                   help="share of replies that are <tool_call> blocks when the prompt offers tools")
+    s.add_argument("--token-delay", type=float, default=0.0, metavar="SECONDS",
+                   help="wall time per generated token (lets pause/abort land mid-generation)")
+    s.add_argument("--mean-response-tokens", type=int, default=256, help="mean drawn reply length")
+    s.add_argument("--default-max-new-tokens", type=int, default=128,
+                   help="max_new_tokens when a request leaves it out")
+    s.add_argument("--context-length", type=int, default=262_144, help="longest prompt + reply accepted")
+    s.add_argument("--stream-interval", type=int, default=8, help="tokens per streamed chunk")
+    s.add_argument("--incremental-streaming-output", action="store_true",
+                   help="streamed chunks carry only new tokens (as SGLang's flag)")
+    s.add_argument("--weight-version", default="default", help="initial meta_info.weight_version")
+    s.add_argument("--served-model-name", help="name reported by /get_model_info")
+    s.add_argument("--enable-return-routed-experts", action="store_true",
+                   help="accepted for SGLang compatibility; routed experts are always available")
+    s.add_argument("--log-level", default="warning", help="uvicorn log level")
+    s.set_defaults(func=_serve)
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    model = model_from_preset(args.model, num_layers=args.num_layers, num_experts=args.num_experts,
+                              topk=args.topk, vocab_size=args.vocab_size)
+    return EngineConfig(
+        model=model, seed=args.seed, tokenizer=args.tokenizer, host=args.host, port=args.port,
+        tool_call_rate=args.tool_call_rate, token_delay_s=args.token_delay,
+        mean_response_tokens=args.mean_response_tokens, default_max_new_tokens=args.default_max_new_tokens,
+        context_length=args.context_length, stream_interval=args.stream_interval,
+        incremental_streaming_output=args.incremental_streaming_output, weight_version=args.weight_version,
+        served_model_name=args.served_model_name, log_level=args.log_level,
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from dressage.engine.server import EngineServer
+
+    config = config_from_args(args)
+    server = EngineServer(config)
+    m = config.model
+    print(f"dressage engine: {m.name} ({m.num_layers} layers x top-{m.topk} of {m.num_experts} experts), "
+          f"tokenizer {config.tokenizer}, seed {config.seed}, on http://{config.host}:{config.port}",
+          file=sys.stderr, flush=True)
+    server.serve()
+    return 0

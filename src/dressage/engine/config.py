@@ -1,0 +1,96 @@
+"""``EngineConfig``: everything the SGLang-protocol engine needs, validated once at the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from dressage.errors import ConfigError
+from dressage.fields.models import ModelSpec, get_model
+
+__all__ = ["EngineConfig", "model_from_preset"]
+
+DEFAULT_MODEL = "qwen3.6-35b-a3b"
+
+
+def model_from_preset(name: str = DEFAULT_MODEL, *, num_layers: int | None = None,
+                      num_experts: int | None = None, topk: int | None = None,
+                      vocab_size: int | None = None) -> ModelSpec:
+    """A preset from :mod:`dressage.fields.models` with any of its shape fields overridden."""
+    spec = get_model(name)
+    overrides = {k: v for k, v in (("num_layers", num_layers), ("num_experts", num_experts),
+                                   ("topk", topk), ("vocab_size", vocab_size)) if v is not None}
+    return replace(spec, **overrides) if overrides else spec
+
+
+def _check_int(key: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"engine.{key} must be an integer >= {low}, got {value!r}")
+
+
+@dataclass(slots=True, kw_only=True)
+class EngineConfig:
+    """Configuration of the built-in engine (``dressage engine serve``)."""
+
+    model: ModelSpec = field(default_factory=lambda: get_model(DEFAULT_MODEL))
+    """Model shape: recorded MoE layers, top-k and expert count size the routed experts."""
+    seed: int = 0
+    """Output is a pure function of (seed, input ids, sampling params)."""
+    tokenizer: str = "byte"
+    """``byte`` (built in) or a Hugging Face tokenizer path."""
+    host: str = "127.0.0.1"
+    """Address to bind; loopback unless asked otherwise."""
+    port: int = 30000
+    """Port to bind; 0 picks a free one."""
+    mean_response_tokens: int = 256
+    """Mean of the drawn reply length (a reply longer than max_new_tokens finishes by length)."""
+    default_max_new_tokens: int = 128
+    """``max_new_tokens`` when a request leaves it out (SGLang's default)."""
+    context_length: int = 262_144
+    """Longest prompt + reply accepted, as the model's context window."""
+    tool_call_rate: float = 0.0
+    """Share of replies that are ``<tool_call>`` blocks when the prompt offers tools."""
+    token_delay_s: float = 0.0
+    """Wall time per generated token, so that pause and abort can land mid-generation."""
+    stream_interval: int = 8
+    """Tokens between two streamed chunks."""
+    incremental_streaming_output: bool = False
+    """Streamed chunks carry only new tokens (SGLang's flag of the same name); cumulative otherwise."""
+    prefix_cache_blocks: int = 262_144
+    """Prefix-cache capacity in blocks of ``prefix_cache_block`` tokens (reported as cached_tokens)."""
+    prefix_cache_block: int = 16
+    """Granularity of the prefix cache in tokens."""
+    weight_version: str = "default"
+    """Reported in ``meta_info.weight_version``; changed by ``/update_weight_version``."""
+    served_model_name: str | None = None
+    """Name in ``/get_model_info``; the preset's name by default."""
+    log_level: str = "warning"
+    """uvicorn log level."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, ModelSpec):
+            raise ConfigError(f"engine.model must be a ModelSpec, got {type(self.model).__name__}")
+        _check_int("seed", self.seed, 0)
+        _check_int("port", self.port, 0)
+        if self.port > 65535:
+            raise ConfigError(f"engine.port must be <= 65535, got {self.port}")
+        for key in ("mean_response_tokens", "context_length", "stream_interval",
+                    "prefix_cache_block"):
+            _check_int(key, getattr(self, key), 1)
+        _check_int("default_max_new_tokens", self.default_max_new_tokens, 0)
+        _check_int("prefix_cache_blocks", self.prefix_cache_blocks, 0)
+        rate = self.tool_call_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+            raise ConfigError(f"engine.tool_call_rate must be in [0, 1], got {rate!r}")
+        delay = self.token_delay_s
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
+            raise ConfigError(f"engine.token_delay_s must be >= 0, got {delay!r}")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise ConfigError(f"engine.tokenizer must be 'byte' or a tokenizer path, got {self.tokenizer!r}")
+        if not isinstance(self.host, str) or not self.host:
+            raise ConfigError(f"engine.host must be a host name or address, got {self.host!r}")
+        if not isinstance(self.weight_version, str):
+            raise ConfigError(f"engine.weight_version must be a string, got {self.weight_version!r}")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model.name

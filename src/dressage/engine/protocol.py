@@ -1,0 +1,195 @@
+"""SGLang's ``/generate`` request as typed values: parsing and validation of the JSON body.
+
+Keys and defaults follow SGLang's ``GenerateReqInput`` and ``SamplingParams``. Unknown top-level
+keys are ignored as SGLang ignores them; unknown sampling parameters are rejected with their name,
+because a misspelt one silently changes nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from dressage.errors import EngineRequestError
+
+__all__ = ["SamplingParams", "GenerateRequest", "parse_generate_body", "KNOWN_SAMPLING_PARAMS"]
+
+# SGLang sampling parameters this engine accepts; those not listed in SamplingParams are accepted
+# and have no effect (penalties, constrained decoding, ...).
+KNOWN_SAMPLING_PARAMS = frozenset({
+    "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
+    "stop_regex", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "n", "json_schema", "regex", "ebnf",
+    "structural_tag", "custom_params", "stream_interval", "logit_bias", "sampling_seed",
+})
+
+
+def _bad(msg: str) -> EngineRequestError:
+    return EngineRequestError(msg, status_code=400)
+
+
+def _int(value: Any, key: str, low: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"{key} must be an integer, got {value!r}")
+    if low is not None and value < low:
+        raise _bad(f"{key} must be >= {low}, got {value}")
+    return value
+
+
+def _num(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(f"{key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _bool(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingParams:
+    """The sampling parameters that shape this engine's output."""
+
+    max_new_tokens: int
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+
+    @classmethod
+    def parse(cls, raw: Any, default_max_new_tokens: int) -> "SamplingParams":
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, Mapping):
+            raise _bad(f"sampling_params must be an object, got {type(raw).__name__}")
+        unknown = sorted(set(raw) - KNOWN_SAMPLING_PARAMS)
+        if unknown:
+            raise _bad(f"sampling_params: unknown parameter(s) {', '.join(unknown)}")
+        get = raw.get
+        mnt = get("max_new_tokens")
+        stop = get("stop")
+        if stop is None:
+            stop = ()
+        elif isinstance(stop, str):
+            stop = (stop,)
+        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+            stop = tuple(s for s in stop if s)
+        else:
+            raise _bad(f"sampling_params.stop must be a string or a list of strings, got {stop!r}")
+        sti = get("stop_token_ids") or []
+        if not isinstance(sti, list):
+            raise _bad(f"sampling_params.stop_token_ids must be a list of integers, got {sti!r}")
+        temperature = _num(get("temperature", 1.0), "sampling_params.temperature")
+        top_p = _num(get("top_p", 1.0), "sampling_params.top_p")
+        if temperature < 0:
+            raise _bad(f"sampling_params.temperature must be >= 0, got {temperature}")
+        if not 0.0 < top_p <= 1.0:
+            raise _bad(f"sampling_params.top_p must be in (0, 1], got {top_p}")
+        seed = get("sampling_seed")
+        return cls(
+            max_new_tokens=default_max_new_tokens if mnt is None else _int(mnt, "sampling_params.max_new_tokens", 0),
+            min_new_tokens=_int(get("min_new_tokens", 0), "sampling_params.min_new_tokens", 0),
+            temperature=temperature,
+            top_p=top_p,
+            stop=stop,
+            stop_token_ids=tuple(_int(t, "sampling_params.stop_token_ids[]", 0) for t in sti),
+            ignore_eos=_bool(get("ignore_eos", False), "sampling_params.ignore_eos"),
+            skip_special_tokens=_bool(get("skip_special_tokens", True), "sampling_params.skip_special_tokens"),
+            no_stop_trim=_bool(get("no_stop_trim", False), "sampling_params.no_stop_trim"),
+            sampling_seed=None if seed is None else _int(seed, "sampling_params.sampling_seed"),
+        )
+
+    def digest_key(self) -> tuple:
+        """The values that change what is sampled; stop conditions and lengths only cut it."""
+        return (round(self.temperature, 6), round(self.top_p, 6), self.sampling_seed)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerateRequest:
+    """One prompt of a ``/generate`` call (a batch call holds several)."""
+
+    rid: str
+    input_ids: tuple[int, ...] | None
+    text: str | None
+    sampling: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False
+    return_routed_experts: bool = False
+    routed_experts_start_len: int = 0
+    stream: bool = False
+
+
+def _ids(value: Any, key: str, vocab_size: int) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise _bad(f"{key} must be a list of token ids")
+    for i, t in enumerate(value):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise _bad(f"{key}[{i}] = {t!r} is not a token id in [0, {vocab_size})")
+    return tuple(value)
+
+
+def _per_item(value: Any, n: int, key: str) -> list[Any]:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise _bad(f"{key} has {len(value)} entries for a batch of {n}")
+        return value
+    return [value] * n
+
+
+def parse_generate_body(body: Any, *, vocab_size: int, default_max_new_tokens: int) -> tuple[list[GenerateRequest], bool]:
+    """The requests of one ``/generate`` body, and whether it was a batch (list answer)."""
+    if not isinstance(body, Mapping):
+        raise _bad("the /generate body must be a JSON object")
+    ids, text = body.get("input_ids"), body.get("text")
+    if (ids is None) == (text is None):
+        raise _bad("exactly one of input_ids or text must be given")
+    if ids is not None:
+        batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+        prompts = [(_ids(p, f"input_ids[{i}]" if batch else "input_ids", vocab_size), None)
+                   for i, p in enumerate(ids if batch else [ids])]
+    else:
+        batch = isinstance(text, list)
+        texts = text if batch else [text]
+        if not all(isinstance(t, str) for t in texts):
+            raise _bad("text must be a string or a list of strings")
+        prompts = [(None, t) for t in texts]
+    if not prompts:
+        raise _bad("empty batch")
+    n = len(prompts)
+    sps = _per_item(body.get("sampling_params"), n, "sampling_params")
+    rids = _per_item(body.get("rid"), n, "rid")
+    flags = {}
+    for key in ("return_logprob", "return_text_in_logprobs", "return_routed_experts", "stream"):
+        value = body.get(key, False)
+        flags[key] = _per_item(False if value is None else value, n, key)
+    lsl = _per_item(body.get("logprob_start_len", -1), n, "logprob_start_len")
+    rsl = _per_item(body.get("routed_experts_start_len", 0), n, "routed_experts_start_len")
+    out = []
+    for i, (p_ids, p_text) in enumerate(prompts):
+        rid = rids[i]
+        if rid is not None and not isinstance(rid, str):
+            raise _bad(f"rid must be a string, got {rid!r}")
+        out.append(GenerateRequest(
+            rid=rid or uuid.uuid4().hex,
+            input_ids=p_ids,
+            text=p_text,
+            sampling=SamplingParams.parse(sps[i], default_max_new_tokens),
+            return_logprob=_bool(flags["return_logprob"][i], "return_logprob"),
+            logprob_start_len=_int(-1 if lsl[i] is None else lsl[i], "logprob_start_len", -1),
+            return_text_in_logprobs=_bool(flags["return_text_in_logprobs"][i], "return_text_in_logprobs"),
+            return_routed_experts=_bool(flags["return_routed_experts"][i], "return_routed_experts"),
+            routed_experts_start_len=_int(0 if rsl[i] is None else rsl[i], "routed_experts_start_len", 0),
+            stream=_bool(flags["stream"][i], "stream"),
+        ))
+    if batch and any(r.stream for r in out):
+        raise _bad("stream is not supported for a batch of prompts by this engine; send them one by one")
+    return out, batch

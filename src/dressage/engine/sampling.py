@@ -1,0 +1,169 @@
+"""What the engine says: readable reply text or a tool call, stop handling, and logprobs.
+
+A reply is planned whole from one seeded generator (length, words, logprobs), then cut at the
+first stop event as SGLang's scheduler would find it token by token: a stop token id, a stop
+string, or ``max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dressage.engine.protocol import SamplingParams
+from dressage.tokenizer import Tokenizer
+from dressage.tokenizer.chatml import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOLS_CLOSE, TOOLS_OPEN
+
+__all__ = ["Draft", "plan_reply", "offered_tools"]
+
+_WORDS = tuple(
+    "the a of to and in that is for it as with was on be by this are at from have or an they which "
+    "one you we all there their were can more when time will out so some would about into than them "
+    "only its two other new way could use over any these may first then do most also after did many "
+    "model token data step segment reward policy expert layer route store batch value state agent tool "
+    "call result query search file code test plan check read write update list find answer reason "
+    "because however therefore next small large fast slow clear simple exact long short early late "
+    "good better best well still just now here where while since until every each both few".split()
+)
+
+
+@dataclass(slots=True)
+class Draft:
+    """One planned reply, already cut at its stop event."""
+
+    ids: np.ndarray                 # int32 [R]
+    logprobs: np.ndarray            # float32 [R]
+    finish_reason: dict[str, Any]   # SGLang's finish_reason JSON
+    stop_str: str | None = None     # a matched stop string, trimmed from the text
+
+
+def offered_tools(prompt_text: str) -> list[dict[str, Any]]:
+    """The function specs listed in the prompt's ``<tools>`` section (one JSON object per line)."""
+    start = prompt_text.find(TOOLS_OPEN)
+    if start < 0:
+        return []
+    end = prompt_text.find(TOOLS_CLOSE, start)
+    section = prompt_text[start + len(TOOLS_OPEN): end if end >= 0 else None]
+    tools = []
+    for line in section.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            spec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        fn = spec.get("function", spec) if isinstance(spec, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            tools.append(fn)
+    return tools
+
+
+def _words(rng: np.random.Generator, n_words: int) -> str:
+    idx = rng.integers(0, len(_WORDS), size=n_words)
+    ends = rng.random(n_words) < 0.12
+    out = []
+    cap = True
+    for i, e in zip(idx.tolist(), ends.tolist()):
+        w = _WORDS[i]
+        out.append(w.capitalize() if cap else w)
+        out.append(". " if e else " ")
+        cap = e
+    return "".join(out)
+
+
+def _argument(rng: np.random.Generator, schema: Any) -> Any:
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(schema, dict) and isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][int(rng.integers(len(schema["enum"])))]
+    if kind == "integer":
+        return int(rng.integers(0, 100))
+    if kind == "number":
+        return round(float(rng.random() * 100), 2)
+    if kind == "boolean":
+        return bool(rng.random() < 0.5)
+    if kind == "array":
+        return [_argument(rng, schema.get("items", {"type": "string"}))]
+    if kind == "object":
+        return {}
+    return _WORDS[int(rng.integers(len(_WORDS)))]
+
+
+def _tool_call_text(rng: np.random.Generator, tools: list[dict[str, Any]]) -> str:
+    fn = tools[int(rng.integers(len(tools)))]
+    props = (fn.get("parameters") or {}).get("properties") or {}
+    args = {name: _argument(rng, schema) for name, schema in props.items()}
+    lead = _words(rng, int(rng.integers(3, 9))).strip() + "\n" if rng.random() < 0.5 else ""
+    body = json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False)
+    return f"{lead}{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+
+
+def _content_ids(tok: Tokenizer, rng: np.random.Generator, n: int) -> list[int]:
+    # Fixed-size blocks of words, so that a shorter reply is a prefix of a longer one.
+    ids: list[int] = []
+    while len(ids) < n:
+        ids.extend(tok.encode(_words(rng, 64)))
+    return ids[:n]
+
+
+def _first_stop_str(tok: Tokenizer, ids: np.ndarray, stops: tuple[str, ...], limit: int) -> tuple[int, str] | None:
+    """Smallest k <= limit such that the text of ids[:k] contains a stop string."""
+    if not stops:
+        return None
+    text = tok.decode(ids[:limit].tolist(), skip_special_tokens=True)
+    if not any(s in text for s in stops):
+        return None
+    lo, hi = 1, limit
+    while lo < hi:  # containment only grows with k, so bisect on it
+        mid = (lo + hi) // 2
+        if any(s in tok.decode(ids[:mid].tolist(), skip_special_tokens=True) for s in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    text = tok.decode(ids[:lo].tolist(), skip_special_tokens=True)
+    matched = min((s for s in stops if s in text), key=lambda s: text.find(s))
+    return lo, matched
+
+
+def plan_reply(tok: Tokenizer, seed_words: list[int], params: SamplingParams, *,
+               mean_tokens: int, tools: list[dict[str, Any]], tool_call_rate: float) -> Draft:
+    """Plan one reply for a prompt (whose offered ``tools`` the caller extracted).
+
+    ``seed_words`` identify (engine seed, prompt, temperature, ...). Stop conditions and
+    ``max_new_tokens`` only cut the planned stream, as they would cut a real model's samples.
+    """
+    rng = np.random.default_rng([*seed_words, 0])          # decisions: tool call, reply length
+    n_max = params.max_new_tokens
+    stop_ids = set(params.stop_token_ids)
+    if not params.ignore_eos:
+        stop_ids.update(tok.stop_token_ids)
+    tool_turn = bool(tools) and rng.random() < tool_call_rate
+    length = 1 + int(rng.exponential(mean_tokens))
+    if tool_turn:
+        content = tok.encode(_tool_call_text(rng, tools))
+        ends = True
+    else:
+        ends = not params.ignore_eos and length <= n_max
+        content = _content_ids(tok, np.random.default_rng([*seed_words, 1]), length - 1 if ends else n_max)
+    ids = np.asarray(content + ([tok.im_end_token_id] if ends else []), dtype=np.int32)
+    scale = 0.15 + 0.6 * min(params.temperature, 2.0)
+    logprobs = (-np.random.default_rng([*seed_words, 2]).gamma(0.7, scale, size=len(ids))).astype(np.float32)
+
+    # The earliest stop event wins, as a token-by-token scheduler would see it.
+    cut, finish, stop_str = min(len(ids), n_max), None, None
+    if stop_ids and len(ids):
+        hits = np.flatnonzero(np.isin(ids, np.fromiter(stop_ids, dtype=np.int64)))
+        hits = hits[hits >= params.min_new_tokens - 1]
+        if len(hits) and hits[0] < cut:
+            cut = int(hits[0]) + 1
+            finish = {"type": "stop", "matched": int(ids[hits[0]])}
+    found = _first_stop_str(tok, ids, params.stop, cut)
+    if found is not None and (found[0] < cut or finish is None):
+        cut, stop_str = found
+        finish = {"type": "stop", "matched": stop_str}
+    if finish is None:
+        finish = {"type": "length", "length": cut}
+    return Draft(ids[:cut], logprobs[:cut], finish, stop_str)

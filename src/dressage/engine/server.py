@@ -1,0 +1,268 @@
+"""The engine's HTTP face: SGLang's endpoints on FastAPI, and ``EngineServer`` to run it.
+
+``/generate`` (JSON or server-sent events), ``/abort_request`` (cuts in-flight generations at a
+token boundary; they answer with their partial output and finish_reason ``abort``), ``/health``,
+``/health_generate``, ``/get_model_info``, ``/get_server_info``, ``/flush_cache``,
+``/update_weight_version``. ``EngineServer.start_background()`` runs it in-process for tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import socket
+import threading
+import time
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from dressage.engine.config import EngineConfig
+from dressage.engine.core import Engine, Generation
+from dressage.errors import ConfigError, EngineRequestError
+
+__all__ = ["create_app", "EngineServer"]
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + _dumps(obj) + b"\n\n"
+
+
+class _InFlight:
+    """Abort events of the requests being generated, by rid."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, asyncio.Event] = {}
+
+    def add(self, rid: str) -> asyncio.Event:
+        if rid in self.events:
+            raise EngineRequestError(f"Duplicate request ID {rid!r}", status_code=400)
+        ev = self.events[rid] = asyncio.Event()
+        return ev
+
+    def abort(self, rid: str | None, abort_all: bool) -> int:
+        targets = list(self.events) if abort_all else ([rid] if rid in self.events else [])
+        for r in targets:
+            self.events[r].set()
+        return len(targets)
+
+
+def create_app(engine: Engine) -> FastAPI:
+    """The FastAPI application serving ``engine`` with SGLang's routes."""
+    cfg = engine.config
+    inflight = _InFlight()
+    app = FastAPI(title="dressage engine (SGLang protocol)", docs_url=None, redoc_url=None)
+    app.state.engine = engine
+    app.state.inflight = inflight
+
+    def json_response(obj: Any, status: int = 200) -> Response:
+        return Response(content=_dumps(obj), status_code=status, media_type="application/json")
+
+    def error(status: int, message: str) -> Response:
+        return json_response({"error": {"message": message}}, status)
+
+    async def emit(gen: Generation, ev: asyncio.Event) -> dict[str, Any]:
+        n, delay = gen.num_tokens, cfg.token_delay_s
+        if delay <= 0 or n == 0:
+            return engine.finish(gen, n, aborted=ev.is_set())
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            await asyncio.wait_for(ev.wait(), timeout=n * delay)
+        except asyncio.TimeoutError:
+            return engine.finish(gen, n)
+        return engine.finish(gen, min(n, int((loop.time() - t0) / delay)), aborted=True)
+
+    async def stream(gen: Generation, ev: asyncio.Event) -> AsyncIterator[bytes]:
+        try:
+            loop = asyncio.get_running_loop()
+            n, delay, step = gen.num_tokens, cfg.token_delay_s, cfg.stream_interval
+            incremental = cfg.incremental_streaming_output
+            t0, emitted, sent = loop.time(), 0, 0
+            while emitted < n and not ev.is_set():
+                target = min(n, emitted + step)
+                if delay > 0:
+                    try:
+                        await asyncio.wait_for(ev.wait(), timeout=max(0.0, t0 + target * delay - loop.time()))
+                    except asyncio.TimeoutError:
+                        pass
+                    if ev.is_set():
+                        emitted = max(emitted, min(n, int((loop.time() - t0) / delay)))
+                        break
+                else:
+                    await asyncio.sleep(0)  # let /abort_request and other requests in
+                emitted = target
+                if emitted < n:
+                    yield _sse(engine.chunk(gen, emitted, sent if incremental else 0))
+                    sent = emitted
+            yield _sse(engine.finish(gen, emitted, aborted=ev.is_set(), since=sent if incremental else 0))
+            yield b"data: [DONE]\n\n"
+        finally:
+            inflight.events.pop(gen.request.rid, None)
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            return error(400, f"the body is not valid JSON: {exc}")
+        gens: list[Generation] = []
+        events: list[asyncio.Event] = []
+        try:
+            reqs, batch = engine.parse(body)
+            gens = [engine.start(r) for r in reqs]
+            for g in gens:
+                events.append(inflight.add(g.request.rid))
+        except EngineRequestError as exc:
+            for g in gens[:len(events)]:
+                inflight.events.pop(g.request.rid, None)
+            return error(exc.status_code or 400, str(exc))
+        if gens[0].request.stream:
+            return StreamingResponse(stream(gens[0], events[0]), media_type="text/event-stream")
+        try:
+            outs = await asyncio.gather(*(emit(g, e) for g, e in zip(gens, events)))
+        finally:
+            for g in gens:
+                inflight.events.pop(g.request.rid, None)
+        return json_response(list(outs) if batch else outs[0])
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError as exc:
+            return error(400, f"the body is not valid JSON: {exc}")
+        if not isinstance(body, dict):
+            return error(400, "the /abort_request body must be a JSON object")
+        inflight.abort(body.get("rid"), bool(body.get("abort_all", False)))
+        return Response(status_code=200)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        probe = engine.parse({"input_ids": [0], "sampling_params": {"max_new_tokens": 1}})[0][0]
+        engine.finish(engine.start(probe), 1)
+        return Response(status_code=200)
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> Response:
+        return json_response(engine.model_info())
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> Response:
+        m = cfg.model
+        info = {
+            "model_path": cfg.model_name, "tokenizer_path": cfg.tokenizer, "served_model_name": cfg.model_name,
+            "host": cfg.host, "port": cfg.port, "random_seed": cfg.seed, "context_length": cfg.context_length,
+            "enable_return_routed_experts": True, "skip_tokenizer_init": False,
+            "stream_interval": cfg.stream_interval, "incremental_streaming_output": cfg.incremental_streaming_output,
+            "weight_version": engine.weight_version,
+            "model_spec": dataclasses.asdict(m), "tool_call_rate": cfg.tool_call_rate,
+            "token_delay_s": cfg.token_delay_s, "mean_response_tokens": cfg.mean_response_tokens,
+            "internal_states": [{"num_running_reqs": len(inflight.events)}],
+            "version": "dressage-engine",
+        }
+        return json_response(info)
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        engine.flush_cache()
+        return Response(content="Cache flushed.\n", status_code=200)
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            return error(400, f"the body is not valid JSON: {exc}")
+        new = body.get("new_version") if isinstance(body, dict) else None
+        if not isinstance(new, str):
+            return error(400, "new_version must be a string")
+        if body.get("abort_all_requests"):
+            inflight.abort(None, True)
+        engine.weight_version = new
+        return json_response({"success": True, "message": f"Weight version updated to {new}", "new_version": new})
+
+    return app
+
+
+class EngineServer:
+    """Runs the engine's app under uvicorn: blocking (``serve``) or on a thread (``start_background``)."""
+
+    def __init__(self, config: EngineConfig | None = None, *, engine: Engine | None = None) -> None:
+        self.config = config or (engine.config if engine else EngineConfig())
+        self.engine = engine or Engine(self.config)
+        self.app = create_app(self.engine)
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._port: int | None = None
+
+    @property
+    def url(self) -> str:
+        if self._port is None:
+            raise RuntimeError("the engine server is not started")
+        return f"http://{self.config.host}:{self._port}"
+
+    def _bind(self) -> socket.socket:
+        sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.config.host, self.config.port))
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(f"engine.port: cannot bind {self.config.host}:{self.config.port}: {exc}") from exc
+        self._port = sock.getsockname()[1]
+        return sock
+
+    def _uvicorn(self) -> Any:
+        import uvicorn
+
+        return uvicorn.Server(uvicorn.Config(self.app, log_level=self.config.log_level, access_log=False,
+                                             lifespan="off", timeout_keep_alive=30))
+
+    def serve(self) -> None:
+        """Serve until interrupted (the ``dressage engine serve`` command)."""
+        sock = self._bind()
+        self._server = self._uvicorn()
+        self._server.run(sockets=[sock])
+
+    def start_background(self, timeout: float = 10.0) -> str:
+        """Start on a daemon thread (port 0 picks a free port); returns the base URL once it accepts."""
+        if self._thread is not None:
+            return self.url
+        sock = self._bind()
+        self._server = self._uvicorn()
+        self._server.install_signal_handlers = lambda: None  # not the main thread
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name="dressage-engine", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the engine server did not start within {timeout} s")
+            time.sleep(0.01)
+        return self.url
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._thread = None
+
+    def __enter__(self) -> "EngineServer":
+        self.start_background()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
