@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dressage.capacity import CapacityConfig, distribution_mean, parse_segments_distribution, segment_breakdown, size_batch
+from dressage.capacity import (
+    CapacityConfig,
+    distribution_mean,
+    parse_segments_distribution,
+    segment_breakdown,
+    size_batch,
+)
 from dressage.capacity.sizing import per_token_bytes, r3_growth
 from dressage.errors import ConfigError
 from dressage.fields.models import ModelSpec, get_model

@@ -119,7 +119,8 @@ def _model(value: Any, where: str) -> ModelSpec:
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
     if isinstance(value, Mapping):
-        dims = {k: _positive_int(_require(value, k, where), f"{where}.{k}") for k in ("num_layers", "topk", "num_experts")}
+        dims = {k: _positive_int(_require(value, k, where), f"{where}.{k}")
+                for k in ("num_layers", "topk", "num_experts")}
         try:
             return ModelSpec(name=str(value.get("name", "custom")), **dims)
         except ConfigError as exc:
@@ -136,7 +137,8 @@ def _config(data: Mapping[str, Any], where: str) -> tuple[CapacityConfig, str]:
         raise ConfigError(f"{where}.context_length must be a token count such as 65536 or \"64K\", got {context!r}")
     seg_tokens = block.get("mean_segment_tokens")
     mean_segments = raw["mean_segments"]
-    if isinstance(mean_segments, bool) or not isinstance(mean_segments, (int, float)) or not 0 < mean_segments < math.inf:
+    if (isinstance(mean_segments, bool) or not isinstance(mean_segments, (int, float))
+            or not 0 < mean_segments < math.inf):
         raise ConfigError(f"{where}.mean_segments must be a positive number, got {mean_segments!r}")
     representation = block.get("representation", "numpy")
     if representation not in REPRESENTATIONS:

@@ -97,7 +97,8 @@ def per_token_bytes(config: CapacityConfig, representation: str = "numpy") -> di
         raise ConfigError(f"representation must be one of {', '.join(REPRESENTATIONS)}, got {representation!r}")
     r3 = float(config.model.num_layers * config.model.topk * r3_itemsize(config.routed_experts_dtype))
     if representation == "numpy":
-        ordinary = {name: float(FIELDS[name].dtype.itemsize) for name in ("logprobs", "tokens", "loss_mask", "token_versions")}
+        ordinary = {name: float(FIELDS[name].dtype.itemsize)
+                    for name in ("logprobs", "tokens", "loss_mask", "token_versions")}
     else:
         ordinary = {
             "logprobs": float(_LIST_FLOAT),

@@ -37,24 +37,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Qwen3.6-35B-A3B figures).",
     )
     m = p.add_argument_group("model")
-    m.add_argument("--model", help=f"preset: {', '.join(MODEL_PRESETS)}")
-    m.add_argument("--num-layers", help="recorded MoE layers (overrides the preset)")
-    m.add_argument("--topk", help="experts routed per token per layer (overrides the preset)")
-    m.add_argument("--num-experts", help="routed experts per layer (overrides the preset)")
+    m.add_argument("--model", metavar="NAME", help=f"preset: {', '.join(MODEL_PRESETS)}")
+    m.add_argument("--num-layers", metavar="N", help="recorded MoE layers (overrides the preset)")
+    m.add_argument("--topk", metavar="K", help="experts routed per token per layer (overrides the preset)")
+    m.add_argument("--num-experts", metavar="N", help="routed experts per layer (overrides the preset)")
     b = p.add_argument_group("batch")
-    b.add_argument("--context-length", required=True, help="context window in tokens: 65536, 64K, 256K")
-    b.add_argument("--rollout-batch-size", required=True, help="prompts per rollout batch")
-    b.add_argument("--n-samples-per-prompt", default="1", help="trajectories per prompt (default 1)")
+    b.add_argument("--context-length", metavar="TOKENS", required=True,
+                   help="context window in tokens: 65536, 64K, 256K")
+    b.add_argument("--rollout-batch-size", metavar="N", required=True, help="prompts per rollout batch")
+    b.add_argument("--n-samples-per-prompt", metavar="N", default="1", help="trajectories per prompt (default 1)")
     seg = b.add_mutually_exclusive_group()
-    seg.add_argument("--mean-segments", help="average Segments per trajectory, the seed's X-bar (default 1)")
+    seg.add_argument("--mean-segments", metavar="X",
+                     help="average Segments per trajectory, the seed's X-bar (default 1)")
     seg.add_argument("--segments-distribution", metavar="X:W,...",
                      help="Segments per trajectory with weights, e.g. 1:0.6,2:0.3,3:0.1")
-    b.add_argument("--mean-segment-tokens", help="average tokens per Segment (default: the full context)")
-    b.add_argument("--message-bytes-per-token", help="chat-message bytes per Segment token (default 32)")
+    b.add_argument("--mean-segment-tokens", metavar="TOKENS",
+                   help="average tokens per Segment (default: the full context)")
+    b.add_argument("--message-bytes-per-token", metavar="BYTES",
+                   help="chat-message bytes per Segment token (default 32)")
     s = p.add_argument_group("storage")
-    s.add_argument("--routed-experts-dtype", default=DEFAULT_R3_DTYPE, help=f"{' | '.join(R3_DTYPES)} (default int32)")
-    s.add_argument("--nodes", default="1", help="TQ StorageUnits, one per node (default 1)")
-    s.add_argument("--host-memory", help="master-node host memory: 2TB, 1.82TiB")
+    s.add_argument("--routed-experts-dtype", metavar="DTYPE", default=DEFAULT_R3_DTYPE,
+                   help=f"{' | '.join(R3_DTYPES)} (default int32)")
+    s.add_argument("--nodes", metavar="N", default="1", help="TQ StorageUnits, one per node (default 1)")
+    s.add_argument("--host-memory", metavar="SIZE", help="master-node host memory: 2TB, 1.82TiB")
     s.add_argument("--baseline", metavar="FILE",
                    help="measured per-component peaks (memory benchmark JSON); default: the seed's figures")
     o = p.add_argument_group("output")
