@@ -237,3 +237,12 @@ def test_aborted_key_rewritten_is_not_deleted_by_the_janitor():
     ctl.place("k", 10)
     ctl.commit("k")
     assert ctl.take_deletions() == {}
+class TestZmqClientToEmbedded(ClientTests):
+    """``client_spec`` exposes the embedded deployment over ZMQ; the client talks only through sockets."""
+
+    def connect(self, tq):
+        client = TransferQueueClient.connect(tq.client_spec())
+        assert all(u.remote for u in client._units.values())
+        return client
+
+

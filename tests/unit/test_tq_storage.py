@@ -180,3 +180,42 @@ class TestSpillStorageUnit(StorageUnitTests):
             unit.put("k", np.zeros(100, dtype=np.uint8))
         assert not unit.exists("k") and unit.stats()["keys"] == 0
         unit.close()
+
+
+class _Served:
+    """A backend behind a StorageUnitServer thread, reached through a RemoteStorageUnit."""
+
+    def __init__(self, backend):
+        from dressage.tq.storage.remote import RemoteStorageUnit
+        from dressage.tq.storage.server import StorageUnitServer
+
+        self.backend = backend
+        self.server = StorageUnitServer(backend).start()
+        self.remote = RemoteStorageUnit.describe(backend.unit_id, self.server.address, timeout_s=5)
+        self.remote.close = self.close  # closing the handle tears the server down too
+
+    def close(self):
+        type(self.remote).close(self.remote)
+        self.server.stop()
+        self.backend.close()
+
+
+class TestRemoteStorageUnitOverMemory(StorageUnitTests):
+    def make_unit(self, memory_budget):
+        return _Served(MemoryStorageUnit("rmem", memory_budget=memory_budget)).remote
+
+    def test_results_view_received_frames_and_are_read_only(self, unit):
+        unit.put("k", np.arange(1 << 16, dtype=np.float32))
+        out = unit.get("k", 10, 20)
+        assert not out.flags.writeable and not out.flags.owndata
+
+
+class TestRemoteStorageUnitOverSpill(StorageUnitTests):
+    @pytest.fixture(autouse=True)
+    def _spill_root(self, tmp_path):
+        self.root = tmp_path
+
+    def make_unit(self, memory_budget):
+        remote = _Served(SpillStorageUnit("rspill", memory_budget=memory_budget, spill_dir=self.root)).remote
+        assert remote.supports_spill and remote.remote
+        return remote

@@ -1,0 +1,206 @@
+"""The Controller over ZMQ: its server (with the Janitor), its remote twin, and its process entry point.
+
+``RemoteController`` has the same methods as :class:`Controller`, so clients do not care where the
+directory lives. Run as ``python -m dressage.tq.controller_service --units JSON ...``; it prints
+``READY <address> <pid>`` once bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dressage.errors import ProtocolError
+from dressage.tq.controller import Controller, Janitor, KeyState, UnitInfo
+from dressage.tq.transport import RpcClient, RpcServer
+
+__all__ = ["ControllerServer", "RemoteController", "main"]
+
+
+def _str_list(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProtocolError(f"{what!r} must be a list of strings")
+    return value
+
+
+def _opt_str(value: Any, what: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ProtocolError(f"{what!r} must be a string or null")
+    return value
+
+
+class ControllerServer:
+    """Serves a Controller: every op is a short in-memory call, so the loop never waits on anyone."""
+
+    def __init__(self, controller: Controller, *, host: str = "127.0.0.1", port: int = 0,
+                 janitor: Janitor | None = None) -> None:
+        self.controller = controller
+        self.janitor = janitor
+        self.rpc = RpcServer(self._handle, host=host, port=port, name="controller")
+
+    @property
+    def address(self) -> str:
+        return self.rpc.address
+
+    def start(self) -> "ControllerServer":
+        self.rpc.start()
+        return self
+
+    def stop(self) -> None:
+        self.rpc.stop()
+
+    def _handle(self, c: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
+        if frames:
+            raise ProtocolError("controller requests carry no payload frames")
+        ctl, op = self.controller, c["op"]
+        if op == "place":
+            key = c.get("key")
+            if not isinstance(key, str) or not key:
+                raise ProtocolError("place needs a key")
+            nbytes = c.get("nbytes")
+            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+                raise ProtocolError("place needs nbytes >= 0")
+            unit = ctl.place(key, nbytes, node_id=_opt_str(c.get("node_id"), "node_id"),
+                             batch=_opt_str(c.get("batch"), "batch"), field=str(c.get("field", "")))
+            return {"unit_id": unit}, ()
+        if op == "commit":
+            ctl.commit(str(c.get("key")))
+            return {}, ()
+        if op == "abort":
+            ctl.abort(str(c.get("key")))
+            return {}, ()
+        if op == "consumed":
+            return {"n": ctl.mark_consumed(_str_list(c.get("keys"), "keys"))}, ()
+        if op == "set_batch":
+            return {"n": ctl.set_batch(_str_list(c.get("keys"), "keys"), _opt_str(c.get("batch"), "batch"))}, ()
+        if op == "delete":
+            return {"placement": ctl.delete(_str_list(c.get("keys"), "keys"))}, ()
+        if op == "clear":
+            batch = c.get("batch")
+            if not isinstance(batch, str):
+                raise ProtocolError("clear needs a batch name")
+            return {"placement": ctl.clear(batch)}, ()
+        if op == "state":
+            state = ctl.state(str(c.get("key")))
+            return {"state": None if state is None else state.value}, ()
+        if op == "where":
+            return {"where": ctl.where(_str_list(c.get("keys"), "keys"))}, ()
+        if op == "keys":
+            return {"keys": ctl.keys(_opt_str(c.get("batch"), "batch"))}, ()
+        if op == "total_keys":
+            return {"n": ctl.total_keys()}, ()
+        if op == "stats":
+            return {"stats": ctl.stats(), "pid": os.getpid()}, ()
+        if op == "units":
+            return {"units": [u.to_wire() for u in ctl.units()]}, ()
+        if op == "add_unit":
+            ctl.add_unit(UnitInfo.from_wire(c.get("unit") or {}))
+            return {}, ()
+        if op == "sweep":
+            # Admin/test hook: runs unit deletions on this loop, bounded by the units' timeouts.
+            return {"removed": self.janitor.run_once() if self.janitor else 0}, ()
+        if op == "ping":
+            return {"pid": os.getpid()}, ()
+        raise ProtocolError(f"unknown controller op {op!r:.40}")
+
+
+class RemoteController:
+    """Client-side twin of :class:`Controller` (same method names and results)."""
+
+    def __init__(self, address: str, *, timeout_s: float = 30.0) -> None:
+        self.address = address
+        self._rpc = RpcClient(address, timeout_s=timeout_s, name="TransferQueue controller")
+
+    def place(self, key: str, nbytes: int, *, node_id: str | None = None, batch: str | None = None,
+              field: str = "") -> str:
+        r, _ = self._rpc.call("place", {"key": key, "nbytes": int(nbytes), "node_id": node_id, "batch": batch,
+                                        "field": field}, keys=[key])
+        return str(r["unit_id"])
+
+    def commit(self, key: str) -> None:
+        self._rpc.call("commit", {"key": key}, keys=[key])
+
+    def abort(self, key: str) -> None:
+        self._rpc.call("abort", {"key": key}, keys=[key])
+
+    def mark_consumed(self, keys: Iterable[str]) -> int:
+        keys = list(keys)
+        return int(self._rpc.call("consumed", {"keys": keys}, keys=keys)[0]["n"])
+
+    def set_batch(self, keys: Iterable[str], batch: str | None) -> int:
+        keys = list(keys)
+        return int(self._rpc.call("set_batch", {"keys": keys, "batch": batch}, keys=keys)[0]["n"])
+
+    def delete(self, keys: Iterable[str]) -> dict[str, list[str]]:
+        keys = list(keys)
+        return dict(self._rpc.call("delete", {"keys": keys}, keys=keys)[0]["placement"])
+
+    def clear(self, batch: str) -> dict[str, list[str]]:
+        return dict(self._rpc.call("clear", {"batch": batch})[0]["placement"])
+
+    def state(self, key: str) -> KeyState | None:
+        s = self._rpc.call("state", {"key": key}, keys=[key])[0]["state"]
+        return None if s is None else KeyState(s)
+
+    def where(self, keys: Iterable[str]) -> dict[str, str]:
+        keys = list(keys)
+        return dict(self._rpc.call("where", {"keys": keys}, keys=keys)[0]["where"])
+
+    def keys(self, batch: str | None = None) -> list[str]:
+        return list(self._rpc.call("keys", {"batch": batch})[0]["keys"])
+
+    def total_keys(self) -> int:
+        return int(self._rpc.call("total_keys")[0]["n"])
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return dict(self._rpc.call("stats")[0]["stats"])
+
+    def units(self) -> list[UnitInfo]:
+        return [UnitInfo.from_wire(u) for u in self._rpc.call("units")[0]["units"]]
+
+    def add_unit(self, unit: UnitInfo) -> None:
+        self._rpc.call("add_unit", {"unit": unit.to_wire()})
+
+    def run_janitor(self) -> int:
+        return int(self._rpc.call("sweep")[0]["removed"])
+
+    def ping(self, timeout_s: float | None = None) -> int:
+        return int(self._rpc.call("ping", timeout_s=timeout_s)[0]["pid"])
+
+    def close(self) -> None:
+        self._rpc.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dressage.tq.storage.remote import RemoteStorageUnit
+    from dressage.tq.storage.server import serve_until_signalled
+
+    p = argparse.ArgumentParser(prog="python -m dressage.tq.controller_service")
+    p.add_argument("--units", required=True, help="JSON list of UnitInfo wire dicts (with addresses)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--retention-s", type=float, default=None)
+    p.add_argument("--sweep-s", type=float, default=1.0)
+    p.add_argument("--timeout-s", type=float, default=30.0)
+    args = p.parse_args(argv)
+    units = [UnitInfo.from_wire(u) for u in json.loads(args.units)]
+    controller = Controller(units, retention_s=args.retention_s)
+    handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address, node_id=u.node_id, timeout_s=args.timeout_s)
+               for u in units if u.address}
+    janitor = Janitor(controller, handles.get, interval_s=args.sweep_s).start()
+    server = ControllerServer(controller, host=args.host, port=args.port, janitor=janitor)
+
+    def cleanup() -> None:
+        janitor.stop()
+        for h in handles.values():
+            h.close()
+
+    return serve_until_signalled(server.rpc, cleanup, f"READY {server.address} {os.getpid()}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

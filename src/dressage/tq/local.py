@@ -1,0 +1,161 @@
+"""``local`` deployment: the Controller and each StorageUnit as separate processes on this host.
+
+Children are started with the current interpreter, report ``READY <address> <pid>`` on stdout, exit when
+this process dies, and are terminated (then killed) on shutdown. Also: ``expose_embedded`` serves an
+embedded deployment over ZMQ threads so other processes can connect to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from dressage.errors import StorageUnitUnavailable, TransferQueueError
+from dressage.tq.client import TransferQueueClient
+from dressage.tq.config import TransferQueueConfig
+from dressage.tq.controller import Controller, UnitInfo
+from dressage.tq.controller_service import ControllerServer, RemoteController
+from dressage.tq.remote_client import make_spec
+from dressage.tq.storage import StorageUnit
+from dressage.tq.storage.remote import RemoteStorageUnit
+from dressage.tq.storage.server import StorageUnitServer
+
+__all__ = ["LocalDeployment", "expose_embedded", "EmbeddedServers"]
+
+
+def _spawn(args: list[str], what: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + timeout_s
+    line = b""
+    assert proc.stdout is not None
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([proc.stdout], [], [], max(left, 0))
+        chunk = os.read(proc.stdout.fileno(), 4096) if ready else b""
+        if not chunk:
+            _stop([proc])
+            why = "exited" if proc.poll() is not None else f"not ready within {timeout_s:g} s"
+            raise StorageUnitUnavailable(f"{what} process {why} (exit code {proc.returncode})")
+        line += chunk
+    parts = line.decode().split()
+    if len(parts) != 3 or parts[0] != "READY":
+        _stop([proc])
+        raise TransferQueueError(f"{what} process printed {line!r:.200} instead of READY")
+    return proc, parts[1]
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        if p.stdout is not None:
+            p.stdout.close()
+
+
+class LocalDeployment:
+    def __init__(self, config: TransferQueueConfig) -> None:
+        from dressage.tq.deployment import sweep_interval
+
+        self.config = config
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._units: dict[str, RemoteStorageUnit] = {}
+        infos: list[UnitInfo] = []
+        try:
+            for i in range(config.num_storage_units or 1):
+                uid = f"unit{i}"
+                args = ["dressage.tq.storage.server", "--unit-id", uid, "--host", config.host,
+                        "--port", str(config.unit_base_port + i if config.unit_base_port else 0),
+                        "--memory-budget", str(config.budget_bytes), "--on-full", config.on_full]
+                if config.spill_dir:
+                    args += ["--spill-dir", config.spill_dir]
+                proc, address = _spawn(args, f"StorageUnit {uid}", config.startup_timeout_s)
+                self._procs[uid] = proc
+                infos.append(UnitInfo(uid, None, config.budget_bytes, address))
+                self._units[uid] = RemoteStorageUnit(uid, address, memory_budget=config.budget_bytes,
+                                                     timeout_s=config.request_timeout_s,
+                                                     supports_spill=config.on_full == "spill")
+            args = ["dressage.tq.controller_service", "--units", json.dumps([u.to_wire() for u in infos]),
+                    "--host", config.host, "--port", str(config.controller_port),
+                    "--sweep-s", str(sweep_interval(config)), "--timeout-s", str(config.request_timeout_s)]
+            if config.retention_s is not None:
+                args += ["--retention-s", str(config.retention_s)]
+            proc, address = _spawn(args, "Controller", config.startup_timeout_s)
+            self._procs["controller"] = proc
+            self.controller = RemoteController(address, timeout_s=config.request_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+        self._spec = make_spec(address, infos, supports_spill=config.on_full == "spill",
+                               timeout_s=config.request_timeout_s, on_full=config.on_full,
+                               full_wait_s=config.full_wait_s)
+
+    def client(self, node_id: str | None) -> TransferQueueClient:
+        return TransferQueueClient(self.controller, self._units, node_id=node_id, on_full=self.config.on_full,
+                                   full_wait_s=self.config.full_wait_s)
+
+    def client_spec(self) -> dict[str, Any]:
+        return dict(self._spec)
+
+    def unit_handles(self) -> dict[str, StorageUnit]:
+        return dict(self._units)
+
+    def processes(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self._procs.items()}
+
+    def run_janitor(self) -> int:
+        return self.controller.run_janitor()
+
+    def shutdown(self) -> None:
+        for unit in self._units.values():
+            unit.close()
+        controller = getattr(self, "controller", None)
+        if controller is not None:
+            controller.close()
+        _stop(list(self._procs.values()))
+        self._procs.clear()
+
+
+class EmbeddedServers:
+    """ZMQ servers (threads of this process) over an embedded deployment's own objects."""
+
+    def __init__(self, config: TransferQueueConfig, controller: Controller, units: dict[str, StorageUnit]) -> None:
+        self._servers: list[Any] = []
+        infos = []
+        try:
+            for i, (uid, unit) in enumerate(units.items()):
+                port = config.unit_base_port + i if config.unit_base_port else 0
+                server = StorageUnitServer(unit, host=config.host, port=port).start()
+                self._servers.append(server)
+                infos.append(UnitInfo(uid, unit.node_id, unit.memory_budget, server.address))
+            ctl = ControllerServer(controller, host=config.host, port=config.controller_port).start()
+            self._servers.append(ctl)
+        except BaseException:
+            self.close()
+            raise
+        self.spec = make_spec(ctl.address, infos, supports_spill=config.on_full == "spill",
+                              timeout_s=config.request_timeout_s, on_full=config.on_full,
+                              full_wait_s=config.full_wait_s)
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.stop()
+        self._servers.clear()
+
+
+def expose_embedded(config: TransferQueueConfig, controller: Controller,
+                    units: dict[str, StorageUnit]) -> EmbeddedServers:
+    return EmbeddedServers(config, controller, units)

@@ -1,0 +1,122 @@
+"""A StorageUnit reached over ZMQ: the client side of ``storage/server.py``.
+
+Each call is one round trip; put sends the array's buffer without copying it, get returns read-only
+arrays viewing the received frames. Silence beyond ``timeout_s`` is StorageUnitUnavailable naming the
+unit and the keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dressage.errors import ProtocolError
+from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit, prepare_array
+from dressage.tq.transport import RpcClient
+from dressage.tq.wire import array_from_frame
+
+__all__ = ["RemoteStorageUnit"]
+
+
+def _info(obj: Any) -> BlobInfo:
+    key, dtype, shape, nbytes, spilled = obj
+    return BlobInfo(key, dtype, tuple(shape), int(nbytes), bool(spilled))
+
+
+class RemoteStorageUnit(StorageUnit):
+    remote = True
+
+    def __init__(self, unit_id: str, address: str, *, node_id: str | None = None,
+                 memory_budget: int = 4 << 30, timeout_s: float = 30.0, supports_spill: bool = False) -> None:
+        super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget)
+        self.address = address
+        self.supports_spill = supports_spill  # instance value: whatever the backend behind it declares
+        self._rpc = RpcClient(address, timeout_s=timeout_s, name=f"StorageUnit {unit_id}")
+
+    @classmethod
+    def describe(cls, unit_id: str, address: str, *, timeout_s: float = 30.0) -> "RemoteStorageUnit":
+        """Connect and ask the server what it is (node, budget, capabilities)."""
+        probe = RpcClient(address, timeout_s=timeout_s, name=f"StorageUnit {unit_id}")
+        try:
+            d, _ = probe.call("describe")
+        finally:
+            probe.close()
+        return cls(d["unit_id"], address, node_id=d.get("node_id"), memory_budget=int(d["memory_budget"]),
+                   timeout_s=timeout_s, supports_spill=bool(d.get("supports_spill")))
+
+    # The server validates and counts; these overrides make each call a single round trip.
+    def put(self, key: str, array: np.ndarray, *, copy: bool = True) -> BlobInfo:
+        # docstring inherited
+        data = prepare_array(array, copy=False)  # the bytes go straight from this buffer to the socket
+        reply, _ = self._rpc.call("put", {"key": key, "dtype": data.dtype.name, "shape": list(data.shape)},
+                                  [data], keys=[key])
+        return _info(reply["info"])
+
+    def get_many(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
+        # docstring inherited
+        reqs = [[k, int(a), None if b is None else int(b)] for k, a, b in requests]
+        reply, frames = self._rpc.call("get", {"reqs": reqs}, keys=[r[0] for r in reqs])
+        metas = reply.get("arrays")
+        if not isinstance(metas, list) or len(metas) != len(frames) or len(frames) != len(reqs):
+            raise ProtocolError(f"StorageUnit {self.unit_id}: get reply does not match its {len(reqs)} requests")
+        out = []
+        for (dtype, shape), frame in zip(metas, frames):
+            a = array_from_frame(frame, dtype, shape)
+            a.flags.writeable = False
+            out.append(a)
+        return out
+
+    def info(self, key: str) -> BlobInfo:
+        # docstring inherited
+        reply, _ = self._rpc.call("info", {"key": key}, keys=[key])
+        return _info(reply["info"])
+
+    def _write(self, key: str, array: np.ndarray, *, copy: bool) -> BlobInfo:
+        # docstring inherited
+        return self.put(key, array)
+
+    def _read(self, key: str, start: int, stop: int) -> np.ndarray:
+        # docstring inherited
+        return self.get_many([(key, start, stop)])[0]
+
+    def _info(self, key: str) -> BlobInfo | None:
+        # docstring inherited
+        return self.info(key) if self.exists(key) else None
+
+    def delete(self, keys: Iterable[str]) -> int:
+        # docstring inherited
+        keys = list(keys)
+        reply, _ = self._rpc.call("delete", {"keys": keys}, keys=keys)
+        return int(reply["removed"])
+
+    def exists(self, key: str) -> bool:
+        # docstring inherited
+        reply, _ = self._rpc.call("exists", {"key": key}, keys=[key])
+        return bool(reply["exists"])
+
+    def list(self) -> list[str]:
+        # docstring inherited
+        reply, _ = self._rpc.call("list")
+        return list(reply["keys"])
+
+    def usage(self) -> dict[str, int]:
+        # docstring inherited
+        s = self.stats()
+        return {k: s[k] for k in ("keys", "bytes", "memory_bytes", "spilled_bytes")}
+
+    def stats(self) -> dict[str, Any]:
+        # docstring inherited
+        reply, _ = self._rpc.call("stats")
+        out = dict(reply["stats"])
+        out["pid"] = reply.get("pid")
+        out["rejected_frames"] = reply.get("rejected", 0)
+        return out
+
+    def ping(self, timeout_s: float | None = None) -> None:
+        self._rpc.call("ping", timeout_s=timeout_s)
+
+    def close(self) -> None:
+        # docstring inherited
+        self._rpc.close()

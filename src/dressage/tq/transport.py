@@ -1,0 +1,210 @@
+"""Request/reply over ZMQ for TransferQueue: a ROUTER server loop and a DEALER client with timeouts.
+
+The server answers one message at a time and never waits on a peer (ROUTER drops replies to peers that
+are gone or not reading), so one slow client cannot stall the others. The client keeps a small pool of
+sockets so threads can call concurrently, and turns silence into StorageUnitUnavailable within a bound.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+
+from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueueError
+from dressage.tq.wire import decode_control, encode, error_from_wire, error_to_wire
+
+__all__ = ["RpcServer", "RpcClient", "Handler"]
+
+log = logging.getLogger(__name__)
+# handler(control, payload_frames) -> (reply_control, reply_payloads)
+Handler = Callable[[dict[str, Any], list[Any]], "tuple[dict[str, Any], Sequence[Any]]"]
+_POLL_MS = 1000
+_HWM = 1000
+
+
+class RpcServer:
+    """A ROUTER socket bound to ``tcp://host:port`` serving ``handler`` on one thread."""
+
+    def __init__(self, handler: Handler, *, host: str = "127.0.0.1", port: int = 0, name: str = "tq") -> None:
+        self._handler = handler
+        self._name = name
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, _HWM)
+        self._sock.setsockopt(zmq.RCVHWM, _HWM)
+        try:
+            if port:
+                self._sock.bind(f"tcp://{host}:{port}")
+                self.port = port
+            else:
+                self.port = self._sock.bind_to_random_port(f"tcp://{host}")
+        except zmq.ZMQError as exc:
+            self._sock.close(0)
+            raise TransferQueueError(f"{name}: cannot bind tcp://{host}:{port or '*'}: {exc}") from exc
+        self.host = host
+        # stop() wakes the loop through this inproc pair instead of waiting out a poll timeout.
+        self._wake_addr = f"inproc://tq-wake-{id(self)}"
+        self._wake = self._ctx.socket(zmq.PULL)
+        self._wake.bind(self._wake_addr)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.served = 0
+        self.rejected = 0
+
+    @property
+    def address(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+    def start(self) -> "RpcServer":
+        """Serve on a daemon thread (the socket moves to that thread)."""
+        self._thread = threading.Thread(target=self.serve, name=f"{self._name}-server", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve(self) -> None:
+        """Serve until :meth:`stop`; closes the socket on the way out."""
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if self._sock not in dict(poller.poll(_POLL_MS)):
+                    continue
+                try:
+                    frames = self._sock.recv_multipart(copy=False, flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    continue
+                self._answer(frames)
+        finally:
+            self._sock.close(0)
+            self._wake.close(0)
+
+    def _answer(self, frames: list[Any]) -> None:
+        ident, body = frames[0], frames[1:]
+        req_id = None
+        try:
+            if not body:
+                raise ProtocolError("empty message")
+            control = decode_control(body[0])
+            req_id = control.get("id")
+            if not isinstance(control.get("op"), str):
+                raise ProtocolError("control frame has no 'op'")
+            reply, payloads = self._handler(control, body[1:])
+            reply = {"ok": True, **reply}
+            self.served += 1
+        except Exception as exc:  # every failure becomes a typed reply; the loop keeps serving
+            if isinstance(exc, ProtocolError):
+                self.rejected += 1
+                log.warning("%s: rejected a frame: %s", self._name, exc)
+            elif not isinstance(exc, TransferQueueError):
+                log.exception("%s: handler failed", self._name)
+            reply, payloads = error_to_wire(exc), ()
+        reply["id"] = req_id
+        try:
+            self._sock.send_multipart([ident, *encode(reply, payloads)], copy=False, flags=zmq.NOBLOCK)
+        except zmq.Again:  # the peer is not reading; dropping its reply keeps everyone else served
+            log.warning("%s: dropped a reply to a peer that is not reading", self._name)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is None:
+            self._sock.close(0)
+            self._wake.close(0)
+            return
+        poke = self._ctx.socket(zmq.PUSH)
+        poke.setsockopt(zmq.LINGER, 0)
+        poke.connect(self._wake_addr)
+        try:
+            poke.send(b"", flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+        finally:
+            poke.close(0)
+        self._thread.join(timeout=5)
+
+
+class RpcClient:
+    """Calls one RpcServer. Thread-safe: each call borrows a DEALER socket from a small pool."""
+
+    def __init__(self, address: str, *, timeout_s: float, name: str) -> None:
+        self.address = address
+        self.timeout_s = float(timeout_s)
+        self.name = name
+        self._ctx = zmq.Context.instance()
+        self._idle: list[zmq.Socket] = []
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    def _borrow(self) -> zmq.Socket:
+        with self._lock:
+            if self._closed:
+                raise TransferQueueError(f"{self.name}: client is closed")
+            if self._idle:
+                return self._idle.pop()
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        return sock
+
+    def _give_back(self, sock: zmq.Socket) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < 16:
+                self._idle.append(sock)
+                return
+        sock.close(0)
+
+    def call(self, op: str, control: dict[str, Any] | None = None, payloads: Sequence[Any] = (), *,
+             keys: Sequence[str] = (), timeout_s: float | None = None) -> tuple[dict[str, Any], list[Any]]:
+        """Send one request and wait for its reply; raise the server's typed error or
+        StorageUnitUnavailable (naming this peer and ``keys``) when no reply comes in time."""
+        req_id = next(self._ids)
+        message = {**(control or {}), "op": op, "id": req_id}
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        sock = self._borrow()
+        healthy = False
+        try:
+            try:
+                sock.send_multipart(encode(message, payloads), copy=False, flags=zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                raise self._unavailable(op, keys, f"send failed: {exc}") from exc
+            deadline = time.monotonic() + timeout
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                    raise self._unavailable(op, keys, f"no reply within {timeout:g} s")
+                frames = sock.recv_multipart(copy=False)
+                reply = decode_control(frames[0])
+                if reply.get("id") == req_id:
+                    break
+                log.debug("%s: discarded a stale reply", self.name)
+            healthy = True
+        finally:
+            # A socket that timed out may still receive the late reply: never reuse it.
+            if healthy:
+                self._give_back(sock)
+            else:
+                sock.close(0)
+        if not reply.get("ok"):
+            raise error_from_wire(reply, f"{self.name} at {self.address}")
+        return reply, frames[1:]
+
+    def _unavailable(self, op: str, keys: Sequence[str], why: str) -> StorageUnitUnavailable:
+        shown = ", ".join(map(repr, list(keys)[:8])) + (" ..." if len(keys) > 8 else "")
+        return StorageUnitUnavailable(
+            f"{self.name} at {self.address} is unavailable ({op}: {why})" + (f"; keys: {shown}" if keys else "")
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close(0)

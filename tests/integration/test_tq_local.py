@@ -1,0 +1,112 @@
+"""``local`` deployment: Controller and StorageUnits as real processes; a dead unit is a typed error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from dressage.errors import KeyNotFoundError, StorageUnitUnavailable
+from dressage.tq import FieldRef, TransferQueue
+
+READER = r"""
+import json, sys
+import numpy as np
+from dressage.tq import FieldRef, TransferQueueClient
+msg = json.loads(sys.stdin.read())
+client = TransferQueueClient.connect(msg["spec"])
+refs = [FieldRef.from_wire(w) for w in msg["refs"]]
+arrays = client.get_many(refs, consume=True)
+print(json.dumps({"sums": [int(a.astype(np.int64).sum()) for a in arrays],
+                  "requests": client.counters.get_requests}))
+client.close()
+"""
+
+
+@pytest.fixture(scope="module")
+def tq(tmp_path_factory):
+    spill = tmp_path_factory.mktemp("spill")
+    with TransferQueue.start({"deployment": "local", "num_storage_units": 2, "unit_memory_budget": "1MiB",
+                              "spill_dir": str(spill), "request_timeout_s": 10}) as tq:
+        yield tq
+
+
+def test_processes_are_separate_and_put_get_clear_round_trips(tq):
+    pids = tq.processes()
+    assert set(pids) == {"controller", "unit0", "unit1"}
+    assert os.getpid() not in pids.values() and all(psutil.pid_exists(p) for p in pids.values())
+    client = tq.client()
+    r3 = np.random.default_rng(0).integers(0, 128, size=(500, 4, 8)).astype(np.uint8)
+    refs = [client.put("routed_experts", r3 + i, batch="s1") for i in range(4)]
+    assert {r.unit_id for r in refs} == {"unit0", "unit1"}
+    got = client.get_many([r.narrow(100, 200) for r in refs])
+    for i, g in enumerate(got):
+        np.testing.assert_array_equal(g, (r3 + i)[100:200])
+    assert client.counters.bytes_read == 4 * 100 * 32
+    assert client.clear("s1") == 4
+    assert tq.total_keys() == 0 and tq.controller.total_keys() == 0
+
+
+def test_spill_across_the_process_boundary(tq):
+    client = tq.client()
+    big = np.arange(300_000, dtype=np.int32)  # 1.2 MB > the 1 MiB budget
+    ref = client.put("routed_experts", big, batch="spill")
+    assert tq.stats()[ref.unit_id]["spilled_bytes"] == big.nbytes
+    np.testing.assert_array_equal(client.get(ref.narrow(299_990, 300_000)), big[-10:])
+    assert client.clear("spill") == 1
+    assert tq.stats()[ref.unit_id]["spilled_bytes"] == 0
+
+
+def test_reader_in_another_process_connects_from_the_client_spec(tq):
+    client = tq.client()
+    arrays = [np.full((64, 2), i, dtype=np.int32) for i in range(5)]
+    refs = [client.put("routed_experts", a, batch="remote") for a in arrays]
+    msg = {"spec": tq.client_spec(), "refs": [r.narrow(0, 10).to_wire() for r in refs]}
+    out = subprocess.run([sys.executable, "-c", READER], input=json.dumps(msg), capture_output=True,
+                         text=True, timeout=60, check=True)
+    result = json.loads(out.stdout)
+    assert result["sums"] == [i * 20 for i in range(5)]
+    assert result["requests"] == 2  # one round trip per unit
+    assert client.clear("remote") == 5 and tq.total_keys() == 0
+
+
+def test_dead_unit_is_a_bounded_typed_error_naming_unit_and_keys():
+    with TransferQueue.start({"deployment": "local", "num_storage_units": 2, "request_timeout_s": 1.0,
+                              "unit_memory_budget": "1MiB"}) as tq:
+        client = tq.client()
+        refs = [client.put("logprobs", np.full(16, i, dtype=np.float32)) for i in range(4)]
+        victim = refs[0].unit_id
+        os.kill(tq.processes()[victim], signal.SIGKILL)
+        dead = [r for r in refs if r.unit_id == victim]
+        alive = [r for r in refs if r.unit_id != victim]
+        t0 = time.monotonic()
+        with pytest.raises(StorageUnitUnavailable) as info:
+            client.get_many(refs)
+        assert time.monotonic() - t0 < 5
+        assert victim in str(info.value) and dead[0].key in str(info.value)
+        # The surviving unit keeps serving, and a put that lands on the dead unit leaves nothing behind.
+        np.testing.assert_array_equal(client.get_many(alive)[0], np.full(16, int(client.get(alive[0])[0])))
+        before, written = tq.controller.total_keys(), 0
+        for _ in range(4):
+            try:
+                client.put("logprobs", np.zeros(16, dtype=np.float32))
+                written += 1
+            except StorageUnitUnavailable as exc:
+                assert victim in str(exc)
+                break
+        else:
+            pytest.fail("no put was placed on the dead unit")
+        assert tq.controller.total_keys() == before + written
+        with pytest.raises(KeyNotFoundError):
+            client.get(FieldRef(key="gone", unit_id=alive[0].unit_id, field="logprobs", dtype="float32",
+                                shape=(16,)))
+        pids = tq.processes()
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in pids.values())
