@@ -80,17 +80,136 @@ class DressageEmbeddedSystem(BenchSystem):
         return {"path": "client.put -> in-process StorageUnit -> client.get_many, one process"}
 
 
+
+# --- across processes ------------------------------------------------------------------------
+
+
+class _DressageWriter:
+    """Node 0: a client joined from the deployment's spec; ``put``s each payload of a round."""
+
+    def __init__(self, spec: dict[str, Any], seed: int) -> None:
+        from dressage.tq import TransferQueueClient
+
+        self._client = TransferQueueClient.connect(spec)
+        self._seed = seed
+        self._items: list[Any] = []
+
+    def ready(self) -> bool:
+        return True
+
+    def prepare(self, workload: Workload) -> None:
+        self._items = make_items(workload, self._seed)
+
+    def put(self, field: str, batch: str) -> tuple[float, list[Any]]:
+        client = self._client
+        with Stopwatch() as sw:
+            refs = [client.put(field, a, batch=batch) for a in self._items]
+        # Refs go to the reader in their msgpack-able wire form, as they travel inside Samples.
+        return sw.seconds, [r.to_wire() for r in refs]
+
+    def clear(self, batch: str) -> int:
+        return self._client.clear(batch)
+
+    def finish(self) -> None:
+        self._items = []
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class _DressageReader:
+    """Node 1: a client joined from the same spec; one ``get_many`` per round, as the trainer reads."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from dressage.tq import TransferQueueClient
+
+        self._client = TransferQueueClient.connect(spec)
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self, wire_refs: list[Any]) -> float:
+        from dressage.tq import FieldRef
+
+        refs = [FieldRef.from_wire(w) for w in wire_refs]
+        with Stopwatch() as sw:
+            arrays = self._client.get_many(refs)
+        del arrays
+        return sw.seconds
+
+    def close(self) -> None:
+        self._client.close()
+
+
 class DressageAcrossSystem(BenchSystem):
-    """Writer, StorageUnit and reader in separate processes on two simulated nodes."""
+    """Writer, StorageUnit and reader in three processes: the writer an actor on simulated node 0, the
+    reader an actor on node 1, the StorageUnit a process of the ``local`` deployment; data over ZMQ."""
 
     across_processes = True
 
     def __init__(self, cluster: Any, budget_bytes: int, seed: int = 0, *, shm: bool = False) -> None:
         self.name = "dressage-shm" if shm else "dressage-zmq"  # type: ignore[misc]
+        self._cluster = cluster
+        self._budget = int(budget_bytes)
+        self._seed = seed
         self._shm = shm
+        self._tq: Any = None
+        self._writer: Any = None
+        self._reader: Any = None
+        self._round = 0
 
     def start(self) -> None:
-        raise SystemUnavailable("dressage.tq has no cross-process client yet")
+        dtq = _import_tq()
+        if self._shm:
+            raise SystemUnavailable("dressage.tq offers no shared-memory path between processes yet")
+        if not hasattr(dtq.TransferQueue, "client_spec"):
+            raise SystemUnavailable("dressage.tq has no cross-process client (client_spec) yet")
+        config = dtq.TransferQueueConfig(deployment="local", num_storage_units=1,
+                                         unit_memory_budget=self._budget, on_full="error", retention_s=None)
+        try:
+            self._tq = dtq.TransferQueue.start(config)
+            spec = self._tq.client_spec()
+        except ImportError as exc:
+            raise SystemUnavailable(f"dressage.tq local deployment is not available: {exc}") from exc
+        self._writer = self._cluster.actor(_DressageWriter, 0, spec, self._seed)
+        self._reader = self._cluster.actor(_DressageReader, 1, spec)
+        # Constructors run lazily in the actor: surface a failed connect here, not in round one.
+        self._cluster.call(self._writer.ready.remote())
+        self._cluster.call(self._reader.ready.remote())
+
+    def prepare(self, workload: Workload) -> None:
+        self._cluster.call(self._writer.prepare.remote(workload))
 
     def run_round(self, workload: Workload) -> RoundTiming:
-        raise SystemUnavailable("not started")
+        self._round += 1
+        batch = f"bench-{workload.name}-{self._round}"
+        put_s, refs = self._cluster.call(self._writer.put.remote(workload.field, batch))
+        get_s = self._cluster.call(self._reader.get.remote(refs))
+        self._cluster.call(self._writer.clear.remote(batch))
+        return RoundTiming(put_s, get_s)
+
+    def finish(self, workload: Workload) -> None:
+        self._cluster.call(self._writer.finish.remote())
+
+    def close(self) -> None:
+        import ray
+
+        for actor in (self._writer, self._reader):
+            if actor is None:
+                continue
+            try:
+                ray.get(actor.close.remote(), timeout=30)
+            except Exception:  # already gone: the kill below is all that is left to do
+                pass
+            try:
+                ray.kill(actor)
+            except Exception:
+                pass
+        self._writer = self._reader = None
+        if self._tq is not None:
+            self._tq.shutdown()
+            self._tq = None
+
+    def describe(self) -> dict[str, object]:
+        return {"path": "client.put in an actor on node 0 -> StorageUnit process (local deployment, ZMQ tcp) "
+                        "-> client.get_many in an actor on node 1"}
