@@ -31,6 +31,10 @@ def connect_spec(cls: Any, spec: Mapping[str, Any], *, node_id: str | None = Non
     if not isinstance(spec, Mapping) or spec.get("spec_version") != SPEC_VERSION:
         raise ConfigError(f"transfer_queue client spec: expected spec_version {SPEC_VERSION}, got {spec!r:.200}")
     timeout = float(spec.get("request_timeout_s", 30.0))
+    if node_id is None and spec.get("deployment") == "ray":
+        from dressage.tq.ray_deploy import current_node_id
+
+        node_id = current_node_id()  # a writer inside a Ray actor prefers its own node's unit
     controller = RemoteController(str(spec["controller"]), timeout_s=timeout)
     units = {}
     for u in spec["units"]:

@@ -1,0 +1,207 @@
+"""``ray`` deployment: the Controller and one StorageUnit per node as Ray actors, placed by node id.
+
+Actors only start the ZMQ servers and report their addresses; payload bytes then move between clients
+and units over ZMQ, never through the Ray object store. Works on a single-machine Ray, on a
+``ray.cluster_utils.Cluster`` and on a real cluster (set ``host: 0.0.0.0`` there).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from dressage.errors import ConfigError, StorageUnitUnavailable
+from dressage.tq.client import TransferQueueClient
+from dressage.tq.config import TransferQueueConfig
+from dressage.tq.controller import UnitInfo
+from dressage.tq.controller_service import RemoteController
+from dressage.tq.remote_client import make_spec
+from dressage.tq.storage import StorageUnit
+from dressage.tq.storage.remote import RemoteStorageUnit
+
+__all__ = ["RayDeployment", "current_node_id"]
+
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "*")
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("transfer_queue.deployment: 'ray' needs the ray package (pip install 'dressage[ray]')") from exc
+    return ray
+
+
+def current_node_id() -> str | None:
+    """This process's Ray node id, or None outside Ray."""
+    try:
+        import ray
+    except ImportError:
+        return None
+    if not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
+
+
+def _advertised(host: str) -> str:
+    if host in _WILDCARD_HOSTS:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    return host
+
+
+class _UnitActor:
+    """Runs a StorageUnit server in the actor's process; the actor itself carries no payload."""
+
+    def __init__(self, unit_id: str, memory_budget: int, on_full: str, spill_dir: str | None, host: str,
+                 port: int) -> None:
+        import ray
+
+        from dressage.tq.storage import make_storage_unit
+        from dressage.tq.storage.server import StorageUnitServer
+
+        node_id = ray.get_runtime_context().get_node_id()
+        self.backend = make_storage_unit(unit_id, node_id=node_id, memory_budget=memory_budget,
+                                         on_full=on_full, spill_dir=spill_dir)
+        self.server = StorageUnitServer(self.backend, host=host, port=port).start()
+        self.info = {"unit_id": unit_id, "node_id": node_id, "memory_budget": memory_budget,
+                     "address": f"tcp://{_advertised(host)}:{self.server.rpc.port}", "pid": os.getpid()}
+
+    def describe(self) -> dict[str, Any]:
+        return self.info
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.backend.close()
+
+
+class _ControllerActor:
+    """Runs the Controller, its ZMQ server and its Janitor in the actor's process."""
+
+    def __init__(self, units: list[dict[str, Any]], retention_s: float | None, sweep_s: float, host: str,
+                 port: int, timeout_s: float) -> None:
+        from dressage.tq.controller import Controller, Janitor
+        from dressage.tq.controller_service import ControllerServer
+
+        infos = [UnitInfo.from_wire(u) for u in units]
+        self.controller = Controller(infos, retention_s=retention_s)
+        self.handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address or "", node_id=u.node_id,
+                                                     timeout_s=timeout_s) for u in infos}
+        self.janitor = Janitor(self.controller, self.handles.get, interval_s=sweep_s).start()
+        self.server = ControllerServer(self.controller, host=host, port=port, janitor=self.janitor).start()
+        self.address = f"tcp://{_advertised(host)}:{self.server.rpc.port}"
+
+    def describe(self) -> dict[str, Any]:
+        return {"address": self.address, "pid": os.getpid()}
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.janitor.stop()
+        for h in self.handles.values():
+            h.close()
+
+
+class RayDeployment:
+    def __init__(self, config: TransferQueueConfig) -> None:
+        from dressage.tq.deployment import sweep_interval
+
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.config = config
+        self._started_ray = False
+        if not ray.is_initialized():
+            ray.init(address=config.ray_address, include_dashboard=False)
+            self._started_ray = True
+        self._actors: list[Any] = []
+        self._pids: dict[str, int] = {}
+        try:
+            nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: not n.get("IsHead", False))
+            if not nodes:
+                raise StorageUnitUnavailable("the Ray cluster has no alive nodes")
+            here = ray.get_runtime_context().get_node_id()
+            count = config.num_storage_units or len(nodes)
+            unit_cls = ray.remote(num_cpus=0)(_UnitActor)
+            actors = []
+            for i in range(count):
+                node = nodes[i % len(nodes)]["NodeID"]
+                port = config.unit_base_port + i if config.unit_base_port else 0
+                actor = unit_cls.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+                ).remote(f"unit{i}", config.budget_bytes, config.on_full, config.spill_dir, config.host, port)
+                actors.append(actor)
+                self._actors.append(actor)
+            described = self._wait([a.describe.remote() for a in actors], "StorageUnit actors")
+            self._infos = [UnitInfo(d["unit_id"], d["node_id"], int(d["memory_budget"]), d["address"])
+                           for d in described]
+            self._pids.update({d["unit_id"]: int(d["pid"]) for d in described})
+            ctl_cls = ray.remote(num_cpus=0)(_ControllerActor)
+            controller = ctl_cls.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
+            ).remote([u.to_wire() for u in self._infos], config.retention_s, sweep_interval(config),
+                     config.host, config.controller_port, config.request_timeout_s)
+            self._actors.append(controller)
+            (ctl,) = self._wait([controller.describe.remote()], "Controller actor")
+            self._pids["controller"] = int(ctl["pid"])
+            self.controller = RemoteController(ctl["address"], timeout_s=config.request_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+        self._units = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address or "", node_id=u.node_id,
+                                                    memory_budget=u.memory_budget,
+                                                    timeout_s=config.request_timeout_s,
+                                                    supports_spill=config.on_full == "spill")
+                       for u in self._infos}
+        self._spec = make_spec(ctl["address"], self._infos, supports_spill=config.on_full == "spill",
+                               timeout_s=config.request_timeout_s, on_full=config.on_full,
+                               full_wait_s=config.full_wait_s)
+        self._spec["deployment"] = "ray"
+
+    def _wait(self, refs: list[Any], what: str) -> list[Any]:
+        ray = _ray()
+        try:
+            return ray.get(refs, timeout=self.config.startup_timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise StorageUnitUnavailable(f"{what} did not start within {self.config.startup_timeout_s:g} s") from exc
+        except ray.exceptions.RayError as exc:
+            raise StorageUnitUnavailable(f"{what} failed to start: {exc}") from exc
+
+    def client(self, node_id: str | None) -> TransferQueueClient:
+        return TransferQueueClient(self.controller, self._units, node_id=node_id or current_node_id(),
+                                   on_full=self.config.on_full, full_wait_s=self.config.full_wait_s)
+
+    def client_spec(self) -> dict[str, Any]:
+        return dict(self._spec)
+
+    def unit_handles(self) -> dict[str, StorageUnit]:
+        return dict(self._units)
+
+    def unit_nodes(self) -> dict[str, str | None]:
+        return {u.unit_id: u.node_id for u in self._infos}
+
+    def processes(self) -> dict[str, int]:
+        return dict(self._pids)
+
+    def run_janitor(self) -> int:
+        return self.controller.run_janitor()
+
+    def shutdown(self) -> None:
+        ray = _ray()
+        for handle in getattr(self, "_units", {}).values():
+            handle.close()
+        controller = getattr(self, "controller", None)
+        if controller is not None:
+            controller.close()
+        if ray.is_initialized():
+            stops = [a.stop.remote() for a in self._actors]
+            try:
+                ray.get(stops, timeout=10)
+            except Exception:  # an actor that is already gone needs no stopping
+                pass
+            for actor in self._actors:
+                ray.kill(actor)
+        self._actors.clear()
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
