@@ -16,7 +16,7 @@ from dressage.errors import DressageError
 __all__ = ["main", "build_parser"]
 
 # Subcommand modules, in the order `dressage --help` lists them.
-COMMANDS = ("run", "capacity", "bench", "engine")
+COMMANDS = ("run", "proxy", "engine", "capacity", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

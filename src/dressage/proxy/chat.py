@@ -1,0 +1,143 @@
+"""Chat calls -> prompt token ids with TITO reuse, and engine output -> OpenAI assistant messages.
+
+When a request's messages extend an earlier step's messages plus the reply the Proxy returned
+for it, the prompt is that step's prompt + response ids exactly as the engine produced them,
+the template glue after an assistant turn, and the tokens of the new messages only, rendered as
+a delta against a fixed base. The history is never re-rendered, so its tokens cannot drift.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from dressage.errors import ChatTemplateError
+from dressage.trajectory import Session, StepRecord
+
+__all__ = ["ChatPrompt", "build_chat_prompt", "ToolCallParser", "QwenToolCallParser", "same_message"]
+
+# A fixed conversation to render deltas against: its render ends right after an assistant turn,
+# so what follows it is exactly the new messages' tokens (plus the generation prompt).
+_DELTA_BASE = ({"role": "user", "content": "."}, {"role": "assistant", "content": "."})
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    prompt_ids: np.ndarray
+    base_step: int | None
+    """The step whose tokens were reused (``None``: a full render)."""
+    boundary_reason: str | None = None
+    """Set when TITO was possible in principle but the delta could not be made exactly."""
+
+
+def _norm_content(content: Any) -> Any:
+    if content is None:
+        return ""
+    if isinstance(content, list):  # OpenAI content parts: keep text parts, in order
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content
+
+
+def _norm_tool_calls(calls: Any) -> list[tuple[str, Any]]:
+    out = []
+    for c in calls or ():
+        fn = c.get("function", {}) if isinstance(c, dict) else {}
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                pass
+        out.append((fn.get("name"), args))
+    return out
+
+
+def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal as far as the chat template is concerned (role, text, tool calls, tool result id)."""
+    return (a.get("role") == b.get("role")
+            and _norm_content(a.get("content")) == _norm_content(b.get("content"))
+            and _norm_tool_calls(a.get("tool_calls")) == _norm_tool_calls(b.get("tool_calls"))
+            and a.get("name") == b.get("name"))
+
+
+def _history(step: StepRecord) -> list[dict[str, Any]] | None:
+    reply = step.metadata.get("assistant_message")
+    if step.messages is None or reply is None:
+        return None
+    return [*step.messages, reply]
+
+
+def _tools_key(tools: Any) -> str:
+    return json.dumps(tools or [], sort_keys=True)
+
+
+def build_chat_prompt(session: Session, tokenizer: Any, messages: Sequence[dict[str, Any]],
+                      tools: Sequence[dict[str, Any]] | None) -> ChatPrompt:
+    """Prompt ids for a chat call in ``session`` (TITO where the messages extend a recorded step)."""
+    best: StepRecord | None = None
+    best_len = -1
+    for step in session.steps.values():
+        hist = _history(step)
+        if hist is None or len(hist) >= len(messages) or len(hist) <= best_len:
+            continue
+        if _tools_key(step.tools) != _tools_key(tools):
+            continue
+        if all(same_message(h, m) for h, m in zip(hist, messages)):
+            best, best_len = step, len(hist)
+    if best is not None:
+        new = list(messages[best_len:])
+        try:
+            delta = tokenizer.render_delta(list(_DELTA_BASE), new, tools=None)
+        except ChatTemplateError:
+            return ChatPrompt(_full(tokenizer, messages, tools), None, "tito_fallback")
+        glue = tokenizer.glue_after_assistant(best.response_ids.tolist())
+        ids = np.concatenate([best.full_ids, np.asarray(glue, np.int32), np.asarray(delta, np.int32)])
+        return ChatPrompt(ids.astype(np.int32, copy=False), best.step_id)
+    return ChatPrompt(_full(tokenizer, messages, tools), None)
+
+
+def _full(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any) -> np.ndarray:
+    return np.asarray(tokenizer.apply_chat_template(list(messages), tools or None, True), dtype=np.int32)
+
+
+class ToolCallParser:
+    """Splits a model's reply text into content, reasoning and OpenAI ``tool_calls``."""
+
+    def parse(self, text: str, *, call_id_prefix: str) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+        raise NotImplementedError
+
+
+class QwenToolCallParser(ToolCallParser):
+    """Qwen-style ``<tool_call>{json}</tool_call>`` blocks and ``<think>...</think>`` reasoning."""
+
+    _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+    _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
+
+    def parse(self, text: str, *, call_id_prefix: str) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+        reasoning = None
+        m = self._THINK.match(text)
+        if m:
+            reasoning, text = m.group(1).strip(), text[m.end():]
+        calls: list[dict[str, Any]] = []
+        kept: list[str] = []
+        pos = 0
+        for i, m in enumerate(self._CALL.finditer(text)):
+            try:
+                obj = json.loads(m.group(1))
+            except ValueError:
+                continue  # not a well-formed call: it stays in the content
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                continue
+            kept.append(text[pos:m.start()])
+            pos = m.end()
+            args = obj.get("arguments", {})
+            calls.append({"id": f"{call_id_prefix}_{len(calls)}", "type": "function",
+                          "function": {"name": obj["name"],
+                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        kept.append(text[pos:])
+        content = "".join(kept).strip() if calls else text
+        return (content or None) if calls else content, reasoning, calls

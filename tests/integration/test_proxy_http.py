@@ -1,0 +1,185 @@
+"""The real Proxy server and engine over loopback, driven by the official openai client."""
+
+import asyncio
+import socket
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from dressage.engine.config import EngineConfig
+from dressage.engine.server import EngineServer
+from dressage.fields import get_model
+from dressage.proxy.config import DataPlaneConfig
+from dressage.proxy.core import ProxyCore
+from dressage.proxy.server import ProxyServer, ProxyServerConfig, ProxyService
+from dressage.proxy.sglang_client import SGLangClient
+from dressage.rollout import RolloutManager
+from dressage.rollout.manager import sample_ref_keys
+from dressage.tokenizer import load_tokenizer
+from dressage.tq import TransferQueue
+from dressage.train import TrainingReader, release_batch, samples_digest
+
+MODEL = get_model("tiny-moe")
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
+                                            "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=3, tool_call_rate=0.5, mean_response_tokens=24))
+    srv.start_background()
+    yield srv
+    srv.stop()
+
+
+def _proxy(engine_url, *, tq=None, token=None, dtype="uint8"):
+    tok = load_tokenizer("byte")
+    cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=tq is not None,
+                          routed_experts_dtype=dtype)
+    rm = RolloutManager(dp_size=2)
+    core = ProxyCore(cfg, tq.client() if tq else None, sink=rm, decode=tok.decode, special_ids=tok.special_token_ids)
+    service = ProxyService(ProxyServerConfig(engine_url=engine_url, api_token=token, request_timeout_s=20),
+                           core, tok, SGLangClient(engine_url, timeout=20))
+    server = ProxyServer(service)
+    server.start_background()
+    return server, rm
+
+
+async def _conversation(url, turns=4, token=None):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx.AsyncClient(headers=headers) as h:
+        r = (await h.post(url + "/sessions", json={"metadata": {"group_index": 0, "sample_index": 0}})).json()
+        client = openai.AsyncOpenAI(base_url=r["base_url"], api_key=token or "none")
+        msgs = [{"role": "system", "content": "You can use tools."}, {"role": "user", "content": "What is 6*7?"}]
+        for _ in range(turns):
+            resp = await client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, max_tokens=48,
+                                                        temperature=0.7)
+            msg = resp.choices[0].message
+            msgs.append(msg.model_dump(exclude_none=True))
+            if msg.tool_calls:
+                msgs += [{"role": "tool", "tool_call_id": c.id, "content": "42"} for c in msg.tool_calls]
+            else:
+                msgs.append({"role": "user", "content": "Check it once more."})
+        await client.close()
+        sid = r["session_id"]
+        fin = (await h.post(f"{url}/sessions/{sid}/finalize", json={"reward": 1.0})).json()
+        segs = (await h.get(f"{url}/sessions/{sid}/segments")).json()
+        return sid, fin, segs
+
+
+def _restore(rm, tq):
+    batch = rm.take_batch(0)
+    keys = sample_ref_keys(batch.samples)
+    client = tq.client() if tq else None
+    for shard in batch.shards:
+        TrainingReader(client).restore(shard)
+    if client:
+        release_batch(client, keys)
+    return batch.samples
+
+
+def test_openai_client_tito_conversation_is_one_segment_and_tq_on_equals_off(engine):
+    off_server, off_rm = _proxy(engine.url)
+    tq = TransferQueue.start({"deployment": "embedded"})
+    on_server, on_rm = _proxy(engine.url, tq=tq)
+    try:
+        _, fin_off, segs_off = asyncio.run(_conversation(off_server.url))
+        _, fin_on, segs_on = asyncio.run(_conversation(on_server.url))
+        assert fin_off["segments"] == fin_on["segments"] == 1        # TITO kept every turn in one lineage
+        (seg,) = segs_on
+        assert seg["boundary_reason"] == "new_session" and len(seg["step_ids"]) == 4
+        assert len(seg["loss_mask"]) == seg["response_length"]
+        assert seg["large_fields"]["routed_experts"]["rows"] == len(seg["tokens"]) - 1
+        assert seg["large_fields"]["routed_experts"]["resident"] is False
+        assert segs_off[0]["tokens"] == seg["tokens"]
+        off, on = _restore(off_rm, None), _restore(on_rm, tq)
+        assert samples_digest(off) == samples_digest(on)
+        for a, b in zip(off, on):
+            np.testing.assert_array_equal(a.rollout_routed_experts, b.rollout_routed_experts)
+            np.testing.assert_array_equal(a.rollout_log_probs, b.rollout_log_probs)
+            assert b.rollout_routed_experts.shape == (len(b.tokens) - 1, MODEL.num_layers, MODEL.topk)
+        assert tq.total_keys() == 0
+    finally:
+        off_server.stop(); on_server.stop(); tq.shutdown()
+
+
+@pytest.fixture(scope="module")
+def proxy(engine):
+    server, _ = _proxy(engine.url)
+    yield server
+    server.stop()
+
+
+def _post(url, **kw):
+    return httpx.post(url, timeout=20, **kw)
+
+
+def test_http_errors_are_clear_and_server_keeps_serving(proxy):
+    url = proxy.url
+    sid = _post(url + "/sessions").json()["session_id"]
+    chat = f"{url}/sessions/{sid}/v1/chat/completions"
+    r = _post(chat, content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    r = _post(chat, json={"messages": [{"role": "user", "content": "x"}], "max_tokens": "lots"})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "max_tokens"
+    r = _post(chat, json={"messages": [{"role": "wizard", "content": "x"}]})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "messages.0.role"
+    r = _post(chat, json={"messages": []})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "messages"
+    r = _post(chat, json={"messages": [{"role": "user", "content": "x"}], "stream": True})
+    assert r.status_code == 422 and "stream" in r.json()["error"]["message"]
+    r = _post(f"{url}/sessions/nope/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+    r = _post(f"{url}/sessions/{sid}/generate", json={"input_ids": [-3]})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "input_ids"
+    ok = _post(chat, json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+    assert _post(f"{url}/sessions/{sid}/finalize", json={"reward": 0.5}).status_code == 200
+    r = _post(chat, json={"messages": [{"role": "user", "content": "again"}]})
+    assert r.status_code == 409 and "finalized" in r.json()["error"]["message"]
+    assert _post(f"{url}/sessions/{sid}/finalize", json={}).status_code == 409
+    r = _post(url + "/sessions", content=b"x" * 100, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+
+
+def test_token_level_generate_records_a_step(proxy):
+    url = proxy.url
+    sid = _post(url + "/sessions").json()["session_id"]
+    r1 = _post(f"{url}/sessions/{sid}/generate", json={"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 5}})
+    assert r1.status_code == 200, r1.text
+    out = r1.json()["output_ids"]
+    r2 = _post(f"{url}/sessions/{sid}/generate",
+               json={"input_ids": [1, 2, 3, 4, *out, 7, 8], "sampling_params": {"max_new_tokens": 5}}).json()
+    assert r2["parent_id"] == r1.json()["step_id"] and r2["lineage_id"] == r1.json()["lineage_id"]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_upstream_down_is_502_and_nothing_recorded():
+    server, _ = _proxy(f"http://127.0.0.1:{_free_port()}")
+    try:
+        sid = _post(server.url + "/sessions").json()["session_id"]
+        r = _post(f"{server.url}/sessions/{sid}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 502 and r.json()["error"]["type"] == "engine_error"
+        assert httpx.get(f"{server.url}/sessions/{sid}").json()["steps"] == 0
+    finally:
+        server.stop()
+
+
+def test_bearer_token_is_required_when_set(engine):
+    server, _ = _proxy(engine.url, token="s3cret")
+    try:
+        assert _post(server.url + "/sessions").status_code == 401
+        assert _post(server.url + "/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(server.url + "/health").status_code == 200
+        _, fin, _ = asyncio.run(_conversation(server.url, turns=2, token="s3cret"))
+        assert fin["segments"] == 1
+    finally:
+        server.stop()
