@@ -18,13 +18,18 @@ Hierarchy::
     ├── TrajectoryError              session / StepRecord / Segment semantics
     │   ├── SessionStateError        append to a finalized or aborted session
     │   └── UnknownStepError         a parent or step id that does not exist
-    └── TransferQueueError           TransferQueue controller, StorageUnits, client
-        ├── KeyNotFoundError         unknown, cleared or consumed key
-        ├── RowRangeError            a read outside the rows a key stores
-        ├── StorageUnitUnavailable   a unit that died or did not answer in time
-        ├── StorageFullError         a unit over its budget with spilling disabled
-        ├── ProtocolError            a malformed, pickled or future-version frame
-        └── IntegrityError           a stored blob whose checksum does not match
+    ├── TransferQueueError           TransferQueue controller, StorageUnits, client
+    │   ├── KeyNotFoundError         unknown, cleared or consumed key
+    │   ├── RowRangeError            a read outside the rows a key stores
+    │   ├── StorageUnitUnavailable   a unit that died or did not answer in time
+    │   ├── StorageFullError         a unit over its budget with spilling disabled
+    │   ├── ProtocolError            a malformed, pickled or future-version frame
+    │   └── IntegrityError           a stored blob whose checksum does not match
+    └── AgentError                   the agents' driver (dressage.agents) could not use the Proxy
+        ├── ProxyConnectionError     refused, reset or no answer: nothing came back
+        │   └── ProxyTimeout         no answer within the call's time-out
+        ├── ProxyStatusError         the Proxy answered 4xx/5xx (``status_code``, its message)
+        └── ProxyReplyError          an answer the driver cannot use (no session id, choices, usage)
 
 Third-party errors (zmq, ray, httpx) are translated where they cross into Dressage:
 ``raise StorageUnitUnavailable(...) from exc``.
@@ -56,6 +61,11 @@ __all__ = [
     "StorageFullError",
     "ProtocolError",
     "IntegrityError",
+    "AgentError",
+    "ProxyConnectionError",
+    "ProxyTimeout",
+    "ProxyStatusError",
+    "ProxyReplyError",
 ]
 
 
@@ -166,3 +176,27 @@ class ProtocolError(TransferQueueError):
 
 class IntegrityError(TransferQueueError):
     """A stored blob whose checksum does not match what was written."""
+
+
+class AgentError(DressageError):
+    """The agents' workload driver could not use an answer (or the lack of one) from the Proxy."""
+
+
+class ProxyConnectionError(AgentError):
+    """The Proxy could not be reached or dropped the connection; no answer came back."""
+
+
+class ProxyTimeout(ProxyConnectionError):
+    """The Proxy did not answer within the call's time-out."""
+
+
+class ProxyStatusError(AgentError):
+    """The Proxy answered with an HTTP error; ``status_code`` and the Proxy's own message."""
+
+    def __init__(self, message: str, *, status_code: int) -> None:
+        self.status_code = int(status_code)
+        super().__init__(message)
+
+
+class ProxyReplyError(AgentError, ValueError):
+    """A Proxy answer that lacks what the driver needs (session id, base URL, choices, usage)."""
