@@ -48,6 +48,12 @@ class RoutingModel:
         self._strides = np.array([d for d in range(1, e) if np.gcd(d, e) == 1] or [1], dtype=np.int32)
         self._topk_steps = np.arange(model.topk, dtype=np.int32)
         self._seed_term = splitmix64(np.array([self.seed], dtype=np.uint64))
+        # Every (first expert, stride) pair's top-k ids, when that table is small enough to cache.
+        self._table: np.ndarray | None = None
+        if e * len(self._strides) * model.topk <= 1 << 22:
+            firsts = np.repeat(np.arange(e, dtype=np.int32), len(self._strides))
+            strides = np.tile(self._strides, e)
+            self._table = (firsts[:, None] + strides[:, None] * self._topk_steps) % np.int32(e)
 
     def _powers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         if len(self._pow) < n:
@@ -74,15 +80,15 @@ class RoutingModel:
     def routed_experts(self, hashes: np.ndarray, start: int, stop: int) -> np.ndarray:
         """int32 ``[stop - start, num_layers, topk]``: rows ``start..stop-1`` from their prefix hashes."""
         h = hashes[start:stop]
-        m = self.model
-        e = m.num_experts
+        e, n_s = self.model.num_experts, len(self._strides)
         keys = splitmix64(h[:, None] ^ self._layer_salt[None, :])              # [rows, L]
-        # Small-int arithmetic from here on: ids stay below e * topk, far inside int32.
-        first = (keys % np.uint64(e)).astype(np.int32)
-        stride = self._strides[((keys >> np.uint64(32)) % np.uint64(len(self._strides))).astype(np.intp)]
-        ids = first[..., None] + stride[..., None] * self._topk_steps
-        if e & (e - 1) == 0:
-            ids &= e - 1
-        else:
-            ids %= e
+        # Lemire's multiply-shift maps 32 random bits onto [0, n) without a (slow) 64-bit modulus.
+        first = ((keys & np.uint64(0xFFFFFFFF)) * np.uint64(e)) >> np.uint64(32)
+        which = ((keys >> np.uint64(32)) * np.uint64(n_s)) >> np.uint64(32)
+        if self._table is not None:
+            # One gather of topk contiguous ids per (row, layer) beats three passes of arithmetic.
+            return self._table[(first * np.uint64(n_s) + which).astype(np.intp)]
+        ids = self._strides[which.astype(np.intp)][..., None] * self._topk_steps
+        ids += first.astype(np.int32)[..., None]
+        ids %= e
         return ids
