@@ -200,3 +200,20 @@ def test_cli_engine_serve_answers_health():
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_incremental_stream_chunks_concatenate_to_the_answer(fast):
+    plain = _gen(fast, PROMPT, sampling_params={"max_new_tokens": 50})
+    cfg = EngineConfig(model=QWEN, port=0, seed=3, stream_interval=7, incremental_streaming_output=True)
+    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 50}, "return_logprob": True,
+            "return_routed_experts": True, "stream": True}
+    with EngineServer(cfg) as srv:
+        with httpx.Client(base_url=srv.url, timeout=30) as client:
+            with client.stream("POST", "/generate", json=body) as resp:
+                chunks = [json.loads(line[len("data: "):]) for line in resp.iter_lines()
+                          if line.startswith("data: {")]
+    ids = [t for c in chunks for t in c["output_ids"]]
+    lps = [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]]
+    assert len(chunks) > 2 and all(len(c["output_ids"]) <= 7 for c in chunks)
+    assert ids == plain["output_ids"] and lps == plain["meta_info"]["output_token_logprobs"]
+    assert chunks[-1]["meta_info"]["routed_experts"] == plain["meta_info"]["routed_experts"]

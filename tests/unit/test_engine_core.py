@@ -173,8 +173,13 @@ def test_malformed_requests_name_the_problem(body, match):
 
 def test_prompt_past_context_and_bad_routed_start_are_rejected():
     eng = _engine(context_length=50)
-    with pytest.raises(EngineRequestError, match="context length of 50"):
+    with pytest.raises(EngineRequestError, match="maximum context length of 50 tokens.*total of 60"):
         eng.start(eng.parse({"input_ids": [1] * 40, "sampling_params": {"max_new_tokens": 20}})[0][0])
+    with pytest.raises(EngineRequestError, match=r"The input \(50 tokens\) is longer"):
+        eng.start(eng.parse({"input_ids": [1] * 50, "sampling_params": {"max_new_tokens": 0}})[0][0])
+    # Left out, max_new_tokens is clamped to the room left instead.
+    gen = eng.start(eng.parse({"input_ids": [1] * 45, "sampling_params": {"ignore_eos": True}})[0][0])
+    assert gen.num_tokens == 4
     with pytest.raises(EngineRequestError, match="routed_experts_start_len"):
         eng.start(eng.parse({"input_ids": [1] * 4, "return_routed_experts": True,
                              "routed_experts_start_len": 4, "sampling_params": {"max_new_tokens": 1}})[0][0])

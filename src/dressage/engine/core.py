@@ -7,6 +7,7 @@ No weights and no GPU: replies come from a seeded generator, routing from prefix
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections import OrderedDict
@@ -70,12 +71,19 @@ class Engine:
         p = len(prompt)
         if p == 0:
             raise EngineRequestError("the prompt is empty", status_code=400)
-        ctx = self.config.context_length
-        if p + req.sampling.max_new_tokens > ctx:
+        ctx, sp = self.config.context_length, req.sampling
+        # SGLang's checks and wording: the prompt alone, then prompt + an explicit max_new_tokens.
+        if p >= ctx:
+            raise EngineRequestError(
+                f"The input ({p} tokens) is longer than the model's context length ({ctx} tokens).", status_code=400)
+        if sp.max_new_tokens_explicit and p + sp.max_new_tokens >= ctx:
             raise EngineRequestError(
                 f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
-                f"You requested a total of {p + req.sampling.max_new_tokens} tokens: {p} tokens from the input "
-                f"messages and {req.sampling.max_new_tokens} tokens for the completion.", status_code=400)
+                f"You requested a total of {p + sp.max_new_tokens} tokens: {p} tokens from the input "
+                f"messages and {sp.max_new_tokens} tokens for the completion. Please reduce the number of "
+                "tokens in the input messages or the completion to fit within the limit.", status_code=400)
+        if not sp.max_new_tokens_explicit and p + sp.max_new_tokens >= ctx:
+            req = dataclasses.replace(req, sampling=dataclasses.replace(sp, max_new_tokens=ctx - p - 1))
         if req.return_routed_experts and req.routed_experts_start_len > p - 1:
             raise EngineRequestError(
                 f"routed_experts_start_len {req.routed_experts_start_len} must be < the prompt length {p}",

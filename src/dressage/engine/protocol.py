@@ -63,6 +63,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     sampling_seed: int | None = None
+    max_new_tokens_explicit: bool = True
+    """False when the request left max_new_tokens out (then the context window clamps it)."""
 
     @classmethod
     def parse(cls, raw: Any, default_max_new_tokens: int) -> "SamplingParams":
@@ -105,6 +107,7 @@ class SamplingParams:
             skip_special_tokens=_bool(get("skip_special_tokens", True), "sampling_params.skip_special_tokens"),
             no_stop_trim=_bool(get("no_stop_trim", False), "sampling_params.no_stop_trim"),
             sampling_seed=None if seed is None else _int(seed, "sampling_params.sampling_seed"),
+            max_new_tokens_explicit=mnt is not None,
         )
 
     def digest_key(self) -> tuple:
