@@ -87,10 +87,11 @@ class DressageEmbeddedSystem(BenchSystem):
 class _DressageWriter:
     """Node 0: a client joined from the deployment's spec; ``put``s each payload of a round."""
 
-    def __init__(self, spec: dict[str, Any], seed: int) -> None:
+    def __init__(self, spec: dict[str, Any], seed: int, node_id: str | None) -> None:
         from dressage.tq import TransferQueueClient
 
-        self._client = TransferQueueClient.connect(spec)
+        # node_id is where writes should land (the client prefers StorageUnits on that node).
+        self._client = TransferQueueClient.connect(spec, node_id=node_id)
         self._seed = seed
         self._items: list[Any] = []
 
@@ -142,8 +143,13 @@ class _DressageReader:
 
 
 class DressageAcrossSystem(BenchSystem):
-    """Writer, StorageUnit and reader in three processes: the writer an actor on simulated node 0, the
-    reader an actor on node 1, the StorageUnit a process of the ``local`` deployment; data over ZMQ."""
+    """Writer, StorageUnit and reader in separate processes on two simulated nodes, data over ZMQ.
+
+    The ``ray`` deployment (Controller and one StorageUnit actor per node). The writer is an actor on
+    node 0 whose client prefers the unit on node 1, and the reader an actor on node 1, so the put
+    crosses nodes and the get is served by the unit beside the reader, as the issue's trainer picture
+    has it (a Proxy writing to its own node's unit would move the crossing to the get instead).
+    """
 
     across_processes = True
 
@@ -157,6 +163,9 @@ class DressageAcrossSystem(BenchSystem):
         self._writer: Any = None
         self._reader: Any = None
         self._round = 0
+        self._units: dict[str, Any] = {}
+        self._target_node: str | None = None
+        self._written_to: set[str] = set()
 
     def start(self) -> None:
         dtq = _import_tq()
@@ -164,14 +173,19 @@ class DressageAcrossSystem(BenchSystem):
             raise SystemUnavailable("dressage.tq offers no shared-memory path between processes yet")
         if not hasattr(dtq.TransferQueue, "client_spec"):
             raise SystemUnavailable("dressage.tq has no cross-process client (client_spec) yet")
-        config = dtq.TransferQueueConfig(deployment="local", num_storage_units=1,
-                                         unit_memory_budget=self._budget, on_full="error", retention_s=None)
+        self._cluster.ensure_started()
+        config = dtq.TransferQueueConfig(deployment="ray", unit_memory_budget=self._budget, on_full="error",
+                                         retention_s=None)
         try:
             self._tq = dtq.TransferQueue.start(config)
             spec = self._tq.client_spec()
         except ImportError as exc:
-            raise SystemUnavailable(f"dressage.tq local deployment is not available: {exc}") from exc
-        self._writer = self._cluster.actor(_DressageWriter, 0, spec, self._seed)
+            raise SystemUnavailable(f"dressage.tq ray deployment is not available: {exc}") from exc
+        self._units = {u["unit_id"]: u.get("node_id") for u in spec["units"]}
+        self._target_node = self._cluster.node_id(1)
+        if self._target_node not in self._units.values():
+            raise SystemUnavailable(f"no StorageUnit on the reader's node: units {self._units}")
+        self._writer = self._cluster.actor(_DressageWriter, 0, spec, self._seed, self._target_node)
         self._reader = self._cluster.actor(_DressageReader, 1, spec)
         # Constructors run lazily in the actor: surface a failed connect here, not in round one.
         self._cluster.call(self._writer.ready.remote())
@@ -184,6 +198,7 @@ class DressageAcrossSystem(BenchSystem):
         self._round += 1
         batch = f"bench-{workload.name}-{self._round}"
         put_s, refs = self._cluster.call(self._writer.put.remote(workload.field, batch))
+        self._written_to.update(w[2] for w in refs)  # wire form: [tag, key, unit_id, ...]
         get_s = self._cluster.call(self._reader.get.remote(refs))
         self._cluster.call(self._writer.clear.remote(batch))
         return RoundTiming(put_s, get_s)
@@ -211,5 +226,10 @@ class DressageAcrossSystem(BenchSystem):
             self._tq = None
 
     def describe(self) -> dict[str, object]:
-        return {"path": "client.put in an actor on node 0 -> StorageUnit process (local deployment, ZMQ tcp) "
-                        "-> client.get_many in an actor on node 1"}
+        nodes = {uid: ("node1" if n == self._target_node else "node0") for uid, n in self._units.items()}
+        return {
+            "path": "client.put in an actor on node 0 -> StorageUnit actor on node 1 (ray deployment, ZMQ tcp) "
+                    "-> client.get_many in an actor on node 1",
+            "units": nodes,
+            "written_to": sorted(self._written_to),
+        }

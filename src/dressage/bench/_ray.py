@@ -105,6 +105,15 @@ class BenchCluster:
     def node_resource(self, node: int) -> str:
         return f"{NODE_RESOURCE}{node}"
 
+    def node_id(self, node: int) -> str:
+        """Ray's id of simulated node ``node``."""
+        ray = _ray()
+        self.ensure_started()
+        for info in ray.nodes():
+            if info.get("Alive") and info.get("Resources", {}).get(self.node_resource(node), 0) > 0:
+                return str(info["NodeID"])
+        raise SystemUnavailable(f"simulated node {node} is not alive")
+
     def close(self) -> None:
         if self._cluster is None:
             return
