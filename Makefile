@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: 2 rollouts of agents -> Proxy -> engine, R3 stored as uint8, large fields through TQ.
+RUN_ARGS ?= --use-rollout-routing-replay --enable-transfer-queue --routed-experts-dtype uint8 --json out/run.json
 run: $(STAMP)
-	$(VENV)/bin/dressage run $(ARGS)
+	@mkdir -p out
+	$(VENV)/bin/dressage run $(RUN_ARGS) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

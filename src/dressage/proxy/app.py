@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from typing import Any
@@ -111,7 +112,7 @@ def build_app(service: Any) -> FastAPI:
 
     @app.post("/sessions/{session_id}/finalize")
     async def finalize(session_id: str, body: FinalizeRequest | None = None) -> dict[str, Any]:
-        done = service.finalize(session_id, body.reward if body else None)
+        done = await asyncio.to_thread(service.finalize, session_id, body.reward if body else None)
         return {"session_id": session_id, "segments": len(done.segments), "reward": done.reward}
 
     @app.post("/sessions/{session_id}/abort")

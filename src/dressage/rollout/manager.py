@@ -88,12 +88,7 @@ class RolloutManager:
         with self._lock:
             n = len(self._ready) if max_samples is None else min(max_samples, len(self._ready))
             samples, self._ready = self._ready[:n], self._ready[n:]
-        samples.sort(key=_canonical_order)
+        samples.sort(key=lambda smp: smp.order_key)
         shards = shard_samples(samples, self.dp_size, keep_groups=self.keep_groups)
         return RolloutBatch(rollout_id, samples, shards)
 
-
-def _canonical_order(s: Sample) -> tuple:
-    # Order independent of which session finished first, so runs with the same seed agree.
-    return (s.group_index if s.group_index is not None else -1, s.metadata.get("sample_index", -1),
-            s.segment_index, s.index or 0)

@@ -81,6 +81,12 @@ class Sample:
         return [str(int(trained[i])) for i in sorted(first)]
 
     @property
+    def order_key(self) -> tuple[int, int, str, int]:
+        """A batch order independent of which session finished first (group, sample, session, segment)."""
+        g = -1 if self.group_index is None else int(self.group_index)
+        return (g, int(self.metadata.get("sample_index", -1)), self.session_id if g < 0 else "", self.segment_index)
+
+    @property
     def is_restored(self) -> bool:
         return not self.remote
 

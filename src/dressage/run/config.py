@@ -1,0 +1,68 @@
+"""RunConfig: everything ``dressage run`` needs, validated once at the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dressage.errors import ConfigError
+from dressage.proxy.config import DataPlaneConfig
+
+__all__ = ["RunConfig"]
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """One ``dressage run``: rollout shape, the data plane and where things run."""
+
+    data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
+    """The seed's flags (R3, TQ, transfer params, dtype)."""
+    transfer_queue: Any = None
+    """TransferQueueConfig when TQ is on (``None``: embedded defaults)."""
+    num_rollouts: int = 2
+    """Rollout -> train iterations."""
+    rollout_batch_size: int = 4
+    """Prompts per rollout."""
+    n_samples_per_prompt: int = 2
+    """Sessions per prompt (a GRPO group)."""
+    context_length: int = 4096
+    """Context window of the agents: they compress their history before exceeding it."""
+    dp_size: int = 2
+    """Data-parallel ranks the batch is sharded over."""
+    max_turns: int = 4
+    """Model calls per agent session."""
+    max_tokens: int = 128
+    """max_tokens per call."""
+    mean_response_tokens: int = 64
+    """Mean reply length of the built-in engine."""
+    tool_call_rate: float = 0.4
+    """Share of engine replies that are tool calls when tools are offered."""
+    retry_rate: float = 0.1
+    """Share of turns an agent retries (a branch in the trajectory)."""
+    concurrency: int = 64
+    """Agent sessions in flight at once."""
+    seed: int = 0
+    engine_url: str | None = None
+    """An external SGLang URL; ``None`` starts the built-in engine."""
+    ray: bool = False
+    """Run RolloutManager and trainer readers as Ray actors (TQ per its config)."""
+    ray_address: str | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("num_rollouts", "rollout_batch_size", "n_samples_per_prompt", "context_length", "dp_size",
+                    "max_turns", "max_tokens", "mean_response_tokens", "concurrency"):
+            _positive(key, getattr(self, key))
+        for key in ("tool_call_rate", "retry_rate"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                raise ConfigError(f"{key} must be in [0, 1], got {v!r}")
+        if self.max_tokens >= self.context_length:
+            raise ConfigError(f"max_tokens ({self.max_tokens}) must be below context_length ({self.context_length})")
+        if self.ray_address is not None:
+            self.ray = True

@@ -1,0 +1,248 @@
+"""The rollout -> train loop of ``dressage run``.
+
+Each iteration: agents (official openai client) drive sessions through the Proxy's HTTP server ->
+finalize -> RolloutManager -> DP shards -> training readers restore the large fields -> the
+consumer checks every Sample -> the batch's TQ keys are cleared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dressage.agents import AgentConfig, make_prompts, run_rollout
+from dressage.engine.config import EngineConfig
+from dressage.engine.server import EngineServer
+from dressage.errors import ConfigError, DressageError
+from dressage.proxy.core import ProxyCore
+from dressage.proxy.server import ProxyServer, ProxyServerConfig, ProxyService
+from dressage.proxy.sglang_client import SGLangClient
+from dressage.rollout import RolloutManager
+from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
+from dressage.run.config import RunConfig
+from dressage.run.memory import PssSampler, proxy_held_bytes
+from dressage.tokenizer import load_tokenizer
+from dressage.train import TrainingReader, check_sample, release_batch, sample_digest
+from dressage.train.digest import combine_digests
+
+__all__ = ["RunReport", "run_pipeline"]
+
+
+@dataclass(slots=True)
+class RunReport:
+    config: dict[str, Any]
+    sessions: int = 0
+    segments: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    steps: int = 0
+    agent: dict[str, int] = field(default_factory=dict)
+    large_field_bytes: dict[str, int] = field(default_factory=dict)
+    """Bytes of logprobs / routed experts restored for training (int32 R3, float32 logprobs)."""
+    stored_large_field_bytes: int = 0
+    """Bytes the large fields took where they were kept (Proxy, or StorageUnits with TQ)."""
+    rollout_manager_path_bytes: int = 0
+    """Bytes of Samples that passed through the RolloutManager (resident arrays only)."""
+    tq_bytes_written: int = 0
+    tq_bytes_read: int = 0
+    tq_keys_left: int = 0
+    peak_memory_bytes: dict[str, int] = field(default_factory=dict)
+    samples_digest: str = ""
+    rollouts: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def _peak(report: RunReport, name: str, value: int) -> None:
+    report.peak_memory_bytes[name] = max(report.peak_memory_bytes.get(name, 0), int(value))
+
+
+def _agent_config(cfg: RunConfig) -> AgentConfig:
+    return AgentConfig(max_turns=cfg.max_turns, tools=cfg.tool_call_rate > 0, retry_rate=cfg.retry_rate,
+                       context_limit=cfg.context_length, max_tokens=cfg.max_tokens, seed=cfg.seed)
+
+
+def run_pipeline(cfg: RunConfig) -> RunReport:
+    """Run ``cfg.num_rollouts`` iterations on the embedded default (or Ray, with ``cfg.ray``)."""
+    dp = cfg.data_plane
+    report = RunReport(config={**dp.to_dict(), "num_rollouts": cfg.num_rollouts,
+                               "rollout_batch_size": cfg.rollout_batch_size,
+                               "n_samples_per_prompt": cfg.n_samples_per_prompt, "context_length": cfg.context_length,
+                               "dp_size": cfg.dp_size, "seed": cfg.seed, "ray": cfg.ray})
+    t0 = time.perf_counter()
+    tok = load_tokenizer("byte")
+    with contextlib.ExitStack() as stack:
+        sampler = stack.enter_context(PssSampler(interval_s=0.2))
+        engine_url = cfg.engine_url
+        if engine_url is None:
+            engine = EngineServer(EngineConfig(model=dp.model, port=0, seed=cfg.seed,
+                                               mean_response_tokens=cfg.mean_response_tokens,
+                                               tool_call_rate=cfg.tool_call_rate, context_length=cfg.context_length))
+            engine_url = engine.start_background()
+            stack.callback(engine.stop)
+        tq = None
+        if dp.enable_transfer_queue:
+            from dressage.tq import TransferQueue
+
+            tq = TransferQueue.start(cfg.transfer_queue)
+            stack.callback(tq.shutdown)
+        client = tq.client() if tq is not None else None
+        backend = _RayBackend(cfg, tq, client) if cfg.ray else _LocalBackend(cfg, client)
+        stack.callback(backend.close)
+        rollout_tag = {"id": 0}
+        core = ProxyCore(dp, client, sink=backend.sink, decode=tok.decode, special_ids=tok.special_token_ids,
+                         batch_tag=lambda: f"rollout-{rollout_tag['id']}")
+        service = ProxyService(ProxyServerConfig(engine_url=engine_url), core, tok, SGLangClient(engine_url))
+        server = ProxyServer(service)
+        proxy_url = server.start_background()
+        stack.callback(server.stop)
+        agent_cfg = _agent_config(cfg)
+        digests: list[str] = []
+        bar = _progress(cfg)
+        for i in range(cfg.num_rollouts):
+            rollout_tag["id"] = i
+            service.weight_version = i
+            prompts = make_prompts(cfg.rollout_batch_size, seed=cfg.seed * 1000 + i)
+            rr = asyncio.run(run_rollout(proxy_url, prompts, cfg.n_samples_per_prompt, agent_cfg,
+                                         concurrency=cfg.concurrency))
+            for k, v in _agent_counts(rr).items():
+                report.agent[k] = report.agent.get(k, 0) + v
+            _peak(report, "proxy_large_fields", proxy_held_bytes(core))
+            _peak(report, "rollout_manager", backend.held_nbytes())
+            if tq is not None:
+                _peak(report, "tq_storage_units", sum(u.get("bytes", 0) for u in tq.stats().values()))
+            report.stored_large_field_bytes += sum(
+                st.large_field_nbytes().get(n, 0) for s in core.sessions.values() for st in s.steps.values()
+                for n in ("logprobs", "routed_experts"))
+            report.steps += sum(len(s.steps) for s in core.sessions.values())
+            out = backend.train(i)
+            digests.append(out["digest"])
+            for name in ("segments", "tokens", "trained_tokens", "rollout_manager_path_bytes"):
+                setattr(report, name, getattr(report, name) + out[name])
+            for name, n in out["large_field_bytes"].items():
+                report.large_field_bytes[name] = report.large_field_bytes.get(name, 0) + n
+            finished = [sid for sid, s in core.sessions.items() if s.state != "active"]
+            report.sessions += len(finished)
+            service.forget(finished)
+            keys_left = tq.total_keys() if tq is not None else 0
+            report.rollouts.append({"rollout": i, "sessions": len(finished), "segments": out["segments"],
+                                    "digest": out["digest"], "tq_keys_left": keys_left,
+                                    "agent_errors": _agent_counts(rr).get("errors", 0)})
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(segments=report.segments, keys_left=keys_left)
+        if bar is not None:
+            bar.close()
+        if client is not None:
+            report.tq_bytes_written = client.counters.bytes_written
+            report.tq_bytes_read = client.counters.bytes_read + backend.remote_bytes_read
+            report.tq_keys_left = tq.total_keys()
+        report.samples_digest = combine_digests((i, bytes.fromhex(d)) for i, d in enumerate(digests))
+        _peak(report, "process_pss", sampler.peak)
+    report.wall_s = time.perf_counter() - t0
+    return report
+
+
+def _agent_counts(rr: Any) -> dict[str, int]:
+    names = ("sessions", "turns", "tool_calls", "retries", "compressions", "errors")
+    return {n: int(getattr(rr, n, 0) or 0) for n in names if isinstance(getattr(rr, n, 0), (int, float))}
+
+
+def _progress(cfg: RunConfig):
+    if not cfg.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.num_rollouts, desc="dressage run", unit="rollout")
+
+
+def _summarise_shard(samples, model) -> dict[str, Any]:
+    """Check a restored shard and hash it (runs on the trainer side)."""
+    out = {"segments": 0, "tokens": 0, "trained_tokens": 0, "large_field_bytes": {}, "digests": []}
+    for s in samples:
+        check_sample(s, num_layers=model.num_layers if s.rollout_routed_experts is not None else None,
+                     topk=model.topk, num_experts=model.num_experts)
+        out["segments"] += 1
+        out["tokens"] += s.total_length
+        out["trained_tokens"] += int(s.loss_mask.sum())
+        for name, arr in (("logprobs", s.rollout_log_probs), ("routed_experts", s.rollout_routed_experts)):
+            if arr is not None:
+                out["large_field_bytes"][name] = out["large_field_bytes"].get(name, 0) + int(arr.nbytes)
+        out["digests"].append((s.order_key, sample_digest(s)))
+    return out
+
+
+def _merge(parts: list[dict[str, Any]], rm_bytes: int) -> dict[str, Any]:
+    merged = {"segments": 0, "tokens": 0, "trained_tokens": 0, "large_field_bytes": {},
+              "rollout_manager_path_bytes": rm_bytes}
+    keyed = []
+    for p in parts:
+        for k in ("segments", "tokens", "trained_tokens"):
+            merged[k] += p[k]
+        for name, n in p["large_field_bytes"].items():
+            merged["large_field_bytes"][name] = merged["large_field_bytes"].get(name, 0) + n
+        keyed += p["digests"]
+    merged["digest"] = combine_digests(keyed)
+    return merged
+
+
+class _LocalBackend:
+    """RolloutManager and DP readers in this process."""
+
+    remote_bytes_read = 0
+
+    def __init__(self, cfg: RunConfig, client: Any) -> None:
+        self.cfg, self.client = cfg, client
+        self.rm = RolloutManager(dp_size=cfg.dp_size)
+        self.sink = self.rm.add_finalized
+
+    def held_nbytes(self) -> int:
+        return self.rm.held_nbytes()
+
+    def train(self, rollout_id: int) -> dict[str, Any]:
+        batch = self.rm.take_batch(rollout_id)
+        if not batch.samples:
+            raise DressageError(f"rollout {rollout_id} produced no Samples (every agent session failed?)")
+        keys = sample_ref_keys(batch.samples)
+        rm_bytes = sum(sample_resident_nbytes(s) for s in batch.samples)
+        parts = []
+        for shard in batch.shards:
+            TrainingReader(self.client).restore(shard)
+            parts.append(_summarise_shard(shard, self.cfg.data_plane.model))
+        if self.client is not None:
+            release_batch(self.client, sorted(keys))
+        return _merge(parts, rm_bytes)
+
+    def close(self) -> None:
+        pass
+
+
+class _RayBackend:
+    """RolloutManager and one trainer reader per DP rank as Ray actors; Samples travel via ``ray.put``."""
+
+    def __init__(self, cfg: RunConfig, tq: Any, client: Any) -> None:
+        from dressage.run.ray_actors import start_ray_backend
+
+        if tq is not None and tq.deployment == "embedded":
+            raise ConfigError("--ray with TransferQueue needs a 'local' or 'ray' deployment in "
+                              "--transfer-queue-config (trainer actors must reach the StorageUnits)")
+        self.cfg = cfg
+        self.impl = start_ray_backend(cfg, tq.client_spec() if tq is not None else None, client)
+        self.sink = self.impl.sink
+        self.remote_bytes_read = 0
+
+    def held_nbytes(self) -> int:
+        return self.impl.held_nbytes()
+
+    def train(self, rollout_id: int) -> dict[str, Any]:
+        parts, rm_bytes, bytes_read = self.impl.train(rollout_id)
+        self.remote_bytes_read += bytes_read
+        return _merge(parts, rm_bytes)
+
+    def close(self) -> None:
+        self.impl.close()

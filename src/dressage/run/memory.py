@@ -1,0 +1,59 @@
+"""Memory figures for ``dressage run``: this process's PSS on a timer, and bytes each component holds."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import psutil
+
+__all__ = ["PssSampler", "proxy_held_bytes", "process_pss"]
+
+
+def process_pss(pid: int | None = None) -> int:
+    """Proportional set size of a process (falls back to RSS where smaps is unavailable)."""
+    p = psutil.Process(pid)
+    try:
+        return int(p.memory_full_info().pss)
+    except (AttributeError, psutil.AccessDenied):
+        return int(p.memory_info().rss)
+
+
+class PssSampler:
+    """Samples one process's PSS every ``interval_s`` on a daemon thread; ``peak`` is the maximum seen."""
+
+    def __init__(self, pid: int | None = None, interval_s: float = 0.2) -> None:
+        self.pid, self.interval_s = pid, interval_s
+        self.peak = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dressage-pss", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, process_pss(self.pid))
+                self.samples += 1
+            except psutil.Error:
+                return
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "PssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(2.0)
+
+
+def proxy_held_bytes(core: Any) -> int:
+    """Bytes of large-field arrays the Proxy's StepRecords hold themselves (refs count zero)."""
+    total = 0
+    for s in list(core.sessions.values()):
+        for st in list(s.steps.values()):
+            for v in (st.logprobs, st.routed_experts):
+                if isinstance(v, np.ndarray):
+                    total += v.nbytes
+    return total

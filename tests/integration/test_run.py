@@ -1,0 +1,65 @@
+"""``dressage run`` end to end: TQ on and off give the same restored Samples; nothing is left behind."""
+
+import json
+
+import pytest
+
+from dressage.cli import main
+from dressage.fields import get_model
+from dressage.proxy.config import DataPlaneConfig
+from dressage.run import RunConfig, run_pipeline
+
+
+def _cfg(tq: bool, dtype: str, params=None, **kw):
+    dp = DataPlaneConfig(model=get_model("qwen3.6-35b-a3b"), use_rollout_routing_replay=True,
+                         enable_transfer_queue=tq, transfer_params=params, routed_experts_dtype=dtype)
+    base = dict(num_rollouts=2, rollout_batch_size=3, n_samples_per_prompt=2, max_turns=3, max_tokens=48,
+                mean_response_tokens=24, retry_rate=0.3, tool_call_rate=0.5, seed=7, progress=False)
+    base.update(kw)
+    return RunConfig(data_plane=dp, **base)
+
+
+def test_run_digest_is_identical_with_tq_on_and_off_and_every_dtype():
+    off = run_pipeline(_cfg(False, "int32"))
+    assert off.sessions == 12 and off.segments >= 12 and off.agent["errors"] == 0
+    assert off.rollout_manager_path_bytes > off.large_field_bytes["routed_experts"] // 2
+    for dtype, params in (("uint8", None), ("uint16", ("routed_experts",)), ("int32", ("logprobs",))):
+        on = run_pipeline(_cfg(True, dtype, params))
+        assert on.samples_digest == off.samples_digest, (dtype, params)
+        assert on.tq_keys_left == 0
+        assert on.segments == off.segments and on.tokens == off.tokens
+        if params is None:
+            # Only token fields and refs crossed the RolloutManager path.
+            assert on.rollout_manager_path_bytes < off.rollout_manager_path_bytes / 20
+            assert on.peak_memory_bytes["proxy_large_fields"] == 0
+
+
+def test_run_command_writes_the_json_interface(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    rc = main(["run", "--num-rollouts", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+               "--max-turns", "2", "--max-tokens", "32", "--use-rollout-routing-replay", "--enable-transfer-queue",
+               "--routed-experts-dtype", "uint8", "--no-progress", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    for key in ("sessions", "segments", "tokens", "samples_digest", "peak_memory_bytes", "large_field_bytes"):
+        assert key in data
+    assert data["sessions"] == 4 and data["tq_keys_left"] == 0
+    assert len(data["samples_digest"]) == 64
+    assert "samples digest" in capsys.readouterr().out
+
+
+def test_routed_experts_offload_without_r3_fails_at_startup(capsys):
+    rc = main(["run", "--enable-transfer-queue", "--transfer-params", "routed_experts", "--no-progress"])
+    assert rc == 2
+    assert "--use-rollout-routing-replay" in capsys.readouterr().err
+
+
+@pytest.mark.ray
+def test_run_on_ray_matches_embedded(tmp_path):
+    from dressage.tq import load_config
+
+    embedded = run_pipeline(_cfg(True, "uint8", num_rollouts=1))
+    on_ray = run_pipeline(_cfg(True, "uint8", num_rollouts=1, ray=True,
+                               transfer_queue=load_config({"deployment": "ray"})))
+    assert on_ray.samples_digest == embedded.samples_digest
+    assert on_ray.tq_keys_left == 0
