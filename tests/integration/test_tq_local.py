@@ -104,6 +104,14 @@ def test_dead_unit_is_a_bounded_typed_error_naming_unit_and_keys():
         else:
             pytest.fail("no put was placed on the dead unit")
         assert tq.controller.total_keys() == before + written
+        # The directory stops placing keys on the unit that did not answer.
+        later = [client.put("logprobs", np.zeros(16, dtype=np.float32)) for _ in range(3)]
+        assert all(r.unit_id != victim for r in later)
+        assert tq.controller.stats()[victim]["placement_paused"] is True
+        stats = tq.stats()
+        assert stats[victim]["available"] is False and victim in stats[victim]["error"]
+        with pytest.raises(StorageUnitUnavailable):
+            tq.total_keys()
         with pytest.raises(KeyNotFoundError):
             client.get(FieldRef(key="gone", unit_id=alive[0].unit_id, field="logprobs", dtype="float32",
                                 shape=(16,)))

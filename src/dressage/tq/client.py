@@ -9,6 +9,7 @@ clear.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 import uuid
@@ -23,10 +24,12 @@ from dressage.errors import (
     IntegrityError,
     KeyNotFoundError,
     StorageFullError,
+    StorageUnitUnavailable,
     TransferQueueError,
 )
 from dressage.tq.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit, prepare_array
+from dressage.tq.wire import dtype_name
 
 __all__ = ["TransferQueueClient", "ClientCounters"]
 
@@ -71,6 +74,9 @@ class TransferQueueClient:
         self._counters = ClientCounters()
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
+        # Keys: a random per-client prefix plus a counter; unique across clients and cheap per put.
+        self._key_prefix = uuid.uuid4().hex[:16]
+        self._key_seq = itertools.count()
 
     @classmethod
     def connect(cls, spec: Mapping[str, Any], *, node_id: str | None = None) -> "TransferQueueClient":
@@ -92,7 +98,7 @@ class TransferQueueClient:
         if batch is not None and not isinstance(batch, str):
             raise TransferQueueError(f"batch must be a string or None, got {batch!r}")
         data = prepare_array(array, copy=False)
-        key = uuid.uuid4().hex if key is None else key
+        key = self._new_key() if key is None else key
         if not isinstance(key, str) or not key:
             raise TransferQueueError(f"key must be a non-empty string, got {key!r}")
         deadline = time.monotonic() + self._full_wait_s
@@ -108,6 +114,9 @@ class TransferQueueClient:
                 time.sleep(sleep)  # space appears when a trainer clears a batch
                 sleep = min(sleep * 2, _FULL_BACKOFF_S[1])
                 continue
+            except StorageUnitUnavailable:
+                self._abort_quietly(key, unit_down=True)  # later puts go to other units
+                raise
             except BaseException:
                 self._abort_quietly(key)
                 raise
@@ -120,12 +129,15 @@ class TransferQueueClient:
         with self._lock:
             self._counters.puts += 1
             self._counters.bytes_written += data.nbytes
-        return FieldRef(key=key, unit_id=unit_id, field=field, dtype=data.dtype.name,
+        return FieldRef(key=key, unit_id=unit_id, field=field, dtype=dtype_name(data.dtype),
                         shape=tuple(data.shape), batch=batch)
 
-    def _abort_quietly(self, key: str) -> None:
+    def _new_key(self) -> str:
+        return f"{self._key_prefix}-{next(self._key_seq):x}"
+
+    def _abort_quietly(self, key: str, *, unit_down: bool = False) -> None:
         try:
-            self._controller.abort(key)
+            self._controller.abort(key, unit_down=unit_down)
         except Exception:  # the original error is the one worth raising; retention cleans up
             pass
 
@@ -145,39 +157,44 @@ class TransferQueueClient:
         only each ref's rows cross the wire. ``consume=True`` marks the keys consumed."""
         self._check_open()
         refs = list(refs)
-        slots: list[int] = []
         per_unit: dict[str, list[tuple[str, int, int]]] = {}
-        where: dict[tuple[str, str, int, int], tuple[str, int]] = {}
+        seen: dict[tuple[str, str, int, int], tuple[str, int]] = {}
+        slots: list[tuple[str, int]] = []
         for ref in refs:
             if not isinstance(ref, FieldRef):
                 raise TransferQueueError(f"get_many takes FieldRefs, got {type(ref).__name__}")
-            ident = (ref.unit_id, ref.key, ref.row_start, int(ref.row_stop))  # type: ignore[arg-type]
-            if ident not in where:
-                reqs = per_unit.setdefault(ref.unit_id, [])
-                where[ident] = (ref.unit_id, len(reqs))
-                reqs.append((ref.key, ref.row_start, int(ref.row_stop)))  # type: ignore[arg-type]
-        for unit_id in per_unit:
-            self._unit(unit_id)  # unknown units fail before any read
+            ident = (ref.unit_id, ref.key, ref.row_start, ref.row_stop)
+            slot = seen.get(ident)  # type: ignore[arg-type]
+            if slot is None:
+                reqs = per_unit.get(ref.unit_id)
+                if reqs is None:
+                    self._unit(ref.unit_id)  # unknown units fail before any read
+                    reqs = per_unit[ref.unit_id] = []
+                slot = seen[ident] = (ref.unit_id, len(reqs))  # type: ignore[index]
+                reqs.append((ref.key, ref.row_start, ref.row_stop))  # type: ignore[arg-type]
+            slots.append(slot)
         results = self._read_units(per_unit)
         out = []
-        for ref in refs:
-            unit_id, idx = where[(ref.unit_id, ref.key, ref.row_start, int(ref.row_stop))]  # type: ignore[arg-type]
+        for ref, (unit_id, idx) in zip(refs, slots):
             arr = results[unit_id][idx]
-            expect = (ref.num_rows, *ref.row_shape)
-            if arr.dtype.name != ref.dtype or tuple(arr.shape) != expect:
+            if dtype_name(arr.dtype) != ref.dtype or arr.shape[1:] != ref.shape[1:] or len(arr) != ref.num_rows:
                 raise IntegrityError(
-                    f"key {ref.key!r} in unit {unit_id}: got {arr.dtype.name}{list(arr.shape)}, "
-                    f"the ref says {ref.dtype}{list(expect)}"
+                    f"key {ref.key!r} in unit {unit_id}: got {arr.dtype}{list(arr.shape)}, "
+                    f"the ref says {ref.dtype}{[ref.num_rows, *ref.shape[1:]]}"
                 )
             out.append(np.array(arr, copy=True) if copy else arr)
+        rows = nbytes = 0
+        for arrays in results.values():
+            for a in arrays:
+                rows += a.shape[0]
+                nbytes += a.nbytes
         with self._lock:
             c = self._counters
             c.get_calls += 1
             c.refs_requested += len(refs)
             c.get_requests += len(per_unit)
-            for arrays in results.values():
-                c.rows_read += sum(int(a.shape[0]) for a in arrays)
-                c.bytes_read += sum(int(a.nbytes) for a in arrays)
+            c.rows_read += rows
+            c.bytes_read += nbytes
         if consume and refs:
             self._controller.mark_consumed({r.key for r in refs})
         return out

@@ -23,6 +23,7 @@ __all__ = ["Controller", "KeyState", "UnitInfo", "Janitor"]
 
 log = logging.getLogger(__name__)
 _TOMBSTONES = 100_000  # how many cleared keys the directory remembers, for ``state()``
+UNIT_DOWN_S = 10.0    # a unit a writer found unavailable gets no new keys for this long
 
 
 class KeyState(str, enum.Enum):
@@ -77,6 +78,7 @@ class Controller:
         self._retention_s = retention_s
         self._clock = clock
         self._cleared_total = 0
+        self._down_until: dict[str, float] = {}
         for u in units:
             self.add_unit(u)
 
@@ -112,7 +114,9 @@ class Controller:
         def free(uid: str) -> int:
             return self._units[uid].memory_budget - self._used[uid]
 
-        everyone = list(self._units)
+        now = self._clock()
+        up = [u for u in self._units if self._down_until.get(u, 0.0) <= now]
+        everyone = up or list(self._units)  # if every unit is down, let the writer find out again
         local = [u for u in everyone if node_id is not None and self._units[u].node_id == node_id]
         for pool in (local, everyone):
             fitting = [u for u in pool if free(u) >= nbytes]
@@ -131,9 +135,13 @@ class Controller:
             entry.state = KeyState.WRITTEN
             entry.touched_at = self._clock()
 
-    def abort(self, key: str) -> None:
-        """Forget a key whose write failed; the unit copy (if any) is queued for deletion."""
+    def abort(self, key: str, *, unit_down: bool = False) -> None:
+        """Forget a key whose write failed; the unit copy (if any) is queued for deletion.
+        ``unit_down`` says the unit did not answer: it gets no new keys for ``UNIT_DOWN_S``."""
         with self._lock:
+            entry = self._entries.get(key)
+            if unit_down and entry is not None:
+                self._down_until[entry.unit_id] = self._clock() + UNIT_DOWN_S
             self._remove(key)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -244,6 +252,7 @@ class Controller:
                     pending[e.unit_id] = pending.get(e.unit_id, 0) + 1
             return {
                 uid: {"node_id": u.node_id, "directory_keys": self._count[uid],
+                      "placement_paused": self._down_until.get(uid, 0.0) > self._clock(),
                       "directory_bytes": self._used[uid], "pending": pending.get(uid, 0),
                       "queued_deletes": len(self._to_delete.get(uid, ()))}
                 for uid, u in self._units.items()

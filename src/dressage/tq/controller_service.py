@@ -71,7 +71,7 @@ class ControllerServer:
             ctl.commit(str(c.get("key")))
             return {}, ()
         if op == "abort":
-            ctl.abort(str(c.get("key")))
+            ctl.abort(str(c.get("key")), unit_down=bool(c.get("unit_down", False)))
             return {}, ()
         if op == "consumed":
             return {"n": ctl.mark_consumed(_str_list(c.get("keys"), "keys"))}, ()
@@ -124,8 +124,8 @@ class RemoteController:
     def commit(self, key: str) -> None:
         self._rpc.call("commit", {"key": key}, keys=[key])
 
-    def abort(self, key: str) -> None:
-        self._rpc.call("abort", {"key": key}, keys=[key])
+    def abort(self, key: str, *, unit_down: bool = False) -> None:
+        self._rpc.call("abort", {"key": key, "unit_down": unit_down}, keys=[key])
 
     def mark_consumed(self, keys: Iterable[str]) -> int:
         keys = list(keys)

@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Any, Mapping
 
-from dressage.errors import TransferQueueError
+from dressage.errors import StorageUnitUnavailable, TransferQueueError
 from dressage.tq.client import TransferQueueClient
 from dressage.tq.config import TransferQueueConfig, load_config
 from dressage.tq.controller import Controller, Janitor, UnitInfo
@@ -90,14 +90,22 @@ class TransferQueue:
         directory = self._deployment.controller.stats()
         out = {}
         for unit_id, unit in self._deployment.unit_handles().items():
-            row = dict(unit.stats())
+            try:
+                row = {"available": True, **unit.stats()}
+            except StorageUnitUnavailable as exc:  # one dead unit must not hide the others
+                row = {"unit_id": unit_id, "available": False, "error": str(exc)}
             row.update(directory.get(unit_id, {}))
             out[unit_id] = row
         return out
 
     def total_keys(self) -> int:
-        """Keys stored across every unit, counted by the units themselves."""
-        return sum(int(s["keys"]) for s in self.stats().values())
+        """Keys stored across every unit, counted by the units themselves (raises if one is down)."""
+        total = 0
+        for unit_id, row in self.stats().items():
+            if not row["available"]:
+                raise StorageUnitUnavailable(f"cannot count keys of unit {unit_id}: {row['error']}")
+            total += int(row["keys"])
+        return total
 
     def processes(self) -> dict[str, int]:
         """``{component: pid}`` of the processes holding TQ state (for PSS measurement)."""

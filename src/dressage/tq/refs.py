@@ -51,7 +51,7 @@ class FieldRef:
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "row_start", start)
         object.__setattr__(self, "row_stop", stop)
-        object.__setattr__(self, "_itemsize", np.dtype(self.dtype).itemsize)
+        object.__setattr__(self, "_itemsize", _itemsize(self.dtype))
 
     # -- derived -------------------------------------------------------------------------------
     @property
@@ -115,6 +115,22 @@ class FieldRef:
     def __reduce__(self):  # slotted + frozen: pickle through the constructor
         return (_rebuild, (self.key, self.unit_id, self.field, self.dtype, self.shape,
                            self.row_start, self.row_stop, self.batch))
+
+
+_ITEMSIZE: dict[str, int] = {}
+
+
+def _itemsize(dtype: str) -> int:
+    try:
+        return _ITEMSIZE[dtype]
+    except KeyError:
+        pass
+    try:
+        size = np.dtype(dtype).itemsize
+    except TypeError as exc:
+        raise ProtocolError(f"FieldRef dtype {dtype!r} is not a numpy dtype") from exc
+    _ITEMSIZE[dtype] = size
+    return size
 
 
 def _rebuild(key, unit_id, fld, dtype, shape, start, stop, batch) -> FieldRef:

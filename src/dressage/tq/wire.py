@@ -18,8 +18,8 @@ from dressage import errors
 from dressage.errors import ProtocolError, TransferQueueError
 
 __all__ = [
-    "VERSION", "encode", "decode_control", "check_dtype", "array_from_frame", "array_meta",
-    "error_to_wire", "error_from_wire", "PICKLE_MAGIC",
+    "VERSION", "dtype_name", "is_plain_dtype", "encode", "decode_control", "check_dtype", "array_from_frame",
+    "array_meta",    "error_to_wire", "error_from_wire", "PICKLE_MAGIC",
 ]
 
 VERSION = 1
@@ -63,6 +63,22 @@ def decode_control(frame: Any) -> dict[str, Any]:
     return obj
 
 
+_NAMES: dict[np.dtype, str] = {}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, cached: numpy computes it in Python on every access (several microseconds)."""
+    try:
+        return _NAMES[dtype]
+    except KeyError:
+        name = _NAMES[dtype] = dtype.name
+        return name
+
+
+def is_plain_dtype(dtype: np.dtype) -> bool:
+    return dtype.kind in _PLAIN_KINDS and dtype.fields is None and dtype.subdtype is None
+
+
 def check_dtype(name: Any) -> np.dtype:
     """A plain numeric dtype from its name; object, structured and void dtypes are refused."""
     if not isinstance(name, str):
@@ -71,19 +87,19 @@ def check_dtype(name: Any) -> np.dtype:
         dtype = np.dtype(name)
     except TypeError as exc:
         raise ProtocolError(f"unknown dtype {name!r}") from exc
-    if dtype.kind not in _PLAIN_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+    if not is_plain_dtype(dtype):
         raise ProtocolError(f"dtype {name!r} is not a plain numeric dtype")
     return dtype
 
 
 def array_meta(array: np.ndarray) -> list[Any]:
     """``[dtype name, shape]`` of a native-endian array, as the control frame declares it."""
-    return [array.dtype.name, list(array.shape)]
+    return [dtype_name(array.dtype), list(array.shape)]
 
 
-def array_from_frame(frame: Any, dtype_name: Any, shape: Any) -> np.ndarray:
+def array_from_frame(frame: Any, dtype_str: Any, shape: Any) -> np.ndarray:
     """A read-only array viewing ``frame``'s bytes (no copy); size is checked against the declared shape."""
-    dtype = check_dtype(dtype_name)
+    dtype = check_dtype(dtype_str)
     if not isinstance(shape, (list, tuple)) or not shape or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):

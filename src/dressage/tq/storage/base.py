@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dressage.errors import KeyNotFoundError, ProtocolError, RowRangeError, TransferQueueError
-from dressage.tq.wire import check_dtype
+from dressage.tq.wire import dtype_name, is_plain_dtype
 
 __all__ = ["StorageUnit", "BlobInfo", "RowRequest", "prepare_array"]
 
@@ -40,7 +40,8 @@ def prepare_array(array: Any, *, copy: bool) -> np.ndarray:
     """A C-contiguous, native-endian, plain-dtype array with at least one axis (the rows)."""
     if not isinstance(array, np.ndarray):
         array = np.asarray(array)
-    check_dtype(array.dtype.name)
+    if not is_plain_dtype(array.dtype):
+        raise ProtocolError(f"dtype {array.dtype} is not a plain numeric dtype; TransferQueue stores raw bytes only")
     if array.ndim == 0:
         raise RowRangeError("a stored field needs at least one axis (its rows); got a 0-d array")
     if not array.dtype.isnative:
@@ -104,11 +105,13 @@ class StorageUnit(ABC):
         buffer: pass it only when the caller will never write to that buffer again."""
         if not isinstance(key, str) or not key:
             raise ProtocolError(f"a key must be a non-empty string, got {key!r:.80}")
-        prepared = prepare_array(array, copy=copy)
+        prepared = prepare_array(array, copy=False)
+        # A conversion (contiguity, byte order, list input) already made a private array: no second copy.
+        copy = copy and prepared is array
         with self._lock:
             if self._info(key) is not None:
                 raise TransferQueueError(f"key {key!r} is already stored in unit {self.unit_id}; keys are write-once")
-            info = self._write(key, prepared, copy=False)
+            info = self._write(key, prepared, copy=copy)
             self._counts["puts"] += 1
             self._counts["bytes_written"] += info.nbytes
         return info

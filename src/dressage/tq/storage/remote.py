@@ -15,7 +15,7 @@ import numpy as np
 from dressage.errors import ProtocolError
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit, prepare_array
 from dressage.tq.transport import RpcClient
-from dressage.tq.wire import array_from_frame
+from dressage.tq.wire import array_from_frame, dtype_name
 
 __all__ = ["RemoteStorageUnit"]
 
@@ -50,7 +50,7 @@ class RemoteStorageUnit(StorageUnit):
     def put(self, key: str, array: np.ndarray, *, copy: bool = True) -> BlobInfo:
         # docstring inherited
         data = prepare_array(array, copy=False)  # the bytes go straight from this buffer to the socket
-        reply, _ = self._rpc.call("put", {"key": key, "dtype": data.dtype.name, "shape": list(data.shape)},
+        reply, _ = self._rpc.call("put", {"key": key, "dtype": dtype_name(data.dtype), "shape": list(data.shape)},
                                   [data], keys=[key])
         return _info(reply["info"])
 

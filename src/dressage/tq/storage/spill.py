@@ -19,6 +19,7 @@ import numpy as np
 from dressage.errors import IntegrityError, StorageFullError
 from dressage.tq.storage.base import BlobInfo
 from dressage.tq.storage.memory import MemoryStorageUnit
+from dressage.tq.wire import dtype_name
 
 __all__ = ["SpillStorageUnit"]
 
@@ -74,7 +75,7 @@ class SpillStorageUnit(MemoryStorageUnit):
             ) from exc
         self._spilled[key] = _Spilled(path, array.dtype, tuple(array.shape), array.nbytes)
         self._spilled_bytes += array.nbytes
-        return BlobInfo(key, array.dtype.name, tuple(array.shape), array.nbytes, spilled=True)
+        return BlobInfo(key, dtype_name(array.dtype), tuple(array.shape), array.nbytes, spilled=True)
 
     def _read(self, key: str, start: int, stop: int) -> np.ndarray:
         # docstring inherited
@@ -100,7 +101,7 @@ class SpillStorageUnit(MemoryStorageUnit):
         blob = self._spilled.get(key)
         if blob is None:
             return super()._info(key)
-        return BlobInfo(key, blob.dtype.name, blob.shape, blob.nbytes, spilled=True)
+        return BlobInfo(key, dtype_name(blob.dtype), blob.shape, blob.nbytes, spilled=True)
 
     def delete(self, keys: Iterable[str]) -> int:
         # docstring inherited
@@ -133,8 +134,8 @@ class SpillStorageUnit(MemoryStorageUnit):
         # docstring inherited
         with self._lock:
             mem = super().usage()
-            return {"keys": mem["keys"] + len(self._spilled), "bytes": mem["bytes"] + self._spilled_bytes,
-                    "memory_bytes": mem["memory_bytes"], "spilled_bytes": self._spilled_bytes}
+            return {**mem, "keys": mem["keys"] + len(self._spilled), "bytes": mem["bytes"] + self._spilled_bytes,
+                    "spilled_bytes": self._spilled_bytes}
 
     def close(self) -> None:
         # docstring inherited
