@@ -128,9 +128,25 @@ class ClientTests:
         own[:] = 7
         np.testing.assert_array_equal(client.get(ref), np.arange(4))
 
+    def test_put_many_writes_one_step_to_one_unit(self, tq, client):
+        lp = np.arange(7, dtype=np.float32)
+        r3 = np.arange(7 * 4, dtype=np.uint8).reshape(7, 4)
+        before = {u: s["puts"] for u, s in tq.stats().items()}
+        refs = client.put_many([("logprobs", lp), ("routed_experts", r3)], batch="s")
+        assert refs[0].unit_id == refs[1].unit_id and [r.field for r in refs] == ["logprobs", "routed_experts"]
+        after = {u: s["puts"] for u, s in tq.stats().items()}
+        assert after[refs[0].unit_id] - before[refs[0].unit_id] == 2
+        got = client.get_many(refs)
+        np.testing.assert_array_equal(got[0], lp)
+        np.testing.assert_array_equal(got[1], r3)
+        assert client.put_many([]) == []
+
     def test_bad_put_leaves_nothing_behind(self, tq, client):
         with pytest.raises(ProtocolError):
             client.put("logprobs", np.array([object()], dtype=object))
+        assert tq.total_keys() == 0 and tq.controller.total_keys() == 0
+        with pytest.raises(ProtocolError):
+            client.put_many([("logprobs", np.zeros(3, dtype=np.float32)), ("x", np.array([None], dtype=object))])
         assert tq.total_keys() == 0 and tq.controller.total_keys() == 0
 
 
@@ -147,6 +163,9 @@ def test_full_unit_with_spill_disabled_is_storage_full_and_nothing_half_written(
             c.put("logprobs", np.zeros(200, dtype=np.float32))
         assert tq.total_keys() == 1 and tq.controller.total_keys() == 1
         assert tq.stats()["unit0"]["pending"] == 0
+        with pytest.raises(StorageFullError):  # the first item fits, the second does not: neither stays
+            c.put_many([("logprobs", np.zeros(10, dtype=np.float32)), ("logprobs", np.zeros(200, dtype=np.float32))])
+        assert tq.total_keys() == 1 and tq.controller.total_keys() == 1
 
 
 def test_on_full_wait_resumes_once_a_batch_is_cleared_and_times_out_otherwise():

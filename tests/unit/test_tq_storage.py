@@ -142,6 +142,36 @@ class StorageUnitTests:
             unit.close()
 
 
+    def test_put_many_is_all_or_nothing(self):
+        unit = self.make_unit(1 * MiB)
+        try:
+            items = [("a", np.zeros(MiB // 2, dtype=np.uint8)), ("b", np.ones(MiB, dtype=np.uint8))]
+            if unit.supports_spill:
+                infos = unit.put_many(items)
+                assert [i.key for i in infos] == ["a", "b"] and infos[1].spilled
+            else:
+                with pytest.raises(StorageFullError):
+                    unit.put_many(items)
+                assert unit.list() == [] and unit.stats()["bytes"] == 0
+            with pytest.raises(TransferQueueError):
+                unit.put_many([("c", np.zeros(2, dtype=np.uint8)), ("c", np.zeros(2, dtype=np.uint8))])
+            assert not unit.exists("c")
+        finally:
+            unit.close()
+
+    def test_deleted_buffers_are_reused_only_when_no_reader_holds_a_view(self):
+        unit = self.make_unit(64 * MiB)
+        try:
+            unit.put("a", np.full(2 * MiB, 1, dtype=np.uint8))
+            held = unit.get("a")
+            unit.delete(["a"])
+            unit.put("b", np.full(2 * MiB, 2, dtype=np.uint8))
+            assert int(held[0]) == 1 and int(held[-1]) == 1  # the reader's view was not recycled
+            np.testing.assert_array_equal(unit.get("b", 0, 4), [2, 2, 2, 2])
+        finally:
+            unit.close()
+
+
 class TestMemoryStorageUnit(StorageUnitTests):
     def make_unit(self, memory_budget):
         return MemoryStorageUnit("mem", memory_budget=memory_budget)

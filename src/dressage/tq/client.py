@@ -92,52 +92,67 @@ class TransferQueueClient:
         On any failure nothing stays behind: the directory entry is dropped and the unit copy, if one was
         made, is queued for deletion.
         """
+        return self.put_many([(field, array)], batch=batch, keys=None if key is None else [key])[0]
+
+    def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, batch: str | None = None,
+                 keys: Sequence[str] | None = None) -> list[FieldRef]:
+        """Store several ``(field, array)`` items of one step on one unit: one directory round trip to
+        place, one unit round trip, one to commit. All or nothing, like :meth:`put`."""
         self._check_open()
-        if not isinstance(field, str) or not field:
-            raise TransferQueueError(f"field must be a non-empty string, got {field!r}")
         if batch is not None and not isinstance(batch, str):
             raise TransferQueueError(f"batch must be a string or None, got {batch!r}")
-        data = prepare_array(array, copy=False)
-        key = self._new_key() if key is None else key
-        if not isinstance(key, str) or not key:
-            raise TransferQueueError(f"key must be a non-empty string, got {key!r}")
+        if not items:
+            return []
+        if keys is not None and len(keys) != len(items):
+            raise TransferQueueError(f"put_many got {len(items)} items but {len(keys)} keys")
+        fields, arrays = [], []
+        for field, array in items:
+            if not isinstance(field, str) or not field:
+                raise TransferQueueError(f"field must be a non-empty string, got {field!r}")
+            fields.append(field)
+            arrays.append(prepare_array(array, copy=False))
+        names = [self._new_key() for _ in items] if keys is None else list(keys)
+        for key in names:
+            if not isinstance(key, str) or not key:
+                raise TransferQueueError(f"key must be a non-empty string, got {key!r}")
+        placing = [(k, a.nbytes, f) for k, a, f in zip(names, arrays, fields)]
         deadline = time.monotonic() + self._full_wait_s
         sleep = _FULL_BACKOFF_S[0]
         while True:
-            unit_id = self._controller.place(key, data.nbytes, node_id=self.node_id, batch=batch, field=field)
+            unit_id = self._controller.place_many(placing, node_id=self.node_id, batch=batch)
             try:
-                self._unit(unit_id).put(key, data, copy=True)
+                self._unit(unit_id).put_many(list(zip(names, arrays)), copy=True)
             except StorageFullError:
-                self._controller.abort(key)
+                self._abort_quietly(names)
                 if self._on_full != "wait" or time.monotonic() + sleep > deadline:
                     raise
                 time.sleep(sleep)  # space appears when a trainer clears a batch
                 sleep = min(sleep * 2, _FULL_BACKOFF_S[1])
                 continue
             except StorageUnitUnavailable:
-                self._abort_quietly(key, unit_down=True)  # later puts go to other units
+                self._abort_quietly(names, unit_down=True)  # later puts go to other units
                 raise
             except BaseException:
-                self._abort_quietly(key)
+                self._abort_quietly(names)
                 raise
             break
         try:
-            self._controller.commit(key)
+            self._controller.commit_many(names)
         except BaseException:
-            self._abort_quietly(key)
+            self._abort_quietly(names)
             raise
         with self._lock:
-            self._counters.puts += 1
-            self._counters.bytes_written += data.nbytes
-        return FieldRef(key=key, unit_id=unit_id, field=field, dtype=dtype_name(data.dtype),
-                        shape=tuple(data.shape), batch=batch)
+            self._counters.puts += len(arrays)
+            self._counters.bytes_written += sum(a.nbytes for a in arrays)
+        return [FieldRef(key=k, unit_id=unit_id, field=f, dtype=dtype_name(a.dtype), shape=a.shape, batch=batch)
+                for k, a, f in zip(names, arrays, fields)]
 
     def _new_key(self) -> str:
         return f"{self._key_prefix}-{next(self._key_seq):x}"
 
-    def _abort_quietly(self, key: str, *, unit_down: bool = False) -> None:
+    def _abort_quietly(self, keys: list[str], *, unit_down: bool = False) -> None:
         try:
-            self._controller.abort(key, unit_down=unit_down)
+            self._controller.abort_many(keys, unit_down=unit_down)
         except Exception:  # the original error is the one worth raising; retention cleans up
             pass
 
@@ -150,6 +165,15 @@ class TransferQueueClient:
     async def aput(self, field: str, array: np.ndarray, *, batch: str | None = None,
                    key: str | None = None) -> FieldRef:
         return await asyncio.wrap_future(self.put_async(field, array, batch=batch, key=key))
+
+    def put_many_async(self, items: Sequence[tuple[str, np.ndarray]], *, batch: str | None = None,
+                       keys: Sequence[str] | None = None) -> "Future[list[FieldRef]]":
+        self._check_open()
+        return self._executor().submit(self.put_many, items, batch=batch, keys=keys)
+
+    async def aput_many(self, items: Sequence[tuple[str, np.ndarray]], *, batch: str | None = None,
+                        keys: Sequence[str] | None = None) -> list[FieldRef]:
+        return await asyncio.wrap_future(self.put_many_async(items, batch=batch, keys=keys))
 
     # -- read ----------------------------------------------------------------------------------
     def get_many(self, refs: Sequence[FieldRef], *, copy: bool = False, consume: bool = False) -> list[np.ndarray]:

@@ -97,17 +97,28 @@ class Controller:
     def place(self, key: str, nbytes: int, *, node_id: str | None = None, batch: str | None = None,
               field: str = "") -> str:
         """Reserve ``nbytes`` for a new key and return the unit that should store it."""
+        return self.place_many([(key, nbytes, field)], node_id=node_id, batch=batch)
+
+    def place_many(self, items: Sequence[tuple[str, int, str]], *, node_id: str | None = None,
+                   batch: str | None = None) -> str:
+        """Reserve space for new keys ``(key, nbytes, field)`` on one unit (one write round trip) and
+        return that unit. Keys are write-once: a known key is an error and nothing is reserved."""
         with self._lock:
             if not self._units:
                 raise StorageFullError("the TransferQueue has no StorageUnits")
-            if key in self._entries:
-                raise TransferQueueError(f"key {key!r} already exists; keys are write-once")
-            unit_id = self._choose(int(nbytes), node_id)
+            keys = [k for k, _, _ in items]
+            if len(set(keys)) != len(keys):
+                raise TransferQueueError("place_many got the same key twice")
+            for key in keys:
+                if key in self._entries:
+                    raise TransferQueueError(f"key {key!r} already exists; keys are write-once")
+            unit_id = self._choose(sum(int(n) for _, n, _ in items), node_id)
             now = self._clock()
-            self._entries[key] = _Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
-            self._used[unit_id] += int(nbytes)
-            self._count[unit_id] += 1
-            self._tombstones.pop(key, None)
+            for key, nbytes, field in items:
+                self._entries[key] = _Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
+                self._used[unit_id] += int(nbytes)
+                self._count[unit_id] += 1
+                self._tombstones.pop(key, None)
             return unit_id
 
     def _choose(self, nbytes: int, node_id: str | None) -> str:
@@ -128,21 +139,30 @@ class Controller:
 
     def commit(self, key: str) -> None:
         """The payload is durable in its unit."""
+        self.commit_many([key])
+
+    def commit_many(self, keys: Iterable[str]) -> None:
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                raise TransferQueueError(f"commit of key {key!r} that was never placed (or expired)")
-            entry.state = KeyState.WRITTEN
-            entry.touched_at = self._clock()
+            now = self._clock()
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is None:
+                    raise TransferQueueError(f"commit of key {key!r} that was never placed (or expired)")
+                entry.state = KeyState.WRITTEN
+                entry.touched_at = now
 
     def abort(self, key: str, *, unit_down: bool = False) -> None:
         """Forget a key whose write failed; the unit copy (if any) is queued for deletion.
         ``unit_down`` says the unit did not answer: it gets no new keys for ``UNIT_DOWN_S``."""
+        self.abort_many([key], unit_down=unit_down)
+
+    def abort_many(self, keys: Iterable[str], *, unit_down: bool = False) -> None:
         with self._lock:
-            entry = self._entries.get(key)
-            if unit_down and entry is not None:
-                self._down_until[entry.unit_id] = self._clock() + UNIT_DOWN_S
-            self._remove(key)
+            for key in keys:
+                entry = self._entries.get(key)
+                if unit_down and entry is not None:
+                    self._down_until[entry.unit_id] = self._clock() + UNIT_DOWN_S
+                self._remove(key)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def mark_consumed(self, keys: Iterable[str]) -> int:

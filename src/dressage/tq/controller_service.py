@@ -58,20 +58,24 @@ class ControllerServer:
             raise ProtocolError("controller requests carry no payload frames")
         ctl, op = self.controller, c["op"]
         if op == "place":
-            key = c.get("key")
-            if not isinstance(key, str) or not key:
-                raise ProtocolError("place needs a key")
-            nbytes = c.get("nbytes")
-            if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-                raise ProtocolError("place needs nbytes >= 0")
-            unit = ctl.place(key, nbytes, node_id=_opt_str(c.get("node_id"), "node_id"),
-                             batch=_opt_str(c.get("batch"), "batch"), field=str(c.get("field", "")))
+            items = c.get("items")
+            if not isinstance(items, list) or not items:
+                raise ProtocolError("place needs a non-empty list of [key, nbytes, field] items")
+            checked = []
+            for item in items:
+                if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and item[0]
+                        and isinstance(item[1], int) and not isinstance(item[1], bool) and item[1] >= 0
+                        and isinstance(item[2], str)):
+                    raise ProtocolError(f"bad place item {item!r:.100}")
+                checked.append((item[0], item[1], item[2]))
+            unit = ctl.place_many(checked, node_id=_opt_str(c.get("node_id"), "node_id"),
+                                  batch=_opt_str(c.get("batch"), "batch"))
             return {"unit_id": unit}, ()
         if op == "commit":
-            ctl.commit(str(c.get("key")))
+            ctl.commit_many(_str_list(c.get("keys"), "keys"))
             return {}, ()
         if op == "abort":
-            ctl.abort(str(c.get("key")), unit_down=bool(c.get("unit_down", False)))
+            ctl.abort_many(_str_list(c.get("keys"), "keys"), unit_down=bool(c.get("unit_down", False)))
             return {}, ()
         if op == "consumed":
             return {"n": ctl.mark_consumed(_str_list(c.get("keys"), "keys"))}, ()
@@ -117,15 +121,28 @@ class RemoteController:
 
     def place(self, key: str, nbytes: int, *, node_id: str | None = None, batch: str | None = None,
               field: str = "") -> str:
-        r, _ = self._rpc.call("place", {"key": key, "nbytes": int(nbytes), "node_id": node_id, "batch": batch,
-                                        "field": field}, keys=[key])
+        return self.place_many([(key, nbytes, field)], node_id=node_id, batch=batch)
+
+    def place_many(self, items: Sequence[tuple[str, int, str]], *, node_id: str | None = None,
+                   batch: str | None = None) -> str:
+        wire_items = [[k, int(n), f] for k, n, f in items]
+        r, _ = self._rpc.call("place", {"items": wire_items, "node_id": node_id, "batch": batch},
+                              keys=[i[0] for i in wire_items])
         return str(r["unit_id"])
 
     def commit(self, key: str) -> None:
-        self._rpc.call("commit", {"key": key}, keys=[key])
+        self.commit_many([key])
+
+    def commit_many(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        self._rpc.call("commit", {"keys": keys}, keys=keys)
 
     def abort(self, key: str, *, unit_down: bool = False) -> None:
-        self._rpc.call("abort", {"key": key, "unit_down": unit_down}, keys=[key])
+        self.abort_many([key], unit_down=unit_down)
+
+    def abort_many(self, keys: Iterable[str], *, unit_down: bool = False) -> None:
+        keys = list(keys)
+        self._rpc.call("abort", {"keys": keys, "unit_down": unit_down}, keys=keys)
 
     def mark_consumed(self, keys: Iterable[str]) -> int:
         keys = list(keys)

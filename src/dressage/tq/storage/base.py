@@ -103,18 +103,33 @@ class StorageUnit(ABC):
     def put(self, key: str, array: np.ndarray, *, copy: bool = True) -> BlobInfo:
         """Store ``array`` under ``key`` (a new key). ``copy=False`` lets the unit keep the caller's
         buffer: pass it only when the caller will never write to that buffer again."""
-        if not isinstance(key, str) or not key:
-            raise ProtocolError(f"a key must be a non-empty string, got {key!r:.80}")
-        prepared = prepare_array(array, copy=False)
-        # A conversion (contiguity, byte order, list input) already made a private array: no second copy.
-        copy = copy and prepared is array
+        return self.put_many([(key, array)], copy=copy)[0]
+
+    def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, copy: bool = True) -> list[BlobInfo]:
+        """Store several new keys, all or nothing: if one fails, none stays stored."""
+        prepared = []
+        for key, array in items:
+            if not isinstance(key, str) or not key:
+                raise ProtocolError(f"a key must be a non-empty string, got {key!r:.80}")
+            data = prepare_array(array, copy=False)
+            # A conversion (contiguity, byte order, list input) already made a private array: no second copy.
+            prepared.append((key, data, copy and data is array))
+        if len({k for k, _, _ in prepared}) != len(prepared):
+            raise TransferQueueError("put_many got the same key twice")
+        infos: list[BlobInfo] = []
         with self._lock:
-            if self._info(key) is not None:
-                raise TransferQueueError(f"key {key!r} is already stored in unit {self.unit_id}; keys are write-once")
-            info = self._write(key, prepared, copy=copy)
-            self._counts["puts"] += 1
-            self._counts["bytes_written"] += info.nbytes
-        return info
+            for key, _, _ in prepared:
+                if self._info(key) is not None:
+                    raise TransferQueueError(f"key {key!r} is already stored in unit {self.unit_id}; keys are write-once")
+            try:
+                for key, data, private_copy in prepared:
+                    infos.append(self._write(key, data, copy=private_copy))
+            except BaseException:
+                self.delete([i.key for i in infos])
+                raise
+            self._counts["puts"] += len(infos)
+            self._counts["bytes_written"] += sum(i.nbytes for i in infos)
+        return infos
 
     def info(self, key: str) -> BlobInfo:
         with self._lock:

@@ -47,12 +47,13 @@ class RemoteStorageUnit(StorageUnit):
                    timeout_s=timeout_s, supports_spill=bool(d.get("supports_spill")))
 
     # The server validates and counts; these overrides make each call a single round trip.
-    def put(self, key: str, array: np.ndarray, *, copy: bool = True) -> BlobInfo:
+    def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, copy: bool = True) -> list[BlobInfo]:
         # docstring inherited
-        data = prepare_array(array, copy=False)  # the bytes go straight from this buffer to the socket
-        reply, _ = self._rpc.call("put", {"key": key, "dtype": dtype_name(data.dtype), "shape": list(data.shape)},
-                                  [data], keys=[key])
-        return _info(reply["info"])
+        # The bytes go straight from the callers' buffers to the socket.
+        arrays = [(key, prepare_array(array, copy=False)) for key, array in items]
+        meta = [[key, dtype_name(a.dtype), list(a.shape)] for key, a in arrays]
+        reply, _ = self._rpc.call("put", {"items": meta}, [a for _, a in arrays], keys=[k for k, _ in arrays])
+        return [_info(i) for i in reply["infos"]]
 
     def get_many(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
         # docstring inherited
@@ -75,7 +76,7 @@ class RemoteStorageUnit(StorageUnit):
 
     def _write(self, key: str, array: np.ndarray, *, copy: bool) -> BlobInfo:
         # docstring inherited
-        return self.put(key, array)
+        return self.put_many([(key, array)])[0]
 
     def _read(self, key: str, start: int, stop: int) -> np.ndarray:
         # docstring inherited

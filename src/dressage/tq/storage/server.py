@@ -67,12 +67,17 @@ class StorageUnitServer:
         op = control["op"]
         unit = self.backend
         if op == "put":
-            if len(frames) != 1:
-                raise ProtocolError(f"put carries exactly one payload frame, got {len(frames)}")
-            array = array_from_frame(frames[0], control.get("dtype"), control.get("shape"))
-            # The received frame is ours alone: the unit may keep it without copying.
-            info = unit.put(_key(control.get("key")), array, copy=False)
-            return {"info": [info.key, info.dtype, list(info.shape), info.nbytes, info.spilled]}, ()
+            items = control.get("items")
+            if not isinstance(items, list) or not items or len(items) != len(frames):
+                raise ProtocolError(f"put carries one payload frame per item ({len(frames)} frames)")
+            arrays = []
+            for item, frame in zip(items, frames):
+                if not isinstance(item, list) or len(item) != 3:
+                    raise ProtocolError("put items are [key, dtype, shape]")
+                arrays.append((_key(item[0]), array_from_frame(frame, item[1], item[2])))
+            # The received frames are ours alone: the unit may keep them without copying.
+            infos = unit.put_many(arrays, copy=False)
+            return {"infos": [[i.key, i.dtype, list(i.shape), i.nbytes, i.spilled] for i in infos]}, ()
         if op == "get":
             reqs = control.get("reqs")
             if not isinstance(reqs, list) or not all(isinstance(r, list) and len(r) == 3 for r in reqs):
