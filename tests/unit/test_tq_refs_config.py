@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -91,6 +92,8 @@ def test_yaml_loads_nested_or_flat(tmp_path):
     assert (cfg.deployment, cfg.num_storage_units, cfg.budget_bytes, cfg.retention_s) == ("local", 2, 1 << 30, None)
 
 
-def test_shipped_example_config_is_valid():
+def test_shipped_example_config_is_valid_and_matches_the_repository_copy():
     cfg = TransferQueueConfig.from_yaml(EXAMPLE_CONFIG)
-    assert cfg.deployment in ("embedded", "local", "ray")
+    assert cfg == TransferQueueConfig()  # the example spells out the defaults
+    repo_copy = Path(__file__).resolve().parents[2] / "examples" / "transfer_queue.yaml"
+    assert repo_copy.read_text() == EXAMPLE_CONFIG.read_text()

@@ -97,3 +97,30 @@ def test_typed_errors_cross_the_wire(served):
     _, remote, _ = served
     with pytest.raises(KeyNotFoundError, match="missing"):
         remote.get("missing")
+
+
+def test_controller_keeps_answering_while_one_client_never_reads_its_replies():
+    import time
+
+    from dressage.tq.controller import Controller, UnitInfo
+    from dressage.tq.controller_service import ControllerServer, RemoteController
+
+    server = ControllerServer(Controller([UnitInfo("u0")])).start()
+    hog = zmq.Context.instance().socket(zmq.DEALER)
+    hog.setsockopt(zmq.LINGER, 0)
+    hog.setsockopt(zmq.RCVHWM, 10)
+    hog.connect(server.address)
+    good = RemoteController(server.address, timeout_s=5)
+    try:
+        for _ in range(3000):  # far beyond the server's send high-water mark for this peer
+            hog.send_multipart(wire.encode({"op": "ping", "id": 0}))
+        good.ping()
+        t0 = time.monotonic()
+        for i in range(20):
+            assert good.place(f"k{i}", 10) == "u0"
+        assert time.monotonic() - t0 < 5
+        assert good.total_keys() == 20
+    finally:
+        hog.close(0)
+        good.close()
+        server.stop()

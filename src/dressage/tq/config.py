@@ -23,7 +23,8 @@ __all__ = ["TransferQueueConfig", "DEPLOYMENTS", "ON_FULL", "load_config", "EXAM
 DEPLOYMENTS = ("embedded", "local", "ray")
 ON_FULL = ("spill", "wait", "error")
 _PREFIX = "transfer_queue"
-EXAMPLE_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "transfer_queue.yaml"
+# The shipped example (the same text as examples/transfer_queue.yaml), readable from an installed wheel.
+EXAMPLE_CONFIG = Path(__file__).resolve().with_name("transfer_queue.yaml")
 
 
 @dataclass(kw_only=True, slots=True)
