@@ -56,10 +56,17 @@ def test_routed_experts_offload_without_r3_fails_at_startup(capsys):
 
 @pytest.mark.ray
 def test_run_on_ray_matches_embedded(tmp_path):
+    import ray
+
     from dressage.tq import load_config
 
     embedded = run_pipeline(_cfg(True, "uint8", num_rollouts=1))
-    on_ray = run_pipeline(_cfg(True, "uint8", num_rollouts=1, ray=True,
-                               transfer_queue=load_config({"deployment": "ray"})))
+    # A fresh local cluster, never one another process on this host happens to run.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        on_ray = run_pipeline(_cfg(True, "uint8", num_rollouts=1, ray=True,
+                                   transfer_queue=load_config({"deployment": "ray"})))
+    finally:
+        ray.shutdown()
     assert on_ray.samples_digest == embedded.samples_digest
     assert on_ray.tq_keys_left == 0

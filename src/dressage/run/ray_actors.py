@@ -60,7 +60,8 @@ class TrainerActor:
 class RayBackend:
     def __init__(self, cfg: Any, tq_spec: dict | None, client: Any) -> None:
         if not ray.is_initialized():
-            ray.init(address=cfg.ray_address, include_dashboard=False, log_to_driver=False,
+            # Without --ray-address, a fresh local cluster (never whatever else runs on this host).
+            ray.init(address=cfg.ray_address or "local", include_dashboard=False, log_to_driver=False,
                      **({} if cfg.ray_address else {"num_cpus": 2}))
             self._owns_ray = True
         else:
