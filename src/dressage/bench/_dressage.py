@@ -17,8 +17,19 @@ MiB = 1 << 20
 
 
 def tq_budget_bytes(largest_round_bytes: int) -> int:
-    """A StorageUnit budget that holds two rounds, so a bench never measures spilling to disk."""
-    return max(256 * MiB, 2 * int(largest_round_bytes) + 64 * MiB)
+    """The deployment's default StorageUnit budget, raised if needed to hold two rounds.
+
+    The default, not a tight fit: a unit sizes internal structures (its buffer pool) from its budget,
+    and a bench must measure what a default deployment does. Never less than two rounds, so a bench
+    never measures spilling to disk.
+    """
+    try:
+        from dressage.tq import TransferQueueConfig
+
+        default = int(TransferQueueConfig().budget_bytes)
+    except ImportError:
+        default = 4 << 30
+    return max(default, 2 * int(largest_round_bytes) + 64 * MiB)
 
 
 def _import_tq() -> Any:
