@@ -19,7 +19,8 @@ from dressage.errors import ConfigError
 HAVE_TQ = importlib.util.find_spec("dressage.tq") is not None
 
 # 64 KiB payloads, a few small puts: the whole file runs in well under a second per test.
-TINY = dict(sizes_mib=(0.0625,), rounds=2, warmup=1, small_r3_count=2, small_logprobs_count=3, progress=False)
+TINY = dict(sizes_mib=(0.0625,), rounds=2, warmup=1, small_r3_count=2, small_logprobs_count=3, small_step_count=2,
+            progress=False)
 
 
 def _systems() -> tuple[str, ...]:
@@ -33,11 +34,12 @@ def report() -> dict:
 
 def test_report_lists_every_system_on_every_workload(report: dict) -> None:
     workloads = [w.name for w in bench_tq.build_workloads(TqBenchConfig(**TINY))]
-    assert workloads == ["0.0625MiB", "step-r3", "step-logprobs"]
+    assert workloads == ["0.0625MiB", "step-r3", "step-logprobs", "step-r3+logprobs"]
     seen = [(e["system"], e["workload"]) for e in report["results"]]
     assert seen == [(s, w) for w in workloads for s in _systems()]
     sizes = {e["workload"]: e["payload_bytes"] for e in report["results"]}
-    assert sizes == {"0.0625MiB": 64 * 1024, "step-r3": 4096 * 40 * 8, "step-logprobs": 4096 * 4}
+    assert sizes == {"0.0625MiB": 64 * 1024, "step-r3": 4096 * 40 * 8, "step-logprobs": 4096 * 4,
+                     "step-r3+logprobs": 4096 * 40 * 8 + 4096 * 4}
 
 
 def test_measured_figures_are_positive_and_finite(report: dict) -> None:
@@ -66,8 +68,9 @@ def test_ratios_and_targets_are_reported(report: dict) -> None:
     assert "across processes put+get >= 2x transferqueue" in names
     across = next(t for t in report["targets"] if t["system"] == "dressage-zmq")
     assert across["met"] is None  # not run in this test: "not measured", never a silent pass
-    # Only payloads of >= 1 MiB count toward the targets: step R3 (1.25 MiB), not 64 KiB or 16 KiB.
-    assert [p["workload"] for p in across["payloads"]] == ["step-r3"]
+    # Only payloads of >= 1 MiB count toward the targets: step R3 (1.25 MiB) alone or with its logprobs,
+    # not the 64 KiB or 16 KiB ones.
+    assert [p["workload"] for p in across["payloads"]] == ["step-r3", "step-r3+logprobs"]
 
 
 def test_report_is_json_and_table_names_systems(report: dict, tmp_path) -> None:
@@ -102,7 +105,7 @@ def test_system_that_cannot_start_is_listed_with_its_reason(monkeypatch) -> None
     monkeypatch.setattr(bench_tq, "_factories", factories)
     report = run_tq_bench(TqBenchConfig(systems=("memcpy", "transferqueue"), **TINY))
     broken = [e for e in report["results"] if e["system"] == "transferqueue"]
-    assert len(broken) == 3
+    assert len(broken) == 4
     assert all(e["error"] == "transferqueue not installed" and "put_gbps" not in e for e in broken)
     assert all("put_gbps" in e for e in report["results"] if e["system"] == "memcpy")
     assert "error: transferqueue not installed" in format_table(report)
@@ -113,7 +116,8 @@ def test_cli_writes_the_json_file(tmp_path, capsys) -> None:
 
     path = tmp_path / "tq.json"
     rc = main(["bench", "tq", "--json", str(path), "--systems", "memcpy", "--sizes", "0.0625",
-               "--rounds", "1", "--small-r3-count", "1", "--small-logprobs-count", "0", "--no-progress"])
+               "--rounds", "1", "--small-r3-count", "1", "--small-logprobs-count", "0",
+               "--small-step-count", "0", "--no-progress"])
     assert rc == 0
     data = json.loads(path.read_text())
     assert [(e["system"], e["payload_bytes"]) for e in data["results"]] == [

@@ -32,6 +32,19 @@ def tq_budget_bytes(largest_round_bytes: int) -> int:
     return max(default, 2 * int(largest_round_bytes) + 64 * MiB)
 
 
+def _put_all(client: Any, workload: Workload, items: list[tuple[Any, ...]], batch: str) -> list[Any]:
+    """One ``put`` per write; a write of several fields (one step's R3 + logprobs) is one ``put_many``,
+    as the Proxy's commit region writes a step."""
+    if len(workload.parts) == 1:
+        field = workload.parts[0].field
+        return [client.put(field, item[0], batch=batch) for item in items]
+    fields = [p.field for p in workload.parts]
+    refs: list[Any] = []
+    for item in items:
+        refs.extend(client.put_many(list(zip(fields, item)), batch=batch))
+    return refs
+
+
 def _import_tq() -> Any:
     try:
         import dressage.tq as dtq
@@ -72,7 +85,7 @@ class DressageEmbeddedSystem(BenchSystem):
         batch = f"bench-{workload.name}-{self._round}"
         client = self._client
         with Stopwatch() as put:
-            refs = [client.put(workload.field, a, batch=batch) for a in self._items]
+            refs = _put_all(client, workload, self._items, batch)
         with Stopwatch() as get:
             arrays = client.get_many(refs)
         del arrays
@@ -112,10 +125,10 @@ class _DressageWriter:
     def prepare(self, workload: Workload) -> None:
         self._items = make_items(workload, self._seed)
 
-    def put(self, field: str, batch: str) -> tuple[float, list[Any]]:
+    def put(self, workload: Workload, batch: str) -> tuple[float, list[Any]]:
         client = self._client
         with Stopwatch() as sw:
-            refs = [client.put(field, a, batch=batch) for a in self._items]
+            refs = _put_all(client, workload, self._items, batch)
         # Refs go to the reader in their msgpack-able wire form, as they travel inside Samples.
         return sw.seconds, [r.to_wire() for r in refs]
 
@@ -208,7 +221,7 @@ class DressageAcrossSystem(BenchSystem):
     def run_round(self, workload: Workload) -> RoundTiming:
         self._round += 1
         batch = f"bench-{workload.name}-{self._round}"
-        put_s, refs = self._cluster.call(self._writer.put.remote(workload.field, batch))
+        put_s, refs = self._cluster.call(self._writer.put.remote(workload, batch))
         self._written_to.update(w[2] for w in refs)  # wire form: [tag, key, unit_id, ...]
         get_s = self._cluster.call(self._reader.get.remote(refs))
         self._cluster.call(self._writer.clear.remote(batch))

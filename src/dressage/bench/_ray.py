@@ -151,7 +151,8 @@ class _RayStoreWriter:
         import ray
 
         with Stopwatch() as sw:
-            refs = [ray.put(a) for a in self._items]
+            # A write of several fields is one object (a tuple), as a trajectory travels through Ray.
+            refs = [ray.put(item[0] if len(item) == 1 else item) for item in self._items]
         return sw.seconds, refs
 
     def finish(self) -> None:
@@ -224,7 +225,7 @@ class _TQWriter:
 
     def __init__(self, seed: int) -> None:
         self._seed = seed
-        self._tensors: list[Any] = []
+        self._fields: list[dict[str, Any]] = []
         self._round = 0
 
     def init(self, conf: dict[str, Any]) -> None:
@@ -237,17 +238,20 @@ class _TQWriter:
     def prepare(self, workload: Workload) -> None:
         import torch
 
-        self._tensors = [torch.from_numpy(a) for a in make_items(workload, self._seed)]
+        names = [p.field for p in workload.parts]
+        self._fields = [{n: torch.from_numpy(a) for n, a in zip(names, item)}
+                        for item in make_items(workload, self._seed)]
 
     def put(self, prefix: str) -> tuple[float, list[str]]:
         import transfer_queue as tq
 
         self._round += 1
-        keys = [f"{prefix}/{self._round}/{i}" for i in range(len(self._tensors))]
-        # One kv_put per payload: the Proxy writes each step's field as it arrives, not in a batch.
+        keys = [f"{prefix}/{self._round}/{i}" for i in range(len(self._fields))]
+        # One kv_put per write (all fields of a step in it): the Proxy writes each step as it
+        # arrives, not in a batch.
         with Stopwatch() as sw:
-            for key, tensor in zip(keys, self._tensors):
-                tq.kv_put(key=key, partition_id=_TQ_PARTITION, fields={"payload": tensor})
+            for key, fields in zip(keys, self._fields):
+                tq.kv_put(key=key, partition_id=_TQ_PARTITION, fields=fields)
         return sw.seconds, keys
 
     def clear(self, keys: list[str]) -> None:
@@ -256,7 +260,7 @@ class _TQWriter:
         tq.kv_clear(keys=keys, partition_id=_TQ_PARTITION)
 
     def finish(self) -> None:
-        self._tensors = []
+        self._fields = []
 
     def close(self) -> None:
         import transfer_queue as tq
@@ -278,7 +282,7 @@ class _TQReader:
 
         with Stopwatch() as sw:
             data = tq.kv_batch_get(keys=keys, partition_id=_TQ_PARTITION)
-        value = data["payload"]
+        value = data[next(iter(data.keys()))]
         kind = f"{type(value).__name__}{'(nested)' if getattr(value, 'is_nested', False) else ''}"
         del data, value
         return sw.seconds, kind

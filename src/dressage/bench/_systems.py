@@ -17,6 +17,7 @@ from dressage.bench._timing import RoundTiming, Stopwatch
 from dressage.errors import DressageError
 
 __all__ = [
+    "Part",
     "Workload",
     "BenchSystem",
     "SystemUnavailable",
@@ -32,46 +33,67 @@ class SystemUnavailable(DressageError):
 
 
 @dataclass(frozen=True, slots=True)
-class Workload:
-    """``count`` separate payloads of one field, each of ``shape`` and ``dtype``.
+class Part:
+    """One field of a payload: what a single array of the write looks like."""
 
-    ``large`` workloads are one payload of 1-256 MiB; ``small`` ones are the many per-step puts a
-    Proxy makes (a 4K-token step's R3 at uint8, its logprobs), read back in one batch as a trainer does.
+    field: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.dtype(self.dtype).itemsize * math.prod(self.shape))
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """``count`` separate writes, each of the arrays ``parts`` describe (one field, or one step's fields).
+
+    ``large`` workloads are one payload of 1-256 MiB; ``small`` ones are the many per-step writes a
+    Proxy makes (a 4K-token step's R3 at uint8, its logprobs, or both in one write), read back in one
+    batch as a trainer does.
     """
 
     name: str
     kind: str
-    field: str
-    dtype: str
-    shape: tuple[int, ...]
+    parts: tuple[Part, ...]
     count: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise ValueError(f"workload {self.name!r} has no parts")
 
     @property
     def item_bytes(self) -> int:
-        return int(np.dtype(self.dtype).itemsize * math.prod(self.shape))
+        """Bytes of one write (all its parts)."""
+        return sum(p.nbytes for p in self.parts)
 
     @property
     def total_bytes(self) -> int:
         return self.item_bytes * self.count
 
 
-def make_items(workload: Workload, seed: int = 0) -> list[np.ndarray]:
-    """Distinct random payloads, already written (so no first-touch fault lands in a timed round).
+def make_items(workload: Workload, seed: int = 0) -> list[tuple[np.ndarray, ...]]:
+    """Distinct random payloads, one tuple of arrays per write, already written (so no first-touch
+    fault lands in a timed round).
 
     Distinct arrays, not one array put ``count`` times: a repeated 1.25 MiB source would sit in the
     CPU cache and flatter every system's small-put figure.
     """
     rng = np.random.default_rng(seed)
-    dtype = np.dtype(workload.dtype)
     items = []
     for _ in range(workload.count):
-        raw = rng.integers(0, 256, size=workload.item_bytes, dtype=np.uint8)
-        arr = raw.view(dtype).reshape(workload.shape)
-        if dtype.kind == "f":
-            # Random bytes can be NaN patterns; any value is fine for bandwidth, but keep them finite
-            # so a system that inspects floats (or a reader printing them) behaves normally.
-            np.nan_to_num(arr, copy=False)
-        items.append(arr)
+        arrays = []
+        for part in workload.parts:
+            dtype = np.dtype(part.dtype)
+            raw = rng.integers(0, 256, size=part.nbytes, dtype=np.uint8)
+            arr = raw.view(dtype).reshape(part.shape)
+            if dtype.kind == "f":
+                # Random bytes can be NaN patterns; any value is fine for bandwidth, but keep them
+                # finite so a system that inspects floats behaves normally.
+                np.nan_to_num(arr, copy=False)
+            arrays.append(arr)
+        items.append(tuple(arrays))
     return items
 
 
@@ -119,7 +141,7 @@ class MemcpySystem(BenchSystem):
         self._out: list[np.ndarray] = []
 
     def prepare(self, workload: Workload) -> None:
-        self._src = make_items(workload, self._seed)
+        self._src = [a for item in make_items(workload, self._seed) for a in item]
         # Written once here so the timed copies hit resident pages, as a reused buffer pool would.
         self._store = [np.ones_like(a) for a in self._src]
         self._out = [np.ones_like(a) for a in self._src]

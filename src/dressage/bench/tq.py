@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from dressage.bench._systems import BenchSystem, MemcpySystem, SystemUnavailable, Workload
+from dressage.bench._systems import BenchSystem, MemcpySystem, Part, SystemUnavailable, Workload
 from dressage.bench._timing import Samples, gbps, interleaved
 from dressage.errors import ConfigError
 
@@ -69,6 +69,8 @@ class TqBenchConfig:
     """Separate puts of one step's R3 (1.25 MiB each), read back in one batch."""
     small_logprobs_count: int = 256
     """Separate puts of one step's logprobs (16 KiB each), read back in one batch."""
+    small_step_count: int = 64
+    """Steps written whole (R3 + logprobs in one call: ``put_many`` / one object / one ``kv_put``)."""
     systems: tuple[str, ...] = SYSTEMS
     """Systems to run, a subset of :data:`SYSTEMS`."""
     seed: int = 0
@@ -78,7 +80,7 @@ class TqBenchConfig:
     """Recorded in the JSON; use :meth:`quick_preset` for the small preset itself."""
 
     def __post_init__(self) -> None:
-        if not self.sizes_mib and not self.small_r3_count and not self.small_logprobs_count:
+        if not (self.sizes_mib or self.small_r3_count or self.small_logprobs_count or self.small_step_count):
             raise ConfigError("bench.sizes: nothing to measure (no sizes and no small puts)")
         for size in self.sizes_mib:
             if not isinstance(size, (int, float)) or not 0 < size <= 4096:
@@ -89,7 +91,7 @@ class TqBenchConfig:
             raise ConfigError(f"bench.rounds: expected an integer >= 1, got {self.rounds!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"bench.warmup: expected an integer >= 0, got {self.warmup!r}")
-        for name in ("small_r3_count", "small_logprobs_count"):
+        for name in ("small_r3_count", "small_logprobs_count", "small_step_count"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"bench.{name}: expected an integer >= 0, got {value!r}")
@@ -103,7 +105,8 @@ class TqBenchConfig:
     def quick_preset(cls, **overrides: Any) -> "TqBenchConfig":
         """Small sizes and few rounds: the whole run, cluster start included, stays under a minute."""
         values: dict[str, Any] = dict(
-            sizes_mib=(1, 16), rounds=3, warmup=1, small_r3_count=16, small_logprobs_count=64, quick=True
+            sizes_mib=(1, 16), rounds=3, warmup=1, small_r3_count=16, small_logprobs_count=64,
+            small_step_count=16, quick=True
         )
         values.update(overrides)
         return cls(**values)
@@ -112,16 +115,17 @@ class TqBenchConfig:
 def build_workloads(config: TqBenchConfig) -> list[Workload]:
     workloads = []
     for size in config.sizes_mib:
-        nbytes = int(size * MiB)
-        rows = nbytes // (LARGE_ROW[0] * LARGE_ROW[1])
-        label = f"{size:g}MiB"
-        workloads.append(Workload(label, "large", "routed_experts", "uint8", (rows, *LARGE_ROW)))
+        rows = int(size * MiB) // (LARGE_ROW[0] * LARGE_ROW[1])
+        workloads.append(Workload(f"{size:g}MiB", "large", (Part("routed_experts", "uint8", (rows, *LARGE_ROW)),)))
+    r3 = Part("routed_experts", "uint8", (STEP_TOKENS, STEP_LAYERS, STEP_TOPK))
+    logprobs = Part("logprobs", "float32", (STEP_TOKENS,))
     if config.small_r3_count:
-        workloads.append(Workload("step-r3", "small", "routed_experts", "uint8",
-                                  (STEP_TOKENS, STEP_LAYERS, STEP_TOPK), config.small_r3_count))
+        workloads.append(Workload("step-r3", "small", (r3,), config.small_r3_count))
     if config.small_logprobs_count:
-        workloads.append(Workload("step-logprobs", "small", "logprobs", "float32",
-                                  (STEP_TOKENS,), config.small_logprobs_count))
+        workloads.append(Workload("step-logprobs", "small", (logprobs,), config.small_logprobs_count))
+    if config.small_step_count:
+        # What the Proxy's commit region writes per step: both fields in one call.
+        workloads.append(Workload("step-r3+logprobs", "small", (r3, logprobs), config.small_step_count))
     return workloads
 
 
@@ -295,9 +299,9 @@ def _report(config: TqBenchConfig, workloads: list[Workload], runs: list[_Run],
                 "system": run.name,
                 "workload": workload.name,
                 "kind": workload.kind,
-                "field": workload.field,
-                "dtype": workload.dtype,
-                "shape": list(workload.shape),
+                "fields": [p.field for p in workload.parts],
+                "dtypes": [p.dtype for p in workload.parts],
+                "shapes": [list(p.shape) for p in workload.parts],
                 "payload_bytes": workload.item_bytes,
                 "count": workload.count,
                 "total_bytes": workload.total_bytes,
@@ -450,7 +454,7 @@ def _environment() -> dict[str, Any]:
 
 def _fmt_bytes(n: int) -> str:
     if n >= MiB:
-        return f"{n / MiB:g} MiB"
+        return f"{n / MiB:.4g} MiB"
     return f"{n / 1024:g} KiB"
 
 

@@ -50,6 +50,8 @@ def register_tq(benches: argparse._SubParsersAction) -> None:
                    help="separate puts of one 4K-token step's R3 (1.25 MiB) per round (default 64; quick: 16; 0: skip)")
     p.add_argument("--small-logprobs-count", type=int, metavar="N",
                    help="separate puts of one step's logprobs (16 KiB) per round (default 256; quick: 64; 0: skip)")
+    p.add_argument("--small-step-count", type=int, metavar="N",
+                   help="steps written whole, R3 + logprobs in one call, per round (default 64; quick: 16; 0: skip)")
     p.add_argument("--seed", type=int, default=0)
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None,
@@ -64,7 +66,7 @@ def _run_tq(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {"seed": args.seed, "progress": args.progress}
     if args.sizes is not None:
         overrides["sizes_mib"] = parse_sizes(args.sizes)
-    for name in ("rounds", "warmup", "small_r3_count", "small_logprobs_count"):
+    for name in ("rounds", "warmup", "small_r3_count", "small_logprobs_count", "small_step_count"):
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value
