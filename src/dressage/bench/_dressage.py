@@ -6,6 +6,7 @@ The systems use only the public client API (``TransferQueue.start``, ``client.pu
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from dressage.bench._systems import BenchSystem, SystemUnavailable, Workload, make_items
@@ -193,13 +194,18 @@ class DressageAcrossSystem(BenchSystem):
 
     def start(self) -> None:
         dtq = _import_tq()
-        if self._shm:
-            raise SystemUnavailable("dressage.tq offers no shared-memory path between processes yet")
         if not hasattr(dtq.TransferQueue, "client_spec"):
             raise SystemUnavailable("dressage.tq has no cross-process client (client_spec) yet")
+        options: dict[str, Any] = {}
+        if "shared_memory" in {f.name for f in dataclasses.fields(dtq.TransferQueueConfig)}:
+            # Simulated nodes share one host, where the default moves large payloads through /dev/shm:
+            # dressage-zmq turns that off to measure the socket path a real second host would use.
+            options["shared_memory"] = self._shm
+        elif self._shm:
+            raise SystemUnavailable("dressage.tq offers no shared-memory path between processes")
         self._cluster.ensure_started()
         config = dtq.TransferQueueConfig(deployment="ray", unit_memory_budget=self._budget, on_full="error",
-                                         retention_s=None)
+                                         retention_s=None, **options)
         try:
             self._tq = dtq.TransferQueue.start(config)
             spec = self._tq.client_spec()
@@ -251,8 +257,9 @@ class DressageAcrossSystem(BenchSystem):
 
     def describe(self) -> dict[str, object]:
         nodes = {uid: ("node1" if n == self._target_node else "node0") for uid, n in self._units.items()}
+        via = "/dev/shm segments (payloads >= 256 KiB; smaller ones over ZMQ)" if self._shm else "ZMQ tcp"
         return {
-            "path": "client.put in an actor on node 0 -> StorageUnit actor on node 1 (ray deployment, ZMQ tcp) "
+            "path": f"client.put in an actor on node 0 -> StorageUnit actor on node 1 (ray deployment, {via}) "
                     "-> client.get_many in an actor on node 1",
             "units": nodes,
             "written_to": sorted(self._written_to),

@@ -195,6 +195,7 @@ def run_tq_bench(config: TqBenchConfig | None = None) -> dict[str, Any]:
     factories = _factories(config, workloads)
     cluster = factories.pop("_cluster")()
     env_start = _environment()
+    shm_before = _dev_shm()
     runs: list[_Run] = []
     try:
         for name in config.systems:
@@ -215,7 +216,16 @@ def run_tq_bench(config: TqBenchConfig | None = None) -> dict[str, Any]:
                 except Exception as exc:  # report, but keep closing the others
                     run.errors.setdefault("close", _describe_error(exc))
         cluster.close()  # type: ignore[attr-defined]
+    # Anything a system left in /dev/shm is a leak worth reporting (the bench itself creates nothing).
+    env_start["dev_shm_left_behind"] = sorted(_dev_shm() - shm_before)
     return _report(config, workloads, runs, env_start)
+
+
+def _dev_shm() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
 
 
 def _start(name: str, factory: Callable[[], BenchSystem]) -> _Run:
