@@ -11,9 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import socket
-import threading
-import time
 from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -21,7 +18,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from dressage.engine.config import EngineConfig
 from dressage.engine.core import Engine, Generation
-from dressage.errors import ConfigError, EngineRequestError
+from dressage.errors import EngineRequestError
+from dressage.serving import UvicornServer
 
 __all__ = ["create_app", "EngineServer"]
 
@@ -216,67 +214,23 @@ class EngineServer:
         self.config = config or (engine.config if engine else EngineConfig())
         self.engine = engine or Engine(self.config)
         self.app = create_app(self.engine)
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-        self._port: int | None = None
+        self._server = UvicornServer(self.app, host=self.config.host, port=self.config.port, name="engine",
+                                     log_level=self.config.log_level)
 
     @property
     def url(self) -> str:
-        if self._port is None:
-            raise RuntimeError("the engine server is not started")
-        return f"http://{self.config.host}:{self._port}"
-
-    def _bind(self) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
-        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
-        # and without it every answer with a body waits out a delayed ACK (~40 ms).
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
-            sock.bind((self.config.host, self.config.port))
-        except OSError as exc:
-            sock.close()
-            raise ConfigError(f"engine.port: cannot bind {self.config.host}:{self.config.port}: {exc}") from exc
-        self._port = sock.getsockname()[1]
-        return sock
-
-    def _uvicorn(self) -> Any:
-        import uvicorn
-
-        return uvicorn.Server(uvicorn.Config(self.app, log_level=self.config.log_level, access_log=False,
-                                             lifespan="off", timeout_keep_alive=30))
+        return self._server.url
 
     def serve(self) -> None:
         """Serve until interrupted (the ``dressage engine serve`` command)."""
-        sock = self._bind()
-        self._server = self._uvicorn()
-        self._server.run(sockets=[sock])
+        self._server.serve()
 
     def start_background(self, timeout: float = 10.0) -> str:
         """Start on a daemon thread (port 0 picks a free port); returns the base URL once it accepts."""
-        if self._thread is not None:
-            return self.url
-        sock = self._bind()
-        self._server = self._uvicorn()
-        self._server.install_signal_handlers = lambda: None  # not the main thread
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name="dressage-engine", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the engine server did not start within {timeout} s")
-            time.sleep(0.01)
-        return self.url
+        return self._server.start_background(timeout)
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout)
-        self._thread = None
+        self._server.stop(timeout)
 
     def __enter__(self) -> "EngineServer":
         self.start_background()
