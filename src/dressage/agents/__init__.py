@@ -4,7 +4,7 @@ Each session is an official ``openai`` client on the session's base URL: multi-t
 retries that branch, context compression that starts new Segments, and a reward at finalize.
 """
 
-from dressage.agents.client import ChatReply, ProxyClient, ToolCall, error_kind
+from dressage.agents.client import ChatReply, ProxyClient, ToolCall, error_kind, parse_completion
 from dressage.agents.config import AgentConfig
 from dressage.agents.conversation import ChatRequestPlan, Conversation
 from dressage.agents.policy import SessionPolicy, TurnDecision, needs_compression, score_transcript, summarize
@@ -17,5 +17,5 @@ __all__ = [
     "TaskPrompt", "make_prompts", "as_task_prompt",
     "Conversation", "ChatRequestPlan", "SessionPolicy", "TurnDecision", "needs_compression", "summarize",
     "score_transcript", "TOOL_SPECS", "ToolResult", "execute_tool",
-    "ProxyClient", "ChatReply", "ToolCall", "error_kind",
+    "ProxyClient", "ChatReply", "ToolCall", "error_kind", "parse_completion",
 ]

@@ -12,9 +12,10 @@ from typing import Any, Mapping, Sequence
 import httpx
 import openai
 
-from dressage.errors import AgentError, ConfigError, ProxyConnectionError, ProxyReplyError, ProxyStatusError, ProxyTimeout
+from dressage.errors import (AgentError, ConfigError, ProxyConnectionError, ProxyReplyError, ProxyStatusError,
+                             ProxyTimeout)
 
-__all__ = ["ProxyClient", "ChatReply", "ToolCall", "error_kind"]
+__all__ = ["ProxyClient", "ChatReply", "ToolCall", "error_kind", "parse_completion"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,8 @@ def _status_message(response: httpx.Response) -> str:
     return str(body)[:200]
 
 
-def _reply(completion: Any) -> ChatReply:
+def parse_completion(completion: Any) -> ChatReply:
+    """The parts of an openai ``ChatCompletion`` the agent needs; :class:`ProxyReplyError` if any is missing."""
     choices = getattr(completion, "choices", None)
     if not choices:
         raise ProxyReplyError("the chat completion has no choices")
@@ -159,7 +161,7 @@ class ProxyClient:
                                    status_code=exc.status_code) from exc
         except openai.APIError as exc:
             raise ProxyReplyError(f"chat.completions: {exc}") from exc
-        return _reply(completion)
+        return parse_completion(completion)
 
     async def aclose(self) -> None:
         await self.http.aclose()
