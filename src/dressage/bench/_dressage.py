@@ -102,7 +102,8 @@ class DressageEmbeddedSystem(BenchSystem):
             self._tq = self._client = None
 
     def describe(self) -> dict[str, object]:
-        return {"path": "client.put -> in-process StorageUnit -> client.get_many, one process"}
+        return {"path": "client.put -> in-process StorageUnit -> client.get_many, one process",
+                "get_returns": "read-only views of the unit's memory (no copy)"}
 
 
 
@@ -262,5 +263,7 @@ class DressageAcrossSystem(BenchSystem):
             "path": f"client.put in an actor on node 0 -> StorageUnit actor on node 1 (ray deployment, {via}) "
                     "-> client.get_many in an actor on node 1",
             "units": nodes,
+            "get_returns": "read-only maps of the unit's segments (no copy)" if self._shm
+            else "read-only views of the received frames",
             "written_to": sorted(self._written_to),
         }

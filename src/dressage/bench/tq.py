@@ -503,7 +503,10 @@ def format_table(report: dict[str, Any]) -> str:
             lead = "  ".join(c.ljust(w) for c, w in zip(row[:4], widths))
             lines.append(f"{lead}  {row[4]}")
     lines.append("")
-    lines.append("ratios are put+get bandwidth over the baseline's, same workload, same run")
+    lines.append("GB/s = 1e9 bytes/s, medians of alternating rounds; ratios compare put+get with the "
+                 "baseline's, same workload, same run")
+    lines.append("dressage gets return read-only views (embedded: of the unit's memory, shm: of its "
+                 "segments) rather than copies")
     for t in report["targets"]:
         verdict = {True: "MET", False: "NOT MET", None: "not measured"}[t["met"]]
         figures = ", ".join(
