@@ -102,7 +102,7 @@ def test_rollout_runs_tools_retries_and_compressions_through_the_real_proxy(engi
             assert done.reward == r.reward and 0.0 <= r.reward <= 1.0
             assert done.metadata["group_index"] == r.group_index
             assert done.metadata["sample_index"] == r.sample_index
-            assert done.metadata["rollout_id"] == 7
+            assert done.metadata["rollout_id"] == 7 and done.metadata["n_samples_per_prompt"] == N_SAMPLES
             segs = proxy.segments(r.session_id)
             reasons.update(s["boundary_reason"] for s in segs)
             multi_segment += len(segs) > 1

@@ -180,19 +180,23 @@ async def run_rollout(proxy_url: str, prompts: Sequence[TaskPrompt | str], n_sam
     """Run ``len(prompts) x n_samples_per_prompt`` sessions, at most ``concurrency`` at a time.
 
     Session (g, i) gets metadata ``group_index=g`` (the prompt's position), ``sample_index=i``,
-    plus ``metadata`` (e.g. a rollout id). Arguments are checked before any request is sent.
+    ``prompt_index``, ``task``, ``n_samples_per_prompt``, plus ``metadata`` (e.g. a rollout id).
+    Arguments are checked before any request is sent; ``token`` is the Proxy's bearer token.
     """
     tasks = _check_args(prompts, n_samples_per_prompt, concurrency, config)
     gate = asyncio.Semaphore(concurrency)
 
+    group_meta = {**(metadata or {}), "n_samples_per_prompt": n_samples_per_prompt}
+
     async def one(prompt: TaskPrompt, g: int, i: int) -> SessionResult:
         async with gate:
-            return await run_session(client, prompt, g, i, config, metadata)
+            return await run_session(client, prompt, g, i, config, group_meta)
 
     t0 = time.perf_counter()
     async with ProxyClient(proxy_url, token=token, timeout_s=config.request_timeout_s,
                            max_connections=concurrency) as client:
-        jobs = [asyncio.ensure_future(one(p, g, i)) for g, p in enumerate(tasks) for i in range(n_samples_per_prompt)]
+        jobs = [asyncio.ensure_future(one(p, g, i))
+                for g, p in enumerate(tasks) for i in range(n_samples_per_prompt)]
         try:
             results = await asyncio.gather(*jobs)
         except BaseException:
