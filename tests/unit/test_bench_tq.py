@@ -97,8 +97,8 @@ def test_system_that_cannot_start_is_listed_with_its_reason(monkeypatch) -> None
         def run_round(self, workload):  # pragma: no cover - never started
             raise AssertionError("a system that failed to start must not run")
 
-    def factories(config, workloads):
-        out = real(config, workloads)
+    def factories(config, workloads, cluster):
+        out = real(config, workloads, cluster)
         out["transferqueue"] = Broken
         return out
 

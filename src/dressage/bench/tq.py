@@ -132,13 +132,20 @@ def build_workloads(config: TqBenchConfig) -> list[Workload]:
 # --- building the systems --------------------------------------------------------------------
 
 
-def _factories(config: TqBenchConfig, workloads: Sequence[Workload]) -> dict[str, Callable[[], BenchSystem]]:
-    from dressage.bench import _dressage, _ray
+def _cluster(workloads: Sequence[Workload]) -> Any:
+    """The simulated two-node Ray cluster the cross-process systems share; started on first use."""
+    from dressage.bench._ray import BenchCluster
 
     largest = max(w.total_bytes for w in workloads)
-    budget = _dressage.tq_budget_bytes(largest)
     # Ray spills when a store holds less than 2-3x the largest object; give each node 3x a round.
-    cluster = _ray.BenchCluster(object_store_bytes=max(512 * MiB, 3 * largest + 128 * MiB))
+    return BenchCluster(object_store_bytes=max(512 * MiB, 3 * largest + 128 * MiB))
+
+
+def _factories(config: TqBenchConfig, workloads: Sequence[Workload],
+               cluster: Any) -> dict[str, Callable[[], BenchSystem]]:
+    from dressage.bench import _dressage, _ray
+
+    budget = _dressage.tq_budget_bytes(max(w.total_bytes for w in workloads))
     factories: dict[str, Callable[[], BenchSystem]] = {
         "memcpy": lambda: MemcpySystem(config.seed),
         "dressage-embedded": lambda: _dressage.DressageEmbeddedSystem(budget, config.seed),
@@ -147,7 +154,6 @@ def _factories(config: TqBenchConfig, workloads: Sequence[Workload]) -> dict[str
         "ray-object-store": lambda: _ray.RayObjectStoreSystem(cluster, config.seed),
         "transferqueue": lambda: _ray.TransferQueueSystem(cluster, config.seed),
     }
-    factories["_cluster"] = lambda: cluster  # type: ignore[assignment,return-value]
     return factories
 
 
@@ -178,6 +184,11 @@ def _progress(total: int, enabled: bool | None) -> Any:
 
 
 class _NoBar:
+    total = 0
+
+    def refresh(self) -> None:
+        pass
+
     def update(self, n: int = 1) -> None:
         pass
 
@@ -192,30 +203,32 @@ def run_tq_bench(config: TqBenchConfig | None = None) -> dict[str, Any]:
     """Run every configured system on every workload; return the JSON-ready report."""
     config = config or TqBenchConfig()
     workloads = build_workloads(config)
-    factories = _factories(config, workloads)
-    cluster = factories.pop("_cluster")()
+    cluster = _cluster(workloads)
+    factories = _factories(config, workloads, cluster)
     env_start = _environment()
     shm_before = _dev_shm()
     runs: list[_Run] = []
+    # Starting Ray and transferqueue takes tens of seconds: the bar counts starts as steps too.
+    bar = _progress(len(config.systems), config.progress)
     try:
         for name in config.systems:
+            bar.set_description_str(f"starting {name}")
             runs.append(_start(name, factories[name]))
+            bar.update()
         live = [r for r in runs if r.system is not None]
-        total = len(workloads) * len(live) * (config.rounds + config.warmup)
-        bar = _progress(total, config.progress)
-        try:
-            for workload in workloads:
-                _measure(workload, live, config, bar)
-        finally:
-            bar.close()
+        bar.total = len(config.systems) + len(workloads) * len(live) * (config.rounds + config.warmup)
+        bar.refresh()
+        for workload in workloads:
+            _measure(workload, live, config, bar)
     finally:
+        bar.close()
         for run in runs:
             if run.system is not None:
                 try:
                     run.system.close()
                 except Exception as exc:  # report, but keep closing the others
                     run.errors.setdefault("close", _describe_error(exc))
-        cluster.close()  # type: ignore[attr-defined]
+        cluster.close()
     # Anything a system left in /dev/shm is a leak worth reporting (the bench itself creates nothing).
     env_start["dev_shm_left_behind"] = sorted(_dev_shm() - shm_before)
     return _report(config, workloads, runs, env_start)
@@ -341,9 +354,7 @@ def _report(config: TqBenchConfig, workloads: list[Workload], runs: list[_Run],
         "results": results,
         "ratios": ratios,
         "targets": _targets(workloads, by_key),
-        "systems": {
-            run.name: ({"error": run.error} if run.system is None else run.system.describe()) for run in runs
-        },
+        "systems": {run.name: _system_info(run) for run in runs},
         "config": {**asdict(config), "sizes_mib": list(config.sizes_mib), "systems": list(config.systems)},
         "units": {
             "gbps": "decimal GB/s = payload bytes / 1e9 / median seconds",
@@ -352,6 +363,15 @@ def _report(config: TqBenchConfig, workloads: list[Workload], runs: list[_Run],
         },
         "environment": {**env_start, "loadavg_end": _loadavg()},
     }
+
+
+def _system_info(run: _Run) -> dict[str, Any]:
+    if run.system is None:
+        return {"error": run.error}
+    info = dict(run.system.describe())
+    if "close" in run.errors:
+        info["close_error"] = run.errors["close"]
+    return info
 
 
 def _ratios(workloads: list[Workload], runs: list[_Run],
