@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -81,6 +82,10 @@ def test_dead_unit_is_a_bounded_typed_error_naming_unit_and_keys():
     with TransferQueue.start({"deployment": "local", "num_storage_units": 2, "request_timeout_s": 1.0,
                               "unit_memory_budget": "1MiB"}) as tq:
         client = tq.client()
+        tokens = [u["shm_token"] for u in tq.client_spec()["units"]]
+        big = [client.put("routed_experts", np.ones(300_000, dtype=np.uint8)) for _ in range(2)]
+        assert {r.unit_id for r in big} == {"unit0", "unit1"}  # one shared-memory segment in each
+        assert sum(len(glob.glob(f"/dev/shm/dtq-{t}-*")) for t in tokens) == 2
         refs = [client.put("logprobs", np.full(16, i, dtype=np.float32)) for i in range(4)]
         victim = refs[0].unit_id
         os.kill(tq.processes()[victim], signal.SIGKILL)
@@ -116,5 +121,6 @@ def test_dead_unit_is_a_bounded_typed_error_naming_unit_and_keys():
             client.get(FieldRef(key="gone", unit_id=alive[0].unit_id, field="logprobs", dtype="float32",
                                 shape=(16,)))
         pids = tq.processes()
+    assert all(glob.glob(f"/dev/shm/dtq-{t}-*") == [] for t in tokens)  # even the killed unit's segment
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                    for p in pids.values())

@@ -137,7 +137,11 @@ class TransferQueueClient:
                 raise
             break
         try:
-            self._controller.commit_many(names)
+            if getattr(self._controller, "remote", False):
+                # Durable in the unit is what put promises; the directory learns it without a round trip.
+                self._controller.commit_many(names, unit_id=unit_id, wait=False)
+            else:
+                self._controller.commit_many(names, unit_id=unit_id)
         except BaseException:
             self._abort_quietly(names)
             raise

@@ -53,6 +53,8 @@ class TransferQueueConfig:
     """Controller port (local/ray, or embedded once exposed); 0 picks a free port."""
     unit_base_port: int = 0
     """StorageUnit ``i`` binds ``unit_base_port + i``; 0 picks free ports."""
+    shared_memory: bool = True
+    """Between processes on one host, move payloads of 256 KiB and more through /dev/shm."""
     request_timeout_s: float = 30.0
     """A StorageUnit or Controller that does not answer within this is StorageUnitUnavailable."""
     startup_timeout_s: float = 60.0
@@ -73,6 +75,8 @@ class TransferQueueConfig:
         self.full_wait_s = _seconds("full_wait_s", self.full_wait_s, allow_zero=True)
         if self.retention_s is not None:
             self.retention_s = _seconds("retention_s", self.retention_s)
+        if not isinstance(self.shared_memory, bool):
+            raise ConfigError(f"{_PREFIX}.shared_memory: expected true or false, got {self.shared_memory!r}")
         self.request_timeout_s = _seconds("request_timeout_s", self.request_timeout_s)
         self.startup_timeout_s = _seconds("startup_timeout_s", self.startup_timeout_s)
         if not isinstance(self.host, str) or not self.host or any(c in self.host for c in " /:"):

@@ -35,21 +35,25 @@ class KeyState(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class UnitInfo:
-    """A StorageUnit as the directory sees it; ``address`` is its ZMQ endpoint when it has one."""
+    """A StorageUnit as the directory sees it; ``address`` is its ZMQ endpoint when it has one,
+    ``host_id`` / ``shm_token`` let writers and readers on its host use shared memory."""
 
     unit_id: str
     node_id: str | None = None
     memory_budget: int = 4 << 30
     address: str | None = None
+    host_id: str | None = None
+    shm_token: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {"unit_id": self.unit_id, "node_id": self.node_id, "memory_budget": self.memory_budget,
-                "address": self.address}
+                "address": self.address, "host_id": self.host_id, "shm_token": self.shm_token}
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> "UnitInfo":
         return cls(unit_id=str(obj["unit_id"]), node_id=obj.get("node_id"),
-                   memory_budget=int(obj.get("memory_budget", 4 << 30)), address=obj.get("address"))
+                   memory_budget=int(obj.get("memory_budget", 4 << 30)), address=obj.get("address"),
+                   host_id=obj.get("host_id"), shm_token=obj.get("shm_token"))
 
 
 @dataclass(slots=True)
@@ -141,15 +145,28 @@ class Controller:
         """The payload is durable in its unit."""
         self.commit_many([key])
 
-    def commit_many(self, keys: Iterable[str]) -> None:
+    def commit_many(self, keys: Iterable[str], *, unit_id: str | None = None) -> None:
+        """Mark placed keys durable. A key the directory no longer holds (cleared or expired while its
+        payload was in flight) raises; with ``unit_id`` given its unit copy is also queued for deletion,
+        so a commit that nobody waits for can never leave an orphan behind."""
+        missing = []
         with self._lock:
             now = self._clock()
             for key in keys:
                 entry = self._entries.get(key)
                 if entry is None:
-                    raise TransferQueueError(f"commit of key {key!r} that was never placed (or expired)")
-                entry.state = KeyState.WRITTEN
+                    missing.append(key)
+                    if unit_id is not None:
+                        self._to_delete.setdefault(unit_id, set()).add(key)
+                    continue
+                if entry.state is KeyState.PENDING:  # never move a consumed key back
+                    entry.state = KeyState.WRITTEN
                 entry.touched_at = now
+        if missing:
+            raise TransferQueueError(
+                f"commit of {len(missing)} key(s) that were cleared or expired while being written: "
+                f"{', '.join(map(repr, missing[:8]))}"
+            )
 
     def abort(self, key: str, *, unit_down: bool = False) -> None:
         """Forget a key whose write failed; the unit copy (if any) is queued for deletion.

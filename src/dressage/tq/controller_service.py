@@ -72,7 +72,7 @@ class ControllerServer:
                                   batch=_opt_str(c.get("batch"), "batch"))
             return {"unit_id": unit}, ()
         if op == "commit":
-            ctl.commit_many(_str_list(c.get("keys"), "keys"))
+            ctl.commit_many(_str_list(c.get("keys"), "keys"), unit_id=_opt_str(c.get("unit_id"), "unit_id"))
             return {}, ()
         if op == "abort":
             ctl.abort_many(_str_list(c.get("keys"), "keys"), unit_down=bool(c.get("unit_down", False)))
@@ -115,6 +115,8 @@ class ControllerServer:
 class RemoteController:
     """Client-side twin of :class:`Controller` (same method names and results)."""
 
+    remote = True
+
     def __init__(self, address: str, *, timeout_s: float = 30.0) -> None:
         self.address = address
         self._rpc = RpcClient(address, timeout_s=timeout_s, name="TransferQueue controller")
@@ -133,9 +135,14 @@ class RemoteController:
     def commit(self, key: str) -> None:
         self.commit_many([key])
 
-    def commit_many(self, keys: Iterable[str]) -> None:
+    def commit_many(self, keys: Iterable[str], *, unit_id: str | None = None, wait: bool = True) -> None:
+        """``wait=False`` sends the commit without waiting for its reply (saves a round trip per put);
+        pass ``unit_id`` then, so a commit that arrives too late deletes its unit copy."""
         keys = list(keys)
-        self._rpc.call("commit", {"keys": keys}, keys=keys)
+        if wait:
+            self._rpc.call("commit", {"keys": keys, "unit_id": unit_id}, keys=keys)
+        else:
+            self._rpc.send_oneway("commit", {"keys": keys, "unit_id": unit_id}, keys=keys)
 
     def abort(self, key: str, *, unit_down: bool = False) -> None:
         self.abort_many([key], unit_down=unit_down)

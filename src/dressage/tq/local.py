@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from dressage.errors import StorageUnitUnavailable, TransferQueueError
+from dressage.tq import shm
 from dressage.tq.client import TransferQueueClient
 from dressage.tq.config import TransferQueueConfig
 from dressage.tq.controller import Controller, UnitInfo
@@ -74,6 +75,7 @@ class LocalDeployment:
         self._procs: dict[str, subprocess.Popen] = {}
         self._units: dict[str, RemoteStorageUnit] = {}
         infos: list[UnitInfo] = []
+        self._infos = infos
         try:
             for i in range(config.num_storage_units or 1):
                 uid = f"unit{i}"
@@ -82,12 +84,14 @@ class LocalDeployment:
                         "--memory-budget", str(config.budget_bytes), "--on-full", config.on_full]
                 if config.spill_dir:
                     args += ["--spill-dir", config.spill_dir]
+                if not config.shared_memory:
+                    args.append("--no-shared-memory")
                 proc, address = _spawn(args, f"StorageUnit {uid}", config.startup_timeout_s)
                 self._procs[uid] = proc
-                infos.append(UnitInfo(uid, None, config.budget_bytes, address))
-                self._units[uid] = RemoteStorageUnit(uid, address, memory_budget=config.budget_bytes,
-                                                     timeout_s=config.request_timeout_s,
-                                                     supports_spill=config.on_full == "spill")
+                handle = RemoteStorageUnit.describe(uid, address, timeout_s=config.request_timeout_s)
+                self._units[uid] = handle
+                infos.append(UnitInfo(uid, None, config.budget_bytes, address, host_id=handle.host_id,
+                                      shm_token=handle.shm_token))
             args = ["dressage.tq.controller_service", "--units", json.dumps([u.to_wire() for u in infos]),
                     "--host", config.host, "--port", str(config.controller_port),
                     "--sweep-s", str(sweep_interval(config)), "--timeout-s", str(config.request_timeout_s)]
@@ -99,6 +103,7 @@ class LocalDeployment:
         except BaseException:
             self.shutdown()
             raise
+        self._infos = infos
         self._spec = make_spec(address, infos, supports_spill=config.on_full == "spill",
                                timeout_s=config.request_timeout_s, on_full=config.on_full,
                                full_wait_s=config.full_wait_s)
@@ -127,6 +132,9 @@ class LocalDeployment:
             controller.close()
         _stop(list(self._procs.values()))
         self._procs.clear()
+        for info in getattr(self, "_infos", []):
+            if info.shm_token:
+                shm.remove_segments(info.shm_token)  # whatever a killed unit left behind
 
 
 class EmbeddedServers:
@@ -138,9 +146,11 @@ class EmbeddedServers:
         try:
             for i, (uid, unit) in enumerate(units.items()):
                 port = config.unit_base_port + i if config.unit_base_port else 0
-                server = StorageUnitServer(unit, host=config.host, port=port).start()
+                server = StorageUnitServer(unit, host=config.host, port=port,
+                                           shared_memory=config.shared_memory).start()
                 self._servers.append(server)
-                infos.append(UnitInfo(uid, unit.node_id, unit.memory_budget, server.address))
+                infos.append(UnitInfo(uid, unit.node_id, unit.memory_budget, server.address,
+                                      host_id=server.host_id, shm_token=server.shm.token if server.shm else None))
             ctl = ControllerServer(controller, host=config.host, port=config.controller_port).start()
             self._servers.append(ctl)
         except BaseException:

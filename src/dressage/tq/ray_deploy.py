@@ -55,7 +55,7 @@ class _UnitActor:
     """Runs a StorageUnit server in the actor's process; the actor itself carries no payload."""
 
     def __init__(self, unit_id: str, memory_budget: int, on_full: str, spill_dir: str | None, host: str,
-                 port: int) -> None:
+                 port: int, shared_memory: bool) -> None:
         import ray
 
         from dressage.tq.storage import make_storage_unit
@@ -64,9 +64,11 @@ class _UnitActor:
         node_id = ray.get_runtime_context().get_node_id()
         self.backend = make_storage_unit(unit_id, node_id=node_id, memory_budget=memory_budget,
                                          on_full=on_full, spill_dir=spill_dir)
-        self.server = StorageUnitServer(self.backend, host=host, port=port).start()
+        self.server = StorageUnitServer(self.backend, host=host, port=port, shared_memory=shared_memory).start()
         self.info = {"unit_id": unit_id, "node_id": node_id, "memory_budget": memory_budget,
-                     "address": f"tcp://{_advertised(host)}:{self.server.rpc.port}", "pid": os.getpid()}
+                     "address": f"tcp://{_advertised(host)}:{self.server.rpc.port}", "pid": os.getpid(),
+                     "host_id": self.server.host_id,
+                     "shm_token": self.server.shm.token if self.server.shm else None}
 
     def describe(self) -> dict[str, Any]:
         return self.info
@@ -129,12 +131,13 @@ class RayDeployment:
                 port = config.unit_base_port + i if config.unit_base_port else 0
                 actor = unit_cls.options(
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
-                ).remote(f"unit{i}", config.budget_bytes, config.on_full, config.spill_dir, config.host, port)
+                ).remote(f"unit{i}", config.budget_bytes, config.on_full, config.spill_dir, config.host, port,
+                         config.shared_memory)
                 actors.append(actor)
                 self._actors.append(actor)
             described = self._wait([a.describe.remote() for a in actors], "StorageUnit actors")
-            self._infos = [UnitInfo(d["unit_id"], d["node_id"], int(d["memory_budget"]), d["address"])
-                           for d in described]
+            self._infos = [UnitInfo(d["unit_id"], d["node_id"], int(d["memory_budget"]), d["address"],
+                                    host_id=d.get("host_id"), shm_token=d.get("shm_token")) for d in described]
             self._pids.update({d["unit_id"]: int(d["pid"]) for d in described})
             ctl_cls = ray.remote(num_cpus=0)(_ControllerActor)
             controller = ctl_cls.options(
@@ -151,7 +154,8 @@ class RayDeployment:
         self._units = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address or "", node_id=u.node_id,
                                                     memory_budget=u.memory_budget,
                                                     timeout_s=config.request_timeout_s,
-                                                    supports_spill=config.on_full == "spill")
+                                                    supports_spill=config.on_full == "spill",
+                                                    host_id=u.host_id, shm_token=u.shm_token)
                        for u in self._infos}
         self._spec = make_spec(ctl["address"], self._infos, supports_spill=config.on_full == "spill",
                                timeout_s=config.request_timeout_s, on_full=config.on_full,

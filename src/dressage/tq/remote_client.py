@@ -42,6 +42,7 @@ def connect_spec(cls: Any, spec: Mapping[str, Any], *, node_id: str | None = Non
             raise ConfigError(f"transfer_queue client spec: unit {u.get('unit_id')!r} has no address")
         units[u["unit_id"]] = RemoteStorageUnit(
             u["unit_id"], u["address"], node_id=u.get("node_id"), memory_budget=int(u["memory_budget"]),
-            timeout_s=timeout, supports_spill=bool(u.get("supports_spill")))
+            timeout_s=timeout, supports_spill=bool(u.get("supports_spill")), host_id=u.get("host_id"),
+            shm_token=u.get("shm_token"))
     return cls(controller, units, node_id=node_id, on_full=str(spec.get("on_full", "spill")),
                full_wait_s=float(spec.get("full_wait_s", 30.0)), owns_handles=True, spec=dict(spec))

@@ -26,6 +26,17 @@ log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any], list[Any]], "tuple[dict[str, Any], Sequence[Any]]"]
 _POLL_MS = 1000
 _HWM = 1000
+# Zero-copy sends cost a Frame object and a release notification each; below this size copying is cheaper.
+_ZERO_COPY_MIN = 64 * 1024
+
+
+def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
+    """Send a multipart message: large buffers without a copy, small ones copied."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        more = zmq.SNDMORE if i < last else 0
+        size = frame.nbytes if hasattr(frame, "nbytes") else len(frame)
+        sock.send(frame, flags | more, copy=size < _ZERO_COPY_MIN)
 
 
 class RpcServer:
@@ -108,7 +119,7 @@ class RpcServer:
             reply, payloads = error_to_wire(exc), ()
         reply["id"] = req_id
         try:
-            self._sock.send_multipart([ident, *encode(reply, payloads)], copy=False, flags=zmq.NOBLOCK)
+            send_frames(self._sock, [ident, *encode(reply, payloads)], zmq.NOBLOCK)
         except zmq.Again:  # the peer is not reading; dropping its reply keeps everyone else served
             log.warning("%s: dropped a reply to a peer that is not reading", self._name)
 
@@ -161,6 +172,17 @@ class RpcClient:
                 return
         sock.close(0)
 
+    def send_oneway(self, op: str, control: dict[str, Any] | None = None, *, keys: Sequence[str] = ()) -> None:
+        """Send a request without waiting; its reply is discarded by the socket's next call."""
+        message = {**(control or {}), "op": op, "id": -next(self._ids)}
+        sock = self._borrow()
+        try:
+            sock.send_multipart(encode(message), flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise self._unavailable(op, keys, f"send failed: {exc}") from exc
+        self._give_back(sock)
+
     def call(self, op: str, control: dict[str, Any] | None = None, payloads: Sequence[Any] = (), *,
              keys: Sequence[str] = (), timeout_s: float | None = None) -> tuple[dict[str, Any], list[Any]]:
         """Send one request and wait for its reply; raise the server's typed error or
@@ -172,7 +194,7 @@ class RpcClient:
         healthy = False
         try:
             try:
-                sock.send_multipart(encode(message, payloads), copy=False, flags=zmq.NOBLOCK)
+                send_frames(sock, encode(message, payloads), zmq.NOBLOCK)
             except zmq.ZMQError as exc:
                 raise self._unavailable(op, keys, f"send failed: {exc}") from exc
             deadline = time.monotonic() + timeout

@@ -1,7 +1,8 @@
 """A StorageUnit reached over ZMQ: the client side of ``storage/server.py``.
 
 Each call is one round trip; put sends the array's buffer without copying it, get returns read-only
-arrays viewing the received frames. Silence beyond ``timeout_s`` is StorageUnitUnavailable naming the
+arrays viewing the received frames. On the unit's own host, payloads of 256 KiB and more go through
+/dev/shm instead (see ``tq/shm.py``): one copy to write, none to read. Silence beyond ``timeout_s`` is StorageUnitUnavailable naming the
 unit and the keys.
 """
 
@@ -12,10 +13,14 @@ from typing import Any
 
 import numpy as np
 
+import itertools
+import secrets
+
 from dressage.errors import ProtocolError
+from dressage.tq import shm
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit, prepare_array
 from dressage.tq.transport import RpcClient
-from dressage.tq.wire import array_from_frame, dtype_name
+from dressage.tq.wire import array_from_frame, check_dtype, dtype_name
 
 __all__ = ["RemoteStorageUnit"]
 
@@ -29,9 +34,14 @@ class RemoteStorageUnit(StorageUnit):
     remote = True
 
     def __init__(self, unit_id: str, address: str, *, node_id: str | None = None,
-                 memory_budget: int = 4 << 30, timeout_s: float = 30.0, supports_spill: bool = False) -> None:
+                 memory_budget: int = 4 << 30, timeout_s: float = 30.0, supports_spill: bool = False,
+                 host_id: str | None = None, shm_token: str | None = None) -> None:
         super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget)
         self.address = address
+        self.host_id = host_id
+        # Shared memory only with a unit on this very host (same /dev/shm) that offers it.
+        self.shm_token = shm_token if shm_token and host_id and host_id == shm.host_id() else None
+        self._segments = (f"{secrets.token_hex(4)}{n:x}" for n in itertools.count())
         self.supports_spill = supports_spill  # instance value: whatever the backend behind it declares
         self._rpc = RpcClient(address, timeout_s=timeout_s, name=f"StorageUnit {unit_id}")
 
@@ -44,29 +54,60 @@ class RemoteStorageUnit(StorageUnit):
         finally:
             probe.close()
         return cls(d["unit_id"], address, node_id=d.get("node_id"), memory_budget=int(d["memory_budget"]),
-                   timeout_s=timeout_s, supports_spill=bool(d.get("supports_spill")))
+                   timeout_s=timeout_s, supports_spill=bool(d.get("supports_spill")), host_id=d.get("host_id"),
+                   shm_token=d.get("shm_token"))
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        return self.shm_token is not None
 
     # The server validates and counts; these overrides make each call a single round trip.
     def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, copy: bool = True) -> list[BlobInfo]:
         # docstring inherited
-        # The bytes go straight from the callers' buffers to the socket.
-        arrays = [(key, prepare_array(array, copy=False)) for key, array in items]
-        meta = [[key, dtype_name(a.dtype), list(a.shape)] for key, a in arrays]
-        reply, _ = self._rpc.call("put", {"items": meta}, [a for _, a in arrays], keys=[k for k, _ in arrays])
+        meta, frames, segments = [], [], []
+        try:
+            for key, array in items:
+                data = prepare_array(array, copy=False)
+                item = [key, dtype_name(data.dtype), list(data.shape)]
+                if self.shm_token is not None and data.nbytes >= shm.SHM_MIN_BYTES:
+                    name = f"dtq-{self.shm_token}-{next(self._segments)}"
+                    try:
+                        shm.write_segment(name, data)
+                        segments.append(name)
+                        item.append(name)
+                    except OSError:  # /dev/shm full or unavailable: this item goes over the socket
+                        pass
+                if len(item) == 3:
+                    frames.append(data)  # sent straight from the caller's buffer
+                meta.append(item)
+            reply, _ = self._rpc.call("put", {"items": meta}, frames, keys=[m[0] for m in meta])
+        except BaseException:
+            for name in segments:  # the unit unlinks what it adopted; this covers what it never saw
+                shm.remove_segment(name)
+            raise
         return [_info(i) for i in reply["infos"]]
 
     def get_many(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
         # docstring inherited
         reqs = [[k, int(a), None if b is None else int(b)] for k, a, b in requests]
-        reply, frames = self._rpc.call("get", {"reqs": reqs}, keys=[r[0] for r in reqs])
+        reply, frames = self._rpc.call("get", {"reqs": reqs, "shm": self.shm_token is not None},
+                                       keys=[r[0] for r in reqs])
         metas = reply.get("arrays")
-        if not isinstance(metas, list) or len(metas) != len(frames) or len(frames) != len(reqs):
+        if not isinstance(metas, list) or len(metas) != len(reqs):
             raise ProtocolError(f"StorageUnit {self.unit_id}: get reply does not match its {len(reqs)} requests")
-        out = []
-        for (dtype, shape), frame in zip(metas, frames):
-            a = array_from_frame(frame, dtype, shape)
-            a.flags.writeable = False
-            out.append(a)
+        out, next_frame = [], iter(frames)
+        try:
+            for meta in metas:
+                if len(meta) == 2:
+                    a = array_from_frame(next(next_frame), meta[0], meta[1])
+                elif len(meta) == 4 and isinstance(meta[3], int) and meta[3] >= 0:
+                    a = shm.map_segment(meta[2], meta[3], check_dtype(meta[0]), tuple(meta[1]))
+                else:
+                    raise ProtocolError(f"StorageUnit {self.unit_id}: bad array descriptor {meta!r:.80}")
+                a.flags.writeable = False
+                out.append(a)
+        except StopIteration:
+            raise ProtocolError(f"StorageUnit {self.unit_id}: get reply has too few payload frames") from None
         return out
 
     def info(self, key: str) -> BlobInfo:

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from dressage.errors import ProtocolError
+from dressage.tq.shm import ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
 from dressage.tq.transport import RpcServer
-from dressage.tq.wire import array_from_frame, array_meta
+from dressage.tq.wire import array_from_frame, array_meta, check_dtype
 
 __all__ = ["StorageUnitServer", "main"]
 
@@ -34,6 +35,13 @@ def _keys(value: Any) -> list[str]:
     return [_key(k) for k in value]
 
 
+def _shape(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        raise ProtocolError(f"bad shape {value!r:.80}")
+    return tuple(value)
+
+
 def _row(value: Any, what: str) -> int | None:
     if value is None and what == "stop":
         return None
@@ -45,8 +53,11 @@ def _row(value: Any, what: str) -> int | None:
 class StorageUnitServer:
     """Serves one backend over ZMQ; ops: put, get, delete, exists, list, info, stats, ping."""
 
-    def __init__(self, backend: StorageUnit, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, backend: StorageUnit, *, host: str = "127.0.0.1", port: int = 0,
+                 shared_memory: bool = True, shm_token: str | None = None) -> None:
         self.backend = backend
+        self.host_id = host_id() if shared_memory else None
+        self.shm = ShmRegistry(shm_token) if self.host_id else None
         self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}")
 
     @property
@@ -62,20 +73,35 @@ class StorageUnitServer:
 
     def stop(self) -> None:
         self.rpc.stop()
+        if self.shm is not None:
+            self.shm.close()  # unlink names; mappings (ours and readers') stay valid until dropped
+
+    def describe(self) -> dict[str, Any]:
+        unit = self.backend
+        return {"unit_id": unit.unit_id, "node_id": unit.node_id, "memory_budget": unit.memory_budget,
+                "supports_spill": unit.supports_spill, "pid": os.getpid(), "address": self.address,
+                "host_id": self.host_id, "shm_token": self.shm.token if self.shm else None}
 
     def _handle(self, control: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
         op = control["op"]
         unit = self.backend
         if op == "put":
             items = control.get("items")
-            if not isinstance(items, list) or not items or len(items) != len(frames):
-                raise ProtocolError(f"put carries one payload frame per item ({len(frames)} frames)")
-            arrays = []
-            for item, frame in zip(items, frames):
-                if not isinstance(item, list) or len(item) != 3:
-                    raise ProtocolError("put items are [key, dtype, shape]")
-                arrays.append((_key(item[0]), array_from_frame(frame, item[1], item[2])))
-            # The received frames are ours alone: the unit may keep them without copying.
+            if not isinstance(items, list) or not items:
+                raise ProtocolError("put needs a non-empty list of items")
+            framed = sum(1 for i in items if isinstance(i, list) and len(i) == 3)
+            if framed != len(frames):
+                raise ProtocolError(f"put declares {framed} payload frames, the message has {len(frames)}")
+            arrays, next_frame = [], iter(frames)
+            for item in items:
+                if isinstance(item, list) and len(item) == 3:
+                    array = array_from_frame(next(next_frame), item[1], item[2])
+                elif isinstance(item, list) and len(item) == 4 and self.shm is not None:
+                    array = self.shm.adopt(item[3], check_dtype(item[1]), _shape(item[2]))
+                else:
+                    raise ProtocolError("put items are [key, dtype, shape] or [key, dtype, shape, segment]")
+                arrays.append((_key(item[0]), array))
+            # Received frames and adopted segments are ours alone: the unit keeps them without copying.
             infos = unit.put_many(arrays, copy=False)
             return {"infos": [[i.key, i.dtype, list(i.shape), i.nbytes, i.spilled] for i in infos]}, ()
         if op == "get":
@@ -83,7 +109,16 @@ class StorageUnitServer:
             if not isinstance(reqs, list) or not all(isinstance(r, list) and len(r) == 3 for r in reqs):
                 raise ProtocolError("'reqs' must be a list of [key, start, stop]")
             arrays = unit.get_many([(_key(k), _row(a, "start"), _row(b, "stop")) for k, a, b in reqs])
-            return {"arrays": [array_meta(a) for a in arrays]}, arrays
+            use_shm = control.get("shm") is True and self.shm is not None
+            metas, payloads = [], []
+            for a in arrays:
+                where = self.shm.locate(a) if use_shm else None  # type: ignore[union-attr]
+                if where is None:
+                    metas.append(array_meta(a))
+                    payloads.append(a)
+                else:
+                    metas.append([*array_meta(a), where[0], where[1]])
+            return {"arrays": metas}, payloads
         if op == "delete":
             return {"removed": unit.delete(_keys(control.get("keys")))}, ()
         if op == "exists":
@@ -94,10 +129,10 @@ class StorageUnitServer:
             info = unit.info(_key(control.get("key")))
             return {"info": [info.key, info.dtype, list(info.shape), info.nbytes, info.spilled]}, ()
         if op == "stats":
-            return {"stats": unit.stats(), "pid": os.getpid(), "rejected": self.rpc.rejected}, ()
+            stats = {**unit.stats(), **(self.shm.stats() if self.shm else {"shm_segments": 0, "shm_bytes": 0})}
+            return {"stats": stats, "pid": os.getpid(), "rejected": self.rpc.rejected}, ()
         if op == "describe":
-            return {"unit_id": unit.unit_id, "node_id": unit.node_id, "memory_budget": unit.memory_budget,
-                    "supports_spill": unit.supports_spill, "pid": os.getpid()}, ()
+            return self.describe(), ()
         if op == "ping":
             return {}, ()
         raise ProtocolError(f"unknown op {op!r:.40}")
@@ -123,11 +158,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-budget", type=int, required=True)
     p.add_argument("--on-full", default="spill", choices=("spill", "wait", "error"))
     p.add_argument("--spill-dir", default=None)
+    p.add_argument("--no-shared-memory", action="store_true")
+    p.add_argument("--shm-token", default=None)
     args = p.parse_args(argv)
     backend = make_storage_unit(args.unit_id, node_id=args.node_id, memory_budget=args.memory_budget,
                                 on_full=args.on_full, spill_dir=args.spill_dir)
-    server = StorageUnitServer(backend, host=args.host, port=args.port)
-    return serve_until_signalled(server.rpc, backend.close, f"READY {server.address} {os.getpid()}")
+    server = StorageUnitServer(backend, host=args.host, port=args.port, shared_memory=not args.no_shared_memory,
+                               shm_token=args.shm_token)
+
+    def cleanup() -> None:
+        if server.shm is not None:
+            server.shm.close()
+        backend.close()
+
+    return serve_until_signalled(server.rpc, cleanup, f"READY {server.address} {os.getpid()}")
 
 
 def serve_until_signalled(rpc: RpcServer, cleanup: Any, ready_line: str) -> int:

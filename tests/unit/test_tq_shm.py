@@ -1,0 +1,131 @@
+"""Same-host shared-memory path: segments are adopted without copies, read by mapping, and cleaned up."""
+
+from __future__ import annotations
+
+import gc
+import glob
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+from dressage.errors import KeyNotFoundError, ProtocolError
+from dressage.tq import TransferQueue, TransferQueueClient, shm, wire
+from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit
+from dressage.tq.storage.remote import RemoteStorageUnit
+from dressage.tq.storage.server import StorageUnitServer
+
+pytestmark = pytest.mark.skipif(shm.host_id() is None, reason="no /dev/shm on this host")
+BIG = 1 << 20
+
+
+def segments(token):
+    return glob.glob(os.path.join(shm.SHM_DIR, f"dtq-{token}-*"))
+
+
+def _backing(array):
+    obj = array
+    while isinstance(obj, np.ndarray):
+        obj = obj.base
+    return obj.obj if isinstance(obj, memoryview) else obj
+
+
+@pytest.fixture
+def served(tmp_path):
+    backend = SpillStorageUnit("s0", memory_budget=3 * BIG, spill_dir=tmp_path)
+    server = StorageUnitServer(backend).start()
+    remote = RemoteStorageUnit.describe("s0", server.address, timeout_s=5)
+    yield backend, server, remote
+    remote.close()
+    server.stop()
+    backend.close()
+
+
+def test_large_put_goes_through_a_segment_and_get_maps_it(served):
+    backend, server, remote = served
+    assert remote.uses_shared_memory
+    a = np.arange(BIG // 4, dtype=np.float32)
+    remote.put("k", a)
+    assert len(segments(server.shm.token)) == 1
+    assert remote.stats()["shm_bytes"] == a.nbytes
+    out = remote.get("k", 1000, 2000)
+    np.testing.assert_array_equal(out, a[1000:2000])
+    assert isinstance(_backing(out), mmap.mmap) and not out.flags.writeable
+    small = np.arange(10, dtype=np.int32)  # below the threshold: a socket frame
+    remote.put("small", small)
+    assert len(segments(server.shm.token)) == 1
+    np.testing.assert_array_equal(remote.get("small"), small)
+
+
+def test_segment_is_unlinked_on_delete_and_a_held_view_stays_valid(served):
+    _, server, remote = served
+    a = np.full(BIG, 7, dtype=np.uint8)
+    remote.put("k", a)
+    held = remote.get("k")
+    remote.delete(["k"])
+    gc.collect()
+    assert segments(server.shm.token) == []
+    assert int(held[0]) == 7 and int(held[-1]) == 7
+    with pytest.raises(KeyNotFoundError):
+        remote.get("k")
+
+
+def test_spilled_put_leaves_no_segment_and_reads_over_the_socket(served):
+    backend, server, remote = served
+    blobs = [np.full(BIG, i, dtype=np.uint8) for i in range(5)]  # 5 MiB into a 3 MiB budget
+    for i, b in enumerate(blobs):
+        remote.put(f"k{i}", b)
+    gc.collect()
+    s = remote.stats()
+    assert s["spilled_bytes"] == 2 * BIG and len(segments(server.shm.token)) == 3
+    for i, b in enumerate(blobs):
+        np.testing.assert_array_equal(remote.get(f"k{i}", 5, 9), b[5:9])
+
+
+def test_foreign_segment_names_are_refused_and_the_unit_keeps_serving(served, tmp_path):
+    _, server, remote = served
+    import zmq
+
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(server.address)
+    try:
+        for name in ["../../etc/passwd", "dtq-0000000000000000-1", f"dtq-{server.shm.token}-nope"]:
+            raw.send_multipart(wire.encode({"op": "put", "items": [["evil", "uint8", [4], name]]}))
+            assert raw.poll(5000)
+            reply = wire.decode_control(raw.recv_multipart()[0])
+            assert reply["error"] == "ProtocolError"
+    finally:
+        raw.close(0)
+    assert not remote.exists("evil")
+    remote.put("fine", np.zeros(BIG, dtype=np.uint8))
+    assert remote.exists("fine")
+    with pytest.raises(ProtocolError):
+        shm.map_segment("../x", 0, np.dtype("uint8"), (1,))
+
+
+def test_shared_memory_can_be_turned_off():
+    backend = MemoryStorageUnit("m0", memory_budget=4 * BIG)
+    server = StorageUnitServer(backend, shared_memory=False).start()
+    remote = RemoteStorageUnit.describe("m0", server.address, timeout_s=5)
+    try:
+        assert not remote.uses_shared_memory
+        remote.put("k", np.ones(BIG, dtype=np.uint8))
+        assert not isinstance(_backing(remote.get("k")), mmap.mmap)
+    finally:
+        remote.close()
+        server.stop()
+        backend.close()
+
+
+def test_embedded_deployment_exposed_to_a_same_host_client_uses_segments_and_cleans_up():
+    with TransferQueue.start({"unit_memory_budget": "16MiB"}) as tq:
+        spec = tq.client_spec()
+        tokens = [u["shm_token"] for u in spec["units"]]
+        client = TransferQueueClient.connect(spec)
+        ref = client.put("routed_experts", np.ones((BIG // 32, 8, 4), dtype=np.uint8), batch="b")
+        assert len(segments(tokens[0])) == 1
+        assert int(client.get(ref.narrow(3, 4)).sum()) == 32
+        client.close()
+    assert all(segments(t) == [] for t in tokens)
