@@ -148,7 +148,7 @@ def test_failed_local_commit_deletes_tq_keys(tq, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("injected commit failure")
 
-    monkeypatch.setattr(s, "commit_step", boom)
+    monkeypatch.setattr(s, "insert_step", boom)
     with pytest.raises(RuntimeError, match="injected"):
         core.ingest(s.session_id, d, sglang_body(prompt, [40, 41], start=0), prompt_ids=prompt)
     assert client.counters.puts == 2
@@ -166,13 +166,13 @@ def test_commit_after_finalize_meanwhile_deletes_keys(tq):
     p2 = np.concatenate([s.steps[0].full_ids, [7]]).astype(np.int32)
     d2 = core.plan(s.session_id, p2)
     # The session is finalized between the TQ write and the local commit.
-    orig = s.commit_step
+    orig = s.insert_step
 
     def finalize_then_commit(*a, **k):
         s.finalize(1.0)
         return orig(*a, **k)
 
-    s.commit_step = finalize_then_commit
+    s.insert_step = finalize_then_commit
     keys_before = tq.total_keys()
     with pytest.raises(SessionStateError):
         core.ingest(s.session_id, d2, sglang_body(p2, [41], start=d2.routed_experts_start), prompt_ids=p2)

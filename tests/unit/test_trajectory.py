@@ -247,3 +247,17 @@ def test_r3_off_session_rejects_routed_experts_and_builds_without_them():
     with pytest.raises(FieldShapeError, match="Routing Replay off"):
         s.commit_step(s.route(ids(SYS, [30], [1])), prompt_ids=ids(SYS, [30], [1]), response_ids=[2],
                       logprobs=[0.0], routed_experts=np.zeros((1, 1, 1), np.int32))
+
+
+def test_prepared_step_is_refused_once_the_session_moved_on():
+    s = new_session()
+    call(s, SYS, [30])
+    p = ids(SYS, [30], TOOL)
+    d = s.route(p)
+    rec = s.prepare_step(d, prompt_ids=p, response_ids=[40], logprobs=[0.0],
+                         routed_experts=expected_r3(ids(p, [40]), start=d.routed_experts_start))
+    assert len(s.steps) == 1                                    # prepare changes nothing
+    call(s, p, [41])                                            # another call got in first
+    with pytest.raises(TrajectoryError, match="changed since"):
+        s.insert_step(rec)
+    assert len(s.steps) == 2

@@ -47,7 +47,7 @@ class ProxyCore:
 
     def __init__(self, config: DataPlaneConfig, tq: Any = None, *, sink: Callable[[FinalizedSession], None] | None = None,
                  decode: Callable[[np.ndarray], str] | None = None, special_ids: Sequence[int] = (),
-                 batch_tag: Callable[[], str | None] | None = None) -> None:
+                 batch_tag: Callable[[], str | None] | None = None, journal: Any = None) -> None:
         if config.enable_transfer_queue and tq is None:
             raise TransferWriteError("TransferQueue is enabled but no TransferQueue client was given")
         self.config = config
@@ -56,6 +56,9 @@ class ProxyCore:
         self._decode = decode
         self._special_ids = tuple(special_ids)
         self._batch_tag = batch_tag or (lambda: None)
+        self.journal = journal
+        # Keys stay unique across restarts of a Proxy that recovered its sessions from a journal.
+        self._epoch = secrets.token_hex(3)
         self.sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
         self._calls: dict[str, int] = {}
@@ -68,6 +71,8 @@ class ProxyCore:
                 raise SessionStateError(f"session {sid} already exists")
             session = Session(sid, metadata=dict(metadata or {}), r3_shape=self.config.r3_shape,
                               decode=self._decode, special_ids=self._special_ids)
+            if self.journal is not None:
+                self.journal.session_created(session)
             self.sessions[sid] = session
             self._calls[sid] = 0
         return session
@@ -136,9 +141,12 @@ class ProxyCore:
         values.update(refs)
         try:
             with self._lock:
-                return session.commit_step(decision, prompt_ids=prompt_ids, response_ids=response,
+                rec = session.prepare_step(decision, prompt_ids=prompt_ids, response_ids=response,
                                            logprobs=values["logprobs"], routed_experts=values.get("routed_experts"),
                                            token_versions=token_versions, **step_kwargs)
+                if self.journal is not None:
+                    self.journal.step(session_id, decision, rec)  # durable before it is visible
+                return session.insert_step(rec)
         except BaseException:
             self._delete_quietly(list(refs.values()))
             raise
@@ -156,7 +164,7 @@ class ProxyCore:
             self._calls[session_id] = call + 1
         batch = self._batch_tag()
         futures: dict[str, Future] = {
-            n: self.tq.put_async(n, np.ascontiguousarray(fields[n]), batch=batch, key=f"{session_id}/{call}/{n}")
+            n: self.tq.put_async(n, np.ascontiguousarray(fields[n]), batch=batch, key=f"{session_id}/{self._epoch}.{call}/{n}")
             for n in names
         }
         refs: dict[str, Any] = {}
@@ -184,6 +192,12 @@ class ProxyCore:
         with self._lock:
             session = self.session(session_id)
             session.finalize(reward)
+            if self.journal is not None:
+                self.journal.finalized(session_id, session.reward)
+        return self._deliver(session)
+
+    def _deliver(self, session: Session) -> FinalizedSession:
+        session_id = session.session_id
         segments = build_segments(session, self.config.segment_view,
                                   drop_retry_orphans=self.config.drop_retry_orphans)
         used = {id(p.value) for seg in segments for pieces in seg.large.values() for p in pieces
@@ -200,6 +214,8 @@ class ProxyCore:
         with self._lock:
             session = self.session(session_id)
             session.abort(reason)
+            if self.journal is not None:
+                self.journal.aborted(session_id, reason)
         refs = session.large_field_refs()
         self._delete_quietly(refs)
         return len(refs)
@@ -210,5 +226,20 @@ class ProxyCore:
             s = self.sessions.get(session_id)
             if s is not None and s.state == "active":
                 raise SessionStateError(f"session {session_id} is still active")
-            self.sessions.pop(session_id, None)
+            if self.sessions.pop(session_id, None) is not None and self.journal is not None:
+                self.journal.forgotten(session_id)
             self._calls.pop(session_id, None)
+
+    def recover(self, path: Any) -> Any:
+        """Replay a journal into this (empty) core: active sessions resume, finalized ones are
+        delivered to the sink again (their Samples were not consumed yet), aborted ones stay."""
+        from dressage.proxy.journal import Journal
+
+        sessions, report = Journal.replay(path, decode=self._decode, special_ids=self._special_ids)
+        with self._lock:
+            for sid, s in sessions.items():
+                self.sessions[sid] = s
+                self._calls[sid] = 0
+        for sid in report.finalized:
+            self._deliver(self.sessions[sid])
+        return report

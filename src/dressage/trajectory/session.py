@@ -148,12 +148,22 @@ class Session:
         return Boundary("tito_mismatch", drift=drift, matched_tokens=lcp, candidate_step=cand.step_id)
 
     # ------------------------------------------------------------------ commit
-    def commit_step(self, decision: RouteDecision, *, prompt_ids: Any, response_ids: Any,
-                    logprobs: Any = None, routed_experts: Any = None,
-                    routed_experts_start: int | None = None, token_versions: Any = 0,
-                    messages: Any = None, tools: Any = None, boundary_reason: str | None = None,
-                    metadata: dict[str, Any] | None = None, created_at: float | None = None) -> StepRecord:
-        """Validate and record one step. On any error the session is unchanged."""
+    def commit_step(self, decision: RouteDecision, **step: Any) -> StepRecord:
+        """Validate and record one step (:meth:`prepare_step` then :meth:`insert_step`).
+
+        On any error the session is unchanged.
+        """
+        return self.insert_step(self.prepare_step(decision, **step))
+
+    def prepare_step(self, decision: RouteDecision, *, prompt_ids: Any, response_ids: Any,
+                     logprobs: Any = None, routed_experts: Any = None,
+                     routed_experts_start: int | None = None, token_versions: Any = 0,
+                     messages: Any = None, tools: Any = None, boundary_reason: str | None = None,
+                     metadata: dict[str, Any] | None = None, created_at: float | None = None) -> StepRecord:
+        """Validate a step and build its record without changing the session.
+
+        The record is valid for :meth:`insert_step` until the session changes.
+        """
         if self.state != "active":
             raise SessionStateError(f"session {self.session_id} is {self.state}; it takes no more steps")
         prompt = _as_ids(prompt_ids, "prompt_ids")
@@ -204,39 +214,47 @@ class Session:
             raise FieldShapeError(f"token_versions has shape {versions.shape}, expected ({R},)")
         versions = versions.astype(np.int32, copy=False)
 
-        # Every check passed: mutate. The kind is re-derived now, as another call may have
-        # extended the parent since the decision was made.
+        # Every check passed. The kind is re-derived now, as another call may have extended the
+        # parent since the decision was made.
         step_id = len(self.steps)
         if parent is None:
-            lineage, branch_from = self._new_lineage(), None
+            lineage, branch_from = self._next_lineage, None
             boundary = decision.boundary or Boundary(boundary_reason or "new_session")
             if boundary_reason:
                 boundary = Boundary(boundary_reason, boundary.drift, boundary.matched_tokens, boundary.candidate_step)
         elif self.children.get(parent.step_id):
-            lineage, branch_from, boundary = self._new_lineage(), parent.step_id, None
+            lineage, branch_from, boundary = self._next_lineage, parent.step_id, None
         else:
             lineage, branch_from, boundary = parent.lineage_id, None, None
         now = time.time()
-        rec = StepRecord(
+        return StepRecord(
             step_id=step_id, prompt_ids=prompt, response_ids=response, logprobs=logprobs,
             routed_experts=routed_experts, routed_experts_start=start if self.r3_shape else 0,
             token_versions=versions, parent_id=None if parent is None else parent.step_id,
             lineage_id=lineage, branch_from=branch_from, boundary=boundary, messages=messages,
             tools=tools, created_at=created_at or now, finished_at=now, metadata=dict(metadata or {}),
         )
-        self.steps[step_id] = rec
-        if parent is not None:
-            self.children.setdefault(parent.step_id, []).append(step_id)
+
+    def insert_step(self, rec: StepRecord) -> StepRecord:
+        """Add a record from :meth:`prepare_step`; refuses one the session has moved past."""
+        if self.state != "active":
+            raise SessionStateError(f"session {self.session_id} is {self.state}; it takes no more steps")
+        if rec.step_id != len(self.steps) or (rec.parent_id is not None and rec.parent_id not in self.steps):
+            raise TrajectoryError(f"session {self.session_id} changed since step {rec.step_id} was prepared")
+        siblings = self.children.get(rec.parent_id, []) if rec.parent_id is not None else []
+        if rec.lineage_id not in (self._next_lineage,) and siblings:
+            raise TrajectoryError(f"session {self.session_id} changed since step {rec.step_id} was prepared")
+        if rec.lineage_id == self._next_lineage:
+            self._next_lineage += 1
+        self.steps[rec.step_id] = rec
+        if rec.parent_id is not None:
+            self.children.setdefault(rec.parent_id, []).append(rec.step_id)
         return rec
 
     def add_step(self, prompt_ids: Any, response_ids: Any, **kwargs: Any) -> StepRecord:
         """Route and commit in one call (``tools`` also takes part in routing)."""
         decision = self.route(prompt_ids, tools=kwargs.get("tools"))
         return self.commit_step(decision, prompt_ids=prompt_ids, response_ids=response_ids, **kwargs)
-
-    def _new_lineage(self) -> int:
-        self._next_lineage += 1
-        return self._next_lineage - 1
 
     # --------------------------------------------------------------- lifecycle
     def finalize(self, reward: float | None = None) -> None:
