@@ -120,6 +120,15 @@ class ClientTests:
         np.testing.assert_array_equal(got[0], np.arange(3))
         assert [int(g[0]) for g in got[1:]] == list(range(6))
 
+    def test_concurrent_puts_from_many_threads(self, tq, client):
+        sizes = [16, 300_000, 1000, 400_000] * 6  # small frames and shared-memory sized payloads
+        futures = [client.put_async("routed_experts", np.full(n, i % 251, dtype=np.uint8), batch="c")
+                   for i, n in enumerate(sizes)]
+        refs = [f.result(timeout=30) for f in futures]
+        got = client.get_many(refs)
+        assert [(len(g), int(g[-1])) for g in got] == [(n, i % 251) for i, n in enumerate(sizes)]
+        assert client.clear("c") == len(sizes) and tq.total_keys() == 0
+
     def test_copy_true_gives_writable_arrays(self, client):
         ref = client.put("logprobs", np.arange(4, dtype=np.float32))
         (view,) = client.get_many([ref])

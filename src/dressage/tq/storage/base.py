@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dressage.errors import KeyNotFoundError, ProtocolError, RowRangeError, TransferQueueError
-from dressage.tq.wire import dtype_name, is_plain_dtype
+from dressage.tq.wire import is_plain_dtype
 
 __all__ = ["StorageUnit", "BlobInfo", "RowRequest", "prepare_array"]
 

@@ -2,8 +2,8 @@
 
 Each call is one round trip; put sends the array's buffer without copying it, get returns read-only
 arrays viewing the received frames. On the unit's own host, payloads of 256 KiB and more go through
-/dev/shm instead (see ``tq/shm.py``): one copy to write, none to read. Silence beyond ``timeout_s`` is StorageUnitUnavailable naming the
-unit and the keys.
+/dev/shm instead (see ``tq/shm.py``): one copy to write, none to read. Silence beyond ``timeout_s`` is
+StorageUnitUnavailable naming the unit and the keys.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ class RemoteStorageUnit(StorageUnit):
         self.host_id = host_id
         # Shared memory only with a unit on this very host (same /dev/shm) that offers it.
         self.shm_token = shm_token if shm_token and host_id and host_id == shm.host_id() else None
-        self._segments = (f"{secrets.token_hex(4)}{n:x}" for n in itertools.count())
+        # itertools.count is safe to share between threads (a generator expression is not).
+        self._segment_prefix = secrets.token_hex(4)
+        self._segment_seq = itertools.count()
         self.supports_spill = supports_spill  # instance value: whatever the backend behind it declares
         self._rpc = RpcClient(address, timeout_s=timeout_s, name=f"StorageUnit {unit_id}")
 
@@ -70,7 +72,7 @@ class RemoteStorageUnit(StorageUnit):
                 data = prepare_array(array, copy=False)
                 item = [key, dtype_name(data.dtype), list(data.shape)]
                 if self.shm_token is not None and data.nbytes >= shm.SHM_MIN_BYTES:
-                    name = f"dtq-{self.shm_token}-{next(self._segments)}"
+                    name = f"dtq-{self.shm_token}-{self._segment_prefix}{next(self._segment_seq):x}"
                     try:
                         shm.write_segment(name, data)
                         segments.append(name)
