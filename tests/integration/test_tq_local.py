@@ -124,3 +124,16 @@ def test_dead_unit_is_a_bounded_typed_error_naming_unit_and_keys():
     assert all(glob.glob(f"/dev/shm/dtq-{t}-*") == [] for t in tokens)  # even the killed unit's segment
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
                    for p in pids.values())
+
+
+def test_retention_runs_in_the_controller_process_and_empties_the_units():
+    with TransferQueue.start({"deployment": "local", "num_storage_units": 2, "retention_s": 0.3,
+                              "unit_memory_budget": "1MiB"}) as tq:
+        client = tq.client()
+        for i in range(6):
+            client.put("logprobs", np.full(64, i, dtype=np.float32), batch="never-cleared")
+        assert tq.total_keys() == 6
+        deadline = time.monotonic() + 10
+        while tq.total_keys() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert tq.total_keys() == 0 and tq.controller.total_keys() == 0
