@@ -15,6 +15,7 @@ Hierarchy::
     │   └── EngineRequestError       the engine rejected the request (4xx); the message is its own
     ├── TokenizerError               tokenizer or chat template
     │   └── ChatTemplateError        messages the template cannot render (or no exact TITO delta)
+    ├── JournalError                 the Proxy journal cannot be written or read back
     ├── TrajectoryError              session / StepRecord / Segment semantics
     │   ├── SessionStateError        append to a finalized or aborted session
     │   └── UnknownStepError         a parent or step id that does not exist
@@ -22,6 +23,7 @@ Hierarchy::
     │   ├── KeyNotFoundError         unknown, cleared or consumed key
     │   ├── RowRangeError            a read outside the rows a key stores
     │   ├── StorageUnitUnavailable   a unit that died or did not answer in time
+    │   ├── LostSamplesError         Samples whose fields were on a lost unit (names them)
     │   ├── StorageFullError         a unit over its budget with spilling disabled
     │   ├── ProtocolError            a malformed, pickled or future-version frame
     │   └── IntegrityError           a stored blob whose checksum does not match
@@ -51,6 +53,7 @@ __all__ = [
     "EngineRequestError",
     "TokenizerError",
     "ChatTemplateError",
+    "JournalError",
     "TrajectoryError",
     "SessionStateError",
     "UnknownStepError",
@@ -59,6 +62,7 @@ __all__ = [
     "RowRangeError",
     "StorageUnitUnavailable",
     "StorageFullError",
+    "LostSamplesError",
     "ProtocolError",
     "IntegrityError",
     "AgentError",
@@ -138,6 +142,10 @@ class ChatTemplateError(TokenizerError, ValueError):
     """Messages the chat template cannot render, or a TITO delta that is not an exact suffix."""
 
 
+class JournalError(DressageError):
+    """The Proxy journal cannot be written, or a record in it cannot be read back."""
+
+
 class TrajectoryError(DressageError):
     """A rollout-session operation that breaks trajectory semantics."""
 
@@ -164,6 +172,15 @@ class RowRangeError(TransferQueueError, ValueError):
 
 class StorageUnitUnavailable(TransferQueueError):
     """A StorageUnit died or did not answer within its timeout."""
+
+
+class LostSamplesError(TransferQueueError):
+    """Samples whose large fields cannot be read any more (their StorageUnit died or lost the keys)."""
+
+    def __init__(self, message: str, *, samples: "list[str] | None" = None, keys: "list[str] | None" = None) -> None:
+        self.samples = list(samples or [])
+        self.keys = list(keys or [])
+        super().__init__(message)
 
 
 class StorageFullError(TransferQueueError):

@@ -278,3 +278,29 @@ def test_torch_tensors_share_memory_with_restored_arrays(tq):
     assert t["rollout_routed_experts"].dtype == torch.int32
     assert t["rollout_routed_experts"].data_ptr() == samples[0].rollout_routed_experts.ctypes.data
 
+
+
+@pytest.mark.parametrize("policy", ["fail", "drop", "reroll"])
+def test_lost_keys_follow_the_on_lost_policy(tq, policy):
+    from dressage.errors import LostSamplesError
+
+    client = tq.client()
+    rm = RolloutManager(dp_size=1)
+    core = ProxyCore(_config(True), client, sink=rm)
+    for g in range(3):
+        _drive(core, SCRIPT, group=g)
+    batch = rm.take_batch(0)
+    victim = batch.samples[0]
+    lost_key = victim.remote["routed_experts"][-1].value.key       # a key only this Sample's leaf uses
+    client.delete([lost_key])                                      # as if its unit had lost it
+    reader = TrainingReader(client, on_lost=policy)
+    if policy == "fail":
+        with pytest.raises(LostSamplesError) as info:
+            reader.restore(batch.shards[0])
+        assert f"{victim.session_id}#{victim.segment_index}" in info.value.samples
+        assert info.value.keys == [lost_key]
+        return
+    kept = reader.restore(batch.shards[0])
+    assert victim not in kept and len(kept) == len(batch.samples) - 1
+    assert all(s.is_restored for s in kept)
+    assert reader.last_lost.keys == [lost_key] and reader.last_lost.groups == [victim.group_index]

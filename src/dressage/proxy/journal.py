@@ -17,17 +17,13 @@ from typing import Any, Iterator
 import msgpack
 import numpy as np
 
-from dressage.errors import ConfigError, DressageError
+from dressage.errors import ConfigError, JournalError
 from dressage.trajectory import Boundary, RouteDecision, Session, StepRecord
 
 __all__ = ["Journal", "JournalError", "ReplayReport", "FSYNC_POLICIES"]
 
 FSYNC_POLICIES = ("always", "interval", "never")
 _VERSION = 1
-
-
-class JournalError(DressageError):
-    """The journal cannot be written, or a record in it cannot be read back."""
 
 
 def _arr(a: np.ndarray) -> dict[str, Any]:

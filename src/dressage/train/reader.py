@@ -12,10 +12,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dressage.errors import ConfigError, KeyNotFoundError, LostSamplesError, StorageUnitUnavailable
 from dressage.trajectory import SAMPLE_LARGE_FIELDS, Sample, materialize_pieces
 from dressage.trajectory.pieces import Piece
 
-__all__ = ["TrainingReader", "ReadPlan", "release_batch", "to_torch"]
+__all__ = ["TrainingReader", "ReadPlan", "LostReport", "LOST_POLICIES", "release_batch", "to_torch"]
 
 
 @dataclass(slots=True)
@@ -53,19 +54,82 @@ def plan_reads(samples: Sequence[Sample]) -> ReadPlan:
     return ReadPlan(refs, offsets, n)
 
 
-class TrainingReader:
-    """Restores a DP shard's Samples in place with one batched read per StorageUnit."""
+LOST_POLICIES = ("fail", "drop", "reroll")
 
-    def __init__(self, client: Any) -> None:
+
+@dataclass(slots=True)
+class LostReport:
+    """Samples of a shard whose large fields could not be read, and why."""
+
+    samples: list[Sample]
+    keys: list[str]
+    reasons: list[str]
+
+    @property
+    def groups(self) -> list[int]:
+        """Prompt groups to re-roll (``on_lost='reroll'``)."""
+        return sorted({s.group_index for s in self.samples if s.group_index is not None})
+
+
+class TrainingReader:
+    """Restores a DP shard's Samples in place with one batched read per StorageUnit.
+
+    ``on_lost`` says what happens to Samples whose StorageUnit died or no longer has their
+    keys: ``fail`` raises :class:`LostSamplesError` naming them; ``drop`` and ``reroll`` leave
+    them out of the returned list and describe them in ``last_lost`` (``reroll`` is a request
+    to the driver to roll their prompts again).
+    """
+
+    def __init__(self, client: Any, *, on_lost: str = "fail") -> None:
+        if on_lost not in LOST_POLICIES:
+            raise ConfigError(f"on_lost: expected one of {', '.join(LOST_POLICIES)}, got {on_lost!r}")
         self.client = client
+        self.on_lost = on_lost
         self.last_plan: ReadPlan | None = None
+        self.last_lost: LostReport | None = None
+
+    def _read(self, plan: ReadPlan) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        keys = list(plan.refs)
+        if not keys:
+            return {}, {}
+        try:
+            return dict(zip(keys, self.client.get_many([plan.refs[k] for k in keys]))), {}
+        except (StorageUnitUnavailable, KeyNotFoundError):
+            pass
+        # Something is lost: read unit by unit to learn exactly which keys.
+        arrays: dict[str, np.ndarray] = {}
+        lost: dict[str, str] = {}
+        by_unit: dict[str, list[str]] = {}
+        for k in keys:
+            by_unit.setdefault(plan.refs[k].unit_id, []).append(k)
+        for unit, unit_keys in by_unit.items():
+            try:
+                arrays.update(zip(unit_keys, self.client.get_many([plan.refs[k] for k in unit_keys])))
+            except StorageUnitUnavailable as exc:
+                lost.update((k, f"unit {unit}: {exc}") for k in unit_keys)
+            except KeyNotFoundError:
+                for k in unit_keys:  # one key at a time, to keep what is still there
+                    try:
+                        arrays[k] = self.client.get_many([plan.refs[k]])[0]
+                    except (StorageUnitUnavailable, KeyNotFoundError) as exc:
+                        lost[k] = str(exc)
+        return arrays, lost  # empty ``lost``: the failure was transient and every unit answered
 
     def restore(self, samples: Sequence[Sample]) -> list[Sample]:
+        """Restore ``samples`` in place; returns those restored (all of them unless some were lost)."""
         samples = list(samples)
         plan = plan_reads(samples)
-        self.last_plan = plan
-        keys = list(plan.refs)
-        arrays = dict(zip(keys, self.client.get_many([plan.refs[k] for k in keys]))) if keys else {}
+        self.last_plan, self.last_lost = plan, None
+        arrays, lost = self._read(plan)
+        if lost:
+            hit = [s for s in samples if _sample_keys(s) & lost.keys()]
+            names = [f"{s.session_id}#{s.segment_index}" for s in hit]
+            if self.on_lost == "fail":
+                raise LostSamplesError(
+                    f"{len(hit)} Samples lost their large fields ({len(lost)} keys; e.g. "
+                    f"{next(iter(lost.values()))}): {', '.join(names[:10])}", samples=names, keys=sorted(lost))
+            self.last_lost = LostReport(hit, sorted(lost), sorted(set(lost.values())))
+            samples = [s for s in samples if not (_sample_keys(s) & lost.keys())]
 
         def resolve(p: Piece) -> np.ndarray:
             if isinstance(p.value, np.ndarray):
@@ -83,6 +147,11 @@ class TrainingReader:
     async def arestore(self, samples: Sequence[Sample]) -> list[Sample]:
         import asyncio
         return await asyncio.to_thread(self.restore, samples)
+
+
+def _sample_keys(s: Sample) -> set[str]:
+    return {p.value.key for pieces in s.remote.values() for p in pieces
+            if isinstance(p, Piece) and not isinstance(p.value, np.ndarray)}
 
 
 def release_batch(client: Any, keys: Sequence[str]) -> int:
