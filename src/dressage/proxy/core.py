@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import secrets
 import threading
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -163,21 +162,13 @@ class ProxyCore:
             call = self._calls[session_id]
             self._calls[session_id] = call + 1
         batch = self._batch_tag()
-        futures: dict[str, Future] = {
-            n: self.tq.put_async(n, np.ascontiguousarray(fields[n]), batch=batch, key=f"{session_id}/{self._epoch}.{call}/{n}")
-            for n in names
-        }
-        refs: dict[str, Any] = {}
-        error: BaseException | None = None
-        for n, fut in futures.items():
-            try:
-                refs[n] = fut.result()
-            except BaseException as exc:  # collect every outcome before deciding
-                error = error or exc
-        if error is not None:
-            self._delete_quietly(list(refs.values()))
-            raise TransferWriteError(f"session {session_id}: TransferQueue write failed: {error}") from error
-        return refs
+        keys = [f"{session_id}/{self._epoch}.{call}/{n}" for n in names]
+        try:
+            # One placement, one unit round trip and one commit for the step's fields: all or nothing.
+            refs = self.tq.put_many([(n, np.ascontiguousarray(fields[n])) for n in names], batch=batch, keys=keys)
+        except DressageError as exc:
+            raise TransferWriteError(f"session {session_id}: TransferQueue write failed: {exc}") from exc
+        return dict(zip(names, refs))
 
     def _delete_quietly(self, refs: list[Any]) -> None:
         if refs and self.tq is not None:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-__all__ = ["PssSampler", "proxy_held_bytes", "process_pss"]
+__all__ = ["PssSampler", "proxy_held_bytes", "process_pss", "process_vitals"]
 
 
 def process_pss(pid: int | None = None) -> int:
@@ -18,6 +18,12 @@ def process_pss(pid: int | None = None) -> int:
         return int(p.memory_full_info().pss)
     except (AttributeError, psutil.AccessDenied):
         return int(p.memory_info().rss)
+
+
+def process_vitals(pid: int | None = None) -> dict[str, int]:
+    """PSS, open file descriptors (sockets included) and threads of a process: what a soak watches."""
+    p = psutil.Process(pid)
+    return {"pss_bytes": process_pss(pid), "open_fds": p.num_fds(), "threads": p.num_threads()}
 
 
 class PssSampler:
