@@ -23,7 +23,7 @@ from dressage.proxy.sglang_client import SGLangClient
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
 from dressage.run.config import RunConfig
-from dressage.run.memory import PssSampler, proxy_held_bytes
+from dressage.run.memory import PssSampler, process_vitals, proxy_held_bytes
 from dressage.tokenizer import load_tokenizer
 from dressage.train import TrainingReader, check_sample, release_batch, sample_digest
 from dressage.train.digest import combine_digests
@@ -132,7 +132,8 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
             keys_left = tq.total_keys() if tq is not None else 0
             report.rollouts.append({"rollout": i, "sessions": len(finished), "segments": out["segments"],
                                     "digest": out["digest"], "tq_keys_left": keys_left,
-                                    "agent_errors": _agent_counts(rr).get("errors", 0)})
+                                    "agent_errors": _agent_counts(rr).get("errors", 0),
+                                    "proxy_sessions_held": len(core.sessions), **process_vitals()})
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(segments=report.segments, keys_left=keys_left)
