@@ -128,8 +128,8 @@ def test_http_errors_are_clear_and_server_keeps_serving(proxy):
     assert r.status_code == 422 and r.json()["error"]["param"] == "messages.0.role"
     r = _post(chat, json={"messages": []})
     assert r.status_code == 422 and r.json()["error"]["param"] == "messages"
-    r = _post(chat, json={"messages": [{"role": "user", "content": "x"}], "stream": True})
-    assert r.status_code == 422 and "stream" in r.json()["error"]["message"]
+    r = _post(chat, json={"messages": [{"role": "user", "content": "x"}], "tool_choice": "sometimes"})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "tool_choice"
     r = _post(f"{url}/sessions/nope/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
     r = _post(f"{url}/sessions/{sid}/generate", json={"input_ids": [-3]})

@@ -1,4 +1,5 @@
-"""FastAPI routes of the Proxy: sessions, the per-session OpenAI base URL, finalize, segments."""
+"""FastAPI routes of the Proxy: sessions, the OpenAI chat API (per-session base URL or session
+headers, streamed or not), finalize, trajectories and stats, rollout pause / resume, engines."""
 
 from __future__ import annotations
 
@@ -9,18 +10,28 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dressage.errors import (ChatTemplateError, ConfigError, DressageError, EngineError, EngineTimeout, FieldError,
-                             SessionStateError, TransferQueueError, UnknownStepError, WireFormatError)
-from dressage.proxy.schemas import ChatRequest, CreateSession, FinalizeRequest, GenerateRequest
+                             SessionStateError, TransferQueueError, TrajectoryError, UnknownStepError, WireFormatError)
+from dressage.proxy.errors import (ContextOverflowError, MissingSessionIdError, NoHealthyEngineError,
+                                   WeightVersionChangedError)
+from dressage.proxy.schemas import (ChatRequest, CreateSession, FinalizeRequest, FinalizeSessionRequest, GenerateRequest,
+                                    ResumeRequest, TrajectoryReadRequest)
+from dressage.proxy.sessions import identity_from_headers
 
 __all__ = ["build_app", "error_body", "status_for"]
 
 
 def status_for(exc: DressageError) -> tuple[int, str]:
     """HTTP status and OpenAI error type for a Dressage error."""
+    if isinstance(exc, (ContextOverflowError, MissingSessionIdError)):
+        return 400, "invalid_request_error"
+    if isinstance(exc, WeightVersionChangedError):
+        return 409, "weight_version_changed"
+    if isinstance(exc, NoHealthyEngineError):
+        return 503, "engine_unavailable"
     if isinstance(exc, UnknownStepError):
         return 404, "not_found"
     if isinstance(exc, SessionStateError):
@@ -35,6 +46,8 @@ def status_for(exc: DressageError) -> tuple[int, str]:
         return 503, "transfer_queue_unavailable"
     if isinstance(exc, (ConfigError, ChatTemplateError)):
         return 400, "invalid_request_error"
+    if isinstance(exc, TrajectoryError):
+        return 409, "session_state"
     return 500, "internal_error"
 
 
@@ -63,7 +76,10 @@ def build_app(service: Any) -> FastAPI:
     async def dressage_error(request: Request, exc: DressageError):
         service.failed_calls += 1
         status, kind = status_for(exc)
-        return JSONResponse(error_body(str(exc), kind, code=type(exc).__name__), status)
+        # A 4xx here is final (a retry gets the same answer): tell OpenAI clients not to retry it.
+        headers = {"x-should-retry": "false"} if status < 500 else None
+        return JSONResponse(error_body(str(exc), kind, code=getattr(exc, "code", None) or type(exc).__name__),
+                            status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -96,9 +112,26 @@ def build_app(service: Any) -> FastAPI:
         s = service.core.create_session((body.metadata if body else None))
         return {"session_id": s.session_id, "base_url": service.session_url(base(request), s.session_id)}
 
+    async def answer(session_id: str, request: Request, body: ChatRequest) -> Response:
+        turn = identity_from_headers(request.headers).turn_id
+        out = await service.open_chat(session_id, body, turn_id=turn)
+        if isinstance(out, dict):
+            return Response(json.dumps(out), media_type="application/json")
+        return StreamingResponse(out, media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
     @app.post("/sessions/{session_id}/v1/chat/completions")
-    async def chat(session_id: str, body: ChatRequest) -> dict[str, Any]:
-        return await service.chat(session_id, body)
+    async def chat(session_id: str, request: Request, body: ChatRequest) -> Response:
+        return await answer(session_id, request, body)
+
+    @app.post("/v1/chat/completions")
+    async def chat_by_headers(request: Request, body: ChatRequest) -> Response:
+        sid = service.header_session(identity_from_headers(request.headers))
+        return await answer(sid, request, body)
+
+    @app.get("/v1/models")
+    async def all_models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": service.config.served_model_name, "object": "model",
+                                            "owned_by": "dressage"}]}
 
     @app.get("/sessions/{session_id}/v1/models")
     async def models(session_id: str) -> dict[str, Any]:
@@ -129,6 +162,52 @@ def build_app(service: Any) -> FastAPI:
         # Serialise with the stdlib: token lists can be long and pydantic adds nothing here.
         payload = json.dumps([seg.to_summary() for seg in done.segments])
         return Response(payload, media_type="application/json")
+
+    @app.post("/session/finalize")
+    async def finalize_by_headers(request: Request, body: FinalizeSessionRequest | None = None) -> dict[str, Any]:
+        sid = (body.session_id if body else None) or identity_from_headers(request.headers).session_id
+        if not sid:
+            raise MissingSessionIdError("give session_id in the body or an X-Session-Id header")
+        done = await asyncio.to_thread(service.finalize, sid, body.reward if body else None)
+        return {"session_id": sid, "segments": len(done.segments), "reward": done.reward}
+
+    @app.post("/trajectory/read")
+    async def trajectory_read(body: TrajectoryReadRequest | None = None) -> Response:
+        body = body or TrajectoryReadRequest()
+        wanted = list(body.session_ids or []) + ([body.session_id] if body.session_id else [])
+        if not wanted:
+            wanted = list(service.finalized)
+        out = []
+        for sid in wanted:
+            done = service.finalized.get(sid)
+            if done is None:
+                s = service.core.session(sid)  # 404 when unknown
+                raise SessionStateError(f"session {sid} is {s.state}; its trajectory exists after finalize")
+            out.append({"session_id": sid, "reward": done.reward, "metadata": done.metadata,
+                        "segments": [seg.to_summary() for seg in done.segments]})
+        if body.drain:
+            service.forget(wanted)
+        return Response(json.dumps({"trajectories": out, "drained": body.drain}), media_type="application/json")
+
+    @app.get("/trajectory/stats")
+    async def trajectory_stats() -> dict[str, Any]:
+        return service.stats()
+
+    @app.post("/v1/rollout/pause")
+    async def rollout_pause() -> dict[str, Any]:
+        return await service.pause.pause()
+
+    @app.post("/v1/rollout/resume")
+    async def rollout_resume(body: ResumeRequest | None = None) -> dict[str, Any]:
+        return service.pause.resume(body.weight_version if body else None)
+
+    @app.get("/v1/rollout/pause_state")
+    async def rollout_pause_state() -> dict[str, Any]:
+        return service.pause.state()
+
+    @app.get("/v1/engines")
+    async def engines() -> dict[str, Any]:
+        return {"engines": service.engines.describe(), "moves": len(service.engines.moves)}
 
     @app.get("/sessions/{session_id}")
     async def session_info(session_id: str) -> dict[str, Any]:

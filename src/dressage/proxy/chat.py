@@ -18,7 +18,8 @@ import numpy as np
 from dressage.errors import ChatTemplateError
 from dressage.trajectory import Session, StepRecord
 
-__all__ = ["ChatPrompt", "build_chat_prompt", "ToolCallParser", "QwenToolCallParser", "same_message"]
+__all__ = ["ChatPrompt", "build_chat_prompt", "effective_tools", "ToolCallParser", "QwenToolCallParser",
+           "same_message"]
 
 # A fixed conversation to render deltas against: its render ends right after an assistant turn,
 # so what follows it is exactly the new messages' tokens (plus the generation prompt).
@@ -57,9 +58,16 @@ def _norm_tool_calls(calls: Any) -> list[tuple[str, Any]]:
 
 
 def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Equal as far as the chat template is concerned (role, text, tool calls, tool result id)."""
+    """Equal as far as the chat template is concerned (role, text, tool calls, tool result id).
+
+    An assistant reply's surrounding whitespace does not count: its tokens are reused as the
+    engine produced them, and a streamed reply's deltas may keep blanks the parser stripped.
+    """
+    ca, cb = _norm_content(a.get("content")), _norm_content(b.get("content"))
+    if a.get("role") == "assistant" and isinstance(ca, str) and isinstance(cb, str):
+        ca, cb = ca.strip(), cb.strip()
     return (a.get("role") == b.get("role")
-            and _norm_content(a.get("content")) == _norm_content(b.get("content"))
+            and ca == cb
             and _norm_tool_calls(a.get("tool_calls")) == _norm_tool_calls(b.get("tool_calls"))
             and a.get("name") == b.get("name"))
 
@@ -80,13 +88,17 @@ def build_chat_prompt(session: Session, tokenizer: Any, messages: Sequence[dict[
     """Prompt ids for a chat call in ``session`` (TITO where the messages extend a recorded step)."""
     best: StepRecord | None = None
     best_len = -1
+    schema_changed = False
     for step in session.steps.values():
         hist = _history(step)
         if hist is None or len(hist) >= len(messages) or len(hist) <= best_len:
             continue
-        if _tools_key(step.tools) != _tools_key(tools):
-            continue
         if all(same_message(h, m) for h, m in zip(hist, messages)):
+            if _tools_key(step.tools) != _tools_key(tools):
+                # The conversation continues but the tools changed: the system turn differs, so
+                # the earlier tokens cannot be reused and a new Segment starts.
+                schema_changed = True
+                continue
             best, best_len = step, len(hist)
     if best is not None:
         new = list(messages[best_len:])
@@ -97,7 +109,27 @@ def build_chat_prompt(session: Session, tokenizer: Any, messages: Sequence[dict[
         glue = tokenizer.glue_after_assistant(best.response_ids.tolist())
         ids = np.concatenate([best.full_ids, np.asarray(glue, np.int32), np.asarray(delta, np.int32)])
         return ChatPrompt(ids.astype(np.int32, copy=False), best.step_id)
-    return ChatPrompt(_full(tokenizer, messages, tools), None)
+    return ChatPrompt(_full(tokenizer, messages, tools), None, "tool_schema_change" if schema_changed else None)
+
+
+def effective_tools(tools: Sequence[dict[str, Any]] | None, tool_choice: Any) -> list[dict[str, Any]] | None:
+    """The tools the template renders for ``tool_choice``.
+
+    ``"none"`` offers no tool; a named function offers only that one; ``"auto"``,
+    ``"required"`` or no choice offer them all (forcing a call needs constrained decoding,
+    which is the engine's business, not the template's).
+    """
+    if not tools:
+        return None
+    if tool_choice == "none":
+        return None
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name")
+        chosen = [t for t in tools if (t.get("function") or {}).get("name") == name]
+        if not chosen:
+            raise ChatTemplateError(f"tool_choice names function {name!r}, which is not in tools")
+        return chosen
+    return list(tools)
 
 
 def _full(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any) -> np.ndarray:
@@ -105,10 +137,22 @@ def _full(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any) -> np.
 
 
 class ToolCallParser:
-    """Splits a model's reply text into content, reasoning and OpenAI ``tool_calls``."""
+    """Splits a model's reply text into content, reasoning and OpenAI ``tool_calls``.
+
+    ``parse`` is the one method a parser must have. ``stream_prefix`` lets streamed replies
+    show content early; the default streams nothing until the reply is complete.
+    """
 
     def parse(self, text: str, *, call_id_prefix: str) -> tuple[str | None, str | None, list[dict[str, Any]]]:
         raise NotImplementedError
+
+    def stream_prefix(self, text: str) -> tuple[str | None, str]:
+        """(reasoning, content) that any reply beginning with ``text`` certainly parses to.
+
+        ``reasoning`` is ``None`` until its block is closed; ``content`` must be a prefix of the
+        final content (up to surrounding whitespace) whatever text follows.
+        """
+        return None, ""
 
 
 class QwenToolCallParser(ToolCallParser):
@@ -141,3 +185,24 @@ class QwenToolCallParser(ToolCallParser):
         kept.append(text[pos:])
         content = "".join(kept).strip() if calls else text
         return (content or None) if calls else content, reasoning, calls
+
+    def stream_prefix(self, text: str) -> tuple[str | None, str]:
+        reasoning = None
+        m = self._THINK.match(text)
+        if m:
+            reasoning, text = m.group(1).strip(), text[m.end():]
+        else:
+            head = text.lstrip()
+            if head.startswith("<think>") or "<think>".startswith(head):
+                return None, ""  # may still become a reasoning block
+        cut = text.find("<tool_call>")
+        if cut >= 0:
+            text = text[:cut]
+        else:
+            # Hold back a tail that may be the start of a tool-call tag.
+            for k in range(min(len(text), len("<tool_call>") - 1), 0, -1):
+                if "<tool_call>".startswith(text[-k:]):
+                    text = text[:-k]
+                    break
+        # Trailing blanks may be stripped later; a replacement char may be half a UTF-8 sequence.
+        return reasoning, text.rstrip().rstrip("\ufffd").rstrip()

@@ -6,7 +6,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ChatMessage", "ChatRequest", "GenerateRequest", "CreateSession", "FinalizeRequest"]
+__all__ = ["ChatMessage", "ChatRequest", "GenerateRequest", "CreateSession", "FinalizeRequest",
+           "FinalizeSessionRequest", "TrajectoryReadRequest", "ResumeRequest"]
 
 
 class _Body(BaseModel):
@@ -35,14 +36,19 @@ class ChatRequest(_Body):
     stop: Optional[Union[str, list[str]]] = None
     seed: Optional[int] = None
     stream: bool = False
+    stream_options: Optional[dict[str, Any]] = None
+    """``{"include_usage": true}`` adds a last chunk with the call's usage."""
     n: int = Field(default=1, ge=1, le=1)
 
-    @field_validator("stream")
+    @field_validator("tool_choice")
     @classmethod
-    def _no_stream(cls, v: bool) -> bool:
-        if v:
-            raise ValueError("stream=true is not supported by this Proxy yet; send stream=false")
-        return v
+    def _tool_choice(cls, v: Any) -> Any:
+        if v is None or v in ("none", "auto", "required"):
+            return v
+        if isinstance(v, dict) and isinstance((v.get("function") or {}).get("name"), str):
+            return v
+        raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                         '"function": {"name": ...}}')
 
 
 class GenerateRequest(_Body):
@@ -63,3 +69,22 @@ class CreateSession(_Body):
 
 class FinalizeRequest(_Body):
     reward: Optional[float] = None
+
+
+class FinalizeSessionRequest(FinalizeRequest):
+    """``POST /session/finalize``: the session by body or by ``X-Session-Id`` header."""
+
+    session_id: Optional[str] = None
+
+
+class TrajectoryReadRequest(_Body):
+    """``POST /trajectory/read``: finalized sessions by id (or every unread one); ``drain`` forgets them."""
+
+    session_id: Optional[str] = None
+    session_ids: Optional[list[str]] = None
+    drain: bool = False
+
+
+class ResumeRequest(_Body):
+    weight_version: Optional[int] = Field(default=None, ge=0)
+    """The policy version of the tokens generated from now on (unchanged if omitted)."""

@@ -1,82 +1,156 @@
 """The Proxy's OpenAI-compatible HTTP server (``dressage proxy serve``).
 
-Agents create a session, then use ``/sessions/{id}/v1`` as an ordinary OpenAI base URL. Each
-chat call becomes one SGLang ``/generate`` request and one StepRecord; errors are OpenAI-style
-JSON with the offending field named, and a failed call records nothing.
+Agents use ``/sessions/{id}/v1`` as an OpenAI base URL, or ``/v1`` with session headers. Each
+chat call (streamed or not) becomes engine ``/generate`` requests and, once the engine finished,
+one StepRecord; errors are OpenAI-style JSON with the offending field named, and a failed call
+records nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator, Iterable
 
 import numpy as np
 
-from dressage.errors import ConfigError, EngineTimeout, WireFormatError
-from dressage.proxy.chat import QwenToolCallParser, ToolCallParser, build_chat_prompt
+from dressage.errors import DressageError, EngineUnavailable, SessionStateError
+from dressage.proxy.app import build_app, error_body, status_for
+from dressage.proxy.chat import ChatPrompt, QwenToolCallParser, ToolCallParser, build_chat_prompt, effective_tools
 from dressage.proxy.core import FinalizedSession, ProxyCore
-from dressage.proxy.app import build_app
+from dressage.proxy.errors import ContextOverflowError, MissingSessionIdError, StepLimitError, WeightVersionChangedError
+from dressage.proxy.generation import GenerationPlan, GenerationResult, run_generation
+from dressage.proxy.pause import RolloutPause
+from dressage.proxy.routing import EnginePool
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
+from dressage.proxy.server_config import ProxyServerConfig
+from dressage.proxy.sessions import CallIdentity, TurnCache, instance_group
+from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy.streaming import DONE, ChunkWriter, ContentStream, replay_chunks, sse
 from dressage.serving import UvicornServer
 from dressage.trajectory import Boundary, RouteDecision
 
 __all__ = ["ProxyServerConfig", "ProxyService", "ProxyServer"]
 
 
-@dataclass(kw_only=True, slots=True)
-class ProxyServerConfig:
-    """HTTP side of the Proxy."""
+@dataclass(slots=True)
+class _ChatCall:
+    """A chat call validated and planned, before any engine request."""
 
-    host: str = "127.0.0.1"
-    """Bind address; loopback unless the agents run elsewhere."""
-    port: int = 0
-    """Port; 0 picks a free one."""
-    engine_url: str = "http://127.0.0.1:30000"
-    """SGLang (or the built-in engine) base URL."""
-    api_token: str | None = None
-    """When set, every endpoint but /health needs ``Authorization: Bearer <token>``."""
-    served_model_name: str = "dressage-policy"
-    """``model`` reported in OpenAI responses."""
-    request_timeout_s: float = 600.0
-    """Time-out of one engine call (a 504 to the agent when exceeded)."""
-    max_body_bytes: int = 32 * 1024 * 1024
-    """Larger request bodies get 413."""
-    default_max_tokens: int = 1024
-    """max_new_tokens when a request gives no max_tokens."""
-
-    def __post_init__(self) -> None:
-        if not 0 <= int(self.port) <= 65535:
-            raise ConfigError(f"proxy.port: {self.port} is not a port")
-        if not str(self.engine_url).startswith(("http://", "https://")):
-            raise ConfigError(f"proxy.engine_url: expected http(s)://host:port, got {self.engine_url!r}")
-        for key in ("request_timeout_s", "max_body_bytes", "default_max_tokens"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"proxy.{key} must be positive, got {getattr(self, key)!r}")
+    session_id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    prompt: ChatPrompt
+    plan: GenerationPlan
+    engine_url: str
+    completion_id: str
+    created: int
+    include_usage: bool
+    turn_id: str | None
 
 
 class ProxyService:
-    """Per-process state behind the HTTP app: the ProxyCore, the tokenizer and the engine client."""
+    """Per-process state behind the HTTP app: ProxyCore, tokenizer, engines, pause state, turns.
 
-    def __init__(self, config: ProxyServerConfig, core: ProxyCore, tokenizer: Any, engine: Any,
+    ``engine`` is an :class:`SGLangClient`, a list of them, an :class:`EnginePool`, or ``None``
+    (clients for ``config.engines`` are made here).
+    """
+
+    def __init__(self, config: ProxyServerConfig, core: ProxyCore, tokenizer: Any, engine: Any = None,
                  *, parser: ToolCallParser | None = None) -> None:
-        self.config, self.core, self.tokenizer, self.engine = config, core, tokenizer, engine
+        self.config, self.core, self.tokenizer = config, core, tokenizer
+        if isinstance(engine, EnginePool):
+            self.engines = engine
+        else:
+            clients = engine if isinstance(engine, (list, tuple)) else [engine] if engine is not None else [
+                SGLangClient(url, timeout=config.request_timeout_s) for url in config.engines]
+            self.engines = EnginePool(clients, failures_to_remove=config.health_check_failures)
+        self.engine = next(iter(self.engines.members.values())).client
         self.parser = parser or QwenToolCallParser()
-        self.weight_version = 0
+        self.pause = RolloutPause()
+        self.turns = TurnCache()
         self.finalized: dict[str, FinalizedSession] = {}
-        self.calls = 0
-        self.failed_calls = 0
+        self.calls = self.failed_calls = self.replayed_turns = 0
+        self._versions: dict[str, int] = {}
+        self._groups: dict[str, int] = {}
+        self._rid_prefix = secrets.token_hex(3)
+        self._rids = itertools.count()
+
+    @property
+    def weight_version(self) -> int:
+        """The policy version new tokens are recorded with."""
+        return self.pause.weight_version
+
+    @weight_version.setter
+    def weight_version(self, value: int) -> None:
+        self.pause.weight_version = int(value)
 
     def session_url(self, base: str, session_id: str) -> str:
         return f"{base.rstrip('/')}/sessions/{session_id}/v1"
 
-    def _sampling(self, req: ChatRequest | GenerateRequest) -> dict[str, Any]:
-        if isinstance(req, GenerateRequest):
-            sp = dict(req.sampling_params or {})
-            sp.setdefault("max_new_tokens", self.config.default_max_tokens)
-            return sp
-        sp: dict[str, Any] = {"max_new_tokens": req.max_completion_tokens or req.max_tokens or self.config.default_max_tokens,
+    def header_session(self, ident: CallIdentity) -> str:
+        """The session a header-identified call belongs to, created by its first call."""
+        if not ident.session_id:
+            raise MissingSessionIdError("send the session in an X-Session-Id (or X-SMG-Routing-Key) header, "
+                                        "or use a session's base URL /sessions/{id}/v1")
+        sid = ident.session_id
+        if sid not in self.core.sessions:
+            meta: dict[str, Any] = {"session_source": "headers"}
+            if ident.instance_id is not None:
+                meta.update(instance_id=ident.instance_id, group_index=instance_group(ident.instance_id, self._groups))
+            try:
+                self.core.create_session(meta, session_id=sid)
+            except SessionStateError:
+                pass  # a concurrent first call created it
+        return sid
+
+    # ------------------------------------------------------------ limits
+    def _max_new(self, requested: int | None, prompt_len: int) -> int:
+        n = requested or self.config.default_max_tokens
+        if self.config.max_output_tokens is not None:
+            n = min(n, self.config.max_output_tokens)
+        window = self.config.context_window
+        if window is not None:
+            if prompt_len >= window:
+                raise ContextOverflowError(prompt_len, window)
+            n = min(n, window - prompt_len)
+        return n
+
+    def _check_call(self, session_id: str) -> None:
+        session = self.core.active_session(session_id)
+        limit = self.config.max_steps_per_session
+        if limit is not None and len(session.steps) >= limit:
+            raise StepLimitError(f"session {session_id} already has {len(session.steps)} steps, the maximum")
+        self._check_version(session_id, self.weight_version)
+
+    def _check_version(self, session_id: str, version: int) -> None:
+        first = self._versions.get(session_id)
+        if not self.config.partial_rollout and first is not None and version != first:
+            raise WeightVersionChangedError(
+                f"session {session_id} started under weight version {first} and the policy is now at "
+                f"version {version}; with partial rollout off a trajectory keeps one version "
+                "(finalize it, or start the Proxy with --partial-rollout)")
+
+    def _plan(self, session_id: str, prompt_ids: np.ndarray, decision: RouteDecision,
+              sampling: dict[str, Any], *, stream: bool) -> tuple[GenerationPlan, str]:
+        self.engines.ensure_monitor(self.config.health_check_interval_s)
+        placement = self.engines.place(session_id)
+        if placement.moved_from is not None and decision.parent_id is not None:
+            # Its engine left the pool: the new one recomputes the prefix, so a new Segment starts
+            # whose routing all comes from one engine.
+            parent = self.core.session(session_id).step(decision.parent_id)
+            decision = RouteDecision("create", None, 0, Boundary("engine_failover", matched_tokens=parent.seq_len,
+                                                                 candidate_step=parent.step_id))
+        rid = f"{self._rid_prefix}-{session_id}-{next(self._rids)}"
+        plan = GenerationPlan(rid, prompt_ids, decision, sampling, placement.member.client,
+                              self.core.generate_params(decision), stream)
+        return plan, placement.member.url
+
+    def _sampling(self, req: ChatRequest, prompt_len: int) -> dict[str, Any]:
+        sp: dict[str, Any] = {"max_new_tokens": self._max_new(req.max_completion_tokens or req.max_tokens, prompt_len),
                               "stop_token_ids": list(self.tokenizer.stop_token_ids)}
         for name in ("temperature", "top_p"):
             value = getattr(req, name)
@@ -88,80 +162,203 @@ class ProxyService:
             sp["sampling_seed"] = req.seed
         return sp
 
-    async def _call_engine(self, session_id: str, decision: RouteDecision, prompt_ids: np.ndarray,
-                           sampling: dict[str, Any]) -> dict[str, Any]:
-        params = self.core.generate_params(decision)
-        try:
-            return await asyncio.wait_for(
-                self.engine.generate(prompt_ids.tolist(), sampling, rid=f"{session_id}-{self.calls}", **params),
-                timeout=self.config.request_timeout_s)
-        except asyncio.TimeoutError:
-            raise EngineTimeout(f"the engine did not answer within {self.config.request_timeout_s} s") from None
-
-    async def chat(self, session_id: str, req: ChatRequest) -> dict[str, Any]:
-        session = self.core.active_session(session_id)
+    # -------------------------------------------------------------- chat
+    def prepare_chat(self, session_id: str, req: ChatRequest, *, turn_id: str | None = None) -> _ChatCall:
+        """Validate and plan a chat call (every 4xx is raised here, before any engine request)."""
+        self._check_call(session_id)
+        session = self.core.session(session_id)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        tools = req.tools
+        tools = effective_tools(req.tools, req.tool_choice)
         prompt = build_chat_prompt(session, self.tokenizer, messages, tools)
         if prompt.boundary_reason is not None:
             decision = RouteDecision("create", None, 0, Boundary(prompt.boundary_reason))
         else:
             decision = self.core.plan(session_id, prompt.prompt_ids, tools=tools)
+        sampling = self._sampling(req, len(prompt.prompt_ids))
+        plan, url = self._plan(session_id, prompt.prompt_ids, decision, sampling, stream=req.stream)
+        include_usage = bool(req.stream_options and req.stream_options.get("include_usage"))
+        return _ChatCall(session_id, messages, tools, prompt, plan, url, f"chatcmpl-{secrets.token_hex(12)}",
+                         int(time.time()), include_usage, turn_id)
+
+    async def open_chat(self, session_id: str, req: ChatRequest, *,
+                        turn_id: str | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
+        """A chat completion (dict) or, for ``stream``, its SSE byte stream; retried turns are replayed."""
+        if turn_id is not None:
+            pending = self.turns.get(session_id, turn_id)
+            if pending is not None:
+                self.replayed_turns += 1
+                response = await asyncio.shield(pending)
+                if req.stream:
+                    include = bool(req.stream_options and req.stream_options.get("include_usage"))
+                    return _aiter(replay_chunks(response, include_usage=include))
+                return response
+        call = self.prepare_chat(session_id, req, turn_id=turn_id)
+        if turn_id is not None:
+            self.turns.begin(session_id, turn_id)
+        if req.stream:
+            return self._stream(call)
+        return await self._complete(call)
+
+    async def chat(self, session_id: str, req: ChatRequest) -> dict[str, Any]:
+        """Non-streamed chat completion (kept for embedders; HTTP goes through :meth:`open_chat`)."""
+        return await self._complete(self.prepare_chat(session_id, req))
+
+    async def _generate(self, plan: GenerationPlan) -> AsyncIterator[str | GenerationResult]:
         self.calls += 1
-        body = await self._call_engine(session_id, decision, prompt.prompt_ids, self._sampling(req))
-        out_ids = body.get("output_ids") if isinstance(body, dict) else None
-        if not isinstance(out_ids, list):
-            raise WireFormatError("engine response has no output_ids list")
-        text = self.tokenizer.decode(out_ids, skip_special_tokens=True)
-        content, reasoning, calls = self.parser.parse(text, call_id_prefix=f"call_{len(session.steps)}")
+        try:
+            async for event in run_generation(
+                    plan, self.pause, self.core.normalize, partial_rollout=self.config.partial_rollout,
+                    timeout_s=self.config.request_timeout_s,
+                    decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)):
+                yield event
+        except EngineUnavailable:
+            if not self.engines.single:
+                asyncio.get_running_loop().create_task(self.engines.check())  # take it out before the retry
+            raise
+
+    def _commit_task(self, call: _ChatCall, result: GenerationResult) -> asyncio.Future:
+        task = asyncio.ensure_future(self._commit(call, result))
+        if call.turn_id is not None:
+            self.turns.settle(call.session_id, call.turn_id, task)
+        return task
+
+    async def _complete(self, call: _ChatCall) -> dict[str, Any]:
+        try:
+            result = None
+            async for event in self._generate(call.plan):
+                if isinstance(event, GenerationResult):
+                    result = event
+        except BaseException as exc:
+            if call.turn_id is not None:
+                self.turns.abandon(call.session_id, call.turn_id, exc)
+            raise
+        # Shielded: an agent that hangs up now still gets its step recorded whole, or not at all.
+        return await asyncio.shield(self._commit_task(call, result))
+
+    async def _stream(self, call: _ChatCall) -> AsyncIterator[bytes]:
+        writer = ChunkWriter(call.completion_id, self.config.served_model_name, call.created)
+        content = ContentStream(self.parser)
+        committing = False
+        try:
+            yield writer.chunk({"role": "assistant", "content": ""})
+            result = None
+            async for event in self._generate(call.plan):
+                if isinstance(event, GenerationResult):
+                    result = event
+                else:
+                    for delta in content.feed(event):
+                        yield writer.chunk(delta)
+            committing = True
+            response = await asyncio.shield(self._commit_task(call, result))
+        except DressageError as exc:
+            if call.turn_id is not None and not committing:
+                self.turns.abandon(call.session_id, call.turn_id, exc)
+            self.failed_calls += 1
+            _, kind = status_for(exc)
+            yield sse(error_body(str(exc), kind, code=getattr(exc, "code", None) or type(exc).__name__))
+            return
+        except BaseException as exc:
+            if call.turn_id is not None and not committing:
+                self.turns.abandon(call.session_id, call.turn_id, exc)
+            raise
+        choice = response["choices"][0]
+        for delta in content.finish(choice["message"]):
+            yield writer.chunk(delta)
+        yield writer.chunk({}, choice["finish_reason"])
+        if call.include_usage:
+            yield writer.usage(response["usage"])
+        yield DONE
+
+    async def _commit(self, call: _ChatCall, result: GenerationResult) -> dict[str, Any]:
+        sid = call.session_id
+        if not self.config.partial_rollout:
+            for v in np.unique(result.token_versions).tolist():
+                self._check_version(sid, int(v))
+        text = self.tokenizer.decode(result.response_ids.tolist(), skip_special_tokens=True)
+        content, reasoning, calls = self.parser.parse(text, call_id_prefix=f"call_{call.completion_id[-10:]}")
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
         if reasoning is not None:
             message["reasoning_content"] = reasoning
-        finish = (body.get("meta_info") or {}).get("finish_reason")
-        finish = finish.get("type") if isinstance(finish, dict) else finish
         step = await asyncio.to_thread(
-            self.core.ingest, session_id, decision, body, prompt_ids=prompt.prompt_ids,
-            version=self.weight_version, messages=messages, tools=tools,
-            metadata={"assistant_message": message, "finish_reason": finish},
-            boundary_reason=prompt.boundary_reason)
-        finish_reason = "tool_calls" if calls else ("length" if finish == "length" else "stop")
+            self.core.record_step, sid, call.plan.decision, prompt_ids=call.plan.prompt_ids,
+            response_ids=result.response_ids, logprobs=result.logprobs, routed_experts=result.routed_experts,
+            token_versions=result.token_versions, messages=call.messages, tools=call.tools,
+            metadata={"assistant_message": message, "finish_reason": result.finish_reason,
+                      "engine": call.engine_url, "engine_requests": result.chunks},
+            boundary_reason=call.prompt.boundary_reason)
+        self._versions.setdefault(sid, int(result.token_versions[0]))
+        finish_reason = "tool_calls" if calls else ("length" if result.finish_reason == "length" else "stop")
         return {
-            "id": f"chatcmpl-{session_id[:8]}-{step.step_id}",
-            "object": "chat.completion",
-            "created": int(time.time()),
+            "id": call.completion_id, "object": "chat.completion", "created": call.created,
             "model": self.config.served_model_name,
             "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
             "usage": {"prompt_tokens": step.prompt_len, "completion_tokens": step.response_len,
                       "total_tokens": step.seq_len},
         }
 
+    # ------------------------------------------------------- token level
     async def generate_tokens(self, session_id: str, req: GenerateRequest) -> dict[str, Any]:
-        """Token-in, token-out call for TITO-native agents."""
-        self.core.active_session(session_id)
+        """Token-in, token-out call for TITO-native agents (same limits, pause and versions as chat)."""
+        self._check_call(session_id)
         prompt_ids = np.asarray(req.input_ids, dtype=np.int32)
         decision = self.core.plan(session_id, prompt_ids)
-        self.calls += 1
-        body = await self._call_engine(session_id, decision, prompt_ids, self._sampling(req))
-        step = await asyncio.to_thread(self.core.ingest, session_id, decision, body, prompt_ids=prompt_ids,
-                                       version=self.weight_version)
-        meta = body.get("meta_info", {})
-        return {"output_ids": step.response_ids.tolist(), "text": body.get("text", ""),
+        sp = dict(req.sampling_params or {})
+        sp["max_new_tokens"] = self._max_new(sp.get("max_new_tokens"), len(prompt_ids))
+        plan, url = self._plan(session_id, prompt_ids, decision, sp, stream=False)
+        result = None
+        async for event in self._generate(plan):
+            if isinstance(event, GenerationResult):
+                result = event
+        if not self.config.partial_rollout:
+            for v in np.unique(result.token_versions).tolist():
+                self._check_version(session_id, int(v))
+        step = await asyncio.to_thread(self.core.record_step, session_id, plan.decision, prompt_ids=prompt_ids,
+                                       response_ids=result.response_ids, logprobs=result.logprobs,
+                                       routed_experts=result.routed_experts, token_versions=result.token_versions,
+                                       metadata={"engine": url, "engine_requests": result.chunks})
+        self._versions.setdefault(session_id, int(result.token_versions[0]))
+        return {"output_ids": step.response_ids.tolist(),
+                "text": self.tokenizer.decode(step.response_ids.tolist(), skip_special_tokens=True),
                 "step_id": step.step_id, "parent_id": step.parent_id, "lineage_id": step.lineage_id,
-                "meta_info": {k: meta[k] for k in ("finish_reason", "prompt_tokens", "completion_tokens")
-                              if k in meta}}
+                "meta_info": {"finish_reason": result.finish_reason, "prompt_tokens": step.prompt_len,
+                              "completion_tokens": step.response_len}}
 
+    # --------------------------------------------------------- lifecycle
     def finalize(self, session_id: str, reward: float | None) -> FinalizedSession:
         done = self.core.finalize(session_id, reward)
         self.finalized[session_id] = done
         return done
 
-    def forget(self, session_ids) -> None:
+    def forget(self, session_ids: Iterable[str]) -> None:
         """Drop finished sessions once their Samples were consumed."""
-        for sid in session_ids:
+        for sid in list(session_ids):
             self.finalized.pop(sid, None)
             self.core.forget(sid)
+            self.engines.forget(sid)
+            self.turns.forget_session(sid)
+            self._versions.pop(sid, None)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``GET /trajectory/stats``."""
+        states: dict[str, int] = {"active": 0, "finalized": 0, "aborted": 0}
+        steps = tokens = 0
+        for s in list(self.core.sessions.values()):
+            states[s.state] = states.get(s.state, 0) + 1
+            steps += len(s.steps)
+            tokens += sum(st.response_len for st in s.steps.values())
+        return {"sessions": states, "steps": steps, "response_tokens": tokens,
+                "unread_trajectories": len(self.finalized),
+                "unread_segments": sum(len(d.segments) for d in self.finalized.values()),
+                "calls": self.calls, "failed_calls": self.failed_calls, "replayed_turns": self.replayed_turns,
+                "weight_version": self.weight_version, "pause": self.pause.state(),
+                "engines": self.engines.describe(), "engine_moves": len(self.engines.moves)}
+
+
+async def _aiter(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
 
 
 class ProxyServer:

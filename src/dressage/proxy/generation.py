@@ -1,0 +1,151 @@
+"""One model call as engine requests: generate, be cut by a pause, resume, merge into one response.
+
+A pause aborts the engine request at a token boundary; after resume the call re-issues
+``/generate`` with input = prompt + the output so far and ``routed_experts_start_len`` where the
+held routing ends. The chunks merge (``PartialResponse``) into one response with per-token versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+import numpy as np
+
+from dressage.errors import EngineError, EngineTimeout, EngineUnavailable, WireFormatError
+from dressage.proxy.errors import WeightVersionChangedError
+from dressage.proxy.pause import RolloutPause
+from dressage.trajectory import PartialResponse, RouteDecision
+
+__all__ = ["GenerationPlan", "GenerationResult", "run_generation"]
+
+
+@dataclass(slots=True)
+class GenerationPlan:
+    """What to generate: the prompt, where it attaches, sampling, the engine and its flags."""
+
+    rid: str
+    prompt_ids: np.ndarray
+    decision: RouteDecision
+    sampling: dict[str, Any]
+    client: Any
+    params: dict[str, Any]
+    """``core.generate_params(decision)``: return_logprob / return_routed_experts / start row."""
+    stream: bool = False
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    response_ids: np.ndarray
+    logprobs: np.ndarray | None
+    routed_experts: np.ndarray | None
+    token_versions: np.ndarray
+    finish_reason: str | None
+    chunks: int
+    """Engine requests the response took (1 unless a pause cut it)."""
+
+
+class _StreamedAnswer:
+    """One ``/generate`` answer rebuilt from its streamed chunks (cumulative or incremental)."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.entries: list[Any] = []
+        self.meta: dict[str, Any] = {}
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        out = chunk.get("output_ids") or []
+        self.meta = chunk.get("meta_info") or {}
+        lps = self.meta.get("output_token_logprobs") or []
+        total = self.meta.get("completion_tokens")
+        if isinstance(total, int) and len(out) == total:
+            self.ids, self.entries = list(out), list(lps)  # cumulative chunk (SGLang's default)
+        else:
+            self.ids.extend(out)
+            self.entries.extend(lps)
+
+    def body(self) -> dict[str, Any]:
+        if self.meta.get("finish_reason") is None:
+            raise WireFormatError("the engine's stream ended without a finished chunk")
+        return {"output_ids": self.ids, "meta_info": {**self.meta, "output_token_logprobs": self.entries}}
+
+
+async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: Callable[..., Any], *,
+                         partial_rollout: bool, timeout_s: float,
+                         decode: Callable[[list[int]], str]) -> AsyncIterator[str | GenerationResult]:
+    """Yield the decoded reply text after each streamed chunk, then the :class:`GenerationResult`.
+
+    ``normalize(body, prompt_len=, decision=)`` is the core's response decoder (it checks every
+    length). Raises :class:`WeightVersionChangedError` when a pause cuts the call and partial
+    rollout is off; nothing is recorded here.
+    """
+    prompt = plan.prompt_ids
+    partial = PartialResponse(len(prompt), plan.decision.routed_experts_start)
+    so_far: list[int] = []
+    budget = int(plan.sampling.get("max_new_tokens", 1))
+    finish: str | None = None
+    chunk_no = 0
+    while True:
+        await pause.wait_running()
+        version = pause.weight_version
+        start = partial.next_routed_experts_start
+        params = dict(plan.params)
+        if "routed_experts_start_len" in params:
+            params["routed_experts_start_len"] = start
+        sampling = dict(plan.sampling, max_new_tokens=budget - len(so_far))
+        input_ids = prompt.tolist() + so_far
+        rid = plan.rid if chunk_no == 0 else f"{plan.rid}-r{chunk_no}"
+        async with pause.track(rid, plan.client) as run:
+            try:
+                if plan.stream:
+                    answer = _StreamedAnswer()
+                    async for chunk in plan.client.generate_stream(input_ids, sampling, rid=rid, **params):
+                        answer.add(chunk)
+                        yield decode(so_far + answer.ids)
+                    body = answer.body()
+                else:
+                    body = await asyncio.wait_for(plan.client.generate(input_ids, sampling, rid=rid, **params),
+                                                  timeout=timeout_s)
+            except asyncio.TimeoutError:
+                raise EngineTimeout(f"the engine did not answer within {timeout_s} s") from None
+            except (asyncio.CancelledError, GeneratorExit):
+                # The agent went away: stop the engine too (best effort, nothing is recorded).
+                _abort_later(plan.client, rid)
+                raise
+        decision = dataclasses.replace(plan.decision, routed_experts_start=start)
+        out = normalize(body, prompt_len=len(input_ids), decision=decision)
+        aborted = out.finish_reason == "abort"
+        if aborted and not run.aborted:
+            raise EngineUnavailable(f"the engine aborted request {rid} (not a pause of this Proxy)")
+        if aborted and not partial_rollout:
+            raise WeightVersionChangedError(
+                "a weight update paused this generation and partial rollout is off: its tokens would mix "
+                "policy versions; the call is dropped (start the Proxy with --partial-rollout to resume it)")
+        if len(out.output_ids):
+            partial.add_chunk(out.output_ids, out.logprobs, out.routed_experts, version=version)
+            so_far.extend(out.output_ids.tolist())
+        chunk_no += 1
+        if not aborted:
+            finish = out.finish_reason
+            break
+        if len(so_far) >= budget:
+            finish = "length"
+            break
+    ids, lps, routed, versions = partial.merge()
+    yield GenerationResult(ids, lps, routed, versions, finish, chunk_no)
+
+
+def _abort_later(client: Any, rid: str) -> None:
+    try:
+        asyncio.get_running_loop().create_task(_abort_quietly(client, rid))
+    except RuntimeError:
+        pass  # no loop any more (interpreter shutting down): the engine times the request out
+
+
+async def _abort_quietly(client: Any, rid: str) -> None:
+    try:
+        await client.abort(rid)
+    except EngineError:
+        pass  # best effort: the engine may be gone as well

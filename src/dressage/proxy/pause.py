@@ -1,0 +1,108 @@
+"""Pause and resume rollout around a weight update, cutting in-flight generations at a token boundary.
+
+``pause()`` stops new engine calls and aborts the running ones through the engine's
+``/abort_request``; each comes back with its partial output. ``resume(version)`` sets the new
+policy version and lets the waiting calls continue from where they were cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from dressage.errors import EngineError
+
+__all__ = ["RolloutPause"]
+
+
+@dataclass(slots=True)
+class _Running:
+    client: Any
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    aborted: bool = False
+
+
+class RolloutPause:
+    """Pause state shared by every call of one Proxy (all methods run on the server's loop)."""
+
+    def __init__(self, weight_version: int = 0, *, abort_timeout_s: float = 30.0,
+                 abort_retry_s: float = 0.05) -> None:
+        self.weight_version = int(weight_version)
+        self.paused = False
+        self.paused_at: float | None = None
+        self.pauses = 0
+        self.aborted_total = 0
+        self.abort_timeout_s = float(abort_timeout_s)
+        self.abort_retry_s = float(abort_retry_s)
+        self._running: dict[str, _Running] = {}
+        self._resumed: asyncio.Event | None = None
+
+    def _event(self) -> asyncio.Event:
+        # Created on first use, so it belongs to the server's loop rather than the constructor's.
+        if self._resumed is None:
+            self._resumed = asyncio.Event()
+            if not self.paused:
+                self._resumed.set()
+        return self._resumed
+
+    async def wait_running(self) -> None:
+        """Return at once unless paused; otherwise when resumed."""
+        while self.paused:
+            await self._event().wait()
+
+    @asynccontextmanager
+    async def track(self, rid: str, client: Any) -> AsyncIterator[_Running]:
+        """Register one engine request for the duration of the call, so a pause can abort it."""
+        run = self._running[rid] = _Running(client)
+        try:
+            yield run
+        finally:
+            run.done.set()
+            self._running.pop(rid, None)
+
+    async def pause(self) -> dict[str, Any]:
+        """Stop new calls, abort running ones and wait until each has answered with its partial output.
+
+        An abort can reach the engine before the request it targets; it is re-sent until that
+        request answers, so no generation keeps running on the old weights.
+        """
+        if not self.paused:
+            self.paused, self.paused_at, self.pauses = True, time.time(), self.pauses + 1
+            self._event().clear()
+        targets = dict(self._running)
+        for run in targets.values():
+            run.aborted = True
+        deadline = asyncio.get_running_loop().time() + self.abort_timeout_s
+        pending = {rid: r for rid, r in targets.items() if not r.done.is_set()}
+        while pending and asyncio.get_running_loop().time() < deadline:
+            await asyncio.gather(*(self._abort(rid, r) for rid, r in pending.items()))
+            waits = [asyncio.ensure_future(r.done.wait()) for r in pending.values()]
+            await asyncio.wait(waits, timeout=self.abort_retry_s * 4)
+            for w in waits:
+                w.cancel()
+            pending = {rid: r for rid, r in pending.items() if not r.done.is_set()}
+        self.aborted_total += len(targets)
+        return {"paused": True, "aborted": len(targets), "still_running": len(pending),
+                "weight_version": self.weight_version}
+
+    async def _abort(self, rid: str, run: _Running) -> None:
+        try:
+            await run.client.abort(rid)
+        except EngineError:
+            pass  # the engine is gone: its request fails on its own and is not recorded
+
+    def resume(self, weight_version: int | None = None) -> dict[str, Any]:
+        """Set the new policy version (if given) and release the waiting calls."""
+        if weight_version is not None:
+            self.weight_version = int(weight_version)
+        was = self.paused
+        self.paused, self.paused_at = False, None
+        self._event().set()
+        return {"paused": False, "resumed": was, "weight_version": self.weight_version}
+
+    def state(self) -> dict[str, Any]:
+        return {"paused": self.paused, "paused_at": self.paused_at, "weight_version": self.weight_version,
+                "in_flight": len(self._running), "pauses": self.pauses, "aborted_total": self.aborted_total}

@@ -1,0 +1,109 @@
+"""OpenAI ``chat.completion.chunk`` server-sent events for streamed chat calls.
+
+Content is streamed only where the parser is sure it is content (not the start of a tool-call
+or reasoning block); the rest follows once the engine finished and the step was recorded, so the
+deltas an agent accumulates add up to the recorded assistant message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+__all__ = ["sse", "DONE", "ChunkWriter", "ContentStream", "replay_chunks"]
+
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+class ChunkWriter:
+    """Frames deltas of one completion as SSE chunks (same id, created and model in each)."""
+
+    def __init__(self, completion_id: str, model: str, created: int) -> None:
+        self.completion_id, self.model, self.created = completion_id, model, int(created)
+
+    def _base(self) -> dict[str, Any]:
+        return {"id": self.completion_id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model}
+
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        body = self._base()
+        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+        return sse(body)
+
+    def usage(self, usage: dict[str, Any]) -> bytes:
+        # stream_options.include_usage: a last chunk with no choices and the call's usage.
+        body = self._base()
+        body["choices"] = []
+        body["usage"] = usage
+        return sse(body)
+
+
+def _tool_call_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"index": i, "id": c["id"], "type": "function",
+             "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+            for i, c in enumerate(calls)]
+
+
+class ContentStream:
+    """Turns successive decoded texts of one reply into content / reasoning deltas."""
+
+    def __init__(self, parser: Any) -> None:
+        self.parser = parser
+        self.sent_content = ""
+        self.sent_reasoning = False
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        """Deltas that ``text`` (the whole reply decoded so far) makes certain."""
+        reasoning, content = self.parser.stream_prefix(text)
+        out: list[dict[str, Any]] = []
+        if reasoning is not None and not self.sent_reasoning:
+            self.sent_reasoning = True
+            out.append({"reasoning_content": reasoning})
+        if len(content) > len(self.sent_content) and content.startswith(self.sent_content):
+            out.append({"content": content[len(self.sent_content):]})
+            self.sent_content = content
+        return out
+
+    def finish(self, message: dict[str, Any]) -> list[dict[str, Any]]:
+        """The deltas that complete the recorded ``message`` after what was already sent."""
+        out: list[dict[str, Any]] = []
+        reasoning = message.get("reasoning_content")
+        if reasoning is not None and not self.sent_reasoning:
+            out.append({"reasoning_content": reasoning})
+        final = message.get("content") or ""
+        sent = self.sent_content
+        if final.startswith(sent):
+            rest = final[len(sent):]
+        elif final.strip().startswith(sent.strip()):
+            # The parser strips the text around tool calls; what was sent is kept, the rest added.
+            rest = final.strip()[len(sent.strip()):]
+        else:
+            rest = ""
+        if rest:
+            out.append({"content": rest})
+        if message.get("tool_calls"):
+            out.append({"tool_calls": _tool_call_deltas(message["tool_calls"])})
+        return out
+
+
+def replay_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[bytes]:
+    """A recorded (non-streamed) reply as a complete SSE stream (a retried turn asking for stream)."""
+    writer = ChunkWriter(response["id"], response["model"], response["created"])
+    choice = response["choices"][0]
+    message = choice["message"]
+    yield writer.chunk({"role": "assistant", "content": ""})
+    for delta in ContentStream(_NoStream()).finish(message):
+        yield writer.chunk(delta)
+    yield writer.chunk({}, choice["finish_reason"])
+    if include_usage:
+        yield writer.usage(response["usage"])
+    yield DONE
+
+
+class _NoStream:
+    def stream_prefix(self, text: str) -> tuple[str | None, str]:
+        return None, ""
