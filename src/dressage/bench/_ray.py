@@ -8,7 +8,6 @@ hosts. Each actor times its own call, so Ray's actor-call latency is not charged
 from __future__ import annotations
 
 import importlib.util
-import os
 from typing import Any
 
 from dressage.bench._systems import BenchSystem, SystemUnavailable, Workload, make_items
@@ -56,8 +55,6 @@ class BenchCluster:
             raise SystemUnavailable(self._error)
         from ray.cluster_utils import Cluster
 
-        # Workers inherit the environment: keep third-party log chatter out of the bench's table.
-        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
         try:
             cluster = Cluster(
                 initialize_head=True,
@@ -74,6 +71,7 @@ class BenchCluster:
                     resources={f"{NODE_RESOURCE}{i}": 100},
                     object_store_memory=self.object_store_bytes,
                 )
+            # Workers' logs (transferqueue warnings, Ray chatter) stay out of the bench's table.
             ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False,
                      logging_level="ERROR")
             cluster.wait_for_nodes()
