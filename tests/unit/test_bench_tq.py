@@ -50,6 +50,8 @@ def test_measured_figures_are_positive_and_finite(report: dict) -> None:
         for key in ("put_gbps", "get_gbps", "roundtrip_gbps", "put_s", "get_s"):
             assert entry[key] > 0 and math.isfinite(entry[key]), (key, entry)
         assert entry["rounds"] == TINY["rounds"]
+        fastest, slowest = entry["roundtrip_s_range"]
+        assert fastest <= entry["roundtrip_s"] <= slowest
         assert entry["total_bytes"] == entry["payload_bytes"] * entry["count"]
 
 

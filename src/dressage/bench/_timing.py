@@ -82,6 +82,12 @@ class Samples:
         # Median of per-round sums, not the sum of medians: a round is what a trainer waits for.
         return median(r.roundtrip_s for r in self.rounds)
 
+    @property
+    def roundtrip_range_s(self) -> tuple[float, float]:
+        """Fastest and slowest round: how noisy the machine was while this system ran."""
+        values = [r.roundtrip_s for r in self.rounds]
+        return min(values), max(values)
+
 
 def median(values: Iterable[float]) -> float:
     data = list(values)

@@ -65,9 +65,9 @@ def plasma_file(raylet: int) -> str | None:
     return None
 
 
-def _shm_files(pid: int) -> dict[tuple[int, int], int]:
-    """``{(st_dev, st_ino): bytes}`` of the /dev/shm files (plasma excluded) a process maps or holds open."""
-    out: dict[tuple[int, int], int] = {}
+def _shm_files(pid: int) -> dict[tuple[int, int], str]:
+    """``{(st_dev, st_ino): path to stat}`` of the /dev/shm files (plasma excluded) a process maps or holds open."""
+    out: dict[tuple[int, int], str] = {}
     paths = []
     try:
         with open(f"/proc/{pid}/maps") as f:
@@ -92,7 +92,7 @@ def _shm_files(pid: int) -> dict[tuple[int, int], int]:
             st = os.stat(p)
         except OSError:
             continue
-        out[(st.st_dev, st.st_ino)] = st.st_blocks * 512
+        out.setdefault((st.st_dev, st.st_ino), p)
     return out
 
 
@@ -158,7 +158,7 @@ class MemorySampler:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="dressage-memory-sampler", daemon=True)
-        self._shm: dict[str, dict[tuple[int, int], int]] = {}
+        self._shm: dict[str, dict[tuple[int, int], str]] = {}
         self._last_scan = -_RESCAN_S
 
     def now(self) -> float:
@@ -182,7 +182,11 @@ class MemorySampler:
                     total += os.stat(c.file).st_blocks * 512
                 except OSError:
                     pass
-            total += sum(self._shm.get(c.name, {}).values())
+            for path in self._shm.get(c.name, {}).values():
+                try:
+                    total += os.stat(path).st_blocks * 512
+                except OSError:
+                    pass  # unmapped or closed since the last scan: it no longer counts
             row[c.name] = total
         with self._lock:
             self.timeline.t.append(now)
@@ -191,16 +195,17 @@ class MemorySampler:
         return row
 
     def _rescan(self) -> None:
-        # A file mapped by two components is charged to the first that maps it, once.
+        # A file mapped by two components is charged once, to the one listed last: StorageUnits come
+        # after their writers, and a StorageUnit keeps the segment a writer only passed through.
         seen: set[tuple[int, int]] = set()
-        shm: dict[str, dict[tuple[int, int], int]] = {}
-        for c in self.components:
-            own: dict[tuple[int, int], int] = {}
+        shm: dict[str, dict[tuple[int, int], str]] = {}
+        for c in reversed(self.components):
+            own: dict[tuple[int, int], str] = {}
             for pid in c.pids:
-                for ident, nbytes in _shm_files(pid).items():
+                for ident, path in _shm_files(pid).items():
                     if ident not in seen:
                         seen.add(ident)
-                        own[ident] = nbytes
+                        own[ident] = path
             shm[c.name] = own
         self._shm = shm
 

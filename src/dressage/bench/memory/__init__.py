@@ -1,0 +1,10 @@
+"""``dressage bench memory``: the seed's main experiment scaled to one machine.
+
+The master node's trajectory data plane (Proxy, RolloutManager, object store, TQ Controller, local
+StorageUnit) measured by PSS on a timer, without TQ and with TQ, for each R3 storage dtype.
+"""
+
+from dressage.bench.memory.config import PRESETS, MemoryBenchConfig
+from dressage.bench.memory.pipeline import METRIC_COMPONENTS, PathRun, run_path
+
+__all__ = ["MemoryBenchConfig", "PRESETS", "PathRun", "run_path", "METRIC_COMPONENTS"]
