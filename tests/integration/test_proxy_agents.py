@@ -79,11 +79,11 @@ def _segments(url, sid, reward=1.0):
 
 
 async def _streamed(client, **kw):
-    """One streamed call, its deltas accumulated into a message as an agent would."""
+    """One streamed call, its deltas accumulated into a message as an agent would (and the content chunks)."""
     content, reasoning, calls, finish, usage, chunks = "", None, {}, None, None, 0
     stream = await client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw)
     async for chunk in stream:
-        chunks += 1
+        chunks += any(c.delta.content for c in chunk.choices)
         if chunk.usage is not None:
             usage = chunk.usage
         for choice in chunk.choices:
@@ -112,8 +112,10 @@ async def _tool_conversation(base_url, *, stream, turns=4, tools=TOOLS):
     for _ in range(turns):
         kw = dict(model="m", messages=msgs, tools=tools, max_tokens=120, temperature=0.7)
         if stream:
-            msg, finish, usage, _ = await _streamed(client, **kw)
+            msg, finish, usage, chunks = await _streamed(client, **kw)
             assert usage is not None and usage.completion_tokens >= 1
+            if not msg.get("tool_calls") and usage.completion_tokens > 16:
+                assert chunks >= 2      # content came as it was generated, not in one block at the end
         else:
             resp = await client.chat.completions.create(**kw)
             msg, finish = resp.choices[0].message.model_dump(exclude_none=True), resp.choices[0].finish_reason
@@ -257,6 +259,7 @@ def test_pause_resume_mid_generation_gives_one_response_with_two_versions(slow_e
         assert state["paused"] is True and state["in_flight"] == 0
         assert resumed == {"paused": False, "resumed": True, "weight_version": 1}
         assert plain.usage.completion_tokens == 80 and streamed[2].completion_tokens == 80
+        assert streamed[3] >= 5              # content streamed as generated, before and after the pause
         for sid in (sid_a, sid_b):
             (step,) = p.steps(sid).values()        # one response, not two
             assert step.metadata["engine_requests"] == 2
@@ -300,13 +303,19 @@ def test_client_that_disconnects_mid_stream_leaves_nothing_recorded(slow_engine)
     try:
         sid, base = _new_session(p.url)
         body = {"messages": [{"role": "user", "content": "Write at length."}], "max_tokens": 80, "stream": True}
+        seen = []
         with httpx.stream("POST", base + "/chat/completions", json=body, timeout=10) as r:
             for line in r.iter_lines():
+                seen.append(line)
                 if '"content":"' in line and '"content":""' not in line:
                     break                               # got real content: hang up mid-reply
+        assert not any('"finish_reason":"' in line for line in seen)
         time.sleep(1.2)                                 # longer than the whole reply would take
         assert len(p.steps(sid)) == 0
         assert httpx.get(p.url + "/v1/rollout/pause_state").json()["in_flight"] == 0
+        # The engine's request was aborted too, not left generating for nobody.
+        info = httpx.get(slow_engine.url + "/get_server_info").json()
+        assert info["internal_states"][0]["num_running_reqs"] == 0
     finally:
         p.stop()
 

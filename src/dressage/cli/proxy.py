@@ -41,19 +41,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=_serve)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    from dressage.proxy.core import ProxyCore
-    from dressage.proxy.server import ProxyServer, ProxyServerConfig, ProxyService
-    from dressage.tokenizer import load_tokenizer
+def server_config(args: argparse.Namespace):
+    """The validated :class:`ProxyServerConfig` of ``dressage proxy serve``'s flags."""
+    from dressage.proxy.server_config import ProxyServerConfig
 
-    dp = data_plane_config(args)
-    server_cfg = ProxyServerConfig(
+    return ProxyServerConfig(
         host=args.host, port=args.port, engine_urls=tuple(args.engine_urls), api_token=args.api_token,
         request_timeout_s=args.request_timeout, served_model_name=args.served_model_name,
         default_max_tokens=args.default_max_tokens, context_window=args.context_window,
         max_output_tokens=args.max_output_tokens, max_steps_per_session=args.max_steps_per_session,
         partial_rollout=args.partial_rollout, health_check_interval_s=args.health_check_interval,
         health_check_failures=args.health_check_failures)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from dressage.proxy.core import ProxyCore
+    from dressage.proxy.server import ProxyServer, ProxyService
+    from dressage.tokenizer import load_tokenizer
+
+    dp = data_plane_config(args)
+    server_cfg = server_config(args)
     tq_cfg = transfer_queue_config(args)
     tok = load_tokenizer(args.tokenizer)
     tq = None

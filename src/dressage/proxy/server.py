@@ -144,6 +144,7 @@ class ProxyService:
             parent = self.core.session(session_id).step(decision.parent_id)
             decision = RouteDecision("create", None, 0, Boundary("engine_failover", matched_tokens=parent.seq_len,
                                                                  candidate_step=parent.step_id))
+        placement.member.calls += 1
         rid = f"{self._rid_prefix}-{session_id}-{next(self._rids)}"
         plan = GenerationPlan(rid, prompt_ids, decision, sampling, placement.member.client,
                               self.core.generate_params(decision), stream)

@@ -1,0 +1,161 @@
+"""The Proxy's online pieces without HTTP: engine pool, pause state, turn cache, server config."""
+
+import asyncio
+
+import pytest
+
+from dressage.errors import ConfigError, EngineUnavailable
+from dressage.proxy.errors import NoHealthyEngineError
+from dressage.proxy.pause import RolloutPause
+from dressage.proxy.routing import EnginePool
+from dressage.proxy.server_config import ProxyServerConfig
+from dressage.proxy.sessions import TurnCache, identity_from_headers, instance_group
+
+
+class FakeEngine:
+    def __init__(self, url):
+        self.base_url, self.up, self.aborted = url, True, []
+
+    async def health(self, timeout=5.0):
+        return self.up
+
+    async def abort(self, rid):
+        self.aborted.append(rid)
+
+
+def _pool(n=3, **kw):
+    return EnginePool([FakeEngine(f"http://e{i}") for i in range(n)], **kw)
+
+
+def test_sessions_stick_and_only_the_failed_engines_sessions_move():
+    pool = _pool()
+    sids = [f"s{i}" for i in range(200)]
+    first = {sid: pool.place(sid).member.url for sid in sids}
+    assert len(set(first.values())) == 3
+    assert all(pool.place(sid).member.url == first[sid] for sid in sids)
+    pool.members["http://e1"].client.up = False
+    assert asyncio.run(pool.check()) == ["http://e1"]
+    after = {sid: pool.place(sid) for sid in sids}
+    for sid in sids:
+        if first[sid] == "http://e1":
+            assert after[sid].moved_from == "http://e1" and after[sid].member.url != "http://e1"
+        else:
+            assert after[sid].moved_from is None and after[sid].member.url == first[sid]
+    assert len(pool.moves) == sum(u == "http://e1" for u in first.values())
+    # Back up: it rejoins, but moved sessions stay where they went.
+    pool.members["http://e1"].client.up = True
+    asyncio.run(pool.check())
+    assert all(pool.place(sid).member.url != "http://e1" for sid in sids if first[sid] == "http://e1")
+
+
+def test_no_healthy_engine_is_a_typed_error_and_failures_threshold_applies():
+    pool = _pool(2, failures_to_remove=2)
+    for m in pool.members.values():
+        m.client.up = False
+    assert asyncio.run(pool.check()) == []          # one failure is not enough
+    assert sorted(asyncio.run(pool.check())) == ["http://e0", "http://e1"]
+    with pytest.raises(NoHealthyEngineError) as err:
+        pool.place("s")
+    assert isinstance(err.value, EngineUnavailable) and err.value.code == "no_healthy_engine"
+
+
+def test_pause_aborts_running_requests_until_they_answer_and_resume_sets_the_version():
+    async def scenario():
+        pause = RolloutPause(abort_retry_s=0.01)
+        engine = FakeEngine("http://e")
+        finished = asyncio.Event()
+
+        async def generation():
+            async with pause.track("rid-1", engine) as run:
+                while not engine.aborted:       # the engine answers once the abort reached it
+                    await asyncio.sleep(0.005)
+                finished.set()
+                return run.aborted
+
+        task = asyncio.ensure_future(generation())
+        await asyncio.sleep(0.02)
+        out = await pause.pause()
+        assert out == {"paused": True, "aborted": 1, "still_running": 0, "weight_version": 0}
+        assert finished.is_set() and await task is True
+        waiter = asyncio.ensure_future(pause.wait_running())
+        await asyncio.sleep(0.02)
+        assert not waiter.done()                # new calls wait while paused
+        assert pause.resume(4) == {"paused": False, "resumed": True, "weight_version": 4}
+        await asyncio.wait_for(waiter, 1)
+        assert pause.state()["in_flight"] == 0 and pause.weight_version == 4
+
+    asyncio.run(scenario())
+
+
+def test_turn_cache_replays_committed_turns_and_forgets_failed_ones():
+    async def scenario():
+        turns = TurnCache()
+        turns.begin("s", "t1")
+
+        async def commit():
+            return {"id": "r1"}
+
+        task = asyncio.ensure_future(commit())
+        turns.settle("s", "t1", task)
+        await task
+        assert await turns.get("s", "t1") == {"id": "r1"}
+        turns.begin("s", "t2")
+
+        async def broken():
+            raise RuntimeError("TQ down")
+
+        bad = asyncio.ensure_future(broken())
+        turns.settle("s", "t2", bad)
+        with pytest.raises(RuntimeError):
+            await bad
+        assert turns.get("s", "t2") is None        # its retry is a new call
+        turns.forget_session("s")
+        assert len(turns) == 0
+
+    asyncio.run(scenario())
+
+
+def test_headers_and_instance_groups():
+    ident = identity_from_headers({"x-smg-routing-key": "k", "x-instance-id": "7", "x-turn-id": "3"})
+    assert (ident.session_id, ident.instance_id, ident.turn_id) == ("k", "7", "3")
+    groups = {}
+    assert instance_group("7", groups) == 7
+    assert instance_group("prompt-a", groups) == instance_group("prompt-a", groups) != instance_group("b", groups)
+
+
+@pytest.mark.parametrize("kw, key", [
+    ({"context_window": 0}, "proxy.context_window"),
+    ({"max_output_tokens": -1}, "proxy.max_output_tokens"),
+    ({"max_steps_per_session": 1.5}, "proxy.max_steps_per_session"),
+    ({"engine_urls": ("http://a", "ftp://b")}, "proxy.engine_urls[1]"),
+    ({"engine_urls": ("http://a", "http://a/")}, "listed twice"),
+    ({"health_check_interval_s": -1}, "proxy.health_check_interval_s"),
+    ({"health_check_failures": 0}, "proxy.health_check_failures"),
+    ({"partial_rollout": "yes"}, "proxy.partial_rollout"),
+])
+def test_server_config_rejects_bad_values_by_key(kw, key):
+    with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
+        ProxyServerConfig(**kw)
+
+
+def test_server_config_engines():
+    assert ProxyServerConfig(engine_url="http://x:1").engines == ("http://x:1",)
+    cfg = ProxyServerConfig(engine_urls=["http://a:1", "http://b:2"])
+    assert cfg.engines == ("http://a:1", "http://b:2") and cfg.engine_url == "http://a:1"
+
+
+def test_proxy_serve_flags_build_the_server_config():
+    from dressage.cli import build_parser
+    from dressage.cli.proxy import server_config
+
+    args = build_parser().parse_args([
+        "proxy", "serve", "--engine-url", "http://127.0.0.1:1", "--engine-url", "http://127.0.0.1:2",
+        "--context-window", "4096", "--max-output-tokens", "512", "--max-steps-per-session", "30",
+        "--partial-rollout", "--health-check-interval", "0.5"])
+    cfg = server_config(args)
+    assert cfg.engines == ("http://127.0.0.1:1", "http://127.0.0.1:2")
+    assert (cfg.context_window, cfg.max_output_tokens, cfg.max_steps_per_session) == (4096, 512, 30)
+    assert cfg.partial_rollout is True and cfg.health_check_interval_s == 0.5
+    bad = build_parser().parse_args(["proxy", "serve", "--engine-url", "http://x:1", "--context-window", "0"])
+    with pytest.raises(ConfigError, match="proxy.context_window"):
+        server_config(bad)
