@@ -17,7 +17,7 @@ __all__ = ["BenchCluster", "RayObjectStoreSystem", "TransferQueueSystem"]
 
 MiB = 1 << 20
 # One call of any actor method in a timed round may take this long before the system is declared hung.
-_CALL_TIMEOUT_S = 300.0
+_CALL_TIMEOUT_S = 120.0
 # Prefix of the custom resource that pins an actor to simulated node i.
 NODE_RESOURCE = "dressage_bench_node"
 
