@@ -159,3 +159,14 @@ def test_proxy_serve_flags_build_the_server_config():
     bad = build_parser().parse_args(["proxy", "serve", "--engine-url", "http://x:1", "--context-window", "0"])
     with pytest.raises(ConfigError, match="proxy.context_window"):
         server_config(bad)
+
+
+def test_a_move_stays_reported_until_a_step_is_recorded_on_the_new_engine():
+    pool = _pool(2)
+    url = pool.place("s").member.url
+    pool.members[url].client.up = False
+    asyncio.run(pool.check())
+    assert pool.place("s").moved_from == url
+    assert pool.place("s").moved_from == url      # the first call after the move failed: retry sees it
+    pool.settle("s")
+    assert pool.place("s").moved_from is None

@@ -89,7 +89,7 @@ def build_chat_prompt(session: Session, tokenizer: Any, messages: Sequence[dict[
     best: StepRecord | None = None
     best_len = -1
     schema_changed = False
-    for step in session.steps.values():
+    for step in list(session.steps.values()):  # a snapshot: another call may commit meanwhile
         hist = _history(step)
         if hist is None or len(hist) >= len(messages) or len(hist) <= best_len:
             continue

@@ -74,6 +74,7 @@ class EnginePool:
         self._points = [p for p, _ in ring]
         self._owners = [u for _, u in ring]
         self._sticky: dict[str, str] = {}
+        self._unsettled: dict[str, str] = {}
         self.moves: list[_Move] = []
         self._monitor: asyncio.Task | None = None
 
@@ -88,22 +89,32 @@ class EnginePool:
         raise NoHealthyEngineError(f"no healthy engine among {', '.join(self.members)}")
 
     def place(self, session_id: str) -> Placement:
-        """The engine for the session's next call (sticky; moved if its engine is out)."""
+        """The engine for the session's next call (sticky; moved if its engine is out).
+
+        ``moved_from`` stays set until :meth:`settle`: a call that fails after the move must not
+        hide it from the retry.
+        """
         current = self._sticky.get(session_id)
         if current is not None and self.members[current].healthy:
-            return Placement(self.members[current])
+            return Placement(self.members[current], moved_from=self._unsettled.get(session_id))
         url = self._ring_owner(session_id)
         self._sticky[session_id] = url
         if current is None:
             return Placement(self.members[url])
         self.moves.append(_Move(session_id, current, url))
-        return Placement(self.members[url], moved_from=current)
+        self._unsettled.setdefault(session_id, current)
+        return Placement(self.members[url], moved_from=self._unsettled[session_id])
+
+    def settle(self, session_id: str) -> None:
+        """A step of the session was recorded on its current engine (the move, if any, with it)."""
+        self._unsettled.pop(session_id, None)
 
     def engine_of(self, session_id: str) -> str | None:
         return self._sticky.get(session_id)
 
     def forget(self, session_id: str) -> None:
         self._sticky.pop(session_id, None)
+        self._unsettled.pop(session_id, None)
 
     @property
     def single(self) -> bool:

@@ -78,6 +78,7 @@ class ProxyService:
         self._groups: dict[str, int] = {}
         self._rid_prefix = secrets.token_hex(3)
         self._rids = itertools.count()
+        self._tasks: set[asyncio.Task] = set()
 
     @property
     def weight_version(self) -> int:
@@ -214,7 +215,9 @@ class ProxyService:
                 yield event
         except EngineUnavailable:
             if not self.engines.single:
-                asyncio.get_running_loop().create_task(self.engines.check())  # take it out before the retry
+                task = asyncio.get_running_loop().create_task(self.engines.check())  # out before the retry
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             raise
 
     def _commit_task(self, call: _ChatCall, result: GenerationResult) -> asyncio.Future:
@@ -223,12 +226,16 @@ class ProxyService:
             self.turns.settle(call.session_id, call.turn_id, task)
         return task
 
+    async def _final(self, plan: GenerationPlan) -> GenerationResult:
+        result = None
+        async for event in self._generate(plan):
+            if isinstance(event, GenerationResult):
+                result = event
+        return result
+
     async def _complete(self, call: _ChatCall) -> dict[str, Any]:
         try:
-            result = None
-            async for event in self._generate(call.plan):
-                if isinstance(event, GenerationResult):
-                    result = event
+            result = await self._final(call.plan)
         except BaseException as exc:
             if call.turn_id is not None:
                 self.turns.abandon(call.session_id, call.turn_id, exc)
@@ -270,11 +277,23 @@ class ProxyService:
             yield writer.usage(response["usage"])
         yield DONE
 
-    async def _commit(self, call: _ChatCall, result: GenerationResult) -> dict[str, Any]:
-        sid = call.session_id
+    async def _record(self, sid: str, plan: GenerationPlan, result: GenerationResult, engine_url: str, *,
+                      metadata: dict[str, Any], **step_kwargs: Any) -> Any:
+        """Commit one generated response as a StepRecord (the last check of the version rule first)."""
         if not self.config.partial_rollout:
             for v in np.unique(result.token_versions).tolist():
                 self._check_version(sid, int(v))
+        metadata = {**metadata, "engine": engine_url, "engine_requests": result.chunks}
+        step = await asyncio.to_thread(
+            self.core.record_step, sid, plan.decision, prompt_ids=plan.prompt_ids, response_ids=result.response_ids,
+            logprobs=result.logprobs, routed_experts=result.routed_experts, token_versions=result.token_versions,
+            metadata=metadata, **step_kwargs)
+        self._versions.setdefault(sid, int(result.token_versions[0]))
+        self.engines.settle(sid)
+        return step
+
+    async def _commit(self, call: _ChatCall, result: GenerationResult) -> dict[str, Any]:
+        sid = call.session_id
         text = self.tokenizer.decode(result.response_ids.tolist(), skip_special_tokens=True)
         content, reasoning, calls = self.parser.parse(text, call_id_prefix=f"call_{call.completion_id[-10:]}")
         message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -282,14 +301,9 @@ class ProxyService:
             message["tool_calls"] = calls
         if reasoning is not None:
             message["reasoning_content"] = reasoning
-        step = await asyncio.to_thread(
-            self.core.record_step, sid, call.plan.decision, prompt_ids=call.plan.prompt_ids,
-            response_ids=result.response_ids, logprobs=result.logprobs, routed_experts=result.routed_experts,
-            token_versions=result.token_versions, messages=call.messages, tools=call.tools,
-            metadata={"assistant_message": message, "finish_reason": result.finish_reason,
-                      "engine": call.engine_url, "engine_requests": result.chunks},
-            boundary_reason=call.prompt.boundary_reason)
-        self._versions.setdefault(sid, int(result.token_versions[0]))
+        step = await self._record(sid, call.plan, result, call.engine_url, messages=call.messages, tools=call.tools,
+                                  boundary_reason=call.prompt.boundary_reason,
+                                  metadata={"assistant_message": message, "finish_reason": result.finish_reason})
         finish_reason = "tool_calls" if calls else ("length" if result.finish_reason == "length" else "stop")
         return {
             "id": call.completion_id, "object": "chat.completion", "created": call.created,
@@ -308,18 +322,8 @@ class ProxyService:
         sp = dict(req.sampling_params or {})
         sp["max_new_tokens"] = self._max_new(sp.get("max_new_tokens"), len(prompt_ids))
         plan, url = self._plan(session_id, prompt_ids, decision, sp, stream=False)
-        result = None
-        async for event in self._generate(plan):
-            if isinstance(event, GenerationResult):
-                result = event
-        if not self.config.partial_rollout:
-            for v in np.unique(result.token_versions).tolist():
-                self._check_version(session_id, int(v))
-        step = await asyncio.to_thread(self.core.record_step, session_id, plan.decision, prompt_ids=prompt_ids,
-                                       response_ids=result.response_ids, logprobs=result.logprobs,
-                                       routed_experts=result.routed_experts, token_versions=result.token_versions,
-                                       metadata={"engine": url, "engine_requests": result.chunks})
-        self._versions.setdefault(session_id, int(result.token_versions[0]))
+        result = await self._final(plan)
+        step = await self._record(session_id, plan, result, url, metadata={})
         return {"output_ids": step.response_ids.tolist(),
                 "text": self.tokenizer.decode(step.response_ids.tolist(), skip_special_tokens=True),
                 "step_id": step.step_id, "parent_id": step.parent_id, "lineage_id": step.lineage_id,
