@@ -357,3 +357,21 @@ def test_two_engines_keep_sessions_sticky_and_move_them_when_one_fails():
         np.testing.assert_array_equal(segs[1].tokens[:len(segs[0].tokens)], segs[0].tokens)
     finally:
         p.stop(); e1.stop(); e2.stop()
+
+
+def test_concurrent_retries_of_one_turn_generate_and_record_once(slow_engine):
+    p = _Proxy(slow_engine.url)
+    try:
+        client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="none", max_retries=0,
+                                    default_headers={"X-Session-Id": "dup", "X-Turn-Id": "turn-1"})
+        kw = dict(model="m", messages=[{"role": "user", "content": "Write at length."}], max_tokens=20)
+
+        async def both():
+            return await asyncio.gather(client.chat.completions.create(**kw), _streamed(client, **kw))
+
+        first, (streamed, finish, usage, _) = asyncio.run(both())
+        assert p.service.calls == 1 and len(p.steps("dup")) == 1      # the retry waited for the first
+        assert streamed["content"].strip() == first.choices[0].message.content.strip()
+        assert usage.completion_tokens == first.usage.completion_tokens == 20 and finish == "length"
+    finally:
+        p.stop()

@@ -19,7 +19,9 @@ from dressage.proxy.errors import WeightVersionChangedError
 from dressage.proxy.pause import RolloutPause
 from dressage.trajectory import PartialResponse, RouteDecision
 
-__all__ = ["GenerationPlan", "GenerationResult", "run_generation"]
+__all__ = ["GenerationPlan", "GenerationResult", "run_generation", "KEEPALIVE_S"]
+
+KEEPALIVE_S = 10.0
 
 
 @dataclass(slots=True)
@@ -74,8 +76,10 @@ class _StreamedAnswer:
 
 async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: Callable[..., Any], *,
                          partial_rollout: bool, timeout_s: float,
-                         decode: Callable[[list[int]], str]) -> AsyncIterator[str | GenerationResult]:
+                         decode: Callable[[list[int]], str]) -> AsyncIterator[str | GenerationResult | None]:
     """Yield the decoded reply text after each streamed chunk, then the :class:`GenerationResult`.
+
+    ``None`` is a keep-alive while a streamed call waits for resume.
 
     ``normalize(body, prompt_len=, decision=)`` is the core's response decoder (it checks every
     length). Raises :class:`WeightVersionChangedError` when a pause cuts the call and partial
@@ -88,7 +92,10 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
     finish: str | None = None
     chunk_no = 0
     while True:
-        await pause.wait_running()
+        # A streamed call waiting out a weight update sends keep-alives (None) so that neither the
+        # agent nor a proxy in between times the quiet connection out.
+        while not await pause.wait_running(KEEPALIVE_S if plan.stream else None):
+            yield None
         version = pause.weight_version
         start = partial.next_routed_experts_start
         params = dict(plan.params)

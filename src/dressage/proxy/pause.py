@@ -48,10 +48,14 @@ class RolloutPause:
                 self._resumed.set()
         return self._resumed
 
-    async def wait_running(self) -> None:
-        """Return at once unless paused; otherwise when resumed."""
+    async def wait_running(self, timeout: float | None = None) -> bool:
+        """Return at once unless paused; otherwise when resumed (True) or after ``timeout`` (False)."""
         while self.paused:
-            await self._event().wait()
+            try:
+                await asyncio.wait_for(self._event().wait(), timeout)
+            except asyncio.TimeoutError:
+                return False
+        return True
 
     @asynccontextmanager
     async def track(self, rid: str, client: Any) -> AsyncIterator[_Running]:

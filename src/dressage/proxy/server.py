@@ -29,7 +29,7 @@ from dressage.proxy.schemas import ChatRequest, GenerateRequest
 from dressage.proxy.server_config import ProxyServerConfig
 from dressage.proxy.sessions import CallIdentity, TurnCache, instance_group
 from dressage.proxy.sglang_client import SGLangClient
-from dressage.proxy.streaming import DONE, ChunkWriter, ContentStream, replay_chunks, sse
+from dressage.proxy.streaming import DONE, KEEPALIVE, ChunkWriter, ContentStream, replay_chunks, sse
 from dressage.serving import UvicornServer
 from dressage.trajectory import Boundary, RouteDecision
 
@@ -188,8 +188,14 @@ class ProxyService:
         if turn_id is not None:
             pending = self.turns.get(session_id, turn_id)
             if pending is not None:
+                try:
+                    response = await asyncio.shield(pending)
+                except asyncio.CancelledError:
+                    if not pending.cancelled():
+                        raise  # this request itself is being cancelled
+                    pending = None  # the first attempt was dropped before its commit: run it anew
+            if pending is not None:
                 self.replayed_turns += 1
-                response = await asyncio.shield(pending)
                 if req.stream:
                     include = bool(req.stream_options and req.stream_options.get("include_usage"))
                     return _aiter(replay_chunks(response, include_usage=include))
@@ -205,7 +211,7 @@ class ProxyService:
         """Non-streamed chat completion (kept for embedders; HTTP goes through :meth:`open_chat`)."""
         return await self._complete(self.prepare_chat(session_id, req))
 
-    async def _generate(self, plan: GenerationPlan) -> AsyncIterator[str | GenerationResult]:
+    async def _generate(self, plan: GenerationPlan) -> AsyncIterator[str | GenerationResult | None]:
         self.calls += 1
         try:
             async for event in run_generation(
@@ -253,6 +259,8 @@ class ProxyService:
             async for event in self._generate(call.plan):
                 if isinstance(event, GenerationResult):
                     result = event
+                elif event is None:
+                    yield KEEPALIVE
                 else:
                     for delta in content.feed(event):
                         yield writer.chunk(delta)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
-__all__ = ["sse", "DONE", "ChunkWriter", "ContentStream", "replay_chunks"]
+__all__ = ["sse", "DONE", "KEEPALIVE", "ChunkWriter", "ContentStream", "replay_chunks"]
 
 DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"
+"""An SSE comment: clients ignore it, connections and read time-outs stay alive."""
 
 
 def sse(obj: Any) -> bytes:
