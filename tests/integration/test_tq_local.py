@@ -96,25 +96,16 @@ def test_dead_unit_is_a_bounded_typed_error_naming_unit_and_keys():
             client.get_many(refs)
         assert time.monotonic() - t0 < 5
         assert victim in str(info.value) and dead[0].key in str(info.value)
-        # The surviving unit keeps serving, and a put that lands on the dead unit leaves nothing behind.
+        # The surviving unit keeps serving, and every new put goes to it.
         np.testing.assert_array_equal(client.get_many(alive)[0], np.full(16, int(client.get(alive[0])[0])))
-        before, written = tq.controller.total_keys(), 0
-        for _ in range(4):
-            try:
-                client.put("logprobs", np.zeros(16, dtype=np.float32))
-                written += 1
-            except StorageUnitUnavailable as exc:
-                assert victim in str(exc)
-                break
-        else:
-            pytest.fail("no put was placed on the dead unit")
-        assert tq.controller.total_keys() == before + written
-        # The directory stops placing keys on the unit that did not answer.
-        later = [client.put("logprobs", np.zeros(16, dtype=np.float32)) for _ in range(3)]
+        assert tq.unit_states()[victim]["state"] == "dead"
+        before = tq.controller.total_keys()
+        later = [client.put("logprobs", np.zeros(16, dtype=np.float32)) for _ in range(4)]
         assert all(r.unit_id != victim for r in later)
-        assert tq.controller.stats()[victim]["placement_paused"] is True
+        assert tq.controller.total_keys() == before + 4
         stats = tq.stats()
         assert stats[victim]["available"] is False and victim in stats[victim]["error"]
+        assert stats[victim]["state"] == "dead" and "exited" in stats[victim]["state_reason"]
         with pytest.raises(StorageUnitUnavailable):
             tq.total_keys()
         with pytest.raises(KeyNotFoundError):

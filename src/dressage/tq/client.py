@@ -2,8 +2,9 @@
 
 The same class serves every deployment: it holds a directory handle (the in-process Controller or a
 remote one) and one StorageUnit handle per unit (in-process backends or ZMQ remotes). Reads go straight
-to units using the unit id inside each FieldRef; the Controller is only asked where to write and what to
-clear.
+to units using the unit id inside each FieldRef; the Controller is only asked where to write, what to
+clear, and (through a cached ``LivenessView``) which units are dead, so reads of a dead unit's keys fail at
+once and a put whose unit died is placed again on a live one.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dressage.errors import (
     StorageUnitUnavailable,
     TransferQueueError,
 )
+from dressage.tq.liveness import LivenessView
 from dressage.tq.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit, prepare_array
 from dressage.tq.wire import dtype_name
@@ -77,6 +79,12 @@ class TransferQueueClient:
         # Keys: a random per-client prefix plus a counter; unique across clients and cheap per put.
         self._key_prefix = uuid.uuid4().hex[:16]
         self._key_seq = itertools.count()
+        self._liveness = LivenessView(controller) if hasattr(controller, "unit_states") else None
+        if self._liveness is not None:
+            for uid, unit in self._units.items():
+                attach = getattr(unit, "attach_liveness", None)
+                if attach is not None:
+                    attach(self._liveness.checker(uid))
 
     @classmethod
     def connect(cls, spec: Mapping[str, Any], *, node_id: str | None = None) -> "TransferQueueClient":
@@ -118,22 +126,32 @@ class TransferQueueClient:
         placing = [(k, a.nbytes, f) for k, a, f in zip(names, arrays, fields)]
         deadline = time.monotonic() + self._full_wait_s
         sleep = _FULL_BACKOFF_S[0]
+        lost_units: list[str] = []
         while True:
-            unit_id = self._controller.place_many(placing, node_id=self.node_id, batch=batch)
+            unit_id = None
             try:
+                unit_id = self._controller.place_many(placing, node_id=self.node_id, batch=batch)
                 self._unit(unit_id).put_many(list(zip(names, arrays)), copy=True)
             except StorageFullError:
-                self._abort_quietly(names)
+                if unit_id is not None:
+                    self._abort_quietly(names)
                 if self._on_full != "wait" or time.monotonic() + sleep > deadline:
                     raise
                 time.sleep(sleep)  # space appears when a trainer clears a batch
                 sleep = min(sleep * 2, _FULL_BACKOFF_S[1])
                 continue
             except StorageUnitUnavailable:
+                if unit_id is None:
+                    raise  # the directory itself, or no live unit at all
                 self._abort_quietly(names, unit_down=True)  # later puts go to other units
-                raise
+                lost_units.append(unit_id)
+                # Nothing was acknowledged yet: try a live unit this put has not tried, once each.
+                if len(lost_units) >= len(self._units):
+                    raise
+                continue
             except BaseException:
-                self._abort_quietly(names)
+                if unit_id is not None:
+                    self._abort_quietly(names)
                 raise
             break
         try:
@@ -201,6 +219,14 @@ class TransferQueueClient:
                 slot = seen[ident] = (ref.unit_id, len(reqs))  # type: ignore[index]
                 reqs.append((ref.key, ref.row_start, ref.row_stop))  # type: ignore[arg-type]
             slots.append(slot)
+        if self._liveness is not None:
+            for unit_id, reqs in per_unit.items():
+                why = self._liveness.reason(unit_id) if self._units[unit_id].remote else None
+                if why:
+                    keys = [k for k, _, _ in reqs]
+                    raise StorageUnitUnavailable(
+                        f"StorageUnit {unit_id} is unavailable ({why}); keys: "
+                        + ", ".join(map(repr, keys[:8])) + (" ..." if len(keys) > 8 else ""))
         results = self._read_units(per_unit)
         out = []
         for ref, (unit_id, idx) in zip(refs, slots):
@@ -267,6 +293,8 @@ class TransferQueueClient:
             unit = self._units.get(unit_id)
             if unit is None:
                 continue
+            if self._liveness is not None and unit.remote and self._liveness.reason(unit_id):
+                continue  # the directory keeps these deletions queued until the unit answers again
             try:
                 unit.delete(keys)
             except Exception as exc:  # the janitor retries; report after trying every unit
@@ -302,6 +330,12 @@ class TransferQueueClient:
     @property
     def unit_ids(self) -> list[str]:
         return list(self._units)
+
+    def dead_units(self) -> dict[str, str]:
+        """``{unit_id: reason}`` of the units the Controller has marked dead (as of at most 0.2 s ago)."""
+        if self._liveness is None:
+            return {}
+        return {u: why for u in self._units if (why := self._liveness.reason(u))}
 
     def _unit(self, unit_id: str) -> StorageUnit:
         try:

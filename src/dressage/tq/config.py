@@ -18,13 +18,25 @@ import yaml
 from dressage.errors import ConfigError
 from dressage.units import parse_bytes
 
-__all__ = ["TransferQueueConfig", "DEPLOYMENTS", "ON_FULL", "load_config", "EXAMPLE_CONFIG"]
+__all__ = ["TransferQueueConfig", "DEPLOYMENTS", "ON_FULL", "load_config", "EXAMPLE_CONFIG", "SECRET_ENV",
+           "is_loopback"]
 
 DEPLOYMENTS = ("embedded", "local", "ray")
 ON_FULL = ("spill", "wait", "error")
 _PREFIX = "transfer_queue"
 # The shipped example (the same text as examples/transfer_queue.yaml), readable from an installed wheel.
 EXAMPLE_CONFIG = Path(__file__).resolve().with_name("transfer_queue.yaml")
+# Where the shared secret comes from when ``auth_secret`` is not in the config (keeps it out of files).
+SECRET_ENV = "DRESSAGE_TQ_SECRET"
+_MIN_SECRET = 16
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` exposes sockets to this machine only."""
+    if host in ("localhost", "::1"):
+        return True
+    parts = host.split(".")
+    return len(parts) == 4 and parts[0] == "127" and all(p.isdigit() for p in parts)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -61,6 +73,14 @@ class TransferQueueConfig:
     """How long ``TransferQueue.start`` waits for processes or actors to come up."""
     ray_address: str | None = None
     """``ray.init(address=...)`` when Ray is not initialised yet; ``None`` starts or joins a local one."""
+    heartbeat_interval_s: float = 1.0
+    """How often the Controller probes each StorageUnit process (local and ray deployments)."""
+    unit_dead_after_s: float = 5.0
+    """A unit that has answered no probe for this long is marked dead: no new keys, reads of its keys
+    fail at once. It is live again at its next answer (a stopped process that resumed)."""
+    auth_secret: str | None = None
+    """Shared secret (at least 16 characters) for HMAC-SHA256 over every frame; ``None`` reads
+    ``$DRESSAGE_TQ_SECRET``. Required when ``host`` is not a loopback address."""
 
     def __post_init__(self) -> None:
         _choice("deployment", self.deployment, DEPLOYMENTS)
@@ -85,10 +105,32 @@ class TransferQueueConfig:
         _int("unit_base_port", self.unit_base_port, lo=0, hi=65535)
         if self.ray_address is not None and not isinstance(self.ray_address, str):
             raise ConfigError(f"{_PREFIX}.ray_address: expected a string, got {self.ray_address!r}")
+        self.heartbeat_interval_s = _seconds("heartbeat_interval_s", self.heartbeat_interval_s)
+        self.unit_dead_after_s = _seconds("unit_dead_after_s", self.unit_dead_after_s)
+        if self.unit_dead_after_s < self.heartbeat_interval_s:
+            raise ConfigError(f"{_PREFIX}.unit_dead_after_s: must be >= heartbeat_interval_s "
+                              f"({self.heartbeat_interval_s:g}), got {self.unit_dead_after_s:g}")
+        if self.auth_secret is not None and (not isinstance(self.auth_secret, str)
+                                             or len(self.auth_secret) < _MIN_SECRET):
+            raise ConfigError(f"{_PREFIX}.auth_secret: expected a string of at least {_MIN_SECRET} characters")
+        if not is_loopback(self.host) and self.secret is None:
+            raise ConfigError(
+                f"{_PREFIX}.host: {self.host!r} is not a loopback address, so every frame must be "
+                f"authenticated: set {_PREFIX}.auth_secret or ${SECRET_ENV} (at least {_MIN_SECRET} characters)")
 
     @property
     def budget_bytes(self) -> int:
         return int(self.unit_memory_budget)
+
+    @property
+    def secret(self) -> bytes | None:
+        """The HMAC key: ``auth_secret``, else ``$DRESSAGE_TQ_SECRET``, else None (no authentication)."""
+        text = self.auth_secret if self.auth_secret is not None else os.environ.get(SECRET_ENV) or None
+        if text is None:
+            return None
+        if len(text) < _MIN_SECRET:
+            raise ConfigError(f"${SECRET_ENV}: expected at least {_MIN_SECRET} characters")
+        return text.encode()
 
     def replace(self, **changes: Any) -> "TransferQueueConfig":
         return dataclasses.replace(self, **changes)

@@ -1,9 +1,10 @@
 """The TransferQueue Controller: a directory of keys, never a holder of payload bytes.
 
-It knows where each key lives, its size, when it was written, its batch and its state, places new keys
-(writer's node first, then most free capacity) and queues deletions. Every method is a short in-memory
-operation under one lock, so no client, however slow, can stall the others; unit I/O happens in the
-``Janitor`` thread or in clients, never inside a Controller call.
+It knows where each key lives, its size, when it was written, its batch and its state, whether each
+StorageUnit is live or dead, places new keys (live units only: writer's node first, then most free
+capacity) and queues deletions. Every method is a short in-memory operation under one lock, so no client,
+however slow, can stall the others; unit I/O happens in the ``Janitor`` and liveness threads or in
+clients, never inside a Controller call.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dressage.errors import StorageFullError, TransferQueueError
+from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
 
-__all__ = ["Controller", "KeyState", "UnitInfo", "Janitor"]
+__all__ = ["Controller", "KeyState", "UnitInfo", "UnitState", "Janitor"]
 
 log = logging.getLogger(__name__)
 _TOMBSTONES = 100_000  # how many cleared keys the directory remembers, for ``state()``
@@ -31,6 +32,19 @@ class KeyState(str, enum.Enum):
     WRITTEN = "written"      # durable in its unit
     CONSUMED = "consumed"    # read by a trainer at least once
     CLEARED = "cleared"      # removed (or queued for removal) from its unit
+
+
+class UnitState(str, enum.Enum):
+    LIVE = "live"    # answering (or never found otherwise)
+    DEAD = "dead"    # its process exited, its actor died, or it answered no probe for unit_dead_after_s
+
+
+@dataclass(slots=True)
+class _Liveness:
+    state: UnitState
+    since: float
+    reason: str = ""
+    last_seen: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +85,9 @@ class Controller:
     """Thread-safe key directory. ``clock`` is injectable so retention tests need no sleeping."""
 
     def __init__(self, units: Sequence[UnitInfo] = (), *, retention_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, strict_budget: bool = False) -> None:
+        """``strict_budget``: refuse to place keys that fit no live unit's budget (StorageFullError),
+        so with ``on_full: wait|error`` a writer learns it must wait before it sends any payload."""
         self._lock = threading.Lock()
         self._units: dict[str, UnitInfo] = {}
         self._used: dict[str, int] = {}
@@ -83,6 +99,8 @@ class Controller:
         self._clock = clock
         self._cleared_total = 0
         self._down_until: dict[str, float] = {}
+        self._live: dict[str, _Liveness] = {}
+        self._strict = strict_budget
         for u in units:
             self.add_unit(u)
 
@@ -92,6 +110,47 @@ class Controller:
             self._units[unit.unit_id] = unit
             self._used.setdefault(unit.unit_id, 0)
             self._count.setdefault(unit.unit_id, 0)
+            self._live.setdefault(unit.unit_id, _Liveness(UnitState.LIVE, self._clock()))
+
+    # -- liveness ------------------------------------------------------------------------------
+    def mark_unit_dead(self, unit_id: str, reason: str) -> bool:
+        """Mark a unit dead (no new keys; clients fail its reads at once). True if it was live."""
+        with self._lock:
+            live = self._live.get(unit_id)
+            if live is None:
+                return False
+            if live.state is UnitState.DEAD:
+                return False
+            self._live[unit_id] = _Liveness(UnitState.DEAD, self._clock(), str(reason), live.last_seen)
+        log.warning("StorageUnit %s marked dead: %s", unit_id, reason)
+        return True
+
+    def mark_unit_live(self, unit_id: str) -> bool:
+        """A unit answered: record it, and bring it back if it was dead. True if it was dead."""
+        with self._lock:
+            live = self._live.get(unit_id)
+            if live is None:
+                return False
+            now = self._clock()
+            live.last_seen = now
+            if live.state is UnitState.LIVE:
+                return False
+            self._live[unit_id] = _Liveness(UnitState.LIVE, now, f"answered again after: {live.reason}", now)
+            self._down_until.pop(unit_id, None)
+        log.warning("StorageUnit %s is live again", unit_id)
+        return True
+
+    def unit_states(self) -> dict[str, dict[str, Any]]:
+        """``{unit_id: {"state", "for_s", "reason", "seen_s_ago"}}``: what clients check before a read."""
+        with self._lock:
+            now = self._clock()
+            return {uid: {"state": lv.state.value, "for_s": round(now - lv.since, 3), "reason": lv.reason,
+                          "seen_s_ago": None if lv.last_seen is None else round(now - lv.last_seen, 3)}
+                    for uid, lv in self._live.items()}
+
+    def _is_live(self, unit_id: str) -> bool:
+        lv = self._live.get(unit_id)
+        return lv is None or lv.state is UnitState.LIVE
 
     def units(self) -> list[UnitInfo]:
         with self._lock:
@@ -130,14 +189,24 @@ class Controller:
             return self._units[uid].memory_budget - self._used[uid]
 
         now = self._clock()
-        up = [u for u in self._units if self._down_until.get(u, 0.0) <= now]
-        everyone = up or list(self._units)  # if every unit is down, let the writer find out again
+        live = [u for u in self._units if self._is_live(u)]
+        if not live:
+            raise StorageUnitUnavailable(
+                "no live StorageUnit to place keys on: " + "; ".join(
+                    f"{u} dead ({self._live[u].reason})" for u in self._units))
+        up = [u for u in live if self._down_until.get(u, 0.0) <= now]
+        everyone = up or live  # if every live unit failed a writer lately, let the writer find out again
         local = [u for u in everyone if node_id is not None and self._units[u].node_id == node_id]
         for pool in (local, everyone):
             fitting = [u for u in pool if free(u) >= nbytes]
             if fitting:
                 # Most free bytes, then fewest keys: equal units fill evenly.
                 return max(fitting, key=lambda u: (free(u), -self._count[u]))
+        if self._strict:
+            # Sending the payload would only be refused: the writer waits (or fails) without sending it.
+            raise StorageFullError(
+                f"every live StorageUnit is full: {nbytes} bytes fit none of "
+                + ", ".join(f"{u} ({free(u)} of {self._units[u].memory_budget} bytes free)" for u in everyone))
         # Nobody has room: the unit with most room spills, waits or refuses, per its policy.
         return max(local or everyone, key=lambda u: (free(u), -self._count[u]))
 
@@ -247,12 +316,16 @@ class Controller:
         """Hand the queued unit deletions to the janitor (deletes are idempotent, so repeats are safe)."""
         with self._lock:
             out: dict[str, list[str]] = {}
+            kept: dict[str, set[str]] = {}
             for unit_id, keys in self._to_delete.items():
+                if not self._is_live(unit_id):
+                    kept[unit_id] = keys  # deleting on a dead unit would only time out; kept for its return
+                    continue
                 # A key written again after its abort is live: deleting it now would lose data.
                 dead = sorted(k for k in keys if not (k in self._entries and self._entries[k].unit_id == unit_id))
                 if dead:
                     out[unit_id] = dead
-            self._to_delete = {}
+            self._to_delete = kept
         return out
 
     def requeue_deletions(self, unit_id: str, keys: Iterable[str]) -> None:
@@ -281,14 +354,17 @@ class Controller:
             return len(self._entries)
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Per unit: keys and bytes in the directory, pending writes, queued deletions."""
+        """Per unit: liveness state, keys and bytes in the directory, pending writes, queued deletions."""
         with self._lock:
             pending: dict[str, int] = {}
             for e in self._entries.values():
                 if e.state is KeyState.PENDING:
                     pending[e.unit_id] = pending.get(e.unit_id, 0) + 1
+            now = self._clock()
             return {
                 uid: {"node_id": u.node_id, "directory_keys": self._count[uid],
+                      "state": self._live[uid].state.value, "state_for_s": round(now - self._live[uid].since, 3),
+                      "state_reason": self._live[uid].reason,
                       "placement_paused": self._down_until.get(uid, 0.0) > self._clock(),
                       "directory_bytes": self._used[uid], "pending": pending.get(uid, 0),
                       "queued_deletes": len(self._to_delete.get(uid, ()))}

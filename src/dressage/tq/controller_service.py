@@ -2,7 +2,8 @@
 
 ``RemoteController`` has the same methods as :class:`Controller`, so clients do not care where the
 directory lives. Run as ``python -m dressage.tq.controller_service --units JSON ...``; it prints
-``READY <address> <pid>`` once bound.
+``READY <address> <pid>`` once bound, probes its units (``LivenessMonitor``) and, with
+``$DRESSAGE_TQ_SECRET`` set, authenticates every frame.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ class ControllerServer:
     """Serves a Controller: every op is a short in-memory call, so the loop never waits on anyone."""
 
     def __init__(self, controller: Controller, *, host: str = "127.0.0.1", port: int = 0,
-                 janitor: Janitor | None = None) -> None:
+                 janitor: Janitor | None = None, secret: bytes | None = None) -> None:
         self.controller = controller
         self.janitor = janitor
-        self.rpc = RpcServer(self._handle, host=host, port=port, name="controller")
+        self.rpc = RpcServer(self._handle, host=host, port=port, name="controller", secret=secret)
 
     @property
     def address(self) -> str:
@@ -104,6 +105,15 @@ class ControllerServer:
         if op == "add_unit":
             ctl.add_unit(UnitInfo.from_wire(c.get("unit") or {}))
             return {}, ()
+        if op == "unit_state":
+            uid, state = c.get("unit_id"), c.get("state")
+            if not isinstance(uid, str) or state not in ("live", "dead"):
+                raise ProtocolError("unit_state needs a unit_id and a state of 'live' or 'dead'")
+            if state == "dead":
+                return {"changed": ctl.mark_unit_dead(uid, str(c.get("reason", "")))}, ()
+            return {"changed": ctl.mark_unit_live(uid)}, ()
+        if op == "unit_states":
+            return {"states": ctl.unit_states()}, ()
         if op == "sweep":
             # Admin/test hook: runs unit deletions on this loop, bounded by the units' timeouts.
             return {"removed": self.janitor.run_once() if self.janitor else 0}, ()
@@ -117,9 +127,9 @@ class RemoteController:
 
     remote = True
 
-    def __init__(self, address: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, address: str, *, timeout_s: float = 30.0, secret: bytes | None = None) -> None:
         self.address = address
-        self._rpc = RpcClient(address, timeout_s=timeout_s, name="TransferQueue controller")
+        self._rpc = RpcClient(address, timeout_s=timeout_s, name="TransferQueue controller", secret=secret)
 
     def place(self, key: str, nbytes: int, *, node_id: str | None = None, batch: str | None = None,
               field: str = "") -> str:
@@ -189,6 +199,15 @@ class RemoteController:
     def add_unit(self, unit: UnitInfo) -> None:
         self._rpc.call("add_unit", {"unit": unit.to_wire()})
 
+    def mark_unit_dead(self, unit_id: str, reason: str) -> bool:
+        return bool(self._rpc.call("unit_state", {"unit_id": unit_id, "state": "dead", "reason": reason})[0]["changed"])
+
+    def mark_unit_live(self, unit_id: str) -> bool:
+        return bool(self._rpc.call("unit_state", {"unit_id": unit_id, "state": "live"})[0]["changed"])
+
+    def unit_states(self) -> dict[str, dict[str, Any]]:
+        return dict(self._rpc.call("unit_states")[0]["states"])
+
     def run_janitor(self) -> int:
         return int(self._rpc.call("sweep")[0]["removed"])
 
@@ -200,6 +219,8 @@ class RemoteController:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dressage.tq.config import SECRET_ENV
+    from dressage.tq.liveness import LivenessMonitor
     from dressage.tq.storage.remote import RemoteStorageUnit
     from dressage.tq.storage.server import serve_until_signalled
 
@@ -210,15 +231,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retention-s", type=float, default=None)
     p.add_argument("--sweep-s", type=float, default=1.0)
     p.add_argument("--timeout-s", type=float, default=30.0)
+    p.add_argument("--heartbeat-s", type=float, default=1.0)
+    p.add_argument("--dead-after-s", type=float, default=5.0)
+    p.add_argument("--strict-budget", action="store_true")
     args = p.parse_args(argv)
+    secret = (os.environ.get(SECRET_ENV) or "").encode() or None
     units = [UnitInfo.from_wire(u) for u in json.loads(args.units)]
-    controller = Controller(units, retention_s=args.retention_s)
-    handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address, node_id=u.node_id, timeout_s=args.timeout_s)
+    controller = Controller(units, retention_s=args.retention_s, strict_budget=args.strict_budget)
+    handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address, node_id=u.node_id, timeout_s=args.timeout_s,
+                                            secret=secret)
                for u in units if u.address}
     janitor = Janitor(controller, handles.get, interval_s=args.sweep_s).start()
-    server = ControllerServer(controller, host=args.host, port=args.port, janitor=janitor)
+    probes = {u: RemoteStorageUnit(u, h.address, timeout_s=args.dead_after_s, secret=secret)
+              for u, h in handles.items()}  # own sockets: a slow janitor delete never delays a probe
+    monitor = LivenessMonitor(controller, probes, interval_s=args.heartbeat_s,
+                              dead_after_s=args.dead_after_s).start()
+    server = ControllerServer(controller, host=args.host, port=args.port, janitor=janitor, secret=secret)
 
     def cleanup() -> None:
+        monitor.stop()
+        for h in probes.values():
+            h.close()
         janitor.stop()
         for h in handles.values():
             h.close()

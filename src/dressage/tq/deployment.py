@@ -84,16 +84,21 @@ class TransferQueue:
         return self._deployment.controller.units()
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        """Per unit: what the unit holds (keys, bytes, memory_bytes, spilled_bytes, counters) merged
-        with the Controller's view (directory_keys, pending, queued_deletes)."""
+        """Per unit: what the unit holds (keys, bytes, memory_bytes, held_bytes, peak_held_bytes,
+        spilled_bytes, counters) merged with the Controller's view (state: live|dead, state_reason,
+        directory_keys, pending, queued_deletes). A dead unit is not asked (it would not answer)."""
         self._check_open()
         directory = self._deployment.controller.stats()
         out = {}
         for unit_id, unit in self._deployment.unit_handles().items():
-            try:
-                row = {"available": True, **unit.stats()}
-            except StorageUnitUnavailable as exc:  # one dead unit must not hide the others
-                row = {"unit_id": unit_id, "available": False, "error": str(exc)}
+            if directory.get(unit_id, {}).get("state") == "dead":
+                row = {"unit_id": unit_id, "available": False,
+                       "error": f"StorageUnit {unit_id} is dead: {directory[unit_id].get('state_reason', '')}"}
+            else:
+                try:
+                    row = {"available": True, **unit.stats()}
+                except StorageUnitUnavailable as exc:  # one dead unit must not hide the others
+                    row = {"unit_id": unit_id, "available": False, "error": str(exc)}
             row.update(directory.get(unit_id, {}))
             out[unit_id] = row
         return out
@@ -114,6 +119,19 @@ class TransferQueue:
     def run_janitor(self) -> int:
         """Run one retention sweep and queued deletion pass now; returns keys removed from units."""
         return self._deployment.run_janitor()
+
+    def unit_states(self) -> dict[str, dict[str, Any]]:
+        """``{unit_id: {"state": "live"|"dead", "for_s", "reason", "seen_s_ago"}}`` from the Controller."""
+        self._check_open()
+        return self._deployment.controller.unit_states()
+
+    def kill_unit(self, unit_id: str, sig: int | None = None) -> int:
+        """Fault injection: send a signal (default SIGKILL) to a unit's process; returns its pid."""
+        self._check_open()
+        kill = getattr(self._deployment, "kill_unit", None)
+        if kill is None:
+            raise TransferQueueError(f"the {self.deployment} deployment has no unit processes to signal")
+        return kill(unit_id) if sig is None else kill(unit_id, sig)
 
     def shutdown(self) -> None:
         if self._closed:
@@ -154,7 +172,8 @@ class _Embedded:
             self.units[uid] = make_storage_unit(uid, node_id=None, memory_budget=config.budget_bytes,
                                                 on_full=config.on_full, spill_dir=config.spill_dir)
         self.controller = Controller(
-            [UnitInfo(uid, None, config.budget_bytes) for uid in self.units], retention_s=config.retention_s)
+            [UnitInfo(uid, None, config.budget_bytes) for uid in self.units], retention_s=config.retention_s,
+            strict_budget=config.on_full != "spill")
         self.janitor = Janitor(self.controller, self.units.get, interval_s=sweep_interval(config)).start()
         self._servers: Any = None
 

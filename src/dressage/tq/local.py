@@ -1,8 +1,10 @@
 """``local`` deployment: the Controller and each StorageUnit as separate processes on this host.
 
 Children are started with the current interpreter, report ``READY <address> <pid>`` on stdout, exit when
-this process dies, and are terminated (then killed) on shutdown. Also: ``expose_embedded`` serves an
-embedded deployment over ZMQ threads so other processes can connect to it.
+this process dies, and are terminated (then killed) on shutdown. A unit process that exits is reported
+to the Controller as dead at once (``_ExitWatcher``); one that stops answering is found by the
+Controller's probes. Also: ``expose_embedded`` serves an embedded deployment over ZMQ threads so other
+processes can connect to it.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
 from dressage.errors import StorageUnitUnavailable, TransferQueueError
 from dressage.tq import shm
 from dressage.tq.client import TransferQueueClient
-from dressage.tq.config import TransferQueueConfig
+from dressage.tq.config import SECRET_ENV, TransferQueueConfig
 from dressage.tq.controller import Controller, UnitInfo
 from dressage.tq.controller_service import ControllerServer, RemoteController
 from dressage.tq.remote_client import make_spec
@@ -30,12 +33,21 @@ from dressage.tq.storage.server import StorageUnitServer
 __all__ = ["LocalDeployment", "expose_embedded", "EmbeddedServers"]
 
 
-def _spawn(args: list[str], what: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
+def _child_env(secret: bytes | None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(SECRET_ENV, None)
+    if secret is not None:
+        env[SECRET_ENV] = secret.decode()  # the environment, not argv: ps shows argv to everyone
+    return env
+
+
+def _spawn(args: list[str], what: str, timeout_s: float, secret: bytes | None = None) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            env=_child_env(secret))
     deadline = time.monotonic() + timeout_s
     line = b""
-    assert proc.stdout is not None
+    if proc.stdout is None:
+        raise TransferQueueError(f"{what} process has no stdout pipe")
     while not line.endswith(b"\n"):
         left = deadline - time.monotonic()
         ready, _, _ = select.select([proc.stdout], [], [], max(left, 0))
@@ -67,11 +79,45 @@ def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
             p.stdout.close()
 
 
+class _ExitWatcher:
+    """Polls the unit processes; tells the Controller the moment one exits (killed, crashed, OOM)."""
+
+    def __init__(self, procs: dict[str, subprocess.Popen], controller: Any, interval_s: float = 0.05) -> None:
+        self._procs = {u: p for u, p in procs.items() if u != "controller"}
+        self._controller = controller
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._reported: set[str] = set()
+        self._thread = threading.Thread(target=self._run, name="tq-exit-watch", daemon=True)
+
+    def start(self) -> "_ExitWatcher":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            for uid, proc in self._procs.items():
+                if uid in self._reported or proc.poll() is None:
+                    continue
+                try:
+                    self._controller.mark_unit_dead(uid, f"process {proc.pid} exited with code {proc.returncode}")
+                    self._reported.add(uid)
+                except TransferQueueError:  # the Controller is busy or gone; try again next round
+                    pass
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+
 class LocalDeployment:
     def __init__(self, config: TransferQueueConfig) -> None:
         from dressage.tq.deployment import sweep_interval
 
         self.config = config
+        secret = config.secret
+        self._watcher: _ExitWatcher | None = None
         self._procs: dict[str, subprocess.Popen] = {}
         self._units: dict[str, RemoteStorageUnit] = {}
         infos: list[UnitInfo] = []
@@ -86,27 +132,32 @@ class LocalDeployment:
                     args += ["--spill-dir", config.spill_dir]
                 if not config.shared_memory:
                     args.append("--no-shared-memory")
-                proc, address = _spawn(args, f"StorageUnit {uid}", config.startup_timeout_s)
+                proc, address = _spawn(args, f"StorageUnit {uid}", config.startup_timeout_s, secret)
                 self._procs[uid] = proc
-                handle = RemoteStorageUnit.describe(uid, address, timeout_s=config.request_timeout_s)
+                handle = RemoteStorageUnit.describe(uid, address, timeout_s=config.request_timeout_s, secret=secret)
                 self._units[uid] = handle
                 infos.append(UnitInfo(uid, None, config.budget_bytes, address, host_id=handle.host_id,
                                       shm_token=handle.shm_token))
             args = ["dressage.tq.controller_service", "--units", json.dumps([u.to_wire() for u in infos]),
                     "--host", config.host, "--port", str(config.controller_port),
-                    "--sweep-s", str(sweep_interval(config)), "--timeout-s", str(config.request_timeout_s)]
+                    "--sweep-s", str(sweep_interval(config)), "--timeout-s", str(config.request_timeout_s),
+                    "--heartbeat-s", str(config.heartbeat_interval_s), "--dead-after-s", str(config.unit_dead_after_s)]
             if config.retention_s is not None:
                 args += ["--retention-s", str(config.retention_s)]
-            proc, address = _spawn(args, "Controller", config.startup_timeout_s)
+            if config.on_full != "spill":
+                args.append("--strict-budget")
+            proc, address = _spawn(args, "Controller", config.startup_timeout_s, secret)
             self._procs["controller"] = proc
-            self.controller = RemoteController(address, timeout_s=config.request_timeout_s)
+            self.controller = RemoteController(address, timeout_s=config.request_timeout_s, secret=secret)
+            # Its own directory handle: a watcher report never waits behind a client's call.
+            self._watcher = _ExitWatcher(self._procs, RemoteController(address, timeout_s=2.0, secret=secret)).start()
         except BaseException:
             self.shutdown()
             raise
         self._infos = infos
         self._spec = make_spec(address, infos, supports_spill=config.on_full == "spill",
                                timeout_s=config.request_timeout_s, on_full=config.on_full,
-                               full_wait_s=config.full_wait_s)
+                               full_wait_s=config.full_wait_s, secret=secret)
 
     def client(self, node_id: str | None) -> TransferQueueClient:
         return TransferQueueClient(self.controller, self._units, node_id=node_id, on_full=self.config.on_full,
@@ -118,6 +169,12 @@ class LocalDeployment:
     def unit_handles(self) -> dict[str, StorageUnit]:
         return dict(self._units)
 
+    def kill_unit(self, unit_id: str, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` to a unit's process (fault injection); returns its pid."""
+        proc = self._procs[unit_id]
+        proc.send_signal(sig)
+        return proc.pid
+
     def processes(self) -> dict[str, int]:
         return {name: p.pid for name, p in self._procs.items()}
 
@@ -125,6 +182,16 @@ class LocalDeployment:
         return self.controller.run_janitor()
 
     def shutdown(self) -> None:
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None:
+            watcher.stop()
+            watcher._controller.close()
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGCONT)  # a stopped child cannot act on SIGTERM
+                except ProcessLookupError:
+                    pass
         for unit in self._units.values():
             unit.close()
         controller = getattr(self, "controller", None)
@@ -143,22 +210,23 @@ class EmbeddedServers:
     def __init__(self, config: TransferQueueConfig, controller: Controller, units: dict[str, StorageUnit]) -> None:
         self._servers: list[Any] = []
         infos = []
+        secret = config.secret
         try:
             for i, (uid, unit) in enumerate(units.items()):
                 port = config.unit_base_port + i if config.unit_base_port else 0
                 server = StorageUnitServer(unit, host=config.host, port=port,
-                                           shared_memory=config.shared_memory).start()
+                                           shared_memory=config.shared_memory, secret=secret).start()
                 self._servers.append(server)
                 infos.append(UnitInfo(uid, unit.node_id, unit.memory_budget, server.address,
                                       host_id=server.host_id, shm_token=server.shm.token if server.shm else None))
-            ctl = ControllerServer(controller, host=config.host, port=config.controller_port).start()
+            ctl = ControllerServer(controller, host=config.host, port=config.controller_port, secret=secret).start()
             self._servers.append(ctl)
         except BaseException:
             self.close()
             raise
         self.spec = make_spec(ctl.address, infos, supports_spill=config.on_full == "spill",
                               timeout_s=config.request_timeout_s, on_full=config.on_full,
-                              full_wait_s=config.full_wait_s)
+                              full_wait_s=config.full_wait_s, secret=secret)
 
     def close(self) -> None:
         for server in self._servers:

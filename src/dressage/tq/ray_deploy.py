@@ -2,12 +2,16 @@
 
 Actors only start the ZMQ servers and report their addresses; payload bytes then move between clients
 and units over ZMQ, never through the Ray object store. Works on a single-machine Ray, on a
-``ray.cluster_utils.Cluster`` and on a real cluster (set ``host: 0.0.0.0`` there).
+``ray.cluster_utils.Cluster`` and on a real cluster (set ``host: 0.0.0.0`` and a secret there). The
+Controller actor probes the units; the driver also watches the unit actors and reports a dead one to the
+Controller at once (``_ActorWatcher``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from typing import Any
 
 from dressage.errors import ConfigError, StorageUnitUnavailable
@@ -20,6 +24,8 @@ from dressage.tq.storage import StorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 
 __all__ = ["RayDeployment", "current_node_id"]
+
+log = logging.getLogger(__name__)
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "*")
 
@@ -55,7 +61,7 @@ class _UnitActor:
     """Runs a StorageUnit server in the actor's process; the actor itself carries no payload."""
 
     def __init__(self, unit_id: str, memory_budget: int, on_full: str, spill_dir: str | None, host: str,
-                 port: int, shared_memory: bool) -> None:
+                 port: int, shared_memory: bool, secret: bytes | None = None) -> None:
         import ray
 
         from dressage.tq.storage import make_storage_unit
@@ -64,7 +70,8 @@ class _UnitActor:
         node_id = ray.get_runtime_context().get_node_id()
         self.backend = make_storage_unit(unit_id, node_id=node_id, memory_budget=memory_budget,
                                          on_full=on_full, spill_dir=spill_dir)
-        self.server = StorageUnitServer(self.backend, host=host, port=port, shared_memory=shared_memory).start()
+        self.server = StorageUnitServer(self.backend, host=host, port=port, shared_memory=shared_memory,
+                                        secret=secret).start()
         self.info = {"unit_id": unit_id, "node_id": node_id, "memory_budget": memory_budget,
                      "address": f"tcp://{_advertised(host)}:{self.server.rpc.port}", "pid": os.getpid(),
                      "host_id": self.server.host_id,
@@ -82,16 +89,23 @@ class _ControllerActor:
     """Runs the Controller, its ZMQ server and its Janitor in the actor's process."""
 
     def __init__(self, units: list[dict[str, Any]], retention_s: float | None, sweep_s: float, host: str,
-                 port: int, timeout_s: float) -> None:
+                 port: int, timeout_s: float, heartbeat_s: float = 1.0, dead_after_s: float = 5.0,
+                 strict_budget: bool = False, secret: bytes | None = None) -> None:
         from dressage.tq.controller import Controller, Janitor
         from dressage.tq.controller_service import ControllerServer
+        from dressage.tq.liveness import LivenessMonitor
 
         infos = [UnitInfo.from_wire(u) for u in units]
-        self.controller = Controller(infos, retention_s=retention_s)
+        self.controller = Controller(infos, retention_s=retention_s, strict_budget=strict_budget)
         self.handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address or "", node_id=u.node_id,
-                                                     timeout_s=timeout_s) for u in infos}
+                                                     timeout_s=timeout_s, secret=secret) for u in infos}
         self.janitor = Janitor(self.controller, self.handles.get, interval_s=sweep_s).start()
-        self.server = ControllerServer(self.controller, host=host, port=port, janitor=self.janitor).start()
+        self.probes = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address or "", timeout_s=dead_after_s,
+                                                    secret=secret) for u in infos}
+        self.monitor = LivenessMonitor(self.controller, self.probes, interval_s=heartbeat_s,
+                                       dead_after_s=dead_after_s).start()
+        self.server = ControllerServer(self.controller, host=host, port=port, janitor=self.janitor,
+                                       secret=secret).start()
         self.address = f"tcp://{_advertised(host)}:{self.server.rpc.port}"
 
     def describe(self) -> dict[str, Any]:
@@ -99,9 +113,59 @@ class _ControllerActor:
 
     def stop(self) -> None:
         self.server.stop()
+        self.monitor.stop()
         self.janitor.stop()
-        for h in self.handles.values():
+        for h in [*self.handles.values(), *self.probes.values()]:
             h.close()
+
+
+class _ActorWatcher:
+    """Keeps one ``describe`` call in flight per unit actor; a RayActorError means the actor died."""
+
+    def __init__(self, actors: dict[str, Any], controller: Any, interval_s: float) -> None:
+        self._actors = actors
+        self._controller = controller
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tq-actor-watch", daemon=True)
+
+    def start(self) -> "_ActorWatcher":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        ray = _ray()
+        pending: dict[str, Any] = {}
+        dead: set[str] = set()
+        while not self._stop.is_set():
+            try:
+                for uid, actor in self._actors.items():
+                    if uid not in dead and uid not in pending:
+                        pending[uid] = actor.describe.remote()
+                if not pending:
+                    self._stop.wait(self._interval)
+                    continue
+                # A stopped actor just stays pending here; the Controller's probes time it out.
+                ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=self._interval)
+                for uid, ref in list(pending.items()):
+                    if ref not in ready:
+                        continue
+                    del pending[uid]
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayActorError as exc:
+                        dead.add(uid)
+                        self._controller.mark_unit_dead(uid, f"Ray actor died: {type(exc).__name__}")
+                self._stop.wait(self._interval)
+            except Exception as exc:  # Ray shutting down, or the Controller gone; stop quietly
+                if not self._stop.is_set():
+                    log.debug("actor watcher: %s", exc)
+                    self._stop.wait(self._interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
 
 class RayDeployment:
@@ -112,6 +176,8 @@ class RayDeployment:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.config = config
+        secret = config.secret
+        self._watcher: _ActorWatcher | None = None
         self._started_ray = False
         if not ray.is_initialized():
             ray.init(address=config.ray_address, include_dashboard=False)
@@ -132,7 +198,7 @@ class RayDeployment:
                 actor = unit_cls.options(
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
                 ).remote(f"unit{i}", config.budget_bytes, config.on_full, config.spill_dir, config.host, port,
-                         config.shared_memory)
+                         config.shared_memory, secret)
                 actors.append(actor)
                 self._actors.append(actor)
             described = self._wait([a.describe.remote() for a in actors], "StorageUnit actors")
@@ -143,11 +209,16 @@ class RayDeployment:
             controller = ctl_cls.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
             ).remote([u.to_wire() for u in self._infos], config.retention_s, sweep_interval(config),
-                     config.host, config.controller_port, config.request_timeout_s)
+                     config.host, config.controller_port, config.request_timeout_s, config.heartbeat_interval_s,
+                     config.unit_dead_after_s, config.on_full != "spill", secret)
             self._actors.append(controller)
             (ctl,) = self._wait([controller.describe.remote()], "Controller actor")
             self._pids["controller"] = int(ctl["pid"])
-            self.controller = RemoteController(ctl["address"], timeout_s=config.request_timeout_s)
+            self.controller = RemoteController(ctl["address"], timeout_s=config.request_timeout_s, secret=secret)
+            self._unit_actors = {d["unit_id"]: a for d, a in zip(described, actors)}
+            self._watcher = _ActorWatcher(
+                self._unit_actors, RemoteController(ctl["address"], timeout_s=2.0, secret=secret),
+                interval_s=min(config.heartbeat_interval_s, 0.5)).start()
         except BaseException:
             self.shutdown()
             raise
@@ -155,11 +226,11 @@ class RayDeployment:
                                                     memory_budget=u.memory_budget,
                                                     timeout_s=config.request_timeout_s,
                                                     supports_spill=config.on_full == "spill",
-                                                    host_id=u.host_id, shm_token=u.shm_token)
+                                                    host_id=u.host_id, shm_token=u.shm_token, secret=secret)
                        for u in self._infos}
         self._spec = make_spec(ctl["address"], self._infos, supports_spill=config.on_full == "spill",
                                timeout_s=config.request_timeout_s, on_full=config.on_full,
-                               full_wait_s=config.full_wait_s)
+                               full_wait_s=config.full_wait_s, secret=secret)
         self._spec["deployment"] = "ray"
 
     def _wait(self, refs: list[Any], what: str) -> list[Any]:
@@ -187,11 +258,24 @@ class RayDeployment:
     def processes(self) -> dict[str, int]:
         return dict(self._pids)
 
+    def kill_unit(self, unit_id: str, sig: int | None = None) -> int:
+        """Fault injection: ``ray.kill`` the unit's actor (``sig`` given: signal its process instead)."""
+        pid = self._pids[unit_id]
+        if sig is None:
+            _ray().kill(self._unit_actors[unit_id], no_restart=True)
+        else:
+            os.kill(pid, sig)
+        return pid
+
     def run_janitor(self) -> int:
         return self.controller.run_janitor()
 
     def shutdown(self) -> None:
         ray = _ray()
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None:
+            watcher.stop()
+            watcher._controller.close()
         for handle in getattr(self, "_units", {}).values():
             handle.close()
         controller = getattr(self, "controller", None)

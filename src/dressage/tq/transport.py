@@ -2,7 +2,9 @@
 
 The server answers one message at a time and never waits on a peer (ROUTER drops replies to peers that
 are gone or not reading), so one slow client cannot stall the others. The client keeps a small pool of
-sockets so threads can call concurrently, and turns silence into StorageUnitUnavailable within a bound.
+sockets so threads can call concurrently, and turns silence into StorageUnitUnavailable within a bound
+(or sooner, when a caller-supplied check says the peer is known dead). With a shared secret, every
+message both ways carries an HMAC-SHA256 frame and anything without a valid one is ProtocolError.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import zmq
 
 from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueueError
-from dressage.tq.wire import decode_control, encode, error_from_wire, error_to_wire
+from dressage.tq.wire import decode_control, encode, error_from_wire, error_to_wire, sign, verify_mac
 
 __all__ = ["RpcServer", "RpcClient", "Handler"]
 
@@ -28,6 +30,8 @@ _POLL_MS = 1000
 _HWM = 1000
 # Zero-copy sends cost a Frame object and a release notification each; below this size copying is cheaper.
 _ZERO_COPY_MIN = 64 * 1024
+# While waiting for a reply, how often the caller's ``abort`` check runs (a dead peer ends the wait).
+_ABORT_POLL_S = 0.1
 
 
 def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
@@ -42,9 +46,11 @@ def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None
 class RpcServer:
     """A ROUTER socket bound to ``tcp://host:port`` serving ``handler`` on one thread."""
 
-    def __init__(self, handler: Handler, *, host: str = "127.0.0.1", port: int = 0, name: str = "tq") -> None:
+    def __init__(self, handler: Handler, *, host: str = "127.0.0.1", port: int = 0, name: str = "tq",
+                 secret: bytes | None = None) -> None:
         self._handler = handler
         self._name = name
+        self._secret = secret
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -103,6 +109,8 @@ class RpcServer:
         try:
             if not body:
                 raise ProtocolError("empty message")
+            if self._secret is not None:
+                body = verify_mac(body, self._secret)
             control = decode_control(body[0])
             req_id = control.get("id")
             if not isinstance(control.get("op"), str):
@@ -118,8 +126,11 @@ class RpcServer:
                 log.exception("%s: handler failed", self._name)
             reply, payloads = error_to_wire(exc), ()
         reply["id"] = req_id
+        out = encode(reply, payloads)
+        if self._secret is not None:
+            out.append(sign(out, self._secret))
         try:
-            send_frames(self._sock, [ident, *encode(reply, payloads)], zmq.NOBLOCK)
+            send_frames(self._sock, [ident, *out], zmq.NOBLOCK)
         except zmq.Again:  # the peer is not reading; dropping its reply keeps everyone else served
             log.warning("%s: dropped a reply to a peer that is not reading", self._name)
 
@@ -144,8 +155,11 @@ class RpcServer:
 class RpcClient:
     """Calls one RpcServer. Thread-safe: each call borrows a DEALER socket from a small pool."""
 
-    def __init__(self, address: str, *, timeout_s: float, name: str) -> None:
+    def __init__(self, address: str, *, timeout_s: float, name: str, secret: bytes | None = None,
+                 abort: Callable[[], str | None] | None = None) -> None:
         self.address = address
+        self._secret = secret
+        self._abort = abort
         self.timeout_s = float(timeout_s)
         self.name = name
         self._ctx = zmq.Context.instance()
@@ -177,32 +191,53 @@ class RpcClient:
         message = {**(control or {}), "op": op, "id": -next(self._ids)}
         sock = self._borrow()
         try:
-            sock.send_multipart(encode(message), flags=zmq.NOBLOCK)
+            sock.send_multipart(self._frames(message, ()), flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             sock.close(0)
             raise self._unavailable(op, keys, f"send failed: {exc}") from exc
         self._give_back(sock)
 
+    def _frames(self, message: dict[str, Any], payloads: Sequence[Any]) -> list[Any]:
+        frames = encode(message, payloads)
+        if self._secret is not None:
+            frames.append(sign(frames, self._secret))
+        return frames
+
     def call(self, op: str, control: dict[str, Any] | None = None, payloads: Sequence[Any] = (), *,
-             keys: Sequence[str] = (), timeout_s: float | None = None) -> tuple[dict[str, Any], list[Any]]:
+             keys: Sequence[str] = (), timeout_s: float | None = None,
+             abort: Callable[[], str | None] | None = None) -> tuple[dict[str, Any], list[Any]]:
         """Send one request and wait for its reply; raise the server's typed error or
-        StorageUnitUnavailable (naming this peer and ``keys``) when no reply comes in time."""
+        StorageUnitUnavailable (naming this peer and ``keys``) when no reply comes in time, or as soon
+        as ``abort()`` (default: the client's own check) returns a reason such as "marked dead"."""
         req_id = next(self._ids)
         message = {**(control or {}), "op": op, "id": req_id}
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        abort = self._abort if abort is None else abort
+        if abort is not None:
+            why = abort()
+            if why:
+                raise self._unavailable(op, keys, why)
         sock = self._borrow()
         healthy = False
         try:
             try:
-                send_frames(sock, encode(message, payloads), zmq.NOBLOCK)
+                send_frames(sock, self._frames(message, payloads), zmq.NOBLOCK)
             except zmq.ZMQError as exc:
                 raise self._unavailable(op, keys, f"send failed: {exc}") from exc
             deadline = time.monotonic() + timeout
             while True:
                 left = deadline - time.monotonic()
-                if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                if left <= 0:
                     raise self._unavailable(op, keys, f"no reply within {timeout:g} s")
+                step = left if abort is None else min(left, _ABORT_POLL_S)
+                if not sock.poll(int(step * 1000) + 1, zmq.POLLIN):
+                    why = abort() if abort is not None else None
+                    if why:
+                        raise self._unavailable(op, keys, why)
+                    continue
                 frames = sock.recv_multipart(copy=False)
+                if self._secret is not None:
+                    frames = verify_mac(frames, self._secret)
                 reply = decode_control(frames[0])
                 if reply.get("id") == req_id:
                     break

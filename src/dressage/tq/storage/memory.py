@@ -2,7 +2,9 @@
 
 Large buffers freed by ``delete`` are kept in a small pool and reused by later puts of the same size:
 fresh pages cost a page fault each (several times a memcpy), and RL steps write blobs of recurring sizes.
-A buffer is reused only when no reader still holds a view of it.
+A buffer is reused only when no reader still holds a view of it, and pooled bytes count against the
+budget (they are evicted before a put would push held bytes over it). Every blob carries per-row-block
+checksums (``tq/integrity.py``), computed while copying it in and verified on every read.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from dressage.errors import StorageFullError
+from dressage.tq.integrity import Checksums, checksum, copy_and_checksum, verify_rows
 from dressage.tq.storage.base import BlobInfo, StorageUnit
 from dressage.tq.wire import dtype_name
 
@@ -29,7 +32,9 @@ class MemoryStorageUnit(StorageUnit):
     def __init__(self, unit_id: str, *, node_id: str | None = None, memory_budget: int = 4 << 30) -> None:
         super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget)
         self._blobs: dict[str, np.ndarray] = {}
+        self._sums: dict[str, Checksums] = {}
         self._memory_bytes = 0
+        self._peak_held = 0
         self._pool: dict[int, list[np.ndarray]] = {}
         self._pooled_bytes = 0
         self._pool_cap = min(_POOL_MAX_BYTES, memory_budget // 4)
@@ -44,7 +49,22 @@ class MemoryStorageUnit(StorageUnit):
             buf = free.pop()
             buf.flags.writeable = True
             return buf
+        self._evict_pool(nbytes)
         return np.empty(nbytes, dtype=np.uint8)
+
+    def _evict_pool(self, nbytes: int) -> None:
+        """Free idle pooled buffers until ``nbytes`` more keep held bytes within the budget."""
+        while self._pool and self._memory_bytes + self._pooled_bytes + nbytes > self.memory_budget:
+            size = max(self._pool)
+            self._pool[size].pop()
+            if not self._pool[size]:
+                del self._pool[size]
+            self._pooled_bytes -= size
+
+    def _note_peak(self) -> None:
+        held = self._memory_bytes + self._pooled_bytes
+        if held > self._peak_held:
+            self._peak_held = held
 
     def _write(self, key: str, array: np.ndarray, *, copy: bool) -> BlobInfo:
         # docstring inherited
@@ -55,15 +75,23 @@ class MemoryStorageUnit(StorageUnit):
                 f"({self._memory_bytes} of {self.memory_budget} bytes used)"
             )
         if copy:
-            buf = self._alloc(nbytes) if nbytes >= _POOL_MIN_BLOB else np.empty(nbytes, dtype=np.uint8)
+            if nbytes >= _POOL_MIN_BLOB:
+                buf = self._alloc(nbytes)
+            else:
+                self._evict_pool(nbytes)
+                buf = np.empty(nbytes, dtype=np.uint8)
             stored = buf.view(array.dtype).reshape(array.shape)
-            np.copyto(stored, array)
+            sums = copy_and_checksum(stored, array)
             buf.flags.writeable = False  # readers get views; nobody may change stored bytes
         else:
+            self._evict_pool(nbytes)
             stored = array  # the caller handed the buffer over (a received frame)
+            sums = checksum(stored)
         stored.flags.writeable = False
         self._blobs[key] = stored
+        self._sums[key] = sums
         self._memory_bytes += nbytes
+        self._note_peak()
         return BlobInfo(key, dtype_name(stored.dtype), tuple(stored.shape), nbytes)
 
     def _poolable(self, buf: object, nbytes: int) -> bool:
@@ -72,7 +100,9 @@ class MemoryStorageUnit(StorageUnit):
 
     def _read(self, key: str, start: int, stop: int) -> np.ndarray:
         # docstring inherited
-        return self._blobs[key][start:stop]
+        blob = self._blobs[key]
+        verify_rows(blob, self._sums[key], start, stop, f"unit {self.unit_id}, key {key!r}")
+        return blob[start:stop]
 
     def _info(self, key: str) -> BlobInfo | None:
         # docstring inherited
@@ -87,6 +117,7 @@ class MemoryStorageUnit(StorageUnit):
                 a = self._blobs.pop(key, None)
                 if a is None:
                     continue
+                del self._sums[key]
                 removed += 1
                 buf, nbytes = a.base, a.nbytes
                 self._memory_bytes -= nbytes
@@ -113,11 +144,13 @@ class MemoryStorageUnit(StorageUnit):
         # docstring inherited
         with self._lock:
             return {"keys": len(self._blobs), "bytes": self._memory_bytes, "memory_bytes": self._memory_bytes,
-                    "spilled_bytes": 0, "pooled_bytes": self._pooled_bytes}
+                    "spilled_bytes": 0, "pooled_bytes": self._pooled_bytes,
+                    "held_bytes": self._memory_bytes + self._pooled_bytes, "peak_held_bytes": self._peak_held}
 
     def close(self) -> None:
         # docstring inherited
         with self._lock:
             self._blobs.clear()
+            self._sums.clear()
             self._pool.clear()
             self._memory_bytes = self._pooled_bytes = 0

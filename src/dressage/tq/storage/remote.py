@@ -3,7 +3,8 @@
 Each call is one round trip; put sends the array's buffer without copying it, get returns read-only
 arrays viewing the received frames. On the unit's own host, payloads of 256 KiB and more go through
 /dev/shm instead (see ``tq/shm.py``): one copy to write, none to read. Silence beyond ``timeout_s`` is
-StorageUnitUnavailable naming the unit and the keys.
+StorageUnitUnavailable naming the unit and the keys, and so is any call once the Controller has marked
+the unit dead (``attach_liveness``): the wait ends within ~0.2 s of that, not at the timeout.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 import itertools
 import secrets
+from collections.abc import Callable
 
 from dressage.errors import ProtocolError
 from dressage.tq import shm
@@ -23,6 +25,10 @@ from dressage.tq.transport import RpcClient
 from dressage.tq.wire import array_from_frame, check_dtype, dtype_name
 
 __all__ = ["RemoteStorageUnit"]
+
+
+def _never() -> None:
+    return None
 
 
 def _info(obj: Any) -> BlobInfo:
@@ -35,7 +41,7 @@ class RemoteStorageUnit(StorageUnit):
 
     def __init__(self, unit_id: str, address: str, *, node_id: str | None = None,
                  memory_budget: int = 4 << 30, timeout_s: float = 30.0, supports_spill: bool = False,
-                 host_id: str | None = None, shm_token: str | None = None) -> None:
+                 host_id: str | None = None, shm_token: str | None = None, secret: bytes | None = None) -> None:
         super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget)
         self.address = address
         self.host_id = host_id
@@ -45,19 +51,24 @@ class RemoteStorageUnit(StorageUnit):
         self._segment_prefix = secrets.token_hex(4)
         self._segment_seq = itertools.count()
         self.supports_spill = supports_spill  # instance value: whatever the backend behind it declares
-        self._rpc = RpcClient(address, timeout_s=timeout_s, name=f"StorageUnit {unit_id}")
+        self._rpc = RpcClient(address, timeout_s=timeout_s, name=f"StorageUnit {unit_id}", secret=secret)
+
+    def attach_liveness(self, check: Callable[[], str | None] | None) -> None:
+        """``check()`` returns why the unit is dead, or None; every call fails fast while it says dead."""
+        self._rpc._abort = check
 
     @classmethod
-    def describe(cls, unit_id: str, address: str, *, timeout_s: float = 30.0) -> "RemoteStorageUnit":
+    def describe(cls, unit_id: str, address: str, *, timeout_s: float = 30.0,
+                 secret: bytes | None = None) -> "RemoteStorageUnit":
         """Connect and ask the server what it is (node, budget, capabilities)."""
-        probe = RpcClient(address, timeout_s=timeout_s, name=f"StorageUnit {unit_id}")
+        probe = RpcClient(address, timeout_s=timeout_s, name=f"StorageUnit {unit_id}", secret=secret)
         try:
             d, _ = probe.call("describe")
         finally:
             probe.close()
         return cls(d["unit_id"], address, node_id=d.get("node_id"), memory_budget=int(d["memory_budget"]),
                    timeout_s=timeout_s, supports_spill=bool(d.get("supports_spill")), host_id=d.get("host_id"),
-                   shm_token=d.get("shm_token"))
+                   shm_token=d.get("shm_token"), secret=secret)
 
     @property
     def uses_shared_memory(self) -> bool:
@@ -159,7 +170,8 @@ class RemoteStorageUnit(StorageUnit):
         return out
 
     def ping(self, timeout_s: float | None = None) -> None:
-        self._rpc.call("ping", timeout_s=timeout_s)
+        # A probe must reach the unit even while it is marked dead: that is how it comes back.
+        self._rpc.call("ping", timeout_s=timeout_s, abort=_never)
 
     def close(self) -> None:
         # docstring inherited

@@ -1,7 +1,8 @@
 """StorageUnit server: a ZMQ ROUTER in front of any backend, and the process entry point of a unit.
 
 Run as ``python -m dressage.tq.storage.server --unit-id unit0 ...``: it binds, prints one line
-``READY <address> <pid>`` on stdout and serves until SIGTERM/SIGINT or until its parent dies.
+``READY <address> <pid>`` on stdout and serves until SIGTERM/SIGINT or until its parent dies. With
+``$DRESSAGE_TQ_SECRET`` set, every frame must carry a valid HMAC (see ``wire.sign``).
 """
 
 from __future__ import annotations
@@ -54,11 +55,11 @@ class StorageUnitServer:
     """Serves one backend over ZMQ; ops: put, get, delete, exists, list, info, stats, ping."""
 
     def __init__(self, backend: StorageUnit, *, host: str = "127.0.0.1", port: int = 0,
-                 shared_memory: bool = True, shm_token: str | None = None) -> None:
+                 shared_memory: bool = True, shm_token: str | None = None, secret: bytes | None = None) -> None:
         self.backend = backend
         self.host_id = host_id() if shared_memory else None
         self.shm = ShmRegistry(shm_token) if self.host_id else None
-        self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}")
+        self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret)
 
     @property
     def address(self) -> str:
@@ -148,6 +149,7 @@ def watch_parent(stop: threading.Event, parent_pid: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dressage.tq.config import SECRET_ENV
     from dressage.tq.storage import make_storage_unit
 
     p = argparse.ArgumentParser(prog="python -m dressage.tq.storage.server")
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = make_storage_unit(args.unit_id, node_id=args.node_id, memory_budget=args.memory_budget,
                                 on_full=args.on_full, spill_dir=args.spill_dir)
     server = StorageUnitServer(backend, host=args.host, port=args.port, shared_memory=not args.no_shared_memory,
-                               shm_token=args.shm_token)
+                               shm_token=args.shm_token, secret=(os.environ.get(SECRET_ENV) or "").encode() or None)
 
     def cleanup() -> None:
         if server.shm is not None:

@@ -3,6 +3,8 @@
 A blob that does not fit in memory is written to ``<dir>/<n>.blob`` (to a temporary name first, then
 renamed, so a failed write leaves nothing); reads of spilled blobs read only the requested rows with
 ``pread``. Nothing is lost: a spill that cannot be written is StorageFullError and nothing is stored.
+The file ends with the blob's block checksums; a read pulls the whole blocks its rows touch and verifies
+them, so a flipped byte on disk is IntegrityError.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dressage.errors import IntegrityError, StorageFullError
+from dressage.tq.integrity import Checksums, checksum, verify_blocks
 from dressage.tq.storage.base import BlobInfo
 from dressage.tq.storage.memory import MemoryStorageUnit
 from dressage.tq.wire import dtype_name
@@ -30,6 +33,7 @@ class _Spilled:
     dtype: np.dtype
     shape: tuple[int, ...]
     nbytes: int
+    sums: Checksums
 
 
 class SpillStorageUnit(MemoryStorageUnit):
@@ -60,9 +64,11 @@ class SpillStorageUnit(MemoryStorageUnit):
             return super()._write(key, array, copy=copy)
         path = os.path.join(self._dir, f"{next(self._seq)}.blob")
         tmp = path + ".tmp"
+        sums = checksum(array)
         try:
             with open(tmp, "wb") as f:
                 array.tofile(f)  # contiguous: written straight from the array's buffer
+                f.write(sums.to_bytes())  # the checksums travel with the bytes they cover
             os.replace(tmp, path)
         except OSError as exc:
             try:
@@ -73,7 +79,7 @@ class SpillStorageUnit(MemoryStorageUnit):
                 f"unit {self.unit_id}: {array.nbytes} bytes for key {key!r} fit neither the memory budget "
                 f"nor the spill directory {self._dir}: {exc}"
             ) from exc
-        self._spilled[key] = _Spilled(path, array.dtype, tuple(array.shape), array.nbytes)
+        self._spilled[key] = _Spilled(path, array.dtype, tuple(array.shape), array.nbytes, sums)
         self._spilled_bytes += array.nbytes
         return BlobInfo(key, dtype_name(array.dtype), tuple(array.shape), array.nbytes, spilled=True)
 
@@ -82,17 +88,27 @@ class SpillStorageUnit(MemoryStorageUnit):
         blob = self._spilled.get(key)
         if blob is None:
             return super()._read(key, start, stop)
+        if stop <= start:
+            out = np.empty((0, *blob.shape[1:]), dtype=blob.dtype)
+            out.flags.writeable = False
+            return out
         row_bytes = blob.nbytes // blob.shape[0] if blob.shape[0] else 0
-        want = (stop - start) * row_bytes
+        # Read the whole blocks the rows touch: their checksums are what can be verified.
+        block_rows = blob.sums.block_rows
+        first = start // block_rows
+        lo, hi = first * block_rows, min(((stop - 1) // block_rows + 1) * block_rows, blob.shape[0])
+        want = (hi - lo) * row_bytes
         buf = bytearray(want)
         fd = os.open(blob.path, os.O_RDONLY)
         try:
-            got = os.preadv(fd, [buf], start * row_bytes) if want else 0
+            got = os.preadv(fd, [buf], lo * row_bytes) if want else 0
         finally:
             os.close(fd)
         if got != want:
             raise IntegrityError(f"unit {self.unit_id}: spilled blob of key {key!r} is truncated ({got} of {want} bytes)")
-        out = np.frombuffer(buf, dtype=blob.dtype).reshape((stop - start, *blob.shape[1:]))
+        rows = np.frombuffer(buf, dtype=blob.dtype).reshape((hi - lo, *blob.shape[1:]))
+        verify_blocks(rows, blob.sums, first, f"unit {self.unit_id}, spilled key {key!r} ({blob.path})")
+        out = rows[start - lo:stop - lo]
         out.flags.writeable = False
         return out
 

@@ -1,0 +1,106 @@
+"""Payload integrity: an xxh3-64 checksum per row block of every stored blob, verified on read.
+
+A blob is cut into blocks of whole rows of about ``BLOCK_BYTES``; a row-range read verifies only the
+blocks it touches (at most two blocks more than the rows asked for), so a Segment reading 256 rows of a
+256K-row blob does not hash the whole blob. A mismatch is :class:`IntegrityError`, never data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from dressage.errors import IntegrityError
+
+__all__ = ["BLOCK_BYTES", "Checksums", "block_rows_for", "checksum", "copy_and_checksum", "verify_rows",
+           "verify_blocks"]
+
+# Small enough that a block just copied is still in cache when it is hashed, large enough that the
+# per-block Python cost (~1 us) stays under 1 % of hashing it.
+BLOCK_BYTES = 256 * 1024
+
+_hash = xxhash.xxh3_64_intdigest
+
+
+@dataclass(frozen=True, slots=True)
+class Checksums:
+    """``digests[i]`` is the xxh3-64 of rows ``[i * block_rows, (i + 1) * block_rows)``."""
+
+    block_rows: int
+    digests: np.ndarray  # uint64, one per block
+
+    def to_bytes(self) -> bytes:
+        """Little-endian ``block_rows`` then the digests (the trailer of a spill file)."""
+        return np.uint64(self.block_rows).tobytes() + self.digests.astype("<u8").tobytes()
+
+
+def block_rows_for(shape: tuple[int, ...], itemsize: int) -> int:
+    row_nbytes = itemsize
+    for d in shape[1:]:
+        row_nbytes *= int(d)
+    return max(1, BLOCK_BYTES // row_nbytes) if row_nbytes else max(1, int(shape[0]) if shape else 1)
+
+
+def _blocks(flat: np.ndarray, shape: tuple[int, ...], itemsize: int) -> tuple[int, int, int]:
+    rows = int(shape[0]) if shape else 1
+    block_rows = block_rows_for(shape, itemsize)
+    row_nbytes = flat.nbytes // rows if rows else 0
+    return rows, block_rows, row_nbytes
+
+
+def checksum(array: np.ndarray) -> Checksums:
+    """Per-block checksums of a C-contiguous array (rows on the first axis)."""
+    flat = array.reshape(-1).view(np.uint8)
+    rows, block_rows, row_nbytes = _blocks(flat, array.shape, array.itemsize)
+    step = block_rows * row_nbytes
+    n = -(-rows // block_rows) if rows else 0
+    digests = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        digests[i] = _hash(flat[i * step:(i + 1) * step])
+    return Checksums(block_rows, digests)
+
+
+def copy_and_checksum(dst: np.ndarray, src: np.ndarray) -> Checksums:
+    """Copy ``src`` into ``dst`` block by block, hashing each block of ``dst`` while it is in cache."""
+    d = dst.reshape(-1).view(np.uint8)
+    s = src.reshape(-1).view(np.uint8)
+    rows, block_rows, row_nbytes = _blocks(d, src.shape, src.itemsize)
+    step = block_rows * row_nbytes
+    n = -(-rows // block_rows) if rows else 0
+    digests = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        lo, hi = i * step, (i + 1) * step
+        block = d[lo:hi]
+        np.copyto(block, s[lo:hi])
+        digests[i] = _hash(block)  # of what was stored, not of the source
+    return Checksums(block_rows, digests)
+
+
+def verify_rows(blob: np.ndarray, sums: Checksums, start: int, stop: int, what: str) -> None:
+    """Verify the blocks of a whole stored ``blob`` that rows ``[start, stop)`` touch."""
+    if stop <= start:
+        return
+    first, last = start // sums.block_rows, (stop - 1) // sums.block_rows
+    lo, hi = first * sums.block_rows, min((last + 1) * sums.block_rows, blob.shape[0])
+    verify_blocks(blob[lo:hi], sums, first, what)
+
+
+def verify_blocks(rows: np.ndarray, sums: Checksums, first_block: int, what: str) -> None:
+    """Verify ``rows``, which start at block ``first_block`` and end on a block boundary or the blob's end."""
+    flat = rows.reshape(-1).view(np.uint8)
+    n_rows = rows.shape[0]
+    if not n_rows:
+        return
+    step = (flat.nbytes // n_rows) * sums.block_rows
+    n = -(-n_rows // sums.block_rows)
+    for i in range(n):
+        got = _hash(flat[i * step:(i + 1) * step])
+        want = int(sums.digests[first_block + i])
+        if got != want:
+            b = first_block + i
+            raise IntegrityError(
+                f"{what}: checksum mismatch in rows [{b * sums.block_rows}, {(b + 1) * sums.block_rows}) "
+                f"(xxh3-64 {got:016x}, stored {want:016x}); the stored bytes are corrupted"
+            )

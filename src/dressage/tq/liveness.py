@@ -1,0 +1,108 @@
+"""StorageUnit liveness: the Controller's probes, and the clients' cached view of who is dead.
+
+``LivenessMonitor`` runs next to the Controller: one thread per unit pings it every
+``heartbeat_interval_s``; a unit silent for ``unit_dead_after_s`` is marked dead, and its next answer
+makes it live again (a SIGSTOPped process that was resumed). Deployments add faster signals of their
+own (a child's exit, a Ray actor's death). ``LivenessView`` is what a client asks before and while it
+waits on a unit, so a read of a dead unit's keys fails at once instead of after the request timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dressage.errors import TransferQueueError
+
+__all__ = ["LivenessMonitor", "LivenessView"]
+
+log = logging.getLogger(__name__)
+# How stale a client's copy of the unit states may be; bounds the extra delay of a fail-fast read.
+VIEW_TTL_S = 0.2
+
+
+class LivenessMonitor:
+    """Probes units and reports to ``controller`` (``mark_unit_live`` / ``mark_unit_dead``)."""
+
+    def __init__(self, controller: Any, handles: Mapping[str, Any], *, interval_s: float, dead_after_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._controller = controller
+        self._handles = dict(handles)
+        self._interval = float(interval_s)
+        self._dead_after = float(dead_after_s)
+        self._clock = clock
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._watch, args=(uid,), name=f"tq-liveness-{uid}", daemon=True)
+                         for uid in self._handles]
+        self.probes = 0
+
+    def start(self) -> "LivenessMonitor":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def _watch(self, unit_id: str) -> None:
+        handle = self._handles[unit_id]
+        last_ok = self._clock()
+        while not self._stop.is_set():
+            started = self._clock()
+            try:
+                # A stopped process never answers: the probe itself waits out the dead-after bound.
+                handle.ping(timeout_s=self._dead_after)
+                last_ok = self._clock()
+                self._controller.mark_unit_live(unit_id)
+            except TransferQueueError as exc:
+                silent = self._clock() - last_ok
+                if silent >= self._dead_after:
+                    self._controller.mark_unit_dead(unit_id, f"answered no probe for {silent:.1f} s ({exc})")
+            except Exception:  # the monitor must outlive any surprise; the next probe tries again
+                log.exception("liveness probe of unit %s failed", unit_id)
+            self.probes += 1
+            self._stop.wait(max(self._interval - (self._clock() - started), 0.0))
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout=self._dead_after + 1)
+
+
+class LivenessView:
+    """A client's copy of the Controller's unit states, refreshed at most every ``ttl_s``.
+
+    ``reason(unit_id)`` is None for a live unit, else why it is dead. A Controller that cannot be asked
+    leaves the last known states in place: a failing directory must not fail reads that would work.
+    """
+
+    def __init__(self, controller: Any, *, ttl_s: float = VIEW_TTL_S) -> None:
+        self._controller = controller
+        self._ttl = ttl_s
+        self._lock = threading.Lock()
+        self._states: dict[str, dict[str, Any]] = {}
+        self._at = float("-inf")
+
+    def _refresh(self) -> dict[str, dict[str, Any]]:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._at < self._ttl:
+                return self._states
+            self._at = now  # one refresher at a time; the others use what is there
+        try:
+            states = self._controller.unit_states()
+        except TransferQueueError:
+            return self._states
+        with self._lock:
+            self._states = states
+        return states
+
+    def reason(self, unit_id: str) -> str | None:
+        st = self._refresh().get(unit_id)
+        if st is None or st.get("state") != "dead":
+            return None
+        return f"marked dead by the Controller {st.get('for_s', 0):.1f} s ago: {st.get('reason', '')}"
+
+    def checker(self, unit_id: str) -> Callable[[], str | None]:
+        return lambda: self.reason(unit_id)
