@@ -170,3 +170,30 @@ def test_a_move_stays_reported_until_a_step_is_recorded_on_the_new_engine():
     assert pool.place("s").moved_from == url      # the first call after the move failed: retry sees it
     pool.settle("s")
     assert pool.place("s").moved_from is None
+
+
+def test_call_limits_clamp_to_the_context_budget_and_hold_one_version():
+    from types import SimpleNamespace
+
+    from dressage.proxy.errors import ContextOverflowError, StepLimitError, WeightVersionChangedError
+    from dressage.proxy.limits import CallLimits
+
+    limits = CallLimits(ProxyServerConfig(context_window=100, max_output_tokens=30, max_steps_per_session=2,
+                                          default_max_tokens=50))
+    assert limits.max_new_tokens(None, 10) == 30          # default 50, capped by --max-output-tokens
+    assert limits.max_new_tokens(8, 10) == 8              # the request's own max_tokens
+    assert limits.max_new_tokens(None, 95) == 5           # what the window leaves
+    with pytest.raises(ContextOverflowError) as err:
+        limits.max_new_tokens(1, 100)
+    assert err.value.code == "context_overflow" and "100 tokens" in str(err.value)
+    session = SimpleNamespace(session_id="s", steps={0: None})
+    limits.check_call(session, 0)
+    limits.recorded("s", 0)
+    with pytest.raises(WeightVersionChangedError, match="weight version 0"):
+        limits.check_call(session, 1)
+    session.steps[1] = None
+    with pytest.raises(StepLimitError):
+        limits.check_call(session, 0)
+    relaxed = CallLimits(ProxyServerConfig(partial_rollout=True))
+    relaxed.recorded("s", 0)
+    relaxed.check_versions("s", [0, 1, 2])                # partial rollout: versions may change

@@ -18,8 +18,8 @@ import numpy as np
 from dressage.errors import ChatTemplateError
 from dressage.trajectory import Session, StepRecord
 
-__all__ = ["ChatPrompt", "build_chat_prompt", "effective_tools", "ToolCallParser", "QwenToolCallParser",
-           "same_message"]
+__all__ = ["ChatPrompt", "build_chat_prompt", "effective_tools", "assistant_message", "ToolCallParser",
+           "QwenToolCallParser", "same_message"]
 
 # A fixed conversation to render deltas against: its render ends right after an assistant turn,
 # so what follows it is exactly the new messages' tokens (plus the generation prompt).
@@ -134,6 +134,17 @@ def effective_tools(tools: Sequence[dict[str, Any]] | None, tool_choice: Any) ->
 
 def _full(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any) -> np.ndarray:
     return np.asarray(tokenizer.apply_chat_template(list(messages), tools or None, True), dtype=np.int32)
+
+
+def assistant_message(parser: "ToolCallParser", text: str, *, call_id_prefix: str) -> dict[str, Any]:
+    """The OpenAI assistant message of a reply's text (as recorded and as returned to the agent)."""
+    content, reasoning, calls = parser.parse(text, call_id_prefix=call_id_prefix)
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    return message
 
 
 class ToolCallParser:

@@ -19,17 +19,19 @@ import numpy as np
 
 from dressage.errors import DressageError, EngineUnavailable, SessionStateError
 from dressage.proxy.app import build_app, error_body, status_for
-from dressage.proxy.chat import ChatPrompt, QwenToolCallParser, ToolCallParser, build_chat_prompt, effective_tools
+from dressage.proxy.chat import (ChatPrompt, QwenToolCallParser, ToolCallParser, assistant_message, build_chat_prompt,
+                                 effective_tools)
 from dressage.proxy.core import FinalizedSession, ProxyCore
-from dressage.proxy.errors import ContextOverflowError, MissingSessionIdError, StepLimitError, WeightVersionChangedError
+from dressage.proxy.errors import MissingSessionIdError
 from dressage.proxy.generation import GenerationPlan, GenerationResult, run_generation
+from dressage.proxy.limits import CallLimits
 from dressage.proxy.pause import RolloutPause
 from dressage.proxy.routing import EnginePool
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
 from dressage.proxy.server_config import ProxyServerConfig
 from dressage.proxy.sessions import CallIdentity, TurnCache, instance_group
 from dressage.proxy.sglang_client import SGLangClient
-from dressage.proxy.streaming import DONE, KEEPALIVE, ChunkWriter, ContentStream, replay_chunks, sse
+from dressage.proxy.streaming import ChunkWriter, aiter_frames, replay_chunks, sse, stream_completion
 from dressage.serving import UvicornServer
 from dressage.trajectory import Boundary, RouteDecision
 
@@ -74,7 +76,7 @@ class ProxyService:
         self.turns = TurnCache()
         self.finalized: dict[str, FinalizedSession] = {}
         self.calls = self.failed_calls = self.replayed_turns = 0
-        self._versions: dict[str, int] = {}
+        self.limits = CallLimits(config)
         self._groups: dict[str, int] = {}
         self._rid_prefix = secrets.token_hex(3)
         self._rids = itertools.count()
@@ -108,32 +110,8 @@ class ProxyService:
                 pass  # a concurrent first call created it
         return sid
 
-    # ------------------------------------------------------------ limits
-    def _max_new(self, requested: int | None, prompt_len: int) -> int:
-        n = requested or self.config.default_max_tokens
-        if self.config.max_output_tokens is not None:
-            n = min(n, self.config.max_output_tokens)
-        window = self.config.context_window
-        if window is not None:
-            if prompt_len >= window:
-                raise ContextOverflowError(prompt_len, window)
-            n = min(n, window - prompt_len)
-        return n
-
     def _check_call(self, session_id: str) -> None:
-        session = self.core.active_session(session_id)
-        limit = self.config.max_steps_per_session
-        if limit is not None and len(session.steps) >= limit:
-            raise StepLimitError(f"session {session_id} already has {len(session.steps)} steps, the maximum")
-        self._check_version(session_id, self.weight_version)
-
-    def _check_version(self, session_id: str, version: int) -> None:
-        first = self._versions.get(session_id)
-        if not self.config.partial_rollout and first is not None and version != first:
-            raise WeightVersionChangedError(
-                f"session {session_id} started under weight version {first} and the policy is now at "
-                f"version {version}; with partial rollout off a trajectory keeps one version "
-                "(finalize it, or start the Proxy with --partial-rollout)")
+        self.limits.check_call(self.core.active_session(session_id), self.weight_version)
 
     def _plan(self, session_id: str, prompt_ids: np.ndarray, decision: RouteDecision,
               sampling: dict[str, Any], *, stream: bool) -> tuple[GenerationPlan, str]:
@@ -152,7 +130,8 @@ class ProxyService:
         return plan, placement.member.url
 
     def _sampling(self, req: ChatRequest, prompt_len: int) -> dict[str, Any]:
-        sp: dict[str, Any] = {"max_new_tokens": self._max_new(req.max_completion_tokens or req.max_tokens, prompt_len),
+        sp: dict[str, Any] = {"max_new_tokens": self.limits.max_new_tokens(
+            req.max_completion_tokens or req.max_tokens, prompt_len),
                               "stop_token_ids": list(self.tokenizer.stop_token_ids)}
         for name in ("temperature", "top_p"):
             value = getattr(req, name)
@@ -198,13 +177,13 @@ class ProxyService:
                 self.replayed_turns += 1
                 if req.stream:
                     include = bool(req.stream_options and req.stream_options.get("include_usage"))
-                    return _aiter(replay_chunks(response, include_usage=include))
+                    return aiter_frames(replay_chunks(response, include_usage=include))
                 return response
         call = self.prepare_chat(session_id, req, turn_id=turn_id)
+        if req.stream:
+            return self._stream(call)  # its turn begins when the response starts (see _stream)
         if turn_id is not None:
             self.turns.begin(session_id, turn_id)
-        if req.stream:
-            return self._stream(call)
         return await self._complete(call)
 
     async def chat(self, session_id: str, req: ChatRequest) -> dict[str, Any]:
@@ -250,69 +229,61 @@ class ProxyService:
         return await asyncio.shield(self._commit_task(call, result))
 
     async def _stream(self, call: _ChatCall) -> AsyncIterator[bytes]:
-        writer = ChunkWriter(call.completion_id, self.config.served_model_name, call.created)
-        content = ContentStream(self.parser)
+        if call.turn_id is not None:
+            # The turn begins here, not when the call was planned: a response that never starts
+            # (the agent left first) must not leave its retries waiting on a turn nobody runs.
+            pending = self.turns.get(call.session_id, call.turn_id)
+            if pending is not None:  # a concurrent retry of this turn started first
+                self.replayed_turns += 1
+                for frame in replay_chunks(await asyncio.shield(pending), include_usage=call.include_usage):
+                    yield frame
+                return
+            self.turns.begin(call.session_id, call.turn_id)
         committing = False
-        try:
-            yield writer.chunk({"role": "assistant", "content": ""})
-            result = None
-            async for event in self._generate(call.plan):
-                if isinstance(event, GenerationResult):
-                    result = event
-                elif event is None:
-                    yield KEEPALIVE
-                else:
-                    for delta in content.feed(event):
-                        yield writer.chunk(delta)
+
+        async def commit(result: GenerationResult) -> dict[str, Any]:
+            nonlocal committing
             committing = True
-            response = await asyncio.shield(self._commit_task(call, result))
+            return await asyncio.shield(self._commit_task(call, result))
+
+        writer = ChunkWriter(call.completion_id, self.config.served_model_name, call.created)
+        try:
+            async for frame in stream_completion(writer, self.parser, self._generate(call.plan), commit,
+                                                 include_usage=call.include_usage):
+                yield frame
         except DressageError as exc:
             if call.turn_id is not None and not committing:
                 self.turns.abandon(call.session_id, call.turn_id, exc)
             self.failed_calls += 1
             _, kind = status_for(exc)
             yield sse(error_body(str(exc), kind, code=getattr(exc, "code", None) or type(exc).__name__))
-            return
         except BaseException as exc:
             if call.turn_id is not None and not committing:
                 self.turns.abandon(call.session_id, call.turn_id, exc)
             raise
-        choice = response["choices"][0]
-        for delta in content.finish(choice["message"]):
-            yield writer.chunk(delta)
-        yield writer.chunk({}, choice["finish_reason"])
-        if call.include_usage:
-            yield writer.usage(response["usage"])
-        yield DONE
 
     async def _record(self, sid: str, plan: GenerationPlan, result: GenerationResult, engine_url: str, *,
                       metadata: dict[str, Any], **step_kwargs: Any) -> Any:
         """Commit one generated response as a StepRecord (the last check of the version rule first)."""
-        if not self.config.partial_rollout:
-            for v in np.unique(result.token_versions).tolist():
-                self._check_version(sid, int(v))
+        self.limits.check_versions(sid, np.unique(result.token_versions).tolist())
         metadata = {**metadata, "engine": engine_url, "engine_requests": result.chunks}
         step = await asyncio.to_thread(
             self.core.record_step, sid, plan.decision, prompt_ids=plan.prompt_ids, response_ids=result.response_ids,
             logprobs=result.logprobs, routed_experts=result.routed_experts, token_versions=result.token_versions,
             metadata=metadata, **step_kwargs)
-        self._versions.setdefault(sid, int(result.token_versions[0]))
+        self.limits.recorded(sid, int(result.token_versions[0]))
         self.engines.settle(sid)
         return step
 
     async def _commit(self, call: _ChatCall, result: GenerationResult) -> dict[str, Any]:
         sid = call.session_id
         text = self.tokenizer.decode(result.response_ids.tolist(), skip_special_tokens=True)
-        content, reasoning, calls = self.parser.parse(text, call_id_prefix=f"call_{call.completion_id[-10:]}")
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = calls
-        if reasoning is not None:
-            message["reasoning_content"] = reasoning
+        message = assistant_message(self.parser, text, call_id_prefix=f"call_{call.completion_id[-10:]}")
         step = await self._record(sid, call.plan, result, call.engine_url, messages=call.messages, tools=call.tools,
                                   boundary_reason=call.prompt.boundary_reason,
                                   metadata={"assistant_message": message, "finish_reason": result.finish_reason})
-        finish_reason = "tool_calls" if calls else ("length" if result.finish_reason == "length" else "stop")
+        finish_reason = "tool_calls" if message.get("tool_calls") else (
+            "length" if result.finish_reason == "length" else "stop")
         return {
             "id": call.completion_id, "object": "chat.completion", "created": call.created,
             "model": self.config.served_model_name,
@@ -328,7 +299,7 @@ class ProxyService:
         prompt_ids = np.asarray(req.input_ids, dtype=np.int32)
         decision = self.core.plan(session_id, prompt_ids)
         sp = dict(req.sampling_params or {})
-        sp["max_new_tokens"] = self._max_new(sp.get("max_new_tokens"), len(prompt_ids))
+        sp["max_new_tokens"] = self.limits.max_new_tokens(sp.get("max_new_tokens"), len(prompt_ids))
         plan, url = self._plan(session_id, prompt_ids, decision, sp, stream=False)
         result = await self._final(plan)
         step = await self._record(session_id, plan, result, url, metadata={})
@@ -351,7 +322,7 @@ class ProxyService:
             self.core.forget(sid)
             self.engines.forget(sid)
             self.turns.forget_session(sid)
-            self._versions.pop(sid, None)
+            self.limits.forget(sid)
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``GET /trajectory/stats``."""
@@ -367,11 +338,6 @@ class ProxyService:
                 "calls": self.calls, "failed_calls": self.failed_calls, "replayed_turns": self.replayed_turns,
                 "weight_version": self.weight_version, "pause": self.pause.state(),
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves)}
-
-
-async def _aiter(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
-    for chunk in chunks:
-        yield chunk
 
 
 class ProxyServer:

@@ -8,9 +8,10 @@ deltas an agent accumulates add up to the recorded assistant message.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
-__all__ = ["sse", "DONE", "KEEPALIVE", "ChunkWriter", "ContentStream", "replay_chunks"]
+__all__ = ["sse", "DONE", "KEEPALIVE", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
+           "aiter_frames"]
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
@@ -92,6 +93,36 @@ class ContentStream:
         return out
 
 
+async def stream_completion(writer: ChunkWriter, parser: Any, events: AsyncIterator[Any],
+                            commit: Callable[[Any], Awaitable[dict[str, Any]]], *,
+                            include_usage: bool) -> AsyncIterator[bytes]:
+    """SSE frames of one streamed call.
+
+    ``events`` are the generation's: decoded text so far (``str``), keep-alives (``None``) and
+    last its result, which ``commit`` records and turns into the chat completion; the frames
+    after it complete the message exactly as it was recorded.
+    """
+    content = ContentStream(parser)
+    yield writer.chunk({"role": "assistant", "content": ""})
+    result = None
+    async for event in events:
+        if event is None:
+            yield KEEPALIVE
+        elif isinstance(event, str):
+            for delta in content.feed(event):
+                yield writer.chunk(delta)
+        else:
+            result = event
+    response = await commit(result)
+    choice = response["choices"][0]
+    for delta in content.finish(choice["message"]):
+        yield writer.chunk(delta)
+    yield writer.chunk({}, choice["finish_reason"])
+    if include_usage:
+        yield writer.usage(response["usage"])
+    yield DONE
+
+
 def replay_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[bytes]:
     """A recorded (non-streamed) reply as a complete SSE stream (a retried turn asking for stream)."""
     writer = ChunkWriter(response["id"], response["model"], response["created"])
@@ -109,3 +140,8 @@ def replay_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[
 class _NoStream:
     def stream_prefix(self, text: str) -> tuple[str | None, str]:
         return None, ""
+
+
+async def aiter_frames(frames: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for frame in frames:
+        yield frame
