@@ -190,11 +190,16 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
     assert len(proxy.steps("agent-8")) == 1
     r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400 and r.json()["error"]["code"] == "missing_session_id"
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                   headers={"X-Session-Id": "x" * 300})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id"
 
     fin = httpx.post(url + "/session/finalize", json={"reward": 0.5}, headers={"X-Session-Id": "agent-7"}).json()
     assert fin == {"session_id": "agent-7", "segments": 1, "reward": 0.5}
     stats = httpx.get(url + "/trajectory/stats").json()
     assert stats["sessions"]["finalized"] == 1 and stats["replayed_turns"] == 2 and stats["unread_segments"] == 1
+    by_group = httpx.post(url + "/trajectory/read", json={"instance_id": "3"}).json()
+    assert [t["session_id"] for t in by_group["trajectories"]] == ["agent-7"]
     read = httpx.post(url + "/trajectory/read", json={"session_id": "agent-7", "drain": True}).json()
     (traj,) = read["trajectories"]
     assert traj["reward"] == 0.5 and traj["metadata"]["instance_id"] == "3"

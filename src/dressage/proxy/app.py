@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dressage.errors import (ChatTemplateError, ConfigError, DressageError, EngineError, EngineTimeout, FieldError,
                              SessionStateError, TransferQueueError, TrajectoryError, UnknownStepError, WireFormatError)
-from dressage.proxy.errors import (ContextOverflowError, MissingSessionIdError, NoHealthyEngineError,
+from dressage.proxy.errors import (ContextOverflowError, MissingSessionIdError, NoHealthyEngineError, SessionIdError,
                                    WeightVersionChangedError)
 from dressage.proxy.schemas import (ChatRequest, CreateSession, FinalizeRequest, FinalizeSessionRequest, GenerateRequest,
                                     ResumeRequest, TrajectoryReadRequest)
@@ -26,7 +26,7 @@ __all__ = ["build_app", "error_body", "status_for"]
 
 def status_for(exc: DressageError) -> tuple[int, str]:
     """HTTP status and OpenAI error type for a Dressage error."""
-    if isinstance(exc, (ContextOverflowError, MissingSessionIdError)):
+    if isinstance(exc, (ContextOverflowError, SessionIdError)):
         return 400, "invalid_request_error"
     if isinstance(exc, WeightVersionChangedError):
         return 409, "weight_version_changed"
@@ -175,7 +175,10 @@ def build_app(service: Any) -> FastAPI:
     async def trajectory_read(body: TrajectoryReadRequest | None = None) -> Response:
         body = body or TrajectoryReadRequest()
         wanted = list(body.session_ids or []) + ([body.session_id] if body.session_id else [])
-        if not wanted:
+        if body.instance_id is not None:
+            wanted += [sid for sid, d in service.finalized.items()
+                       if str(d.metadata.get("instance_id")) == body.instance_id and sid not in wanted]
+        elif not wanted:
             wanted = list(service.finalized)
         out = []
         for sid in wanted:

@@ -4,7 +4,8 @@ Hierarchy (under :mod:`dressage.errors`)::
 
     DressageError
     ├── ContextOverflowError        the prompt alone fills the context window   400 context_overflow
-    ├── MissingSessionIdError       no X-Session-Id / X-SMG-Routing-Key header  400 missing_session_id
+    ├── SessionIdError              a session header that names no session      400 invalid_session_id
+    │   └── MissingSessionIdError   no X-Session-Id / X-SMG-Routing-Key header  400 missing_session_id
     ├── TrajectoryError
     │   ├── SessionStateError
     │   │   └── StepLimitError      the session reached its maximum of steps    409 max_steps_exceeded
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dressage.errors import DressageError, EngineUnavailable, SessionStateError, TrajectoryError
 
-__all__ = ["ContextOverflowError", "MissingSessionIdError", "StepLimitError", "WeightVersionChangedError",
+__all__ = ["ContextOverflowError", "SessionIdError", "MissingSessionIdError", "StepLimitError", "WeightVersionChangedError",
            "NoHealthyEngineError"]
 
 
@@ -34,7 +35,13 @@ class ContextOverflowError(DressageError, ValueError):
                          f"{self.context_window}: no room for a reply; compress or shorten the conversation")
 
 
-class MissingSessionIdError(DressageError, ValueError):
+class SessionIdError(DressageError, ValueError):
+    """A session header that cannot name a session (too long, control characters)."""
+
+    code = "invalid_session_id"
+
+
+class MissingSessionIdError(SessionIdError):
     """A header-identified call without a session header."""
 
     code = "missing_session_id"

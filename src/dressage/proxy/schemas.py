@@ -78,10 +78,12 @@ class FinalizeSessionRequest(FinalizeRequest):
 
 
 class TrajectoryReadRequest(_Body):
-    """``POST /trajectory/read``: finalized sessions by id (or every unread one); ``drain`` forgets them."""
+    """``POST /trajectory/read``: finalized sessions by id or instance (or every unread one); ``drain`` forgets them."""
 
     session_id: Optional[str] = None
     session_ids: Optional[list[str]] = None
+    instance_id: Optional[str] = None
+    """Every finalized session of this prompt instance (``X-Instance-Id``): a GRPO group at once."""
     drain: bool = False
 
 

@@ -22,7 +22,7 @@ from dressage.proxy.app import build_app, error_body, status_for
 from dressage.proxy.chat import (ChatPrompt, QwenToolCallParser, ToolCallParser, assistant_message, build_chat_prompt,
                                  effective_tools)
 from dressage.proxy.core import FinalizedSession, ProxyCore
-from dressage.proxy.errors import MissingSessionIdError
+from dressage.proxy.errors import MissingSessionIdError, SessionIdError
 from dressage.proxy.generation import GenerationPlan, GenerationResult, run_generation
 from dressage.proxy.limits import CallLimits
 from dressage.proxy.pause import RolloutPause
@@ -100,6 +100,8 @@ class ProxyService:
             raise MissingSessionIdError("send the session in an X-Session-Id (or X-SMG-Routing-Key) header, "
                                         "or use a session's base URL /sessions/{id}/v1")
         sid = ident.session_id
+        if len(sid) > 256 or not sid.isprintable():
+            raise SessionIdError("a session id is at most 256 printable characters")
         if sid not in self.core.sessions:
             meta: dict[str, Any] = {"session_source": "headers"}
             if ident.instance_id is not None:
