@@ -57,7 +57,7 @@ def _plan(engine, prompt_len=5, start=0, max_new=6):
 async def _run(plan, core, pause, partial=True):
     events = []
     async for ev in run_generation(plan, pause, core.normalize, partial_rollout=partial, timeout_s=5,
-                                   decode=lambda ids: str(len(ids))):
+                                   decode=lambda ids: "".join(chr(97 + i % 26) for i in ids)):
         events.append(ev)
     return events
 
@@ -116,4 +116,19 @@ def test_streamed_call_waiting_for_resume_sends_keepalives(monkeypatch):
         return await task
 
     events = asyncio.run(scenario())
-    assert events.count(None) >= 2 and events[-2] == "6" and isinstance(events[-1], GenerationResult)
+    assert events.count(None) >= 2 and isinstance(events[-1], GenerationResult)
+    assert len(events[-2]) == 6                      # the streamed text of all six tokens
+
+
+@pytest.mark.parametrize("step", [1, 3, 8])
+def test_incremental_text_matches_a_full_decode(step):
+    from dressage.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("byte")
+    ids = tok.encode("héllo wörld \N{GRINNING FACE} and more ünïcödé <tool_call>") + [tok.im_end_token_id]
+    decode = lambda xs: tok.decode(xs, skip_special_tokens=True)  # noqa: E731
+    inc = generation._IncrementalText(decode)
+    for end in range(step, len(ids) + step, step):
+        partial = inc.extend_to(ids[:end])
+        assert decode(ids[:end]).startswith(partial) and "\ufffd" not in partial
+    assert inc.text == decode(ids)

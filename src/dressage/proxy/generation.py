@@ -74,6 +74,30 @@ class _StreamedAnswer:
         return {"output_ids": self.ids, "meta_info": {**self.meta, "output_token_logprobs": self.entries}}
 
 
+class _IncrementalText:
+    """The decoded text of a growing id list, decoding only a short window per step.
+
+    Each step decodes the ids since the previous step's start, so tokenizers that render a token
+    by its left context (leading spaces) and byte-level ids split inside one character come out as
+    a full decode would; a tail that ends in a replacement character waits for its next bytes.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.ids: list[int] = []
+        self.text = ""
+        self._prefix = self._read = 0
+
+    def extend_to(self, ids: list[int]) -> str:
+        self.ids.extend(ids[len(self.ids):])
+        before = self.decode(self.ids[self._prefix:self._read])
+        after = self.decode(self.ids[self._prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before):]
+            self._prefix, self._read = self._read, len(self.ids)
+        return self.text
+
+
 async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: Callable[..., Any], *,
                          partial_rollout: bool, timeout_s: float,
                          decode: Callable[[list[int]], str]) -> AsyncIterator[str | GenerationResult | None]:
@@ -91,6 +115,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
     budget = int(plan.sampling.get("max_new_tokens", 1))
     finish: str | None = None
     chunk_no = 0
+    text = _IncrementalText(decode)
     while True:
         # A streamed call waiting out a weight update sends keep-alives (None) so that neither the
         # agent nor a proxy in between times the quiet connection out.
@@ -110,7 +135,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
                     answer = _StreamedAnswer()
                     async for chunk in plan.client.generate_stream(input_ids, sampling, rid=rid, **params):
                         answer.add(chunk)
-                        yield decode(so_far + answer.ids)
+                        yield text.extend_to(so_far + answer.ids)
                     body = answer.body()
                 else:
                     body = await asyncio.wait_for(plan.client.generate(input_ids, sampling, rid=rid, **params),
