@@ -13,7 +13,8 @@ import sys
 __all__ = ["BENCHES", "register", "register_tq"]
 
 # Sub-subcommand registrars, in the order `dressage bench --help` lists them.
-BENCHES: tuple[str, ...] = ("dressage.cli.bench:register_tq",)
+BENCHES: tuple[str, ...] = ("dressage.cli.bench:register_tq", "dressage.bench.memory.cli:register",
+                            "dressage.bench.faults.cli:register")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import threading
 from typing import Any
 
@@ -20,8 +22,25 @@ def process_pss(pid: int | None = None) -> int:
         return int(p.memory_info().rss)
 
 
-def process_vitals(pid: int | None = None) -> dict[str, int]:
-    """PSS, open file descriptors (sockets included) and threads of a process: what a soak watches."""
+def release_free_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS, so PSS shows live memory only.
+
+    Without it glibc keeps freed arenas mapped and a flat workload looks like it grows.
+    """
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: PSS then includes retained free pages
+        pass
+
+
+def process_vitals(pid: int | None = None, *, settle: bool = True) -> dict[str, int]:
+    """PSS, open file descriptors (sockets included) and threads of a process: what a soak watches.
+
+    ``settle`` (this process only) releases free heap memory first.
+    """
+    if settle and pid is None:
+        release_free_memory()
     p = psutil.Process(pid)
     return {"pss_bytes": process_pss(pid), "open_fds": p.num_fds(), "threads": p.num_threads()}
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +21,7 @@ from dressage.proxy.sglang_client import SGLangClient
 from dressage.rollout import RolloutManager
 from dressage.tokenizer import load_tokenizer
 
-__all__ = ["free_port", "Stack", "start_engine", "start_proxy"]
+__all__ = ["free_port", "Stack", "start_engine", "start_proxy", "Served", "serve_process"]
 
 MODEL = get_model("qwen3.6-35b-a3b")
 
@@ -63,3 +68,42 @@ def start_proxy(engine_url: str, *, tq_client: Any = None, journal: Any = None, 
     server = ProxyServer(service)
     server.start_background()
     return Stack(server, core, rm)
+
+
+@dataclass
+class Served:
+    """A ``dressage ... serve`` child process and its base URL."""
+
+    proc: subprocess.Popen
+    url: str
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def serve_process(args: list[str], *, timeout_s: float = 60.0) -> Served:
+    """Start ``dressage <args> --port P`` as a child process and wait until ``/health`` answers."""
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dressage", *args, "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return Served(proc, url)
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            Served(proc, url).stop()
+            raise RuntimeError(f"dressage {' '.join(args)} did not come up (exit code {proc.returncode})")
+        time.sleep(0.1)

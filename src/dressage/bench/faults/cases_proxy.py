@@ -45,18 +45,19 @@ def proxy_restart(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
             core = restarted.core
             after = {sid: [seg.tokens.tolist() for seg in build_segments(core.sessions[sid])] for sid in sids}
             resumed = {sid: core.sessions[sid].state for sid in sids}
+            steps_after = sum(len(core.sessions[sid].steps) for sid in sids)
             # in-flight sessions continue where they were, with TITO
             for sid in sids[1:]:
                 convs[sid] = _turn(restarted.url, sid, convs[sid])
                 httpx.post(f"{restarted.url}/sessions/{sid}/finalize", json={"reward": 0.5}).raise_for_status()
             segs = {sid: httpx.get(f"{restarted.url}/sessions/{sid}/segments").json() for sid in sids[1:]}
             detail = {"sessions": len(sids), "steps_committed_before_crash": steps_before,
-                      "steps_after_replay": sum(len(core.sessions[sid].steps) for sid in sids),
+                      "steps_after_replay": steps_after,
                       "identical_after_replay": after == before, "states_after_restart": list(resumed.values()),
                       "samples_redelivered": restarted.rm.num_ready,
                       "segments_after_resume": {sid[:6]: len(v) for sid, v in segs.items()},
                       "journal_bytes": path.stat().st_size}
-            passed = (after == before and resumed[sids[0]] == "finalized"
+            passed = (after == before and steps_after == steps_before and resumed[sids[0]] == "finalized"
                       and all(resumed[s] == "active" for s in sids[1:])
                       and all(len(v) == 1 and len(v[0]["step_ids"]) == 3 for v in segs.values()))
             return passed, detail

@@ -14,9 +14,10 @@ import httpx
 import numpy as np
 import openai
 
-from dressage.bench.faults._stack import start_engine, start_proxy
+from dressage.bench.faults._stack import serve_process
 from dressage.bench.faults.runner import FaultsConfig, case
 from dressage.proxy.sglang_client import SGLangClient
+from dressage.tokenizer import load_tokenizer
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -25,7 +26,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 async def _through_proxy(url: str, sessions: int, turns: int, concurrency: int) -> tuple[list[float], list, int]:
     lat: list[float] = []
-    prompts: list = []
+    prompts: list = []  # the messages of every call, rendered later for the direct run
     errors = 0
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as h:
@@ -38,6 +39,7 @@ async def _through_proxy(url: str, sessions: int, turns: int, concurrency: int) 
                 msgs = [{"role": "user", "content": f"Session {i}: list some primes."}]
                 for _ in range(turns):
                     t0 = time.perf_counter()
+                    prompts.append(list(msgs))
                     try:
                         r = await client.chat.completions.create(model="m", messages=msgs, max_tokens=32)
                     except openai.APIError:
@@ -66,15 +68,20 @@ async def _direct(engine_url: str, prompts: list[list[int]], concurrency: int) -
 
 @case("load")
 def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
-    engine = start_engine(mean_response_tokens=24, tool_call_rate=0.0)
-    stack = start_proxy(engine.url)
+    # Engine and Proxy in their own processes, as deployed: the driver's work does not share their GIL.
+    engine = serve_process(["engine", "serve", "--model", "qwen3.6-35b-a3b", "--mean-response-tokens", "24",
+                            "--seed", str(cfg.seed)])
+    proxy = None
     conc = cfg.load_sessions
     try:
+        proxy = serve_process(["proxy", "serve", "--engine-url", engine.url, "--model", "qwen3.6-35b-a3b",
+                               "--use-rollout-routing-replay", "--enable-transfer-queue",
+                               "--routed-experts-dtype", "uint8"])
         t0 = time.perf_counter()
-        lat_p, _, errors = asyncio.run(_through_proxy(stack.url, cfg.load_sessions, cfg.load_turns, conc))
+        lat_p, messages, errors = asyncio.run(_through_proxy(proxy.url, cfg.load_sessions, cfg.load_turns, conc))
         wall_p = time.perf_counter() - t0
-        # The same prompts the engine saw through the Proxy, sent to it directly.
-        prompts = [st.prompt_ids.tolist() for s in stack.core.sessions.values() for st in s.steps.values()]
+        tok = load_tokenizer("byte")
+        prompts = [tok.apply_chat_template(m, None, True) for m in messages]
         t0 = time.perf_counter()
         lat_d = asyncio.run(_direct(engine.url, prompts, conc))
         wall_d = time.perf_counter() - t0
@@ -88,5 +95,6 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
         }}
         return errors == 0 and len(lat_p) == cfg.load_sessions * cfg.load_turns, detail
     finally:
-        stack.stop()
+        if proxy is not None:
+            proxy.stop()
         engine.stop()
