@@ -239,10 +239,14 @@ def slow_engine():
 
 
 async def _pause_mid_generation(url, calls):
-    """Start ``calls`` (coroutines), pause at ~0.25 s, check nothing runs, resume as version 1."""
+    """Start ``calls`` (coroutines), pause them mid-reply, check nothing runs, resume as version 1."""
     async with httpx.AsyncClient(base_url=url, timeout=20) as h:
         tasks = [asyncio.ensure_future(c) for c in calls]
-        await asyncio.sleep(0.25)
+        for _ in range(200):  # every call reached the engine, whatever the machine's load
+            if (await h.get("/v1/rollout/pause_state")).json()["in_flight"] == len(tasks):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # ~20 tokens generated under version 0
         paused = (await h.post("/v1/rollout/pause")).json()
         state = (await h.get("/v1/rollout/pause_state")).json()
         await asyncio.sleep(0.1)
