@@ -460,11 +460,16 @@ def _environment() -> dict[str, Any]:
                     break
     except OSError:
         pass
-    commit = None
+    commit, dirty = None, None
     try:
         here = Path(__file__).resolve().parent
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
                                 text=True, timeout=5).stdout.strip() or None
+        if commit:
+            # Figures of a working tree with local edits under src/ are not those of the commit.
+            status = subprocess.run(["git", "status", "--porcelain", "--", "."], cwd=here.parent,
+                                    capture_output=True, text=True, timeout=5).stdout
+            dirty = sorted({line[3:] for line in status.splitlines() if line.strip()})[:50]
     except (OSError, subprocess.SubprocessError):
         pass
     return {
@@ -475,6 +480,7 @@ def _environment() -> dict[str, Any]:
         "mem_total_bytes": mem_total,
         "loadavg_start": _loadavg(),
         "git_commit": commit,
+        "uncommitted_changes": dirty,
         "versions": {d: _version(d) for d in ("dressage", "numpy", "pyzmq", "ray", "torch", "tensordict",
                                               "transferqueue")},
     }
