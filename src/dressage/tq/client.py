@@ -50,6 +50,8 @@ class ClientCounters:
     bytes_read: int = 0
     refs_requested: int = 0
     deletes: int = 0
+    full_waits: int = 0           # times a put backed off because every unit was full (on_full: wait)
+    replaced_puts: int = 0        # puts placed again because their first unit died before answering
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -137,6 +139,8 @@ class TransferQueueClient:
                     self._abort_quietly(names)
                 if self._on_full != "wait" or time.monotonic() + sleep > deadline:
                     raise
+                with self._lock:
+                    self._counters.full_waits += 1
                 time.sleep(sleep)  # space appears when a trainer clears a batch
                 sleep = min(sleep * 2, _FULL_BACKOFF_S[1])
                 continue
@@ -148,6 +152,8 @@ class TransferQueueClient:
                 # Nothing was acknowledged yet: try a live unit this put has not tried, once each.
                 if len(lost_units) >= len(self._units):
                     raise
+                with self._lock:
+                    self._counters.replaced_puts += 1
                 continue
             except BaseException:
                 if unit_id is not None:

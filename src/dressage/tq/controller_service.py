@@ -103,7 +103,12 @@ class ControllerServer:
         if op == "units":
             return {"units": [u.to_wire() for u in ctl.units()]}, ()
         if op == "add_unit":
-            ctl.add_unit(UnitInfo.from_wire(c.get("unit") or {}))
+            unit = c.get("unit")
+            try:
+                info = UnitInfo.from_wire(unit)  # type: ignore[arg-type]
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise ProtocolError(f"add_unit needs a unit description, got {unit!r:.100}") from exc
+            ctl.add_unit(info)
             return {}, ()
         if op == "unit_state":
             uid, state = c.get("unit_id"), c.get("state")

@@ -43,6 +43,16 @@ def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None
         sock.send(frame, flags | more, copy=size < _ZERO_COPY_MIN)
 
 
+def _request_id(frame: Any) -> Any:
+    """The id of a refused request, when its control frame can be read, so its sender gets the refusal
+    at once instead of waiting out its timeout (the refusal itself carries no data)."""
+    try:
+        rid = decode_control(frame).get("id")
+    except ProtocolError:
+        return None
+    return rid if isinstance(rid, int) and not isinstance(rid, bool) else None
+
+
 class RpcServer:
     """A ROUTER socket bound to ``tcp://host:port`` serving ``handler`` on one thread."""
 
@@ -74,6 +84,7 @@ class RpcServer:
         self._thread: threading.Thread | None = None
         self.served = 0
         self.rejected = 0
+        self.untyped = 0  # handler failures that were not TransferQueueErrors: bugs, which fuzzing counts
 
     @property
     def address(self) -> str:
@@ -123,8 +134,11 @@ class RpcServer:
                 self.rejected += 1
                 log.warning("%s: rejected a frame: %s", self._name, exc)
             elif not isinstance(exc, TransferQueueError):
+                self.untyped += 1
                 log.exception("%s: handler failed", self._name)
             reply, payloads = error_to_wire(exc), ()
+            if req_id is None and body:
+                req_id = _request_id(body[0])
         reply["id"] = req_id
         out = encode(reply, payloads)
         if self._secret is not None:

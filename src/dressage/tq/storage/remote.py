@@ -167,6 +167,7 @@ class RemoteStorageUnit(StorageUnit):
         out = dict(reply["stats"])
         out["pid"] = reply.get("pid")
         out["rejected_frames"] = reply.get("rejected", 0)
+        out["untyped_errors"] = reply.get("untyped", 0)
         return out
 
     def ping(self, timeout_s: float | None = None) -> None:

@@ -131,7 +131,8 @@ class StorageUnitServer:
             return {"info": [info.key, info.dtype, list(info.shape), info.nbytes, info.spilled]}, ()
         if op == "stats":
             stats = {**unit.stats(), **(self.shm.stats() if self.shm else {"shm_segments": 0, "shm_bytes": 0})}
-            return {"stats": stats, "pid": os.getpid(), "rejected": self.rpc.rejected}, ()
+            return {"stats": stats, "pid": os.getpid(), "rejected": self.rpc.rejected,
+                    "untyped": self.rpc.untyped}, ()
         if op == "describe":
             return self.describe(), ()
         if op == "ping":

@@ -1,0 +1,91 @@
+"""Access: loopback by default; any other interface needs a secret, and then every frame carries an
+HMAC-SHA256; a frame without a valid one is ProtocolError and the unit keeps serving."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+
+from dressage.errors import ConfigError, ProtocolError
+from dressage.tq import TransferQueue, TransferQueueClient, TransferQueueConfig, wire
+from dressage.tq.config import SECRET_ENV, is_loopback
+from dressage.tq.storage import MemoryStorageUnit
+from dressage.tq.storage.remote import RemoteStorageUnit
+from dressage.tq.storage.server import StorageUnitServer
+
+SECRET = b"0123456789abcdef-test-secret"
+
+
+def test_loopback_is_the_default_and_other_hosts_need_a_secret(monkeypatch):
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    assert TransferQueueConfig().host == "127.0.0.1" and TransferQueueConfig().secret is None
+    assert is_loopback("127.0.0.1") and is_loopback("127.1.2.3") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.0.0.5") and not is_loopback("127.example.com")
+    with pytest.raises(ConfigError, match=r"transfer_queue\.host.*not a loopback.*auth_secret"):
+        TransferQueueConfig(host="0.0.0.0")
+    with pytest.raises(ConfigError, match=r"auth_secret.*16"):
+        TransferQueueConfig(host="0.0.0.0", auth_secret="short")
+    assert TransferQueueConfig(host="0.0.0.0", auth_secret=SECRET.decode()).secret == SECRET
+    monkeypatch.setenv(SECRET_ENV, SECRET.decode())
+    assert TransferQueueConfig(host="0.0.0.0").secret == SECRET
+
+
+@pytest.fixture
+def guarded():
+    backend = MemoryStorageUnit("a0", memory_budget=1 << 20)
+    server = StorageUnitServer(backend, shared_memory=False, secret=SECRET).start()
+    yield server
+    server.stop()
+    backend.close()
+
+
+def _raw_roundtrip(address: str, frames: list) -> list:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        sock.send_multipart(frames)
+        assert sock.poll(5000), "no reply: the unit must answer even an unauthenticated frame"
+        return sock.recv_multipart()
+    finally:
+        sock.close(0)
+
+
+def test_frames_without_a_valid_mac_are_rejected_and_the_unit_keeps_serving(guarded):
+    good = RemoteStorageUnit("a0", guarded.address, timeout_s=5, secret=SECRET)
+    good.put("k", np.arange(6, dtype=np.int32))
+    request = wire.encode({"op": "get", "id": 1, "reqs": [["k", 0, None]]})
+    for frames in (request, request + [b"\x00" * 32], request + [wire.sign(request, b"another-secret-16b")]):
+        reply = wire.verify_mac(_raw_roundtrip(guarded.address, frames), SECRET)  # refusals are signed too
+        control = wire.decode_control(reply[0])
+        assert control["ok"] is False and control["error"] == "ProtocolError"
+        assert "unauthenticated" in control["message"]
+    tampered = request + [wire.sign(request, SECRET)]
+    tampered[0] = wire.encode({"op": "delete", "id": 1, "keys": ["k"]})[0]
+    assert wire.decode_control(wire.verify_mac(_raw_roundtrip(guarded.address, tampered), SECRET)[0])["ok"] is False
+    for secret in (None, b"not-the-right-secret"):
+        intruder = RemoteStorageUnit("a0", guarded.address, timeout_s=5, secret=secret)
+        with pytest.raises(ProtocolError):
+            intruder.get("k")
+        intruder.close()
+    np.testing.assert_array_equal(good.get("k"), np.arange(6))
+    assert good.stats()["rejected_frames"] >= 6
+    good.close()
+
+
+def test_a_deployment_on_all_interfaces_authenticates_every_client():
+    with TransferQueue.start({"host": "0.0.0.0", "auth_secret": SECRET.decode(), "retention_s": None}) as tq:
+        spec = tq.client_spec()
+        assert spec["auth_secret"] == SECRET.decode()
+        remote = TransferQueueClient.connect(spec)
+        ref = remote.put("logprobs", np.arange(5, dtype=np.float32))
+        np.testing.assert_array_equal(remote.get(ref), np.arange(5))
+        unsigned = TransferQueueClient.connect({**spec, "auth_secret": None})
+        with pytest.raises(ProtocolError):
+            unsigned.get(ref)
+        with pytest.raises(ProtocolError):
+            unsigned.put("logprobs", np.zeros(2, dtype=np.float32))
+        unsigned.close()
+        assert remote.delete([ref]) == 1
+        remote.close()

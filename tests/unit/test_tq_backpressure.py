@@ -1,0 +1,97 @@
+"""Backpressure: a producer faster than its consumer fills the budget; units spill or puts wait, held
+memory never exceeds the budget, and nothing is dropped."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from dressage.errors import StorageFullError
+from dressage.tq import TransferQueue
+from dressage.tq.storage import MemoryStorageUnit
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _blob(i: int, nbytes: int = 100 * KiB) -> np.ndarray:
+    return np.full(nbytes, i % 251, dtype=np.uint8)
+
+
+def test_wait_blocks_the_producer_until_the_consumer_frees_space_and_drops_nothing():
+    n = 40                                             # 4 MB through a 1 MiB unit: four times its budget
+    with TransferQueue.start({"unit_memory_budget": "1MiB", "on_full": "wait", "full_wait_s": 20,
+                              "retention_s": None}) as tq:
+        producer_client, consumer_client = tq.client(), tq.client()
+        handoff: queue.Queue = queue.Queue()
+        seen: list[int] = []
+
+        def consume() -> None:
+            for _ in range(n):
+                i, ref = handoff.get(timeout=20)
+                time.sleep(0.003)                      # training is the slow side
+                a = consumer_client.get(ref)
+                assert a.nbytes == 100 * KiB and int(a[0]) == i % 251 and int(a[-1]) == i % 251
+                seen.append(i)
+                consumer_client.delete([ref])
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        for i in range(n):
+            handoff.put((i, producer_client.put("routed_experts", _blob(i), batch="b")))
+        consumer.join(timeout=30)
+        stats = tq.stats()["unit0"]
+        assert seen == list(range(n))                  # every put arrived, in order, intact
+        assert producer_client.counters.full_waits > 0  # the producer really was held back
+        assert stats["peak_held_bytes"] <= tq.config.budget_bytes
+        assert stats["keys"] == 0 and tq.controller.total_keys() == 0
+
+
+def test_wait_gives_up_after_full_wait_s_and_error_refuses_at_once_without_writing():
+    for policy, wait_s in (("wait", 0.2), ("error", 30.0)):
+        with TransferQueue.start({"unit_memory_budget": "1MiB", "on_full": policy, "full_wait_s": wait_s,
+                                  "retention_s": None}) as tq:
+            client = tq.client()
+            refs = [client.put("x", _blob(i, 300 * KiB)) for i in range(3)]
+            t0 = time.monotonic()
+            with pytest.raises(StorageFullError, match="full"):
+                client.put("x", _blob(9, 300 * KiB))
+            elapsed = time.monotonic() - t0
+            assert (elapsed >= 0.15) if policy == "wait" else (elapsed < 0.15)
+            stats = tq.stats()["unit0"]
+            assert stats["keys"] == 3 and stats["puts"] == 3   # the refused payload never reached the unit
+            assert tq.controller.total_keys() == 3
+            assert stats["peak_held_bytes"] <= tq.config.budget_bytes
+            client.delete(refs)
+
+
+def test_spill_keeps_memory_under_the_budget_and_reads_everything_back(tmp_path):
+    with TransferQueue.start({"unit_memory_budget": "1MiB", "on_full": "spill", "spill_dir": str(tmp_path),
+                              "retention_s": None}) as tq:
+        client = tq.client()
+        refs = [client.put("routed_experts", _blob(i), batch="b") for i in range(40)]
+        stats = tq.stats()["unit0"]
+        assert stats["memory_bytes"] <= tq.config.budget_bytes
+        assert stats["peak_held_bytes"] <= tq.config.budget_bytes
+        assert stats["spilled_bytes"] == 40 * 100 * KiB - stats["memory_bytes"] > 0
+        got = client.get_many(refs)
+        assert [int(a[50_000]) for a in got] == [i % 251 for i in range(40)]
+        assert client.clear("b") == 40 and tq.stats()["unit0"]["spilled_bytes"] == 0
+
+
+def test_pooled_buffers_count_against_the_budget():
+    unit = MemoryStorageUnit("p0", memory_budget=4 * MiB)
+    try:
+        for round_ in range(3):
+            keys = [f"{round_}-{i}" for i in range(4)]
+            for k in keys:                             # exactly the budget: pooled bytes must make way
+                unit.put(k, np.ones(MiB, dtype=np.uint8))
+            assert unit.usage()["held_bytes"] <= 4 * MiB
+            unit.delete(keys)
+            assert 0 < unit.usage()["pooled_bytes"] <= MiB
+        assert unit.usage()["peak_held_bytes"] <= 4 * MiB
+    finally:
+        unit.close()

@@ -1,0 +1,145 @@
+"""Unit liveness: the Controller places only on live units, probes find silent ones, clients fail fast."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from dressage.errors import StorageUnitUnavailable
+from dressage.tq.client import TransferQueueClient
+from dressage.tq.controller import Controller, UnitInfo
+from dressage.tq.liveness import LivenessMonitor
+from dressage.tq.storage import MemoryStorageUnit
+from dressage.tq.storage.remote import RemoteStorageUnit
+from dressage.tq.storage.server import StorageUnitServer
+
+
+def test_dead_units_get_no_keys_and_come_back_when_marked_live():
+    ctl = Controller([UnitInfo("u0"), UnitInfo("u1")])
+    assert ctl.mark_unit_dead("u0", "process 1 exited") is True
+    assert ctl.mark_unit_dead("u0", "again") is False
+    assert {ctl.place(f"k{i}", 10) for i in range(6)} == {"u1"}
+    ctl.mark_unit_dead("u1", "stopped answering")
+    with pytest.raises(StorageUnitUnavailable, match="no live StorageUnit.*u0 dead.*u1 dead"):
+        ctl.place("k-none", 10)
+    assert ctl.mark_unit_live("u0") is True
+    assert ctl.place("k-back", 10) == "u0"
+    states = ctl.unit_states()
+    assert states["u0"]["state"] == "live" and states["u1"]["state"] == "dead"
+    assert ctl.stats()["u1"]["state"] == "dead" and "stopped answering" in ctl.stats()["u1"]["state_reason"]
+
+
+def test_deletions_for_a_dead_unit_wait_until_it_answers_again():
+    ctl = Controller([UnitInfo("u0")])
+    ctl.place("k", 10)
+    ctl.commit("k")
+    ctl.mark_unit_dead("u0", "stopped")
+    assert ctl.delete(["k"]) == {"u0": ["k"]}
+    assert ctl.take_deletions() == {}          # a delete on a dead unit would only time out
+    ctl.mark_unit_live("u0")
+    assert ctl.take_deletions() == {"u0": ["k"]}
+
+
+class _FlakyUnit:
+    """A probe target that answers until ``silent`` is set (a stopped process), then times out."""
+
+    def __init__(self) -> None:
+        self.silent = threading.Event()
+
+    def ping(self, timeout_s: float | None = None) -> None:
+        if self.silent.is_set():
+            time.sleep(min(timeout_s or 0.0, 0.05))
+            raise StorageUnitUnavailable("StorageUnit u0 is unavailable (ping: no reply)")
+
+
+def _wait_for(predicate, timeout_s: float = 5.0) -> float:
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError("condition not reached")
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+def test_monitor_marks_a_silent_unit_dead_within_the_bound_and_live_when_it_answers():
+    ctl = Controller([UnitInfo("u0"), UnitInfo("u1")])
+    flaky, steady = _FlakyUnit(), _FlakyUnit()
+    monitor = LivenessMonitor(ctl, {"u0": flaky, "u1": steady}, interval_s=0.05, dead_after_s=0.3).start()
+    try:
+        time.sleep(0.15)
+        assert ctl.unit_states()["u0"]["state"] == "live"
+        flaky.silent.set()
+        took = _wait_for(lambda: ctl.unit_states()["u0"]["state"] == "dead")
+        assert 0.25 <= took < 1.5
+        assert "answered no probe" in ctl.unit_states()["u0"]["reason"]
+        assert ctl.unit_states()["u1"]["state"] == "live"
+        flaky.silent.clear()
+        _wait_for(lambda: ctl.unit_states()["u0"]["state"] == "live", 2.0)
+    finally:
+        monitor.stop()
+
+
+def test_a_read_waiting_on_a_unit_ends_when_the_unit_is_marked_dead():
+    """The unit is alive at the socket level but never answers; the Controller's verdict ends the wait."""
+    backend = MemoryStorageUnit("u0", memory_budget=1 << 20)
+    server = StorageUnitServer(backend, shared_memory=False).start()
+    ctl = Controller([UnitInfo("u0")])
+    remote = RemoteStorageUnit("u0", server.address, timeout_s=30)
+    client = TransferQueueClient(ctl, {"u0": remote})
+    try:
+        ref = client.put("logprobs", np.arange(8, dtype=np.float32))
+        server.stop()                                   # nobody answers now; timeout is 30 s
+        threading.Timer(0.3, ctl.mark_unit_dead, args=("u0", "test verdict")).start()
+        t0 = time.monotonic()
+        with pytest.raises(StorageUnitUnavailable) as info:
+            client.get(ref)
+        assert time.monotonic() - t0 < 2.0
+        assert "u0" in str(info.value) and ref.key in str(info.value) and "test verdict" in str(info.value)
+        t0 = time.monotonic()                           # known dead: no wait at all
+        with pytest.raises(StorageUnitUnavailable, match="marked dead"):
+            client.get(ref)
+        assert time.monotonic() - t0 < 0.5
+        assert client.dead_units() == {"u0": client.dead_units()["u0"]}
+        assert client.delete([ref]) == 1                # the unit copy stays queued, nothing waits
+    finally:
+        client.close()
+        remote.close()
+        backend.close()
+
+
+def test_a_put_whose_unit_goes_silent_is_placed_again_on_a_live_unit():
+    backends = {u: MemoryStorageUnit(u, memory_budget=1 << 20) for u in ("u0", "u1")}
+    servers = {u: StorageUnitServer(b, shared_memory=False).start() for u, b in backends.items()}
+    ctl = Controller([UnitInfo("u0"), UnitInfo("u1")])
+    remotes = {u: RemoteStorageUnit(u, s.address, timeout_s=30) for u, s in servers.items()}
+    client = TransferQueueClient(ctl, remotes)
+    try:
+        servers["u0"].stop()
+        threading.Timer(0.3, ctl.mark_unit_dead, args=("u0", "silent")).start()
+        refs = [client.put("logprobs", np.full(4, i, dtype=np.float32)) for i in range(4)]
+        assert {r.unit_id for r in refs} == {"u1"}
+        assert [int(a[0]) for a in client.get_many(refs)] == [0, 1, 2, 3]
+        assert ctl.total_keys() == 4                    # the failed attempt left no directory entry
+    finally:
+        client.close()
+        for r in remotes.values():
+            r.close()
+        servers["u1"].stop()
+
+
+def test_monitor_survives_unexpected_errors():
+    ctl = Controller([UnitInfo("u0")])
+
+    class Broken:
+        def ping(self, timeout_s=None):
+            raise RuntimeError("bug")
+
+    monitor = LivenessMonitor(ctl, {"u0": Broken()}, interval_s=0.02, dead_after_s=0.05).start()
+    try:
+        _wait_for(lambda: monitor.probes >= 3)
+        assert ctl.unit_states()["u0"]["state"] == "live"  # a probe bug is not a death verdict
+    finally:
+        monitor.stop()
