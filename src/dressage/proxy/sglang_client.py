@@ -75,9 +75,13 @@ class SGLangClient:
     @staticmethod
     def _json(resp: httpx.Response, what: str) -> Any:
         try:
-            return resp.json()
+            out = resp.json()
         except ValueError as exc:
             raise WireFormatError(f"{what}: the answer is not JSON: {resp.text[:200]!r}") from exc
+        # httpx links a Response and its stream both ways, so a read body (MiBs of base64 R3 per call)
+        # would wait for the cyclic GC; replacing the spent stream lets it go with the last reference.
+        resp.stream = httpx.ByteStream(b"")
+        return out
 
     # -- /generate ---------------------------------------------------------------------------------
 

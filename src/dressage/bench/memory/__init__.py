@@ -4,7 +4,10 @@ The master node's trajectory data plane (Proxy, RolloutManager, object store, TQ
 StorageUnit) measured by PSS on a timer, without TQ and with TQ, for each R3 storage dtype.
 """
 
+from dressage.bench.memory.bench import run_memory_bench
 from dressage.bench.memory.config import PRESETS, MemoryBenchConfig
 from dressage.bench.memory.pipeline import METRIC_COMPONENTS, PathRun, run_path
+from dressage.bench.memory.report import build_report, format_table, write_json
 
-__all__ = ["MemoryBenchConfig", "PRESETS", "PathRun", "run_path", "METRIC_COMPONENTS"]
+__all__ = ["MemoryBenchConfig", "PRESETS", "PathRun", "run_path", "METRIC_COMPONENTS", "run_memory_bench",
+           "build_report", "format_table", "write_json"]

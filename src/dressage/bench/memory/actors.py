@@ -18,26 +18,35 @@ from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
 
 __all__ = ["ProxyActor", "RolloutManagerActor", "EngineActor"]
 
+_LARGE = ("rollout_log_probs", "rollout_routed_experts")
+
 
 class RolloutManagerActor:
     """The master's RolloutManager: Samples accumulate here until the batch is cut and put per shard."""
 
     def __init__(self, dp_size: int) -> None:
         self.rm = RolloutManager(dp_size=dp_size)
+        self._held = {"large_fields": 0, "token_fields": 0}
 
     def pid(self) -> int:
         return os.getpid()
 
     def add(self, done: Any) -> int:
-        return len(self.rm.add_finalized(done))
+        samples = self.rm.add_finalized(done)
+        for s in samples:
+            for name, a in s.field_arrays().items():
+                kind = "large_fields" if name in _LARGE else "token_fields"
+                self._held[kind] += int(a.nbytes)
+        return len(samples)
 
-    def held(self) -> int:
-        """Logical bytes of the Samples held (resident arrays; refs count zero)."""
-        return self.rm.held_nbytes()
+    def held(self) -> dict[str, int]:
+        """Logical bytes of the queued Samples: materialised large fields and token fields (refs count zero)."""
+        return dict(self._held)
 
     def take_batch_refs(self, rollout_id: int) -> tuple[list[Any], list[str], int, int]:
         """Cut the batch and ``ray.put`` each DP shard: (shard refs, TQ keys, resident bytes, samples)."""
         batch = self.rm.take_batch(rollout_id)
+        self._held = {"large_fields": 0, "token_fields": 0}
         keys = sorted(sample_ref_keys(batch.samples))
         nbytes = sum(sample_resident_nbytes(s) for s in batch.samples)
         refs = [ray.put(shard) for shard in batch.shards]

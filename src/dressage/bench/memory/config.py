@@ -68,6 +68,8 @@ class MemoryBenchConfig:
     placement: str = "spread"
     """``spread``: the Proxy writes without node preference, so keys spread evenly over the StorageUnits
     (the seed's sharding); ``local``: it prefers the master's own StorageUnit."""
+    malloc_mmap_threshold: int = 128 * 1024
+    """``MALLOC_MMAP_THRESHOLD_`` for every process of the cluster (0: glibc's dynamic default)."""
     interval_s: float = 0.15
     """Memory sampling period."""
     batch_sizes: tuple[int, ...] = (64, 128, 256, 512, 1024)
@@ -92,6 +94,9 @@ class MemoryBenchConfig:
                      "max_tokens", "mean_response_tokens", "concurrency", "dp_size", "object_store_bytes",
                      "unit_memory_budget"):
             _positive_int(name, getattr(self, name))
+        if isinstance(self.malloc_mmap_threshold, bool) or not isinstance(self.malloc_mmap_threshold, int) \
+                or not 0 <= self.malloc_mmap_threshold <= 32 * (1 << 20):
+            raise ConfigError(f"--malloc-mmap-threshold must be 0..32 MiB in bytes, got {self.malloc_mmap_threshold!r}")
         _fraction("tool_call_rate", self.tool_call_rate)
         _fraction("retry_rate", self.retry_rate)
         if self.placement not in PLACEMENTS:
@@ -133,13 +138,14 @@ class MemoryBenchConfig:
         return out
 
 
-# small: a check (about a minute for all three dtypes). full: ~1.3M Segment tokens a rollout; w/o TQ the
-# machine then holds about 4 copies of int32 R3 (Proxy, RolloutManager, both object stores), ~8 GiB in all.
+# small: a check (about a minute for all three dtypes). full: ~1.3M Segment tokens a rollout (256
+# trajectories); w/o TQ at int32 the machine then holds about four copies of R3 (Proxy, RolloutManager,
+# both object stores), ~7 GiB with Ray itself, well inside 24 GiB.
 PRESETS: dict[str, dict[str, Any]] = {
-    "small": dict(num_rollouts=2, rollout_batch_size=8, n_samples_per_prompt=4, context_length=4096,
-                  max_turns=4, max_tokens=512, mean_response_tokens=384, concurrency=32, dp_size=2,
+    "small": dict(num_rollouts=2, rollout_batch_size=4, n_samples_per_prompt=4, context_length=4096,
+                  max_turns=3, max_tokens=512, mean_response_tokens=384, concurrency=16, dp_size=2,
                   object_store_bytes=1 * GiB, unit_memory_budget=2 * GiB),
     "full": dict(num_rollouts=3, rollout_batch_size=32, n_samples_per_prompt=8, context_length=8192,
-                 max_turns=6, max_tokens=1024, mean_response_tokens=768, concurrency=64, dp_size=4,
-                 object_store_bytes=3 * GiB, unit_memory_budget=6 * GiB),
+                 max_turns=6, max_tokens=1024, mean_response_tokens=768, concurrency=16, dp_size=4,
+                 object_store_bytes=4 * GiB, unit_memory_budget=6 * GiB),
 }

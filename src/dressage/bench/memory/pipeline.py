@@ -260,8 +260,10 @@ def _iteration(plane: _Plane, cfg: MemoryBenchConfig, i: int, run: PathRun, samp
         raise DressageError(f"{run.path}/{run.dtype} rollout {i}: no agent session finalized "
                             f"({rr.errors_by_kind or 'no errors reported'})")
     held = _get(plane.proxy.held.remote())
+    rm_held = _get(plane.rm.held.remote())
     _bump(run.logical, {"proxy_large_fields": held["large_fields"], "proxy_token_fields": held["token_fields"],
-                        "rollout_manager": _get(plane.rm.held.remote()), **plane.unit_bytes()})
+                        "rollout_manager_large_fields": rm_held["large_fields"],
+                        "rollout_manager_token_fields": rm_held["token_fields"], **plane.unit_bytes()})
     sampler.mark(f"batch {i}")
     refs, keys, rm_bytes, n_samples = plane.take_batch(i)
     _bump(run.logical, {"object_store": _store_used(plane.cluster, 0)})
