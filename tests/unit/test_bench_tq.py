@@ -133,3 +133,15 @@ def test_cli_writes_the_json_file(tmp_path, capsys) -> None:
 def test_bad_settings_are_config_errors(bad: dict) -> None:
     with pytest.raises(ConfigError):
         TqBenchConfig(**{**TINY, **bad})
+
+
+def test_a_bench_module_that_cannot_load_leaves_bench_tq_working(monkeypatch) -> None:
+    from dressage.cli import bench as cli_bench
+    from dressage.cli import build_parser
+
+    monkeypatch.setattr(cli_bench, "BENCHES", ("dressage.cli.bench:register_tq", "dressage.no_such_bench:register"))
+    parser = build_parser()
+    args = parser.parse_args(["bench", "tq", "--quick", "--systems", "memcpy"])
+    assert args.func is cli_bench._run_tq and args.quick and args.systems == ["memcpy"]
+    bench_parser = parser._subparsers._group_actions[0].choices["bench"]
+    assert "dressage.no_such_bench" in bench_parser.format_help()

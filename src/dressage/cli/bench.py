@@ -18,12 +18,23 @@ BENCHES: tuple[str, ...] = ("dressage.cli.bench:register_tq", "dressage.bench.me
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks: TransferQueue bandwidth against its baselines, ...")
+    p = sub.add_parser("bench", help="benchmarks: TransferQueue bandwidth, data-plane memory, faults",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     benches = p.add_subparsers(dest="bench", metavar="BENCH")
     benches.required = True
+    missing = []
     for entry in BENCHES:
         module, _, func = entry.partition(":")
-        getattr(importlib.import_module(module), func)(benches)
+        try:
+            registrar = getattr(importlib.import_module(module), func)
+        except ImportError as exc:
+            # One benchmark whose module cannot load (an optional dependency, a partial install) must
+            # not take `dressage bench tq`, or the whole `dressage` command, down with it.
+            missing.append(f"  {module}: {exc}")
+            continue
+        registrar(benches)
+    if missing:
+        p.epilog = "unavailable benchmarks:\n" + "\n".join(missing)
 
 
 def register_tq(benches: argparse._SubParsersAction) -> None:
