@@ -8,7 +8,7 @@ from dressage.cli import main
 
 def test_engine_and_proxy_fault_cases_pass():
     report = run_faults(FaultsConfig(quick=True, only=("engine_down_mid_session", "engine_timeout_mid_session",
-                                                       "proxy_restart_from_journal")))
+                                                       "proxy_restart_from_journal", "proxy_kill9_restart")))
     by_name = {c["name"]: c for c in report["cases"]}
     assert all(c["passed"] for c in report["cases"]), by_name
     restart = by_name["proxy_restart_from_journal"]["detail"]

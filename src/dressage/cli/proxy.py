@@ -37,6 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds between engine health checks with several engines (0: none)")
     s.add_argument("--health-check-failures", type=int, default=1, metavar="N",
                    help="failed checks in a row that take an engine out (its sessions move)")
+    s.add_argument("--journal", metavar="PATH", default=None,
+                   help="append every committed step to this journal and replay it on start: a restarted "
+                        "Proxy resumes its sessions")
+    s.add_argument("--journal-fsync", choices=("always", "interval", "never"), default="always",
+                   help="when journal appends reach the disk (default: always, before the reply)")
     add_data_plane_args(s)
     s.set_defaults(func=_serve)
 
@@ -71,6 +76,17 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         core = ProxyCore(dp, tq.client() if tq else None, decode=tok.decode, special_ids=tok.special_token_ids)
         service = ProxyService(server_cfg, core, tok)
+        if args.journal:
+            from dressage.proxy.journal import Journal
+
+            report = core.recover(args.journal)
+            for done in report.delivered:
+                service.finalized[done.session_id] = done
+            if report.records:
+                print(f"dressage proxy: journal {args.journal}: {len(report.active)} sessions resumed, "
+                      f"{len(report.finalized)} finalized, {len(report.aborted)} aborted"
+                      + (" (a torn last record was dropped)" if report.truncated_tail else ""), flush=True)
+            core.journal = Journal(args.journal, fsync=args.journal_fsync)
         print(f"dressage proxy: serving on http://{args.host}:{args.port} -> "
               f"engine(s) {', '.join(server_cfg.engines)} "
               f"(R3 {'on' if dp.use_rollout_routing_replay else 'off'}, TQ "

@@ -13,8 +13,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dressage.errors import (ChatTemplateError, ConfigError, DressageError, EngineError, EngineTimeout, FieldError,
-                             SessionStateError, TransferQueueError, TrajectoryError, UnknownStepError, WireFormatError)
+from dressage.errors import (ChatTemplateError, ConfigError, DressageError, EngineError, EngineRequestError,
+                             EngineTimeout, FieldError, SessionStateError, TransferQueueError, TrajectoryError,
+                             UnknownStepError, WireFormatError)
 from dressage.proxy.errors import (ContextOverflowError, MissingSessionIdError, NoHealthyEngineError, SessionIdError,
                                    WeightVersionChangedError)
 from dressage.proxy.schemas import (ChatRequest, CreateSession, FinalizeRequest, FinalizeSessionRequest, GenerateRequest,
@@ -38,6 +39,8 @@ def status_for(exc: DressageError) -> tuple[int, str]:
         return 409, "session_state"
     if isinstance(exc, EngineTimeout):
         return 504, "engine_timeout"
+    if isinstance(exc, EngineRequestError):
+        return 400, "invalid_request_error"  # the engine refused what the request asked for
     if isinstance(exc, (EngineError, WireFormatError)):
         return 502, "engine_error"
     if isinstance(exc, FieldError):

@@ -231,6 +231,5 @@ class ProxyCore:
             for sid, s in sessions.items():
                 self.sessions[sid] = s
                 self._calls[sid] = 0
-        for sid in report.finalized:
-            self._deliver(self.sessions[sid])
+        report.delivered = [self._deliver(self.sessions[sid]) for sid in report.finalized]
         return report

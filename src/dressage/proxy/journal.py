@@ -60,6 +60,8 @@ class ReplayReport:
     finalized: list[str] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
     truncated_tail: bool = False
+    delivered: list[Any] = field(default_factory=list)
+    """FinalizedSessions handed to the sink again by ``ProxyCore.recover``."""
 
 
 class Journal:

@@ -87,11 +87,11 @@ class Served:
                 self.proc.wait()
 
 
-def serve_process(args: list[str], *, timeout_s: float = 60.0) -> Served:
+def serve_process(args: list[str], *, timeout_s: float = 60.0, port: int | None = None) -> Served:
     """Start ``dressage <args> --port P`` as a child process and wait until ``/health`` answers."""
     import httpx
 
-    port = free_port()
+    port = port or free_port()
     proc = subprocess.Popen([sys.executable, "-m", "dressage", *args, "--host", "127.0.0.1", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

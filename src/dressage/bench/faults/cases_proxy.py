@@ -64,3 +64,49 @@ def proxy_restart(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
         finally:
             restarted.stop()
             engine.stop()
+
+
+@case("proxy_kill9_restart")
+def proxy_kill9(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
+    """``dressage proxy serve --journal`` killed with SIGKILL mid-rollout and started again."""
+    from dressage.bench.faults._stack import serve_process
+
+    engine = serve_process(["engine", "serve", "--model", "qwen3.6-35b-a3b", "--mean-response-tokens", "24"])
+    with tempfile.TemporaryDirectory() as tmp:
+        journal = str(Path(tmp) / "proxy.journal")
+        args = ["proxy", "serve", "--engine-url", engine.url, "--use-rollout-routing-replay",
+                "--routed-experts-dtype", "uint8", "--journal", journal]
+        proxy = serve_process(args)
+        try:
+            sids = [httpx.post(proxy.url + "/sessions").json()["session_id"] for _ in range(4)]
+            convs = {sid: [{"role": "user", "content": f"Job {i}: spell 'river'."}] for i, sid in enumerate(sids)}
+            for _ in range(2):
+                for sid in sids:
+                    convs[sid] = _turn(proxy.url, sid, convs[sid])
+            httpx.post(f"{proxy.url}/sessions/{sids[0]}/finalize", json={"reward": 1.0}).raise_for_status()
+            before = {sid: httpx.get(f"{proxy.url}/sessions/{sid}").json()["steps"] for sid in sids}
+            proxy.proc.kill()                                   # SIGKILL: no shutdown path runs
+            proxy.proc.wait()
+            port = proxy.url.rsplit(":", 1)[1]
+            restarted = serve_process(args, port=int(port))
+            try:
+                after = {sid: httpx.get(f"{restarted.url}/sessions/{sid}").json() for sid in sids}
+                for sid in sids[1:]:
+                    convs[sid] = _turn(restarted.url, sid, convs[sid])
+                    httpx.post(f"{restarted.url}/sessions/{sid}/finalize", json={"reward": 0.5}).raise_for_status()
+                segs = {sid: httpx.get(f"{restarted.url}/sessions/{sid}/segments").json() for sid in sids}
+            finally:
+                restarted.stop()
+            detail = {"steps_before_kill": sum(before.values()),
+                      "steps_after_restart": sum(a["steps"] for a in after.values()),
+                      "states_after_restart": [a["state"] for a in after.values()],
+                      "segments_per_session": [len(v) for v in segs.values()],
+                      "steps_in_resumed_segments": [len(v[0]["step_ids"]) for v in list(segs.values())[1:]]}
+            passed = (detail["steps_after_restart"] == detail["steps_before_kill"]
+                      and detail["states_after_restart"][0] == "finalized"
+                      and all(n == 3 for n in detail["steps_in_resumed_segments"])
+                      and all(n == 1 for n in detail["segments_per_session"]))
+            return passed, detail
+        finally:
+            proxy.stop()
+            engine.stop()
