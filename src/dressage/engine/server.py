@@ -207,34 +207,11 @@ def create_app(engine: Engine) -> FastAPI:
     return app
 
 
-class EngineServer:
+class EngineServer(UvicornServer):
     """Runs the engine's app under uvicorn: blocking (``serve``) or on a thread (``start_background``)."""
 
     def __init__(self, config: EngineConfig | None = None, *, engine: Engine | None = None) -> None:
         self.config = config or (engine.config if engine else EngineConfig())
         self.engine = engine or Engine(self.config)
-        self.app = create_app(self.engine)
-        self._server = UvicornServer(self.app, host=self.config.host, port=self.config.port, name="engine",
-                                     log_level=self.config.log_level)
-
-    @property
-    def url(self) -> str:
-        return self._server.url
-
-    def serve(self) -> None:
-        """Serve until interrupted (the ``dressage engine serve`` command)."""
-        self._server.serve()
-
-    def start_background(self, timeout: float = 10.0) -> str:
-        """Start on a daemon thread (port 0 picks a free port); returns the base URL once it accepts."""
-        return self._server.start_background(timeout)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._server.stop(timeout)
-
-    def __enter__(self) -> "EngineServer":
-        self.start_background()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().__init__(create_app(self.engine), host=self.config.host, port=self.config.port, name="engine",
+                         log_level=self.config.log_level)

@@ -342,30 +342,9 @@ class ProxyService:
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves)}
 
 
-class ProxyServer:
+class ProxyServer(UvicornServer):
     """The Proxy app under uvicorn; ``start_background()`` for tests and ``dressage run``."""
 
     def __init__(self, service: ProxyService) -> None:
         self.service = service
-        self._server = UvicornServer(build_app(service), host=service.config.host, port=service.config.port,
-                                     name="proxy")
-
-    @property
-    def url(self) -> str:
-        return self._server.url
-
-    def serve(self) -> None:
-        self._server.serve()
-
-    def start_background(self, timeout: float = 10.0) -> str:
-        return self._server.start_background(timeout)
-
-    def stop(self) -> None:
-        self._server.stop()
-
-    def __enter__(self) -> "ProxyServer":
-        self.start_background()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().__init__(build_app(service), host=service.config.host, port=service.config.port, name="proxy")
