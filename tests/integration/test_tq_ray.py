@@ -104,3 +104,28 @@ def test_shutdown_stops_every_actor(cluster):
     while any(psutil.pid_exists(p) for p in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(psutil.pid_exists(p) for p in pids.values())
+
+
+def test_a_killed_unit_actor_is_marked_dead_and_puts_go_to_the_live_units(cluster):
+    from dressage.errors import StorageUnitUnavailable
+
+    with TransferQueue.start({"deployment": "ray", "num_storage_units": 2, "unit_memory_budget": "1MiB",
+                              "heartbeat_interval_s": 0.2, "unit_dead_after_s": 1.0,
+                              "request_timeout_s": 20}) as tq:
+        nodes = tq._deployment.unit_nodes()
+        writers = {u: tq.client(node_id=n) for u, n in nodes.items()}
+        refs = {u: w.put("logprobs", np.arange(4, dtype=np.float32)) for u, w in writers.items()}
+        assert {u: r.unit_id for u, r in refs.items()} == {u: u for u in nodes}
+        tq.kill_unit("unit0")
+        deadline = time.monotonic() + 10
+        while tq.unit_states()["unit0"]["state"] != "dead":
+            assert time.monotonic() < deadline, tq.unit_states()
+            time.sleep(0.05)
+        assert "Ray actor died" in tq.unit_states()["unit0"]["reason"] or "probe" in tq.unit_states()["unit0"]["reason"]
+        client = writers["unit0"]                       # its own node's unit is gone: it writes elsewhere
+        assert client.put("logprobs", np.zeros(2, dtype=np.float32)).unit_id == "unit1"
+        t0 = time.monotonic()
+        with pytest.raises(StorageUnitUnavailable, match="unit0"):
+            client.get(refs["unit0"])
+        assert time.monotonic() - t0 < 1.0
+        np.testing.assert_array_equal(client.get(refs["unit1"]), np.arange(4))

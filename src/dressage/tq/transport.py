@@ -32,6 +32,7 @@ _HWM = 1000
 _ZERO_COPY_MIN = 64 * 1024
 # While waiting for a reply, how often the caller's ``abort`` check runs (a dead peer ends the wait).
 _ABORT_POLL_S = 0.1
+_LOUD_REJECTIONS = 10  # rejected frames logged as warnings; later ones at debug level
 
 
 def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
@@ -132,7 +133,9 @@ class RpcServer:
         except Exception as exc:  # every failure becomes a typed reply; the loop keeps serving
             if isinstance(exc, ProtocolError):
                 self.rejected += 1
-                log.warning("%s: rejected a frame: %s", self._name, exc)
+                # A flood of bad frames (a scanner, a fuzzer) must not flood the log as well.
+                level = logging.WARNING if self.rejected <= _LOUD_REJECTIONS else logging.DEBUG
+                log.log(level, "%s: rejected a frame (%d so far): %s", self._name, self.rejected, exc)
             elif not isinstance(exc, TransferQueueError):
                 self.untyped += 1
                 log.exception("%s: handler failed", self._name)
