@@ -127,3 +127,14 @@ def test_client_reads_of_a_corrupted_key_raise_and_never_return_data():
         np.testing.assert_array_equal(client.get(ref.narrow(0, 200)), a[:200])
         with pytest.raises(IntegrityError):
             client.get_many([ref.narrow(0, 200), ref.narrow(250, 300)])
+
+
+def test_checksums_can_be_switched_off_for_measurement_only(tmp_path):
+    for backend in (MemoryStorageUnit("n0", memory_budget=4 << 20, checksums=False),
+                    SpillStorageUnit("n1", memory_budget=1 << 20, spill_dir=str(tmp_path), checksums=False)):
+        a = _blob()                                  # 2 MiB: spilled by the spilling unit
+        backend.put("k", a)
+        np.testing.assert_array_equal(backend.get("k", 7, 9), a[7:9])
+        backend.close()
+    with TransferQueue.start({"checksums": False, "retention_s": None}) as tq:
+        assert tq._deployment.units["unit0"].checksums is False

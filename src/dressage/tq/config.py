@@ -73,6 +73,9 @@ class TransferQueueConfig:
     """How long ``TransferQueue.start`` waits for processes or actors to come up."""
     ray_address: str | None = None
     """``ray.init(address=...)`` when Ray is not initialised yet; ``None`` starts or joins a local one."""
+    checksums: bool = True
+    """Per-row-block xxh3-64 checksums, computed on put and verified on every read (a corrupted blob
+    is IntegrityError). Costs about one extra pass over the bytes each way; ``false`` only to measure."""
     heartbeat_interval_s: float = 1.0
     """How often the Controller probes each StorageUnit process (local and ray deployments)."""
     unit_dead_after_s: float = 5.0
@@ -105,6 +108,8 @@ class TransferQueueConfig:
         _int("unit_base_port", self.unit_base_port, lo=0, hi=65535)
         if self.ray_address is not None and not isinstance(self.ray_address, str):
             raise ConfigError(f"{_PREFIX}.ray_address: expected a string, got {self.ray_address!r}")
+        if not isinstance(self.checksums, bool):
+            raise ConfigError(f"{_PREFIX}.checksums: expected true or false, got {self.checksums!r}")
         self.heartbeat_interval_s = _seconds("heartbeat_interval_s", self.heartbeat_interval_s)
         self.unit_dead_after_s = _seconds("unit_dead_after_s", self.unit_dead_after_s)
         if self.unit_dead_after_s < self.heartbeat_interval_s:

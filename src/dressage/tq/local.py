@@ -132,6 +132,8 @@ class LocalDeployment:
                     args += ["--spill-dir", config.spill_dir]
                 if not config.shared_memory:
                     args.append("--no-shared-memory")
+                if not config.checksums:
+                    args.append("--no-checksums")
                 proc, address = _spawn(args, f"StorageUnit {uid}", config.startup_timeout_s, secret)
                 self._procs[uid] = proc
                 handle = RemoteStorageUnit.describe(uid, address, timeout_s=config.request_timeout_s, secret=secret)

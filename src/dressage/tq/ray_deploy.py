@@ -61,7 +61,7 @@ class _UnitActor:
     """Runs a StorageUnit server in the actor's process; the actor itself carries no payload."""
 
     def __init__(self, unit_id: str, memory_budget: int, on_full: str, spill_dir: str | None, host: str,
-                 port: int, shared_memory: bool, secret: bytes | None = None) -> None:
+                 port: int, shared_memory: bool, secret: bytes | None = None, checksums: bool = True) -> None:
         import ray
 
         from dressage.tq.storage import make_storage_unit
@@ -69,7 +69,7 @@ class _UnitActor:
 
         node_id = ray.get_runtime_context().get_node_id()
         self.backend = make_storage_unit(unit_id, node_id=node_id, memory_budget=memory_budget,
-                                         on_full=on_full, spill_dir=spill_dir)
+                                         on_full=on_full, spill_dir=spill_dir, checksums=checksums)
         self.server = StorageUnitServer(self.backend, host=host, port=port, shared_memory=shared_memory,
                                         secret=secret).start()
         self.info = {"unit_id": unit_id, "node_id": node_id, "memory_budget": memory_budget,
@@ -198,7 +198,7 @@ class RayDeployment:
                 actor = unit_cls.options(
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
                 ).remote(f"unit{i}", config.budget_bytes, config.on_full, config.spill_dir, config.host, port,
-                         config.shared_memory, secret)
+                         config.shared_memory, secret, config.checksums)
                 actors.append(actor)
                 self._actors.append(actor)
             described = self._wait([a.describe.remote() for a in actors], "StorageUnit actors")

@@ -29,10 +29,12 @@ class MemoryStorageUnit(StorageUnit):
     supports_spill = False
     remote = False
 
-    def __init__(self, unit_id: str, *, node_id: str | None = None, memory_budget: int = 4 << 30) -> None:
+    def __init__(self, unit_id: str, *, node_id: str | None = None, memory_budget: int = 4 << 30,
+                 checksums: bool = True) -> None:
         super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget)
+        self.checksums = checksums
         self._blobs: dict[str, np.ndarray] = {}
-        self._sums: dict[str, Checksums] = {}
+        self._sums: dict[str, Checksums | None] = {}
         self._memory_bytes = 0
         self._peak_held = 0
         self._pool: dict[int, list[np.ndarray]] = {}
@@ -81,12 +83,16 @@ class MemoryStorageUnit(StorageUnit):
                 self._evict_pool(nbytes)
                 buf = np.empty(nbytes, dtype=np.uint8)
             stored = buf.view(array.dtype).reshape(array.shape)
-            sums = copy_and_checksum(stored, array)
+            if self.checksums:
+                sums: Checksums | None = copy_and_checksum(stored, array)
+            else:
+                np.copyto(stored, array)
+                sums = None
             buf.flags.writeable = False  # readers get views; nobody may change stored bytes
         else:
             self._evict_pool(nbytes)
             stored = array  # the caller handed the buffer over (a received frame)
-            sums = checksum(stored)
+            sums = checksum(stored) if self.checksums else None
         stored.flags.writeable = False
         self._blobs[key] = stored
         self._sums[key] = sums
@@ -101,7 +107,9 @@ class MemoryStorageUnit(StorageUnit):
     def _read(self, key: str, start: int, stop: int) -> np.ndarray:
         # docstring inherited
         blob = self._blobs[key]
-        verify_rows(blob, self._sums[key], start, stop, f"unit {self.unit_id}, key {key!r}")
+        sums = self._sums[key]
+        if sums is not None:
+            verify_rows(blob, sums, start, stop, f"unit {self.unit_id}, key {key!r}")
         return blob[start:stop]
 
     def _info(self, key: str) -> BlobInfo | None:

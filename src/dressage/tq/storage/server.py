@@ -163,9 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spill-dir", default=None)
     p.add_argument("--no-shared-memory", action="store_true")
     p.add_argument("--shm-token", default=None)
+    p.add_argument("--no-checksums", action="store_true")
     args = p.parse_args(argv)
     backend = make_storage_unit(args.unit_id, node_id=args.node_id, memory_budget=args.memory_budget,
-                                on_full=args.on_full, spill_dir=args.spill_dir)
+                                on_full=args.on_full, spill_dir=args.spill_dir, checksums=not args.no_checksums)
     server = StorageUnitServer(backend, host=args.host, port=args.port, shared_memory=not args.no_shared_memory,
                                shm_token=args.shm_token, secret=(os.environ.get(SECRET_ENV) or "").encode() or None)
 

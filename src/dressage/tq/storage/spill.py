@@ -33,7 +33,7 @@ class _Spilled:
     dtype: np.dtype
     shape: tuple[int, ...]
     nbytes: int
-    sums: Checksums
+    sums: Checksums | None
 
 
 class SpillStorageUnit(MemoryStorageUnit):
@@ -41,8 +41,8 @@ class SpillStorageUnit(MemoryStorageUnit):
     remote = False
 
     def __init__(self, unit_id: str, *, node_id: str | None = None, memory_budget: int = 4 << 30,
-                 spill_dir: str | os.PathLike[str] | None = None) -> None:
-        super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget)
+                 spill_dir: str | os.PathLike[str] | None = None, checksums: bool = True) -> None:
+        super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget, checksums=checksums)
         if spill_dir is None:
             self._dir = tempfile.mkdtemp(prefix=f"dressage-tq-{unit_id}-")
             self._owns_dir = True
@@ -64,11 +64,12 @@ class SpillStorageUnit(MemoryStorageUnit):
             return super()._write(key, array, copy=copy)
         path = os.path.join(self._dir, f"{next(self._seq)}.blob")
         tmp = path + ".tmp"
-        sums = checksum(array)
+        sums = checksum(array) if self.checksums else None
         try:
             with open(tmp, "wb") as f:
                 array.tofile(f)  # contiguous: written straight from the array's buffer
-                f.write(sums.to_bytes())  # the checksums travel with the bytes they cover
+                if sums is not None:
+                    f.write(sums.to_bytes())  # the checksums travel with the bytes they cover
             os.replace(tmp, path)
         except OSError as exc:
             try:
@@ -93,8 +94,8 @@ class SpillStorageUnit(MemoryStorageUnit):
             out.flags.writeable = False
             return out
         row_bytes = blob.nbytes // blob.shape[0] if blob.shape[0] else 0
-        # Read the whole blocks the rows touch: their checksums are what can be verified.
-        block_rows = blob.sums.block_rows
+        # Read the whole blocks the rows touch (a block is one row without checksums).
+        block_rows = blob.sums.block_rows if blob.sums is not None else 1
         first = start // block_rows
         lo, hi = first * block_rows, min(((stop - 1) // block_rows + 1) * block_rows, blob.shape[0])
         want = (hi - lo) * row_bytes
@@ -107,7 +108,8 @@ class SpillStorageUnit(MemoryStorageUnit):
         if got != want:
             raise IntegrityError(f"unit {self.unit_id}: spilled blob of key {key!r} is truncated ({got} of {want} bytes)")
         rows = np.frombuffer(buf, dtype=blob.dtype).reshape((hi - lo, *blob.shape[1:]))
-        verify_blocks(rows, blob.sums, first, f"unit {self.unit_id}, spilled key {key!r} ({blob.path})")
+        if blob.sums is not None:
+            verify_blocks(rows, blob.sums, first, f"unit {self.unit_id}, spilled key {key!r} ({blob.path})")
         out = rows[start - lo:stop - lo]
         out.flags.writeable = False
         return out
