@@ -143,3 +143,10 @@ def test_monitor_survives_unexpected_errors():
         assert ctl.unit_states()["u0"]["state"] == "live"  # a probe bug is not a death verdict
     finally:
         monitor.stop()
+
+
+def test_dead_reason_is_what_in_process_handles_check():
+    ctl = Controller([UnitInfo("u0")])
+    assert ctl.dead_reason("u0") is None and ctl.dead_reason("nope") is None
+    ctl.mark_unit_dead("u0", "process 7 exited with code -9")
+    assert "process 7 exited" in ctl.dead_reason("u0")

@@ -148,6 +148,14 @@ class Controller:
                           "seen_s_ago": None if lv.last_seen is None else round(now - lv.last_seen, 3)}
                     for uid, lv in self._live.items()}
 
+    def dead_reason(self, unit_id: str) -> str | None:
+        """Why the unit is dead, or None while it is live (the check in-process handles attach)."""
+        with self._lock:
+            lv = self._live.get(unit_id)
+            if lv is None or lv.state is UnitState.LIVE:
+                return None
+            return f"marked dead {self._clock() - lv.since:.1f} s ago: {lv.reason}"
+
     def _is_live(self, unit_id: str) -> bool:
         lv = self._live.get(unit_id)
         return lv is None or lv.state is UnitState.LIVE

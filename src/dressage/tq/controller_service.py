@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address, node_id=u.node_id, timeout_s=args.timeout_s,
                                             secret=secret)
                for u in units if u.address}
+    for uid, h in handles.items():  # a janitor delete on a unit found dead ends at once
+        h.attach_liveness(lambda uid=uid: controller.dead_reason(uid))
     janitor = Janitor(controller, handles.get, interval_s=args.sweep_s).start()
     probes = {u: RemoteStorageUnit(u, h.address, timeout_s=args.dead_after_s, secret=secret)
               for u, h in handles.items()}  # own sockets: a slow janitor delete never delays a probe

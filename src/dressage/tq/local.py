@@ -109,6 +109,7 @@ class _ExitWatcher:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        self._controller.close()
 
 
 class LocalDeployment:
@@ -187,7 +188,6 @@ class LocalDeployment:
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()
-            watcher._controller.close()
         for proc in self._procs.values():
             if proc.poll() is None:
                 try:

@@ -99,6 +99,8 @@ class _ControllerActor:
         self.controller = Controller(infos, retention_s=retention_s, strict_budget=strict_budget)
         self.handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address or "", node_id=u.node_id,
                                                      timeout_s=timeout_s, secret=secret) for u in infos}
+        for uid, h in self.handles.items():  # a janitor delete on a unit found dead ends at once
+            h.attach_liveness(lambda uid=uid: self.controller.dead_reason(uid))
         self.janitor = Janitor(self.controller, self.handles.get, interval_s=sweep_s).start()
         self.probes = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address or "", timeout_s=dead_after_s,
                                                     secret=secret) for u in infos}
@@ -166,6 +168,7 @@ class _ActorWatcher:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        self._controller.close()
 
 
 class RayDeployment:
@@ -275,7 +278,6 @@ class RayDeployment:
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()
-            watcher._controller.close()
         for handle in getattr(self, "_units", {}).values():
             handle.close()
         controller = getattr(self, "controller", None)

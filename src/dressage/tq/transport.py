@@ -185,6 +185,10 @@ class RpcClient:
         self._ids = itertools.count(1)
         self._closed = False
 
+    def set_abort(self, abort: Callable[[], str | None] | None) -> None:
+        """The check every call runs before sending and while waiting (None: wait out the timeout)."""
+        self._abort = abort
+
     def _borrow(self) -> zmq.Socket:
         with self._lock:
             if self._closed:

@@ -55,7 +55,7 @@ class RemoteStorageUnit(StorageUnit):
 
     def attach_liveness(self, check: Callable[[], str | None] | None) -> None:
         """``check()`` returns why the unit is dead, or None; every call fails fast while it says dead."""
-        self._rpc._abort = check
+        self._rpc.set_abort(check)
 
     @classmethod
     def describe(cls, unit_id: str, address: str, *, timeout_s: float = 30.0,
