@@ -150,3 +150,26 @@ def test_dead_reason_is_what_in_process_handles_check():
     assert ctl.dead_reason("u0") is None and ctl.dead_reason("nope") is None
     ctl.mark_unit_dead("u0", "process 7 exited with code -9")
     assert "process 7 exited" in ctl.dead_reason("u0")
+
+
+def test_a_unit_busy_with_a_long_request_is_not_marked_dead():
+    class Slow(MemoryStorageUnit):
+        def get_many(self, requests):
+            time.sleep(1.2)                              # a multi-GiB read on a loaded host
+            return super().get_many(requests)
+
+    backend = Slow("u0", memory_budget=1 << 20)
+    server = StorageUnitServer(backend, shared_memory=False).start()
+    ctl = Controller([UnitInfo("u0")])
+    data = RemoteStorageUnit("u0", server.address, timeout_s=10)
+    probe = RemoteStorageUnit("u0", server.heartbeat.address, timeout_s=0.4)
+    monitor = LivenessMonitor(ctl, {"u0": probe}, interval_s=0.05, dead_after_s=0.4).start()
+    try:
+        data.put("k", np.arange(3, dtype=np.int32))
+        np.testing.assert_array_equal(data.get("k"), [0, 1, 2])  # the main loop was busy for 1.2 s
+        assert ctl.unit_states()["u0"]["state"] == "live" and monitor.probes > 5
+    finally:
+        monitor.stop()
+        probe.close()
+        data.close()
+        server.stop()

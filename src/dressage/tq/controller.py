@@ -50,7 +50,8 @@ class _Liveness:
 @dataclass(frozen=True, slots=True)
 class UnitInfo:
     """A StorageUnit as the directory sees it; ``address`` is its ZMQ endpoint when it has one,
-    ``host_id`` / ``shm_token`` let writers and readers on its host use shared memory."""
+    ``host_id`` / ``shm_token`` let writers and readers on its host use shared memory; ``heartbeat`` is
+    the endpoint liveness probes use (its own socket and thread, so a long request never delays them)."""
 
     unit_id: str
     node_id: str | None = None
@@ -58,16 +59,18 @@ class UnitInfo:
     address: str | None = None
     host_id: str | None = None
     shm_token: str | None = None
+    heartbeat: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {"unit_id": self.unit_id, "node_id": self.node_id, "memory_budget": self.memory_budget,
-                "address": self.address, "host_id": self.host_id, "shm_token": self.shm_token}
+                "address": self.address, "host_id": self.host_id, "shm_token": self.shm_token,
+                "heartbeat": self.heartbeat}
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> "UnitInfo":
         return cls(unit_id=str(obj["unit_id"]), node_id=obj.get("node_id"),
                    memory_budget=int(obj.get("memory_budget", 4 << 30)), address=obj.get("address"),
-                   host_id=obj.get("host_id"), shm_token=obj.get("shm_token"))
+                   host_id=obj.get("host_id"), shm_token=obj.get("shm_token"), heartbeat=obj.get("heartbeat"))
 
 
 @dataclass(slots=True)

@@ -249,8 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     for uid, h in handles.items():  # a janitor delete on a unit found dead ends at once
         h.attach_liveness(lambda uid=uid: controller.dead_reason(uid))
     janitor = Janitor(controller, handles.get, interval_s=args.sweep_s).start()
-    probes = {u: RemoteStorageUnit(u, h.address, timeout_s=args.dead_after_s, secret=secret)
-              for u, h in handles.items()}  # own sockets: a slow janitor delete never delays a probe
+    # Own sockets, to the units' heartbeat endpoints: neither a slow janitor delete nor a long client
+    # request delays a probe.
+    probes = {u.unit_id: RemoteStorageUnit(u.unit_id, u.heartbeat or u.address, timeout_s=args.dead_after_s,
+                                           secret=secret) for u in units if u.address}
     monitor = LivenessMonitor(controller, probes, interval_s=args.heartbeat_s,
                               dead_after_s=args.dead_after_s).start()
     server = ControllerServer(controller, host=args.host, port=args.port, janitor=janitor, secret=secret)

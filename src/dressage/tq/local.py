@@ -140,7 +140,7 @@ class LocalDeployment:
                 handle = RemoteStorageUnit.describe(uid, address, timeout_s=config.request_timeout_s, secret=secret)
                 self._units[uid] = handle
                 infos.append(UnitInfo(uid, None, config.budget_bytes, address, host_id=handle.host_id,
-                                      shm_token=handle.shm_token))
+                                      shm_token=handle.shm_token, heartbeat=handle.heartbeat))
             args = ["dressage.tq.controller_service", "--units", json.dumps([u.to_wire() for u in infos]),
                     "--host", config.host, "--port", str(config.controller_port),
                     "--sweep-s", str(sweep_interval(config)), "--timeout-s", str(config.request_timeout_s),
@@ -220,7 +220,8 @@ class EmbeddedServers:
                                            shared_memory=config.shared_memory, secret=secret).start()
                 self._servers.append(server)
                 infos.append(UnitInfo(uid, unit.node_id, unit.memory_budget, server.address,
-                                      host_id=server.host_id, shm_token=server.shm.token if server.shm else None))
+                                      host_id=server.host_id, shm_token=server.shm.token if server.shm else None,
+                                      heartbeat=server.heartbeat.address))
             ctl = ControllerServer(controller, host=config.host, port=config.controller_port, secret=secret).start()
             self._servers.append(ctl)
         except BaseException:

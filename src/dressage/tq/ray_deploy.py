@@ -75,7 +75,8 @@ class _UnitActor:
         self.info = {"unit_id": unit_id, "node_id": node_id, "memory_budget": memory_budget,
                      "address": f"tcp://{_advertised(host)}:{self.server.rpc.port}", "pid": os.getpid(),
                      "host_id": self.server.host_id,
-                     "shm_token": self.server.shm.token if self.server.shm else None}
+                     "shm_token": self.server.shm.token if self.server.shm else None,
+                     "heartbeat": f"tcp://{_advertised(host)}:{self.server.heartbeat.port}"}
 
     def describe(self) -> dict[str, Any]:
         return self.info
@@ -102,8 +103,8 @@ class _ControllerActor:
         for uid, h in self.handles.items():  # a janitor delete on a unit found dead ends at once
             h.attach_liveness(lambda uid=uid: self.controller.dead_reason(uid))
         self.janitor = Janitor(self.controller, self.handles.get, interval_s=sweep_s).start()
-        self.probes = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address or "", timeout_s=dead_after_s,
-                                                    secret=secret) for u in infos}
+        self.probes = {u.unit_id: RemoteStorageUnit(u.unit_id, u.heartbeat or u.address or "",
+                                                    timeout_s=dead_after_s, secret=secret) for u in infos}
         self.monitor = LivenessMonitor(self.controller, self.probes, interval_s=heartbeat_s,
                                        dead_after_s=dead_after_s).start()
         self.server = ControllerServer(self.controller, host=host, port=port, janitor=self.janitor,
@@ -206,7 +207,8 @@ class RayDeployment:
                 self._actors.append(actor)
             described = self._wait([a.describe.remote() for a in actors], "StorageUnit actors")
             self._infos = [UnitInfo(d["unit_id"], d["node_id"], int(d["memory_budget"]), d["address"],
-                                    host_id=d.get("host_id"), shm_token=d.get("shm_token")) for d in described]
+                                    host_id=d.get("host_id"), shm_token=d.get("shm_token"),
+                                    heartbeat=d.get("heartbeat")) for d in described]
             self._pids.update({d["unit_id"]: int(d["pid"]) for d in described})
             ctl_cls = ray.remote(num_cpus=0)(_ControllerActor)
             controller = ctl_cls.options(

@@ -41,9 +41,11 @@ class RemoteStorageUnit(StorageUnit):
 
     def __init__(self, unit_id: str, address: str, *, node_id: str | None = None,
                  memory_budget: int = 4 << 30, timeout_s: float = 30.0, supports_spill: bool = False,
-                 host_id: str | None = None, shm_token: str | None = None, secret: bytes | None = None) -> None:
+                 host_id: str | None = None, shm_token: str | None = None, secret: bytes | None = None,
+                 heartbeat: str | None = None) -> None:
         super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget)
         self.address = address
+        self.heartbeat = heartbeat  # the unit's probe endpoint (see StorageUnitServer)
         self.host_id = host_id
         # Shared memory only with a unit on this very host (same /dev/shm) that offers it.
         self.shm_token = shm_token if shm_token and host_id and host_id == shm.host_id() else None
@@ -68,7 +70,7 @@ class RemoteStorageUnit(StorageUnit):
             probe.close()
         return cls(d["unit_id"], address, node_id=d.get("node_id"), memory_budget=int(d["memory_budget"]),
                    timeout_s=timeout_s, supports_spill=bool(d.get("supports_spill")), host_id=d.get("host_id"),
-                   shm_token=d.get("shm_token"), secret=secret)
+                   shm_token=d.get("shm_token"), secret=secret, heartbeat=d.get("heartbeat"))
 
     @property
     def uses_shared_memory(self) -> bool:

@@ -60,20 +60,27 @@ class StorageUnitServer:
         self.host_id = host_id() if shared_memory else None
         self.shm = ShmRegistry(shm_token) if self.host_id else None
         self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret)
+        # Liveness probes get their own socket and thread: a ping queued behind a multi-GiB put would
+        # make a busy unit look dead. A stopped or killed process answers neither.
+        self.heartbeat = RpcServer(self._beat, host=host, port=0, name=f"unit {backend.unit_id} heartbeat",
+                                   secret=secret)
 
     @property
     def address(self) -> str:
         return self.rpc.address
 
     def start(self) -> "StorageUnitServer":
+        self.heartbeat.start()
         self.rpc.start()
         return self
 
     def serve(self) -> None:
+        self.heartbeat.start()
         self.rpc.serve()
 
     def stop(self) -> None:
         self.rpc.stop()
+        self.heartbeat.stop()
         if self.shm is not None:
             self.shm.close()  # unlink names; mappings (ours and readers') stay valid until dropped
 
@@ -81,7 +88,13 @@ class StorageUnitServer:
         unit = self.backend
         return {"unit_id": unit.unit_id, "node_id": unit.node_id, "memory_budget": unit.memory_budget,
                 "supports_spill": unit.supports_spill, "pid": os.getpid(), "address": self.address,
-                "host_id": self.host_id, "shm_token": self.shm.token if self.shm else None}
+                "host_id": self.host_id, "shm_token": self.shm.token if self.shm else None,
+                "heartbeat": self.heartbeat.address}
+
+    def _beat(self, control: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
+        if control["op"] != "ping" or frames:
+            raise ProtocolError("the heartbeat socket answers only ping")
+        return {"served": self.rpc.served}, ()
 
     def _handle(self, control: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
         op = control["op"]
@@ -169,8 +182,10 @@ def main(argv: list[str] | None = None) -> int:
                                 on_full=args.on_full, spill_dir=args.spill_dir, checksums=not args.no_checksums)
     server = StorageUnitServer(backend, host=args.host, port=args.port, shared_memory=not args.no_shared_memory,
                                shm_token=args.shm_token, secret=(os.environ.get(SECRET_ENV) or "").encode() or None)
+    server.heartbeat.start()
 
     def cleanup() -> None:
+        server.heartbeat.stop()
         if server.shm is not None:
             server.shm.close()
         backend.close()
