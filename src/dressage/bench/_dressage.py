@@ -173,8 +173,8 @@ class DressageAcrossSystem(BenchSystem):
 
     The ``ray`` deployment (Controller and one StorageUnit actor per node). The writer is an actor on
     node 0 whose client prefers the unit on node 1, and the reader an actor on node 1, so the put
-    crosses nodes and the get is served by the unit beside the reader, as the issue's trainer picture
-    has it (a Proxy writing to its own node's unit would move the crossing to the get instead).
+    crosses nodes and the get is served by the unit beside the reader (a Proxy writing to its own
+    node's unit would move the crossing to the get instead; on one host both cost the same).
     """
 
     across_processes = True

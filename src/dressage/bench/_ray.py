@@ -326,7 +326,7 @@ class TransferQueueSystem(BenchSystem):
                 "SimpleStorage": {
                     "num_data_storage_units": 1,
                     # The unit lives on the reader's node: the writer's put crosses nodes,
-                    # the reader's get is local to the unit, as in the trainer picture.
+                    # the reader's get is local to the unit, as a trainer reads its shard.
                     "required_node_resource": self._cluster.node_resource(1),
                 },
             }

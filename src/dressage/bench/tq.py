@@ -1,7 +1,7 @@
 """``dressage bench tq``: put/get bandwidth of TransferQueue against memcpy, Ray and ``transferqueue``.
 
 One run measures every system on the same payloads, alternating systems round by round, and reports
-medians, the ratio of each system to each baseline, and whether the issue's targets are met:
+medians, the ratio of each system to each baseline, and whether the targets are met:
 embedded put+get >= 0.7x memcpy; across processes >= 2x the Ray object store and >= 2x ``transferqueue``
 for payloads >= 1 MiB. A system that cannot run here is listed with ``"error"`` instead of figures.
 """
@@ -60,7 +60,7 @@ class TqBenchConfig:
     """What one ``dressage bench tq`` run measures."""
 
     sizes_mib: tuple[float, ...] = (1, 4, 16, 64, 256)
-    """Large single payloads, in MiB (1-256 in the issue)."""
+    """Large single payloads, in MiB (1-256 by default)."""
     rounds: int = 5
     """Timed rounds per system and workload; medians are reported."""
     warmup: int = 1
