@@ -354,16 +354,20 @@ def wire_fuzz(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
             ctl = RemoteController(spec["controller"], timeout_s=10, secret=key)
             crep = fuzz_server(spec["controller"], cfg.fuzz_inputs // 2, seed=cfg.seed + 1, secret=key,
                                check_valid=ctl.ping)
-            reports[label] = {"unit": rep.as_dict(), "controller": crep.as_dict(),
+            beat = RemoteStorageUnit("unit0", spec["units"][0]["heartbeat"], timeout_s=10, secret=key)
+            hrep = fuzz_server(beat.address, cfg.fuzz_inputs // 4, seed=cfg.seed + 2, secret=key,
+                               check_valid=beat.ping)
+            beat.close()
+            reports[label] = {"unit": rep.as_dict(), "controller": crep.as_dict(), "heartbeat": hrep.as_dict(),
                               "rejected_frames": unit.stats()["rejected_frames"], "unit_alive": True}
             unit.close()
             ctl.close()
         finally:
             tq.shutdown()
-    inputs = sum(r[s]["wire_inputs"] for r in reports.values() for s in ("unit", "controller"))
-    untyped = sum(r[s]["wire_untyped_errors"] for r in reports.values() for s in ("unit", "controller"))
-    hangs = sum(r[s]["wire_no_reply"] for r in reports.values() for s in ("unit", "controller"))
-    valid_after = all(r[s]["valid_after"] for r in reports.values() for s in ("unit", "controller"))
+    inputs = sum(r[s]["wire_inputs"] for r in reports.values() for s in ("unit", "controller", "heartbeat"))
+    untyped = sum(r[s]["wire_untyped_errors"] for r in reports.values() for s in ("unit", "controller", "heartbeat"))
+    hangs = sum(r[s]["wire_no_reply"] for r in reports.values() for s in ("unit", "controller", "heartbeat"))
+    valid_after = all(r[s]["valid_after"] for r in reports.values() for s in ("unit", "controller", "heartbeat"))
     detail = {"fuzz": {"wire_inputs": inputs, "wire_untyped_errors": untyped, "wire_no_reply": hangs},
               "valid_requests_served_after": valid_after, "reports": reports}
     return untyped == 0 and hangs == 0 and valid_after, detail
