@@ -61,6 +61,7 @@ def test_wait_gives_up_after_full_wait_s_and_error_refuses_at_once_without_writi
                 client.put("x", _blob(9, 300 * KiB))
             elapsed = time.monotonic() - t0
             assert (elapsed >= 0.1) if policy == "wait" else (elapsed < 1.0)
+            assert (client.counters.full_waits > 0) == (policy == "wait")
             stats = tq.stats()["unit0"]
             assert stats["keys"] == 3 and stats["puts"] == 3   # the refused payload never reached the unit
             assert tq.controller.total_keys() == 3
