@@ -58,6 +58,7 @@ def register(benches: argparse._SubParsersAction) -> None:
                    help="MALLOC_MMAP_THRESHOLD_ for the cluster's processes (default 128KiB; 0: glibc default)")
     c.add_argument("--interval-s", type=float, metavar="S", help="sampling period (default 0.15)")
     c.add_argument("--batch-sizes", metavar="LIST", help="batch sizes of the projected peak-vs-batch plot")
+    c.add_argument("--host-memory", metavar="BYTES", help="threshold line on that plot (default 24GiB)")
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None)
     bar.add_argument("--no-progress", dest="progress", action="store_false")
@@ -83,6 +84,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
     if args.malloc_mmap_threshold is not None:
         text = args.malloc_mmap_threshold.strip()
         out["malloc_mmap_threshold"] = 0 if text == "0" else parse_bytes(text, "--malloc-mmap-threshold")
+    if args.host_memory is not None:
+        out["host_memory_bytes"] = parse_bytes(args.host_memory, "--host-memory")
     if args.batch_sizes is not None:
         out["batch_sizes"] = _ints(args.batch_sizes, "--batch-sizes")
     out["progress"] = sys.stderr.isatty() if args.progress is None else args.progress

@@ -72,7 +72,9 @@ class MemoryBenchConfig:
     """``MALLOC_MMAP_THRESHOLD_`` for every process of the cluster (0: glibc's dynamic default)."""
     interval_s: float = 0.15
     """Memory sampling period."""
-    batch_sizes: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    host_memory_bytes: int = 24 * GiB
+    """Host memory drawn as a threshold on the peak-vs-batch plot (this machine's by default)."""
+    batch_sizes: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
     """Rollout batch sizes of the projected peak-vs-batch plot (the seed's Figure 5 shape)."""
     seed: int = 0
     progress: bool = False
@@ -92,7 +94,7 @@ class MemoryBenchConfig:
                 raise ConfigError(f"--dtypes: {exc}") from None
         for name in ("num_rollouts", "rollout_batch_size", "n_samples_per_prompt", "context_length", "max_turns",
                      "max_tokens", "mean_response_tokens", "concurrency", "dp_size", "object_store_bytes",
-                     "unit_memory_budget"):
+                     "unit_memory_budget", "host_memory_bytes"):
             _positive_int(name, getattr(self, name))
         if isinstance(self.malloc_mmap_threshold, bool) or not isinstance(self.malloc_mmap_threshold, int) \
                 or not 0 <= self.malloc_mmap_threshold <= 32 * (1 << 20):

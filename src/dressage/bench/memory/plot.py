@@ -72,10 +72,14 @@ def plot_batch_sizes(report: Mapping[str, Any], path: str | os.PathLike[str]) ->
     measured = proj["measured"]
     ax.plot([measured["rollout_batch_size"]] * 2,
             [measured["without_tq"] / _GIB, measured["with_tq"] / _GIB], "k*", ms=11, label="measured here")
-    ax.set_xscale("log", base=2)
+    host = report["bench_config"].get("host_memory_bytes")
+    if host:
+        ax.axhline(host / _GIB, color="grey", ls="--", lw=1, label=f"host memory {host / _GIB:.0f} GiB")
     ax.set_xlabel(f"rollout batch size (x {report['config']['n_samples_per_prompt']} samples per prompt)")
     ax.set_ylabel("peak M_master (GiB)")
-    ax.set_title(f"Peak master data plane vs batch size ({proj['method']})", fontsize=9)
+    ax.set_title("Peak master-node data plane vs rollout batch size\n"
+                 "(projected by dressage.capacity from the pair measured here; growth above idle + idle)",
+                 fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
