@@ -31,7 +31,7 @@ def register(benches: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--preset", choices=("small", "full"), default="small",
-                   help="small: a check in about a minute; full: the largest run that fits 24 GiB safely")
+                   help="small: a check (~40 s per dtype); full: the largest run that fits 24 GiB safely (~16 min)")
     p.add_argument("--json", metavar="FILE", help="write the report (a valid `dressage capacity --baseline`)")
     p.add_argument("--plot-dir", metavar="DIR", help="write memory_timeline*.png and memory_batch_sizes.png here")
     p.add_argument("--dtypes", metavar="LIST", help="R3 storage dtypes, comma-separated (default int32,uint16,uint8)")

@@ -1,7 +1,7 @@
 """MemoryBenchConfig: one ``dressage bench memory`` run (rollout shape, cluster sizes, dtypes, sampling).
 
-Two presets: ``small`` (a check that finishes in about a minute) and ``full`` (the largest run that stays
-well inside a 24 GiB machine). Every field is also a command-line flag; values are validated here, once.
+Two presets: ``small`` (a check, about 40 s per dtype) and ``full`` (the largest run that stays well
+inside a 24 GiB machine). Every field is also a command-line flag; values are validated here, once.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class MemoryBenchConfig:
         return out
 
 
-# small: a check (about a minute for all three dtypes). full: ~1.3M Segment tokens a rollout (256
+# small: a check (about 40 s per dtype, mostly cluster start-up). full: ~1.3M Segment tokens a rollout (256
 # trajectories); w/o TQ at int32 the machine then holds about four copies of R3 (Proxy, RolloutManager,
 # both object stores), ~7 GiB with Ray itself, well inside 24 GiB.
 PRESETS: dict[str, dict[str, Any]] = {
