@@ -1,28 +1,45 @@
 """Dressage: a trajectory data plane for long-context agentic RL.
 
-The names a user imports most; each layer's package has the rest (``dressage.fields``,
-``dressage.trajectory``, ``dressage.tq``, ``dressage.proxy``, ``dressage.rollout``, ``dressage.train``).
+The names a user imports most, re-exported lazily: ``import dressage.rollout`` in a Ray actor must
+not pull in ZMQ, the HTTP stack or the TransferQueue (every process's idle memory counts).
+Each layer's package has the rest (``dressage.fields``, ``dressage.trajectory``, ``dressage.tq``,
+``dressage.proxy``, ``dressage.rollout``, ``dressage.train``).
 """
 
-from dressage.errors import DressageError
-from dressage.fields import MODEL_PRESETS, ModelSpec, decode_routed_experts, encode_routed_experts, get_model
-from dressage.proxy.config import DataPlaneConfig
-from dressage.proxy.core import FinalizedSession, ProxyCore
-from dressage.rollout import RolloutBatch, RolloutManager
-from dressage.train import TrainingReader, check_sample, release_batch, samples_digest, to_torch
-from dressage.trajectory import (Boundary, PartialResponse, RouteDecision, Sample, Segment, Session, StepRecord,
-                                 build_segments, shard_samples)
-from dressage.tq import FieldRef, TransferQueue, TransferQueueClient, TransferQueueConfig
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DressageError",
-    "ModelSpec", "MODEL_PRESETS", "get_model", "encode_routed_experts", "decode_routed_experts",
-    "Session", "StepRecord", "RouteDecision", "Boundary", "PartialResponse", "Segment", "build_segments",
-    "Sample", "shard_samples",
-    "FieldRef", "TransferQueue", "TransferQueueClient", "TransferQueueConfig",
-    "DataPlaneConfig", "ProxyCore", "FinalizedSession",
-    "RolloutManager", "RolloutBatch",
-    "TrainingReader", "release_batch", "check_sample", "samples_digest", "to_torch",
-]
+_EXPORTS = {
+    "DressageError": "dressage.errors",
+    "ModelSpec": "dressage.fields", "MODEL_PRESETS": "dressage.fields", "get_model": "dressage.fields",
+    "encode_routed_experts": "dressage.fields", "decode_routed_experts": "dressage.fields",
+    "Session": "dressage.trajectory", "StepRecord": "dressage.trajectory", "RouteDecision": "dressage.trajectory",
+    "Boundary": "dressage.trajectory", "PartialResponse": "dressage.trajectory", "Segment": "dressage.trajectory",
+    "build_segments": "dressage.trajectory", "Sample": "dressage.trajectory", "shard_samples": "dressage.trajectory",
+    "FieldRef": "dressage.tq", "TransferQueue": "dressage.tq", "TransferQueueClient": "dressage.tq",
+    "TransferQueueConfig": "dressage.tq",
+    "DataPlaneConfig": "dressage.proxy.config", "ProxyCore": "dressage.proxy.core",
+    "FinalizedSession": "dressage.proxy.core",
+    "RolloutManager": "dressage.rollout", "RolloutBatch": "dressage.rollout",
+    "TrainingReader": "dressage.train", "release_batch": "dressage.train", "check_sample": "dressage.train",
+    "samples_digest": "dressage.train", "to_torch": "dressage.train",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dressage' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,18 @@
+"""The package's public names resolve, and importing a layer does not drag in the ones above it."""
+
+import subprocess
+import sys
+
+import dressage
+
+
+def test_every_public_name_resolves():
+    for name in dressage.__all__:
+        assert getattr(dressage, name) is not None
+
+
+def test_rollout_layer_imports_no_transport_stack():
+    code = ("import sys, dressage.rollout, dressage.train.reader; "
+            "print(sorted(m for m in ('zmq', 'fastapi', 'httpx', 'ray', 'dressage.tq') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
