@@ -301,3 +301,19 @@ def test_lost_keys_follow_the_on_lost_policy(tq, policy):
     assert victim not in kept and len(kept) == len(batch.samples) - 1
     assert all(s.is_restored for s in kept)
     assert reader.last_lost.keys == [lost_key] and reader.last_lost.groups == [victim.group_index]
+
+
+def test_rollout_manager_owns_token_fields_of_views():
+    rm = RolloutManager()
+    core = ProxyCore(_config(False), None, sink=rm)
+    s = _drive(core, SCRIPT)
+    for smp in rm.take_batch(0).samples:
+        assert smp.tokens.base is None
+    # a Segment whose tokens are a view (as after Ray deserialisation) gets its own copy
+    from dressage.proxy.core import FinalizedSession
+    from dressage.trajectory import build_segments
+    segs = build_segments(s)
+    backing = np.concatenate([segs[0].tokens, segs[0].tokens])
+    segs[0].tokens = backing[:len(segs[0].tokens)]
+    (first, *_) = rm.add_finalized(FinalizedSession(s.session_id, segs, 1.0, {}))
+    assert first.tokens.base is None and np.array_equal(first.tokens, segs[0].tokens)

@@ -29,6 +29,19 @@ def sample_ref_keys(samples: Sequence[Sample]) -> set[str]:
             if isinstance(p, Piece) and hasattr(p.value, "key")}
 
 
+def _own_token_fields(s: Sample) -> None:
+    """Copy token fields that are views into someone else's buffer.
+
+    Through Ray, a finalized session arrives as one object and its arrays are views into it; a
+    Sample holding such a view keeps every step of the session in the object store until the
+    batch is cut. Owning the few token bytes lets that object go (slime builds Samples the same way).
+    """
+    for name in ("tokens", "loss_mask", "token_versions"):
+        a = getattr(s, name)
+        if a.base is not None:
+            setattr(s, name, a.copy())
+
+
 @dataclass(slots=True)
 class RolloutBatch:
     """One training batch: its Samples and their DP shards."""
@@ -62,8 +75,10 @@ class RolloutManager:
         group = meta.get("group_index")
         samples = []
         for seg in done.segments:
-            samples.append(Sample.from_segment(seg, reward=done.reward, group_index=group,
-                                               metadata={k: v for k, v in meta.items() if k != "group_index"}))
+            s = Sample.from_segment(seg, reward=done.reward, group_index=group,
+                                    metadata={k: v for k, v in meta.items() if k != "group_index"})
+            _own_token_fields(s)
+            samples.append(s)
         with self._lock:
             for s in samples:
                 s.index = self._next_index

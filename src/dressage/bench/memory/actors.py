@@ -35,13 +35,6 @@ class RolloutManagerActor:
     def add(self, done: Any) -> int:
         samples = self.rm.add_finalized(done)
         for s in samples:
-            # Token fields arrive as views into the call's argument object (every step of the session);
-            # own them, so this process does not keep that object in use until the batch is cut, as
-            # slime's RolloutManager builds Samples in its own heap.
-            for name in ("tokens", "loss_mask", "token_versions"):
-                a = getattr(s, name)
-                if isinstance(a, np.ndarray) and a.base is not None:
-                    setattr(s, name, a.copy())
             for name, a in s.field_arrays().items():
                 kind = "large_fields" if name in _LARGE else "token_fields"
                 self._held[kind] += int(a.nbytes)
