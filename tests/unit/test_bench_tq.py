@@ -128,8 +128,25 @@ def test_cli_writes_the_json_file(tmp_path, capsys) -> None:
     assert "memcpy" in capsys.readouterr().out
 
 
+def test_tq_settings_reach_the_dressage_systems(tmp_path) -> None:
+    if not HAVE_TQ:
+        pytest.skip("dressage.tq is not importable")
+    from dressage.cli import main
+
+    path = tmp_path / "tq.json"
+    rc = main(["bench", "tq", "--json", str(path), "--systems", "dressage-embedded", "--sizes", "0.0625",
+               "--rounds", "1", "--small-r3-count", "0", "--small-logprobs-count", "0",
+               "--small-step-count", "0", "--tq-set", "retention_s=60", "--no-progress"])
+    assert rc == 0
+    data = json.loads(path.read_text())
+    assert data["config"]["tq_options"] == {"retention_s": 60}
+    assert data["results"][0]["put_gbps"] > 0
+
+
 @pytest.mark.parametrize("bad", [dict(rounds=0), dict(sizes_mib=(0,)), dict(sizes_mib=(0.001,)),
-                                 dict(systems=("nope",)), dict(small_r3_count=-1)])
+                                 dict(systems=("nope",)), dict(small_r3_count=-1),
+                                 dict(tq_options={"deployment": "local"}),
+                                 *([dict(tq_options={"no_such_setting": 1})] if HAVE_TQ else [])])
 def test_bad_settings_are_config_errors(bad: dict) -> None:
     with pytest.raises(ConfigError):
         TqBenchConfig(**{**TINY, **bad})

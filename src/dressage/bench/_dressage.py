@@ -7,6 +7,7 @@ The systems use only the public client API (``TransferQueue.start``, ``client.pu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from dressage.bench._systems import BenchSystem, SystemUnavailable, Workload, make_items
@@ -62,9 +63,10 @@ class DressageEmbeddedSystem(BenchSystem):
 
     name = "dressage-embedded"
 
-    def __init__(self, budget_bytes: int, seed: int = 0) -> None:
+    def __init__(self, budget_bytes: int, seed: int = 0, *, options: Mapping[str, Any] | None = None) -> None:
         self._budget = int(budget_bytes)
         self._seed = seed
+        self._options = dict(options or {})
         self._tq: Any = None
         self._client: Any = None
         self._items: list[Any] = []
@@ -72,9 +74,10 @@ class DressageEmbeddedSystem(BenchSystem):
 
     def start(self) -> None:
         dtq = _import_tq()
-        config = dtq.TransferQueueConfig(
-            deployment="embedded", unit_memory_budget=self._budget, on_full="error", retention_s=None
-        )
+        config = dtq.TransferQueueConfig(**{
+            "unit_memory_budget": self._budget, "on_full": "error", "retention_s": None,
+            **self._options, "deployment": "embedded",
+        })
         self._tq = dtq.TransferQueue.start(config)
         self._client = self._tq.client()
 
@@ -179,8 +182,10 @@ class DressageAcrossSystem(BenchSystem):
 
     across_processes = True
 
-    def __init__(self, cluster: Any, budget_bytes: int, seed: int = 0, *, shm: bool = False) -> None:
+    def __init__(self, cluster: Any, budget_bytes: int, seed: int = 0, *, shm: bool = False,
+                 options: Mapping[str, Any] | None = None) -> None:
         self.name = "dressage-shm" if shm else "dressage-zmq"  # type: ignore[misc]
+        self._options = dict(options or {})
         self._cluster = cluster
         self._budget = int(budget_bytes)
         self._seed = seed
@@ -205,8 +210,10 @@ class DressageAcrossSystem(BenchSystem):
         elif self._shm:
             raise SystemUnavailable("dressage.tq offers no shared-memory path between processes")
         self._cluster.ensure_started()
-        config = dtq.TransferQueueConfig(deployment="ray", unit_memory_budget=self._budget, on_full="error",
-                                         retention_s=None, **options)
+        config = dtq.TransferQueueConfig(**{
+            "unit_memory_budget": self._budget, "on_full": "error", "retention_s": None,
+            **self._options, **options, "deployment": "ray",
+        })
         try:
             self._tq = dtq.TransferQueue.start(config)
             spec = self._tq.client_spec()

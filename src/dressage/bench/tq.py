@@ -8,6 +8,7 @@ for payloads >= 1 MiB. A system that cannot run here is listed with ``"error"`` 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -73,6 +74,9 @@ class TqBenchConfig:
     """Steps written whole (R3 + logprobs in one call: ``put_many`` / one object / one ``kv_put``)."""
     systems: tuple[str, ...] = SYSTEMS
     """Systems to run, a subset of :data:`SYSTEMS`."""
+    tq_options: dict[str, Any] = field(default_factory=dict)
+    """TransferQueueConfig settings for every dressage system (``checksums: false``, ...), to measure
+    what a setting costs; ``deployment`` is the system's own, and dressage-zmq/shm set ``shared_memory``."""
     seed: int = 0
     progress: bool | None = None
     """Show a progress bar; ``None``: only when stderr is a terminal."""
@@ -100,6 +104,18 @@ class TqBenchConfig:
             raise ConfigError(f"bench.systems: unknown {', '.join(unknown)} (known: {', '.join(SYSTEMS)})")
         if not self.systems:
             raise ConfigError("bench.systems: at least one system is needed")
+        for key in self.tq_options:
+            if key in ("deployment", "shared_memory"):
+                raise ConfigError(f"bench.tq_options: {key} is chosen by each dressage system, not settable")
+        try:
+            from dressage.tq import TransferQueueConfig
+
+            known = {f.name for f in dataclasses.fields(TransferQueueConfig)}
+        except ImportError:  # no dressage.tq: its systems report that; nothing to check against
+            known = set(self.tq_options)
+        unknown_keys = sorted(set(self.tq_options) - known)
+        if unknown_keys:
+            raise ConfigError(f"bench.tq_options: unknown TransferQueue setting(s) {', '.join(unknown_keys)}")
 
     @classmethod
     def quick_preset(cls, **overrides: Any) -> "TqBenchConfig":
@@ -146,11 +162,14 @@ def _factories(config: TqBenchConfig, workloads: Sequence[Workload],
     from dressage.bench import _dressage, _ray
 
     budget = _dressage.tq_budget_bytes(max(w.total_bytes for w in workloads))
+    options = dict(config.tq_options)
     factories: dict[str, Callable[[], BenchSystem]] = {
         "memcpy": lambda: MemcpySystem(config.seed),
-        "dressage-embedded": lambda: _dressage.DressageEmbeddedSystem(budget, config.seed),
-        "dressage-zmq": lambda: _dressage.DressageAcrossSystem(cluster, budget, config.seed, shm=False),
-        "dressage-shm": lambda: _dressage.DressageAcrossSystem(cluster, budget, config.seed, shm=True),
+        "dressage-embedded": lambda: _dressage.DressageEmbeddedSystem(budget, config.seed, options=options),
+        "dressage-zmq": lambda: _dressage.DressageAcrossSystem(cluster, budget, config.seed, shm=False,
+                                                               options=options),
+        "dressage-shm": lambda: _dressage.DressageAcrossSystem(cluster, budget, config.seed, shm=True,
+                                                               options=options),
         "ray-object-store": lambda: _ray.RayObjectStoreSystem(cluster, config.seed),
         "transferqueue": lambda: _ray.TransferQueueSystem(cluster, config.seed),
     }
@@ -356,7 +375,8 @@ def _report(config: TqBenchConfig, workloads: list[Workload], runs: list[_Run],
         "ratios": ratios,
         "targets": _targets(workloads, by_key),
         "systems": {run.name: _system_info(run) for run in runs},
-        "config": {**asdict(config), "sizes_mib": list(config.sizes_mib), "systems": list(config.systems)},
+        "config": {**asdict(config), "sizes_mib": list(config.sizes_mib), "systems": list(config.systems),
+                   "tq_options": dict(config.tq_options)},
         "units": {
             "gbps": "decimal GB/s = payload bytes / 1e9 / median seconds",
             "roundtrip_gbps": "payload bytes / median(put + get seconds) of the same round",

@@ -64,6 +64,8 @@ def register_tq(benches: argparse._SubParsersAction) -> None:
                    help="separate puts of one step's logprobs (16 KiB) per round (default 256; quick: 64; 0: skip)")
     p.add_argument("--small-step-count", type=int, metavar="N",
                    help="steps written whole, R3 + logprobs in one call, per round (default 64; quick: 16; 0: skip)")
+    p.add_argument("--tq-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a TransferQueue setting for the dressage systems, e.g. checksums=false (repeatable)")
     p.add_argument("--seed", type=int, default=0)
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None,
@@ -84,6 +86,8 @@ def _run_tq(args: argparse.Namespace) -> int:
             overrides[name] = value
     if args.systems:
         overrides["systems"] = tuple(dict.fromkeys(args.systems))
+    if args.tq_set:
+        overrides["tq_options"] = _settings(args.tq_set)
     config = TqBenchConfig.quick_preset(**overrides) if args.quick else TqBenchConfig(**overrides)
     report = run_tq_bench(config)
     if args.json:
@@ -92,3 +96,21 @@ def _run_tq(args: argparse.Namespace) -> int:
     if args.json:
         print(f"\nwrote {args.json}", file=sys.stderr)
     return 0
+
+
+def _settings(pairs: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` pairs, each value read as a YAML scalar (``false``, ``512MiB``, ``2``)."""
+    import yaml
+
+    from dressage.errors import ConfigError
+
+    out: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--tq-set: expected KEY=VALUE, got {pair!r}")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--tq-set {key.strip()}: {value!r} is not a YAML value: {exc}") from exc
+    return out
