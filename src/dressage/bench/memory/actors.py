@@ -101,8 +101,6 @@ class ProxyActor:
 
     def held(self) -> dict[str, int]:
         """Logical bytes the Proxy holds itself: large-field arrays and resident token fields of its steps."""
-        import numpy as np
-
         large = tokens = steps = 0
         for s in list(self.core.sessions.values()):
             for st in list(s.steps.values()):
