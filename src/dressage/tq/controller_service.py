@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dressage.errors import ProtocolError
-from dressage.tq.controller import Controller, Janitor, KeyState, UnitInfo
+from dressage.tq.controller import Controller, KeyState, UnitInfo
+from dressage.tq.janitor import Janitor
 from dressage.tq.transport import RpcClient, RpcServer
 
 __all__ = ["ControllerServer", "RemoteController", "main"]

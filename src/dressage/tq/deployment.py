@@ -15,7 +15,8 @@ from typing import Any, Mapping
 from dressage.errors import StorageUnitUnavailable, TransferQueueError
 from dressage.tq.client import TransferQueueClient
 from dressage.tq.config import TransferQueueConfig, load_config
-from dressage.tq.controller import Controller, Janitor, UnitInfo
+from dressage.tq.controller import Controller, UnitInfo
+from dressage.tq.janitor import Janitor
 from dressage.tq.storage import StorageUnit, make_storage_unit
 
 __all__ = ["TransferQueue", "sweep_interval"]

@@ -92,7 +92,8 @@ class _ControllerActor:
     def __init__(self, units: list[dict[str, Any]], retention_s: float | None, sweep_s: float, host: str,
                  port: int, timeout_s: float, heartbeat_s: float = 1.0, dead_after_s: float = 5.0,
                  strict_budget: bool = False, secret: bytes | None = None) -> None:
-        from dressage.tq.controller import Controller, Janitor
+        from dressage.tq.controller import Controller
+        from dressage.tq.janitor import Janitor
         from dressage.tq.controller_service import ControllerServer
         from dressage.tq.liveness import LivenessMonitor
 
