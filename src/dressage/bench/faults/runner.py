@@ -39,7 +39,7 @@ class FaultsConfig:
         if unknown:
             raise ConfigError(f"faults.only: unknown cases {unknown}; known: {', '.join(CASES)}")
         if self.quick:
-            self.soak_iterations = min(self.soak_iterations, 12)
+            self.soak_iterations = min(self.soak_iterations, 30)
             self.fuzz_inputs = min(self.fuzz_inputs, 150)
             self.load_sessions = min(self.load_sessions, 64)
 

@@ -59,7 +59,7 @@ def soak(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     finally:
         engine.stop()
     rows = report["rollouts"]
-    warm = max(1, len(rows) // 5)  # first iterations fill caches and pools
+    warm = max(5, len(rows) // 5)  # first iterations fill caches, pools and the directory's tombstones
     steady = rows[warm:]
     pss = [r["pss_bytes"] for r in steady]
     mem_slope = slope(floor(pss))
