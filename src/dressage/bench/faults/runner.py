@@ -67,7 +67,8 @@ def case(name: str):
 
 def load_cases() -> dict[str, Callable[[FaultsConfig], tuple[bool, dict[str, Any]]]]:
     """Import the case modules (importing registers their cases)."""
-    from dressage.bench.faults import cases_engine, cases_proxy, cases_tq, fuzz, load, soak  # noqa: F401
+    from dressage.bench.faults import (cases_backpressure, cases_engine, cases_proxy, cases_tq,  # noqa: F401
+                                       fuzz, load, soak)
 
     return CASES
 
