@@ -21,6 +21,7 @@ def register(benches: argparse._SubParsersAction) -> None:
     p.add_argument("--fuzz-inputs", type=int, default=400)
     p.add_argument("--load-sessions", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot-dir", metavar="DIR", help="write soak.png (PSS per iteration) when the soak ran")
     p.set_defaults(func=_run)
 
 
@@ -44,4 +45,39 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
+    if args.plot_dir:
+        soak = next((c for c in report["cases"] if c["name"] == "soak"), None)
+        if soak is not None and soak["detail"].get("pss_mib_per_iteration"):
+            path = plot_soak(soak["detail"], args.plot_dir)
+            print(f"soak plot written to {path}")
     return 0 if report["failed"] == 0 else 1
+
+
+def plot_soak(detail: dict, out_dir: str) -> str:
+    """PSS of the ``dressage run`` process after each soak iteration, with its rolling floor."""
+    import os
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dressage.bench.faults.soak import floor
+
+    pss = detail["pss_mib_per_iteration"]
+    summary = detail["soak"]
+    os.makedirs(out_dir, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(range(len(pss)), pss, lw=1, label="PSS after each iteration")
+    ax.plot(range(len(pss)), floor(pss), lw=2, label="rolling floor (5 iterations)")
+    ax.set_xlabel("iteration of dressage run")
+    ax.set_ylabel("MiB")
+    ax.set_title(f"soak: {summary['iterations']} iterations, floor slope "
+                 f"{summary['memory_slope_bytes_per_iter'] / 1024:.1f} KiB/iteration, "
+                 f"{summary['keys_left']} TQ keys left")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    path = os.path.join(out_dir, "soak.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
