@@ -317,3 +317,15 @@ def test_rollout_manager_owns_token_fields_of_views():
     segs[0].tokens = backing[:len(segs[0].tokens)]
     (first, *_) = rm.add_finalized(FinalizedSession(s.session_id, segs, 1.0, {}))
     assert first.tokens.base is None and np.array_equal(first.tokens, segs[0].tokens)
+
+
+def test_proxy_held_bytes_count_resident_large_fields_only(tq):
+    off = ProxyCore(_config(False, dtype="uint8"), None)
+    s_off = _drive(off, SCRIPT)
+    held = off.held_bytes()
+    assert held["steps"] == len(s_off.steps) == 4
+    assert held["large_fields"] == sum(st.logprobs.nbytes + st.routed_experts.nbytes for st in s_off.steps.values())
+    on = ProxyCore(_config(True, dtype="uint8"), tq.client())
+    _drive(on, SCRIPT)
+    assert on.held_bytes()["large_fields"] == 0
+    assert on.held_bytes()["token_fields"] == held["token_fields"] > 0

@@ -177,6 +177,17 @@ class ProxyCore:
             except DressageError:
                 pass  # the unit is gone; retention clears what it held
 
+    def held_bytes(self) -> dict[str, int]:
+        """What this Proxy's StepRecords hold themselves: large-field arrays (refs count zero) and
+        token fields, in bytes, and the number of steps."""
+        large = tokens = steps = 0
+        for s in list(self.sessions.values()):
+            for st in list(s.steps.values()):
+                steps += 1
+                large += sum(v.nbytes for v in (st.logprobs, st.routed_experts) if isinstance(v, np.ndarray))
+                tokens += st.prompt_ids.nbytes + st.response_ids.nbytes + st.token_versions.nbytes
+        return {"large_fields": large, "token_fields": tokens, "steps": steps}
+
     # --------------------------------------------------------------- lifecycle
     def finalize(self, session_id: str, reward: float | None = None) -> FinalizedSession:
         """Finalize, build Segments (no TQ reads), release refs no Segment uses, hand to the sink."""

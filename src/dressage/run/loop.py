@@ -23,7 +23,7 @@ from dressage.proxy.sglang_client import SGLangClient
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
 from dressage.run.config import RunConfig
-from dressage.run.memory import PssSampler, process_vitals, proxy_held_bytes
+from dressage.run.memory import PssSampler, process_vitals
 from dressage.tokenizer import load_tokenizer
 from dressage.train import TrainingReader, check_sample, release_batch, sample_digest
 from dressage.train.digest import combine_digests
@@ -112,7 +112,7 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
                                          concurrency=cfg.concurrency))
             for k, v in _agent_counts(rr).items():
                 report.agent[k] = report.agent.get(k, 0) + v
-            _peak(report, "proxy_large_fields", proxy_held_bytes(core))
+            _peak(report, "proxy_large_fields", core.held_bytes()["large_fields"])
             _peak(report, "rollout_manager", backend.held_nbytes())
             if tq is not None:
                 _peak(report, "tq_storage_units", sum(u.get("bytes", 0) for u in tq.stats().values()))

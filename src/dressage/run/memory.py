@@ -5,12 +5,10 @@ from __future__ import annotations
 import ctypes
 import gc
 import threading
-from typing import Any
 
-import numpy as np
 import psutil
 
-__all__ = ["PssSampler", "proxy_held_bytes", "process_pss", "process_vitals"]
+__all__ = ["PssSampler", "process_pss", "process_vitals"]
 
 
 def process_pss(pid: int | None = None) -> int:
@@ -71,14 +69,3 @@ class PssSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(2.0)
-
-
-def proxy_held_bytes(core: Any) -> int:
-    """Bytes of large-field arrays the Proxy's StepRecords hold themselves (refs count zero)."""
-    total = 0
-    for s in list(core.sessions.values()):
-        for st in list(s.steps.values()):
-            for v in (st.logprobs, st.routed_experts):
-                if isinstance(v, np.ndarray):
-                    total += v.nbytes
-    return total

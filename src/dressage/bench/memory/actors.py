@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import numpy as np
 import ray
 
 from dressage.proxy.config import DataPlaneConfig
@@ -101,17 +100,7 @@ class ProxyActor:
 
     def held(self) -> dict[str, int]:
         """Logical bytes the Proxy holds itself: large-field arrays and resident token fields of its steps."""
-        large = tokens = steps = 0
-        for s in list(self.core.sessions.values()):
-            for st in list(s.steps.values()):
-                steps += 1
-                for v in (st.logprobs, st.routed_experts):
-                    if isinstance(v, np.ndarray):
-                        large += v.nbytes
-                for v in (st.prompt_ids, st.response_ids, st.token_versions):
-                    if isinstance(v, np.ndarray):
-                        tokens += v.nbytes
-        return {"large_fields": large, "token_fields": tokens, "steps": steps}
+        return self.core.held_bytes()
 
     def forget_finished(self) -> int:
         """Drop finished sessions once the trainer consumed their Samples."""
