@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dressage.errors import ProtocolError, RowRangeError
@@ -54,6 +54,9 @@ def test_decoder_accepts_only_its_version_and_maps(control, version):
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=64), msgpack_values, msgpack_values)
+@example(b"\x00" * 8, "0:", [1])  # numpy: ValueError
+@example(b"\x00" * 8, ",", [1])  # numpy: SyntaxError
+@example(b"\x00" * 8, "(", [1])
 def test_payload_decoder_raises_only_protocol_error(frame, dtype, shape):
     try:
         wire.array_from_frame(frame, dtype, shape)

@@ -113,8 +113,8 @@ def check_dtype(name: Any) -> np.dtype:
         raise ProtocolError(f"dtype must be a name string, got {type(name).__name__}")
     try:
         dtype = np.dtype(name)
-    except TypeError as exc:
-        raise ProtocolError(f"unknown dtype {name!r}") from exc
+    except Exception as exc:  # numpy raises TypeError, ValueError or SyntaxError, by the string's shape
+        raise ProtocolError(f"unknown dtype {name!r:.100}") from exc
     if not is_plain_dtype(dtype):
         raise ProtocolError(f"dtype {name!r} is not a plain numeric dtype")
     return dtype
