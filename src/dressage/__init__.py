@@ -22,7 +22,7 @@ _EXPORTS = {
     "build_segments": "dressage.trajectory", "Sample": "dressage.trajectory", "shard_samples": "dressage.trajectory",
     "FieldRef": "dressage.tq", "TransferQueue": "dressage.tq", "TransferQueueClient": "dressage.tq",
     "TransferQueueConfig": "dressage.tq",
-    "DataPlaneConfig": "dressage.proxy.config", "ProxyCore": "dressage.proxy.core",
+    "DataPlaneConfig": "dressage.dataplane", "ProxyCore": "dressage.proxy.core",
     "FinalizedSession": "dressage.proxy.core",
     "RolloutManager": "dressage.rollout", "RolloutBatch": "dressage.rollout",
     "TrainingReader": "dressage.train", "release_batch": "dressage.train", "check_sample": "dressage.train",

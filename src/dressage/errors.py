@@ -1,25 +1,35 @@
 """Every error Dressage raises on purpose, in one place.
 
-Hierarchy::
+Each class carries the HTTP status and OpenAI error ``type`` the Proxy answers it with
+(``http_status``, ``openai_type``; a subclass inherits its parent's unless it says otherwise), and
+some a stable ``code``. Hierarchy, with status and type where a class sets them::
 
-    DressageError
-    ├── ConfigError                  bad flag, YAML key or value (names the key)
-    ├── FieldError                   trajectory field data that does not fit its spec
+    DressageError                    500 internal_error
+    ├── ConfigError                  bad flag, YAML key or value (names the key)    400 invalid_request_error
+    ├── ContextOverflowError         the prompt alone fills the context window       400 invalid_request_error
+    ├── SessionIdError               a session header that names no session          400 invalid_request_error
+    │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
+    ├── FieldError                   trajectory field data that does not fit its spec 502 engine_output_invalid
     │   ├── UnknownFieldError        a field name that is not registered
     │   ├── FieldShapeError          wrong rank, shape or length (tokens vs logprobs, R3 rows vs T-1)
     │   └── ExpertIdRangeError       an expert id that does not fit the storage dtype
-    ├── WireFormatError              an engine response that is not SGLang's /generate format
-    ├── EngineError                  the inference engine (SGLang /generate) failed a call
+    ├── WireFormatError              an engine response that is not SGLang's format  502 engine_error
+    ├── EngineError                  the inference engine failed a call              502 engine_error
     │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
-    │   ├── EngineTimeout            no answer within the call's timeout
-    │   └── EngineRequestError       the engine rejected the request (4xx); the message is its own
+    │   │   └── NoHealthyEngineError every engine failed its health check            503 engine_unavailable
+    │   ├── EngineTimeout            no answer within the call's timeout             504 engine_timeout
+    │   └── EngineRequestError       the engine rejected the request (4xx)           400 invalid_request_error
     ├── TokenizerError               tokenizer or chat template
-    │   └── ChatTemplateError        messages the template cannot render (or no exact TITO delta)
+    │   └── ChatTemplateError        messages the template cannot render             400 invalid_request_error
     ├── JournalError                 the Proxy journal cannot be written or read back
-    ├── TrajectoryError              session / StepRecord / Segment semantics
+    ├── TrajectoryError              session / StepRecord / Segment semantics        409 session_state
     │   ├── SessionStateError        append to a finalized or aborted session
-    │   └── UnknownStepError         a parent or step id that does not exist
-    ├── TransferQueueError           TransferQueue controller, StorageUnits, client
+    │   │   └── StepLimitError       the session reached its maximum of steps
+    │   ├── WeightVersionChangedError  weights changed mid-trajectory, partial rollout off
+    │   │                                                                            409 weight_version_changed
+    │   └── UnknownStepError         a session, parent or step id that does not exist 404 not_found
+    ├── TransferQueueError           TransferQueue controller, StorageUnits, client  503 transfer_queue_unavailable
+    │   ├── TransferWriteError       a step's large fields could not be written; nothing recorded
     │   ├── KeyNotFoundError         unknown, cleared or consumed key
     │   ├── RowRangeError            a read outside the rows a key stores
     │   ├── StorageUnitUnavailable   a unit that died or did not answer in time
@@ -54,10 +64,17 @@ __all__ = [
     "TokenizerError",
     "ChatTemplateError",
     "JournalError",
+    "ContextOverflowError",
+    "SessionIdError",
+    "MissingSessionIdError",
+    "NoHealthyEngineError",
     "TrajectoryError",
     "SessionStateError",
+    "StepLimitError",
+    "WeightVersionChangedError",
     "UnknownStepError",
     "TransferQueueError",
+    "TransferWriteError",
     "KeyNotFoundError",
     "RowRangeError",
     "StorageUnitUnavailable",
@@ -76,13 +93,25 @@ __all__ = [
 class DressageError(Exception):
     """Base class of every error Dressage raises on purpose."""
 
+    code: str | None = None
+    """A stable machine-readable code for the answer (``None``: the class name)."""
+
+    http_status = 500
+    openai_type = "internal_error"
+
 
 class ConfigError(DressageError, ValueError):
     """A configuration value, flag or YAML key is invalid; the message names it."""
 
+    http_status = 400
+    openai_type = "invalid_request_error"
+
 
 class FieldError(DressageError, ValueError):
     """Field data does not match its registered spec."""
+
+    http_status = 502
+    openai_type = "engine_output_invalid"
 
 
 class UnknownFieldError(FieldError, LookupError):
@@ -113,9 +142,15 @@ class ExpertIdRangeError(FieldError):
 class WireFormatError(DressageError, ValueError):
     """An engine response that does not follow SGLang's /generate format."""
 
+    http_status = 502
+    openai_type = "engine_error"
+
 
 class EngineError(DressageError):
     """A call to the inference engine failed; ``status_code`` is the HTTP status when there was one."""
+
+    http_status = 502
+    openai_type = "engine_error"
 
     def __init__(self, message: str, *, status_code: int | None = None) -> None:
         self.status_code = status_code
@@ -129,9 +164,50 @@ class EngineUnavailable(EngineError):
 class EngineTimeout(EngineError):
     """The engine did not answer within the call's timeout."""
 
+    http_status = 504
+    openai_type = "engine_timeout"
+
 
 class EngineRequestError(EngineError, ValueError):
     """The engine rejected the request as malformed (HTTP 4xx)."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+
+
+class NoHealthyEngineError(EngineUnavailable):
+    """Every configured engine is out of the pool."""
+
+    http_status = 503
+    openai_type = "engine_unavailable"
+    code = "no_healthy_engine"
+
+
+class ContextOverflowError(DressageError, ValueError):
+    """The prompt already reaches the context window: no token could be generated."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+    code = "context_overflow"
+
+    def __init__(self, prompt_tokens: int, context_window: int) -> None:
+        self.prompt_tokens, self.context_window = int(prompt_tokens), int(context_window)
+        super().__init__(f"the prompt has {self.prompt_tokens} tokens and the context window is "
+                         f"{self.context_window}: no room for a reply; compress or shorten the conversation")
+
+
+class SessionIdError(DressageError, ValueError):
+    """A session header that cannot name a session (too long, control characters)."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+    code = "invalid_session_id"
+
+
+class MissingSessionIdError(SessionIdError):
+    """A header-identified call without a session header."""
+
+    code = "missing_session_id"
 
 
 class TokenizerError(DressageError):
@@ -141,6 +217,9 @@ class TokenizerError(DressageError):
 class ChatTemplateError(TokenizerError, ValueError):
     """Messages the chat template cannot render, or a TITO delta that is not an exact suffix."""
 
+    http_status = 400
+    openai_type = "invalid_request_error"
+
 
 class JournalError(DressageError):
     """The Proxy journal cannot be written, or a record in it cannot be read back."""
@@ -149,17 +228,43 @@ class JournalError(DressageError):
 class TrajectoryError(DressageError):
     """A rollout-session operation that breaks trajectory semantics."""
 
+    http_status = 409
+    openai_type = "session_state"
+
 
 class SessionStateError(TrajectoryError):
     """An operation the session's state does not allow (e.g. appending after finalize)."""
 
 
+class StepLimitError(SessionStateError):
+    """The session already holds its maximum number of steps."""
+
+    code = "max_steps_exceeded"
+
+
+class WeightVersionChangedError(TrajectoryError):
+    """The policy's weight version changed inside one trajectory while partial rollout is off."""
+
+    openai_type = "weight_version_changed"
+    code = "weight_version_changed"
+
+
 class UnknownStepError(TrajectoryError, LookupError):
     """A step id (for instance a parent) that the session does not hold."""
+
+    http_status = 404
+    openai_type = "not_found"
 
 
 class TransferQueueError(DressageError):
     """Base class of TransferQueue errors."""
+
+    http_status = 503
+    openai_type = "transfer_queue_unavailable"
+
+
+class TransferWriteError(TransferQueueError):
+    """A StepRecord's large fields could not be written to TransferQueue; nothing was recorded."""
 
 
 class KeyNotFoundError(TransferQueueError, LookupError):

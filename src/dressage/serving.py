@@ -76,6 +76,11 @@ class UvicornServer:
             time.sleep(0.01)
         return self.url
 
+    @property
+    def running(self) -> bool:
+        """Whether the background server thread is still serving."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self, timeout: float = 5.0) -> None:
         if self._server is not None:
             self._server.should_exit = True

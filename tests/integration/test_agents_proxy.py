@@ -12,8 +12,8 @@ import pytest
 
 from dressage.agents import AgentConfig, make_prompts, run_rollout
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("dressage.proxy.server") is None,
-                                reason="the Proxy HTTP server (dressage.proxy.server) is not in this tree yet")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("dressage.proxy.http") is None,
+                                reason="the Proxy HTTP server (dressage.proxy.http) is not in this tree yet")
 
 TOKEN = "agents-test-token"
 N_PROMPTS, N_SAMPLES = 3, 2
@@ -43,9 +43,11 @@ class _Proxy:
     """A Proxy on a free port in this process, recording R3, with the given engine URL and token."""
 
     def __init__(self, engine_url: str, token: str | None = TOKEN) -> None:
-        from dressage.proxy.config import DataPlaneConfig
+        from dressage.dataplane import DataPlaneConfig
         from dressage.proxy.core import ProxyCore
-        from dressage.proxy.server import ProxyServer, ProxyServerConfig, ProxyService
+        from dressage.proxy.config import ProxyServerConfig
+        from dressage.proxy.http import ProxyServer
+        from dressage.proxy.service import ProxyService
         from dressage.proxy.sglang_client import SGLangClient
         from dressage.tokenizer import load_tokenizer
 

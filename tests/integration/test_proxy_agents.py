@@ -15,9 +15,11 @@ import pytest
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
-from dressage.proxy.config import DataPlaneConfig
+from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.core import ProxyCore
-from dressage.proxy.server import ProxyServer, ProxyServerConfig, ProxyService
+from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.http import ProxyServer
+from dressage.proxy.service import ProxyService
 from dressage.tokenizer import load_tokenizer
 
 MODEL = get_model("tiny-moe")

@@ -11,9 +11,11 @@ import pytest
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
-from dressage.proxy.config import DataPlaneConfig
+from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.core import ProxyCore
-from dressage.proxy.server import ProxyServer, ProxyServerConfig, ProxyService
+from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.http import ProxyServer
+from dressage.proxy.service import ProxyService
 from dressage.proxy.sglang_client import SGLangClient
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys

@@ -6,7 +6,7 @@ import pytest
 
 from dressage.cli import main
 from dressage.fields import get_model
-from dressage.proxy.config import DataPlaneConfig
+from dressage.dataplane import DataPlaneConfig
 from dressage.run import RunConfig, run_pipeline
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dressage.errors import ConfigError
-from dressage.proxy.config import DataPlaneConfig
+from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.core import ProxyCore
 from dressage.proxy.journal import Journal, JournalError
 from dressage.rollout import RolloutManager

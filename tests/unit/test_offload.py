@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 
 from dressage.errors import ConfigError, ExpertIdRangeError, SessionStateError, TransferQueueError
 from dressage.fields import ModelSpec
-from dressage.proxy.config import DataPlaneConfig
-from dressage.proxy.core import ProxyCore, TransferWriteError
+from dressage.dataplane import DataPlaneConfig
+from dressage.errors import TransferWriteError
+from dressage.proxy.core import ProxyCore
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys
 from dressage.train import TrainingReader, release_batch, samples_digest

@@ -8,9 +8,9 @@ import pytest
 from dressage.fields import get_model
 from dressage.fields.sglang import encode_routed_experts_b64
 from dressage.proxy import generation
-from dressage.proxy.config import DataPlaneConfig
+from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.core import ProxyCore
-from dressage.proxy.errors import WeightVersionChangedError
+from dressage.errors import WeightVersionChangedError
 from dressage.proxy.generation import GenerationPlan, GenerationResult, run_generation
 from dressage.proxy.pause import RolloutPause
 from dressage.trajectory import RouteDecision

@@ -5,11 +5,11 @@ import asyncio
 import pytest
 
 from dressage.errors import ConfigError, EngineUnavailable
-from dressage.proxy.errors import NoHealthyEngineError
+from dressage.errors import NoHealthyEngineError
 from dressage.proxy.pause import RolloutPause
-from dressage.proxy.routing import EnginePool
-from dressage.proxy.server_config import ProxyServerConfig
-from dressage.proxy.sessions import TurnCache, identity_from_headers, instance_group
+from dressage.proxy.engine_pool import EnginePool
+from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.turns import TurnCache, identity_from_headers, instance_group
 
 
 class FakeEngine:
@@ -175,7 +175,7 @@ def test_a_move_stays_reported_until_a_step_is_recorded_on_the_new_engine():
 def test_call_limits_clamp_to_the_context_budget_and_hold_one_version():
     from types import SimpleNamespace
 
-    from dressage.proxy.errors import ContextOverflowError, StepLimitError, WeightVersionChangedError
+    from dressage.errors import ContextOverflowError, StepLimitError, WeightVersionChangedError
     from dressage.proxy.limits import CallLimits
 
     limits = CallLimits(ProxyServerConfig(context_window=100, max_output_tokens=30, max_steps_per_session=2,

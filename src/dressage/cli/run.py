@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--ray-address", default=None, help="join this Ray cluster (implies --ray)")
     g.add_argument("--json", metavar="PATH", default=None, help="write the report as JSON")
     g.add_argument("--no-progress", action="store_true")
-    add_data_plane_args(p, default_model="qwen3.6-35b-a3b")
+    add_data_plane_args(p)
     p.set_defaults(func=_run)
 
 

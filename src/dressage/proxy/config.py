@@ -1,7 +1,9 @@
-"""DataPlaneConfig: the seed's flags for field offload, validated once at start-up.
+"""The Proxy's configuration: one composite :class:`ProxyConfig` that :meth:`Proxy.start` takes.
 
-``--use-rollout-routing-replay``, ``--enable-transfer-queue``, ``--transfer-queue-config FILE``,
-``--transfer-params logprobs routed_experts`` and ``--routed-experts-dtype {uint8,uint16,int32}``.
+``ProxyConfig`` nests the data plane (:class:`dressage.dataplane.DataPlaneConfig`), the HTTP
+server (:class:`ProxyServerConfig`), the TransferQueue deployment, the journal and the tokenizer.
+Every value is checked once, in ``__post_init__``, with its dotted key in the message; the fields'
+docstrings are the help of the ``dressage proxy serve`` flags (:mod:`dressage.flags`).
 """
 
 from __future__ import annotations
@@ -9,72 +11,137 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dressage.errors import ConfigError, UnknownFieldError
-from dressage.fields import DEFAULT_R3_DTYPE, TRANSFERABLE_FIELDS, ModelSpec, check_dtype_holds_experts, get_model
-from dressage.fields.r3 import r3_dtype
-from dressage.fields.registry import check_field_names
+from dressage.dataplane import DataPlaneConfig
+from dressage.errors import ConfigError
+from dressage.flags import flag
 
-__all__ = ["DataPlaneConfig"]
+__all__ = ["ProxyConfig", "ProxyServerConfig", "JournalConfig", "DataPlaneConfig"]
+
+FSYNC_POLICIES = ("always", "interval", "never")
+
+
+def _url_ok(url: object) -> bool:
+    return isinstance(url, str) and url.startswith(("http://", "https://"))
 
 
 @dataclass(kw_only=True, slots=True)
-class DataPlaneConfig:
-    """What the Proxy records and which large fields leave the centralised path."""
+class ProxyServerConfig:
+    """HTTP side of the Proxy: bind address, engines, per-call limits."""
 
-    model: ModelSpec = field(default_factory=lambda: get_model("qwen3.6-35b-a3b"))
-    """Model shape: recorded MoE layers, top-k and expert count size R3."""
-    use_rollout_routing_replay: bool = False
-    """Record routed experts (R3) for every token that went through the model."""
-    enable_transfer_queue: bool = False
-    """Write the fields in ``transfer_params`` to TransferQueue StorageUnits; only refs travel."""
-    transfer_queue_config: str | None = None
-    """YAML file with the TransferQueue deployment (see ``examples/transfer_queue.yaml``)."""
-    transfer_params: tuple[str, ...] | None = None
-    """Fields to offload when TQ is on; ``None``: every recorded large field."""
-    routed_experts_dtype: str = DEFAULT_R3_DTYPE
-    """Storage dtype of expert ids (``uint8``/``uint16``/``int32``); restored to int32 for training."""
-    segment_view: str = "lineage"
-    """How Segments are built at finalize: ``lineage`` (root-to-leaf chains) or ``timeline``."""
-    drop_retry_orphans: bool = False
-    """Drop childless siblings of retried calls before building Segments."""
+    host: str = "127.0.0.1"
+    """Bind address; loopback unless the agents run elsewhere."""
+    port: int = 0
+    """Port; 0 picks a free one."""
+    engine_url: str = field(default="http://127.0.0.1:30000", metadata=flag(skip=True))
+    """SGLang (or the built-in engine) base URL; the first of ``engine_urls`` when those are given."""
+    engine_urls: tuple[str, ...] = field(default=(), metadata=flag("--engine-url", append=True, required=True, metavar="URL"))
+    """Several engines (``--engine-url`` repeated); sessions stick to one by consistent hashing."""
+    api_token: str | None = field(default=None, metadata=flag(metavar="TOKEN", default_text="$DRESSAGE_PROXY_TOKEN"))
+    """When set, every endpoint but /health needs ``Authorization: Bearer <token>``."""
+    served_model_name: str = field(default="dressage-policy", metadata=flag(metavar="NAME"))
+    """``model`` reported in OpenAI responses and ``/v1/models``."""
+    request_timeout_s: float = field(default=600.0, metadata=flag("--request-timeout", metavar="S"))
+    """Time-out of one engine call (a 504 to the agent when exceeded)."""
+    max_body_bytes: int = field(default=32 * 1024 * 1024, metadata=flag(metavar="N"))
+    """Larger request bodies get 413."""
+    default_max_tokens: int = field(default=1024, metadata=flag(metavar="N"))
+    """max_new_tokens when a request gives no max_tokens."""
+    context_window: int | None = field(default=None, metadata=flag(metavar="N"))
+    """Prompt + reply tokens one call may use: max new tokens are clamped to what is left, and a
+    prompt that already fills it gets ``context_overflow`` (nothing recorded). ``None``: no limit."""
+    max_output_tokens: int | None = field(default=None, metadata=flag(metavar="N"))
+    """Cap on any call's new tokens, whatever the request asks."""
+    max_steps_per_session: int | None = field(default=None, metadata=flag(metavar="N"))
+    """Calls one session may record; the next gets ``max_steps_exceeded``. ``None``: no limit."""
+    partial_rollout: bool = False
+    """Keep generations cut by a pause and resume them under the new weights (one response,
+    per-token versions). Off: such a call, and any trajectory whose weight version changes, is rejected."""
+    health_check_interval_s: float = field(default=5.0, metadata=flag("--health-check-interval", metavar="S"))
+    """Seconds between engine health checks when there are several engines (0: no checks)."""
+    health_check_failures: int = field(default=1, metadata=flag(metavar="N"))
+    """Consecutive failed health checks that take an engine out of the pool."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.model, str):
-            self.model = get_model(self.model)
-        r3_dtype(self.routed_experts_dtype)
-        if self.use_rollout_routing_replay:
-            check_dtype_holds_experts(self.model.num_experts, self.routed_experts_dtype)
-        if self.segment_view not in ("lineage", "timeline"):
-            raise ConfigError(f"segment_view: expected 'lineage' or 'timeline', got {self.segment_view!r}")
-        if self.transfer_params is not None:
-            try:
-                self.transfer_params = check_field_names(self.transfer_params, allowed=TRANSFERABLE_FIELDS)
-            except UnknownFieldError as exc:
-                raise ConfigError(f"--transfer-params: {exc}") from None
-            if not self.enable_transfer_queue:
-                raise ConfigError("--transfer-params needs --enable-transfer-queue")
-            if "routed_experts" in self.transfer_params and not self.use_rollout_routing_replay:
-                raise ConfigError(
-                    "--transfer-params routed_experts needs Rollout Routing Replay: add --use-rollout-routing-replay"
-                )
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"proxy.port: {self.port!r} is not a port")
+        self.engine_urls = tuple(self.engine_urls or ())
+        for i, url in enumerate(self.engine_urls):
+            if not _url_ok(url):
+                raise ConfigError(f"proxy.engine_urls[{i}]: expected http(s)://host:port, got {url!r}")
+        if len({u.rstrip("/") for u in self.engine_urls}) != len(self.engine_urls):
+            raise ConfigError(f"proxy.engine_urls: an engine is listed twice: {list(self.engine_urls)}")
+        if self.engine_urls:
+            self.engine_url = self.engine_urls[0]
+        if not _url_ok(self.engine_url):
+            raise ConfigError(f"proxy.engine_url: expected http(s)://host:port, got {self.engine_url!r}")
+        for key in ("request_timeout_s", "max_body_bytes", "default_max_tokens"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"proxy.{key} must be positive, got {getattr(self, key)!r}")
+        for key in ("context_window", "max_output_tokens", "max_steps_per_session"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"proxy.{key} must be a positive integer or unset, got {value!r}")
+        if not isinstance(self.partial_rollout, bool):
+            raise ConfigError(f"proxy.partial_rollout must be true or false, got {self.partial_rollout!r}")
+        if self.health_check_interval_s < 0:
+            raise ConfigError(f"proxy.health_check_interval_s must be >= 0, got {self.health_check_interval_s!r}")
+        if isinstance(self.health_check_failures, bool) or not isinstance(self.health_check_failures, int) \
+                or self.health_check_failures < 1:
+            raise ConfigError(f"proxy.health_check_failures must be an integer >= 1, got {self.health_check_failures!r}")
 
     @property
-    def offloaded(self) -> tuple[str, ...]:
-        """Fields written to TQ (empty when TQ is off)."""
-        if not self.enable_transfer_queue:
-            return ()
-        if self.transfer_params is not None:
-            return self.transfer_params
-        return ("logprobs", "routed_experts") if self.use_rollout_routing_replay else ("logprobs",)
+    def engines(self) -> tuple[str, ...]:
+        """Every engine URL, in the order given."""
+        return self.engine_urls or (self.engine_url,)
 
-    @property
-    def r3_shape(self) -> tuple[int, int] | None:
-        return (self.model.num_layers, self.model.topk) if self.use_rollout_routing_replay else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model.name, "use_rollout_routing_replay": self.use_rollout_routing_replay,
-            "enable_transfer_queue": self.enable_transfer_queue, "transfer_queue_config": self.transfer_queue_config,
-            "transfer_params": list(self.offloaded), "routed_experts_dtype": self.routed_experts_dtype,
-            "segment_view": self.segment_view, "drop_retry_orphans": self.drop_retry_orphans,
-        }
+@dataclass(kw_only=True, slots=True)
+class JournalConfig:
+    """Where the Proxy journals committed steps, and when appends reach the disk."""
+
+    path: str | None = field(default=None, metadata=flag("--journal", metavar="PATH"))
+    """Append every committed step to this journal and replay it on start: a restarted Proxy resumes its
+    sessions. ``None``: no journal."""
+    fsync: str = field(default="always", metadata=flag("--journal-fsync", choices=FSYNC_POLICIES))
+    """When journal appends reach the disk: always (before the reply), interval or never."""
+
+    def __post_init__(self) -> None:
+        if self.fsync not in FSYNC_POLICIES:
+            raise ConfigError(f"proxy.journal.fsync: expected one of {', '.join(FSYNC_POLICIES)}, got {self.fsync!r}")
+        if self.path is not None and not str(self.path):
+            raise ConfigError("proxy.journal.path: an empty path")
+
+
+@dataclass(kw_only=True, slots=True)
+class ProxyConfig:
+    """Everything one Proxy needs; :meth:`dressage.proxy.Proxy.start` builds the Proxy from it."""
+
+    data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
+    """What is recorded (R3, dtype) and which large fields go to TransferQueue."""
+    server: ProxyServerConfig = field(default_factory=ProxyServerConfig)
+    """Bind address, engines, per-call limits."""
+    transfer_queue: Any = None
+    """TransferQueueConfig of the deployment to start when TQ is on; ``None``: the file
+    ``data_plane.transfer_queue_config`` names, or the embedded defaults."""
+    journal: JournalConfig = field(default_factory=JournalConfig)
+    """The step journal (off unless ``journal.path`` is set)."""
+    tokenizer: str = field(default="byte", metadata=flag(metavar="NAME"))
+    """'byte' (built in) or a Hugging Face tokenizer path."""
+
+    def __post_init__(self) -> None:
+        for key, cls in (("data_plane", DataPlaneConfig), ("server", ProxyServerConfig), ("journal", JournalConfig)):
+            if not isinstance(getattr(self, key), cls):
+                raise ConfigError(f"proxy.{key}: expected a {cls.__name__}, got {type(getattr(self, key)).__name__}")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise ConfigError(f"proxy.tokenizer: expected 'byte' or a tokenizer path, got {self.tokenizer!r}")
+        if self.transfer_queue is not None and not self.data_plane.enable_transfer_queue:
+            raise ConfigError("proxy.transfer_queue: set, but data_plane.enable_transfer_queue is off")
+
+    def transfer_queue_config(self) -> Any:
+        """The TransferQueueConfig to start (``None`` when TQ is off)."""
+        if not self.data_plane.enable_transfer_queue:
+            return None
+        from dressage.tq import load_config
+
+        return load_config(self.transfer_queue if self.transfer_queue is not None
+                           else self.data_plane.transfer_queue_config)

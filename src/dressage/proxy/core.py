@@ -1,6 +1,6 @@
 """Proxy core: SGLang responses -> StepRecords, with the TQ write and local commit as one region.
 
-The HTTP front (``dressage.proxy.server``) calls this; so can any embedding. Online decisions
+The service (``dressage.proxy.service``) calls this; so can any embedding. Online decisions
 (routing, versions) and Segment construction at finalize read nothing from TransferQueue.
 """
 
@@ -13,16 +13,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from dressage.errors import DressageError, FieldShapeError, SessionStateError, TransferQueueError, UnknownStepError
+from dressage.errors import DressageError, FieldShapeError, SessionStateError, TransferWriteError, UnknownStepError
 from dressage.fields import GenerateOutput, decode_generate_response, encode_routed_experts
-from dressage.proxy.config import DataPlaneConfig
-from dressage.trajectory import RouteDecision, Segment, Session, StepRecord, build_segments
+from dressage.dataplane import DataPlaneConfig
+from dressage.trajectory import Boundary, RouteDecision, Segment, Session, StepRecord, build_segments
 
-__all__ = ["ProxyCore", "FinalizedSession", "TransferWriteError"]
-
-
-class TransferWriteError(TransferQueueError):
-    """A StepRecord's large fields could not be written to TransferQueue; nothing was recorded."""
+__all__ = ["ProxyCore", "FinalizedSession"]
 
 
 @dataclass(slots=True)
@@ -89,9 +85,24 @@ class ProxyCore:
         return s
 
     # ------------------------------------------------------------------ calls
-    def plan(self, session_id: str, prompt_ids: Any, *, tools: Any = None) -> RouteDecision:
-        """Route a call before it goes to the engine (decides ``routed_experts_start_len``)."""
-        return self.active_session(session_id).route(prompt_ids, tools=tools)
+    def plan(self, session_id: str, prompt_ids: Any, *, tools: Any = None, boundary_reason: str | None = None,
+             engine_moved: bool = False) -> RouteDecision:
+        """The one Segment-boundary decision of a call, made before it goes to the engine.
+
+        Where the step attaches (create / append / branch, which sets ``routed_experts_start_len``):
+        a new Segment when the chat prompt is no exact extension (``boundary_reason``) or when the
+        session's engine left the pool (``engine_moved``: the new engine recomputes the prefix, so
+        one Segment's routing all comes from one engine); otherwise the session's prefix match.
+        """
+        session = self.active_session(session_id)
+        if boundary_reason is not None:
+            return RouteDecision("create", None, 0, Boundary(boundary_reason))
+        decision = session.route(prompt_ids, tools=tools)
+        if engine_moved and decision.parent_id is not None:
+            parent = session.step(decision.parent_id)
+            return RouteDecision("create", None, 0, Boundary("engine_failover", matched_tokens=parent.seq_len,
+                                                             candidate_step=parent.step_id))
+        return decision
 
     def generate_params(self, decision: RouteDecision) -> dict[str, Any]:
         """The SGLang ``/generate`` flags this call needs."""

@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator, Callable
 import numpy as np
 
 from dressage.errors import EngineError, EngineTimeout, EngineUnavailable, WireFormatError
-from dressage.proxy.errors import WeightVersionChangedError
+from dressage.errors import WeightVersionChangedError
 from dressage.proxy.pause import RolloutPause
 from dressage.trajectory import PartialResponse, RouteDecision
 

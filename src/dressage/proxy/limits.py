@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from dressage.proxy.errors import ContextOverflowError, StepLimitError, WeightVersionChangedError
-from dressage.proxy.server_config import ProxyServerConfig
+from dressage.errors import ContextOverflowError, StepLimitError, WeightVersionChangedError
+from dressage.proxy.config import ProxyServerConfig
 
 __all__ = ["CallLimits"]
 

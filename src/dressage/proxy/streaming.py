@@ -10,12 +10,22 @@ from __future__ import annotations
 import json
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
-__all__ = ["sse", "DONE", "KEEPALIVE", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
+__all__ = ["error_body", "error_payload", "sse", "DONE", "KEEPALIVE", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
            "aiter_frames"]
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
 """An SSE comment: clients ignore it, connections and read time-outs stay alive."""
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """An OpenAI-style error object."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_payload(exc: Any) -> dict[str, Any]:
+    """The OpenAI error object of a Dressage error: its ``openai_type`` and ``code`` (or class name)."""
+    return error_body(str(exc), exc.openai_type, code=getattr(exc, "code", None) or type(exc).__name__)
 
 
 def sse(obj: Any) -> bytes:

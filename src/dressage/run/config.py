@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dressage.errors import ConfigError
-from dressage.proxy.config import DataPlaneConfig
+from dressage.dataplane import DataPlaneConfig
 
 __all__ = ["RunConfig"]
 

@@ -17,16 +17,15 @@ from dressage.agents import AgentConfig, make_prompts, run_rollout
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.errors import ConfigError, DressageError
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.server import ProxyServer, ProxyServerConfig, ProxyService
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.proxy.deployment import Proxy
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
 from dressage.run.config import RunConfig
 from dressage.run.memory import PssSampler, process_vitals
-from dressage.tokenizer import load_tokenizer
-from dressage.train import TrainingReader, check_sample, release_batch, sample_digest
+from dressage.train import TrainingReader, release_batch
 from dressage.train.digest import combine_digests
+from dressage.train.summary import summarise_shard
 
 __all__ = ["RunReport", "run_pipeline"]
 
@@ -75,7 +74,6 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
                                "n_samples_per_prompt": cfg.n_samples_per_prompt, "context_length": cfg.context_length,
                                "dp_size": cfg.dp_size, "seed": cfg.seed, "ray": cfg.ray})
     t0 = time.perf_counter()
-    tok = load_tokenizer("byte")
     with contextlib.ExitStack() as stack:
         sampler = stack.enter_context(PssSampler(interval_s=0.2))
         engine_url = cfg.engine_url
@@ -95,12 +93,10 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
         backend = _RayBackend(cfg, tq, client) if cfg.ray else _LocalBackend(cfg, client)
         stack.callback(backend.close)
         rollout_tag = {"id": 0}
-        core = ProxyCore(dp, client, sink=backend.sink, decode=tok.decode, special_ids=tok.special_token_ids,
-                         batch_tag=lambda: f"rollout-{rollout_tag['id']}")
-        service = ProxyService(ProxyServerConfig(engine_url=engine_url), core, tok, SGLangClient(engine_url))
-        server = ProxyServer(service)
-        proxy_url = server.start_background()
-        stack.callback(server.stop)
+        proxy = stack.enter_context(Proxy.start(
+            ProxyConfig(data_plane=dp, server=ProxyServerConfig(engine_url=engine_url)), tq_client=client,
+            sink=backend.sink, batch_tag=lambda: f"rollout-{rollout_tag['id']}"))
+        core, service, proxy_url = proxy.core, proxy.service, proxy.url
         agent_cfg = _agent_config(cfg)
         digests: list[str] = []
         bar = _progress(cfg)
@@ -162,22 +158,6 @@ def _progress(cfg: RunConfig):
     return tqdm(total=cfg.num_rollouts, desc="dressage run", unit="rollout")
 
 
-def _summarise_shard(samples, model) -> dict[str, Any]:
-    """Check a restored shard and hash it (runs on the trainer side)."""
-    out = {"segments": 0, "tokens": 0, "trained_tokens": 0, "large_field_bytes": {}, "digests": []}
-    for s in samples:
-        check_sample(s, num_layers=model.num_layers if s.rollout_routed_experts is not None else None,
-                     topk=model.topk, num_experts=model.num_experts)
-        out["segments"] += 1
-        out["tokens"] += s.total_length
-        out["trained_tokens"] += int(s.loss_mask.sum())
-        for name, arr in (("logprobs", s.rollout_log_probs), ("routed_experts", s.rollout_routed_experts)):
-            if arr is not None:
-                out["large_field_bytes"][name] = out["large_field_bytes"].get(name, 0) + int(arr.nbytes)
-        out["digests"].append((s.order_key, sample_digest(s)))
-    return out
-
-
 def _merge(parts: list[dict[str, Any]], rm_bytes: int) -> dict[str, Any]:
     merged = {"segments": 0, "tokens": 0, "trained_tokens": 0, "large_field_bytes": {},
               "rollout_manager_path_bytes": rm_bytes}
@@ -214,7 +194,7 @@ class _LocalBackend:
         parts = []
         for shard in batch.shards:
             TrainingReader(self.client).restore(shard)
-            parts.append(_summarise_shard(shard, self.cfg.data_plane.model))
+            parts.append(summarise_shard(shard, self.cfg.data_plane.model))
         if self.client is not None:
             release_batch(self.client, sorted(keys))
         return _merge(parts, rm_bytes)
@@ -227,7 +207,7 @@ class _RayBackend:
     """RolloutManager and one trainer reader per DP rank as Ray actors; Samples travel via ``ray.put``."""
 
     def __init__(self, cfg: RunConfig, tq: Any, client: Any) -> None:
-        from dressage.run.ray_actors import start_ray_backend
+        from dressage.train.ray_actors import start_ray_backend
 
         if tq is not None and tq.deployment == "embedded":
             raise ConfigError("--ray with TransferQueue needs a 'local' or 'ray' deployment in "

@@ -14,12 +14,11 @@ from typing import Any
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
-from dressage.proxy.config import DataPlaneConfig
+from dressage.dataplane import DataPlaneConfig
+from dressage.proxy.config import JournalConfig, ProxyConfig, ProxyServerConfig
 from dressage.proxy.core import ProxyCore
-from dressage.proxy.server import ProxyServer, ProxyServerConfig, ProxyService
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy.deployment import Proxy
 from dressage.rollout import RolloutManager
-from dressage.tokenizer import load_tokenizer
 
 __all__ = ["free_port", "Stack", "start_engine", "start_proxy", "Served", "serve_process"]
 
@@ -42,32 +41,28 @@ def start_engine(port: int = 0, **kw: Any) -> EngineServer:
 
 @dataclass
 class Stack:
-    server: ProxyServer
+    proxy: Proxy
     core: ProxyCore
     rm: RolloutManager
 
     @property
     def url(self) -> str:
-        return self.server.url
+        return self.proxy.url
 
     def stop(self) -> None:
-        self.server.stop()
+        self.proxy.shutdown()
 
 
-def start_proxy(engine_url: str, *, tq_client: Any = None, journal: Any = None, timeout_s: float = 30.0,
-                recover_from: Any = None, port: int = 0, **server: Any) -> Stack:
-    tok = load_tokenizer("byte")
+def start_proxy(engine_url: str, *, tq_client: Any = None, journal: str | None = None, timeout_s: float = 30.0,
+                port: int = 0, **server: Any) -> Stack:
+    """A Proxy on loopback (``Proxy.start``); ``journal``: a path it journals to and recovers from."""
     dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=tq_client is not None,
                          routed_experts_dtype="uint8")
     rm = RolloutManager(dp_size=2)
-    core = ProxyCore(dp, tq_client, sink=rm, decode=tok.decode, special_ids=tok.special_token_ids, journal=journal)
-    if recover_from is not None:
-        core.recover(recover_from)
-    service = ProxyService(ProxyServerConfig(engine_url=engine_url, request_timeout_s=timeout_s, port=port, **server), core, tok,
-                           SGLangClient(engine_url, timeout=timeout_s))
-    server = ProxyServer(service)
-    server.start_background()
-    return Stack(server, core, rm)
+    cfg = ProxyConfig(data_plane=dp, journal=JournalConfig(path=journal),
+                      server=ProxyServerConfig(engine_url=engine_url, request_timeout_s=timeout_s, port=port, **server))
+    proxy = Proxy.start(cfg, tq_client=tq_client, sink=rm)
+    return Stack(proxy, proxy.core, rm)
 
 
 @dataclass

@@ -10,7 +10,6 @@ import httpx
 
 from dressage.bench.faults._stack import free_port, start_engine, start_proxy
 from dressage.bench.faults.runner import FaultsConfig, case
-from dressage.proxy.journal import Journal
 from dressage.trajectory import build_segments
 
 
@@ -27,7 +26,7 @@ def proxy_restart(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "proxy.journal"
-        stack = start_proxy(engine.url, journal=Journal(path, fsync="always"), port=port)
+        stack = start_proxy(engine.url, journal=str(path), port=port)
         try:
             sids = [httpx.post(stack.url + "/sessions", json={"metadata": {"group_index": i}}).json()["session_id"]
                     for i in range(3)]
@@ -40,7 +39,7 @@ def proxy_restart(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
             steps_before = sum(len(stack.core.sessions[sid].steps) for sid in sids)
         finally:
             stack.stop()                          # the Proxy dies: nothing is flushed or finalized on purpose
-        restarted = start_proxy(engine.url, journal=Journal(path), recover_from=path, port=port)
+        restarted = start_proxy(engine.url, journal=str(path), port=port)
         try:
             core = restarted.core
             after = {sid: [seg.tokens.tolist() for seg in build_segments(core.sessions[sid])] for sid in sids}

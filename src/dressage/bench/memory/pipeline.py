@@ -14,11 +14,12 @@ from typing import Any, Callable
 
 from dressage.agents import AgentConfig, make_prompts, run_rollout
 from dressage.bench._ray import BenchCluster
-from dressage.bench.memory.actors import EngineActor, ProxyActor, RolloutManagerActor
+from dressage.bench.memory.actors import EngineActor, ProxyActor
 from dressage.bench.memory.config import MemoryBenchConfig
 from dressage.bench.memory.sampler import ComponentSpec, MemorySampler, Timeline, plasma_file, raylet_pid
 from dressage.errors import DressageError
 from dressage.train.digest import combine_digests
+from dressage.train.ray_actors import RolloutManagerActor
 
 __all__ = ["PathRun", "run_path", "METRIC_COMPONENTS"]
 
@@ -101,8 +102,8 @@ class _Plane:
         import ray
 
         from dressage.engine.config import EngineConfig
-        from dressage.proxy.config import DataPlaneConfig
-        from dressage.run.ray_actors import TrainerActor
+        from dressage.dataplane import DataPlaneConfig
+        from dressage.train.ray_actors import TrainerActor
 
         self.cfg, self.cluster, self.with_tq = cfg, cluster, with_tq
         self.actors: list[Any] = []
@@ -126,7 +127,7 @@ class _Plane:
         self.proxy = self._actor(ProxyActor, 0, dp, engine_url, self.rm, spec, cfg.placement == "spread")
         self.proxy_url = _get(self.proxy.url.remote())
         res = {cluster.node_resource(1): 0.01}
-        self.trainers = [TrainerActor.options(resources=res).remote(spec, cfg.model) for _ in range(cfg.dp_size)]
+        self.trainers = [ray.remote(TrainerActor).options(num_cpus=0, resources=res).remote(spec, cfg.model) for _ in range(cfg.dp_size)]
         self.actors += self.trainers
         ray.get([t.__ray_ready__.remote() for t in self.trainers], timeout=_CALL_TIMEOUT_S)
 

@@ -1,42 +1,59 @@
-"""``dressage run --ray``: RolloutManager and DP trainer readers as Ray actors.
+"""The Ray actors of rollout and training, used by ``dressage run --ray`` and the memory benchmark.
 
-Finalized Segments reach the RolloutManager actor through Ray; it ``ray.put``s one shard per
-DP rank, as slime does. With TQ on, those objects carry only resident token fields and refs;
-each trainer reads its shard's large fields from the StorageUnits over ZMQ.
+Finalized Segments reach the :class:`RolloutManagerActor` through Ray; it ``ray.put``s one shard
+per DP rank, as slime does. With TQ on, those objects carry only resident token fields and refs;
+each :class:`TrainerActor` reads its shard's large fields from the StorageUnits over ZMQ. The
+classes are plain: callers wrap them with ``ray.remote`` and the options (resources) they need.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import ray
 
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
-from dressage.train import TrainingReader, release_batch
+from dressage.train.reader import TrainingReader, release_batch
+from dressage.train.summary import summarise_shard
 
-__all__ = ["start_ray_backend", "RayBackend"]
+__all__ = ["RolloutManagerActor", "TrainerActor", "RayBackend", "start_ray_backend"]
+
+_LARGE = ("rollout_log_probs", "rollout_routed_experts")
 
 
-@ray.remote(num_cpus=0)
 class RolloutManagerActor:
+    """The master's RolloutManager: Samples accumulate here until the batch is cut and put per shard."""
+
     def __init__(self, dp_size: int) -> None:
         self.rm = RolloutManager(dp_size=dp_size)
+        self._held = {"large_fields": 0, "token_fields": 0}
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def add(self, done: Any) -> int:
-        return len(self.rm.add_finalized(done))
+        samples = self.rm.add_finalized(done)
+        for s in samples:
+            for name, a in s.field_arrays().items():
+                self._held["large_fields" if name in _LARGE else "token_fields"] += int(a.nbytes)
+        return len(samples)
 
-    def held(self) -> int:
-        return self.rm.held_nbytes()
+    def held(self) -> dict[str, int]:
+        """Logical bytes of the queued Samples: materialised large fields and token fields (refs count
+        zero), and ``resident``, what the queued Samples hold in all."""
+        return {**self._held, "resident": self.rm.held_nbytes()}
 
-    def take_batch_refs(self, rollout_id: int) -> tuple[list[Any], list[str], int]:
+    def take_batch_refs(self, rollout_id: int) -> tuple[list[Any], list[str], int, int]:
+        """Cut the batch and ``ray.put`` each DP shard: (shard refs, TQ keys, resident bytes, samples)."""
         batch = self.rm.take_batch(rollout_id)
+        self._held = {"large_fields": 0, "token_fields": 0}
         keys = sorted(sample_ref_keys(batch.samples))
         nbytes = sum(sample_resident_nbytes(s) for s in batch.samples)
-        return [ray.put(shard) for shard in batch.shards], keys, nbytes
+        return [ray.put(shard) for shard in batch.shards], keys, nbytes, len(batch.samples)
 
 
-@ray.remote(num_cpus=0)
 class TrainerActor:
     """One DP rank: restores its shard from TQ and runs the consumer's checks."""
 
@@ -49,12 +66,10 @@ class TrainerActor:
         self.model = model
 
     def consume(self, shard: list) -> tuple[dict, int]:
-        from dressage.run.loop import _summarise_shard
-
         before = self.client.counters.bytes_read if self.client else 0
         TrainingReader(self.client).restore(shard)
         after = self.client.counters.bytes_read if self.client else 0
-        return _summarise_shard(shard, self.model), after - before
+        return summarise_shard(shard, self.model), after - before
 
 
 class RayBackend:
@@ -67,17 +82,18 @@ class RayBackend:
         else:
             self._owns_ray = False
         self.client = client
-        self.rm = RolloutManagerActor.remote(cfg.dp_size)
-        self.trainers = [TrainerActor.remote(tq_spec, cfg.data_plane.model) for _ in range(cfg.dp_size)]
+        self.rm = ray.remote(num_cpus=0)(RolloutManagerActor).remote(cfg.dp_size)
+        trainer = ray.remote(num_cpus=0)(TrainerActor)
+        self.trainers = [trainer.remote(tq_spec, cfg.data_plane.model) for _ in range(cfg.dp_size)]
 
     def sink(self, done: Any) -> None:
         ray.get(self.rm.add.remote(done))
 
     def held_nbytes(self) -> int:
-        return int(ray.get(self.rm.held.remote()))
+        return int(ray.get(self.rm.held.remote())["resident"])
 
     def train(self, rollout_id: int) -> tuple[list[dict], int, int]:
-        refs, keys, rm_bytes = ray.get(self.rm.take_batch_refs.remote(rollout_id))
+        refs, keys, rm_bytes, _ = ray.get(self.rm.take_batch_refs.remote(rollout_id))
         results = ray.get([t.consume.remote(ref) for t, ref in zip(self.trainers, refs)])
         if self.client is not None:
             release_batch(self.client, keys)  # once every rank has trained on the batch

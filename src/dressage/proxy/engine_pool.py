@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from dressage.proxy.errors import NoHealthyEngineError
+from dressage.errors import NoHealthyEngineError
 
 __all__ = ["EnginePool", "EngineMember", "Placement"]
 

@@ -1,0 +1,120 @@
+"""``Proxy.start(ProxyConfig)``: the one place a Proxy is assembled.
+
+Tokenizer -> TransferQueue (started from the config, or a client given) -> ProxyCore with its
+journal recovered -> engine clients (with ``server.request_timeout_s``) -> ProxyService -> the
+uvicorn server. ``dressage proxy serve``, ``dressage run`` and the benchmarks all start a Proxy
+here; :func:`build_service` is the same assembly without the HTTP server, for in-process use.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Callable
+
+from dressage.proxy.config import ProxyConfig
+from dressage.proxy.core import FinalizedSession, ProxyCore
+from dressage.proxy.service import ProxyService
+
+__all__ = ["Proxy", "build_service"]
+
+
+def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any = None, engine: Any = None,
+                  sink: Callable[[FinalizedSession], None] | None = None,
+                  batch_tag: Callable[[], str | None] | None = None) -> tuple[ProxyService, Any]:
+    """ProxyCore (journal replayed into it, then journalling) and the service over it.
+
+    Returns the service and the journal's recovery report (``None`` without a journal). ``engine``
+    overrides the clients made for ``config.server.engines``; ``tokenizer`` the one ``config`` names.
+    """
+    from dressage.tokenizer import load_tokenizer
+
+    tok = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
+    core = ProxyCore(config.data_plane, tq_client, sink=sink, decode=tok.decode, special_ids=tok.special_token_ids,
+                     batch_tag=batch_tag)
+    service = ProxyService(config.server, core, tok, engine)
+    report = None
+    if config.journal.path is not None:
+        from dressage.proxy.journal import Journal
+
+        report = core.recover(config.journal.path)
+        for done in report.delivered:
+            service.finalized[done.session_id] = done
+        core.journal = Journal(config.journal.path, fsync=config.journal.fsync)
+    return service, report
+
+
+class Proxy:
+    """A running Proxy: its service, HTTP server and (when it started one) TransferQueue deployment.
+
+    A context manager; :meth:`shutdown` stops the server and what the Proxy started.
+    """
+
+    def __init__(self, config: ProxyConfig, service: ProxyService, server: Any, tq: Any, owns_tq: bool,
+                 recovery: Any) -> None:
+        self.config, self.service, self.server = config, service, server
+        self.tq, self._owns_tq, self.recovery = tq, owns_tq, recovery
+
+    @classmethod
+    def start(cls, config: ProxyConfig, *, tq: Any = None, tq_client: Any = None, tokenizer: Any = None,
+              engine: Any = None, sink: Callable[[FinalizedSession], None] | None = None,
+              batch_tag: Callable[[], str | None] | None = None) -> "Proxy":
+        """Assemble and start a Proxy; returns once its server accepts connections.
+
+        With TQ on, the Proxy writes through ``tq_client``, else a client of ``tq`` (a started
+        :class:`dressage.tq.TransferQueue` the caller owns), else a deployment it starts from
+        ``config.transfer_queue_config()`` and stops at :meth:`shutdown`.
+        """
+        from dressage.proxy.http import ProxyServer
+
+        owns_tq = False
+        if tq_client is None and config.data_plane.enable_transfer_queue:
+            if tq is None:
+                from dressage.tq import TransferQueue
+
+                tq, owns_tq = TransferQueue.start(config.transfer_queue_config()), True
+            tq_client = tq.client()
+        server = None
+        try:
+            service, recovery = build_service(config, tq_client=tq_client, tokenizer=tokenizer, engine=engine,
+                                              sink=sink, batch_tag=batch_tag)
+            server = ProxyServer(service)
+            server.start_background()
+        except BaseException:
+            if server is not None:
+                server.stop()
+            if owns_tq:
+                tq.shutdown()
+            raise
+        return cls(config, service, server, tq, owns_tq, recovery)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def core(self) -> ProxyCore:
+        return self.service.core
+
+    def wait(self) -> None:
+        """Block until SIGINT or SIGTERM (main thread) or until the server stops."""
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            while self.server.running and not stop.wait(0.5):
+                pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def shutdown(self) -> None:
+        self.server.stop()
+        if self._owns_tq and self.tq is not None:
+            self.tq.shutdown()
+            self._owns_tq = False
+
+    def __enter__(self) -> "Proxy":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

@@ -1,0 +1,178 @@
+"""The Proxy's HTTP module: thin FastAPI routes over :class:`dressage.proxy.service.ProxyService`.
+
+Each route parses its body (pydantic schemas), calls one service use case and returns its
+value as JSON. A :class:`dressage.errors.DressageError` becomes an OpenAI-style error with the
+status and type the class carries (``http_status``, ``openai_type``). Agents use
+``/sessions/{id}/v1`` as an OpenAI base URL, or ``/v1`` with session headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dressage.errors import DressageError
+from dressage.proxy.schemas import (ChatRequest, CreateSession, FinalizeRequest, FinalizeSessionRequest, GenerateRequest,
+                                    ResumeRequest, TrajectoryReadRequest)
+from dressage.proxy.streaming import error_body, error_payload
+from dressage.proxy.turns import identity_from_headers
+from dressage.serving import UvicornServer
+
+__all__ = ["build_app", "ProxyServer", "status_for"]
+
+
+def status_for(exc: DressageError) -> tuple[int, str]:
+    """HTTP status and OpenAI error type of a Dressage error (the class attributes)."""
+    return exc.http_status, exc.openai_type
+
+
+def _json(value: Any) -> Response:
+    # The stdlib serialises long token lists faster than pydantic, and adds nothing here.
+    return Response(json.dumps(value), media_type="application/json")
+
+
+def _install_guards(app: FastAPI, service: Any) -> None:
+    token = service.config.api_token
+    limit = service.config.max_body_bytes
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if token is not None and request.url.path != "/health":
+            header = request.headers.get("authorization", "")
+            given = header[7:] if header.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                return JSONResponse(error_body("missing or wrong bearer token", "authentication_error"), 401)
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            return JSONResponse(error_body(f"request body over {limit} bytes", "invalid_request_error"), 413)
+        return await call_next(request)
+
+    @app.exception_handler(DressageError)
+    async def dressage_error(request: Request, exc: DressageError):
+        service.failed_calls += 1
+        # A 4xx here is final (a retry gets the same answer): tell OpenAI clients not to retry it.
+        headers = {"x-should-retry": "false"} if exc.http_status < 500 else None
+        return JSONResponse(error_payload(exc), exc.http_status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            detail = (first.get("ctx") or {}).get("error", first.get("msg"))
+            return JSONResponse(error_body(f"malformed JSON: {detail}", "invalid_request_error"), 400)
+        if tuple(first.get("loc", ())) == ("body",):
+            return JSONResponse(error_body("request body must be a JSON object", "invalid_request_error"), 400)
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        msg = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
+                        for e in errors[:5])
+        return JSONResponse(error_body(msg, "invalid_request_error", param=param), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code)
+
+
+def build_app(service: Any) -> FastAPI:
+    """The FastAPI app: one route per use case of ``service``."""
+    app = FastAPI(title="Dressage Proxy", version="0.1.0")
+    _install_guards(app, service)
+
+    async def answer(session_id: str, request: Request, body: ChatRequest) -> Response:
+        out = await service.open_chat(session_id, body, turn_id=identity_from_headers(request.headers).turn_id)
+        if isinstance(out, dict):
+            return _json(out)
+        return StreamingResponse(out, media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return service.health()
+
+    @app.post("/sessions")
+    async def create_session(request: Request, body: CreateSession | None = None) -> dict[str, Any]:
+        return service.create_session(body.metadata if body else None, str(request.base_url))
+
+    @app.post("/sessions/{session_id}/v1/chat/completions")
+    async def chat(session_id: str, request: Request, body: ChatRequest) -> Response:
+        return await answer(session_id, request, body)
+
+    @app.post("/v1/chat/completions")
+    async def chat_by_headers(request: Request, body: ChatRequest) -> Response:
+        return await answer(service.header_session(identity_from_headers(request.headers)), request, body)
+
+    @app.get("/v1/models")
+    async def all_models() -> dict[str, Any]:
+        return service.models()
+
+    @app.get("/sessions/{session_id}/v1/models")
+    async def models(session_id: str) -> dict[str, Any]:
+        return service.models(session_id)
+
+    @app.post("/sessions/{session_id}/generate")
+    async def generate(session_id: str, body: GenerateRequest) -> dict[str, Any]:
+        return await service.generate_tokens(session_id, body)
+
+    @app.post("/sessions/{session_id}/finalize")
+    async def finalize(session_id: str, body: FinalizeRequest | None = None) -> dict[str, Any]:
+        return await asyncio.to_thread(service.finalize_summary, session_id, body.reward if body else None)
+
+    @app.post("/sessions/{session_id}/abort")
+    async def abort(session_id: str) -> dict[str, Any]:
+        return service.abort(session_id)
+
+    @app.get("/sessions/{session_id}/segments")
+    async def segments(session_id: str) -> Response:
+        return _json(service.segments(session_id))
+
+    @app.post("/session/finalize")
+    async def finalize_by_headers(request: Request, body: FinalizeSessionRequest | None = None) -> dict[str, Any]:
+        sid = (body.session_id if body else None) or identity_from_headers(request.headers).session_id
+        return await asyncio.to_thread(service.finalize_summary, sid, body.reward if body else None)
+
+    @app.post("/trajectory/read")
+    async def trajectory_read(body: TrajectoryReadRequest | None = None) -> Response:
+        body = body or TrajectoryReadRequest()
+        ids = list(body.session_ids or []) + ([body.session_id] if body.session_id else [])
+        return _json(service.read_trajectories(ids, body.instance_id, body.drain))
+
+    @app.get("/trajectory/stats")
+    async def trajectory_stats() -> dict[str, Any]:
+        return service.stats()
+
+    @app.post("/v1/rollout/pause")
+    async def rollout_pause() -> dict[str, Any]:
+        return await service.pause_rollout()
+
+    @app.post("/v1/rollout/resume")
+    async def rollout_resume(body: ResumeRequest | None = None) -> dict[str, Any]:
+        return service.resume_rollout(body.weight_version if body else None)
+
+    @app.get("/v1/rollout/pause_state")
+    async def rollout_pause_state() -> dict[str, Any]:
+        return service.pause_state()
+
+    @app.get("/v1/engines")
+    async def engines() -> dict[str, Any]:
+        return service.engine_state()
+
+    @app.get("/sessions/{session_id}")
+    async def session_info(session_id: str) -> dict[str, Any]:
+        return service.session_info(session_id)
+
+    return app
+
+
+class ProxyServer(UvicornServer):
+    """The Proxy app under uvicorn; ``start_background()`` for tests and in-process use."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+        super().__init__(build_app(service), host=service.config.host, port=service.config.port, name="proxy")
