@@ -85,27 +85,6 @@ class ProxyService(CallPath):
                 pass  # a concurrent first call created it
         return sid
 
-    def session_url(self, base: str, session_id: str) -> str:
-        return f"{base.rstrip('/')}/sessions/{session_id}/v1"
-
-    def header_session(self, ident: CallIdentity) -> str:
-        """The session a header-identified call belongs to, created by its first call."""
-        if not ident.session_id:
-            raise MissingSessionIdError("send the session in an X-Session-Id (or X-SMG-Routing-Key) header, "
-                                        "or use a session's base URL /sessions/{id}/v1")
-        sid = ident.session_id
-        if len(sid) > 256 or not sid.isprintable():
-            raise SessionIdError("a session id is at most 256 printable characters")
-        if sid not in self.core.sessions:
-            meta: dict[str, Any] = {"session_source": "headers"}
-            if ident.instance_id is not None:
-                meta.update(instance_id=ident.instance_id, group_index=instance_group(ident.instance_id, self._groups))
-            try:
-                self.core.create_session(meta, session_id=sid)
-            except SessionStateError:
-                pass  # a concurrent first call created it
-        return sid
-
     # ---------------------------------------------------------- sessions
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "sessions": len(self.core.sessions), "weight_version": self.weight_version}
