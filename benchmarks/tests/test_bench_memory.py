@@ -27,6 +27,7 @@ def report(tmp_path_factory, bench_command) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ})
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "M_master (peak of the sum)" in proc.stdout
+    assert "small preset's sizes cannot meet the targets" in proc.stdout   # they are for --preset full
     data = json.loads(path.read_text())
     data["_plot_dir"] = str(out / "plots")
     return data
@@ -34,6 +35,7 @@ def report(tmp_path_factory, bench_command) -> dict:
 
 def test_json_has_the_issue_interface(report):
     assert report["routed_experts_dtype"] == "uint8"
+    assert "--preset full" in report["targets_note"]
     assert set(report["without_tq"]["components"]) == set(WITHOUT_TQ_COMPONENTS)
     assert set(report["with_tq"]["components"]) == set(WITH_TQ_COMPONENTS)
     for path in ("without_tq", "with_tq"):

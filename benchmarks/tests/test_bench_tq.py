@@ -113,6 +113,13 @@ def test_system_that_cannot_start_is_listed_with_its_reason(monkeypatch) -> None
     assert "error: transferqueue not installed" in format_table(report)
 
 
+def test_quick_runs_say_their_sizes_cannot_meet_the_targets(report: dict) -> None:
+    assert report["targets_note"] is None and "cannot meet" not in format_table(report)
+    quick = run_tq_bench(TqBenchConfig.quick_preset(systems=("memcpy",), **TINY))
+    assert quick["config"]["quick"] is True and "without --quick" in quick["targets_note"]
+    assert format_table(quick).splitlines()[-1] == quick["targets_note"]
+
+
 def test_cli_writes_the_json_file(tmp_path, capsys, bench_command) -> None:
     from dressage.cli import main
 

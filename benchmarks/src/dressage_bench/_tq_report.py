@@ -68,6 +68,7 @@ def build_report(config: Any, workloads: list[Workload], runs: list[Any],
         "results": results,
         "ratios": ratios,
         "targets": _targets(workloads, by_key),
+        "targets_note": QUICK_NOTE if config.quick else None,
         "systems": {run.name: _system_info(run) for run in runs},
         "config": {**asdict(config), "sizes_mib": list(config.sizes_mib), "systems": list(config.systems),
                    "tq_options": dict(config.tq_options)},
@@ -209,6 +210,10 @@ def _fmt_bytes(n: int) -> str:
     return f"{n / 1024:g} KiB"
 
 
+QUICK_NOTE = ("note: --quick sizes cannot meet the targets, which are defined for the full run "
+              "(1-256 MiB payloads, 5 rounds, full small-put counts); run without --quick to check them")
+
+
 def _fmt(x: Any, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -254,6 +259,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"{p['workload']} {_fmt(p['ratio'])}x" for p in t["payloads"] if p["ratio"] is not None
         )
         lines.append(f"target {t['target']}: {verdict}" + (f" ({figures})" if figures else ""))
+    if report.get("targets_note"):
+        lines.append(report["targets_note"])
     return "\n".join(lines)
 
 

@@ -7,9 +7,7 @@ returns, on success and on failure.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import tempfile
 import time
 from typing import Any
@@ -18,6 +16,7 @@ import numpy as np
 
 from dressage_bench.faults.runner import FaultsConfig, case
 from dressage.errors import IntegrityError, StorageUnitUnavailable
+from dressage.testing import corrupt_blob, kill_unit, stopped_unit
 from dressage.train import TrainingReader
 from dressage.trajectory import Piece, Sample
 from dressage.tq import TransferQueue
@@ -83,7 +82,7 @@ def _gone(pids: dict[str, int]) -> bool:
                    for p in pids.values())
 
 
-def _killed_case(tq: TransferQueue, cfg: FaultsConfig, sig: int | None,
+def _killed_case(tq: TransferQueue, cfg: FaultsConfig,
                  writers: list[Any] | None = None) -> tuple[bool, dict[str, Any]]:
     """Shared by the local and Ray kill cases: kill a unit mid-rollout, then check everything.
     ``writers``: clients that write the Samples in turn (one per node, so every unit holds some)."""
@@ -93,10 +92,7 @@ def _killed_case(tq: TransferQueue, cfg: FaultsConfig, sig: int | None,
     samples = [_sample(writers[i % len(writers)], i) for i in range(n)]
     victim = _unit_of(samples[0])
     hit = [s for s in samples if _unit_of(s) == victim]
-    if sig is None:
-        tq.kill_unit(victim)
-    else:
-        tq.kill_unit(victim, sig)
+    kill_unit(tq, victim)
     marked = _wait_state(tq, victim, "dead", 30.0)
     later = [_sample(client, 1000 + i) for i in range(n // 2)]
     read = _fail_fast_read(client, [s.remote["logprobs"][0].value for s in hit])
@@ -125,7 +121,7 @@ def storage_unit_killed(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     pids = tq.processes()
     tokens = [u.get("shm_token") for u in tq.client_spec()["units"]]
     try:
-        passed, detail = _killed_case(tq, cfg, None)
+        passed, detail = _killed_case(tq, cfg)
     finally:
         tq.shutdown()
     detail["processes_left"] = not _gone(pids)
@@ -143,15 +139,12 @@ def storage_unit_stopped(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
         samples = [_sample(client, i) for i in range(8 if cfg.quick else 32)]
         victim = _unit_of(samples[0])
         hit = [s for s in samples if _unit_of(s) == victim]
-        tq.kill_unit(victim, signal.SIGSTOP)
-        try:
+        with stopped_unit(tq, victim):
             marked = _wait_state(tq, victim, "dead", 30.0)
             read = _fail_fast_read(client, [s.remote["logprobs"][0].value for s in hit])
             t0 = time.monotonic()
             during = [_sample(client, 500 + i) for i in range(4)]
             put_s = round(time.monotonic() - t0, 3)
-        finally:
-            tq.kill_unit(victim, signal.SIGCONT)
         back = _wait_state(tq, victim, "live", 30.0)
         deadline = time.monotonic() + 2.0  # the client's copy of unit states is at most 0.2 s old
         while victim in client.dead_units() and time.monotonic() < deadline:
@@ -179,11 +172,6 @@ def storage_unit_stopped(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     return passed, detail
 
 
-def _flip(array: np.ndarray, byte: int) -> None:
-    addr = array.ctypes.data + byte
-    ctypes.memset(addr, ctypes.c_uint8.from_address(addr).value ^ 0xFF, 1)
-
-
 @case("corrupted_blob")
 def corrupted_blob(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     rng = np.random.default_rng(cfg.seed)
@@ -202,11 +190,11 @@ def corrupted_blob(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
         out["good_block_reads"] = bool(np.array_equal(good, blob[:1024]))
         return out
 
-    # In memory (an embedded unit): flip one byte of the stored array.
+    # In memory (an embedded unit): flip one byte of the stored bytes.
     with TransferQueue.start({"retention_s": None, "unit_memory_budget": "16MiB"}) as tq:
         client = tq.client()
         ref = client.put("routed_experts", blob)
-        _flip(tq._deployment.units[ref.unit_id]._blobs[ref.key], 3000 * 256 + 5)
+        corrupt_blob(tq.storage_units()[ref.unit_id], ref.key, 3000 * 256 + 5)
         detail["memory"] = attempt(client, ref)
     # On disk, across processes: a unit process spills the blob; flip one byte of its file.
     with tempfile.TemporaryDirectory(prefix="dressage-faults-") as spill:
@@ -232,7 +220,7 @@ def corrupted_blob(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
 def wire_fuzz(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     from dressage.tq.controller_service import RemoteController
     from dressage.tq.storage.remote import RemoteStorageUnit
-    from dressage.tq.wirefuzz import fuzz_server
+    from dressage.testing.wirefuzz import fuzz_server
 
     secret = "faults-wire-fuzz-secret"
     reports: dict[str, Any] = {}
@@ -291,10 +279,11 @@ def storage_unit_killed_ray(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
                                   "heartbeat_interval_s": _HEARTBEAT_S, "unit_dead_after_s": _DEAD_AFTER_S,
                                   "retention_s": None, "startup_timeout_s": 120})
         # Rollout workers on both nodes: each writes to its own node's unit.
-        writers = [tq.client(node_id=node) for node in tq._deployment.unit_nodes().values()]
-        passed, detail = _killed_case(tq, cfg, None, writers)
+        unit_nodes = {u.unit_id: u.node_id for u in tq.units()}
+        writers = [tq.client(node_id=node) for node in unit_nodes.values()]
+        passed, detail = _killed_case(tq, cfg, writers)
         detail["nodes"] = len([n for n in ray.nodes() if n.get("Alive")])
-        detail["unit_nodes"] = {u: (n or "")[:12] for u, n in tq._deployment.unit_nodes().items()}
+        detail["unit_nodes"] = {u: (n or "")[:12] for u, n in unit_nodes.items()}
     finally:
         if tq is not None:
             tq.shutdown()

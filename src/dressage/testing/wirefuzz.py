@@ -3,7 +3,8 @@
 ``hostile_message(rng)`` builds one bad multipart message (random bytes, truncated or oversized frames,
 wrong versions, pickles, ill-typed msgpack, frame-count lies, forged MACs). ``fuzz_server`` sends many and
 checks that each gets a typed error reply (or a correct answer, for the rare valid one) and that valid
-requests still work afterwards. Used by ``dressage bench faults`` (``wire_fuzz``) and by the tests.
+requests still work afterwards. Point it at any server that speaks the TransferQueue wire protocol (a
+StorageUnit or Controller of another backend, too); ``dressage bench faults`` (``wire_fuzz``) uses it.
 """
 
 from __future__ import annotations
