@@ -35,4 +35,4 @@ bench: $(VENV)/.installed-bench
 	$(VENV)/bin/dressage bench tq --json out/bench_tq.json $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info src/*.egg-info benchmarks/src/*.egg-info .pytest_cache

@@ -210,8 +210,9 @@ def _fmt_bytes(n: int) -> str:
     return f"{n / 1024:g} KiB"
 
 
-QUICK_NOTE = ("note: --quick sizes cannot meet the targets, which are defined for the full run "
-              "(1-256 MiB payloads, 5 rounds, full small-put counts); run without --quick to check them")
+QUICK_NOTE = ("note: --quick sizes cannot meet the targets as defined: they are for the full run (1-256 MiB "
+              "payloads, 5 rounds, full small-put counts), so the verdicts above are indicative only; "
+              "run without --quick to check them")
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:

@@ -115,8 +115,9 @@ def targets_note(preset: str) -> str | None:
     """Why a run's targets say little: they are defined for the full preset, not for a quick check."""
     if preset == "full":
         return None
-    return (f"note: the {preset} preset's sizes cannot meet the targets, which are defined for --preset full "
-            "(the idle footprint of the processes dominates small batches); run --preset full to check them")
+    return (f"note: the {preset} preset's sizes cannot meet the targets as defined: they are for --preset full "
+            "(at small batches the processes' idle footprint dominates), so the verdicts above are indicative "
+            "only; run --preset full to check them")
 
 
 def build_report(cfg: MemoryBenchConfig, runs: Mapping[tuple[str, str], PathRun]) -> dict[str, Any]:
