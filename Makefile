@@ -1,5 +1,6 @@
 # Two entry points: `make run` (the main job on the embedded default) and `make test`.
-# Both create or reuse .venv and install the project from pyproject.toml.
+# Both create or reuse .venv and install the product (pyproject.toml) and its benchmarks
+# (benchmarks/pyproject.toml, the dressage-bench package that adds `dressage bench`), both editable.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,10 +8,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test venv bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml benchmarks/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]' -e benchmarks
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -26,12 +27,12 @@ test: $(STAMP)
 
 # `make bench` adds the benchmark baselines (transferqueue, CPU torch) and runs `dressage bench tq`;
 # ARGS=--quick for a run under a minute. Kept out of `dev` so CI stays light.
-$(VENV)/.installed-bench: pyproject.toml $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+$(VENV)/.installed-bench: pyproject.toml benchmarks/pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev]' -e 'benchmarks[baselines]'
 	@touch $@
 
 bench: $(VENV)/.installed-bench
 	$(VENV)/bin/dressage bench tq --json out/bench_tq.json $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info src/*.egg-info benchmarks/src/*.egg-info .pytest_cache

@@ -4,13 +4,13 @@ exactly the affected Samples."""
 
 from __future__ import annotations
 
-import signal
 import time
 
 import numpy as np
 import pytest
 
 from dressage.errors import StorageUnitUnavailable
+from dressage.testing import kill_unit, stopped_unit, wait_unit_state
 from dressage.train import TrainingReader
 from dressage.trajectory import Piece, Sample
 from dressage.tq import TransferQueue
@@ -35,15 +35,6 @@ def _unit_of(s: Sample) -> str:
     return s.remote["logprobs"][0].value.unit_id
 
 
-def _wait_state(tq, unit_id: str, state: str, timeout_s: float) -> float:
-    t0 = time.monotonic()
-    while tq.unit_states()[unit_id]["state"] != state:
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"{unit_id} not {state} within {timeout_s} s: {tq.unit_states()[unit_id]}")
-        time.sleep(0.02)
-    return time.monotonic() - t0
-
-
 def test_killed_unit_is_dead_at_once_and_the_reader_drops_exactly_its_samples():
     with TransferQueue.start({**FAST, "unit_dead_after_s": 5.0}) as tq:
         client = tq.client()
@@ -51,8 +42,8 @@ def test_killed_unit_is_dead_at_once_and_the_reader_drops_exactly_its_samples():
         victim = _unit_of(samples[0])
         hit = [s for s in samples if _unit_of(s) == victim]
         assert 0 < len(hit) < len(samples)
-        tq.kill_unit(victim)
-        took = _wait_state(tq, victim, "dead", 5.0)
+        kill_unit(tq, victim)
+        took = wait_unit_state(tq, victim, "dead", 5.0)
         assert took < 2.5                              # the exit watcher, not the 5 s probe time-out
         later = [_sample(client, 100 + i) for i in range(4)]
         assert {_unit_of(s) for s in later} != {victim} and all(_unit_of(s) != victim for s in later)
@@ -80,9 +71,8 @@ def test_stopped_unit_is_dead_by_timeout_and_live_again_after_sigcont():
         samples = [_sample(client, i) for i in range(6)]
         victim = _unit_of(samples[0])
         refs = [s.remote["routed_experts"][0].value for s in samples if _unit_of(s) == victim]
-        tq.kill_unit(victim, signal.SIGSTOP)
-        try:
-            took = _wait_state(tq, victim, "dead", 5.0)
+        with stopped_unit(tq, victim):
+            took = wait_unit_state(tq, victim, "dead", 5.0)
             assert 0.7 <= took < 5.0                   # unit_dead_after_s 1.0 plus at most a probe period
             t0 = time.monotonic()
             with pytest.raises(StorageUnitUnavailable, match="answered no probe"):
@@ -90,9 +80,7 @@ def test_stopped_unit_is_dead_by_timeout_and_live_again_after_sigcont():
             assert time.monotonic() - t0 < 0.5
             during = [_sample(client, 50 + i) for i in range(3)]
             assert all(_unit_of(s) != victim for s in during)
-        finally:
-            tq.kill_unit(victim, signal.SIGCONT)
-        _wait_state(tq, victim, "live", 3.0)
+        wait_unit_state(tq, victim, "live", 3.0)
         deadline = time.monotonic() + 1.0              # the client's copy of the states is <= 0.2 s old
         while victim in client.dead_units() and time.monotonic() < deadline:
             time.sleep(0.02)

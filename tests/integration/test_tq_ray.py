@@ -12,6 +12,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
 
+from dressage.testing import kill_unit  # noqa: E402
 from dressage.tq import FieldRef, TransferQueue, TransferQueueClient  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -112,11 +113,11 @@ def test_a_killed_unit_actor_is_marked_dead_and_puts_go_to_the_live_units(cluste
     with TransferQueue.start({"deployment": "ray", "num_storage_units": 2, "unit_memory_budget": "1MiB",
                               "heartbeat_interval_s": 0.2, "unit_dead_after_s": 1.0,
                               "request_timeout_s": 20}) as tq:
-        nodes = tq._deployment.unit_nodes()
+        nodes = {u.unit_id: u.node_id for u in tq.units()}
         writers = {u: tq.client(node_id=n) for u, n in nodes.items()}
         refs = {u: w.put("logprobs", np.arange(4, dtype=np.float32)) for u, w in writers.items()}
         assert {u: r.unit_id for u, r in refs.items()} == {u: u for u in nodes}
-        tq.kill_unit("unit0")
+        kill_unit(tq, "unit0")
         deadline = time.monotonic() + 10
         while tq.unit_states()["unit0"]["state"] != "dead":
             assert time.monotonic() < deadline, tq.unit_states()

@@ -19,7 +19,7 @@ from dressage.tq.controller_service import ControllerServer, RemoteController
 from dressage.tq.storage import SpillStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer
-from dressage.tq.wirefuzz import KINDS, fuzz_server, hostile_message
+from dressage.testing.wirefuzz import KINDS, fuzz_server, hostile_message
 
 SECRET = b"fuzz-secret-0123456789"
 TYPED = {"TransferQueueError", "KeyNotFoundError", "RowRangeError", "StorageUnitUnavailable", "StorageFullError",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 import numpy as np
 import pytest
 
 from dressage.errors import IntegrityError
+from dressage.testing import corrupt_blob
 from dressage.tq import TransferQueue
 from dressage.tq.integrity import BLOCK_BYTES, checksum, copy_and_checksum, verify_rows
 from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit
@@ -20,13 +20,6 @@ ROW = 1024  # bytes per row of the test blobs: 256 rows per checksum block
 
 def _blob(rows: int = 2048) -> np.ndarray:
     return np.random.default_rng(rows).integers(0, 255, size=(rows, 64, 16), dtype=np.uint8)
-
-
-def _flip(array: np.ndarray, byte: int) -> None:
-    """Flip one byte of a read-only stored array in place (as a bad DIMM or a stray write would)."""
-    addr = array.ctypes.data + byte
-    old = ctypes.c_uint8.from_address(addr).value
-    ctypes.memset(addr, old ^ 0xFF, 1)
 
 
 def test_block_checksums_match_a_plain_copy_and_detect_one_flipped_byte():
@@ -49,7 +42,7 @@ def test_corrupted_memory_blob_is_an_integrity_error_and_other_blocks_still_read
         a = _blob()
         unit.put("k", a)
         unit.put("other", a[:10])
-        _flip(unit._blobs["k"], 300 * ROW + 7)   # row 300: block 1
+        corrupt_blob(unit, "k", 300 * ROW + 7)   # row 300: block 1
         with pytest.raises(IntegrityError, match="c0.*'k'"):
             unit.get("k")
         with pytest.raises(IntegrityError):
@@ -66,7 +59,7 @@ def test_received_frames_kept_without_a_copy_are_checksummed_too():
     a = _blob(512)
     frame = a.copy()
     unit.put("k", frame, copy=False)  # the server's path: the unit keeps the buffer it was given
-    _flip(frame, 5 * ROW)
+    corrupt_blob(unit, "k", 5 * ROW)
     with pytest.raises(IntegrityError):
         unit.get("k", 5, 6)
     unit.close()
@@ -107,7 +100,7 @@ def test_integrity_error_crosses_the_wire_typed_and_the_unit_keeps_serving():
         a = _blob(600)
         remote.put("k", a)
         remote.put("ok", a[:3])
-        _flip(backend._blobs["k"], 10)
+        corrupt_blob(backend, "k", 10)
         with pytest.raises(IntegrityError, match="checksum mismatch"):
             remote.get("k", 0, 1)
         np.testing.assert_array_equal(remote.get("ok"), a[:3])
@@ -122,8 +115,7 @@ def test_client_reads_of_a_corrupted_key_raise_and_never_return_data():
         client = tq.client()
         a = _blob(300)
         ref = client.put("routed_experts", a)
-        unit = tq._deployment.units[ref.unit_id]
-        _flip(unit._blobs[ref.key], 299 * ROW)
+        corrupt_blob(tq.storage_units()[ref.unit_id], ref.key, 299 * ROW)
         np.testing.assert_array_equal(client.get(ref.narrow(0, 200)), a[:200])
         with pytest.raises(IntegrityError):
             client.get_many([ref.narrow(0, 200), ref.narrow(250, 300)])
@@ -137,4 +129,4 @@ def test_checksums_can_be_switched_off_for_measurement_only(tmp_path):
         np.testing.assert_array_equal(backend.get("k", 7, 9), a[7:9])
         backend.close()
     with TransferQueue.start({"checksums": False, "retention_s": None}) as tq:
-        assert tq._deployment.units["unit0"].checksums is False
+        assert tq.storage_units()["unit0"].checksums is False

@@ -84,6 +84,11 @@ class TransferQueue:
     def units(self) -> list[UnitInfo]:
         return self._deployment.controller.units()
 
+    def storage_units(self) -> dict[str, StorageUnit]:
+        """``{unit_id: StorageUnit}``: the backends themselves (embedded) or their ZMQ handles (local, ray)."""
+        self._check_open()
+        return dict(self._deployment.unit_handles())
+
     def stats(self) -> dict[str, dict[str, Any]]:
         """Per unit: what the unit holds (keys, bytes, memory_bytes, held_bytes, peak_held_bytes,
         spilled_bytes, counters) merged with the Controller's view (state: live|dead, state_reason,
@@ -125,14 +130,6 @@ class TransferQueue:
         """``{unit_id: {"state": "live"|"dead", "for_s", "reason", "seen_s_ago"}}`` from the Controller."""
         self._check_open()
         return self._deployment.controller.unit_states()
-
-    def kill_unit(self, unit_id: str, sig: int | None = None) -> int:
-        """Fault injection: send a signal (default SIGKILL) to a unit's process; returns its pid."""
-        self._check_open()
-        kill = getattr(self._deployment, "kill_unit", None)
-        if kill is None:
-            raise TransferQueueError(f"the {self.deployment} deployment has no unit processes to signal")
-        return kill(unit_id) if sig is None else kill(unit_id, sig)
 
     def shutdown(self) -> None:
         if self._closed:

@@ -172,12 +172,6 @@ class LocalDeployment:
     def unit_handles(self) -> dict[str, StorageUnit]:
         return dict(self._units)
 
-    def kill_unit(self, unit_id: str, sig: int = signal.SIGKILL) -> int:
-        """Send ``sig`` to a unit's process (fault injection); returns its pid."""
-        proc = self._procs[unit_id]
-        proc.send_signal(sig)
-        return proc.pid
-
     def processes(self) -> dict[str, int]:
         return {name: p.pid for name, p in self._procs.items()}
 

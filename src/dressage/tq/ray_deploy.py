@@ -264,15 +264,6 @@ class RayDeployment:
     def processes(self) -> dict[str, int]:
         return dict(self._pids)
 
-    def kill_unit(self, unit_id: str, sig: int | None = None) -> int:
-        """Fault injection: ``ray.kill`` the unit's actor (``sig`` given: signal its process instead)."""
-        pid = self._pids[unit_id]
-        if sig is None:
-            _ray().kill(self._unit_actors[unit_id], no_restart=True)
-        else:
-            os.kill(pid, sig)
-        return pid
-
     def run_janitor(self) -> int:
         return self.controller.run_janitor()
 

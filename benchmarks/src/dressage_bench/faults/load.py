@@ -1,0 +1,100 @@
+"""Load: hundreds of concurrent agent sessions against one Proxy, and the same calls straight to the engine.
+
+Throughput is model calls per second; the Proxy's added latency is its per-call latency minus the
+engine's for the same prompts, measured in the same run at the same concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+
+from dressage_bench.faults._stack import serve_process
+from dressage_bench.faults.runner import FaultsConfig, case
+from dressage.proxy.sglang_client import SGLangClient
+from dressage.tokenizer import load_tokenizer
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs), q)) * 1000.0 if xs else float("nan")
+
+
+async def _through_proxy(url: str, sessions: int, turns: int, concurrency: int) -> tuple[list[float], list, int]:
+    lat: list[float] = []
+    prompts: list = []  # the messages of every call, rendered later for the direct run
+    errors = 0
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as h:
+        async def one(i: int) -> None:
+            nonlocal errors
+            async with gate:
+                sid = (await h.post(url + "/sessions", json={"metadata": {"group_index": i}})).json()["session_id"]
+                client = openai.AsyncOpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key="none", http_client=h,
+                                            max_retries=0)
+                msgs = [{"role": "user", "content": f"Session {i}: list some primes."}]
+                for _ in range(turns):
+                    t0 = time.perf_counter()
+                    prompts.append(list(msgs))
+                    try:
+                        r = await client.chat.completions.create(model="m", messages=msgs, max_tokens=32)
+                    except openai.APIError:
+                        errors += 1
+                        return
+                    lat.append(time.perf_counter() - t0)
+                    msgs = msgs + [r.choices[0].message.model_dump(exclude_none=True),
+                                   {"role": "user", "content": "More."}]
+                await h.post(f"{url}/sessions/{sid}/finalize", json={"reward": 1.0})
+        await asyncio.gather(*(one(i) for i in range(sessions)))
+    return lat, prompts, errors
+
+
+async def _direct(engine_url: str, prompts: list[list[int]], concurrency: int) -> list[float]:
+    lat: list[float] = []
+    gate = asyncio.Semaphore(concurrency)
+    async with SGLangClient(engine_url, timeout=120) as client:
+        async def one(ids: list[int]) -> None:
+            async with gate:
+                t0 = time.perf_counter()
+                await client.generate(ids, {"max_new_tokens": 32}, return_logprob=True, return_routed_experts=True)
+                lat.append(time.perf_counter() - t0)
+        await asyncio.gather(*(one(p) for p in prompts))
+    return lat
+
+
+@case("load")
+def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
+    # Engine and Proxy in their own processes, as deployed: the driver's work does not share their GIL.
+    engine = serve_process(["engine", "serve", "--model", "qwen3.6-35b-a3b", "--mean-response-tokens", "24",
+                            "--seed", str(cfg.seed)])
+    proxy = None
+    conc = cfg.load_sessions
+    try:
+        proxy = serve_process(["proxy", "serve", "--engine-url", engine.url, "--model", "qwen3.6-35b-a3b",
+                               "--use-rollout-routing-replay", "--enable-transfer-queue",
+                               "--routed-experts-dtype", "uint8"])
+        t0 = time.perf_counter()
+        lat_p, messages, errors = asyncio.run(_through_proxy(proxy.url, cfg.load_sessions, cfg.load_turns, conc))
+        wall_p = time.perf_counter() - t0
+        tok = load_tokenizer("byte")
+        prompts = [tok.apply_chat_template(m, None, True) for m in messages]
+        t0 = time.perf_counter()
+        lat_d = asyncio.run(_direct(engine.url, prompts, conc))
+        wall_d = time.perf_counter() - t0
+        detail = {"load": {
+            "sessions": cfg.load_sessions, "concurrency": conc, "calls": len(lat_p), "errors": errors,
+            "proxy_calls_per_s": round(len(lat_p) / wall_p, 1), "engine_calls_per_s": round(len(lat_d) / wall_d, 1),
+            "proxy_p50_ms": round(_pct(lat_p, 50), 2), "proxy_p99_ms": round(_pct(lat_p, 99), 2),
+            "engine_p50_ms": round(_pct(lat_d, 50), 2), "engine_p99_ms": round(_pct(lat_d, 99), 2),
+            "added_p50_ms": round(_pct(lat_p, 50) - _pct(lat_d, 50), 2),
+            "added_p99_ms": round(_pct(lat_p, 99) - _pct(lat_d, 99), 2),
+        }}
+        return errors == 0 and len(lat_p) == cfg.load_sessions * cfg.load_turns, detail
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        engine.stop()

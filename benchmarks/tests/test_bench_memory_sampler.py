@@ -1,0 +1,70 @@
+"""The memory benchmark's accounting: private PSS per process, shared-memory files counted once, the
+peak of the sum against the sum of peaks, and config validation."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+from dressage_bench.memory.config import MemoryBenchConfig
+from dressage_bench.memory.sampler import ComponentSpec, MemorySampler, Timeline, smaps_private
+from dressage.errors import ConfigError
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux smaps_rollup")
+
+
+def test_private_pss_grows_with_touched_memory():
+    before = smaps_private(os.getpid())
+    block = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB, every page written
+    after = smaps_private(os.getpid())
+    assert after - before > 48 << 20
+    del block
+
+
+def test_a_shared_memory_file_mapped_by_two_components_is_counted_once_to_the_last():
+    path = f"/dev/shm/dressage-test-{uuid.uuid4().hex}"
+    size = 8 << 20
+    with open(path, "w+b") as f:
+        f.truncate(size)
+        m = mmap.mmap(f.fileno(), size)
+    try:
+        m[:] = b"\1" * size  # allocate every page of the file
+        pid = os.getpid()
+        sampler = MemorySampler([ComponentSpec("writer", (pid,)), ComponentSpec("unit", (pid,))])
+        row = sampler.sample_once()
+        assert row["unit"] - row["writer"] >= size  # the file is the unit's, not the writer's as well
+        assert row["unit"] - row["writer"] < size + (1 << 20)
+    finally:
+        m.close()
+        os.unlink(path)
+
+
+def test_peak_of_the_sum_is_at_one_instant():
+    tl = Timeline(names=("a", "b"), metric=("a", "b"), t=[0.0, 1.0, 2.0],
+                  values={"a": [10, 0, 5], "b": [0, 10, 5]})
+    assert tl.peak("a") == tl.peak("b") == 10
+    assert tl.master_peak() == (10, 0.0)  # not 20: the two never peak together
+    assert tl.master() == [10, 10, 10]
+    assert tl.peak("a", since=1.0) == 5
+
+
+def test_config_rejects_bad_values_naming_the_flag():
+    with pytest.raises(ConfigError, match="--dtypes"):
+        MemoryBenchConfig(dtypes=("int8",))
+    with pytest.raises(ConfigError, match="--placement"):
+        MemoryBenchConfig(placement="nearby")
+    with pytest.raises(ConfigError, match="--max-tokens"):
+        MemoryBenchConfig(context_length=1024, max_tokens=1000)
+    with pytest.raises(ConfigError, match="--preset"):
+        MemoryBenchConfig.from_preset("huge")
+
+
+def test_presets_and_headline_dtype():
+    full = MemoryBenchConfig.from_preset("full", dtypes=("int32", "uint16"))
+    assert full.trajectories == 256
+    assert full.headline_dtype == "uint16"  # uint8 not measured: the last dtype
+    assert MemoryBenchConfig.from_preset("small").headline_dtype == "uint8"
