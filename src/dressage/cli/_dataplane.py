@@ -29,6 +29,9 @@ def add_data_plane_args(p: argparse.ArgumentParser, *, default_model: str = "qwe
                    help="how Segments are built at finalize (default: lineage)")
     g.add_argument("--drop-retry-orphans", action="store_true",
                    help="drop childless siblings of retried calls before building Segments")
+    g.add_argument("--shared-prefix-loss", choices=("once", "every"), default="once",
+                   help="once: every generated token is trained in exactly one Segment; every: each "
+                        "lineage Segment trains turns it shares with other branches too (default: once)")
 
 
 def data_plane_config(args: argparse.Namespace) -> DataPlaneConfig:
@@ -37,7 +40,7 @@ def data_plane_config(args: argparse.Namespace) -> DataPlaneConfig:
         enable_transfer_queue=args.enable_transfer_queue, transfer_queue_config=args.transfer_queue_config,
         transfer_params=tuple(args.transfer_params) if args.transfer_params else None,
         routed_experts_dtype=args.routed_experts_dtype, segment_view=args.segment_view,
-        drop_retry_orphans=args.drop_retry_orphans)
+        drop_retry_orphans=args.drop_retry_orphans, shared_prefix_loss=args.shared_prefix_loss)
 
 
 def transfer_queue_config(args: argparse.Namespace):
