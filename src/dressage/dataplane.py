@@ -17,6 +17,7 @@ from dressage.fields import (DEFAULT_R3_DTYPE, R3_DTYPES, TRANSFERABLE_FIELDS, M
 from dressage.fields.r3 import r3_dtype
 from dressage.fields.registry import check_field_names
 from dressage.flags import flag
+from dressage.trajectory.segment import SHARED_PREFIX_LOSS
 
 DEFAULT_MODEL = "qwen3.6-35b-a3b"
 
@@ -45,6 +46,9 @@ class DataPlaneConfig:
     """How Segments are built at finalize: ``lineage`` (root-to-leaf chains) or ``timeline``."""
     drop_retry_orphans: bool = False
     """Drop childless siblings of retried calls before building Segments."""
+    shared_prefix_loss: str = field(default="once", metadata=flag(choices=SHARED_PREFIX_LOSS))
+    """``once``: each generated token has loss mask 1 in exactly one Segment (turns shared by
+    branches are context elsewhere); ``every``: each lineage Segment trains its whole chain (tree RL)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.model, str):
@@ -52,6 +56,8 @@ class DataPlaneConfig:
         r3_dtype(self.routed_experts_dtype)
         if self.use_rollout_routing_replay:
             check_dtype_holds_experts(self.model.num_experts, self.routed_experts_dtype)
+        if self.shared_prefix_loss not in SHARED_PREFIX_LOSS:
+            raise ConfigError(f"shared_prefix_loss: expected 'once' or 'every', got {self.shared_prefix_loss!r}")
         if self.segment_view not in ("lineage", "timeline"):
             raise ConfigError(f"segment_view: expected 'lineage' or 'timeline', got {self.segment_view!r}")
         if self.transfer_params is not None:
@@ -85,4 +91,5 @@ class DataPlaneConfig:
             "enable_transfer_queue": self.enable_transfer_queue, "transfer_queue_config": self.transfer_queue_config,
             "transfer_params": list(self.offloaded), "routed_experts_dtype": self.routed_experts_dtype,
             "segment_view": self.segment_view, "drop_retry_orphans": self.drop_retry_orphans,
+            "shared_prefix_loss": self.shared_prefix_loss,
         }

@@ -59,13 +59,21 @@ def test_branch_shares_parent_data_and_records_branch_from():
     assert a2.parent_id == a1.step_id and b.parent_id == a1.step_id
     assert b.branch_from == a1.step_id and b.lineage_id != a1.lineage_id
     seg_a, seg_b = build_segments(s)
-    assert seg_a.step_ids == (0, 1) and seg_b.step_ids == (0, 2)
-    assert seg_b.branch_from == a1.step_id
-    # The shared prefix is the same object in both views, not a copy.
+    # Default: the shared turn a1 is trained by the first Segment only; the branch's Segment has it
+    # as prompt (context), so each generated token has loss 1 exactly once.
+    assert seg_a.step_ids == (0, 1) and seg_b.step_ids == (2,)
+    assert seg_b.branch_from == a1.step_id and seg_b.boundary_reason == "branch"
+    assert seg_b.prompt_length == b.prompt_len and seg_b.loss_mask.tolist() == [1, 1]
+    assert int(seg_a.loss_mask.sum() + seg_b.loss_mask.sum()) == a1.response_len + a2.response_len + b.response_len
+    # The shared prefix is the same object in both Segments, not a copy.
     assert seg_a.large["routed_experts"][0].value is seg_b.large["routed_experts"][0].value is a1.routed_experts
-    assert seg_a.large["logprobs"][0].value is seg_b.large["logprobs"][0].value
     for seg in (seg_a, seg_b):
         np.testing.assert_array_equal(seg.materialize("routed_experts"), expected_r3(seg.tokens))
+    # "every": each branch trains its whole root-to-leaf chain (tree RL); labels stay the same.
+    ev_a, ev_b = build_segments(s, shared_prefix_loss="every")
+    assert ev_a.step_ids == (0, 1) and ev_b.step_ids == (0, 2) and ev_b.boundary_reason == "branch"
+    assert ev_b.prompt_length == len(SYS) and ev_b.loss_mask.tolist() == [1, 1, 0, 0, 1, 1]
+    assert ev_a.large["logprobs"][0].value is ev_b.large["logprobs"][0].value is a1.logprobs
 
 
 def test_append_after_branch_extends_the_branch_lineage():
@@ -261,3 +269,39 @@ def test_prepared_step_is_refused_once_the_session_moved_on():
     with pytest.raises(TrajectoryError, match="changed since"):
         s.insert_step(rec)
     assert len(s.steps) == 2
+
+
+def test_dropped_reply_is_trained_once_and_labelled_branch():
+    # [user] -> R0; [user, R0, user x] -> R1; [user, R0, user x, user y] -> R2 (R1 dropped, as an
+    # agent does after a format error): R0 is shared context for the third call.
+    s = new_session()
+    user, x, y = list(range(1, 21)), list(range(100, 110)), list(range(120, 130))
+    r0, r1, r2 = [[200 + k * 50 + i for i in range(40)] for k in range(3)]
+    call(s, user, r0)
+    call(s, ids(user, r0, x), r1)
+    call(s, ids(user, r0, x, y), r2)
+    for view in ("lineage", "timeline"):
+        segs = build_segments(s, view=view)
+        assert [seg.boundary_reason for seg in segs] == ["new_session", "branch"]
+        assert sum(int(seg.loss_mask.sum()) for seg in segs) == 120
+    segs = build_segments(s, shared_prefix_loss="every")
+    assert [seg.boundary_reason for seg in segs] == ["new_session", "branch"]
+    assert sum(int(seg.loss_mask.sum()) for seg in segs) == 160
+
+
+def test_retried_calls_are_labelled_retry():
+    s = new_session()
+    first = call(s, SYS, [30])
+    again = call(s, SYS, [31])                       # the first call retried: a sibling root
+    assert again.parent_id is None and again.boundary.reason == "retry"
+    assert again.boundary.candidate_step == first.step_id
+    call(s, ids(SYS, [31], TOOL), [40])
+    call(s, ids(SYS, [31], TOOL), [41])              # a later call retried: a sibling step
+    segs = build_segments(s)
+    assert [seg.boundary_reason for seg in segs] == ["new_session", "retry", "retry"]
+    assert [seg.step_ids for seg in segs] == [(0,), (1, 2), (3,)]
+    assert sum(int(seg.loss_mask.sum()) for seg in segs) == 4
+    # a retried first call with another tool schema is a schema change, not a retry
+    t = new_session()
+    call(t, SYS, [30], tools=[{"name": "a"}])
+    assert t.route(SYS, tools=[{"name": "b"}]).boundary.reason == "tool_schema_change"

@@ -39,10 +39,10 @@ def _run(ops, r3_dtype):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(op, min_size=0, max_size=12), st.sampled_from([np.uint8, np.uint16, np.int32]),
-       st.sampled_from(["lineage", "timeline"]), st.booleans())
-def test_segment_invariants_hold_on_random_sessions(ops, r3_dtype, view, drop):
+       st.sampled_from(["lineage", "timeline"]), st.booleans(), st.sampled_from(["once", "every"]))
+def test_segment_invariants_hold_on_random_sessions(ops, r3_dtype, view, drop, shared):
     s = _run(ops, r3_dtype)
-    segs = build_segments(s, view=view, drop_retry_orphans=drop)
+    segs = build_segments(s, view=view, drop_retry_orphans=drop, shared_prefix_loss=shared)
     assert segs
     trained: dict[int, int] = {}
     for seg in segs:
@@ -71,6 +71,32 @@ def test_segment_invariants_hold_on_random_sessions(ops, r3_dtype, view, drop):
     orphans = s.retry_orphans() if drop else set()
     # every kept step is trained by at least one Segment
     assert set(trained) == set(s.steps) - orphans
+    if shared == "once" or view == "timeline":
+        # ... and by exactly one: the loss masks add up to the tokens the engine generated
+        assert all(n == 1 for n in trained.values())
+        generated = sum(x.response_len for i, x in s.steps.items() if i not in orphans)
+        assert sum(int(seg.loss_mask.sum()) for seg in segs) == generated
+    # exactly one Segment is labelled as opening the session: the one that trains its first call
+    opening = [seg for seg in segs if seg.boundary_reason == "new_session"]
+    if 0 in orphans:
+        assert not opening
+    else:
+        assert len(opening) == 1 and 0 in opening[0].step_ids
     if view == "lineage":
         assert len(segs) == len([x for x in s.steps if x not in orphans and not
                                  any(c not in orphans for c in s.children.get(x, []))])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(op, min_size=0, max_size=12), st.sampled_from(["lineage", "timeline"]))
+def test_each_generated_token_is_trained_once_by_default(ops, view):
+    s = _run(ops, np.int32)
+    segs = build_segments(s, view=view)
+    assert sum(int(seg.loss_mask.sum()) for seg in segs) == sum(x.response_len for x in s.steps.values())
+    owner: dict[int, int] = {}
+    for seg in segs:
+        for sid in seg.step_ids:
+            assert sid not in owner, f"step {sid} trained by Segments {owner.get(sid)} and {seg.index}"
+            owner[sid] = seg.index
+        # the untrained part of the sequence is prompt: context the Segment does not train
+        assert seg.tokens[:seg.prompt_length].tolist() == s.steps[seg.step_ids[0]].prompt_ids.tolist()

@@ -212,7 +212,8 @@ class ProxyCore:
     def _deliver(self, session: Session) -> FinalizedSession:
         session_id = session.session_id
         segments = build_segments(session, self.config.segment_view,
-                                  drop_retry_orphans=self.config.drop_retry_orphans)
+                                  drop_retry_orphans=self.config.drop_retry_orphans,
+                                  shared_prefix_loss=self.config.shared_prefix_loss)
         used = {id(p.value) for seg in segments for pieces in seg.large.values() for p in pieces
                 if hasattr(p, "value")}
         unused = [r for r in session.large_field_refs() if id(r) not in used]

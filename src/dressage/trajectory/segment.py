@@ -18,9 +18,12 @@ from dressage.trajectory.pieces import Fill, Piece, concat_pieces, pieces_reside
 from dressage.trajectory.session import Session
 from dressage.trajectory.step import StepRecord
 
-__all__ = ["Segment", "build_segments", "lineage_chains", "timeline_chains", "materialize_pieces"]
+__all__ = ["Segment", "build_segments", "lineage_chains", "timeline_chains", "materialize_pieces",
+           "SHARED_PREFIX_LOSS"]
 
 View = Literal["lineage", "timeline"]
+SharedPrefixLoss = Literal["once", "every"]
+SHARED_PREFIX_LOSS = ("once", "every")
 
 
 @dataclass(slots=True, eq=False, kw_only=True)
@@ -134,7 +137,19 @@ def timeline_chains(session: Session, drop: set[int] = frozenset()) -> list[list
     return chains
 
 
-def _compose(session: Session, chain: list[StepRecord], index: int) -> Segment:
+def _start_reason(session: Session, step: StepRecord) -> str:
+    """Why a Segment's first trained step is not the continuation of an earlier one."""
+    if step.boundary is not None:
+        return step.boundary.reason
+    siblings = [session.steps[c] for c in session.children.get(step.parent_id, ()) if c != step.step_id]
+    if any(np.array_equal(o.prompt_ids, step.prompt_ids) for o in siblings):
+        return "retry"
+    if step.branch_from is not None or siblings:
+        return "branch"
+    return "timeline_cut"
+
+
+def _compose(session: Session, chain: list[StepRecord], index: int, reason: str) -> Segment:
     first, last = chain[0], chain[-1]
     tokens = last.full_ids
     prompt_len = first.prompt_len
@@ -168,12 +183,6 @@ def _compose(session: Session, chain: list[StepRecord], index: int) -> Segment:
             covered = s.end_row
         large["routed_experts"] = tuple(r3)
         trailing = session.r3_shape
-    if first.boundary is not None:
-        reason = first.boundary.reason
-    elif first.parent_id is not None and first.branch_from is None:
-        reason = "timeline_cut"
-    else:
-        reason = "branch"
     branch_from = next((s.branch_from for s in session.path_to(last.step_id) if s.branch_from is not None), None)
     return Segment(
         session_id=session.session_id, index=index, step_ids=tuple(s.step_id for s in chain),
@@ -184,13 +193,30 @@ def _compose(session: Session, chain: list[StepRecord], index: int) -> Segment:
 
 
 def build_segments(session: Session, view: View = "lineage", *, drop_retry_orphans: bool = False,
-                   max_length: int | None = None) -> list[Segment]:
-    """Build the session's Segments. Reads no large-field data and writes none."""
+                   max_length: int | None = None, shared_prefix_loss: SharedPrefixLoss = "once") -> list[Segment]:
+    """Build the session's Segments. Reads no large-field data and writes none.
+
+    ``shared_prefix_loss="once"`` (default): every generated token has loss mask 1 in exactly one
+    Segment. A lineage chain whose first steps an earlier Segment already trains starts at its
+    first new step, with the shared turns as prompt (context). ``"every"``: each lineage Segment
+    trains its whole root-to-leaf chain, so turns shared by branches are trained once per branch.
+    The timeline view trains each step once either way. A Segment is labelled by the step where
+    it leaves what earlier Segments hold (``branch``, ``retry``, a boundary reason, ...).
+    """
     if view not in ("lineage", "timeline"):
         raise ConfigError(f"segment view must be 'lineage' or 'timeline', got {view!r}")
+    if shared_prefix_loss not in SHARED_PREFIX_LOSS:
+        raise ConfigError(f"shared_prefix_loss must be 'once' or 'every', got {shared_prefix_loss!r}")
     drop = session.retry_orphans() if drop_retry_orphans else set()
     chains = lineage_chains(session, drop) if view == "lineage" else timeline_chains(session, drop)
-    segments = [_compose(session, chain, i) for i, chain in enumerate(chains)]
+    segments, seen = [], set()
+    for i, chain in enumerate(chains):
+        # Chains are root-to-leaf (lineage) or disjoint (timeline), and each ends at a step no
+        # earlier chain holds, so the steps an earlier Segment holds are a prefix of this chain.
+        new_at = next(k for k, s in enumerate(chain) if s.step_id not in seen)
+        seen.update(s.step_id for s in chain)
+        reason = _start_reason(session, chain[new_at])
+        segments.append(_compose(session, chain[new_at:] if shared_prefix_loss == "once" else chain, i, reason))
     if max_length is not None:
         for seg in segments:
             if seg.total_length > max_length:

@@ -124,11 +124,17 @@ class Session:
                                               candidate_step=best.step_id))
             kind = "branch" if self.children.get(best.step_id) else "append"
             return RouteDecision(kind, best.step_id, best.end_row)
-        return RouteDecision("create", None, 0, self._classify_boundary(prompt))
+        return RouteDecision("create", None, 0, self._classify_boundary(prompt, tools))
 
-    def _classify_boundary(self, prompt: np.ndarray) -> Boundary:
+    def _classify_boundary(self, prompt: np.ndarray, tools: Any = None) -> Boundary:
         if not self.steps:
             return Boundary("new_session")
+        for s in self.steps.values():
+            if s.prompt_len == len(prompt) and np.array_equal(s.prompt_ids, prompt):
+                # The same prompt again (the agent retried its first call): a sibling root.
+                same_tools = tools is None or s.tools is None or _canonical_tools(tools) == _canonical_tools(s.tools)
+                return Boundary("retry" if same_tools else "tool_schema_change", matched_tokens=len(prompt),
+                                candidate_step=s.step_id)
         cand, lcp = None, -1
         for s in self.steps.values():
             n = _common_prefix(prompt, s.full_ids)

@@ -24,8 +24,9 @@ LARGE_FIELDS = ("logprobs", "routed_experts")
 class Boundary:
     """Why a step starts a new lineage instead of extending an earlier step.
 
-    ``reason``: ``new_session`` | ``history_rewrite`` | ``tool_schema_change`` | ``tito_mismatch``
-    | a caller-given reason (e.g. ``tito_fallback``). ``drift`` classifies a near miss:
+    ``reason``: ``new_session`` | ``retry`` (the prompt of an earlier root again) |
+    ``history_rewrite`` | ``tool_schema_change`` | ``tito_mismatch`` | a caller-given reason
+    (e.g. ``tito_fallback``). ``drift`` classifies a near miss:
     ``retokenization`` (same text, other ids), ``template`` (special tokens differ) or ``other``.
     """
 
