@@ -16,6 +16,7 @@ Hierarchy::
     ├── TokenizerError               tokenizer or chat template
     │   └── ChatTemplateError        messages the template cannot render (or no exact TITO delta)
     ├── JournalError                 the Proxy journal cannot be written or read back
+    │   └── JournalEncodeError       a value the journal cannot store (lone surrogate, int over 64 bits)
     ├── TrajectoryError              session / StepRecord / Segment semantics
     │   ├── SessionStateError        append to a finalized or aborted session
     │   └── UnknownStepError         a parent or step id that does not exist
@@ -54,6 +55,7 @@ __all__ = [
     "TokenizerError",
     "ChatTemplateError",
     "JournalError",
+    "JournalEncodeError",
     "TrajectoryError",
     "SessionStateError",
     "UnknownStepError",
@@ -144,6 +146,11 @@ class ChatTemplateError(TokenizerError, ValueError):
 
 class JournalError(DressageError):
     """The Proxy journal cannot be written, or a record in it cannot be read back."""
+
+
+class JournalEncodeError(JournalError, ValueError):
+    """A value the journal cannot store (a lone surrogate, an integer outside 64 bits, a non-msgpack
+    type): the event is refused and nothing is recorded."""
 
 
 class TrajectoryError(DressageError):

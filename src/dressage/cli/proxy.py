@@ -12,6 +12,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("proxy", help="the agent-facing Proxy (OpenAI API in, SGLang /generate out)")
     psub = p.add_subparsers(dest="proxy_command", metavar="ACTION")
     psub.required = True
+    from dressage.cli.journal import register as register_journal
+    register_journal(psub)
     s = psub.add_parser("serve", help="serve the Proxy over HTTP")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
     s.add_argument("--port", type=int, default=8000)
