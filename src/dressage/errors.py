@@ -22,6 +22,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     ├── TokenizerError               tokenizer or chat template
     │   └── ChatTemplateError        messages the template cannot render             400 invalid_request_error
     ├── JournalError                 the Proxy journal cannot be written or read back
+    │   └── JournalEncodeError       a value the journal cannot store (lone surrogate, int over 64 bits)
     ├── TrajectoryError              session / StepRecord / Segment semantics        409 session_state
     │   ├── SessionStateError        append to a finalized or aborted session
     │   │   └── StepLimitError       the session reached its maximum of steps
@@ -64,6 +65,7 @@ __all__ = [
     "TokenizerError",
     "ChatTemplateError",
     "JournalError",
+    "JournalEncodeError",
     "ContextOverflowError",
     "SessionIdError",
     "MissingSessionIdError",
@@ -223,6 +225,14 @@ class ChatTemplateError(TokenizerError, ValueError):
 
 class JournalError(DressageError):
     """The Proxy journal cannot be written, or a record in it cannot be read back."""
+
+
+class JournalEncodeError(JournalError, ValueError):
+    """A value the journal cannot store (a lone surrogate, an integer outside 64 bits, a non-msgpack
+    type): the event is refused and nothing is recorded."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
 
 
 class TrajectoryError(DressageError):

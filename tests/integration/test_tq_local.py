@@ -128,3 +128,44 @@ def test_retention_runs_in_the_controller_process_and_empties_the_units():
         while tq.total_keys() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert tq.total_keys() == 0 and tq.controller.total_keys() == 0
+
+
+def test_a_generated_secret_keeps_local_peers_without_it_out(tq):
+    import stat
+
+    from dressage.errors import ProtocolError
+    from dressage.tq.controller import UnitInfo
+    from dressage.tq.controller_service import RemoteController
+    from dressage.tq.storage.remote import RemoteStorageUnit
+
+    spec = tq.client_spec()
+    path = tq.secret_file
+    assert path is not None and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert path.read_text() == spec["auth_secret"] and len(spec["auth_secret"]) >= 32
+    client = tq.client()
+    ref = client.put("logprobs", np.arange(10, dtype=np.float32))
+    intruder = RemoteController(spec["controller"], timeout_s=5)
+    unit = RemoteStorageUnit("unit0", spec["units"][0]["address"], timeout_s=5)
+    try:
+        for attempt in (lambda: intruder.mark_unit_dead("unit0", "forged"),
+                        lambda: intruder.add_unit(UnitInfo("evil", memory_budget=1 << 40, address="tcp://1.2.3.4:1")),
+                        lambda: intruder.delete([ref.key]),
+                        lambda: unit.delete([ref.key])):
+            with pytest.raises(ProtocolError, match="unauthenticated"):
+                attempt()
+    finally:
+        intruder.close()
+        unit.close()
+    assert {u.unit_id for u in tq.units()} == {"unit0", "unit1"}
+    assert all(s["state"] == "live" for s in tq.controller.unit_states().values())
+    np.testing.assert_array_equal(client.get(ref), np.arange(10, dtype=np.float32))
+    client.delete([ref])
+
+
+def test_an_embedded_deployment_served_over_zmq_authenticates_and_removes_its_secret():
+    with TransferQueue.start({"retention_s": None}) as tq:
+        spec = tq.client_spec()
+        path = tq.secret_file
+        assert spec["auth_secret"] and path.read_text() == spec["auth_secret"]
+    assert not path.exists() and not path.parent.exists()

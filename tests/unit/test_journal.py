@@ -77,11 +77,15 @@ def test_torn_tail_is_dropped_and_reported(tmp_path):
     assert report.active and not report.finalized
 
 
-def test_corrupt_journal_and_bad_policy_are_typed_errors(tmp_path):
+def test_a_file_that_is_not_a_journal_is_reported_and_refused(tmp_path):
     path = tmp_path / "j"
-    path.write_bytes(b"\xc1" * 8)                                 # 0xc1 is never valid msgpack
-    with pytest.raises(JournalError, match="corrupt"):
-        Journal.replay(path)
+    path.write_bytes(b"\xc1" * 8)                                 # not the journal's file magic
+    sessions, report = Journal.replay(path)
+    assert sessions == {} and report.records == 0
+    assert report.damage.kind == "not_a_journal" and report.damage.offset == 0
+    with pytest.raises(JournalError, match="not a Dressage journal"):
+        Journal(path)
+    assert path.read_bytes() == b"\xc1" * 8                       # refused, not overwritten
     with pytest.raises(ConfigError, match="journal.fsync"):
         Journal(tmp_path / "k", fsync="sometimes")
 
@@ -92,7 +96,8 @@ def test_journal_write_failure_records_nothing_and_deletes_keys(tmp_path):
         journal = Journal(tmp_path / "j")
         core = ProxyCore(_cfg(True), tq.client(), journal=journal)
         s = core.create_session()
-        journal._file.close()                                     # the disk went away
+        import os
+        os.close(journal._fd)                                     # the disk went away
         prompt = np.asarray([1, 2, 3], np.int32)
         with pytest.raises(JournalError):
             core.ingest(s.session_id, core.plan(s.session_id, prompt), sglang_body(prompt, [4], start=0),

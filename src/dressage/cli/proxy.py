@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("proxy", help="the agent-facing Proxy (OpenAI API in, SGLang /generate out)")
     psub = p.add_subparsers(dest="proxy_command", metavar="ACTION")
     psub.required = True
+    from dressage.cli.journal import register as register_journal
+    register_journal(psub)
     s = psub.add_parser("serve", help="serve the Proxy over HTTP")
     add_flags(s, ProxyServerConfig, defaults={"port": 8000, "api_token": os.environ.get("DRESSAGE_PROXY_TOKEN")})
     add_flags(s, JournalConfig, prefix="journal_")

@@ -155,7 +155,7 @@ class ProxyCore:
                                            logprobs=values["logprobs"], routed_experts=values.get("routed_experts"),
                                            token_versions=token_versions, **step_kwargs)
                 if self.journal is not None:
-                    self.journal.step(session_id, decision, rec)  # durable before it is visible
+                    self.journal.step(session_id, decision, rec, session)  # durable before it is visible
                 return session.insert_step(rec)
         except BaseException:
             self._delete_quietly(list(refs.values()))

@@ -83,7 +83,10 @@ class TransferQueueConfig:
     fail at once. It is live again at its next answer (a stopped process that resumed)."""
     auth_secret: str | None = None
     """Shared secret (at least 16 characters) for HMAC-SHA256 over every frame; ``None`` reads
-    ``$DRESSAGE_TQ_SECRET``. Required when ``host`` is not a loopback address."""
+    ``$DRESSAGE_TQ_SECRET``, and when that is unset too a deployment generates one of its own
+    (written 0600, handed to its processes, actors and ``client_spec()``)."""
+    authenticate: bool = True
+    """HMAC on every frame, on loopback too. ``false`` serves unauthenticated frames (loopback only)."""
 
     def __post_init__(self) -> None:
         _choice("deployment", self.deployment, DEPLOYMENTS)
@@ -118,6 +121,12 @@ class TransferQueueConfig:
         if self.auth_secret is not None and (not isinstance(self.auth_secret, str)
                                              or len(self.auth_secret) < _MIN_SECRET):
             raise ConfigError(f"{_PREFIX}.auth_secret: expected a string of at least {_MIN_SECRET} characters")
+        if not isinstance(self.authenticate, bool):
+            raise ConfigError(f"{_PREFIX}.authenticate: expected true or false, got {self.authenticate!r}")
+        if not self.authenticate and self.auth_secret is not None:
+            raise ConfigError(f"{_PREFIX}.authenticate: false, but auth_secret is set")
+        if not self.authenticate and not is_loopback(self.host):
+            raise ConfigError(f"{_PREFIX}.authenticate: false is only allowed on a loopback host, not {self.host!r}")
         if not is_loopback(self.host) and self.secret is None:
             raise ConfigError(
                 f"{_PREFIX}.host: {self.host!r} is not a loopback address, so every frame must be "
@@ -129,7 +138,10 @@ class TransferQueueConfig:
 
     @property
     def secret(self) -> bytes | None:
-        """The HMAC key: ``auth_secret``, else ``$DRESSAGE_TQ_SECRET``, else None (no authentication)."""
+        """The configured HMAC key: ``auth_secret``, else ``$DRESSAGE_TQ_SECRET``, else None (a deployment
+        then generates one, unless ``authenticate`` is false)."""
+        if not self.authenticate:
+            return None
         text = self.auth_secret if self.auth_secret is not None else os.environ.get(SECRET_ENV) or None
         if text is None:
             return None

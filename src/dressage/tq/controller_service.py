@@ -19,20 +19,17 @@ from dressage.errors import ProtocolError
 from dressage.tq.controller import Controller, KeyState, UnitInfo
 from dressage.tq.janitor import Janitor
 from dressage.tq.transport import RpcClient, RpcServer
+from dressage.tq.wire import MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, text, text_list, uint
 
 __all__ = ["ControllerServer", "RemoteController", "main"]
 
 
 def _str_list(value: Any, what: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ProtocolError(f"{what!r} must be a list of strings")
-    return value
+    return text_list(value, what)
 
 
 def _opt_str(value: Any, what: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ProtocolError(f"{what!r} must be a string or null")
-    return value
+    return text(value, what, optional=True)
 
 
 class ControllerServer:
@@ -61,15 +58,14 @@ class ControllerServer:
         ctl, op = self.controller, c["op"]
         if op == "place":
             items = c.get("items")
-            if not isinstance(items, list) or not items:
-                raise ProtocolError("place needs a non-empty list of [key, nbytes, field] items")
+            if not isinstance(items, list) or not 0 < len(items) <= MAX_KEYS:
+                raise ProtocolError(f"place needs a list of 1 to {MAX_KEYS} [key, nbytes, field] items")
             checked = []
             for item in items:
-                if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and item[0]
-                        and isinstance(item[1], int) and not isinstance(item[1], bool) and item[1] >= 0
-                        and isinstance(item[2], str)):
+                if not (isinstance(item, list) and len(item) == 3):
                     raise ProtocolError(f"bad place item {item!r:.100}")
-                checked.append((item[0], item[1], item[2]))
+                checked.append((text(item[0], "key", max_len=MAX_KEY_BYTES, empty=False),
+                                uint(item[1], "nbytes", MAX_NBYTES), text(item[2], "field", max_len=MAX_KEY_BYTES)))
             unit = ctl.place_many(checked, node_id=_opt_str(c.get("node_id"), "node_id"),
                                   batch=_opt_str(c.get("batch"), "batch"))
             return {"unit_id": unit}, ()
@@ -77,7 +73,10 @@ class ControllerServer:
             ctl.commit_many(_str_list(c.get("keys"), "keys"), unit_id=_opt_str(c.get("unit_id"), "unit_id"))
             return {}, ()
         if op == "abort":
-            ctl.abort_many(_str_list(c.get("keys"), "keys"), unit_down=bool(c.get("unit_down", False)))
+            unit_down = c.get("unit_down", False)
+            if not isinstance(unit_down, bool):
+                raise ProtocolError("'unit_down' must be true or false")
+            ctl.abort_many(_str_list(c.get("keys"), "keys"), unit_down=unit_down)
             return {}, ()
         if op == "consumed":
             return {"n": ctl.mark_consumed(_str_list(c.get("keys"), "keys"))}, ()
@@ -86,12 +85,10 @@ class ControllerServer:
         if op == "delete":
             return {"placement": ctl.delete(_str_list(c.get("keys"), "keys"))}, ()
         if op == "clear":
-            batch = c.get("batch")
-            if not isinstance(batch, str):
-                raise ProtocolError("clear needs a batch name")
+            batch = text(c.get("batch"), "batch")
             return {"placement": ctl.clear(batch)}, ()
         if op == "state":
-            state = ctl.state(str(c.get("key")))
+            state = ctl.state(text(c.get("key"), "key", max_len=MAX_KEY_BYTES))
             return {"state": None if state is None else state.value}, ()
         if op == "where":
             return {"where": ctl.where(_str_list(c.get("keys"), "keys"))}, ()
@@ -105,6 +102,13 @@ class ControllerServer:
             return {"units": [u.to_wire() for u in ctl.units()]}, ()
         if op == "add_unit":
             unit = c.get("unit")
+            if not isinstance(unit, dict) or set(unit) - {"unit_id", "node_id", "memory_budget", "address",
+                                                           "host_id", "shm_token", "heartbeat"}:
+                raise ProtocolError(f"add_unit needs a unit description, got {unit!r:.100}")
+            text(unit.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False)
+            uint(unit.get("memory_budget", 0), "memory_budget", MAX_NBYTES)
+            for name in ("node_id", "address", "host_id", "shm_token", "heartbeat"):
+                text(unit.get(name), name, max_len=MAX_KEY_BYTES, optional=True)
             try:
                 info = UnitInfo.from_wire(unit)  # type: ignore[arg-type]
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -112,11 +116,11 @@ class ControllerServer:
             ctl.add_unit(info)
             return {}, ()
         if op == "unit_state":
-            uid, state = c.get("unit_id"), c.get("state")
-            if not isinstance(uid, str) or state not in ("live", "dead"):
+            uid, state = text(c.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES), c.get("state")
+            if state not in ("live", "dead"):
                 raise ProtocolError("unit_state needs a unit_id and a state of 'live' or 'dead'")
             if state == "dead":
-                return {"changed": ctl.mark_unit_dead(uid, str(c.get("reason", "")))}, ()
+                return {"changed": ctl.mark_unit_dead(uid, text(c.get("reason", ""), "reason"))}, ()
             return {"changed": ctl.mark_unit_live(uid)}, ()
         if op == "unit_states":
             return {"states": ctl.unit_states()}, ()

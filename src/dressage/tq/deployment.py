@@ -63,6 +63,13 @@ class TransferQueue:
     def deployment(self) -> str:
         return self.config.deployment
 
+    @property
+    def secret_file(self) -> Any:
+        """The 0600 file holding the secret this deployment generated (None when it was configured,
+        or before an embedded deployment is served over ZMQ)."""
+        servers = getattr(self._deployment, "_servers", None)
+        return getattr(self._deployment, "secret_file", None) or getattr(servers, "secret_file", None)
+
     def client(self, node_id: str | None = None) -> TransferQueueClient:
         """A client in this process; ``node_id`` makes writes prefer StorageUnits on that node."""
         self._check_open()

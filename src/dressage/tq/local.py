@@ -26,6 +26,7 @@ from dressage.tq.config import SECRET_ENV, TransferQueueConfig
 from dressage.tq.controller import Controller, UnitInfo
 from dressage.tq.controller_service import ControllerServer, RemoteController
 from dressage.tq.remote_client import make_spec
+from dressage.tq.secret import DeploymentSecret
 from dressage.tq.storage import StorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer
@@ -117,7 +118,9 @@ class LocalDeployment:
         from dressage.tq.deployment import sweep_interval
 
         self.config = config
-        secret = config.secret
+        self._secret = DeploymentSecret(config)
+        secret = self._secret.value
+        self.secret_file = self._secret.path
         self._watcher: _ExitWatcher | None = None
         self._procs: dict[str, subprocess.Popen] = {}
         self._units: dict[str, RemoteStorageUnit] = {}
@@ -198,6 +201,7 @@ class LocalDeployment:
         for info in getattr(self, "_infos", []):
             if info.shm_token:
                 shm.remove_segments(info.shm_token)  # whatever a killed unit left behind
+        self._secret.remove()
 
 
 class EmbeddedServers:
@@ -206,7 +210,9 @@ class EmbeddedServers:
     def __init__(self, config: TransferQueueConfig, controller: Controller, units: dict[str, StorageUnit]) -> None:
         self._servers: list[Any] = []
         infos = []
-        secret = config.secret
+        self._secret = DeploymentSecret(config)
+        secret = self._secret.value
+        self.secret_file = self._secret.path
         try:
             for i, (uid, unit) in enumerate(units.items()):
                 port = config.unit_base_port + i if config.unit_base_port else 0
@@ -229,6 +235,7 @@ class EmbeddedServers:
         for server in self._servers:
             server.stop()
         self._servers.clear()
+        self._secret.remove()
 
 
 def expose_embedded(config: TransferQueueConfig, controller: Controller,

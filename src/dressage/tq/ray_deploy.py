@@ -181,7 +181,11 @@ class RayDeployment:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.config = config
-        secret = config.secret
+        from dressage.tq.secret import DeploymentSecret
+
+        self._secret = DeploymentSecret(config)
+        secret = self._secret.value
+        self.secret_file = self._secret.path
         self._watcher: _ActorWatcher | None = None
         self._started_ray = False
         if not ray.is_initialized():
@@ -289,3 +293,4 @@ class RayDeployment:
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+        self._secret.remove()

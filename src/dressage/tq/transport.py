@@ -4,13 +4,16 @@ The server answers one message at a time and never waits on a peer (ROUTER drops
 are gone or not reading), so one slow client cannot stall the others. The client keeps a small pool of
 sockets so threads can call concurrently, and turns silence into StorageUnitUnavailable within a bound
 (or sooner, when a caller-supplied check says the peer is known dead). With a shared secret, every
-message both ways carries an HMAC-SHA256 frame and anything without a valid one is ProtocolError.
+message both ways carries an HMAC-SHA256 frame and anything without a valid one is ProtocolError;
+each request is accepted once (nonce and sequence window) and each reply names the request it
+answers. ``ZMQ_MAXMSGSIZE`` bounds what a listening socket reads from any peer.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +22,8 @@ from typing import Any
 import zmq
 
 from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueueError
-from dressage.tq.wire import decode_control, encode, error_from_wire, error_to_wire, sign, verify_mac
+from dressage.tq.wire import (ReplayGuard, decode_control, encode, error_from_wire, error_to_wire, open_frames,
+                              sign)
 
 __all__ = ["RpcServer", "RpcClient", "Handler"]
 
@@ -33,6 +37,8 @@ _ZERO_COPY_MIN = 64 * 1024
 # While waiting for a reply, how often the caller's ``abort`` check runs (a dead peer ends the wait).
 _ABORT_POLL_S = 0.1
 _LOUD_REJECTIONS = 10  # rejected frames logged as warnings; later ones at debug level
+CONTROL_MAX_MESSAGE = 64 * 1024 * 1024  # Controller and heartbeat sockets: control frames only
+_NO_NONCE = bytes(16)
 
 
 def send_frames(sock: zmq.Socket, frames: Sequence[Any], flags: int = 0) -> None:
@@ -58,13 +64,17 @@ class RpcServer:
     """A ROUTER socket bound to ``tcp://host:port`` serving ``handler`` on one thread."""
 
     def __init__(self, handler: Handler, *, host: str = "127.0.0.1", port: int = 0, name: str = "tq",
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None, max_message_bytes: int = CONTROL_MAX_MESSAGE) -> None:
         self._handler = handler
         self._name = name
         self._secret = secret
+        self._guard = ReplayGuard() if secret is not None else None
+        self.max_message_bytes = int(max_message_bytes)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        # libzmq drops a peer that sends a larger frame while reading it: nothing that size is buffered.
+        self._sock.setsockopt(zmq.MAXMSGSIZE, self.max_message_bytes)
         self._sock.setsockopt(zmq.SNDHWM, _HWM)
         self._sock.setsockopt(zmq.RCVHWM, _HWM)
         try:
@@ -118,17 +128,22 @@ class RpcServer:
     def _answer(self, frames: list[Any]) -> None:
         ident, body = frames[0], frames[1:]
         req_id = None
+        auth = None
         try:
             if not body:
                 raise ProtocolError("empty message")
+            total = sum(len(f.buffer) if hasattr(f, "buffer") else len(f) for f in body)
+            if total > self.max_message_bytes:  # before any MAC is computed over it
+                raise ProtocolError(f"message of {total} bytes exceeds this socket's {self.max_message_bytes}")
             if self._secret is not None:
-                body = verify_mac(body, self._secret)
+                body, auth = open_frames(body, self._secret)
+                self._guard.check(auth)  # type: ignore[union-attr]
             control = decode_control(body[0])
             req_id = control.get("id")
             if not isinstance(control.get("op"), str):
                 raise ProtocolError("control frame has no 'op'")
             reply, payloads = self._handler(control, body[1:])
-            reply = {"ok": True, **reply}
+            out = encode({"ok": True, **reply, "id": req_id}, payloads)  # a reply that cannot be encoded fails here
             self.served += 1
         except Exception as exc:  # every failure becomes a typed reply; the loop keeps serving
             if isinstance(exc, ProtocolError):
@@ -139,13 +154,15 @@ class RpcServer:
             elif not isinstance(exc, TransferQueueError):
                 self.untyped += 1
                 log.exception("%s: handler failed", self._name)
-            reply, payloads = error_to_wire(exc), ()
             if req_id is None and body:
                 req_id = _request_id(body[0])
-        reply["id"] = req_id
-        out = encode(reply, payloads)
+            if not (isinstance(req_id, int) and not isinstance(req_id, bool) and -2**63 <= req_id < 2**64):
+                req_id = None
+            out = encode({**error_to_wire(exc), "id": req_id})
         if self._secret is not None:
-            out.append(sign(out, self._secret))
+            # A reply names the request it answers (its sender's nonce and sequence number).
+            out.append(sign(out, self._secret, nonce=_NO_NONCE if auth is None else auth.nonce,
+                            seq=0 if auth is None else auth.seq))
         try:
             send_frames(self._sock, [ident, *out], zmq.NOBLOCK)
         except zmq.Again:  # the peer is not reading; dropping its reply keeps everyone else served
@@ -183,6 +200,8 @@ class RpcClient:
         self._idle: list[zmq.Socket] = []
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._nonce = os.urandom(16)        # this client's name in the server's replay window
+        self._seqs = itertools.count(1)
         self._closed = False
 
     def set_abort(self, abort: Callable[[], str | None] | None) -> None:
@@ -212,17 +231,19 @@ class RpcClient:
         message = {**(control or {}), "op": op, "id": -next(self._ids)}
         sock = self._borrow()
         try:
-            sock.send_multipart(self._frames(message, ()), flags=zmq.NOBLOCK)
+            sock.send_multipart(self._frames(message, ())[0], flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             sock.close(0)
             raise self._unavailable(op, keys, f"send failed: {exc}") from exc
         self._give_back(sock)
 
-    def _frames(self, message: dict[str, Any], payloads: Sequence[Any]) -> list[Any]:
+    def _frames(self, message: dict[str, Any], payloads: Sequence[Any]) -> tuple[list[Any], int]:
         frames = encode(message, payloads)
+        seq = 0
         if self._secret is not None:
-            frames.append(sign(frames, self._secret))
-        return frames
+            seq = next(self._seqs)
+            frames.append(sign(frames, self._secret, nonce=self._nonce, seq=seq))
+        return frames, seq
 
     def call(self, op: str, control: dict[str, Any] | None = None, payloads: Sequence[Any] = (), *,
              keys: Sequence[str] = (), timeout_s: float | None = None,
@@ -242,7 +263,8 @@ class RpcClient:
         healthy = False
         try:
             try:
-                send_frames(sock, self._frames(message, payloads), zmq.NOBLOCK)
+                frames, seq = self._frames(message, payloads)
+                send_frames(sock, frames, zmq.NOBLOCK)
             except zmq.ZMQError as exc:
                 raise self._unavailable(op, keys, f"send failed: {exc}") from exc
             deadline = time.monotonic() + timeout
@@ -258,7 +280,13 @@ class RpcClient:
                     continue
                 frames = sock.recv_multipart(copy=False)
                 if self._secret is not None:
-                    frames = verify_mac(frames, self._secret)
+                    frames, auth = open_frames(frames, self._secret)
+                    if auth.nonce != self._nonce or auth.seq != seq:
+                        if auth.nonce == _NO_NONCE:  # the server could not authenticate our request
+                            reply = decode_control(frames[0])
+                            break
+                        log.debug("%s: discarded a reply to another request", self.name)
+                        continue
                 reply = decode_control(frames[0])
                 if reply.get("id") == req_id:
                     break

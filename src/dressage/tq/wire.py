@@ -4,7 +4,10 @@ A message is ``[control, payload_0, ..., payload_n]``. The control frame is one 
 a msgpack map; payload frames are the raw bytes of C-contiguous numpy arrays whose dtype and shape the
 control frame declares. Nothing is ever unpickled: msgpack extension types, pickle bytes, object dtypes
 and versions other than ours are rejected with :class:`ProtocolError`. With a shared secret, a last
-frame carries an HMAC-SHA256 over every other frame (``sign`` / ``verify_mac``).
+frame carries the sender's nonce, a sequence number, the time and an HMAC-SHA256 over all of it and
+every other frame (``sign`` / ``open_frames``); a :class:`ReplayGuard` accepts each message once.
+Control values are bounded (:func:`uint`, :func:`text`, :func:`text_list`): no request can make a
+counter or a reply overflow what msgpack can carry.
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import os
+import struct
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import msgpack
@@ -23,6 +31,8 @@ from dressage.errors import ProtocolError, TransferQueueError
 __all__ = [
     "VERSION", "dtype_name", "is_plain_dtype", "encode", "decode_control", "check_dtype", "array_from_frame",
     "array_meta", "error_to_wire", "error_from_wire", "PICKLE_MAGIC", "MAC_BYTES", "sign", "verify_mac",
+    "open_frames", "Auth", "ReplayGuard", "TRAILER_BYTES", "uint", "text", "text_list", "MAX_KEYS", "MAX_KEY_BYTES",
+    "MAX_NBYTES",
 ]
 
 VERSION = 1
@@ -38,24 +48,102 @@ def _buffer(frame: Any) -> memoryview:
     return memoryview(getattr(frame, "buffer", frame)).cast("B")
 
 
-def sign(frames: Sequence[Any], secret: bytes) -> bytes:
-    """HMAC-SHA256 over the frames, each prefixed by its length (so frames cannot be re-split)."""
+_TRAILER_HEAD = 32   # nonce(16) seq(8) time_ms(8), then the MAC
+TRAILER_BYTES = _TRAILER_HEAD + MAC_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Auth:
+    """Who sent an authenticated message and which of its messages this is."""
+
+    nonce: bytes
+    """16 random bytes chosen by the sender once (per client)."""
+    seq: int
+    """The sender's message counter: each (nonce, seq) is accepted once."""
+    time_ms: int
+
+
+def _mac(frames: Sequence[Any], secret: bytes, head: bytes) -> bytes:
     mac = hmac.new(secret, digestmod=hashlib.sha256)
     for frame in frames:
         buf = _buffer(frame) if not isinstance(frame, bytes) else frame
         mac.update(len(buf).to_bytes(8, "little"))
         mac.update(buf)
+    mac.update(head)
     return mac.digest()
 
 
-def verify_mac(frames: Sequence[Any], secret: bytes) -> list[Any]:
-    """The frames without their trailing MAC, or ProtocolError when the MAC is missing or wrong."""
+def sign(frames: Sequence[Any], secret: bytes, *, nonce: bytes | None = None, seq: int = 1,
+         time_ms: int | None = None) -> bytes:
+    """The trailer frame of an authenticated message: ``nonce, seq, time`` and an HMAC-SHA256 over
+    every frame (each prefixed by its length, so frames cannot be re-split) and those three."""
+    nonce = os.urandom(16) if nonce is None else nonce
+    t = int(time.time() * 1000) if time_ms is None else time_ms
+    head = nonce + struct.pack("<QQ", seq, t)
+    return head + _mac(frames, secret, head)
+
+
+def open_frames(frames: Sequence[Any], secret: bytes) -> tuple[list[Any], Auth]:
+    """The frames without their trailer, and who sent them; ProtocolError when the trailer is
+    missing or its MAC is wrong. The MAC is checked before anything else is read."""
     if len(frames) < 2:
         raise ProtocolError("unauthenticated frame rejected: this socket requires an HMAC-SHA256 frame")
-    body, tag = list(frames[:-1]), _buffer(frames[-1])
-    if len(tag) != MAC_BYTES or not hmac.compare_digest(sign(body, secret), bytes(tag)):
+    body, tag = list(frames[:-1]), bytes(_buffer(frames[-1]))
+    if len(tag) != TRAILER_BYTES or not hmac.compare_digest(
+            _mac(body, secret, tag[:_TRAILER_HEAD]), tag[_TRAILER_HEAD:]):
         raise ProtocolError("unauthenticated frame rejected: HMAC-SHA256 does not match (wrong or no secret)")
-    return body
+    seq, t = struct.unpack_from("<QQ", tag, 16)
+    return body, Auth(tag[:16], seq, t)
+
+
+def verify_mac(frames: Sequence[Any], secret: bytes) -> list[Any]:
+    """The frames without their trailer, or ProtocolError (see :func:`open_frames`)."""
+    return open_frames(frames, secret)[0]
+
+
+class ReplayGuard:
+    """Accepts each authenticated (nonce, seq) once: a message older than ``window_s`` (by its
+    signed time) is refused, and per sender a sliding window of the last ``WINDOW`` sequence
+    numbers remembers which were seen (messages from one sender may arrive slightly out of order).
+    Senders quiet for longer than ``window_s`` are forgotten: their old messages fail the time check."""
+
+    WINDOW = 1024
+
+    def __init__(self, window_s: float = 300.0, max_senders: int = 100_000,
+                 clock: Any = time.time) -> None:
+        self.window_ms = int(window_s * 1000)
+        self.max_senders = max_senders
+        self._clock = clock
+        self._senders: OrderedDict[bytes, list[int]] = OrderedDict()  # nonce -> [top seq, bitmap, last ms]
+        self.replayed = 0
+
+    def check(self, auth: Auth) -> None:
+        now = int(self._clock() * 1000)
+        if abs(now - auth.time_ms) > self.window_ms:
+            self.replayed += 1
+            raise ProtocolError(f"authenticated frame rejected: signed {abs(now - auth.time_ms) / 1000:.0f} s "
+                                f"from this end's clock (window {self.window_ms / 1000:g} s): a replay or a skewed clock")
+        st = self._senders.get(auth.nonce)
+        if st is None:
+            while self._senders and (len(self._senders) >= self.max_senders
+                                     or now - next(iter(self._senders.values()))[2] > self.window_ms):
+                self._senders.popitem(last=False)
+            self._senders[auth.nonce] = [auth.seq, 1, now]
+            return
+        top, bits, _ = st
+        if auth.seq > top:
+            shift = auth.seq - top
+            bits = ((bits << shift) | 1) & ((1 << self.WINDOW) - 1) if shift < self.WINDOW else 1
+            top = auth.seq
+        else:
+            back = top - auth.seq
+            if back >= self.WINDOW or bits >> back & 1:
+                self.replayed += 1
+                raise ProtocolError(f"authenticated frame rejected: message {auth.seq} of this sender was "
+                                    "already accepted (a replay)")
+            bits |= 1 << back
+        st[:] = [top, bits, now]
+        self._senders.move_to_end(auth.nonce)
 
 
 def _no_ext(code: int, data: bytes) -> Any:
@@ -162,3 +250,37 @@ def error_to_wire(exc: BaseException) -> dict[str, Any]:
 def error_from_wire(control: dict[str, Any], where: str) -> Exception:
     cls = _WIRE_ERRORS.get(str(control.get("error")), TransferQueueError)
     return cls(f"{control.get('message', 'unknown error')} [{where}]")
+
+
+# Per-request bounds on control values: every count, size and name a peer sends is checked with these.
+MAX_KEYS = 100_000
+MAX_KEY_BYTES = 1024
+MAX_TEXT = 4096
+MAX_NBYTES = 1 << 48          # one blob; far above any unit's budget, far below a 64-bit overflow
+
+
+def uint(value: Any, what: str, hi: int) -> int:
+    """An integer in ``[0, hi]`` (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
+        raise ProtocolError(f"{what!r} must be an integer in [0, {hi}], got {value!r:.40}")
+    return value
+
+
+def text(value: Any, what: str, *, max_len: int = MAX_TEXT, optional: bool = False, empty: bool = True) -> Any:
+    """A string of at most ``max_len`` characters (or None when ``optional``)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or len(value) > max_len or (not empty and not value):
+        raise ProtocolError(f"{what!r} must be a {'non-empty ' if not empty else ''}string of at most "
+                            f"{max_len} characters{' or null' if optional else ''}, got {value!r:.60}")
+    return value
+
+
+def text_list(value: Any, what: str, *, max_items: int = MAX_KEYS, max_len: int = MAX_KEY_BYTES) -> list[str]:
+    """A list of at most ``max_items`` non-empty strings of at most ``max_len`` characters."""
+    if not isinstance(value, list) or len(value) > max_items:
+        raise ProtocolError(f"{what!r} must be a list of at most {max_items} strings")
+    for v in value:
+        if not isinstance(v, str) or not v or len(v) > max_len:
+            raise ProtocolError(f"{what!r} must hold non-empty strings of at most {max_len} characters, got {v!r:.60}")
+    return value

@@ -224,11 +224,11 @@ def wire_fuzz(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
 
     secret = "faults-wire-fuzz-secret"
     reports: dict[str, Any] = {}
-    for label, extra in (("open", {}), ("hmac", {"auth_secret": secret})):
+    for label, extra in (("open", {"authenticate": False}), ("hmac", {"auth_secret": secret})):
         tq = TransferQueue.start(_local(1, **extra))
         try:
             spec = tq.client_spec()
-            key = secret.encode() if extra else None
+            key = secret.encode() if "auth_secret" in extra else None
             unit = RemoteStorageUnit("unit0", spec["units"][0]["address"], timeout_s=10, secret=key)
             unit.put("good", np.arange(64, dtype=np.int32))
 

@@ -19,26 +19,29 @@ from dressage.errors import ProtocolError
 from dressage.tq.shm import ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
 from dressage.tq.transport import RpcServer
-from dressage.tq.wire import array_from_frame, array_meta, check_dtype
+from dressage.tq.wire import MAX_KEY_BYTES, MAX_KEYS, array_from_frame, array_meta, check_dtype, text, text_list
 
 __all__ = ["StorageUnitServer", "main"]
 
 
+_MAX_DIM = 1 << 48
+_MAX_NDIM = 32
+_MAX_ROW = 1 << 62
+UNIT_MAX_MESSAGE = 1 << 34  # 16 GiB: the largest put a unit reads from one peer (ZMQ_MAXMSGSIZE)
+_HEARTBEAT_MAX_MESSAGE = 64 * 1024
+
+
 def _key(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ProtocolError(f"key must be a non-empty string, got {value!r:.80}")
-    return value
+    return text(value, "key", max_len=MAX_KEY_BYTES, empty=False)
 
 
 def _keys(value: Any) -> list[str]:
-    if not isinstance(value, list):
-        raise ProtocolError("'keys' must be a list")
-    return [_key(k) for k in value]
+    return text_list(value, "keys")
 
 
 def _shape(value: Any) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+    if not isinstance(value, list) or not 0 < len(value) <= _MAX_NDIM or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= _MAX_DIM for d in value):
         raise ProtocolError(f"bad shape {value!r:.80}")
     return tuple(value)
 
@@ -46,8 +49,8 @@ def _shape(value: Any) -> tuple[int, ...]:
 def _row(value: Any, what: str) -> int | None:
     if value is None and what == "stop":
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ProtocolError(f"row {what} must be an integer, got {value!r:.40}")
+    if isinstance(value, bool) or not isinstance(value, int) or not -_MAX_ROW <= value <= _MAX_ROW:
+        raise ProtocolError(f"row {what} must be an integer in [-2**62, 2**62], got {value!r:.40}")
     return value
 
 
@@ -55,15 +58,17 @@ class StorageUnitServer:
     """Serves one backend over ZMQ; ops: put, get, delete, exists, list, info, stats, ping."""
 
     def __init__(self, backend: StorageUnit, *, host: str = "127.0.0.1", port: int = 0,
-                 shared_memory: bool = True, shm_token: str | None = None, secret: bytes | None = None) -> None:
+                 shared_memory: bool = True, shm_token: str | None = None, secret: bytes | None = None,
+                 max_message_bytes: int = UNIT_MAX_MESSAGE) -> None:
         self.backend = backend
         self.host_id = host_id() if shared_memory else None
         self.shm = ShmRegistry(shm_token) if self.host_id else None
-        self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret)
+        self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret,
+                             max_message_bytes=max_message_bytes)
         # Liveness probes get their own socket and thread: a ping queued behind a multi-GiB put would
         # make a busy unit look dead. A stopped or killed process answers neither.
         self.heartbeat = RpcServer(self._beat, host=host, port=0, name=f"unit {backend.unit_id} heartbeat",
-                                   secret=secret)
+                                   secret=secret, max_message_bytes=_HEARTBEAT_MAX_MESSAGE)
 
     @property
     def address(self) -> str:
@@ -101,8 +106,8 @@ class StorageUnitServer:
         unit = self.backend
         if op == "put":
             items = control.get("items")
-            if not isinstance(items, list) or not items:
-                raise ProtocolError("put needs a non-empty list of items")
+            if not isinstance(items, list) or not 0 < len(items) <= MAX_KEYS:
+                raise ProtocolError(f"put needs a list of 1 to {MAX_KEYS} items")
             framed = sum(1 for i in items if isinstance(i, list) and len(i) == 3)
             if framed != len(frames):
                 raise ProtocolError(f"put declares {framed} payload frames, the message has {len(frames)}")
@@ -111,7 +116,8 @@ class StorageUnitServer:
                 if isinstance(item, list) and len(item) == 3:
                     array = array_from_frame(next(next_frame), item[1], item[2])
                 elif isinstance(item, list) and len(item) == 4 and self.shm is not None:
-                    array = self.shm.adopt(item[3], check_dtype(item[1]), _shape(item[2]))
+                    array = self.shm.adopt(text(item[3], "segment", max_len=255), check_dtype(item[1]),
+                                           _shape(item[2]))
                 else:
                     raise ProtocolError("put items are [key, dtype, shape] or [key, dtype, shape, segment]")
                 arrays.append((_key(item[0]), array))
@@ -120,8 +126,9 @@ class StorageUnitServer:
             return {"infos": [[i.key, i.dtype, list(i.shape), i.nbytes, i.spilled] for i in infos]}, ()
         if op == "get":
             reqs = control.get("reqs")
-            if not isinstance(reqs, list) or not all(isinstance(r, list) and len(r) == 3 for r in reqs):
-                raise ProtocolError("'reqs' must be a list of [key, start, stop]")
+            if not isinstance(reqs, list) or len(reqs) > MAX_KEYS or not all(
+                    isinstance(r, list) and len(r) == 3 for r in reqs):
+                raise ProtocolError(f"'reqs' must be a list of at most {MAX_KEYS} [key, start, stop]")
             arrays = unit.get_many([(_key(k), _row(a, "start"), _row(b, "stop")) for k, a, b in reqs])
             use_shm = control.get("shm") is True and self.shm is not None
             metas, payloads = [], []
@@ -177,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-shared-memory", action="store_true")
     p.add_argument("--shm-token", default=None)
     p.add_argument("--no-checksums", action="store_true")
+    p.add_argument("--max-message-bytes", type=int, default=UNIT_MAX_MESSAGE)
     args = p.parse_args(argv)
     backend = make_storage_unit(args.unit_id, node_id=args.node_id, memory_budget=args.memory_budget,
                                 on_full=args.on_full, spill_dir=args.spill_dir, checksums=not args.no_checksums)
     server = StorageUnitServer(backend, host=args.host, port=args.port, shared_memory=not args.no_shared_memory,
-                               shm_token=args.shm_token, secret=(os.environ.get(SECRET_ENV) or "").encode() or None)
+                               shm_token=args.shm_token, secret=(os.environ.get(SECRET_ENV) or "").encode() or None,
+                               max_message_bytes=args.max_message_bytes)
     server.heartbeat.start()
 
     def cleanup() -> None:

@@ -1,0 +1,189 @@
+"""Journal records: what one session event looks like on disk, and how replay applies it.
+
+A payload is ``u8 kind, u32 len(session id), session id (UTF-8), msgpack body``, so compaction can
+tell which session a record belongs to without decoding its body. A step record stores only what is
+new: its prompt as ``(base step, n tokens)`` plus the ids after them, its messages as ``(base step,
+k messages)`` plus the rest and its tools as a reference when they equal the base step's. The base is
+the parent (append / branch) or the boundary's candidate step (a new lineage that shares a prefix), so
+a session of N turns journals O(total tokens), not O(N * context).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from dressage.errors import DressageError, JournalEncodeError, JournalError
+from dressage.trajectory import Boundary, RouteDecision, Session, StepRecord
+
+__all__ = ["JournalEncodeError", "KINDS", "encode", "split", "apply", "encode_session", "encode_step"]
+
+_PREFIX = struct.Struct("<BI")
+KINDS = {"session": 1, "step": 2, "finalize": 3, "abort": 4, "forget": 5}
+_NAMES = {v: k for k, v in KINDS.items()}
+
+
+def _packb(body: Any) -> bytes:
+    try:
+        return msgpack.packb(body, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:  # UnicodeEncodeError is a ValueError
+        raise JournalEncodeError(f"cannot journal this value: {type(exc).__name__}: {exc}") from None
+
+
+def encode(kind: str, session_id: str, body: Any) -> bytes:
+    try:
+        sid = session_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise JournalEncodeError(f"cannot journal session id: {exc}") from None
+    return _PREFIX.pack(KINDS[kind], len(sid)) + sid + _packb(body)
+
+
+def split(payload: bytes) -> tuple[str, str, memoryview]:
+    """(kind, session id, body bytes) of a payload; JournalError when it is not one."""
+    if len(payload) < _PREFIX.size:
+        raise JournalError(f"record of {len(payload)} bytes is shorter than its prefix")
+    code, n = _PREFIX.unpack_from(payload)
+    if code not in _NAMES or _PREFIX.size + n > len(payload):
+        raise JournalError(f"record has unknown kind {code} or a session id past its end")
+    try:
+        sid = bytes(payload[_PREFIX.size:_PREFIX.size + n]).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JournalError(f"record session id is not UTF-8: {exc}") from None
+    return _NAMES[code], sid, memoryview(payload)[_PREFIX.size + n:]
+
+
+# ----------------------------------------------------------------------- encode
+def _arr(a: np.ndarray) -> dict[str, Any]:
+    a = np.ascontiguousarray(a)
+    return {"d": a.dtype.str, "s": list(a.shape), "b": a.tobytes()}
+
+
+def _unarr(obj: dict[str, Any]) -> np.ndarray:
+    dtype = np.dtype(obj["d"])
+    if dtype.hasobject:
+        raise JournalError("array record with an object dtype")
+    return np.frombuffer(obj["b"], dtype=dtype).reshape(obj["s"]).copy()
+
+
+def _value(v: Any) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, np.ndarray):
+        return {"arr": _arr(v)}
+    return {"ref": v.to_wire()}
+
+
+def _unvalue(obj: Any) -> Any:
+    if obj is None:
+        return None
+    if "arr" in obj:
+        return _unarr(obj["arr"])
+    from dressage.tq.refs import FieldRef
+
+    return FieldRef.from_wire(obj["ref"])
+
+
+def encode_session(session: Session) -> bytes:
+    return encode("session", session.session_id, {
+        "meta": session.metadata, "r3": list(session.r3_shape) if session.r3_shape else None,
+        "lp": session.record_logprobs})
+
+
+def _base(session: Session | None, decision: RouteDecision, rec: StepRecord) -> tuple[StepRecord | None, int]:
+    """The earlier step this one shares a prompt prefix with, and the prefix length."""
+    if session is None:
+        return None, 0
+    if rec.parent_id is not None and rec.parent_id in session.steps:
+        base = session.steps[rec.parent_id]
+        return base, base.seq_len
+    b = rec.boundary or decision.boundary
+    if b is not None and b.candidate_step is not None and b.candidate_step in session.steps and b.matched_tokens > 0:
+        base = session.steps[b.candidate_step]
+        n = min(int(b.matched_tokens), base.seq_len, rec.prompt_len)
+        if np.array_equal(rec.prompt_ids[:n], base.full_ids[:n]):
+            return base, n
+    return None, 0
+
+
+def encode_step(session_id: str, decision: RouteDecision, rec: StepRecord, session: Session | None = None) -> bytes:
+    b = rec.boundary
+    base, n = _base(session, decision, rec)
+    body: dict[str, Any] = {
+        "dec": [decision.kind, decision.parent_id, decision.routed_experts_start,
+                None if decision.boundary is None else [decision.boundary.reason, decision.boundary.drift,
+                                                        decision.boundary.matched_tokens,
+                                                        decision.boundary.candidate_step]],
+        "resp": _arr(rec.response_ids), "ver": _arr(rec.token_versions),
+        "lp": _value(rec.logprobs), "re": _value(rec.routed_experts), "re0": rec.routed_experts_start,
+        "br": None if b is None else b.reason, "meta": rec.metadata, "ts": rec.created_at,
+        "id": rec.step_id,
+    }
+    body["pb"] = None if base is None else [base.step_id, n]
+    body["prompt"] = _arr(rec.prompt_ids[n:])
+    msgs, bm = rec.messages, None if base is None else base.messages
+    if isinstance(msgs, list) and isinstance(bm, list) and bm and len(bm) <= len(msgs) and msgs[:len(bm)] == bm:
+        body["mb"], body["msgs"] = [base.step_id, len(bm)], msgs[len(bm):]
+    else:
+        body["mb"], body["msgs"] = None, msgs
+    if base is not None and rec.tools is not None and rec.tools == base.tools:
+        body["tb"], body["tools"] = base.step_id, None
+    else:
+        body["tb"], body["tools"] = None, rec.tools
+    return encode("step", session_id, body)
+
+
+# ------------------------------------------------------------------------ apply
+def apply(sessions: dict[str, Session], payload: bytes, *, decode=None, special_ids=()) -> str:
+    """Apply one record to ``sessions``; returns its kind. Any record that does not fit (bad body,
+    unknown session or step, a step the session refuses) is a :class:`JournalError`; the sessions
+    are then unchanged."""
+    kind, sid, raw = split(payload)
+    try:
+        rec = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        if not isinstance(rec, dict) and kind != "forget":
+            raise JournalError(f"{kind} record body is a {type(rec).__name__}, not a map")
+        if kind == "session":
+            if sid in sessions:
+                raise JournalError(f"session {sid!r} is created twice")
+            sessions[sid] = Session(sid, metadata=rec["meta"], r3_shape=tuple(rec["r3"]) if rec["r3"] else None,
+                                    record_logprobs=rec["lp"], decode=decode, special_ids=special_ids)
+        elif kind == "step":
+            _apply_step(sessions[sid], rec)
+        elif kind == "finalize":
+            sessions[sid].finalize(rec["reward"])
+        elif kind == "abort":
+            sessions[sid].abort(rec["reason"])
+        elif kind == "forget":
+            sessions.pop(sid, None)
+    except JournalError:
+        raise
+    except KeyError as exc:
+        raise JournalError(f"{kind} record for session {sid!r}: missing {exc}") from None
+    except (DressageError, TypeError, ValueError, IndexError, AttributeError, OverflowError,
+            msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise JournalError(f"{kind} record for session {sid!r}: {type(exc).__name__}: {exc}") from None
+    return kind
+
+
+def _apply_step(s: Session, rec: dict[str, Any]) -> None:
+    kind, parent, start, bnd = rec["dec"]
+    decision = RouteDecision(kind, parent, start, None if bnd is None else Boundary(*bnd))
+    if rec["id"] != len(s.steps):
+        raise JournalError(f"step record id {rec['id']} where session {s.session_id} has {len(s.steps)} steps")
+    prompt = _unarr(rec["prompt"])
+    if rec["pb"] is not None:
+        base_id, n = rec["pb"]
+        prompt = np.concatenate([s.step(base_id).full_ids[:n], prompt]).astype(np.int32)
+    msgs = rec["msgs"]
+    if rec["mb"] is not None:
+        base_id, k = rec["mb"]
+        msgs = list(s.step(base_id).messages[:k]) + list(msgs)
+    tools = rec["tools"] if rec["tb"] is None else s.step(rec["tb"]).tools
+    s.commit_step(decision, prompt_ids=prompt, response_ids=_unarr(rec["resp"]),
+                  logprobs=_unvalue(rec["lp"]), routed_experts=_unvalue(rec["re"]),
+                  routed_experts_start=rec["re0"], token_versions=_unarr(rec["ver"]),
+                  messages=msgs, tools=tools, boundary_reason=rec["br"],
+                  metadata=rec["meta"], created_at=rec["ts"])
