@@ -217,3 +217,7 @@ class ProxyStatusError(AgentError):
 
 class ProxyReplyError(AgentError, ValueError):
     """A Proxy answer that lacks what the driver needs (session id, base URL, choices, usage)."""
+
+
+class SampleWireError(DressageError, ValueError):
+    """A Sample (or trajectory read answer) in wire form that is malformed or of an unknown version."""
