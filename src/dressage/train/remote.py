@@ -100,3 +100,53 @@ class ProxyTrajectorySource:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def consume(source: ProxyTrajectorySource, *, dp_size: int = 1, expect_sessions: int | None = None,
+            timeout_s: float = 60.0, poll_s: float = 0.2, on_lost: str = "fail") -> dict[str, Any]:
+    """Drain the Proxy, shard by DP rank, restore each shard from TQ, check, release the keys.
+
+    Reads until ``expect_sessions`` trajectories arrived (or once, when ``None``). Answers what a
+    driver logs: samples, sessions, the samples digest, bytes restored and the keys left in TQ.
+    """
+    import time
+
+    from dressage.rollout.manager import sample_ref_keys
+    from dressage.train.checks import check_sample
+    from dressage.train.digest import samples_digest
+    from dressage.train.reader import TrainingReader, release_batch
+    from dressage.trajectory import shard_samples
+
+    if not isinstance(dp_size, int) or isinstance(dp_size, bool) or dp_size < 1:
+        raise ConfigError(f"dp_size must be a positive integer, got {dp_size!r}")
+    samples: list[Sample] = []
+    sessions, spec = 0, None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        batch = source.read(drain=True)
+        samples += batch.samples
+        sessions += batch.trajectories
+        spec = batch.transfer_queue or spec
+        if expect_sessions is None or sessions >= expect_sessions:
+            break
+        if time.monotonic() > deadline:
+            raise ProxyConnectionError(f"{source.url}: {sessions} of {expect_sessions} trajectories "
+                                       f"arrived within {timeout_s:.0f} s")
+        time.sleep(poll_s)
+    keys = sample_ref_keys(samples)
+    restored_bytes = 0
+    if keys:
+        reader = TrainingReader(source.client(), on_lost=on_lost)
+        kept: list[Sample] = []
+        for shard in shard_samples(samples, dp_size, keep_groups=True):
+            kept += reader.restore(shard)  # one batched read per StorageUnit per rank
+        samples = kept
+    for s in samples:
+        check_sample(s)
+        restored_bytes += sum(int(a.nbytes) for n, a in s.field_arrays().items() if n.startswith("rollout_"))
+    released = release_batch(source.client(), sorted(keys)) if keys else 0
+    keys_left = source.client().total_keys() if spec is not None else 0
+    return {"sessions": sessions, "samples": len(samples), "dp_size": dp_size,
+            "samples_digest": samples_digest(samples), "large_field_bytes_restored": restored_bytes,
+            "tq_keys_read": len(keys), "tq_keys_released": released, "tq_keys_left": keys_left,
+            "transfer_queue": spec is not None}
