@@ -16,3 +16,13 @@ def test_rollout_layer_imports_no_transport_stack():
             "print(sorted(m for m in ('zmq', 'fastapi', 'httpx', 'ray', 'dressage.tq') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_missing_extra_hint_in_a_bare_install():
+    # A real run where fastapi cannot be imported: the Proxy command says which extra to install.
+    code = ("import sys; sys.modules['fastapi'] = None; from dressage.cli import main; "
+            "sys.exit(main(['proxy', 'serve', '--engine-url', 'http://127.0.0.1:9']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().endswith("pip install 'dressage[server]'"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -15,6 +15,11 @@ from dressage.errors import DressageError
 
 __all__ = ["main", "build_parser"]
 
+# Third-party modules an optional extra brings, so a missing one is a one-line hint, not a traceback.
+EXTRA_OF_MODULE = {"fastapi": "server", "uvicorn": "server", "httpx": "server", "openai": "server",
+                   "starlette": "server", "pydantic": "server", "ray": "ray", "grpc": "ray",
+                   "matplotlib": "plot", "torch": "torch", "transformers": "hf", "tokenizers": "hf"}
+
 # Subcommand modules, in the order `dressage --help` lists them.
 COMMANDS = ("run", "proxy", "engine", "capacity", "bench")
 
@@ -38,6 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except DressageError as exc:
         print(f"dressage {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRA_OF_MODULE:
+            raise
+        print(f"dressage {args.command}: error: this needs {top}, which the '{EXTRA_OF_MODULE[top]}' extra "
+              f"installs: pip install 'dressage[{EXTRA_OF_MODULE[top]}]'", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
