@@ -26,3 +26,10 @@ def test_missing_extra_hint_in_a_bare_install():
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().endswith("pip install 'dressage[server]'"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_version_flag_prints_the_installed_version():
+    from importlib.metadata import version
+
+    proc = subprocess.run([sys.executable, "-m", "dressage", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"dressage {version('dressage')}"

@@ -24,11 +24,21 @@ EXTRA_OF_MODULE = {"fastapi": "server", "uvicorn": "server", "httpx": "server", 
 COMMANDS = ("run", "proxy", "engine", "capacity", "bench")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dressage")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dressage",
         description="Trajectory data plane for long-context agentic RL (Proxy, Segments, TransferQueue).",
     )
+    parser.add_argument("--version", action="version", version=f"dressage {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
