@@ -43,6 +43,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
         │   └── ProxyTimeout         no answer within the call's time-out
         ├── ProxyStatusError         the Proxy answered 4xx/5xx (``status_code``, its message)
         └── ProxyReplyError          an answer the driver cannot use (no session id, choices, usage)
+    SampleWireError (DressageError)  a Sample or trajectory read answer in a malformed wire form
 
 Third-party errors (zmq, ray, httpx) are translated where they cross into Dressage:
 ``raise StorageUnitUnavailable(...) from exc``.
@@ -89,6 +90,7 @@ __all__ = [
     "ProxyTimeout",
     "ProxyStatusError",
     "ProxyReplyError",
+    "SampleWireError",
 ]
 
 
@@ -332,3 +334,7 @@ class ProxyStatusError(AgentError):
 
 class ProxyReplyError(AgentError, ValueError):
     """A Proxy answer that lacks what the driver needs (session id, base URL, choices, usage)."""
+
+
+class SampleWireError(DressageError, ValueError):
+    """A Sample (or trajectory read answer) in wire form that is malformed or of an unknown version."""

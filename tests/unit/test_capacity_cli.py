@@ -77,6 +77,8 @@ def test_baseline_file(capsys, tmp_path):
     ([*GLM, "--host-memory", "lots"], "--host-memory"),
     ([*GLM, "--host-memory", "2XB"], "--host-memory"),
     ([*GLM, "--host-memory", "0"], "--host-memory"),
+    ([*GLM, "--host-memory", "2"], "not a plausible master node"),
+    ([*GLM, "--host-memory", "512MiB"], "not a plausible master node"),
     ([*GLM, "--context-length", "abc"], "--context-length"),
     ([*GLM, "--context-length", "0"], "--context-length"),
     ([*GLM, "--rollout-batch-size", "0"], "--rollout-batch-size"),

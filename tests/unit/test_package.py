@@ -38,3 +38,20 @@ def test_the_product_does_not_import_the_benchmarks_and_no_module_is_over_400_li
         assert len(text.splitlines()) <= 400, f"{path} has {len(text.splitlines())} lines"
     for path in BENCH_SRC.rglob("*.py"):
         assert len(path.read_text().splitlines()) <= 400, path
+
+
+def test_missing_extra_hint_in_a_bare_install():
+    # A real run where fastapi cannot be imported: the Proxy command says which extra to install.
+    code = ("import sys; sys.modules['fastapi'] = None; from dressage.cli import main; "
+            "sys.exit(main(['proxy', 'serve', '--engine-url', 'http://127.0.0.1:9']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().endswith("pip install 'dressage[server]'"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_version_flag_prints_the_installed_version():
+    from importlib.metadata import version
+
+    proc = subprocess.run([sys.executable, "-m", "dressage", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"dressage {version('dressage')}"

@@ -18,6 +18,7 @@ __all__ = ["CapacityConfig", "parse_segments_distribution", "distribution_mean"]
 # 40 x 8 x 4 = 1,280 bytes per token (Qwen3.6, int32), is 2.3 / 92.4 * 1280 = 31.9 B/token.
 # Each StepRecord keeps the full chat history of its request, so the text is held many times.
 DEFAULT_MESSAGE_BYTES_PER_TOKEN = 32.0
+MIN_HOST_MEMORY_BYTES = 1 << 30  # below this a --host-memory value is a missing unit, not a machine
 
 
 # Config keys whose command-line flag is not simply the key with dashes.
@@ -59,7 +60,8 @@ class CapacityConfig:
     nodes: int = 1
     """TQ StorageUnits, one per node; R3 and logprobs spread over them evenly."""
     host_memory_bytes: int | None = None
-    """Host memory of the master node, for the largest batch that fits."""
+    """Host memory of the master node, for the largest batch that fits (at least 1 GiB: a bare
+    number is bytes, so ``--host-memory 2`` is refused rather than read as 2 bytes)."""
     message_bytes_per_token: float = DEFAULT_MESSAGE_BYTES_PER_TOKEN
     """Bytes of chat messages held per Segment token (same in every representation)."""
 
@@ -79,6 +81,10 @@ class CapacityConfig:
                 )
         if self.host_memory_bytes is not None:
             _positive_int("host_memory_bytes", self.host_memory_bytes)
+            if self.host_memory_bytes < MIN_HOST_MEMORY_BYTES:
+                raise ConfigError(
+                    f"--host-memory: {self.host_memory_bytes} bytes is not a plausible master node "
+                    f"(at least 1 GiB); give a unit, e.g. 2TB or 1.82TiB")
         try:
             r3_dtype(self.routed_experts_dtype)
             check_dtype_holds_experts(self.model.num_experts, self.routed_experts_dtype)

@@ -23,8 +23,13 @@ from dressage.errors import DressageError
 
 __all__ = ["main", "build_parser", "ENTRY_POINT_GROUP", "plugin_commands"]
 
+# Third-party modules an optional extra brings, so a missing one is a one-line hint, not a traceback.
+EXTRA_OF_MODULE = {"fastapi": "server", "uvicorn": "server", "httpx": "server", "openai": "server",
+                   "starlette": "server", "pydantic": "server", "ray": "ray", "grpc": "ray",
+                   "matplotlib": "plot", "torch": "torch", "transformers": "hf", "tokenizers": "hf"}
+
 # Subcommand modules, in the order `dressage --help` lists them.
-COMMANDS = ("run", "proxy", "engine", "capacity")
+COMMANDS = ("run", "proxy", "engine", "capacity", "trainer")
 ENTRY_POINT_GROUP = "dressage.commands"
 # Commands that packages of this repository provide, with how to get them when they are missing.
 KNOWN_PLUGINS = {
@@ -55,11 +60,21 @@ def _unavailable(sub: argparse._SubParsersAction, name: str, help_text: str, mes
     p.set_defaults(func=refuse, accepts_any_arguments=True)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dressage")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dressage",
         description="Trajectory data plane for long-context agentic RL (Proxy, Segments, TransferQueue).",
     )
+    parser.add_argument("--version", action="version", version=f"dressage {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
@@ -89,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except DressageError as exc:
         print(f"dressage {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in EXTRA_OF_MODULE:
+            raise
+        print(f"dressage {args.command}: error: this needs {top}, which the '{EXTRA_OF_MODULE[top]}' extra "
+              f"installs: pip install 'dressage[{EXTRA_OF_MODULE[top]}]'", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -78,6 +78,8 @@ class Proxy:
         try:
             service, recovery = build_service(config, tq_client=tq_client, tokenizer=tokenizer, engine=engine,
                                               sink=sink, batch_tag=batch_tag)
+            if tq is not None:
+                service.tq_spec = tq.client_spec  # a trainer process joins this TQ from a read's meta_info
             server = ProxyServer(service)
             server.start_background()
         except BaseException:

@@ -141,7 +141,7 @@ def build_app(service: Any) -> FastAPI:
     async def trajectory_read(body: TrajectoryReadRequest | None = None) -> Response:
         body = body or TrajectoryReadRequest()
         ids = list(body.session_ids or []) + ([body.session_id] if body.session_id else [])
-        return _json(service.read_trajectories(ids, body.instance_id, body.drain))
+        return _json(service.read_trajectories(ids, body.instance_id, body.drain, body.format))
 
     @app.get("/trajectory/stats")
     async def trajectory_stats() -> dict[str, Any]:

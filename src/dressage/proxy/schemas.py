@@ -85,6 +85,9 @@ class TrajectoryReadRequest(_Body):
     instance_id: Optional[str] = None
     """Every finalized session of this prompt instance (``X-Instance-Id``): a GRPO group at once."""
     drain: bool = False
+    format: Literal["segments", "samples"] = "segments"
+    """``segments``: summaries (large fields as sizes); ``samples``: trainer-ready Samples with
+    FieldRefs and the TransferQueue client spec (see :mod:`dressage.train.remote`)."""
 
 
 class ResumeRequest(_Body):

@@ -21,6 +21,7 @@ from dressage.proxy.core import FinalizedSession, ProxyCore
 from dressage.proxy.engine_pool import EnginePool
 from dressage.proxy.limits import CallLimits
 from dressage.proxy.pause import RolloutPause
+from dressage.proxy.sample_wire import samples_wire
 from dressage.proxy.sglang_client import SGLangClient
 from dressage.proxy.turns import CallIdentity, TurnCache, instance_group
 
@@ -37,6 +38,7 @@ class ProxyService(CallPath):
     def __init__(self, config: ProxyServerConfig, core: ProxyCore, tokenizer: Any, engine: Any = None,
                  *, parser: ToolCallParser | None = None) -> None:
         self.config, self.core, self.tokenizer = config, core, tokenizer
+        self.tq_spec: Any = None  # () -> TQ client spec, set by Proxy.start when it has a deployment
         if isinstance(engine, EnginePool):
             self.engines = engine
         else:
@@ -135,8 +137,14 @@ class ProxyService(CallPath):
         return [seg.to_summary() for seg in self._finalized(session_id, "segments exist").segments]
 
     def read_trajectories(self, session_ids: Iterable[str] = (), instance_id: str | None = None,
-                          drain: bool = False) -> dict[str, Any]:
-        """Finalized trajectories: those named, those of one prompt instance, or all; ``drain`` forgets them."""
+                          drain: bool = False, format: str = "segments") -> dict[str, Any]:
+        """Finalized trajectories: those named, those of one prompt instance, or all; ``drain`` forgets them.
+
+        ``format="samples"`` answers, per trajectory, its Samples in wire form (large fields as
+        FieldRefs when TQ is on) in upstream's envelope, with the TQ client spec in ``meta_info``:
+        what a trainer in another process needs (:mod:`dressage.train.remote`). A drain hands the
+        TQ keys to that trainer, which releases them after training.
+        """
         wanted = list(session_ids)
         if instance_id is not None:
             wanted += [sid for sid, d in self.finalized.items()
@@ -146,10 +154,18 @@ class ProxyService(CallPath):
         out = []
         for sid in wanted:
             done = self._finalized(sid, "its trajectory exists")
-            out.append({"session_id": sid, "reward": done.reward, "metadata": done.metadata,
-                        "segments": [seg.to_summary() for seg in done.segments]})
+            if format == "samples":
+                out.append({"session_id": sid, "reward": done.reward, "metadata": done.metadata,
+                            "samples": samples_wire(done)})
+            else:
+                out.append({"session_id": sid, "reward": done.reward, "metadata": done.metadata,
+                            "segments": [seg.to_summary() for seg in done.segments]})
         if drain:
             self.forget(wanted)
+        if format == "samples":
+            spec = self.tq_spec() if self.tq_spec is not None else None
+            return {"success": True, "mode": "samples", "data": out, "drained": drain,
+                    "meta_info": {"trajectories": len(out), "transfer_queue": spec}}
         return {"trajectories": out, "drained": drain}
 
     def forget(self, session_ids: Iterable[str]) -> None:

@@ -337,6 +337,10 @@ class TransferQueueClient:
     def unit_ids(self) -> list[str]:
         return list(self._units)
 
+    def total_keys(self) -> int:
+        """Keys the Controller's directory holds, across every unit (0 once every batch was released)."""
+        return int(self._controller.total_keys())
+
     def dead_units(self) -> dict[str, str]:
         """``{unit_id: reason}`` of the units the Controller has marked dead (as of at most 0.2 s ago)."""
         if self._liveness is None:

@@ -1,0 +1,152 @@
+"""A trainer in its own process: read finalized trajectories from a Proxy, restore them from TQ.
+
+``POST /trajectory/read`` with ``"format": "samples"`` answers each trajectory's Samples in wire form
+(large fields as FieldRefs) and, in ``meta_info.transfer_queue``, the client spec of the Proxy's
+TransferQueue. This module joins that TQ, so the large fields go StorageUnit -> trainer directly.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from dressage.errors import ConfigError, ProxyConnectionError, ProxyStatusError, SampleWireError
+from dressage.proxy.sample_wire import sample_from_wire
+from dressage.trajectory import Sample
+
+__all__ = ["ProxyTrajectorySource", "TrajectoryBatch"]
+
+
+@dataclass(slots=True)
+class TrajectoryBatch:
+    """Samples read from a Proxy (refs attached) and the TQ client spec they refer to."""
+
+    samples: list[Sample]
+    transfer_queue: dict[str, Any] | None
+    trajectories: int = 0
+    meta_info: dict[str, Any] = field(default_factory=dict)
+
+
+class ProxyTrajectorySource:
+    """Reads a Proxy's finalized trajectories as Samples; ``client()`` joins its TransferQueue.
+
+    ``token`` is the Proxy's admin token (reads and drains need it when the Proxy has tokens).
+    """
+
+    def __init__(self, proxy_url: str, *, token: str | None = None, timeout_s: float = 60.0) -> None:
+        if not isinstance(proxy_url, str) or not proxy_url.startswith(("http://", "https://")):
+            raise ConfigError(f"proxy_url: expected http(s)://host:port, got {proxy_url!r}")
+        self.url = proxy_url.rstrip("/")
+        self.token = token
+        self.timeout_s = float(timeout_s)
+        self._client: Any = None
+        self._spec: dict[str, Any] | None = None
+
+    def _post(self, path: str, body: Mapping[str, Any]) -> Any:
+        headers = {"content-type": "application/json"}
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:500].decode(errors="replace")
+            raise ProxyStatusError(f"{self.url}{path}: HTTP {exc.code}: {detail}", status_code=exc.code) from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise ProxyConnectionError(f"{self.url}{path}: {getattr(exc, 'reason', exc)}") from None
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise SampleWireError(f"{self.url}{path}: answer is not JSON ({exc})") from None
+
+    def read(self, *, drain: bool = True, max_groups: int | None = None,
+             instance_id: str | None = None) -> TrajectoryBatch:
+        """Finalized trajectories as Samples; ``drain`` hands them over (the Proxy forgets them,
+        the TQ keys stay until the trainer releases them)."""
+        body: dict[str, Any] = {"format": "samples", "drain": drain}
+        if max_groups is not None:
+            body["max_groups"] = max_groups
+        if instance_id is not None:
+            body["instance_id"] = instance_id
+        answer = self._post("/trajectory/read", body)
+        if not isinstance(answer, Mapping) or not isinstance(answer.get("data"), list):
+            raise SampleWireError(f"trajectory read answer has no 'data' list: {str(answer)[:200]}")
+        samples: list[Sample] = []
+        for traj in answer["data"]:
+            if not isinstance(traj, Mapping) or not isinstance(traj.get("samples"), list):
+                raise SampleWireError("each trajectory must carry 'samples' (ask with format 'samples')")
+            samples.extend(sample_from_wire(s) for s in traj["samples"])
+        meta = answer.get("meta_info") or {}
+        spec = meta.get("transfer_queue") if isinstance(meta, Mapping) else None
+        if spec is not None:
+            self._spec = dict(spec)
+        return TrajectoryBatch(samples, spec, len(answer["data"]), dict(meta) if isinstance(meta, Mapping) else {})
+
+    def client(self) -> Any:
+        """A TransferQueue client joined to the Proxy's TQ (after a read that carried its spec)."""
+        if self._client is None:
+            if self._spec is None:
+                raise ConfigError("the Proxy sent no TransferQueue spec: it runs without TQ, or nothing was read yet")
+            from dressage.tq import TransferQueueClient
+
+            self._client = TransferQueueClient.connect(self._spec)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def consume(source: ProxyTrajectorySource, *, dp_size: int = 1, expect_sessions: int | None = None,
+            timeout_s: float = 60.0, poll_s: float = 0.2, on_lost: str = "fail") -> dict[str, Any]:
+    """Drain the Proxy, shard by DP rank, restore each shard from TQ, check, release the keys.
+
+    Reads until ``expect_sessions`` trajectories arrived (or once, when ``None``). Answers what a
+    driver logs: samples, sessions, the samples digest, bytes restored and the keys left in TQ.
+    """
+    import time
+
+    from dressage.rollout.manager import sample_ref_keys
+    from dressage.train.checks import check_sample
+    from dressage.train.digest import samples_digest
+    from dressage.train.reader import TrainingReader, release_batch
+    from dressage.trajectory import shard_samples
+
+    if not isinstance(dp_size, int) or isinstance(dp_size, bool) or dp_size < 1:
+        raise ConfigError(f"dp_size must be a positive integer, got {dp_size!r}")
+    samples: list[Sample] = []
+    sessions, spec = 0, None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        batch = source.read(drain=True)
+        samples += batch.samples
+        sessions += batch.trajectories
+        spec = batch.transfer_queue or spec
+        if expect_sessions is None or sessions >= expect_sessions:
+            break
+        if time.monotonic() > deadline:
+            raise ProxyConnectionError(f"{source.url}: {sessions} of {expect_sessions} trajectories "
+                                       f"arrived within {timeout_s:.0f} s")
+        time.sleep(poll_s)
+    keys = sample_ref_keys(samples)
+    restored_bytes = 0
+    if keys:
+        reader = TrainingReader(source.client(), on_lost=on_lost)
+        kept: list[Sample] = []
+        for shard in shard_samples(samples, dp_size, keep_groups=True):
+            kept += reader.restore(shard)  # one batched read per StorageUnit per rank
+        samples = kept
+    for s in samples:
+        check_sample(s)
+        restored_bytes += sum(int(a.nbytes) for n, a in s.field_arrays().items() if n.startswith("rollout_"))
+    released = release_batch(source.client(), sorted(keys)) if keys else 0
+    keys_left = source.client().total_keys() if spec is not None else 0
+    return {"sessions": sessions, "samples": len(samples), "dp_size": dp_size,
+            "samples_digest": samples_digest(samples), "large_field_bytes_restored": restored_bytes,
+            "tq_keys_read": len(keys), "tq_keys_released": released, "tq_keys_left": keys_left,
+            "transfer_queue": spec is not None}

@@ -1,0 +1,101 @@
+"""The documented multi-process path: engine, Proxy (with a local-process TQ) and trainer are separate
+processes; the trainer gets FieldRefs over HTTP and the large fields straight from the StorageUnits."""
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from dressage.agents import AgentConfig, make_prompts, run_rollout
+
+pytestmark = pytest.mark.slow
+N_PROMPTS, N_SAMPLES = 3, 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args, url, env=None):
+    proc = subprocess.Popen([sys.executable, "-m", "dressage", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"{args[:2]} did not start:\n{proc.stdout.read()}")
+        time.sleep(0.1)
+
+
+def _stop(proc):
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _start(["engine", "serve", "--port", str(port), "--model", "tiny-moe", "--tool-call-rate", "0.5",
+                   "--mean-response-tokens", "24"], url)
+    yield url
+    _stop(proc)
+
+
+def _rollout_then_train(engine_url, tmp_path, *, tq: bool):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["proxy", "serve", "--engine-url", engine_url, "--port", str(port), "--model", "tiny-moe",
+            "--use-rollout-routing-replay", "--routed-experts-dtype", "uint8"]
+    if tq:
+        cfg = tmp_path / "tq.yaml"
+        cfg.write_text("deployment: local\nnum_storage_units: 2\n")
+        args += ["--enable-transfer-queue", "--transfer-queue-config", str(cfg)]
+    proxy = _start(args, url)
+    try:
+        report = asyncio.run(run_rollout(url, make_prompts(N_PROMPTS, seed=5), N_SAMPLES,
+                                         AgentConfig(seed=11, max_turns=3), concurrency=3))
+        assert report.errors == 0, report.errors_by_kind
+        out = tmp_path / f"trainer_{'tq' if tq else 'plain'}.json"
+        trainer = subprocess.run(
+            [sys.executable, "-m", "dressage", "trainer", "--proxy-url", url, "--dp-size", "2",
+             "--expect-sessions", str(N_PROMPTS * N_SAMPLES), "--timeout", "30", "--json", str(out)],
+            capture_output=True, text=True, timeout=120)
+        assert trainer.returncode == 0, trainer.stdout + trainer.stderr
+        stats = httpx.post(f"{url}/trajectory/read", json={"drain": False}, timeout=10).json()
+        return json.loads(out.read_text()), stats
+    finally:
+        _stop(proxy)
+
+
+def test_trainer_process_restores_refs_from_the_proxys_transfer_queue(engine, tmp_path):
+    with_tq, left = _rollout_then_train(engine, tmp_path, tq=True)
+    assert with_tq["transfer_queue"] is True
+    assert with_tq["sessions"] == N_PROMPTS * N_SAMPLES and with_tq["samples"] >= with_tq["sessions"]
+    assert with_tq["tq_keys_read"] > 0 and with_tq["tq_keys_released"] == with_tq["tq_keys_read"]
+    assert with_tq["tq_keys_left"] == 0
+    assert with_tq["large_field_bytes_restored"] > 0
+    assert left["data"] == []  # drained: the Proxy no longer holds them
+
+    without_tq, _ = _rollout_then_train(engine, tmp_path, tq=False)
+    assert without_tq["transfer_queue"] is False and without_tq["tq_keys_read"] == 0
+    # Same agents, same engine seed: the trainer sees bit-identical Samples whichever path they took.
+    assert with_tq["samples_digest"] == without_tq["samples_digest"]
+    assert with_tq["large_field_bytes_restored"] == without_tq["large_field_bytes_restored"]
