@@ -53,7 +53,7 @@ def _stop(proc):
 def engine():
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = _start(["engine", "serve", "--port", str(port), "--model", "tiny-moe", "--tool-call-rate", "0.5",
+    proc = _start(["engine", "serve", "--port", str(port), "--tool-call-rate", "0.5",
                    "--mean-response-tokens", "24"], url)
     yield url
     _stop(proc)
@@ -62,7 +62,7 @@ def engine():
 def _rollout_then_train(engine_url, tmp_path, *, tq: bool):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    args = ["proxy", "serve", "--engine-url", engine_url, "--port", str(port), "--model", "tiny-moe",
+    args = ["proxy", "serve", "--engine-url", engine_url, "--port", str(port),
             "--use-rollout-routing-replay", "--routed-experts-dtype", "uint8"]
     if tq:
         cfg = tmp_path / "tq.yaml"
@@ -92,7 +92,7 @@ def test_trainer_process_restores_refs_from_the_proxys_transfer_queue(engine, tm
     assert with_tq["tq_keys_read"] > 0 and with_tq["tq_keys_released"] == with_tq["tq_keys_read"]
     assert with_tq["tq_keys_left"] == 0
     assert with_tq["large_field_bytes_restored"] > 0
-    assert left["data"] == []  # drained: the Proxy no longer holds them
+    assert left["trajectories"] == []  # drained: the Proxy no longer holds them
 
     without_tq, _ = _rollout_then_train(engine, tmp_path, tq=False)
     assert without_tq["transfer_queue"] is False and without_tq["tq_keys_read"] == 0
