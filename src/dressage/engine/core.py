@@ -36,6 +36,9 @@ class Generation:
     draft: Draft
     cached_tokens: int
     started: float              # time.perf_counter() at arrival
+    routed: np.ndarray | None = None
+    """Top-k expert ids of every position of prompt + reply but the last ([P+R-1, layers, topk]),
+    from a real model's forward pass; ``None``: derived from prefix hashes."""
 
     @property
     def num_tokens(self) -> int:
@@ -187,7 +190,10 @@ class Engine:
         meta["completion_tokens"] = n
         meta["cached_tokens"] = gen.cached_tokens
         if req.return_routed_experts:
-            rows = self.routing.routed_experts(hashes, req.routed_experts_start_len, len(full) - 1)
+            if gen.routed is not None:  # causal: the first P+n-1 rows do not depend on later tokens
+                rows = np.ascontiguousarray(gen.routed[req.routed_experts_start_len:len(full) - 1])
+            else:
+                rows = self.routing.routed_experts(hashes, req.routed_experts_start_len, len(full) - 1)
             meta["routed_experts"] = encode_routed_experts_b64(rows)
         meta["e2e_latency"] = time.perf_counter() - gen.started
         return {"text": self._text(gen, ids, not aborted), "output_ids": ids.tolist(), "meta_info": meta}
