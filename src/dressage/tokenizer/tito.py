@@ -56,6 +56,26 @@ def glue_after(response_ids: Sequence[int], end_ids: Sequence[int]) -> list[int]
     return end
 
 
+def _glue_text(tok: "Tokenizer", response_ids: Sequence[int], end: str) -> str:
+    """The part of the turn end ``end`` that the reply does not already end with.
+
+    Matched on ids first (the engine stopped on the end's special token); then on text, where
+    only blanks may be left over: a reply may hold the end marker in other tokens than a fresh
+    encoding of ``end`` (a marker that is no special token), but a reply cut by length in the
+    middle of a marker's characters gets the whole end.
+    """
+    end_ids = tok.encode(end)
+    n = len(response_ids)
+    for k in range(min(n, len(end_ids)), 0, -1):
+        if [int(t) for t in response_ids[n - k:]] == end_ids[:k]:
+            return tok.decode(end_ids[k:])
+    tail = tok.decode([int(t) for t in response_ids[-len(end) - 4:]]) if n else ""
+    for k in range(min(len(tail), len(end)), 0, -1):
+        if tail.endswith(end[:k]) and not end[k:].strip():
+            return end[k:]
+    return end
+
+
 def _nth(text: str, needle: str, n: int) -> int:
     """Index just after the ``n``-th (1-based) occurrence of ``needle``; -1 when there are fewer."""
     pos = 0
@@ -90,11 +110,11 @@ def continuation(tok: "Tokenizer", recorded_ids: Sequence[int], response_ids: Se
             drift = "template_turn_end"
         else:
             delta_text = text[at + len(profile.assistant_end):]
-            end_ids = tok.encode(profile.assistant_end)
+            glue_text = _glue_text(tok, response_ids, profile.assistant_end)
+            glue = tok.encode(glue_text) if glue_text else []
             delta = tok.encode(delta_text)
-            # The cut must fall on a token boundary of the whole text.
-            if tok.encode(profile.assistant_end + delta_text) == end_ids + delta:
-                glue = glue_after(response_ids, end_ids)
+            # The cut must fall on a token boundary of the text that follows the reply.
+            if tok.encode(glue_text + delta_text) == glue + delta:
                 return Continuation(glue + delta, len(glue), "delta")
     full = tok.apply_chat_template(list(messages), tools, True)
     recorded = [int(t) for t in recorded_ids]
