@@ -17,8 +17,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from dressage.errors import ChatTemplateError
-from dressage.tokenizer.template import TemplateProfile, split_reasoning
-from dressage.tokenizer.tito import continuation
 from dressage.trajectory import Session, StepRecord
 
 __all__ = ["ChatPrompt", "build_chat_prompt", "effective_tools", "assistant_message", "ToolCallParser",
@@ -81,14 +79,15 @@ def _tools_key(tools: Any) -> str:
     return json.dumps(tools or [], sort_keys=True)
 
 
-def _profile(tokenizer: Any) -> TemplateProfile | None:
+def _profile(tokenizer: Any) -> Any:
+    """The tokenizer's template profile (``dressage.tokenizer.template``), ``None`` when it has none."""
     try:
         return tokenizer.template_profile
     except (ChatTemplateError, AttributeError):
         return None
 
 
-def _compare(recorded: dict[str, Any], sent: dict[str, Any], profile: TemplateProfile | None) -> str:
+def _compare(recorded: dict[str, Any], sent: dict[str, Any], profile: Any) -> str:
     """``same``, ``reasoning`` (only the reasoning sent back differs) or ``differ``.
 
     Assistant turns are compared after the template's own normalisation: reasoning is read from
@@ -98,8 +97,8 @@ def _compare(recorded: dict[str, Any], sent: dict[str, Any], profile: TemplatePr
     if recorded.get("role") != "assistant" or sent.get("role") != "assistant" or profile is None \
             or not profile.has_reasoning:
         return "same" if same_message(recorded, sent) else "differ"
-    r_reason, r_text = split_reasoning(recorded, profile)
-    s_reason, s_text = split_reasoning(sent, profile)
+    r_reason, r_text = profile.split_reasoning(recorded)
+    s_reason, s_text = profile.split_reasoning(sent)
     if (r_text != s_text or _norm_tool_calls(recorded.get("tool_calls")) != _norm_tool_calls(sent.get("tool_calls"))
             or recorded.get("name") != sent.get("name")):
         return "differ"
@@ -110,7 +109,7 @@ def build_chat_prompt(session: Session, tokenizer: Any, messages: Sequence[dict[
                       tools: Sequence[dict[str, Any]] | None) -> ChatPrompt:
     """Prompt ids for a chat call in ``session`` (TITO where the messages extend a recorded step).
 
-    The continuation (glue + delta) comes from :func:`dressage.tokenizer.tito.continuation`. A
+    The continuation (glue + delta) comes from the tokenizer (``Tokenizer.continuation``). A
     boundary is named only when the model would see other tokens than the recorded ones:
     ``tool_schema_change``, ``reasoning_change`` or a template drift class of
     :data:`~dressage.tokenizer.tito.DRIFT_CLASSES`.
@@ -136,8 +135,8 @@ def build_chat_prompt(session: Session, tokenizer: Any, messages: Sequence[dict[
             continue
         best, best_len = step, len(hist)
     if best is not None:
-        cont = continuation(tokenizer, best.full_ids.tolist(), best.response_ids.tolist(), messages,
-                            best_len - 1, tools)
+        cont = tokenizer.continuation(best.full_ids.tolist(), best.response_ids.tolist(), messages,
+                                      best_len - 1, tools)
         if cont.ids is None:
             return ChatPrompt(_full(tokenizer, messages, tools), None, cont.drift)
         ids = np.concatenate([best.full_ids, np.asarray(cont.ids, np.int32)])

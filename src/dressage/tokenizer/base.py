@@ -8,10 +8,13 @@ that core once here; :mod:`dressage.tokenizer.tito` derives the ids that continu
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from dressage.errors import ChatTemplateError
 from dressage.tokenizer.template import TemplateProfile, derive_profile
+
+if TYPE_CHECKING:
+    from dressage.tokenizer.tito import Continuation
 
 __all__ = ["Tokenizer", "Message", "ToolSpec"]
 
@@ -92,6 +95,13 @@ class Tokenizer(ABC):
         if cached is None:
             cached = self.__dict__["_template_profile"] = derive_profile(self, self.profile_name)
         return cached
+
+    def continuation(self, recorded_ids: Sequence[int], response_ids: Sequence[int],
+                     messages: Sequence[Message], reply_index: int,
+                     tools: Sequence[ToolSpec] | None = None) -> "Continuation":
+        """TITO's glue + delta after a recorded call (:func:`dressage.tokenizer.tito.continuation`)."""
+        from dressage.tokenizer.tito import continuation
+        return continuation(self, recorded_ids, response_ids, messages, reply_index, tools)
 
     profile_name: str | None = None
     """The template family's name when the backend knows it; ``None``: read from the template."""

@@ -55,6 +55,10 @@ class TemplateProfile:
     def has_reasoning(self) -> bool:
         return self.think_open is not None and self.think_close is not None
 
+    def split_reasoning(self, message: "Message") -> tuple[str | None, str]:
+        """(reasoning, content) of an assistant message as this template reads it (see :func:`split_reasoning`)."""
+        return split_reasoning(message, self)
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "assistant_open": self.assistant_open, "assistant_end": self.assistant_end,
                 "think": [self.think_open, self.think_close] if self.has_reasoning else None,

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from dressage.errors import ConfigError, FieldShapeError, TokenizerError
+from dressage.errors import ConfigError, FieldShapeError
 
 __all__ = ["MoEModel", "build_moe_model", "MOE_CONFIGS", "RouterControl", "Scores"]
 
@@ -35,7 +35,7 @@ def _imports() -> tuple[Any, Any]:
         import torch
         import transformers
     except ImportError as exc:
-        raise TokenizerError("the transformers backend needs torch and transformers (pip install 'dressage[hf]')") from exc
+        raise ConfigError("the transformers backend needs torch and transformers (pip install 'dressage[hf]')") from exc
     return torch, transformers
 
 
@@ -48,6 +48,9 @@ class RouterControl:
         self.gates = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "gate")]
         if not self.gates:
             raise ConfigError("the model has no routed MoE layers")
+        if not all(hasattr(g, "top_k") and hasattr(g, "weight") for g in self.gates):
+            raise ConfigError("this transformers version's Qwen3-MoE router is not the top-k router module "
+                              "routing replay drives (transformers >= 5.24 has it)")
         self.forced: Any = None          # LongTensor [T, layers, topk] or None
         self.recorded: list[Any] = []
         for i, gate in enumerate(self.gates):
