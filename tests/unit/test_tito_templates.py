@@ -152,3 +152,39 @@ def test_glue_for_replies_cut_by_length(qwen3):
     assert _glue_text(qwen3, qwen3.encode("ok"), end) == end                     # cut by length
     assert _glue_text(qwen3, qwen3.encode("ok <"), end) == end                   # cut inside the marker's text
     assert _glue_text(qwen3, qwen3.encode("ok<|im_end|>\n"), end) == ""
+
+
+class _IdsOnly(ByteTokenizer):
+    """A backend that renders ids only: TITO compares whole renders."""
+
+    def render_text(self, messages, tools=None, add_generation_prompt=True):
+        from dressage.errors import ChatTemplateError
+        raise ChatTemplateError("ids only")
+
+
+class _Numbering(_IdsOnly):
+    """Ids only, and the render of every turn carries the number of messages: history changes."""
+
+    def apply_chat_template(self, messages, tools=None, add_generation_prompt=True):
+        return self.encode(f"[{len(messages)}]") + super().apply_chat_template(messages, tools, add_generation_prompt)
+
+
+def test_without_text_renders_the_whole_render_must_extend_the_record():
+    msgs = [{"role": "user", "content": "q"}]
+    conv = [*msgs, {"role": "assistant", "content": "a"}, {"role": "user", "content": "more"}]
+    tok = _IdsOnly()
+    prompt = tok.apply_chat_template(msgs)
+    response = tok.encode("a<|im_end|>")
+    cont = tok.continuation(prompt + response, response, conv, 1, None)
+    assert cont.method == "full_render" and prompt + response + cont.ids == tok.apply_chat_template(conv)
+    tok = _Numbering()
+    prompt = tok.apply_chat_template(msgs)
+    cont = tok.continuation(prompt + response, response, conv, 1, None)
+    assert cont.ids is None and cont.drift == "template_rewrite"
+    # build_chat_prompt names that drift as the Segment's boundary reason.
+    s = Session("s")
+    s.add_step(prompt, response, logprobs=np.zeros(len(response), np.float32), messages=msgs, tools=None,
+               metadata={"assistant_message": {"role": "assistant", "content": "a"}})
+    p = build_chat_prompt(s, tok, conv, None)
+    assert p.base_step is None and p.boundary_reason == "template_rewrite"
+    assert p.prompt_ids.tolist() == tok.apply_chat_template(conv)
