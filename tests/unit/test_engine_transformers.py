@@ -82,3 +82,13 @@ def test_model_info_and_bad_inputs(engine):
         make_engine(EngineConfig(model=get_model("tiny-moe"), backend="transformers"), engine.tokenizer)
     with pytest.raises(FieldShapeError):
         engine.moe.score(np.array([1, 2, 3]), 1, routed_experts=np.full((2, 2, 2), 9))
+
+
+def test_cli_backend_picks_the_real_model_and_tokenizer():
+    from dressage.cli import build_parser
+    from dressage.cli.engine import config_from_args
+
+    real = config_from_args(build_parser().parse_args(["engine", "serve", "--backend", "transformers"]))
+    assert (real.backend, real.model.name, real.tokenizer) == ("transformers", "tiny-qwen3-moe", "qwen3")
+    plain = config_from_args(build_parser().parse_args(["engine", "serve"]))
+    assert (plain.backend, plain.tokenizer) == ("builtin", "byte") and plain.model.name != "tiny-qwen3-moe"
