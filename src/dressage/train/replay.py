@@ -15,7 +15,7 @@ import numpy as np
 from dressage.errors import FieldShapeError
 from dressage.trajectory import Sample
 
-__all__ = ["ReplayResult", "replay_sample"]
+__all__ = ["ReplayResult", "replay_sample", "replay_summary", "merge_replay"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +62,27 @@ def replay_sample(model: "object", sample: Sample, *, force: bool = True) -> Rep
         sum_abs_diff=float(abs(ours32.astype(np.float64).sum() - recorded.astype(np.float64).sum())),
         expert_mismatch=float(np.mean(scores.routed_experts != experts)) if experts.size else 0.0,
     )
+
+
+def replay_summary(model: "object", samples: "list[Sample]") -> dict[str, float | int]:
+    """:func:`replay_sample` over restored ``samples``, added up (``dressage run --engine transformers``)."""
+    out: dict[str, float | int] = {"samples": 0, "tokens": 0, "identical_tokens": 0, "max_abs_diff": 0.0,
+                                   "max_sum_abs_diff": 0.0}
+    for s in samples:
+        r = replay_sample(model, s)
+        out["samples"] += 1
+        out["tokens"] += r.tokens
+        out["identical_tokens"] += r.identical_tokens
+        out["max_abs_diff"] = max(float(out["max_abs_diff"]), r.max_abs_diff)
+        out["max_sum_abs_diff"] = max(float(out["max_sum_abs_diff"]), r.sum_abs_diff)
+    return out
+
+
+def merge_replay(a: dict[str, float | int], b: dict[str, float | int]) -> dict[str, float | int]:
+    """Two :func:`replay_summary` results as one."""
+    if not a:
+        return dict(b)
+    return {"samples": a["samples"] + b["samples"], "tokens": a["tokens"] + b["tokens"],
+            "identical_tokens": a["identical_tokens"] + b["identical_tokens"],
+            "max_abs_diff": max(a["max_abs_diff"], b["max_abs_diff"]),
+            "max_sum_abs_diff": max(a["max_sum_abs_diff"], b["max_sum_abs_diff"])}
