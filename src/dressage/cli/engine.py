@@ -16,13 +16,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = esub.add_parser("serve", help="serve /generate, /abort_request, /health, /get_model_info, ...")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     s.add_argument("--port", type=int, default=30000, help="port to bind; 0 picks a free one")
-    s.add_argument("--model", default=DEFAULT_MODEL, help=f"model preset: {', '.join(MODEL_PRESETS)}")
+    s.add_argument("--backend", choices=("builtin", "transformers"), default="builtin",
+                   help="builtin: no weights; transformers: a seeded random-weight MoE model on CPU "
+                        "(--model tiny-qwen3-moe; logprobs and routed experts from its forward pass)")
+    s.add_argument("--model", default=None,
+                   help=f"model preset: {', '.join(MODEL_PRESETS)} (default {DEFAULT_MODEL}; "
+                        "tiny-qwen3-moe with --backend transformers)")
     s.add_argument("--num-layers", type=int, help="override the preset's recorded MoE layers")
     s.add_argument("--num-experts", type=int, help="override the preset's experts per layer")
     s.add_argument("--topk", type=int, help="override the preset's routing top-k")
     s.add_argument("--vocab-size", type=int, help="override the preset's vocabulary size")
     s.add_argument("--seed", type=int, default=0, help="output is a pure function of seed, prompt, sampling")
-    s.add_argument("--tokenizer", default="byte", help="'byte' (built in) or a Hugging Face tokenizer path")
+    s.add_argument("--tokenizer", default=None,
+                   help="'byte' (built in; the default), 'qwen3' (the default with --backend transformers), "
+                        "'qwen3.5' / 'qwen3.6', or a local Hugging Face tokenizer folder")
     s.add_argument("--tool-call-rate", type=float, default=0.0,
                    help="share of replies that are <tool_call> blocks when the prompt offers tools")
     s.add_argument("--token-delay", type=float, default=0.0, metavar="SECONDS",
@@ -43,10 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    model = model_from_preset(args.model, num_layers=args.num_layers, num_experts=args.num_experts,
+    real = args.backend == "transformers"
+    name = args.model or ("tiny-qwen3-moe" if real else DEFAULT_MODEL)
+    model = model_from_preset(name, num_layers=args.num_layers, num_experts=args.num_experts,
                               topk=args.topk, vocab_size=args.vocab_size)
+    tokenizer = args.tokenizer or ("qwen3" if real else "byte")
     return EngineConfig(
-        model=model, seed=args.seed, tokenizer=args.tokenizer, host=args.host, port=args.port,
+        model=model, backend=args.backend, seed=args.seed, tokenizer=tokenizer, host=args.host, port=args.port,
         tool_call_rate=args.tool_call_rate, token_delay_s=args.token_delay,
         mean_response_tokens=args.mean_response_tokens, default_max_new_tokens=args.default_max_new_tokens,
         context_length=args.context_length, stream_interval=args.stream_interval,
@@ -61,7 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     server = EngineServer(config)
     m = config.model
-    print(f"dressage engine: {m.name} ({m.num_layers} layers x top-{m.topk} of {m.num_experts} experts), "
+    print(f"dressage engine ({config.backend}): {m.name} ({m.num_layers} layers x top-{m.topk} of {m.num_experts} experts), "
           f"tokenizer {config.tokenizer}, seed {config.seed}, on http://{config.host}:{config.port}",
           file=sys.stderr, flush=True)
     server.serve()

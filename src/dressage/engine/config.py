@@ -35,6 +35,9 @@ class EngineConfig:
     """Model shape: recorded MoE layers, top-k and expert count size the routed experts."""
     seed: int = 0
     """Output is a pure function of (seed, input ids, sampling params)."""
+    backend: str = "builtin"
+    """``builtin`` (routing from prefix hashes, no weights) or ``transformers`` (a real
+    random-weight MoE model on CPU: logprobs and routed experts from its forward pass)."""
     tokenizer: str = "byte"
     """``byte`` (built in) or a Hugging Face tokenizer path."""
     host: str = "127.0.0.1"
@@ -70,6 +73,8 @@ class EngineConfig:
         if not isinstance(self.model, ModelSpec):
             raise ConfigError(f"engine.model must be a ModelSpec, got {type(self.model).__name__}")
         _check_int("seed", self.seed, 0)
+        if self.backend not in ("builtin", "transformers"):
+            raise ConfigError(f"engine.backend must be 'builtin' or 'transformers', got {self.backend!r}")
         _check_int("port", self.port, 0)
         if self.port > 65535:
             raise ConfigError(f"engine.port must be <= 65535, got {self.port}")

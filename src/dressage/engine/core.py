@@ -19,7 +19,7 @@ import numpy as np
 from dressage.engine.config import EngineConfig
 from dressage.engine.protocol import GenerateRequest, parse_generate_body
 from dressage.engine.routing import RoutingModel, splitmix64
-from dressage.engine.sampling import Draft, offered_tools, plan_reply
+from dressage.engine.sampling import Draft, offered_tools, plan_reply, wants_reasoning
 from dressage.errors import EngineRequestError
 from dressage.fields.sglang import encode_routed_experts_b64
 from dressage.tokenizer import Tokenizer, load_tokenizer
@@ -36,6 +36,9 @@ class Generation:
     draft: Draft
     cached_tokens: int
     started: float              # time.perf_counter() at arrival
+    routed: np.ndarray | None = None
+    """Top-k expert ids of every position of prompt + reply but the last ([P+R-1, layers, topk]),
+    from a real model's forward pass; ``None``: derived from prefix hashes."""
 
     @property
     def num_tokens(self) -> int:
@@ -94,7 +97,8 @@ class Engine:
             known = prompt[prompt < self.tokenizer.vocab_size]
             tools = offered_tools(self.tokenizer.decode(known.tolist()))
         draft = plan_reply(self.tokenizer, self._seed_words(hashes[-1], p, req), req.sampling, mean_tokens=self.config.mean_response_tokens,
-                           tools=tools, tool_call_rate=self.config.tool_call_rate)
+                           tools=tools, tool_call_rate=self.config.tool_call_rate,
+                           reasoning=wants_reasoning(self.tokenizer, prompt))
         return Generation(req, prompt, draft, self._cached_prefix(hashes), started)
 
     def _seed_words(self, last_hash: np.uint64, p: int, req: GenerateRequest) -> list[int]:
@@ -186,7 +190,10 @@ class Engine:
         meta["completion_tokens"] = n
         meta["cached_tokens"] = gen.cached_tokens
         if req.return_routed_experts:
-            rows = self.routing.routed_experts(hashes, req.routed_experts_start_len, len(full) - 1)
+            if gen.routed is not None:  # causal: the first P+n-1 rows do not depend on later tokens
+                rows = np.ascontiguousarray(gen.routed[req.routed_experts_start_len:len(full) - 1])
+            else:
+                rows = self.routing.routed_experts(hashes, req.routed_experts_start_len, len(full) - 1)
             meta["routed_experts"] = encode_routed_experts_b64(rows)
         meta["e2e_latency"] = time.perf_counter() - gen.started
         return {"text": self._text(gen, ids, not aborted), "output_ids": ids.tolist(), "meta_info": meta}

@@ -17,7 +17,7 @@ from dressage.engine.protocol import SamplingParams
 from dressage.tokenizer import Tokenizer
 from dressage.tokenizer.chatml import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOLS_CLOSE, TOOLS_OPEN
 
-__all__ = ["Draft", "plan_reply", "offered_tools"]
+__all__ = ["Draft", "plan_reply", "offered_tools", "wants_reasoning"]
 
 _WORDS = tuple(
     "the a of to and in that is for it as with was on be by this are at from have or an they which "
@@ -41,25 +41,31 @@ class Draft:
 
 
 def offered_tools(prompt_text: str) -> list[dict[str, Any]]:
-    """The function specs listed in the prompt's ``<tools>`` section (one JSON object per line)."""
-    start = prompt_text.find(TOOLS_OPEN)
-    if start < 0:
-        return []
-    end = prompt_text.find(TOOLS_CLOSE, start)
-    section = prompt_text[start + len(TOOLS_OPEN): end if end >= 0 else None]
-    tools = []
-    for line in section.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            spec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        fn = spec.get("function", spec) if isinstance(spec, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            tools.append(fn)
-    return tools
+    """The function specs listed in the prompt's ``<tools>`` sections (one JSON object per line).
+
+    Every ``<tools>...</tools>`` span is read: a template's prose may name the tags before the
+    list itself (Qwen3: "within <tools></tools> XML tags"), and such a span holds no spec.
+    """
+    tools: list[dict[str, Any]] = []
+    pos = 0
+    while True:
+        start = prompt_text.find(TOOLS_OPEN, pos)
+        if start < 0:
+            return tools
+        end = prompt_text.find(TOOLS_CLOSE, start)
+        section = prompt_text[start + len(TOOLS_OPEN): end if end >= 0 else None]
+        pos = len(prompt_text) if end < 0 else end + len(TOOLS_CLOSE)
+        for line in section.splitlines():
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                spec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            fn = spec.get("function", spec) if isinstance(spec, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                tools.append(fn)
 
 
 def _words(rng: np.random.Generator, n_words: int) -> str:
@@ -128,12 +134,35 @@ def _first_stop_str(tok: Tokenizer, ids: np.ndarray, stops: tuple[str, ...], lim
     return lo, matched
 
 
+def wants_reasoning(tok: Tokenizer, prompt: Any) -> bool:
+    """The prompt opens an assistant turn in thinking mode: a reply starts with a think block.
+
+    Only for tokenizers whose template has ``<think>`` blocks (Qwen3's), when the prompt ends with
+    the bare generation prompt (not with the empty think block that turns thinking off).
+    """
+    try:
+        profile = tok.template_profile
+    except Exception:  # a tokenizer without a probe-able template thinks never
+        return False
+    if not profile.has_reasoning:
+        return False
+    opener = tok.encode(profile.assistant_open)
+    tail = [int(t) for t in prompt[-len(opener):]] if len(prompt) >= len(opener) else []
+    return tail == opener
+
+
+def _reasoning_text(rng: np.random.Generator) -> str:
+    return "<think>\n" + _words(rng, int(rng.integers(6, 16))).strip() + "\n</think>\n\n"
+
+
 def plan_reply(tok: Tokenizer, seed_words: list[int], params: SamplingParams, *,
-               mean_tokens: int, tools: list[dict[str, Any]], tool_call_rate: float) -> Draft:
+               mean_tokens: int, tools: list[dict[str, Any]], tool_call_rate: float,
+               reasoning: bool = False) -> Draft:
     """Plan one reply for a prompt (whose offered ``tools`` the caller extracted).
 
     ``seed_words`` identify (engine seed, prompt, temperature, ...). Stop conditions and
     ``max_new_tokens`` only cut the planned stream, as they would cut a real model's samples.
+    With ``reasoning`` the reply opens with a ``<think>`` block.
     """
     rng = np.random.default_rng([*seed_words, 0])          # decisions: tool call, reply length
     n_max = params.max_new_tokens
@@ -142,12 +171,14 @@ def plan_reply(tok: Tokenizer, seed_words: list[int], params: SamplingParams, *,
         stop_ids.update(tok.stop_token_ids)
     tool_turn = bool(tools) and rng.random() < tool_call_rate
     length = 1 + int(rng.exponential(mean_tokens))
+    head = tok.encode(_reasoning_text(np.random.default_rng([*seed_words, 3]))) if reasoning else []
     if tool_turn:
-        content = tok.encode(_tool_call_text(rng, tools))
+        content = head + tok.encode(_tool_call_text(rng, tools))
         ends = True
     else:
         ends = not params.ignore_eos and length <= n_max
         content = _content_ids(tok, np.random.default_rng([*seed_words, 1]), length - 1 if ends else n_max)
+        content = head + content
     ids = np.asarray(content + ([tok.im_end_token_id] if ends else []), dtype=np.int32)
     scale = 0.15 + 0.6 * min(params.temperature, 2.0)
     logprobs = (-np.random.default_rng([*seed_words, 2]).gamma(0.7, scale, size=len(ids))).astype(np.float32)

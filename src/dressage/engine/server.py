@@ -18,6 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from dressage.engine.config import EngineConfig
 from dressage.engine.core import Engine, Generation
+from dressage.engine.hf_backend import make_engine
 from dressage.errors import EngineRequestError
 from dressage.serving import UvicornServer
 
@@ -212,6 +213,6 @@ class EngineServer(UvicornServer):
 
     def __init__(self, config: EngineConfig | None = None, *, engine: Engine | None = None) -> None:
         self.config = config or (engine.config if engine else EngineConfig())
-        self.engine = engine or Engine(self.config)
+        self.engine = engine or make_engine(self.config)
         super().__init__(create_app(self.engine), host=self.config.host, port=self.config.port, name="engine",
                          log_level=self.config.log_level)

@@ -1,9 +1,10 @@
 """Chat calls -> prompt token ids with TITO reuse, and engine output -> OpenAI assistant messages.
 
 When a request's messages extend an earlier step's messages plus the reply the Proxy returned
-for it, the prompt is that step's prompt + response ids exactly as the engine produced them,
-the template glue after an assistant turn, and the tokens of the new messages only, rendered as
-a delta against a fixed base. The history is never re-rendered, so its tokens cannot drift.
+for it (compared after the template's normalisation; reasoning may be sent back or dropped), the
+prompt is that step's prompt + response ids exactly as the engine produced them, the template glue
+after an assistant turn, and the tokens of the new messages only, cut from the real template's
+render of the conversation. The history is never re-rendered, so its tokens cannot drift.
 """
 
 from __future__ import annotations
@@ -20,11 +21,6 @@ from dressage.trajectory import Session, StepRecord
 
 __all__ = ["ChatPrompt", "build_chat_prompt", "effective_tools", "assistant_message", "ToolCallParser",
            "QwenToolCallParser", "same_message"]
-
-# A fixed conversation to render deltas against: its render ends right after an assistant turn,
-# so what follows it is exactly the new messages' tokens (plus the generation prompt).
-_DELTA_BASE = ({"role": "user", "content": "."}, {"role": "assistant", "content": "."})
-
 
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
@@ -83,33 +79,69 @@ def _tools_key(tools: Any) -> str:
     return json.dumps(tools or [], sort_keys=True)
 
 
+def _profile(tokenizer: Any) -> Any:
+    """The tokenizer's template profile (``dressage.tokenizer.template``), ``None`` when it has none."""
+    try:
+        return tokenizer.template_profile
+    except (ChatTemplateError, AttributeError):
+        return None
+
+
+def _compare(recorded: dict[str, Any], sent: dict[str, Any], profile: Any) -> str:
+    """``same``, ``reasoning`` (only the reasoning sent back differs) or ``differ``.
+
+    Assistant turns are compared after the template's own normalisation: reasoning is read from
+    ``reasoning_content`` or a think block in ``content``, and reasoning left out by the agent
+    (the usual case: the template drops it anyway) matches whatever the model produced.
+    """
+    if recorded.get("role") != "assistant" or sent.get("role") != "assistant" or profile is None \
+            or not profile.has_reasoning:
+        return "same" if same_message(recorded, sent) else "differ"
+    r_reason, r_text = profile.split_reasoning(recorded)
+    s_reason, s_text = profile.split_reasoning(sent)
+    if (r_text != s_text or _norm_tool_calls(recorded.get("tool_calls")) != _norm_tool_calls(sent.get("tool_calls"))
+            or recorded.get("name") != sent.get("name")):
+        return "differ"
+    return "reasoning" if s_reason is not None and r_reason is not None and s_reason != r_reason else "same"
+
+
 def build_chat_prompt(session: Session, tokenizer: Any, messages: Sequence[dict[str, Any]],
                       tools: Sequence[dict[str, Any]] | None) -> ChatPrompt:
-    """Prompt ids for a chat call in ``session`` (TITO where the messages extend a recorded step)."""
+    """Prompt ids for a chat call in ``session`` (TITO where the messages extend a recorded step).
+
+    The continuation (glue + delta) comes from the tokenizer (``Tokenizer.continuation``). A
+    boundary is named only when the model would see other tokens than the recorded ones:
+    ``tool_schema_change``, ``reasoning_change`` or a template drift class of
+    :data:`~dressage.tokenizer.tito.DRIFT_CLASSES`.
+    """
+    profile = _profile(tokenizer)
     best: StepRecord | None = None
     best_len = -1
-    schema_changed = False
+    near_miss: str | None = None
     for step in list(session.steps.values()):  # a snapshot: another call may commit meanwhile
         hist = _history(step)
         if hist is None or len(hist) >= len(messages) or len(hist) <= best_len:
             continue
-        if all(same_message(h, m) for h, m in zip(hist, messages)):
-            if _tools_key(step.tools) != _tools_key(tools):
-                # The conversation continues but the tools changed: the system turn differs, so
-                # the earlier tokens cannot be reused and a new Segment starts.
-                schema_changed = True
-                continue
-            best, best_len = step, len(hist)
+        verdicts = {_compare(h, m, profile) for h, m in zip(hist, messages)}
+        if "differ" in verdicts:
+            continue
+        if "reasoning" in verdicts:
+            near_miss = "reasoning_change"
+            continue
+        if _tools_key(step.tools) != _tools_key(tools):
+            # The conversation continues but the tools changed: the system turn differs, so
+            # the earlier tokens cannot be reused and a new Segment starts.
+            near_miss = "tool_schema_change"
+            continue
+        best, best_len = step, len(hist)
     if best is not None:
-        new = list(messages[best_len:])
-        try:
-            delta = tokenizer.render_delta(list(_DELTA_BASE), new, tools=None)
-        except ChatTemplateError:
-            return ChatPrompt(_full(tokenizer, messages, tools), None, "tito_fallback")
-        glue = tokenizer.glue_after_assistant(best.response_ids.tolist())
-        ids = np.concatenate([best.full_ids, np.asarray(glue, np.int32), np.asarray(delta, np.int32)])
+        cont = tokenizer.continuation(best.full_ids.tolist(), best.response_ids.tolist(), messages,
+                                      best_len - 1, tools)
+        if cont.ids is None:
+            return ChatPrompt(_full(tokenizer, messages, tools), None, cont.drift)
+        ids = np.concatenate([best.full_ids, np.asarray(cont.ids, np.int32)])
         return ChatPrompt(ids.astype(np.int32, copy=False), best.step_id)
-    return ChatPrompt(_full(tokenizer, messages, tools), None, "tool_schema_change" if schema_changed else None)
+    return ChatPrompt(_full(tokenizer, messages, tools), None, near_miss)
 
 
 def effective_tools(tools: Sequence[dict[str, Any]] | None, tool_choice: Any) -> list[dict[str, Any]] | None:

@@ -1,15 +1,20 @@
 """The ``Tokenizer`` interface the Proxy and the engine share: ids, special tokens, chat template.
 
 Backends implement a small core (encode, decode, special ids, ``apply_chat_template``); the
-TITO helpers (``render_delta``, the glue after an assistant turn) are built on that core once here.
+TITO helpers (the template profile, the glue after an assistant turn, ``render_delta``) are built on
+that core once here; :mod:`dressage.tokenizer.tito` derives the ids that continue a recorded call.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from dressage.errors import ChatTemplateError
+from dressage.tokenizer.template import TemplateProfile, derive_profile
+
+if TYPE_CHECKING:
+    from dressage.tokenizer.tito import Continuation
 
 __all__ = ["Tokenizer", "Message", "ToolSpec"]
 
@@ -67,7 +72,39 @@ class Tokenizer(ABC):
         Raises :class:`~dressage.errors.ChatTemplateError` for messages the template cannot render.
         """
 
+    def render_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None,
+                    add_generation_prompt: bool = True) -> str:
+        """The prompt as text (what :meth:`apply_chat_template` tokenizes).
+
+        Backends that render only ids raise :class:`~dressage.errors.ChatTemplateError`; TITO
+        then compares whole renders instead of cutting a delta.
+        """
+        raise ChatTemplateError(f"tokenizer {self.name!r} renders token ids only")
+
+    @property
+    def template_source(self) -> str | None:
+        """The chat template's source text, where the backend has one (a Jinja template)."""
+        return None
+
     # -- built on the core -------------------------------------------------------------------
+
+    @property
+    def template_profile(self) -> "TemplateProfile":
+        """How the template frames turns (:mod:`dressage.tokenizer.template`), probed once."""
+        cached = self.__dict__.get("_template_profile")
+        if cached is None:
+            cached = self.__dict__["_template_profile"] = derive_profile(self, self.profile_name)
+        return cached
+
+    def continuation(self, recorded_ids: Sequence[int], response_ids: Sequence[int],
+                     messages: Sequence[Message], reply_index: int,
+                     tools: Sequence[ToolSpec] | None = None) -> "Continuation":
+        """TITO's glue + delta after a recorded call (:func:`dressage.tokenizer.tito.continuation`)."""
+        from dressage.tokenizer.tito import continuation
+        return continuation(self, recorded_ids, response_ids, messages, reply_index, tools)
+
+    profile_name: str | None = None
+    """The template family's name when the backend knows it; ``None``: read from the template."""
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
@@ -81,8 +118,11 @@ class Tokenizer(ABC):
 
     @property
     def assistant_turn_suffix_ids(self) -> list[int]:
-        """The template's glue after an assistant turn's content: ``<|im_end|>`` then a newline."""
-        return [self.im_end_token_id, *self.encode("\n")]
+        """The template's end of an assistant turn (``<|im_end|>`` then a newline for ChatML)."""
+        try:
+            return self.encode(self.template_profile.assistant_end)
+        except ChatTemplateError:
+            return [self.im_end_token_id, *self.encode("\n")]
 
     def glue_after_assistant(self, response_ids: Sequence[int]) -> list[int]:
         """Ids the template puts after ``response_ids`` that the engine did not generate.

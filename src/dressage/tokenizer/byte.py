@@ -22,6 +22,7 @@ class ByteTokenizer(Tokenizer):
     """Bytes as tokens; ``<|endoftext|>`` = 256, ``<|im_start|>`` = 257, ``<|im_end|>`` = 258."""
 
     name = "byte"
+    profile_name = "chatml"
     _BASE = 256
 
     def __init__(self) -> None:
@@ -85,3 +86,8 @@ class ByteTokenizer(Tokenizer):
     def apply_chat_template(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None,
                             add_generation_prompt: bool = True) -> list[int]:
         return self.encode(render_chatml(messages, tools, add_generation_prompt))
+
+    # docstring inherited
+    def render_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None,
+                    add_generation_prompt: bool = True) -> str:
+        return render_chatml(messages, tools, add_generation_prompt)

@@ -12,12 +12,22 @@ from typing import Any, Sequence
 
 from dressage.errors import ChatTemplateError, TokenizerError
 from dressage.tokenizer.base import Message, Tokenizer, ToolSpec
-from dressage.tokenizer.chatml import ENDOFTEXT, IM_END, IM_START
+from dressage.tokenizer.chatml import ENDOFTEXT, IM_END, IM_START, message_text
 
 __all__ = ["HFTokenizer"]
 
-# A content string no template rewrites, to find where an assistant turn's content ends.
-_PROBE = "dressage-probe-7f3a"
+def _template_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Messages as Jinja templates expect them: ``content`` always a string.
+
+    OpenAI leaves ``content`` out (or null) on an assistant turn that only calls tools, and may
+    send a list of text parts; templates such as Qwen3's read ``message.content`` as a string.
+    """
+    out = []
+    for i, m in enumerate(messages):
+        d = dict(m)
+        d["content"] = message_text(m, i)
+        out.append(d)
+    return out
 
 
 class HFTokenizer(Tokenizer):
@@ -28,7 +38,6 @@ class HFTokenizer(Tokenizer):
     def __init__(self, hf_tokenizer: Any, *, name: str | None = None) -> None:
         self._tok = hf_tokenizer
         self.name = name or str(getattr(hf_tokenizer, "name_or_path", "") or "hf")
-        self._suffix: list[int] | None = None
 
     @classmethod
     def from_pretrained(cls, path: str, **kwargs: Any) -> "HFTokenizer":
@@ -40,6 +49,10 @@ class HFTokenizer(Tokenizer):
                 f"tokenizer {path!r} needs the 'transformers' package (pip install transformers); "
                 "or use the built-in byte tokenizer (--tokenizer byte)"
             ) from exc
+        # A local folder is read as it is: never a hub look-up at run time.
+        import os
+        if os.path.isdir(path):
+            kwargs.setdefault("local_files_only", True)
         try:
             tok = AutoTokenizer.from_pretrained(path, **kwargs)
         except (OSError, ValueError) as exc:
@@ -98,7 +111,7 @@ class HFTokenizer(Tokenizer):
                             add_generation_prompt: bool = True) -> list[int]:
         try:
             out = self._tok.apply_chat_template(
-                [dict(m) for m in messages], tools=list(tools) if tools else None,
+                _template_messages(messages), tools=list(tools) if tools else None,
                 add_generation_prompt=add_generation_prompt, tokenize=True,
             )
         except Exception as exc:  # jinja2 raises its own types; report them as ours
@@ -107,21 +120,21 @@ class HFTokenizer(Tokenizer):
             out = out["input_ids"]
         return [int(t) for t in out]
 
-    @property
-    def assistant_turn_suffix_ids(self) -> list[int]:
-        """Read from the template: what it renders after an assistant turn's content."""
-        if self._suffix is None:
-            self._suffix = self._probe_suffix()
-        return list(self._suffix)
-
-    def _probe_suffix(self) -> list[int]:
-        user = {"role": "user", "content": "hi"}
+    # docstring inherited
+    def render_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None,
+                    add_generation_prompt: bool = True) -> str:
         try:
-            full = self.apply_chat_template([user, {"role": "assistant", "content": _PROBE}], None, False)
-        except ChatTemplateError:
-            return Tokenizer.assistant_turn_suffix_ids.fget(self)  # type: ignore[attr-defined]
-        probe = self.encode(_PROBE)
-        for start in range(len(full) - len(probe), -1, -1):
-            if full[start:start + len(probe)] == probe:
-                return full[start + len(probe):]
-        return Tokenizer.assistant_turn_suffix_ids.fget(self)  # type: ignore[attr-defined]
+            out = self._tok.apply_chat_template(
+                _template_messages(messages), tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt, tokenize=False,
+            )
+        except Exception as exc:  # jinja2 raises its own types; report them as ours
+            raise ChatTemplateError(f"chat template of {self.name!r} failed: {exc}") from exc
+        if not isinstance(out, str):
+            raise ChatTemplateError(f"chat template of {self.name!r} renders token ids only")
+        return out
+
+    @property
+    def template_source(self) -> str | None:
+        source = getattr(self._tok, "chat_template", None)
+        return source if isinstance(source, str) else None

@@ -1,0 +1,154 @@
+"""R3 end to end on a real MoE model: engine (transformers backend) -> Proxy -> TQ -> trainer replay.
+
+The engine runs a seeded random-weight Qwen3MoeForCausalLM on CPU with the real Qwen3 tokenizer;
+the trainer rebuilds the same model, forces routing to the restored ``rollout_routed_experts`` and
+must reproduce ``rollout_log_probs`` bit for bit.
+"""
+
+import asyncio
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+pytest.importorskip("torch", reason="the transformers backend needs torch (the hf extra)")
+pytest.importorskip("transformers", reason="the transformers backend needs transformers (the hf extra)")
+
+from dressage.engine.config import EngineConfig  # noqa: E402
+from dressage.engine.hf_backend import TransformersEngine  # noqa: E402
+from dressage.engine.server import EngineServer  # noqa: E402
+from dressage.errors import FieldShapeError, TokenizerError  # noqa: E402
+from dressage.fields import get_model  # noqa: E402
+from dressage.fields.r3 import R3_DTYPES  # noqa: E402
+from dressage.proxy.config import DataPlaneConfig  # noqa: E402
+from dressage.proxy.core import ProxyCore  # noqa: E402
+from dressage.proxy.config import ProxyServerConfig  # noqa: E402
+from dressage.proxy.http import ProxyServer  # noqa: E402
+from dressage.proxy.service import ProxyService  # noqa: E402
+from dressage.proxy.sglang_client import SGLangClient  # noqa: E402
+from dressage.rollout import RolloutManager  # noqa: E402
+from dressage.rollout.manager import sample_ref_keys  # noqa: E402
+from dressage.tokenizer import load_tokenizer  # noqa: E402
+from dressage.tq import TransferQueue  # noqa: E402
+from dressage.train import TrainingReader, check_sample, release_batch  # noqa: E402
+from dressage.train.moe import build_moe_model  # noqa: E402
+from dressage.train.replay import replay_sample  # noqa: E402
+
+MODEL = get_model("tiny-qwen3-moe")
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate an expression",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"expr": {"type": "string"}}}}}]
+SEED = 5
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    try:
+        return load_tokenizer("qwen3")
+    except TokenizerError as exc:
+        pytest.skip(f"real Qwen3 tokenizer unavailable: {exc}")
+
+
+@pytest.fixture(scope="module")
+def engine(qwen3):
+    config = EngineConfig(model=MODEL, backend="transformers", port=0, seed=SEED, tokenizer="qwen3",
+                          tool_call_rate=0.6, mean_response_tokens=16)
+    srv = EngineServer(config, engine=TransformersEngine(config, qwen3))
+    srv.start_background()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def trainer_model(engine):
+    return build_moe_model("tiny-qwen3-moe", vocab_size=engine.engine.moe.vocab_size, seed=SEED)
+
+
+def _proxy(url, tok, tq, dtype):
+    cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=tq is not None,
+                          routed_experts_dtype=dtype)
+    rm = RolloutManager(dp_size=1)
+    core = ProxyCore(cfg, tq.client() if tq else None, sink=rm, decode=tok.decode, special_ids=tok.special_token_ids)
+    service = ProxyService(ProxyServerConfig(engine_url=url, request_timeout_s=60), core, tok,
+                           SGLangClient(url, timeout=60))
+    server = ProxyServer(service)
+    server.start_background()
+    return server, rm
+
+
+async def _conversation(url, turns=3):
+    async with httpx.AsyncClient() as h:
+        r = (await h.post(url + "/sessions", json={"metadata": {"group_index": 0, "sample_index": 0}})).json()
+        client = openai.AsyncOpenAI(base_url=r["base_url"], api_key="none")
+        msgs = [{"role": "user", "content": "What is 6*7? Use the calculator."}]
+        for _ in range(turns):
+            resp = await client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, max_tokens=40)
+            msg = resp.choices[0].message.model_dump(exclude_none=True)
+            msg.pop("reasoning_content", None)
+            msgs.append(msg)
+            if msg.get("tool_calls"):
+                msgs += [{"role": "tool", "tool_call_id": c["id"], "content": "42"} for c in msg["tool_calls"]]
+            else:
+                msgs.append({"role": "user", "content": "Once more."})
+        await client.close()
+        await h.post(f"{url}/sessions/{r['session_id']}/finalize", json={"reward": 1.0})
+
+
+def _restore(rm, tq):
+    batch = rm.take_batch(0)
+    keys = sample_ref_keys(batch.samples)
+    client = tq.client() if tq else None
+    for shard in batch.shards:
+        TrainingReader(client).restore(shard)
+    if client:
+        release_batch(client, keys)
+    return batch.samples
+
+
+@pytest.mark.parametrize("tq_on", [False, True], ids=["tq_off", "tq_on"])
+@pytest.mark.parametrize("dtype", sorted(R3_DTYPES))
+def test_forced_routing_reproduces_rollout_logprobs(engine, qwen3, trainer_model, tq_on, dtype):
+    tq = TransferQueue.start({"deployment": "embedded"}) if tq_on else None
+    server, rm = _proxy(engine.url, qwen3, tq, dtype)
+    try:
+        asyncio.run(_conversation(server.url))
+        (sample,) = _restore(rm, tq)
+        check_sample(sample, num_layers=MODEL.num_layers, topk=MODEL.topk, num_experts=MODEL.num_experts)
+        assert sample.metadata["boundary_reason"] == "new_session" and len(sample.metadata["step_ids"]) == 3
+        assert qwen3.decode(sample.tokens.tolist()).count("<think>") == 3
+        result = replay_sample(trainer_model, sample)
+        assert result.tokens > 30
+        assert result.bit_identical, result.to_dict()
+        assert result.max_abs_diff == 0.0 and result.sum_abs_diff <= 1e-6
+        assert result.expert_mismatch == 0.0
+        if tq is not None:
+            assert tq.total_keys() == 0
+    finally:
+        server.stop()
+        if tq is not None:
+            tq.shutdown()
+
+
+def test_without_replay_perturbed_weights_change_the_experts(engine, qwen3, trainer_model):
+    server, rm = _proxy(engine.url, qwen3, None, "uint8")
+    try:
+        asyncio.run(_conversation(server.url, turns=2))
+        (sample,) = _restore(rm, None)
+    finally:
+        server.stop()
+    same = replay_sample(trainer_model, sample, force=False)
+    assert same.expert_mismatch == 0.0 and same.bit_identical       # same weights: the same routing anyway
+    moved = trainer_model.perturbed(1e-3)
+    free = replay_sample(moved, sample, force=False)
+    forced = replay_sample(moved, sample, force=True)
+    assert free.expert_mismatch > 0.0                                # the trainer would route elsewhere
+    assert forced.expert_mismatch == 0.0                             # replay keeps the rollout's experts
+    assert not free.bit_identical and not forced.bit_identical       # and the weights did change
+    # Off-by-one rows are caught: shifted experts do not reproduce the logprobs.
+    shifted = sample.rollout_routed_experts.copy()
+    shifted[1:] = sample.rollout_routed_experts[:-1]
+    sample.rollout_routed_experts = shifted
+    assert not replay_sample(trainer_model, sample).bit_identical
+    with pytest.raises(FieldShapeError):
+        trainer_model.score(sample.tokens, sample.prompt_length, routed_experts=shifted[:-1])
