@@ -126,7 +126,7 @@ class ProxyConfig:
     journal: JournalConfig = field(default_factory=JournalConfig)
     """The step journal (off unless ``journal.path`` is set)."""
     tokenizer: str = field(default="byte", metadata=flag(metavar="NAME"))
-    """'byte' (built in) or a Hugging Face tokenizer path."""
+    """'byte' (built in), 'qwen3' or 'qwen3.5'/'qwen3.6' (packaged vocabularies), or a Hugging Face tokenizer path."""
 
     def __post_init__(self) -> None:
         for key, cls in (("data_plane", DataPlaneConfig), ("server", ProxyServerConfig), ("journal", JournalConfig)):
