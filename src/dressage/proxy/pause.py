@@ -3,6 +3,10 @@
 ``pause()`` stops new engine calls and aborts the running ones through the engine's
 ``/abort_request``; each comes back with its partial output. ``resume(version)`` sets the new
 policy version and lets the waiting calls continue from where they were cut.
+
+The engine is the authority on versions: an answer's ``meta_info.weight_version`` is
+:meth:`RolloutPause.observe`-d and becomes the current version; the number set by ``resume`` is
+what tokens carry from engines that report none (or SGLang's unset ``"default"``).
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from dressage.errors import EngineError
+from dressage.fields.versions import VersionTable
 
-__all__ = ["RolloutPause"]
+__all__ = ["RolloutPause", "UNSET_ENGINE_VERSION"]
+
+UNSET_ENGINE_VERSION = "default"
+"""SGLang's ``weight_version`` before anyone set one: it says nothing about the weights."""
 
 
 @dataclass(slots=True)
@@ -30,7 +38,8 @@ class RolloutPause:
 
     def __init__(self, weight_version: int = 0, *, abort_timeout_s: float = 30.0,
                  abort_retry_s: float = 0.05) -> None:
-        self.weight_version = int(weight_version)
+        self.versions = VersionTable()
+        self.weight_version = self.versions.code(weight_version)
         self.paused = False
         self.paused_at: float | None = None
         self.pauses = 0
@@ -98,15 +107,31 @@ class RolloutPause:
         except EngineError:
             pass  # the engine is gone: its request fails on its own and is not recorded
 
-    def resume(self, weight_version: int | None = None) -> dict[str, Any]:
-        """Set the new policy version (if given) and release the waiting calls."""
+    def observe(self, engine_version: str | None) -> int | None:
+        """The token version for an engine's ``weight_version`` (``None``: it told nothing);
+        a real one becomes the current version."""
+        if engine_version is None or engine_version == UNSET_ENGINE_VERSION:
+            return None
+        self.weight_version = self.versions.code(engine_version)
+        return self.weight_version
+
+    @property
+    def version_label(self) -> str:
+        """The current version as the engine names it."""
+        return self.versions.label(self.weight_version)
+
+    def resume(self, weight_version: int | str | None = None) -> dict[str, Any]:
+        """Set the new policy version (if given: a number or the engine's string) and release
+        the waiting calls."""
         if weight_version is not None:
-            self.weight_version = int(weight_version)
+            self.weight_version = self.versions.code(weight_version)
         was = self.paused
         self.paused, self.paused_at = False, None
         self._event().set()
-        return {"paused": False, "resumed": was, "weight_version": self.weight_version}
+        return {"paused": False, "resumed": was, "weight_version": self.weight_version,
+                "version": self.version_label}
 
     def state(self) -> dict[str, Any]:
         return {"paused": self.paused, "paused_at": self.paused_at, "weight_version": self.weight_version,
-                "in_flight": len(self._running), "pauses": self.pauses, "aborted_total": self.aborted_total}
+                "version": self.version_label, "in_flight": len(self._running), "pauses": self.pauses,
+                "aborted_total": self.aborted_total}
