@@ -122,3 +122,45 @@ def test_turn_call_key_separates_bodies_but_not_delivery():
     assert turn_call_key("t", a) == turn_call_key("t", {**a, "stream": True, "stream_options": {"x": 1}})
     assert turn_call_key("t", a) != turn_call_key("t", {**a, "max_tokens": 9})
     assert turn_of(turn_call_key("t-1", a)) == "t-1" and len(request_hash(a)) == 24
+
+
+class _Engine:
+    def __init__(self):
+        self.aborted = []
+
+    async def abort(self, rid):
+        self.aborted.append(rid)
+
+
+def test_pause_scoped_to_a_session_cuts_and_holds_only_that_session():
+    from dressage.proxy.pause import RolloutPause
+
+    async def scenario():
+        pause, engine = RolloutPause(0, abort_timeout_s=0.2, abort_retry_s=0.01), _Engine()
+        runs = {}
+
+        async def call(rid, sid, inst):
+            async with pause.track(rid, engine, session_id=sid, instance_id=inst) as run:
+                runs[rid] = run
+                while not engine.aborted.count(rid) and not stop.is_set():
+                    await asyncio.sleep(0.005)
+
+        stop = asyncio.Event()
+        tasks = [asyncio.ensure_future(call("r-a", "A", "g1")), asyncio.ensure_future(call("r-b", "B", "g1")),
+                 asyncio.ensure_future(call("r-c", "C", "g2"))]
+        await asyncio.sleep(0.02)
+        out = await pause.pause(session_id="A")
+        assert out["aborted"] == 1 and out["scope"] == {"session_id": "A", "instance_id": None}
+        assert engine.aborted == ["r-a"] and runs["r-a"].aborted and not runs["r-b"].aborted
+        assert pause.blocked("A") and not pause.blocked("B") and not pause.paused
+        assert await pause.wait_running(0.01, session_id="B") is True
+        assert await pause.wait_running(0.01, session_id="A") is False
+        out = await pause.pause(instance_id="g1")
+        assert sorted(engine.aborted) == ["r-a", "r-b"] and pause.blocked("Z", "g1") and not pause.blocked("C", "g2")
+        assert pause.state()["paused_scopes"] == ["instance:g1", "session:A"]
+        resumed = pause.resume("v9")
+        assert resumed["resumed"] is True and not pause.blocked("A", "g1") and resumed["version"] == "v9"
+        stop.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(scenario())

@@ -45,6 +45,9 @@ class GenerationPlan:
     stream: bool = False
     routing_key: str | None = None
     """Sent as ``X-SMG-Routing-Key`` (the session id) so a gateway keeps the session's prefix cache."""
+    session_id: str | None = None
+    instance_id: str | None = None
+    """The call's session and prompt instance: a pause scoped to either cuts and holds this call."""
 
 
 @dataclass(slots=True)
@@ -137,7 +140,8 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
     while True:
         # A streamed call waiting out a weight update sends keep-alives (None) so that neither the
         # agent nor a proxy in between times the quiet connection out.
-        while not await pause.wait_running(KEEPALIVE_S if plan.stream else None):
+        while not await pause.wait_running(KEEPALIVE_S if plan.stream else None, session_id=plan.session_id,
+                                           instance_id=plan.instance_id):
             yield None
         version = pause.weight_version
         start = partial.next_routed_experts_start
@@ -147,7 +151,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
         sampling = dict(plan.sampling, max_new_tokens=budget - len(so_far))
         input_ids = prompt.tolist() + so_far
         rid = chunk_rid(plan.rid, chunk_no)
-        async with pause.track(rid, plan.client) as run:
+        async with pause.track(rid, plan.client, session_id=plan.session_id, instance_id=plan.instance_id) as run:
             try:
                 if plan.stream:
                     answer = _StreamedAnswer()
