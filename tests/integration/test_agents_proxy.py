@@ -159,7 +159,7 @@ def test_engine_down_aborts_each_session_and_counts_the_upstream_error():
         assert set(report.errors_by_kind) <= {"status_502", "status_503", "status_504"}
         for r in report.results:
             assert r.status == "aborted" and r.turns == 0 and r.end_reason == "error"
-            assert proxy.service.core.sessions[r.session_id].state == "aborted"
+            assert proxy.service.core.state_of(r.session_id) == "aborted" and r.session_id not in proxy.service.core.sessions
         info = httpx.get(f"{proxy.url}/health", timeout=5).json()
         assert json.dumps(info)  # the Proxy is still serving
     finally:

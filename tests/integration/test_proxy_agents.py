@@ -268,7 +268,7 @@ def test_pause_resume_mid_generation_gives_one_response_with_two_versions(slow_e
             p.url, [a.chat.completions.create(**kw), _streamed(b, **kw)]))
         assert paused["aborted"] == 2 and paused["still_running"] == 0
         assert state["paused"] is True and state["in_flight"] == 0
-        assert resumed == {"paused": False, "resumed": True, "weight_version": 1}
+        assert resumed == {"paused": False, "resumed": True, "weight_version": 1, "version": "1"}
         assert plain.usage.completion_tokens == 80 and streamed[2].completion_tokens == 80
         assert streamed[3] >= 5              # content streamed as generated, before and after the pause
         for sid in (sid_a, sid_b):

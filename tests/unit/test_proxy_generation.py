@@ -77,7 +77,7 @@ def test_paused_call_resumes_as_one_response_with_per_token_versions_and_contigu
     engine, result = asyncio.run(scenario())
     assert isinstance(result, GenerationResult) and result.chunks == 2
     # The resumed request: prompt + 2 cut tokens, 4 tokens left, routing from the last held row.
-    assert engine.requests[1] == ("rid-r1", 7, 6, 4)
+    assert engine.requests[1] == ("rid_r001", 7, 6, 4)
     assert result.token_versions.tolist() == [0, 0, 3, 3, 3, 3]
     assert len(result.response_ids) == 6 and result.logprobs.shape == (6,)
     assert result.routed_experts.shape[0] == 5 + 6 - 1            # rows [0, T-1) with no gap

@@ -80,7 +80,7 @@ def test_pause_aborts_running_requests_until_they_answer_and_resume_sets_the_ver
         waiter = asyncio.ensure_future(pause.wait_running())
         await asyncio.sleep(0.02)
         assert not waiter.done()                # new calls wait while paused
-        assert pause.resume(4) == {"paused": False, "resumed": True, "weight_version": 4}
+        assert pause.resume(4) == {"paused": False, "resumed": True, "weight_version": 4, "version": "4"}
         await asyncio.wait_for(waiter, 1)
         assert pause.state()["in_flight"] == 0 and pause.weight_version == 4
 

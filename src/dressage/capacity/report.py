@@ -29,6 +29,7 @@ def capacity_report(config: CapacityConfig, baseline: Baseline | None) -> dict[s
     s = size_batch(config)
     out: dict[str, Any] = {
         "model": {"name": config.model.name, "num_layers": config.model.num_layers,
+                  "dense_layers": config.model.dense_layers, "hidden_layers": config.model.hidden_layers,
                   "topk": config.model.topk, "num_experts": config.model.num_experts},
         "context_length": config.context_length,
         "segment_tokens": s.segment_tokens,
@@ -85,8 +86,12 @@ def capacity_report(config: CapacityConfig, baseline: Baseline | None) -> dict[s
 def render_text(report: dict[str, Any]) -> str:
     """A human-readable summary of :func:`capacity_report`."""
     m = report["model"]
+    dense = m.get("dense_layers", 0)
+    layers = (f"R3 sized by {m['num_layers']} MoE layers (SGLang sends {m['hidden_layers']}, "
+              f"{dense} dense layers included: x{m['hidden_layers'] / m['num_layers']:.3f})"
+              if dense else f"{m['num_layers']} recorded layers")
     lines = [
-        f"model {m['name']}: {m['num_layers']} recorded layers, top-{m['topk']}, {m['num_experts']} experts",
+        f"model {m['name']}: {layers}, top-{m['topk']}, {m['num_experts']} experts",
         f"batch {report['rollout_batch_size']} x {report['n_samples_per_prompt']} = {report['trajectories']:,} "
         f"trajectories, {report['mean_segments']:g} Segment(s) each = {report['segments']:,} Segments "
         f"of {report['segment_tokens']:,} tokens (context {report['context_length']:,})",

@@ -18,7 +18,11 @@ from dressage.fields.sglang import (
     decode_output_token_logprobs,
     decode_routed_experts_b64,
     encode_routed_experts_b64,
+    finish_type,
+    is_queued_abort,
+    weight_version_of,
 )
+from dressage.fields.versions import NAMED_BASE, VersionTable
 
 __all__ = [
     "FIELDS", "TRANSFERABLE_FIELDS", "FieldSpec", "get_field", "check_field_names",
@@ -27,4 +31,5 @@ __all__ = [
     "check_dtype_holds_experts", "encode_routed_experts", "decode_routed_experts",
     "GenerateOutput", "decode_generate_response", "decode_output_token_logprobs",
     "decode_routed_experts_b64", "encode_routed_experts_b64",
+    "finish_type", "is_queued_abort", "weight_version_of", "VersionTable", "NAMED_BASE",
 ]

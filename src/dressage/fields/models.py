@@ -1,8 +1,11 @@
 """Model shapes that size trajectory fields: recorded MoE layers, routing top-k, expert count.
 
 Presets carry the public shapes of the models the seed measures. ``num_layers`` is the number
-of layers whose routing R3 records (dense layers come back from SGLang as rows of zeros, but
-the seed sizes R3 by MoE layers).
+of layers whose routing R3 records. Presets count MoE layers, as the seed sizes R3; SGLang's
+capture has a row for *every* hidden layer (dense ones stay zeros), so against a real engine the
+Proxy records ``hidden_layers = num_layers + dense_layers`` rows per token (GLM-5.2: 75 MoE +
+3 dense = 78), which it reads from the model's ``config.json`` (see
+:mod:`dressage.proxy.model_shape`).
 """
 
 from __future__ import annotations
@@ -27,12 +30,16 @@ class ModelSpec:
     """Routed experts per layer; ids are ``0..num_experts-1``."""
     vocab_size: int = 151_936
     """Token id range; sizes the built-in engine's output."""
+    dense_layers: int = 0
+    """Hidden layers without experts, not counted in ``num_layers`` (SGLang still sends their rows)."""
 
     def __post_init__(self) -> None:
         for key in ("num_layers", "topk", "num_experts", "vocab_size"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{key} must be a positive integer, got {value!r}")
+        if not isinstance(self.dense_layers, int) or isinstance(self.dense_layers, bool) or self.dense_layers < 0:
+            raise ConfigError(f"model.dense_layers must be a non-negative integer, got {self.dense_layers!r}")
         if self.topk > self.num_experts:
             raise ConfigError(f"model.topk ({self.topk}) exceeds model.num_experts ({self.num_experts})")
 
@@ -40,12 +47,19 @@ class ModelSpec:
     def r3_ids_per_token(self) -> int:
         return self.num_layers * self.topk
 
+    @property
+    def hidden_layers(self) -> int:
+        """Every hidden layer: the layer count of SGLang's routed-experts rows."""
+        return self.num_layers + self.dense_layers
+
 
 MODEL_PRESETS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
         ModelSpec(name="qwen3.6-35b-a3b", num_layers=40, topk=8, num_experts=256),
-        ModelSpec(name="glm-5.2-744b-a40b", num_layers=75, topk=8, num_experts=256, vocab_size=154_880),
+        # 75 MoE layers (the seed's R3 sizing) after 3 dense ones: SGLang sends 78 rows per token.
+        ModelSpec(name="glm-5.2-744b-a40b", num_layers=75, topk=8, num_experts=256, vocab_size=154_880,
+                  dense_layers=3),
         ModelSpec(name="qwen3-next-80b-a3b", num_layers=48, topk=10, num_experts=512),
         # A toy shape for tests and quick demos.
         ModelSpec(name="tiny-moe", num_layers=4, topk=2, num_experts=16, vocab_size=512),

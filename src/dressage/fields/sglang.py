@@ -5,6 +5,10 @@ Facts of the format:
 - ``meta_info["routed_experts"]``: base64 of int32 bytes, rows ``[routed_experts_start_len, T-1)``
   of the request's full sequence (``T`` = input + output tokens), each row ``num_layers x topk``.
   An optional ``meta_info["routed_experts_dtype"]`` tag names another integer dtype.
+- ``meta_info["weight_version"]``: the engine's policy version (a string) on every answer.
+- A request aborted while still in the engine's queue answers with ``finish_reason.type ==
+  "abort"``, its output so far (often none) and neither ``prompt_tokens`` nor ``routed_experts``.
+  With R3 on such an answer is a cut that keeps nothing: its tokens have no routing to replay.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ __all__ = [
     "decode_routed_experts_b64",
     "encode_routed_experts_b64",
     "decode_generate_response",
+    "finish_type",
+    "is_queued_abort",
+    "weight_version_of",
 ]
 
 _WIRE_DTYPES = {"int32": np.int32, "uint8": np.uint8, "uint16": np.uint16, "int16": np.int16, "int64": np.int64}
@@ -38,6 +45,36 @@ class GenerateOutput:
     routed_experts: np.ndarray | None  # int32 [rows, L, K], rows [start, P+R-1)
     finish_reason: str | None
     meta_info: Mapping[str, Any]
+    weight_version: str | None = None
+    """``meta_info.weight_version`` as the engine sent it (``None`` when it sent none)."""
+    dropped_tokens: int = 0
+    """Output tokens of an aborted answer that could not be kept (no routing came with them)."""
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason == "abort"
+
+
+def finish_type(meta: Mapping[str, Any]) -> str | None:
+    """``finish_reason`` as a plain string (SGLang sends ``{"type": ...}`` or a string)."""
+    finish = meta.get("finish_reason")
+    if isinstance(finish, Mapping):
+        finish = finish.get("type")
+    return finish if isinstance(finish, str) else None
+
+
+def is_queued_abort(meta: Mapping[str, Any]) -> bool:
+    """An abort answered for a request still in the engine's queue (no ``prompt_tokens``)."""
+    return finish_type(meta) == "abort" and "prompt_tokens" not in meta
+
+
+def weight_version_of(meta: Mapping[str, Any]) -> str | None:
+    """The engine's ``weight_version`` for this answer; ``None`` when absent or empty."""
+    version = meta.get("weight_version")
+    if isinstance(version, bool) or not isinstance(version, (str, int)):
+        return None
+    text = str(version)
+    return text if text.strip() else None
 
 
 def decode_output_token_logprobs(entries: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -103,6 +140,17 @@ def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start
     meta = body.get("meta_info")
     if not isinstance(meta, Mapping):
         raise WireFormatError("/generate response has no meta_info object")
+    finish = finish_type(meta)
+    version = weight_version_of(meta)
+    if finish == "abort" and ((want_routed_experts and meta.get("routed_experts") is None)
+                              or (want_logprobs and "output_token_logprobs" not in meta)):
+        # Cut before the engine captured routing or scores (still queued, or a re-queued
+        # retraction): those tokens cannot be trained on, so the cut keeps none of them and the
+        # call resumes from where it stood.
+        ids = body.get("output_ids")
+        return GenerateOutput(np.empty(0, dtype=np.int32), np.empty(0, dtype=np.float32) if want_logprobs else None,
+                              None, finish, meta, version,
+                              dropped_tokens=len(ids) if isinstance(ids, list) else 0)
     output_ids = body.get("output_ids")
     logprobs = None
     if want_logprobs:
@@ -138,7 +186,4 @@ def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start
                 f"routed_experts has {routed.shape[0]} rows; expected {expected} = prompt {prompt_len} + "
                 f"output {len(out)} - 1 - routed_experts_start_len {routed_experts_start_len}"
             )
-    finish = meta.get("finish_reason")
-    if isinstance(finish, Mapping):
-        finish = finish.get("type")
-    return GenerateOutput(out, logprobs, routed, finish if isinstance(finish, str) else None, meta)
+    return GenerateOutput(out, logprobs, routed, finish, meta, version)

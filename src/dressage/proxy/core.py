@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -57,13 +58,18 @@ class ProxyCore:
         self.sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
         self._calls: dict[str, int] = {}
+        # Aborted and discarded sessions leave memory; their ids are remembered (bounded) so a
+        # late call gets "session is aborted" rather than "unknown session".
+        self._gone: OrderedDict[str, str] = OrderedDict()
+        self.gone_capacity = 100_000
 
     # ----------------------------------------------------------------- sessions
     def create_session(self, metadata: Mapping[str, Any] | None = None, session_id: str | None = None) -> Session:
         sid = session_id or secrets.token_urlsafe(18)  # unguessable: the id is the session's capability
         with self._lock:
-            if sid in self.sessions:
-                raise SessionStateError(f"session {sid} already exists")
+            if sid in self.sessions or sid in self._gone:
+                raise SessionStateError(f"session {sid} already exists"
+                                        + (f" and is {self._gone[sid]}" if sid in self._gone else ""))
             session = Session(sid, metadata=dict(metadata or {}), r3_shape=self.config.r3_shape,
                               decode=self._decode, special_ids=self._special_ids)
             if self.journal is not None:
@@ -76,7 +82,26 @@ class ProxyCore:
         try:
             return self.sessions[session_id]
         except KeyError:
+            gone = self._gone.get(session_id)
+            if gone is not None:
+                raise SessionStateError(f"session {session_id} is {gone}") from None
             raise UnknownStepError(f"unknown session {session_id!r}") from None
+
+    def state_of(self, session_id: str) -> str | None:
+        """``active`` / ``finalized`` (in memory), ``aborted`` / ``discarded`` (gone), or ``None``."""
+        s = self.sessions.get(session_id)
+        return s.state if s is not None else self._gone.get(session_id)
+
+    def _bury(self, session_id: str, state: str) -> None:
+        """Drop a session from memory, remembering only that it is ``state``."""
+        with self._lock:
+            if self.sessions.pop(session_id, None) is not None and self.journal is not None:
+                self.journal.forgotten(session_id)
+            self._calls.pop(session_id, None)
+            self._gone[session_id] = state
+            self._gone.move_to_end(session_id)
+            while len(self._gone) > self.gone_capacity:
+                self._gone.popitem(last=False)
 
     def active_session(self, session_id: str) -> Session:
         s = self.session(session_id)
@@ -224,7 +249,7 @@ class ProxyCore:
         return done
 
     def abort(self, session_id: str, reason: str = "aborted") -> int:
-        """Abort a session and delete its TQ keys; returns how many refs were released."""
+        """Abort a session, delete its TQ keys and forget it; returns how many refs were released."""
         with self._lock:
             session = self.session(session_id)
             session.abort(reason)
@@ -232,7 +257,33 @@ class ProxyCore:
                 self.journal.aborted(session_id, reason)
         refs = session.large_field_refs()
         self._delete_quietly(refs)
+        self._bury(session_id, "aborted")
         return len(refs)
+
+    def discard(self, session_id: str) -> dict[str, Any]:
+        """Drop a session, active or finalized, and every TQ key it holds; a repeat is a no-op.
+
+        A finalized session's Samples are withdrawn from the sink too (``sink.discard``), so
+        nothing trains on keys that are gone.
+        """
+        with self._lock:
+            gone = self._gone.get(session_id)
+            if session_id not in self.sessions and gone is not None:
+                return {"session_id": session_id, "state": gone, "was": gone, "released_refs": 0, "samples": 0}
+            session = self.session(session_id)
+            was = session.state
+            if was == "active":
+                session.abort("discarded")
+                if self.journal is not None:
+                    self.journal.aborted(session_id, "discarded")
+        refs = session.large_field_refs()
+        self._delete_quietly(refs)
+        withdrawn = 0
+        if was == "finalized" and hasattr(self.sink, "discard"):
+            withdrawn = int(self.sink.discard(session_id) or 0)
+        self._bury(session_id, "discarded")
+        return {"session_id": session_id, "state": "discarded", "was": was, "released_refs": len(refs),
+                "samples": withdrawn}
 
     def forget(self, session_id: str) -> None:
         """Drop a finished session from memory (its Segments live on in the RolloutManager)."""
@@ -246,12 +297,16 @@ class ProxyCore:
 
     def recover(self, path: Any) -> Any:
         """Replay a journal into this (empty) core: active sessions resume, finalized ones are
-        delivered to the sink again (their Samples were not consumed yet), aborted ones stay."""
+        delivered to the sink again (their Samples were not consumed yet), aborted ones are only
+        remembered as aborted."""
         from dressage.proxy.journal import Journal
 
         sessions, report = Journal.replay(path, decode=self._decode, special_ids=self._special_ids)
         with self._lock:
             for sid, s in sessions.items():
+                if s.state == "aborted":
+                    self._gone[sid] = "aborted"  # its keys were released when it was aborted
+                    continue
                 self.sessions[sid] = s
                 self._calls[sid] = 0
         report.delivered = [self._deliver(self.sessions[sid]) for sid in report.finalized]

@@ -2,7 +2,12 @@
 
 A pause aborts the engine request at a token boundary; after resume the call re-issues
 ``/generate`` with input = prompt + the output so far and ``routed_experts_start_len`` where the
-held routing ends. The chunks merge (``PartialResponse``) into one response with per-token versions.
+held routing ends. The chunks merge (``PartialResponse``) into one response with per-token versions:
+each chunk carries the engine's own ``meta_info.weight_version`` when it reports one.
+
+An abort that reached the request while it still waited in the engine's queue answers without
+routing (and, streamed, with only the last id): that cut keeps what it can (nothing with R3 on)
+and the call resumes from there like any other cut.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import numpy as np
 
 from dressage.errors import EngineError, EngineTimeout, EngineUnavailable, WireFormatError
 from dressage.errors import WeightVersionChangedError
+from dressage.fields.sglang import finish_type, is_queued_abort
 from dressage.proxy.pause import RolloutPause
+from dressage.proxy.rids import chunk_rid
 from dressage.trajectory import PartialResponse, RouteDecision
 
 __all__ = ["GenerationPlan", "GenerationResult", "run_generation", "KEEPALIVE_S"]
@@ -36,6 +43,11 @@ class GenerationPlan:
     params: dict[str, Any]
     """``core.generate_params(decision)``: return_logprob / return_routed_experts / start row."""
     stream: bool = False
+    routing_key: str | None = None
+    """Sent as ``X-SMG-Routing-Key`` (the session id) so a gateway keeps the session's prefix cache."""
+    session_id: str | None = None
+    instance_id: str | None = None
+    """The call's session and prompt instance: a pause scoped to either cuts and holds this call."""
 
 
 @dataclass(slots=True)
@@ -47,6 +59,8 @@ class GenerationResult:
     finish_reason: str | None
     chunks: int
     """Engine requests the response took (1 unless a pause cut it)."""
+    dropped_tokens: int = 0
+    """Tokens of cut answers that came without routing and were generated again."""
 
 
 class _StreamedAnswer:
@@ -60,6 +74,12 @@ class _StreamedAnswer:
     def add(self, chunk: dict[str, Any]) -> None:
         out = chunk.get("output_ids") or []
         self.meta = chunk.get("meta_info") or {}
+        if is_queued_abort(self.meta):
+            # Its ids are only the last one (or none) and its logprobs are not this stream's:
+            # keep what the earlier chunks gave if they add up to the engine's count, else nothing.
+            if self.meta.get("completion_tokens", len(self.ids)) != len(self.ids):
+                self.ids, self.entries = [], []
+            return
         lps = self.meta.get("output_token_logprobs") or []
         total = self.meta.get("completion_tokens")
         if isinstance(total, int) and len(out) == total:
@@ -69,7 +89,7 @@ class _StreamedAnswer:
             self.entries.extend(lps)
 
     def body(self) -> dict[str, Any]:
-        if self.meta.get("finish_reason") is None:
+        if finish_type(self.meta) is None:
             raise WireFormatError("the engine's stream ended without a finished chunk")
         return {"output_ids": self.ids, "meta_info": {**self.meta, "output_token_logprobs": self.entries}}
 
@@ -114,12 +134,14 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
     so_far: list[int] = []
     budget = int(plan.sampling.get("max_new_tokens", 1))
     finish: str | None = None
-    chunk_no = 0
+    chunk_no = dropped = 0
     text = _IncrementalText(decode)
+    headers = {} if plan.routing_key is None else {"routing_key": plan.routing_key}
     while True:
         # A streamed call waiting out a weight update sends keep-alives (None) so that neither the
         # agent nor a proxy in between times the quiet connection out.
-        while not await pause.wait_running(KEEPALIVE_S if plan.stream else None):
+        while not await pause.wait_running(KEEPALIVE_S if plan.stream else None, session_id=plan.session_id,
+                                           instance_id=plan.instance_id):
             yield None
         version = pause.weight_version
         start = partial.next_routed_experts_start
@@ -128,17 +150,19 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
             params["routed_experts_start_len"] = start
         sampling = dict(plan.sampling, max_new_tokens=budget - len(so_far))
         input_ids = prompt.tolist() + so_far
-        rid = plan.rid if chunk_no == 0 else f"{plan.rid}-r{chunk_no}"
-        async with pause.track(rid, plan.client) as run:
+        rid = chunk_rid(plan.rid, chunk_no)
+        async with pause.track(rid, plan.client, session_id=plan.session_id, instance_id=plan.instance_id) as run:
             try:
                 if plan.stream:
                     answer = _StreamedAnswer()
-                    async for chunk in plan.client.generate_stream(input_ids, sampling, rid=rid, **params):
+                    async for chunk in plan.client.generate_stream(input_ids, sampling, rid=rid, **headers,
+                                                                     **params):
                         answer.add(chunk)
                         yield text.extend_to(so_far + answer.ids)
                     body = answer.body()
                 else:
-                    body = await asyncio.wait_for(plan.client.generate(input_ids, sampling, rid=rid, **params),
+                    body = await asyncio.wait_for(plan.client.generate(input_ids, sampling, rid=rid, **headers,
+                                                                       **params),
                                                   timeout=timeout_s)
             except asyncio.TimeoutError:
                 raise EngineTimeout(f"the engine did not answer within {timeout_s} s") from None
@@ -155,6 +179,10 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
             raise WeightVersionChangedError(
                 "a weight update paused this generation and partial rollout is off: its tokens would mix "
                 "policy versions; the call is dropped (start the Proxy with --partial-rollout to resume it)")
+        engine_version = pause.observe(getattr(out, "weight_version", None))
+        if engine_version is not None:
+            version = engine_version
+        dropped += getattr(out, "dropped_tokens", 0)
         if len(out.output_ids):
             partial.add_chunk(out.output_ids, out.logprobs, out.routed_experts, version=version)
             so_far.extend(out.output_ids.tolist())
@@ -166,7 +194,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
             finish = "length"
             break
     ids, lps, routed, versions = partial.merge()
-    yield GenerationResult(ids, lps, routed, versions, finish, chunk_no)
+    yield GenerationResult(ids, lps, routed, versions, finish, chunk_no, dropped)
 
 
 def _abort_later(client: Any, rid: str) -> None:

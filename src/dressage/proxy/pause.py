@@ -3,6 +3,10 @@
 ``pause()`` stops new engine calls and aborts the running ones through the engine's
 ``/abort_request``; each comes back with its partial output. ``resume(version)`` sets the new
 policy version and lets the waiting calls continue from where they were cut.
+
+The engine is the authority on versions: an answer's ``meta_info.weight_version`` is
+:meth:`RolloutPause.observe`-d and becomes the current version; the number set by ``resume`` is
+what tokens carry from engines that report none (or SGLang's unset ``"default"``).
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from dressage.errors import EngineError
+from dressage.fields.versions import VersionTable
 
-__all__ = ["RolloutPause"]
+__all__ = ["RolloutPause", "UNSET_ENGINE_VERSION"]
+
+UNSET_ENGINE_VERSION = "default"
+"""SGLang's ``weight_version`` before anyone set one: it says nothing about the weights."""
 
 
 @dataclass(slots=True)
@@ -23,6 +31,8 @@ class _Running:
     client: Any
     done: asyncio.Event = field(default_factory=asyncio.Event)
     aborted: bool = False
+    session_id: str | None = None
+    instance_id: str | None = None
 
 
 class RolloutPause:
@@ -30,7 +40,8 @@ class RolloutPause:
 
     def __init__(self, weight_version: int = 0, *, abort_timeout_s: float = 30.0,
                  abort_retry_s: float = 0.05) -> None:
-        self.weight_version = int(weight_version)
+        self.versions = VersionTable()
+        self.weight_version = self.versions.code(weight_version)
         self.paused = False
         self.paused_at: float | None = None
         self.pauses = 0
@@ -39,6 +50,8 @@ class RolloutPause:
         self.abort_retry_s = float(abort_retry_s)
         self._running: dict[str, _Running] = {}
         self._resumed: asyncio.Event | None = None
+        self.scopes: set[tuple[str, str]] = set()
+        """Paused sessions and instances (``("session", id)`` / ``("instance", id)``) besides a global pause."""
 
     def _event(self) -> asyncio.Event:
         # Created on first use, so it belongs to the server's loop rather than the constructor's.
@@ -48,9 +61,16 @@ class RolloutPause:
                 self._resumed.set()
         return self._resumed
 
-    async def wait_running(self, timeout: float | None = None) -> bool:
-        """Return at once unless paused; otherwise when resumed (True) or after ``timeout`` (False)."""
-        while self.paused:
+    def blocked(self, session_id: str | None = None, instance_id: str | None = None) -> bool:
+        """Whether a call of this session / instance must wait."""
+        return self.paused or (session_id is not None and ("session", session_id) in self.scopes) \
+            or (instance_id is not None and ("instance", str(instance_id)) in self.scopes)
+
+    async def wait_running(self, timeout: float | None = None, *, session_id: str | None = None,
+                           instance_id: str | None = None) -> bool:
+        """Return at once unless paused (globally or for this session / instance); otherwise when
+        resumed (True) or after ``timeout`` (False)."""
+        while self.blocked(session_id, instance_id):
             try:
                 await asyncio.wait_for(self._event().wait(), timeout)
             except asyncio.TimeoutError:
@@ -58,28 +78,43 @@ class RolloutPause:
         return True
 
     @asynccontextmanager
-    async def track(self, rid: str, client: Any) -> AsyncIterator[_Running]:
+    async def track(self, rid: str, client: Any, *, session_id: str | None = None,
+                    instance_id: str | None = None) -> AsyncIterator[_Running]:
         """Register one engine request for the duration of the call, so a pause can abort it."""
-        run = self._running[rid] = _Running(client)
+        run = self._running[rid] = _Running(client, session_id=session_id,
+                                            instance_id=None if instance_id is None else str(instance_id))
         try:
             yield run
         finally:
             run.done.set()
             self._running.pop(rid, None)
 
-    async def pause(self) -> dict[str, Any]:
+    async def pause(self, *, session_id: str | None = None, instance_id: str | None = None,
+                    timeout_s: float | None = None) -> dict[str, Any]:
         """Stop new calls, abort running ones and wait until each has answered with its partial output.
 
-        An abort can reach the engine before the request it targets; it is re-sent until that
-        request answers, so no generation keeps running on the old weights.
+        With ``session_id`` or ``instance_id`` only that session's (instance's) calls are paused
+        and cut; everything else keeps running. An abort can reach the engine before the request
+        it targets; it is re-sent until that request answers, so no generation keeps running on
+        the old weights.
         """
-        if not self.paused:
+        scoped = session_id is not None or instance_id is not None
+        if scoped:
+            if session_id is not None:
+                self.scopes.add(("session", session_id))
+            if instance_id is not None:
+                self.scopes.add(("instance", str(instance_id)))
+            self.pauses += 1
+            self._event().clear()
+        elif not self.paused:
             self.paused, self.paused_at, self.pauses = True, time.time(), self.pauses + 1
             self._event().clear()
-        targets = dict(self._running)
+        targets = {rid: r for rid, r in self._running.items()
+                   if not scoped or (session_id is not None and r.session_id == session_id)
+                   or (instance_id is not None and r.instance_id == str(instance_id))}
         for run in targets.values():
             run.aborted = True
-        deadline = asyncio.get_running_loop().time() + self.abort_timeout_s
+        deadline = asyncio.get_running_loop().time() + (self.abort_timeout_s if timeout_s is None else timeout_s)
         pending = {rid: r for rid, r in targets.items() if not r.done.is_set()}
         while pending and asyncio.get_running_loop().time() < deadline:
             await asyncio.gather(*(self._abort(rid, r) for rid, r in pending.items()))
@@ -89,8 +124,11 @@ class RolloutPause:
                 w.cancel()
             pending = {rid: r for rid, r in pending.items() if not r.done.is_set()}
         self.aborted_total += len(targets)
-        return {"paused": True, "aborted": len(targets), "still_running": len(pending),
-                "weight_version": self.weight_version}
+        out = {"paused": True, "aborted": len(targets), "still_running": len(pending),
+               "weight_version": self.weight_version}
+        if scoped:
+            out["scope"] = {"session_id": session_id, "instance_id": instance_id}
+        return out
 
     async def _abort(self, rid: str, run: _Running) -> None:
         try:
@@ -98,15 +136,33 @@ class RolloutPause:
         except EngineError:
             pass  # the engine is gone: its request fails on its own and is not recorded
 
-    def resume(self, weight_version: int | None = None) -> dict[str, Any]:
-        """Set the new policy version (if given) and release the waiting calls."""
+    def observe(self, engine_version: str | None) -> int | None:
+        """The token version for an engine's ``weight_version`` (``None``: it told nothing);
+        a real one becomes the current version."""
+        if engine_version is None or engine_version == UNSET_ENGINE_VERSION:
+            return None
+        self.weight_version = self.versions.code(engine_version)
+        return self.weight_version
+
+    @property
+    def version_label(self) -> str:
+        """The current version as the engine names it."""
+        return self.versions.label(self.weight_version)
+
+    def resume(self, weight_version: int | str | None = None) -> dict[str, Any]:
+        """Set the new policy version (if given: a number or the engine's string) and release
+        the waiting calls."""
         if weight_version is not None:
-            self.weight_version = int(weight_version)
-        was = self.paused
+            self.weight_version = self.versions.code(weight_version)
+        was = self.paused or bool(self.scopes)
         self.paused, self.paused_at = False, None
+        self.scopes.clear()
         self._event().set()
-        return {"paused": False, "resumed": was, "weight_version": self.weight_version}
+        return {"paused": False, "resumed": was, "weight_version": self.weight_version,
+                "version": self.version_label}
 
     def state(self) -> dict[str, Any]:
         return {"paused": self.paused, "paused_at": self.paused_at, "weight_version": self.weight_version,
-                "in_flight": len(self._running), "pauses": self.pauses, "aborted_total": self.aborted_total}
+                "version": self.version_label, "in_flight": len(self._running), "pauses": self.pauses,
+                "aborted_total": self.aborted_total,
+                "paused_scopes": sorted(f"{kind}:{key}" for kind, key in self.scopes)}

@@ -7,12 +7,17 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["ChatMessage", "ChatRequest", "GenerateRequest", "CreateSession", "FinalizeRequest",
-           "FinalizeSessionRequest", "TrajectoryReadRequest", "ResumeRequest"]
+           "FinalizeSessionRequest", "TrajectoryReadRequest", "ResumeRequest", "PauseRequest", "DiscardRequest"]
 
 
 class _Body(BaseModel):
     # OpenAI clients send fields we do not use (stream_options, user, ...): ignore, do not fail.
     model_config = ConfigDict(extra="ignore")
+
+
+class _Control(BaseModel):
+    # Control calls change what is recorded: a misspelt key must fail (400), not be ignored.
+    model_config = ConfigDict(extra="forbid")
 
 
 class ChatMessage(_Body):
@@ -67,8 +72,14 @@ class CreateSession(_Body):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-class FinalizeRequest(_Body):
+class FinalizeRequest(_Control):
     reward: Optional[float] = None
+    instance_id: Optional[str] = None
+    """The prompt instance (GRPO group) of the session, when its calls did not name one."""
+    label: Optional[Any] = None
+    """The task's label (reference answer), kept with the trajectory."""
+    wait_s: Optional[float] = Field(default=None, ge=0, le=600)
+    """How long to wait for the session's calls still in flight (default: the Proxy's setting)."""
 
 
 class FinalizeSessionRequest(FinalizeRequest):
@@ -77,19 +88,63 @@ class FinalizeSessionRequest(FinalizeRequest):
     session_id: Optional[str] = None
 
 
-class TrajectoryReadRequest(_Body):
-    """``POST /trajectory/read``: finalized sessions by id or instance (or every unread one); ``drain`` forgets them."""
+class DiscardRequest(_Control):
+    """``POST /session/discard``: the session by body or by ``X-Session-Id`` header."""
 
+    session_id: Optional[str] = None
+
+
+class TrajectoryReadRequest(_Control):
+    """``POST /trajectory/read``.
+
+    ``trajectory_id`` / ``session_id`` / ``session_ids`` read exactly those trajectories
+    (``instance_id`` then only filters them); without them, finalized trajectories are read in
+    whole prompt-instance groups, at most ``max_groups`` groups, of ``instance_id`` when given.
+    ``segment_view`` rebuilds the Segments in another view for this read; ``drain`` forgets what
+    was read.
+    """
+
+    trajectory_id: Optional[str] = None
     session_id: Optional[str] = None
     session_ids: Optional[list[str]] = None
     instance_id: Optional[str] = None
-    """Every finalized session of this prompt instance (``X-Instance-Id``): a GRPO group at once."""
+    max_groups: Optional[int] = Field(default=None, ge=1)
+    segment_view: Optional[Literal["lineage", "timeline"]] = None
     drain: bool = False
     format: Literal["segments", "samples"] = "segments"
     """``segments``: summaries (large fields as sizes); ``samples``: trainer-ready Samples with
     FieldRefs and the TransferQueue client spec (see :mod:`dressage.train.remote`)."""
 
 
-class ResumeRequest(_Body):
+class ResumeRequest(_Control):
     weight_version: Optional[int] = Field(default=None, ge=0)
     """The policy version of the tokens generated from now on (unchanged if omitted)."""
+    version: Optional[Union[str, int]] = None
+    """The same as the engine names it (upstream's field); a plain integer string is that number."""
+    reason: Optional[str] = None
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: Optional[Union[str, int]]) -> Optional[Union[str, int]]:
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("version must not be empty")
+        if isinstance(v, int) and (isinstance(v, bool) or v < 0):
+            raise ValueError("version must be a non-negative integer or a string")
+        return v
+
+    def requested(self) -> Optional[Union[str, int]]:
+        """The version asked for (``weight_version`` or ``version``; both must agree)."""
+        if self.weight_version is not None and self.version is not None \
+                and str(self.weight_version) != str(self.version):
+            raise ValueError(f"weight_version {self.weight_version} and version {self.version!r} disagree")
+        return self.weight_version if self.weight_version is not None else self.version
+
+
+class PauseRequest(_Control):
+    """``POST /v1/rollout/pause``: every call, or only a session's / an instance's."""
+
+    session_id: Optional[str] = None
+    instance_id: Optional[str] = None
+    reason: Optional[str] = None
+    mode: Optional[Literal["preempt", "abort"]] = None
+    timeout_seconds: Optional[float] = Field(default=None, gt=0, le=600)

@@ -1,7 +1,10 @@
 """``SGLangClient``: the Proxy's async HTTP client for an SGLang (or built-in) engine.
 
-Speaks ``/generate``, ``/abort_request``, ``/health`` and ``/get_model_info``; httpx errors are
-translated here, at the boundary, into :class:`~dressage.errors.EngineError` subclasses.
+Speaks ``/generate``, ``/abort_request``, ``/health``, ``/model_info`` (``/get_model_info`` on
+older releases) and the weight-version calls; httpx errors are translated here, at the boundary,
+into :class:`~dressage.errors.EngineError` subclasses. ``api_key`` is sent as SGLang's
+``Authorization: Bearer`` key; a ``routing_key`` goes out as ``X-SMG-Routing-Key`` so a router
+or model gateway keeps a session on the worker that caches its prefix.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import httpx
 
 from dressage.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, WireFormatError
 
-__all__ = ["SGLangClient"]
+__all__ = ["SGLangClient", "ROUTING_KEY_HEADER"]
+
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 
 
 def _error_message(resp: httpx.Response) -> str:
@@ -37,24 +42,30 @@ class SGLangClient:
     """One engine at ``base_url``; share it between concurrent calls, ``close()`` when done."""
 
     def __init__(self, base_url: str, *, timeout: float = 600.0, max_connections: int = 1024,
-                 headers: Mapping[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 headers: Mapping[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = float(timeout)
+        headers = dict(headers or {})
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.api_key = api_key or None
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         if transport is None:
             # Small requests must not wait for a delayed ACK (Nagle): ~40 ms per call otherwise.
             transport = httpx.AsyncHTTPTransport(
                 limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        self._transport = transport
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout,
-                                       headers=dict(headers or {}), transport=transport)
+                                       headers=headers, transport=transport)
 
     # -- the boundary ------------------------------------------------------------------------------
 
     async def _request(self, method: str, path: str, *, json_body: Any = None,
-                       timeout: float | None = None) -> httpx.Response:
+                       timeout: float | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
         what = f"{method} {self.base_url}{path}"
         try:
-            resp = await self._http.request(method, path, json=json_body,
+            resp = await self._http.request(method, path, json=json_body, headers=headers,
                                             timeout=self.timeout if timeout is None else timeout)
         except httpx.TimeoutException as exc:
             raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({type(exc).__name__})") from exc
@@ -102,10 +113,15 @@ class SGLangClient:
         body.update(extra)
         return body
 
+    @staticmethod
+    def _routing_headers(routing_key: str | None) -> dict[str, str] | None:
+        return None if routing_key is None else {ROUTING_KEY_HEADER: str(routing_key)}
+
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
                        return_logprob: bool = True, return_routed_experts: bool = False,
                        routed_experts_start_len: int = 0, rid: str | None = None,
-                       timeout: float | None = None, **extra: Any) -> dict[str, Any]:
+                       timeout: float | None = None, routing_key: str | None = None,
+                       **extra: Any) -> dict[str, Any]:
         """``POST /generate`` for one prompt; the engine's JSON answer (``text``, ``output_ids``, ``meta_info``).
 
         ``extra`` keys (e.g. ``logprob_start_len``) go into the body unchanged. Raises
@@ -116,7 +132,8 @@ class SGLangClient:
                                    return_routed_experts=return_routed_experts,
                                    routed_experts_start_len=routed_experts_start_len, rid=rid, stream=False,
                                    extra=extra)
-        resp = await self._request("POST", "/generate", json_body=body, timeout=timeout)
+        resp = await self._request("POST", "/generate", json_body=body, timeout=timeout,
+                                   headers=self._routing_headers(routing_key))
         out = self._json(resp, "POST /generate")
         if not isinstance(out, dict):
             raise WireFormatError(f"POST /generate: expected one JSON object, got {type(out).__name__}")
@@ -125,7 +142,8 @@ class SGLangClient:
     async def generate_stream(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
                               return_logprob: bool = True, return_routed_experts: bool = False,
                               routed_experts_start_len: int = 0, rid: str | None = None,
-                              timeout: float | None = None, **extra: Any) -> AsyncIterator[dict[str, Any]]:
+                              timeout: float | None = None, routing_key: str | None = None,
+                              **extra: Any) -> AsyncIterator[dict[str, Any]]:
         """``POST /generate`` with ``stream``: yields each server-sent chunk until ``[DONE]``."""
         body = self._generate_body(input_ids, sampling_params, return_logprob=return_logprob,
                                    return_routed_experts=return_routed_experts,
@@ -133,7 +151,7 @@ class SGLangClient:
                                    extra=extra)
         what = f"POST {self.base_url}/generate (stream)"
         try:
-            async with self._http.stream("POST", "/generate", json=body,
+            async with self._http.stream("POST", "/generate", json=body, headers=self._routing_headers(routing_key),
                                          timeout=self.timeout if timeout is None else timeout) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
@@ -159,9 +177,13 @@ class SGLangClient:
     # -- control -----------------------------------------------------------------------------------
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False, timeout: float = 30.0) -> None:
-        """``POST /abort_request``: the aborted generation answers with its partial output."""
-        if rid is None and not abort_all:
-            raise ValueError("abort needs a rid or abort_all=True")
+        """``POST /abort_request``: the aborted generation answers with its partial output.
+
+        SGLang aborts every request whose rid starts with ``rid``, so an empty rid would stop
+        them all: it is refused unless ``abort_all`` says so.
+        """
+        if not rid and not abort_all:
+            raise ValueError("abort needs a non-empty rid or abort_all=True")
         await self._request("POST", "/abort_request", json_body={"rid": rid or "", "abort_all": abort_all},
                             timeout=timeout)
 
@@ -174,8 +196,27 @@ class SGLangClient:
         return True
 
     async def model_info(self, timeout: float = 30.0) -> dict[str, Any]:
-        """``GET /get_model_info``."""
-        return self._json(await self._request("GET", "/get_model_info", timeout=timeout), "GET /get_model_info")
+        """``GET /model_info``, or ``GET /get_model_info`` from releases that lack the former."""
+        try:
+            resp = await self._request("GET", "/model_info", timeout=timeout)
+            path = "/model_info"
+        except EngineRequestError as exc:
+            if exc.status_code not in (404, 405):
+                raise
+            resp, path = await self._request("GET", "/get_model_info", timeout=timeout), "/get_model_info"
+        out = self._json(resp, f"GET {path}")
+        if not isinstance(out, dict):
+            raise WireFormatError(f"GET {path}: expected a JSON object, got {type(out).__name__}")
+        return out
+
+    async def get_weight_version(self, timeout: float = 30.0) -> str:
+        """``GET /get_weight_version``: the engine's current ``weight_version``."""
+        out = self._json(await self._request("GET", "/get_weight_version", timeout=timeout),
+                         "GET /get_weight_version")
+        version = out.get("weight_version") if isinstance(out, dict) else None
+        if isinstance(version, bool) or not isinstance(version, (str, int)) or not str(version).strip():
+            raise WireFormatError(f"GET /get_weight_version: no weight_version in {out!r}")
+        return str(version)
 
     async def server_info(self, timeout: float = 30.0) -> dict[str, Any]:
         """``GET /get_server_info``."""

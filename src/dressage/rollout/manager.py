@@ -90,6 +90,14 @@ class RolloutManager:
 
     __call__ = add_finalized  # usable directly as ProxyCore(sink=manager)
 
+    def discard(self, session_id: str) -> int:
+        """Withdraw a session's queued Samples (its trajectory was discarded); returns how many."""
+        with self._lock:
+            keep = [s for s in self._ready if s.session_id != session_id]
+            n = len(self._ready) - len(keep)
+            self._ready = keep
+        return n
+
     @property
     def num_ready(self) -> int:
         return len(self._ready)

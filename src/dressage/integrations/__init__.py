@@ -1,0 +1,1 @@
+"""Adapters to training frameworks: restored Samples in the shapes their trainers read."""

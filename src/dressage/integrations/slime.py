@@ -1,0 +1,158 @@
+"""Restored Dressage Samples as slime ``Sample`` objects, the fields slime's training conversion reads.
+
+slime's ``RolloutManager._convert_samples_to_train_data`` reads ``tokens``, ``response_length``,
+``get_reward_value(args)``, ``status`` (truncated or not), ``index``, ``rollout_id``,
+``loss_mask`` (``response_length`` long; zeroed when ``remove_sample``), ``metadata``,
+``rollout_log_probs``, ``rollout_routed_experts`` (``[len(tokens) - 1, layers, top-k]``) and
+``train_metadata``. :func:`to_slime_sample` fills each of them (plus ``weight_versions``,
+``group_index``, ``session_id``, ``label``, ``prompt``) on slime's own class when slime is
+importable, and on :class:`SlimeSample`, a stand-in with the same fields, when it is not.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from dressage.errors import FieldShapeError, TrajectoryError
+from dressage.fields.versions import VersionTable
+from dressage.trajectory import Sample
+
+__all__ = ["SlimeSample", "slime_sample_class", "to_slime_sample", "to_slime_groups", "check_slime_sample",
+           "SLIME_TRAIN_FIELDS", "status_of"]
+
+SLIME_TRAIN_FIELDS = ("tokens", "response_length", "reward", "status", "index", "rollout_id", "loss_mask",
+                      "remove_sample", "metadata", "rollout_log_probs", "rollout_routed_experts",
+                      "train_metadata", "weight_versions", "group_index", "session_id")
+"""The slime ``Sample`` fields this adapter sets (slime/utils/types.py, slime/ray/rollout.py)."""
+
+
+@dataclass
+class SlimeSample:
+    """slime's ``Sample`` fields, for when slime is not installed (same names, same meaning)."""
+
+    class Status(enum.Enum):
+        PENDING = "pending"
+        COMPLETED = "completed"
+        TRUNCATED = "truncated"
+        ABORTED = "aborted"
+        FAILED = "failed"
+
+    group_index: int | None = None
+    index: int | None = None
+    rollout_id: int | None = None
+    prompt: Any = ""
+    tokens: list[int] = field(default_factory=list)
+    response: str = ""
+    response_length: int = 0
+    label: Any = None
+    reward: Any = None
+    loss_mask: list[int] | None = None
+    weight_versions: list[str] = field(default_factory=list)
+    rollout_log_probs: list[float] | None = None
+    rollout_routed_experts: Any = None
+    remove_sample: bool = False
+    status: "SlimeSample.Status" = Status.PENDING
+    metadata: dict = field(default_factory=dict)
+    train_metadata: dict | None = None
+    session_id: str | None = None
+
+    def get_reward_value(self, args: Any) -> float:
+        key = getattr(args, "reward_key", None)
+        return self.reward if not key else self.reward[key]
+
+    @property
+    def effective_response_length(self) -> int:
+        return sum(self.loss_mask) if self.loss_mask is not None else self.response_length
+
+
+def slime_sample_class() -> type:
+    """slime's ``Sample`` when slime is importable, else :class:`SlimeSample`."""
+    try:
+        from slime.utils.types import Sample as RealSample  # type: ignore[import-not-found]
+    except ImportError:
+        return SlimeSample
+    return RealSample
+
+
+def status_of(sample: Sample, cls: type) -> Any:
+    """slime status: ``truncated`` for a length cut, ``aborted`` / ``failed`` when the session says so."""
+    reason = sample.metadata.get("status") or sample.metadata.get("finish_reason") or "completed"
+    name = {"length": "TRUNCATED", "stop": "COMPLETED", "abort": "ABORTED"}.get(str(reason), str(reason).upper())
+    try:
+        return cls.Status[name]
+    except KeyError:
+        return cls.Status.COMPLETED
+
+
+def to_slime_sample(sample: Sample, *, rollout_id: int | None = None, versions: VersionTable | None = None,
+                    cls: type | None = None, label: Any = None, prompt: Any = "",
+                    train_metadata: dict | None = None, remove_sample: bool | None = None) -> Any:
+    """One restored Sample as slime's ``Sample`` (``cls`` picks the class; default: slime's if importable).
+
+    ``versions`` turns token version codes back into the engine's ``weight_version`` strings.
+    Raises :class:`TrajectoryError` for a Sample whose large fields were not restored yet.
+    """
+    if not sample.is_restored:
+        raise TrajectoryError(f"session {sample.session_id} segment {sample.segment_index}: large fields "
+                              f"{sorted(sample.remote)} are still references; restore the batch first")
+    cls = cls or slime_sample_class()
+    labels = sample.weight_versions if versions is None else [versions.label(int(v)) for v in sample.weight_versions]
+    meta = {k: v for k, v in sample.metadata.items()}
+    meta.setdefault("segment_index", sample.segment_index)
+    out = cls(
+        group_index=sample.group_index, index=sample.index, rollout_id=rollout_id, prompt=prompt,
+        tokens=[int(t) for t in sample.tokens], response_length=int(sample.response_length), label=label,
+        reward=sample.reward, loss_mask=[int(m) for m in sample.loss_mask], weight_versions=labels,
+        rollout_log_probs=None if sample.rollout_log_probs is None else
+        [float(x) for x in np.asarray(sample.rollout_log_probs, dtype=np.float32)],
+        rollout_routed_experts=None if sample.rollout_routed_experts is None else
+        np.ascontiguousarray(sample.rollout_routed_experts, dtype=np.int32),
+        remove_sample=bool(meta.get("remove_sample", False) if remove_sample is None else remove_sample),
+        metadata=meta, train_metadata=train_metadata, session_id=sample.session_id or None,
+    )
+    out.status = status_of(sample, cls)
+    check_slime_sample(out)
+    return out
+
+
+def check_slime_sample(s: Any, *, num_layers: int | None = None, topk: int | None = None) -> None:
+    """slime's own length rules, checked before slime asserts them mid-training."""
+    n = int(s.response_length)
+    if not 0 <= n <= len(s.tokens):
+        raise FieldShapeError(f"response_length {n} vs {len(s.tokens)} tokens")
+    if s.loss_mask is not None and len(s.loss_mask) != n:
+        raise FieldShapeError(f"loss_mask has {len(s.loss_mask)} entries, response_length is {n}")
+    if s.rollout_log_probs is not None and len(s.rollout_log_probs) != n:
+        raise FieldShapeError(f"rollout_log_probs has {len(s.rollout_log_probs)} entries, response_length is {n}")
+    r3 = s.rollout_routed_experts
+    if r3 is not None:
+        shape = tuple(np.shape(r3))
+        if len(shape) != 3 or shape[0] != len(s.tokens) - 1:
+            raise FieldShapeError(f"rollout_routed_experts is {shape}, expected [{len(s.tokens) - 1}, layers, top-k]")
+        if (num_layers is not None and shape[1] != num_layers) or (topk is not None and shape[2] != topk):
+            raise FieldShapeError(f"rollout_routed_experts rows are {shape[1:]}, expected ({num_layers}, {topk})")
+
+
+def to_slime_groups(samples: Iterable[Sample], *, versions: VersionTable | None = None, cls: type | None = None,
+                    labels: Sequence[Any] | None = None, prompts: Sequence[Any] | None = None) -> list[list[Any]]:
+    """Samples grouped by ``group_index`` (the prompt), in group order, as slime's ``list[list[Sample]]``.
+
+    Every segment of one session shares one ``rollout_id`` (slime averages the loss within a
+    rollout); ids are 0.. in order of first appearance. ``labels`` / ``prompts`` are indexed
+    by group (the data source's label and prompt of each group).
+    """
+    cls = cls or slime_sample_class()
+    groups: dict[int, list[Any]] = {}
+    rollout_ids: dict[str, int] = {}
+    for s in sorted(samples, key=lambda smp: smp.order_key):
+        g = -1 if s.group_index is None else int(s.group_index)
+        rid = rollout_ids.setdefault(s.session_id or f"#{len(rollout_ids)}", len(rollout_ids))
+        label = labels[g] if labels is not None and 0 <= g < len(labels) else None
+        prompt = prompts[g] if prompts is not None and 0 <= g < len(prompts) else ""
+        groups.setdefault(g, []).append(to_slime_sample(s, rollout_id=rid, versions=versions, cls=cls,
+                                                        label=label, prompt=prompt))
+    return [groups[g] for g in sorted(groups)]

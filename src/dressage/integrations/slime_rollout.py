@@ -1,0 +1,106 @@
+"""A rollout function with slime's ``--rollout-function-path`` signature that drives agents through the Proxy.
+
+slime calls ``fn(args, rollout_id, data_source, evaluation=False)`` and reads
+``RolloutFnTrainOutput(samples=list[list[Sample]], metrics)`` (or, from older code, the bare
+groups). :class:`SlimeRollout` takes ``args.rollout_batch_size`` prompt groups from
+``data_source.get_samples``, runs ``len(group)`` agent sessions per prompt against the Proxy,
+takes the finalized sessions' Samples from the :class:`~dressage.rollout.RolloutManager` the
+Proxy delivers to (same process), restores their large fields and returns slime Samples
+grouped by prompt. Point slime at it with
+``--rollout-function-path dressage.integrations.slime_rollout.generate_rollout`` after
+:func:`install`-ing a configured :class:`SlimeRollout`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from dressage.agents.config import AgentConfig
+from dressage.agents.prompts import DEFAULT_SYSTEM, TaskPrompt
+from dressage.agents.rollout import run_rollout
+from dressage.errors import ConfigError
+from dressage.fields.versions import VersionTable
+from dressage.integrations.slime import slime_sample_class, to_slime_groups
+
+__all__ = ["SlimeRollout", "install", "generate_rollout", "prompt_of"]
+
+
+def prompt_of(prompt: Any, index: int) -> TaskPrompt:
+    """A slime prompt (a string, or chat messages) as the agents' task."""
+    if isinstance(prompt, str) and prompt.strip():
+        return TaskPrompt(index=index, kind="slime", system=DEFAULT_SYSTEM, user=prompt)
+    if isinstance(prompt, list) and prompt:
+        system = next((m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "system"),
+                      DEFAULT_SYSTEM)
+        user = next((m.get("content") for m in reversed(prompt) if isinstance(m, dict) and m.get("role") == "user"),
+                    None)
+        if isinstance(user, str) and user.strip() and isinstance(system, str):
+            return TaskPrompt(index=index, kind="slime", system=system, user=user)
+    raise ConfigError(f"prompt {index}: expected a non-empty string or chat messages with a user turn, "
+                      f"got {str(prompt)[:200]!r}")
+
+
+def _train_output(groups: list[list[Any]], metrics: dict[str, Any]) -> Any:
+    try:
+        from slime.rollout.base_types import RolloutFnTrainOutput  # type: ignore[import-not-found]
+    except ImportError:
+        return groups  # slime's call_rollout_fn accepts the bare groups too
+    return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+
+
+class SlimeRollout:
+    """Callable as slime's rollout function; ``manager`` is the Proxy's sink, ``reader`` a TrainingReader
+    (``None`` when every large field stays resident in the Proxy process)."""
+
+    def __init__(self, *, proxy_url: str, manager: Any, agent_config: AgentConfig, reader: Any = None,
+                 concurrency: int = 64, token: str | None = None, versions: VersionTable | None = None) -> None:
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigError(f"concurrency must be a positive integer, got {concurrency!r}")
+        self.proxy_url, self.manager, self.reader = proxy_url, manager, reader
+        self.agent_config, self.concurrency, self.token, self.versions = agent_config, concurrency, token, versions
+        self.last_report: Any = None
+
+    def __call__(self, args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+        n_groups = int(getattr(args, "rollout_batch_size", 0) or 0)
+        if n_groups < 1:
+            raise ConfigError(f"args.rollout_batch_size must be a positive integer, got {n_groups!r}")
+        source = data_source.get_samples(n_groups)
+        if not source or any(not g for g in source):
+            raise ConfigError("the data source returned an empty group")
+        per_prompt = {len(g) for g in source}
+        if len(per_prompt) != 1:
+            raise ConfigError(f"every group needs the same number of samples, got sizes {sorted(per_prompt)}")
+        prompts = [prompt_of(g[0].prompt, i) for i, g in enumerate(source)]
+        report = asyncio.run(run_rollout(self.proxy_url, prompts, per_prompt.pop(), self.agent_config,
+                                         concurrency=self.concurrency, token=self.token,
+                                         metadata={"rollout_id": int(rollout_id)}))
+        self.last_report = report
+        batch = self.manager.take_batch(int(rollout_id))
+        samples = batch.samples if self.reader is None else self.reader.restore(batch.samples)
+        groups = to_slime_groups(samples, versions=self.versions, cls=slime_sample_class(),
+                                 labels=[getattr(g[0], "label", None) for g in source],
+                                 prompts=[g[0].prompt for g in source])
+        metrics = {f"dressage/{k}": v for k, v in report.to_dict().items() if isinstance(v, (int, float))}
+        if evaluation:
+            flat = [s for g in groups for s in g]
+            return {"dressage": {"rewards": [s.reward for s in flat],
+                                 "truncated": [s.status.name == "TRUNCATED" for s in flat], "samples": flat}}
+        return _train_output(groups, metrics)
+
+
+_installed: SlimeRollout | None = None
+
+
+def install(rollout: SlimeRollout | None) -> None:
+    """Make ``rollout`` the one :func:`generate_rollout` runs (``None`` uninstalls)."""
+    global _installed
+    _installed = rollout
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+    """slime's rollout-function entry point (``--rollout-function-path``)."""
+    if _installed is None:
+        raise ConfigError("no Dressage rollout is installed: call dressage.integrations.slime_rollout.install() "
+                          "with a SlimeRollout in the process that runs slime's RolloutManager")
+    return _installed(args, rollout_id, data_source, evaluation=evaluation)

@@ -1,0 +1,106 @@
+"""``POST /trajectory/read`` as a use case: which finalized trajectories a read selects, and its answer.
+
+Two modes, as upstream's clients expect them:
+
+- ``trajectory``: ``trajectory_id`` / ``session_id`` / ``session_ids`` name the trajectories;
+  exactly those are read (``instance_id`` only filters them). ``data`` is their Segments.
+- ``batch``: nothing named; finalized trajectories are read in whole prompt-instance groups
+  (``instance_id``), oldest group first, at most ``max_groups`` groups. ``data`` is one list of
+  Segments per group.
+
+The answer is upstream's envelope (``success``, ``mode``, ``data``, ``meta_info``, ``drained``)
+plus ``trajectories`` (our per-session view, kept as an alias of the same read).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from dressage.errors import ConfigError
+
+__all__ = ["ReadSelection", "select_trajectories", "read_answer", "group_key"]
+
+
+@dataclass(slots=True)
+class ReadSelection:
+    mode: str
+    """``trajectory`` or ``batch``."""
+    groups: list[list[str]]
+    """Session ids, one list per prompt-instance group (one list in trajectory mode)."""
+    missing: list[str]
+    """Named trajectories that are not finalized (unknown, active, aborted or already drained)."""
+
+    @property
+    def session_ids(self) -> list[str]:
+        return [sid for g in self.groups for sid in g]
+
+
+def group_key(done: Any) -> str:
+    """The prompt-instance group a finalized session belongs to (its own id when it has none)."""
+    meta = getattr(done, "metadata", {}) or {}
+    inst = meta.get("instance_id")
+    if inst is None and meta.get("group_index") is not None:
+        inst = meta.get("group_index")
+    return str(inst) if inst is not None else f"session:{done.session_id}"
+
+
+def select_trajectories(finalized: Mapping[str, Any], *, trajectory_id: str | None = None,
+                        session_id: str | None = None, session_ids: Sequence[str] | None = None,
+                        instance_id: str | None = None, max_groups: int | None = None) -> ReadSelection:
+    """What a read returns; ``finalized`` maps session id -> FinalizedSession in finalize order."""
+    named: list[str] = []
+    for sid in [trajectory_id, session_id, *(session_ids or [])]:
+        if sid is not None and sid not in named:
+            named.append(sid)
+    if trajectory_id is not None and session_id is not None and trajectory_id != session_id:
+        raise ConfigError(f"trajectory_id {trajectory_id!r} and session_id {session_id!r} name different "
+                          "trajectories; give one")
+    if max_groups is not None and (isinstance(max_groups, bool) or not isinstance(max_groups, int) or max_groups < 1):
+        raise ConfigError(f"max_groups must be a positive integer, got {max_groups!r}")
+    if named:
+        found = [sid for sid in named if sid in finalized]
+        missing = [sid for sid in named if sid not in finalized]
+        if instance_id is not None:
+            found = [sid for sid in found if group_key(finalized[sid]) == str(instance_id)]
+        return ReadSelection("trajectory", [found], missing)
+    groups: dict[str, list[str]] = {}
+    for sid, done in finalized.items():
+        key = group_key(done)
+        if instance_id is None or key == str(instance_id):
+            groups.setdefault(key, []).append(sid)
+    chosen = list(groups.values())
+    if max_groups is not None:
+        chosen = chosen[:max_groups]
+    return ReadSelection("batch", chosen, [])
+
+
+def _segment_record(done: Any, seg: Any, count: int) -> dict[str, Any]:
+    meta = getattr(done, "metadata", {}) or {}
+    out = seg.to_summary()
+    out.update(trajectory_id=done.session_id, instance_id=meta.get("instance_id"), label=meta.get("label"),
+               reward=done.reward, segment_index=seg.index, segment_count=count)
+    return out
+
+
+def read_answer(selection: ReadSelection, finalized: Mapping[str, Any], *, drained: bool,
+                stats: Mapping[str, Any], segments_of: Callable[[Any], list[Any]] | None = None) -> dict[str, Any]:
+    """Upstream's envelope for ``selection`` (``segments_of(done)`` may rebuild Segments in another view)."""
+    segs = segments_of or (lambda done: done.segments)
+    per_session: dict[str, list[dict[str, Any]]] = {}
+    trajectories = []
+    for sid in selection.session_ids:
+        done = finalized[sid]
+        seg_list = segs(done)
+        records = [_segment_record(done, seg, len(seg_list)) for seg in seg_list]
+        per_session[sid] = records
+        trajectories.append({"session_id": sid, "reward": done.reward, "metadata": done.metadata,
+                             "segments": records})
+    if selection.mode == "trajectory":
+        data: list[Any] = [r for sid in selection.session_ids for r in per_session[sid]]
+    else:
+        data = [[r for sid in group for r in per_session[sid]] for group in selection.groups]
+    return {"success": bool(selection.session_ids), "mode": selection.mode, "data": data,
+            "meta_info": {**stats, "missing": selection.missing, "groups": len(selection.groups)
+                          if selection.mode == "batch" else None},
+            "drained": bool(drained), "trajectories": trajectories}

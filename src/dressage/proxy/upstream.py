@@ -1,0 +1,93 @@
+"""The session and trajectory use cases upstream Dressage's clients rely on, over a Proxy service.
+
+``service`` is the Proxy's per-process state (``core``, ``finalized``, ``in_flight``, ``ledger``,
+``forget``, ``stats``, ``config``); the HTTP routes only parse bodies and call these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Sequence
+
+from dressage.errors import ConfigError, SessionStateError
+from dressage.proxy.lifecycle import count_turns
+from dressage.proxy.trajectory_read import read_answer, select_trajectories
+from dressage.trajectory import build_segments
+
+__all__ = ["finalize_session", "discard_session", "read_trajectories", "DEFAULT_FINALIZE_WAIT_S"]
+
+DEFAULT_FINALIZE_WAIT_S = 30.0
+
+
+def _answer(service: Any, sid: str, done: Any, session: Any, waited: bool) -> dict[str, Any]:
+    meta = done.metadata
+    return {"success": True, "session_id": sid, "trajectory_id": sid, "instance_id": meta.get("instance_id"),
+            "label": meta.get("label"), "reward": done.reward, "num_steps": len(session.steps),
+            "num_turns": count_turns(session.steps.values()), "num_segments": len(done.segments),
+            "segments": len(done.segments), "in_flight_done": waited,
+            "segment_view": service.core.config.segment_view}
+
+
+async def finalize_session(service: Any, sid: str, *, reward: float | None = None, instance_id: str | None = None,
+                           label: Any = None, wait_s: float | None = None) -> dict[str, Any]:
+    """Finalize once: wait (bounded) for the session's calls in flight, record ``instance_id`` /
+    ``label``, build Segments. A repeat answers what the first finalize answered."""
+    prior = service.ledger.get(sid)
+    if prior is not None:
+        return prior
+    service.core.session(sid)  # 404 for an unknown session, 409 for an aborted one
+    limit = getattr(service.config, "finalize_wait_s", DEFAULT_FINALIZE_WAIT_S) if wait_s is None else wait_s
+    waited = await service.in_flight.wait_idle(sid, limit)
+    prior = service.ledger.get(sid)  # a concurrent finalize won while we waited
+    if prior is not None:
+        return prior
+    session = service.core.session(sid)
+    if session.state == "active":
+        if instance_id is not None:
+            session.metadata["instance_id"] = str(instance_id)
+            if hasattr(service, "group_of"):
+                session.metadata["group_index"] = service.group_of(instance_id)
+        if label is not None:
+            session.metadata["label"] = label
+    try:
+        done = await asyncio.to_thread(service.finalize, sid, reward)
+    except SessionStateError:
+        prior = service.ledger.get(sid)
+        if prior is not None:
+            return prior
+        raise
+    answer = _answer(service, sid, done, service.core.session(sid), waited)
+    service.ledger.put(sid, answer)
+    return answer
+
+
+def discard_session(service: Any, sid: str) -> dict[str, Any]:
+    """Drop a session (active or finalized) and its TransferQueue keys; a repeat is a no-op."""
+    out = service.core.discard(sid)
+    service.finalized.pop(sid, None)
+    service.ledger.drop(sid)
+    service.forget_state(sid)
+    return {"success": True, **out}
+
+
+def read_trajectories(service: Any, *, trajectory_id: str | None = None, session_id: str | None = None,
+                      session_ids: Sequence[str] | None = None, instance_id: str | None = None,
+                      max_groups: int | None = None, segment_view: str | None = None,
+                      drain: bool = False) -> dict[str, Any]:
+    """``POST /trajectory/read`` in upstream's envelope (see :mod:`dressage.proxy.trajectory_read`)."""
+    selection = select_trajectories(service.finalized, trajectory_id=trajectory_id, session_id=session_id,
+                                    session_ids=session_ids, instance_id=instance_id, max_groups=max_groups)
+    cfg = service.core.config
+    segments_of = None
+    if segment_view is not None and segment_view != cfg.segment_view:
+        if cfg.drop_retry_orphans:
+            raise ConfigError("segment_view differs from the Proxy's --segment-view, and retry orphans were "
+                              "dropped (their keys released) at finalize: read with the Proxy's view")
+
+        def segments_of(done: Any) -> list[Any]:
+            return build_segments(service.core.session(done.session_id), segment_view)
+    answer = read_answer(selection, service.finalized, drained=drain, stats=service.stats(),
+                         segments_of=segments_of)
+    if drain:
+        service.forget(selection.session_ids)
+    return answer

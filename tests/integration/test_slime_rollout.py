@@ -1,0 +1,94 @@
+"""slime's rollout-function signature driving agents through a real Proxy and built-in engine."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dressage.agents.config import AgentConfig
+from dressage.engine.config import EngineConfig
+from dressage.engine.server import EngineServer
+from dressage.errors import ConfigError
+from dressage.fields import get_model
+from dressage.integrations import slime_rollout
+from dressage.integrations.slime import SlimeSample
+from dressage.proxy.config import DataPlaneConfig
+from dressage.proxy.core import ProxyCore
+from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.http import ProxyServer
+from dressage.proxy.service import ProxyService
+from dressage.rollout import RolloutManager
+from dressage.tokenizer import load_tokenizer
+
+MODEL = get_model("tiny-moe")
+
+
+class DataSource:
+    """slime's data source contract: get_samples(n) -> n groups of Samples with prompt and label."""
+
+    def __init__(self, prompts, per_group):
+        self.prompts, self.per_group, self.calls = prompts, per_group, []
+
+    def get_samples(self, n):
+        self.calls.append(n)
+        return [[SlimeSample(prompt=p, label=f"label-{g}", group_index=g) for _ in range(self.per_group)]
+                for g, p in enumerate(self.prompts[:n])]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=12))
+    engine.start_background()
+    manager = RolloutManager()
+    tok = load_tokenizer("byte")
+    core = ProxyCore(DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True), decode=tok.decode,
+                     special_ids=tok.special_token_ids, sink=manager)
+    server = ProxyServer(ProxyService(ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20), core, tok))
+    url = server.start_background()
+    yield url, manager
+    server.stop()
+    engine.stop()
+
+
+def test_rollout_function_returns_slime_groups_with_restored_fields(stack):
+    url, manager = stack
+    rollout = slime_rollout.SlimeRollout(proxy_url=url, manager=manager, concurrency=4,
+                                         agent_config=AgentConfig(max_turns=2, tools=False, max_tokens=16))
+    slime_rollout.install(rollout)
+    try:
+        source = DataSource(["Add 2 and 3, then explain.",
+                             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]],
+                            per_group=2)
+        out = slime_rollout.generate_rollout(SimpleNamespace(rollout_batch_size=2), 7, source)
+    finally:
+        slime_rollout.install(None)
+    groups = out.samples if hasattr(out, "samples") else out
+    assert source.calls == [2] and rollout.last_report.finalized == 4
+    assert len(groups) == 2 and [g[0].label for g in groups] == ["label-0", "label-1"]
+    sessions = {s.session_id for g in groups for s in g}
+    assert len(sessions) == 4
+    for g in groups:
+        for s in g:
+            assert len(s.loss_mask) == s.response_length == len(s.rollout_log_probs)
+            r3 = np.asarray(s.rollout_routed_experts)
+            assert r3.shape == (len(s.tokens) - 1, MODEL.num_layers, MODEL.topk)
+            assert s.status.name in {"COMPLETED", "TRUNCATED"} and s.weight_versions
+    # one rollout id per session, shared by its segments
+    by_session = {}
+    for s in (s for g in groups for s in g):
+        by_session.setdefault(s.session_id, set()).add(s.rollout_id)
+    assert all(len(ids) == 1 for ids in by_session.values())
+    assert len({next(iter(ids)) for ids in by_session.values()}) == 4
+
+
+def test_rollout_function_refuses_bad_inputs(stack):
+    url, manager = stack
+    rollout = slime_rollout.SlimeRollout(proxy_url=url, manager=manager, agent_config=AgentConfig())
+    with pytest.raises(ConfigError, match="rollout_batch_size"):
+        rollout(SimpleNamespace(rollout_batch_size=0), 0, DataSource(["x"], 1))
+    with pytest.raises(ConfigError, match="prompt 0"):
+        rollout(SimpleNamespace(rollout_batch_size=1), 0, DataSource([[{"role": "system", "content": "s"}]], 1))
+    with pytest.raises(ConfigError, match="no Dressage rollout"):
+        slime_rollout.generate_rollout(SimpleNamespace(rollout_batch_size=1), 0, DataSource(["x"], 1))
