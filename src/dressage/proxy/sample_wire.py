@@ -17,6 +17,7 @@ import numpy as np
 from dressage.errors import DressageError, SampleWireError
 from dressage.trajectory import SAMPLE_LARGE_FIELDS, Sample
 from dressage.trajectory.pieces import Fill, Piece
+from dressage.trajectory.sample import samples_of_session
 from dressage.tq.refs import FieldRef
 
 __all__ = ["SAMPLE_WIRE_VERSION", "sample_to_wire", "sample_from_wire", "samples_wire"]
@@ -155,7 +156,4 @@ def sample_from_wire(obj: Any) -> Sample:
 def samples_wire(done: Any) -> list[dict[str, Any]]:
     """A finalized session's Segments as trainer-ready Samples in wire form (the RolloutManager's
     conversion: reward, group and the session's metadata on each)."""
-    meta = dict(done.metadata)
-    group = meta.pop("group_index", None)
-    return [sample_to_wire(Sample.from_segment(seg, reward=done.reward, group_index=group, metadata=meta))
-            for seg in done.segments]
+    return [sample_to_wire(s) for s in samples_of_session(done.segments, reward=done.reward, metadata=done.metadata)]

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from dressage.errors import ConfigError
 from dressage.trajectory import Sample, shard_samples
+from dressage.trajectory.sample import samples_of_session
 from dressage.trajectory.pieces import Piece
 
 __all__ = ["RolloutManager", "RolloutBatch", "sample_resident_nbytes", "sample_ref_keys"]
@@ -71,14 +72,9 @@ class RolloutManager:
 
     def add_finalized(self, done: Any) -> list[Sample]:
         """Convert a :class:`~dressage.proxy.core.FinalizedSession` into Samples and queue them."""
-        meta = dict(done.metadata)
-        group = meta.get("group_index")
-        samples = []
-        for seg in done.segments:
-            s = Sample.from_segment(seg, reward=done.reward, group_index=group,
-                                    metadata={k: v for k, v in meta.items() if k != "group_index"})
+        samples = samples_of_session(done.segments, reward=done.reward, metadata=done.metadata)
+        for s in samples:
             _own_token_fields(s)
-            samples.append(s)
         with self._lock:
             for s in samples:
                 s.index = self._next_index

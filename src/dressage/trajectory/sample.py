@@ -14,7 +14,7 @@ import numpy as np
 from dressage.trajectory.pieces import Fill, Piece
 from dressage.trajectory.segment import Segment
 
-__all__ = ["Sample", "SAMPLE_LARGE_FIELDS"]
+__all__ = ["Sample", "SAMPLE_LARGE_FIELDS", "samples_of_session"]
 
 # Segment large-field name -> slime Sample attribute.
 SAMPLE_LARGE_FIELDS = {"logprobs": "rollout_log_probs", "routed_experts": "rollout_routed_experts"}
@@ -98,3 +98,11 @@ class Sample:
         if self.rollout_routed_experts is not None:
             out["rollout_routed_experts"] = self.rollout_routed_experts
         return out
+
+
+def samples_of_session(segments: Any, *, reward: float | None, metadata: dict[str, Any]) -> list[Sample]:
+    """A finalized session's Segments as Samples: each gets the session's reward, its prompt group
+    (``metadata["group_index"]``) and the rest of its metadata."""
+    meta = dict(metadata)
+    group = meta.pop("group_index", None)
+    return [Sample.from_segment(seg, reward=reward, group_index=group, metadata=meta) for seg in segments]
