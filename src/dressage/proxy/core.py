@@ -138,12 +138,14 @@ class ProxyCore:
         return params
 
     def normalize(self, body: Mapping[str, Any], *, prompt_len: int, decision: RouteDecision) -> GenerateOutput:
-        """Decode one ``/generate`` JSON body for this call (validates every length)."""
+        """Decode one ``/generate`` JSON body for this call (validates every length; R3 comes out
+        range-checked in the storage dtype)."""
         m = self.config.model
         return decode_generate_response(
             body, prompt_len=prompt_len, routed_experts_start_len=decision.routed_experts_start,
             num_layers=m.num_layers, topk=m.topk, want_logprobs=True,
-            want_routed_experts=self.config.use_rollout_routing_replay)
+            want_routed_experts=self.config.use_rollout_routing_replay,
+            routed_experts_dtype=self.config.routed_experts_dtype, num_experts=m.num_experts)
 
     def ingest(self, session_id: str, decision: RouteDecision, body: Mapping[str, Any], *, prompt_ids: Any,
                version: int = 0, **step_kwargs: Any) -> StepRecord:
