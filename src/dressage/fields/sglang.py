@@ -115,7 +115,8 @@ def decode_routed_experts_b64(data: str | bytes, num_layers: int, topk: int, dty
     if not isinstance(data, (str, bytes)):
         raise WireFormatError(f"routed_experts must be a base64 string, got {type(data).__name__}")
     try:
-        raw = base64.b64decode(data, validate=True)
+        # strict_mode: the same validation as b64decode(validate=True), without its regex pass.
+        raw = binascii.a2b_base64(data, strict_mode=True)
     except (binascii.Error, ValueError) as exc:
         raise WireFormatError(f"routed_experts is not valid base64: {exc}") from exc
     item = np.dtype(_WIRE_DTYPES[dtype]).itemsize

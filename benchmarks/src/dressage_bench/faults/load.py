@@ -82,7 +82,7 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     proxy = None
     conc = cfg.load_sessions
     try:
-        proxy = serve_process(["proxy", "serve", "--engine-url", engine.url, "--model", "qwen3.6-35b-a3b",
+        proxy = serve_process(["proxy", "serve", "--engine-url", engine.url,
                                "--use-rollout-routing-replay", "--enable-transfer-queue",
                                "--routed-experts-dtype", "uint8"])
         t0, cpu0 = time.perf_counter(), _cpu_s(proxy)
