@@ -7,6 +7,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     DressageError                    500 internal_error
     ├── ConfigError                  bad flag, YAML key or value (names the key)    400 invalid_request_error
     ├── ContextOverflowError         the prompt alone fills the context window       400 invalid_request_error
+    ├── UnsupportedParameterError    a request parameter the Proxy cannot honour (names it) 400 invalid_request_error
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
     ├── FieldError                   trajectory field data that does not fit its spec 502 engine_output_invalid
@@ -18,7 +19,8 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
     │   │   └── NoHealthyEngineError every engine failed its health check            503 engine_unavailable
     │   ├── EngineTimeout            no answer within the call's timeout             504 engine_timeout
-    │   └── EngineRequestError       the engine rejected the request (4xx)           400 invalid_request_error
+    │   ├── EngineRequestError       the engine rejected the request (4xx)           400 invalid_request_error
+    │   └── ReplyConstraintError     no sampled reply met tool_choice / parallel_tool_calls 502 engine_output_invalid
     ├── TokenizerError               tokenizer or chat template
     │   └── ChatTemplateError        messages the template cannot render             400 invalid_request_error
     ├── JournalError                 the Proxy journal cannot be written or read back
@@ -63,6 +65,8 @@ __all__ = [
     "EngineUnavailable",
     "EngineTimeout",
     "EngineRequestError",
+    "ReplyConstraintError",
+    "UnsupportedParameterError",
     "TokenizerError",
     "ChatTemplateError",
     "JournalError",
@@ -179,6 +183,20 @@ class EngineRequestError(EngineError, ValueError):
     openai_type = "invalid_request_error"
 
 
+class ReplyConstraintError(EngineError):
+    """Every reply sampled for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule.
+
+    Nothing was recorded; ``attempts`` is how many replies were sampled and refused.
+    """
+
+    openai_type = "engine_output_invalid"
+    code = "reply_constraint_unmet"
+
+    def __init__(self, message: str, *, attempts: int) -> None:
+        self.attempts = int(attempts)
+        super().__init__(message)
+
+
 class NoHealthyEngineError(EngineUnavailable):
     """Every configured engine is out of the pool."""
 
@@ -198,6 +216,18 @@ class ContextOverflowError(DressageError, ValueError):
         self.prompt_tokens, self.context_window = int(prompt_tokens), int(context_window)
         super().__init__(f"the prompt has {self.prompt_tokens} tokens and the context window is "
                          f"{self.context_window}: no room for a reply; compress or shorten the conversation")
+
+
+class UnsupportedParameterError(DressageError, ValueError):
+    """A request parameter (or value) the Proxy would otherwise have to ignore; ``param`` names it."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+    code = "unsupported_parameter"
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(f"{param}: {message}")
 
 
 class SessionIdError(DressageError, ValueError):
