@@ -75,11 +75,11 @@ def offered_tools(prompt_text: str) -> list[dict[str, Any]]:
                 tools.append(fn)
 
 
-def _pressured(rng: np.random.Generator, idx: np.ndarray, pressure: float) -> np.ndarray:
-    """Word choices under repeat pressure: a repeat is drawn again with probability
-    1 - exp(-pressure) (> 0), or the previous word comes back with probability 1 - exp(pressure) (< 0)."""
+def _pressured(rng: np.random.Generator, idx: np.ndarray, pressure: float, counts: dict[int, int]) -> np.ndarray:
+    """Word choices under repeat pressure: a word used c times before is drawn again with
+    probability 1 - exp(-pressure * c) (> 0), or the previous word comes back with probability
+    1 - exp(pressure) (< 0). ``counts`` carries the uses over the reply's blocks."""
     out = idx.copy()
-    counts: dict[int, int] = {}
     for k in range(len(out)):
         if pressure < 0 and k and rng.random() < 1.0 - math.exp(pressure):
             out[k] = out[k - 1]
@@ -93,11 +93,12 @@ def _pressured(rng: np.random.Generator, idx: np.ndarray, pressure: float) -> np
     return out
 
 
-def _words(rng: np.random.Generator, n_words: int, pressure: float = 0.0) -> str:
+def _words(rng: np.random.Generator, n_words: int, pressure: float = 0.0,
+           counts: dict[int, int] | None = None) -> str:
     idx = rng.integers(0, len(_WORDS), size=n_words)
     ends = rng.random(n_words) < 0.12
     if pressure:
-        idx = _pressured(rng, idx, pressure)
+        idx = _pressured(rng, idx, pressure, {} if counts is None else counts)
     out = []
     cap = True
     for i, e in zip(idx.tolist(), ends.tolist()):
@@ -137,8 +138,9 @@ def _tool_call_text(rng: np.random.Generator, tools: list[dict[str, Any]]) -> st
 def _content_ids(tok: Tokenizer, rng: np.random.Generator, n: int, pressure: float = 0.0) -> list[int]:
     # Fixed-size blocks of words, so that a shorter reply is a prefix of a longer one.
     ids: list[int] = []
+    counts: dict[int, int] = {}
     while len(ids) < n:
-        ids.extend(tok.encode(_words(rng, 64, pressure)))
+        ids.extend(tok.encode(_words(rng, 64, pressure, counts)))
     return ids[:n]
 
 
