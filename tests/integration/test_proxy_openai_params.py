@@ -133,6 +133,14 @@ def test_stop_cuts_the_text_and_keeps_the_engine_tokens(api):
     assert recorded.endswith(stop)
     assert out["usage"]["completion_tokens"] == len(step.response_ids)
     assert api.rec.bodies[-1]["sampling_params"]["stop"] == [stop, "@@never@@"]
+    # The agent sends the cut reply back: the next turn reuses the recorded tokens (TITO), and the
+    # template's end of turn follows them.
+    msgs = [*USER, choice["message"], {"role": "user", "content": "Go on."}]
+    api.ok(sid=sid, messages=msgs, max_tokens=20)
+    first, second = api.steps(sid)
+    assert second.parent_id == first.step_id
+    np.testing.assert_array_equal(second.prompt_ids[:first.seq_len], first.full_ids)
+    assert load_tokenizer("byte").decode(second.prompt_ids[first.seq_len:].tolist()).startswith("<|im_end|>\n")
     # Streamed: no delta shows the stop string; the deltas add up to the same content.
     with api.client(api.session()) as c:
         chunks = list(c.chat.completions.create(model="m", messages=USER, max_tokens=200, stop=stop, stream=True))
@@ -156,18 +164,22 @@ def test_tool_choice_none_offers_no_tools(api):
 
 
 def test_tool_choice_required_and_named_are_enforced(api):
+    redrawn = 0
     for i in range(4):
         msgs = [{"role": "user", "content": f"Compute {i} + 1."}]
-        sid, out = api.ok(messages=msgs, tools=[CALC, SEARCH], tool_choice="required", max_tokens=120)
+        # Seeded, so that the draws (and redraws) are the same on every run.
+        sid, out = api.ok(messages=msgs, tools=[CALC, SEARCH], tool_choice="required", max_tokens=120, seed=i)
         choice = out["choices"][0]
         assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"]
         (step,) = api.steps(sid)  # refused draws are not recorded
         assert step.metadata["assistant_message"] == choice["message"]
-        sid, out = api.ok(messages=msgs, tools=[CALC, SEARCH], max_tokens=120,
+        redrawn += step.metadata.get("refused_replies", 0)
+        sid, out = api.ok(messages=msgs, tools=[CALC, SEARCH], max_tokens=120, seed=i,
                           tool_choice={"type": "function", "function": {"name": "search"}})
         calls = out["choices"][0]["message"]["tool_calls"]
         assert {c["function"]["name"] for c in calls} == {"search"}
         assert "calculator" not in load_tokenizer("byte").decode(api.steps(sid)[0].prompt_ids.tolist())
+    assert redrawn > 0  # some first draws called no tool and were drawn again
     sid, r = api.chat(tools=[CALC], tool_choice={"type": "function", "function": {"name": "nope"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
 

@@ -298,6 +298,8 @@ class CallPath:
     async def _commit(self, call: ChatCall, samples: list[ChatSample]) -> dict[str, Any]:
         """Record each sample as its own step (siblings when ``n > 1``) and answer the completion."""
         choices, steps = [], []
+        for s in samples:  # every sample may join the session, or none is recorded
+            self.limits.check_versions(call.session_id, np.unique(s.result.token_versions).tolist())
         for s in samples:
             meta: dict[str, Any] = {"assistant_message": s.message, "finish_reason": s.result.finish_reason}
             if call.options.n > 1:
