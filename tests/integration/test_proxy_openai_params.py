@@ -182,6 +182,17 @@ def test_tool_choice_required_and_named_are_enforced(api):
     assert redrawn > 0  # some first draws called no tool and were drawn again
     sid, r = api.chat(tools=[CALC], tool_choice={"type": "function", "function": {"name": "nope"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    # Streamed: the checked reply is sent once recorded, and adds up to the recorded message.
+    sid = api.session()
+    with api.client(sid) as c:
+        chunks = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Compute 0 + 1."}],
+                                                tools=[CALC, SEARCH], tool_choice="required", max_tokens=120,
+                                                seed=0, stream=True))
+    calls = [tc for ch in chunks for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices]
+    (step,) = api.steps(sid)
+    assert [tc.function.name for tc in calls] == [c["function"]["name"]
+                                                   for c in step.metadata["assistant_message"]["tool_calls"]]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_tool_choice_required_fails_clearly_when_the_model_never_calls():
@@ -193,6 +204,9 @@ def test_tool_choice_required_fails_clearly_when_the_model_never_calls():
         err = r.json()["error"]
         assert err["code"] == "reply_constraint_unmet" and "called no tool" in err["message"]
         assert api.steps(sid) == []
+        body = {"messages": USER, "tools": [CALC], "tool_choice": "required", "max_tokens": 30, "stream": True}
+        events = httpx.post(f"{api.url}/sessions/{sid}/v1/chat/completions", json=body, timeout=30).text
+        assert '"code":"reply_constraint_unmet"' in events and api.steps(sid) == []
     finally:
         proxy.stop(); srv.stop()
 
