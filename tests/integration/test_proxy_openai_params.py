@@ -317,3 +317,27 @@ def test_non_text_parts_and_unknown_parameters_are_refused_by_name(api):
     _, out = api.ok(user="u1", metadata={"k": "v"}, store=False, parallel_tool_calls=True, modalities=["text"],
                     max_tokens=4, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
     assert out["usage"]["completion_tokens"] >= 1
+
+
+def test_openai_structured_output_parse_with_a_pydantic_model(api):
+    from typing import Literal, Optional
+
+    from pydantic import BaseModel
+
+    class Step(BaseModel):
+        explanation: str
+        output: int
+
+    class Answer(BaseModel):
+        steps: list[Step]
+        final: Literal["yes", "no"]
+        note: Optional[str]
+
+    with api.client(api.session()) as c:
+        for i in range(3):
+            done = c.chat.completions.parse(model="m", messages=[{"role": "user", "content": f"Solve {i}."}],
+                                            response_format=Answer, max_tokens=400)
+            parsed = done.choices[0].message.parsed
+            assert isinstance(parsed, Answer) and parsed.final in ("yes", "no") and parsed.steps
+    schema = json.loads(api.rec.bodies[-1]["sampling_params"]["json_schema"])
+    assert schema["additionalProperties"] is False and "$defs" in schema
