@@ -17,12 +17,8 @@ from dressage.engine.core import Engine
 from dressage.engine.server import EngineServer
 from dressage.errors import TokenizerError
 from dressage.fields import get_model
-from dressage.proxy.config import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.http import ProxyServer
-from dressage.proxy.service import ProxyService
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy import Proxy
+from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
 from dressage.tokenizer import load_tokenizer
 from dressage.trajectory.segment import build_segments
 
@@ -47,13 +43,11 @@ def stack(qwen3):
     engine = EngineServer(config, engine=Engine(config, qwen3))
     engine.start_background()
     cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, routed_experts_dtype="uint8")
-    core = ProxyCore(cfg, None, decode=qwen3.decode, special_ids=qwen3.special_token_ids)
-    service = ProxyService(ProxyServerConfig(engine_url=engine.url, request_timeout_s=30), core, qwen3,
-                           SGLangClient(engine.url, timeout=30))
-    proxy = ProxyServer(service)
-    proxy.start_background()
-    yield proxy, service
-    proxy.stop()
+    proxy = Proxy.start(ProxyConfig(data_plane=cfg, tokenizer="qwen3",
+                                    server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=30)),
+                        tokenizer=qwen3)  # the one already loaded
+    yield proxy, proxy.service
+    proxy.shutdown()
     engine.stop()
 
 

@@ -21,12 +21,8 @@ from dressage.engine.server import EngineServer  # noqa: E402
 from dressage.errors import FieldShapeError, TokenizerError  # noqa: E402
 from dressage.fields import get_model  # noqa: E402
 from dressage.fields.r3 import R3_DTYPES  # noqa: E402
-from dressage.proxy.config import DataPlaneConfig  # noqa: E402
-from dressage.proxy.core import ProxyCore  # noqa: E402
-from dressage.proxy.config import ProxyServerConfig  # noqa: E402
-from dressage.proxy.http import ProxyServer  # noqa: E402
-from dressage.proxy.service import ProxyService  # noqa: E402
-from dressage.proxy.sglang_client import SGLangClient  # noqa: E402
+from dressage.proxy import Proxy  # noqa: E402
+from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig  # noqa: E402
 from dressage.rollout import RolloutManager  # noqa: E402
 from dressage.rollout.manager import sample_ref_keys  # noqa: E402
 from dressage.tokenizer import load_tokenizer  # noqa: E402
@@ -69,12 +65,10 @@ def _proxy(url, tok, tq, dtype):
     cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=tq is not None,
                           routed_experts_dtype=dtype)
     rm = RolloutManager(dp_size=1)
-    core = ProxyCore(cfg, tq.client() if tq else None, sink=rm, decode=tok.decode, special_ids=tok.special_token_ids)
-    service = ProxyService(ProxyServerConfig(engine_url=url, request_timeout_s=60), core, tok,
-                           SGLangClient(url, timeout=60))
-    server = ProxyServer(service)
-    server.start_background()
-    return server, rm
+    proxy = Proxy.start(ProxyConfig(data_plane=cfg, tokenizer="qwen3",
+                                    server=ProxyServerConfig(engine_urls=(url,), request_timeout_s=60)),
+                        tq=tq, tokenizer=tok, sink=rm)
+    return proxy, rm
 
 
 async def _conversation(url, turns=3):
@@ -125,7 +119,7 @@ def test_forced_routing_reproduces_rollout_logprobs(engine, qwen3, trainer_model
         if tq is not None:
             assert tq.total_keys() == 0
     finally:
-        server.stop()
+        server.shutdown()
         if tq is not None:
             tq.shutdown()
 
@@ -136,7 +130,7 @@ def test_without_replay_perturbed_weights_change_the_experts(engine, qwen3, trai
         asyncio.run(_conversation(server.url, turns=2))
         (sample,) = _restore(rm, None)
     finally:
-        server.stop()
+        server.shutdown()
     same = replay_sample(trainer_model, sample, force=False)
     assert same.expert_mismatch == 0.0 and same.bit_identical       # same weights: the same routing anyway
     moved = trainer_model.perturbed(1e-3)
