@@ -15,9 +15,8 @@ from dressage.dataplane import DataPlaneConfig
 from dressage.proxy import Proxy
 from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 from dressage.rollout import RolloutManager
-from dressage.rollout.manager import sample_ref_keys
 from dressage.tq import TransferQueue
-from dressage.train import TrainingReader, release_batch, samples_digest
+from dressage.train import samples_digest
 
 MODEL = get_model("tiny-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
@@ -63,18 +62,7 @@ async def _conversation(url, turns=4, token=None):
         return sid, fin, segs
 
 
-def _restore(rm, tq):
-    batch = rm.take_batch(0)
-    keys = sample_ref_keys(batch.samples)
-    client = tq.client() if tq else None
-    for shard in batch.shards:
-        TrainingReader(client).restore(shard)
-    if client:
-        release_batch(client, keys)
-    return batch.samples
-
-
-def test_openai_client_tito_conversation_is_one_segment_and_tq_on_equals_off(engine):
+def test_openai_client_tito_conversation_is_one_segment_and_tq_on_equals_off(engine, restore_batch):
     off_server, off_rm = _proxy(engine.url)
     tq = TransferQueue.start({"deployment": "embedded"})
     on_server, on_rm = _proxy(engine.url, tq=tq)
@@ -88,7 +76,7 @@ def test_openai_client_tito_conversation_is_one_segment_and_tq_on_equals_off(eng
         assert seg["large_fields"]["routed_experts"]["rows"] == len(seg["tokens"]) - 1
         assert seg["large_fields"]["routed_experts"]["resident"] is False
         assert segs_off[0]["tokens"] == seg["tokens"]
-        off, on = _restore(off_rm, None), _restore(on_rm, tq)
+        off, on = restore_batch(off_rm, None), restore_batch(on_rm, tq)
         assert samples_digest(off) == samples_digest(on)
         for a, b in zip(off, on):
             np.testing.assert_array_equal(a.rollout_routed_experts, b.rollout_routed_experts)

@@ -15,25 +15,15 @@ import pytest
 from dressage.engine.config import EngineConfig
 from dressage.engine.core import Engine
 from dressage.engine.server import EngineServer
-from dressage.errors import TokenizerError
 from dressage.fields import get_model
 from dressage.proxy import Proxy
 from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
-from dressage.tokenizer import load_tokenizer
 from dressage.trajectory.segment import build_segments
 
 MODEL = get_model("tiny-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate an expression",
                                             "parameters": {"type": "object",
                                                            "properties": {"expr": {"type": "string"}}}}}]
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    try:
-        return load_tokenizer("qwen3")
-    except TokenizerError as exc:
-        pytest.skip(f"real Qwen3 tokenizer unavailable: {exc}")
 
 
 @pytest.fixture(scope="module")
