@@ -125,6 +125,7 @@ class ProxyService(CallPath):
     def abort(self, session_id: str) -> dict[str, Any]:
         """Abort a session: its TQ keys are deleted and nothing more may be recorded."""
         released = self.core.abort(session_id)
+        self.versions.forget(session_id)
         return {"session_id": session_id, "state": "aborted", "released_refs": released}
 
     def _finalized(self, session_id: str, what: str) -> FinalizedSession:
