@@ -125,8 +125,8 @@ def test_a_paused_session_or_instance_waits_while_others_run(engine):
             assert state["paused"] is False and state["paused_scopes"] == ["instance:g1", f"session:{a}"]
             await asyncio.sleep(0.2)
             assert not held.done() and not held_c.done()
-            resumed = (await h.post(url + "/v1/rollout/resume", json={})).json()
-            assert resumed["resumed"] is True
+            resumed = (await h.post(url + "/v1/rollout/resume", json={"reason": "weights synced"})).json()
+            assert resumed["resumed"] is True and resumed["reason"] == "weights synced"
             await asyncio.wait_for(asyncio.gather(held, held_c), 20)
             return a, b, c
 

@@ -36,7 +36,10 @@ def rollout_router(service: Any, *, dependencies: Sequence[Any] = ()) -> APIRout
             version = body.requested() if body else None
         except ValueError as exc:
             raise ConfigError(f"resume: {exc}") from None
-        return service.resume_rollout(version)
+        out = service.resume_rollout(version)
+        if body is not None and body.reason is not None:
+            out["reason"] = body.reason
+        return out
 
     @router.get("/pause_state")
     async def rollout_pause_state() -> dict[str, Any]:
