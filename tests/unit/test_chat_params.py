@@ -121,3 +121,10 @@ def test_openai_logprob_shape():
                      "top_logprobs": [{"token": "H", "logprob": -0.5, "bytes": [72]},
                                       {"token": "I", "logprob": -2.0, "bytes": [73]}]}
     assert openai_logprobs(ids, lps, None, names.__getitem__, 0)["content"][1]["top_logprobs"] == []
+
+
+def test_null_parameters_are_their_defaults():
+    req = ChatRequest.model_validate({"messages": [{"role": "user", "content": "x"}], "n": None, "stream": None,
+                                      "temperature": None, "stop": None, "tools": None, "logprobs": None})
+    assert req.n == 1 and req.stream is False
+    assert chat_options(req).sampling == {}

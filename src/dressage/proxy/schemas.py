@@ -64,6 +64,12 @@ class ChatRequest(_Body):
     n: int = Field(default=1, ge=1, le=64)
     """Samples of the prompt (a GRPO group): each is its own engine call and recorded step."""
 
+    @field_validator("n", "stream", mode="before")
+    @classmethod
+    def _null_is_default(cls, v: Any, info: Any) -> Any:
+        # Some clients send every parameter, unset ones as null.
+        return cls.model_fields[info.field_name].default if v is None else v
+
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, v: Any) -> Any:
