@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -16,10 +15,10 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from dressage.errors import DressageError, EngineUnavailable, ReplyConstraintError
-from dressage.proxy.chat import ChatPrompt, assistant_message, build_chat_prompt, effective_tools
+from dressage.errors import DressageError, EngineUnavailable
+from dressage.proxy.chat import ChatPrompt, build_chat_prompt, effective_tools
 from dressage.proxy.chat_params import ChatOptions, chat_messages, chat_options
-from dressage.proxy.chat_reply import cut_at_stop, openai_logprobs, visible_prefix
+from dressage.proxy.chat_samples import TOOL_RULE_ATTEMPTS, ChatSample, ChatSampling, seeded, visible
 from dressage.proxy.generation import KEEPALIVE_S, GenerationPlan, GenerationResult, run_generation
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
 from dressage.proxy.streaming import (KEEPALIVE, ChunkWriter, aiter_frames, error_payload, replay_chunks, sse,
@@ -27,10 +26,6 @@ from dressage.proxy.streaming import (KEEPALIVE, ChunkWriter, aiter_frames, erro
 from dressage.proxy.weights import STEP_LABELS_KEY
 
 __all__ = ["CallPath", "ChatCall", "ChatSample", "TOOL_RULE_ATTEMPTS"]
-
-TOOL_RULE_ATTEMPTS = 4
-"""Replies drawn per sample before a call under ``tool_choice`` "required" / a named function /
-``parallel_tool_calls: false`` fails (:class:`~dressage.errors.ReplyConstraintError`)."""
 
 
 @dataclass(slots=True)
@@ -57,21 +52,7 @@ class ChatCall:
         return self.options.n > 1 or self.options.constrained
 
 
-@dataclass(slots=True)
-class ChatSample:
-    """One accepted reply of a chat call, before it is recorded."""
-
-    index: int
-    plan: GenerationPlan
-    result: GenerationResult
-    message: dict[str, Any]
-    stopped: bool
-    """The text was cut at a stop sequence."""
-    refused: int = 0
-    """Replies sampled before this one and refused by the call's tool rules (not recorded)."""
-
-
-class CallPath:
+class CallPath(ChatSampling):
     """The model-call use cases; :class:`ProxyService` provides the state they use."""
 
     def _check_call(self, session_id: str) -> None:
@@ -116,7 +97,7 @@ class CallPath:
         buffered = options.n > 1 or options.constrained
         plans, url = [], ""
         for i in range(options.n):
-            plan, url = self._plan(session_id, prompt.prompt_ids, _seeded(sampling, options.sample_seed(i, 0)),
+            plan, url = self._plan(session_id, prompt.prompt_ids, seeded(sampling, options.sample_seed(i, 0)),
                                    stream=req.stream and not buffered, tools=tools,
                                    boundary_reason=prompt.boundary_reason)
             if options.top_logprobs:
@@ -183,43 +164,6 @@ class CallPath:
                 result = event
         return result
 
-    def _reply(self, call: ChatCall, index: int, plan: GenerationPlan, result: GenerationResult,
-               refused: int = 0) -> ChatSample:
-        """The reply's text cut at a stop sequence, parsed into the assistant message."""
-        text = self.tokenizer.decode(result.response_ids.tolist(), skip_special_tokens=True)
-        text, stopped = cut_at_stop(text, call.options.stops)
-        prefix = f"call_{call.completion_id[-10:]}" + (f"_{index}" if index else "")
-        message = assistant_message(self.parser, text, call_id_prefix=prefix,
-                                    tool_calls=call.options.tool_mode != "none")
-        return ChatSample(index, plan, result, message, stopped, refused)
-
-    async def _sample(self, call: ChatCall, index: int) -> ChatSample:
-        """One sample; under a tool rule, drawn again (new seed) until a reply keeps it."""
-        plan, opts = call.plans[index], call.options
-        attempts = TOOL_RULE_ATTEMPTS if opts.constrained else 1
-        reason = None
-        for attempt in range(attempts):
-            if attempt:
-                plan = dataclasses.replace(plan, rid=self._next_rid(call.session_id),
-                                           sampling=_seeded(plan.sampling, opts.sample_seed(index, attempt)))
-            sample = self._reply(call, index, plan, await self._final(plan), attempt)
-            reason = opts.violation(sample.message)
-            if reason is None:
-                return sample
-        raise ReplyConstraintError(f"{attempts} sampled replies broke the call's tool rule (last: {reason}); "
-                                   "none was recorded", attempts=attempts)
-
-    async def _samples(self, call: ChatCall) -> list[ChatSample]:
-        if len(call.plans) == 1:
-            return [await self._sample(call, 0)]
-        tasks = [asyncio.ensure_future(self._sample(call, i)) for i in range(len(call.plans))]
-        try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            raise
-
     async def _complete(self, call: ChatCall) -> dict[str, Any]:
         try:
             samples = await self._samples(call)
@@ -249,16 +193,17 @@ class CallPath:
             return await asyncio.shield(self._commit_task(call, [self._reply(call, 0, call.plan, result)]))
 
         writer = ChunkWriter(call.completion_id, self.config.served_model_name, call.created)
+        def began() -> None:
+            nonlocal committing
+            committing = True
+
         if call.buffered:
-            frames = self._buffered_frames(call)
+            frames = self._buffered_frames(call, began)
         else:
-            events = _visible(self._generate(call.plan), call.options.stops)
+            events = visible(self._generate(call.plan), call.options.stops)
             frames = stream_completion(writer, self.parser, events, commit, include_usage=call.include_usage)
         try:
             async for frame in frames:
-                if frame is COMMITTING:
-                    committing = True
-                    continue
                 yield frame
         except DressageError as exc:
             if call.turn_id is not None and not committing:
@@ -270,19 +215,41 @@ class CallPath:
                 self.turns.abandon(call.session_id, call.turn_id, exc)
             raise
 
-    async def _buffered_frames(self, call: ChatCall) -> AsyncIterator[bytes]:
+    async def _reply_events(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[str | None | dict[str, Any]]:
+        """A streamed chat call for other wire formats: the reply text so far (``str``, never a stop
+        sequence), keep-alives (``None``), then the recorded chat completion (``dict``);
+        ``on_commit()`` runs as recording begins. A buffered call (``n > 1``, tool rules) sends no
+        text: its completion comes once every sample is checked."""
+        if call.buffered:
+            task = asyncio.ensure_future(self._samples(call))
+            try:
+                while not task.done():
+                    await asyncio.wait([task], timeout=KEEPALIVE_S)
+                    if not task.done():
+                        yield None
+                samples = task.result()
+            finally:
+                task.cancel()
+        else:
+            result = None
+            async for event in visible(self._generate(call.plan), call.options.stops):
+                if isinstance(event, GenerationResult):
+                    result = event
+                else:
+                    yield event
+            samples = [self._reply(call, 0, call.plan, result)]
+        if on_commit is not None:
+            on_commit()
+        yield await asyncio.shield(self._commit_task(call, samples))
+
+    async def _buffered_frames(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[bytes]:
         """Every sample generated (keep-alives meanwhile), recorded, then sent as one stream."""
-        task = asyncio.ensure_future(self._samples(call))
-        try:
-            while not task.done():
-                await asyncio.wait([task], timeout=KEEPALIVE_S)
-                if not task.done():
-                    yield KEEPALIVE
-            samples = task.result()
-        finally:
-            task.cancel()
-        yield COMMITTING
-        response = await asyncio.shield(self._commit_task(call, samples))
+        response = None
+        async for event in self._reply_events(call, on_commit):
+            if event is None:
+                yield KEEPALIVE
+            else:
+                response = event
         for frame in replay_chunks(response, include_usage=call.include_usage):
             yield frame
 
@@ -303,39 +270,6 @@ class CallPath:
         self.engines.settle(sid)
         return step
 
-    async def _commit(self, call: ChatCall, samples: list[ChatSample]) -> dict[str, Any]:
-        """Record each sample as its own step (siblings when ``n > 1``) and answer the completion."""
-        choices, steps = [], []
-        for s in samples:  # every sample may join the session, or none is recorded
-            self.versions.check(call.session_id, np.unique(s.result.token_versions).tolist())
-        for s in samples:
-            meta: dict[str, Any] = {"assistant_message": s.message, "finish_reason": s.result.finish_reason}
-            if call.options.n > 1:
-                meta["sample_index"] = s.index
-            if s.refused:
-                meta["refused_replies"] = s.refused
-            step = await self._record(call.session_id, s.plan, s.result, call.engine_url, messages=call.messages,
-                                      tools=call.tools, boundary_reason=call.prompt.boundary_reason, metadata=meta)
-            steps.append(step)
-            finish_reason = "tool_calls" if s.message.get("tool_calls") else (
-                "length" if s.result.finish_reason == "length" and not s.stopped else "stop")
-            logprobs = None
-            if call.options.logprobs:
-                logprobs = openai_logprobs(s.result.response_ids, s.result.logprobs, s.result.top_logprobs,
-                                           self._token_text, call.options.top_logprobs)
-            choices.append({"index": s.index, "message": s.message, "finish_reason": finish_reason,
-                            "logprobs": logprobs})
-        completion = sum(st.response_len for st in steps)
-        return {
-            "id": call.completion_id, "object": "chat.completion", "created": call.created,
-            "model": self.config.served_model_name, "choices": choices,
-            "usage": {"prompt_tokens": steps[0].prompt_len, "completion_tokens": completion,
-                      "total_tokens": steps[0].prompt_len + completion},
-        }
-
-    def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
-
     # ------------------------------------------------------- token level
     async def generate_tokens(self, session_id: str, req: GenerateRequest) -> dict[str, Any]:
         """Token-in, token-out call for TITO-native agents (same limits, pause and versions as chat)."""
@@ -351,20 +285,3 @@ class CallPath:
                 "step_id": step.step_id, "parent_id": step.parent_id, "lineage_id": step.lineage_id,
                 "meta_info": {"finish_reason": result.finish_reason, "prompt_tokens": step.prompt_len,
                               "completion_tokens": step.response_len}}
-
-
-COMMITTING = object()
-"""Marks, in a buffered stream, that the call's steps are being recorded (no abandon after it)."""
-
-
-def _seeded(sampling: dict[str, Any], seed: int | None) -> dict[str, Any]:
-    out = dict(sampling)
-    if seed is not None:
-        out["sampling_seed"] = int(seed)
-    return out
-
-
-async def _visible(events: AsyncIterator[Any], stops: tuple[str, ...]) -> AsyncIterator[Any]:
-    """Streamed reply texts as the agent may see them: never a stop sequence, nor its beginning."""
-    async for event in events:
-        yield visible_prefix(event, stops) if stops and isinstance(event, str) else event
