@@ -63,7 +63,7 @@ class ProxyServerConfig:
     """Cap on any call's new tokens, whatever the request asks."""
     max_steps_per_session: int | None = field(default=None, metadata=flag(metavar="N"))
     """Calls one session may record; the next gets ``max_steps_exceeded``. ``None``: no limit."""
-    partial_rollout: bool = False
+    partial_rollout: bool = field(default=False, metadata=flag(aliases=("--dressage-partial-rollout",)))
     """Keep generations cut by a pause and resume them under the new weights (one response,
     per-token versions). Off: such a call, and any trajectory whose weight version changes, is rejected."""
     health_check_interval_s: float = field(default=5.0, metadata=flag("--health-check-interval", metavar="S"))
