@@ -24,6 +24,7 @@ from dressage.proxy.schemas import ChatRequest, GenerateRequest
 from dressage.proxy.streaming import (KEEPALIVE, ChunkWriter, aiter_frames, error_payload, replay_chunks, sse,
                                       stream_completion)
 from dressage.proxy.weights import STEP_LABELS_KEY
+from dressage.proxy.turn_scope import turn_call_key
 
 __all__ = ["CallPath", "ChatCall", "ChatSample", "TOOL_RULE_ATTEMPTS"]
 
@@ -42,9 +43,12 @@ class ChatCall:
     created: int
     include_usage: bool
     turn_id: str | None
+    """The call's replay key in its turn (:func:`turn_call_key`), ``None`` without ``X-Turn-Id``."""
     options: ChatOptions = field(default_factory=lambda: ChatOptions({}))
     plans: list[GenerationPlan] = field(default_factory=list)
     """One plan per sample (``n``); ``plans[0]`` is ``plan``."""
+    commit: Any = None
+    """The task recording the call's steps, once it began (finalize waits for it)."""
 
     @property
     def buffered(self) -> bool:
@@ -60,7 +64,7 @@ class CallPath(ChatSampling):
         self.versions.check(session_id, (self.versions.current,))
 
     def _next_rid(self, session_id: str) -> str:
-        return f"{self._rid_prefix}-{session_id}-{next(self._rids)}"
+        return self.rids.call(session_id)
 
     def _plan(self, session_id: str, prompt_ids: np.ndarray, sampling: dict[str, Any], *, stream: bool,
               tools: Any = None, boundary_reason: str | None = None) -> tuple[GenerationPlan, str]:
@@ -72,8 +76,8 @@ class CallPath(ChatSampling):
         placement.member.calls += 1
         instance = self.core.session(session_id).metadata.get("instance_id")
         plan = GenerationPlan(self._next_rid(session_id), prompt_ids, decision, sampling, placement.member.client,
-                              self.core.generate_params(decision), stream, session_id=session_id,
-                              instance_id=None if instance is None else str(instance))
+                              self.core.generate_params(decision), stream, routing_key=session_id,
+                              session_id=session_id, instance_id=None if instance is None else str(instance))
         return plan, placement.member.url
 
     def _sampling(self, req: ChatRequest, prompt_len: int, options: ChatOptions | None = None) -> dict[str, Any]:
@@ -109,8 +113,14 @@ class CallPath(ChatSampling):
 
     async def open_chat(self, session_id: str, req: ChatRequest, *,
                         turn_id: str | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
-        """A chat completion (dict) or, for ``stream``, its SSE byte stream; retried turns are replayed."""
+        """A chat completion (dict) or, for ``stream``, its SSE byte stream.
+
+        ``turn_id`` (``X-Turn-Id``) scopes the call to an agent turn: the same turn sending the same
+        request again gets the recorded reply (replayed once, nothing recorded again); a different
+        request under that turn is the turn's next call.
+        """
         if turn_id is not None:
+            turn_id = turn_call_key(turn_id, req.model_dump(exclude_none=True))
             pending = self.turns.get(session_id, turn_id)
             if pending is not None:
                 try:
@@ -152,7 +162,7 @@ class CallPath(ChatSampling):
             raise
 
     def _commit_task(self, call: ChatCall, samples: list[ChatSample]) -> asyncio.Future:
-        task = asyncio.ensure_future(self._commit(call, samples))
+        task = call.commit = asyncio.ensure_future(self._commit(call, samples))
         if call.turn_id is not None:
             self.turns.settle(call.session_id, call.turn_id, task)
         return task
@@ -164,15 +174,26 @@ class CallPath(ChatSampling):
                 result = event
         return result
 
+    def _leave(self, session_id: str, commit: asyncio.Future | None) -> None:
+        """The call is over for finalize's wait once its commit (if one began) is done."""
+        if commit is None or commit.done():
+            self.in_flight.exit(session_id)
+        else:
+            commit.add_done_callback(lambda _: self.in_flight.exit(session_id))
+
     async def _complete(self, call: ChatCall) -> dict[str, Any]:
+        self.in_flight.enter(call.session_id)
         try:
-            samples = await self._samples(call)
-        except BaseException as exc:
-            if call.turn_id is not None:
-                self.turns.abandon(call.session_id, call.turn_id, exc)
-            raise
-        # Shielded: an agent that hangs up now still gets its steps recorded whole, or not at all.
-        return await asyncio.shield(self._commit_task(call, samples))
+            try:
+                samples = await self._samples(call)
+            except BaseException as exc:
+                if call.turn_id is not None:
+                    self.turns.abandon(call.session_id, call.turn_id, exc)
+                raise
+            # Shielded: an agent that hangs up now still gets its steps recorded whole, or not at all.
+            return await asyncio.shield(self._commit_task(call, samples))
+        finally:
+            self._leave(call.session_id, call.commit)
 
     async def _stream(self, call: ChatCall) -> AsyncIterator[bytes]:
         if call.turn_id is not None:
@@ -192,16 +213,17 @@ class CallPath(ChatSampling):
             committing = True
             return await asyncio.shield(self._commit_task(call, [self._reply(call, 0, call.plan, result)]))
 
-        writer = ChunkWriter(call.completion_id, self.config.served_model_name, call.created)
         def began() -> None:
             nonlocal committing
             committing = True
 
+        writer = ChunkWriter(call.completion_id, self.config.served_model_name, call.created)
         if call.buffered:
             frames = self._buffered_frames(call, began)
         else:
             events = visible(self._generate(call.plan), call.options.stops)
             frames = stream_completion(writer, self.parser, events, commit, include_usage=call.include_usage)
+        self.in_flight.enter(call.session_id)
         try:
             async for frame in frames:
                 yield frame
@@ -214,6 +236,8 @@ class CallPath(ChatSampling):
             if call.turn_id is not None and not committing:
                 self.turns.abandon(call.session_id, call.turn_id, exc)
             raise
+        finally:
+            self._leave(call.session_id, call.commit)
 
     async def _reply_events(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[str | None | dict[str, Any]]:
         """A streamed chat call for other wire formats: the reply text so far (``str``, never a stop
@@ -278,8 +302,12 @@ class CallPath(ChatSampling):
         sp = dict(req.sampling_params or {})
         sp["max_new_tokens"] = self.limits.max_new_tokens(sp.get("max_new_tokens"), len(prompt_ids))
         plan, url = self._plan(session_id, prompt_ids, sp, stream=False)
-        result = await self._final(plan)
-        step = await self._record(session_id, plan, result, url, metadata={})
+        self.in_flight.enter(session_id)
+        try:
+            result = await self._final(plan)
+            step = await self._record(session_id, plan, result, url, metadata={})
+        finally:
+            self.in_flight.exit(session_id)
         return {"output_ids": step.response_ids.tolist(),
                 "text": self.tokenizer.decode(step.response_ids.tolist(), skip_special_tokens=True),
                 "step_id": step.step_id, "parent_id": step.parent_id, "lineage_id": step.lineage_id,

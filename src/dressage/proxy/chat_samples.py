@@ -18,6 +18,7 @@ from dressage.errors import ReplyConstraintError
 from dressage.proxy.chat import assistant_message
 from dressage.proxy.chat_reply import cut_at_stop, openai_logprobs, visible_prefix
 from dressage.proxy.generation import GenerationPlan, GenerationResult
+from dressage.proxy.turn_scope import turn_of
 
 if TYPE_CHECKING:
     from dressage.proxy.calls import ChatCall
@@ -94,6 +95,8 @@ class ChatSampling:
                 meta["sample_index"] = s.index
             if s.refused:
                 meta["refused_replies"] = s.refused
+            if call.turn_id is not None:
+                meta["turn_id"] = turn_of(call.turn_id)  # finalize counts turns by it
             step = await self._record(call.session_id, s.plan, s.result, call.engine_url, messages=call.messages,
                                       tools=call.tools, boundary_reason=call.prompt.boundary_reason, metadata=meta)
             steps.append(step)

@@ -63,6 +63,11 @@ class ChatRequest(_Body):
     """``{"include_usage": true}`` adds a last chunk with the call's usage."""
     n: int = Field(default=1, ge=1, le=64)
     """Samples of the prompt (a GRPO group): each is its own engine call and recorded step."""
+    session_id: Optional[str] = None
+    instance_id: Optional[Union[str, int]] = None
+    turn_id: Optional[str] = None
+    """Upstream's clients may name the call in the body; an ``X-Session-Id`` / ``X-Instance-Id`` /
+    ``X-Turn-Id`` header wins."""
 
     @field_validator("n", "stream", mode="before")
     @classmethod
