@@ -38,6 +38,12 @@ def test_make_run_arguments_end_with_a_pass_verdict_computed_from_both_runs(tmp_
     assert f"TQ on/off samples identical (digest {data['samples_digest'][:8]})" in printed[-1]
 
 
+def test_compare_without_tq_needs_tq_on(capsys):
+    assert main(["run", *SMALL, "--compare-without-tq"]) == 2
+    assert capsys.readouterr().err.strip() == ("dressage run: error: --compare-without-tq compares a run with TQ "
+                                               "to one without: add --enable-transfer-queue")
+
+
 def _report(**kw) -> RunReport:
     base = dict(config={"enable_transfer_queue": True}, sessions=4, segments=5, agent={"errors": 0},
                 samples_digest="ab" * 32)

@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from dressage.errors import ConfigError
 from dressage.run.config import RunConfig
 
 __all__ = ["Verdict", "judge", "run_and_judge", "SEQUENCE_TOLERANCE"]
@@ -77,9 +78,11 @@ def run_and_judge(cfg: RunConfig, *, compare_without_tq: bool = False) -> tuple[
     """Run ``cfg``; with ``compare_without_tq`` (and TQ on) run it again with TQ off; judge both."""
     from dressage.run.loop import run_pipeline
 
+    if compare_without_tq and not cfg.data_plane.enable_transfer_queue:
+        raise ConfigError("--compare-without-tq compares a run with TQ to one without: add --enable-transfer-queue")
     report = run_pipeline(cfg)
     baseline = None
-    if compare_without_tq and cfg.data_plane.enable_transfer_queue:
+    if compare_without_tq:
         dp = dataclasses.replace(cfg.data_plane, enable_transfer_queue=False, transfer_queue_config=None,
                                  transfer_params=None)
         baseline = run_pipeline(dataclasses.replace(cfg, data_plane=dp, transfer_queue=None))
