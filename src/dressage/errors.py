@@ -44,6 +44,10 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
         ├── ProxyStatusError         the Proxy answered 4xx/5xx (``status_code``, its message)
         └── ProxyReplyError          an answer the driver cannot use (no session id, choices, usage)
     SampleWireError (DressageError)  a Sample or trajectory read answer in a malformed wire form
+    OpenAIRequestError (DressageError)  an OpenAI request the Proxy cannot serve   400 invalid_request_error
+    ├── UnsupportedRequestError      a parameter, input item or tool type the Proxy does not implement
+    ├── UnknownResponseError         a previous_response_id the session did not produce (or no longer holds)
+    └── ModelNotFoundError           a model id other than the served model         404 invalid_request_error
 
 Third-party errors (zmq, ray, httpx) are translated where they cross into Dressage:
 ``raise StorageUnitUnavailable(...) from exc``.
@@ -91,6 +95,10 @@ __all__ = [
     "ProxyStatusError",
     "ProxyReplyError",
     "SampleWireError",
+    "OpenAIRequestError",
+    "UnsupportedRequestError",
+    "UnknownResponseError",
+    "ModelNotFoundError",
 ]
 
 
@@ -338,3 +346,29 @@ class ProxyReplyError(AgentError, ValueError):
 
 class SampleWireError(DressageError, ValueError):
     """A Sample (or trajectory read answer) in wire form that is malformed or of an unknown version."""
+
+
+class OpenAIRequestError(DressageError, ValueError):
+    """An OpenAI-API request the Proxy cannot serve as asked; nothing is generated or recorded."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+
+
+class UnsupportedRequestError(OpenAIRequestError):
+    """A parameter value, input item or tool type the Proxy does not implement (named in the message)."""
+
+    code = "unsupported_parameter"
+
+
+class UnknownResponseError(OpenAIRequestError, LookupError):
+    """A ``previous_response_id`` that the session did not produce, was not stored, or was forgotten."""
+
+    code = "previous_response_not_found"
+
+
+class ModelNotFoundError(OpenAIRequestError, LookupError):
+    """A model id other than the one the Proxy serves."""
+
+    http_status = 404
+    code = "model_not_found"

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dressage.errors import DressageError
+from dressage.proxy.openai_routes import openai_router
 from dressage.proxy.schemas import (ChatRequest, CreateSession, FinalizeRequest, FinalizeSessionRequest, GenerateRequest,
                                     ResumeRequest, TrajectoryReadRequest)
 from dressage.proxy.streaming import error_body, error_payload
@@ -162,6 +163,8 @@ def build_app(service: Any) -> FastAPI:
     @app.get("/v1/engines")
     async def engines() -> dict[str, Any]:
         return service.engine_state()
+
+    app.include_router(openai_router(service))
 
     @app.get("/sessions/{session_id}")
     async def session_info(session_id: str) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 :class:`ProxyService` owns the per-process state (ProxyCore, tokenizer, engine pool, pause state,
 turns, finalized trajectories) and answers each endpoint's question as plain values or a
 :class:`dressage.errors.DressageError`; :mod:`dressage.proxy.http` only maps them to HTTP. The
-model-call use cases (chat, token-level generate) are in :class:`dressage.proxy.calls.CallPath`.
+model-call use cases (chat, token-level generate) are in :class:`dressage.proxy.calls.CallPath`,
+Responses in :class:`~dressage.proxy.responses_path.ResponsesPath`, text completions and the model
+lookup in :class:`~dressage.proxy.completions.CompletionsPath`.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from typing import Any, Iterable
 from dressage.errors import MissingSessionIdError, SessionIdError, SessionStateError
 from dressage.proxy.calls import CallPath
 from dressage.proxy.chat import QwenToolCallParser, ToolCallParser
+from dressage.proxy.completions import CompletionsPath
 from dressage.proxy.config import ProxyServerConfig
 from dressage.proxy.core import FinalizedSession, ProxyCore
 from dressage.proxy.engine_pool import EnginePool
 from dressage.proxy.limits import CallLimits
 from dressage.proxy.pause import RolloutPause
+from dressage.proxy.responses import ResponseMemory
+from dressage.proxy.responses_path import ResponsesPath
 from dressage.proxy.sample_wire import samples_wire
 from dressage.proxy.sglang_client import SGLangClient
 from dressage.proxy.turns import CallIdentity, TurnCache, instance_group
@@ -28,7 +33,7 @@ from dressage.proxy.turns import CallIdentity, TurnCache, instance_group
 __all__ = ["ProxyService"]
 
 
-class ProxyService(CallPath):
+class ProxyService(CallPath, ResponsesPath, CompletionsPath):
     """Per-process state behind the HTTP module, and every use case of the Proxy.
 
     ``engine`` is an :class:`SGLangClient`, a list of them, an :class:`EnginePool`, or ``None``
@@ -49,6 +54,7 @@ class ProxyService(CallPath):
         self.parser = parser or QwenToolCallParser()
         self.pause = RolloutPause()
         self.turns = TurnCache()
+        self.responses = ResponseMemory()
         self.finalized: dict[str, FinalizedSession] = {}
         self.calls = self.failed_calls = self.replayed_turns = 0
         self.limits = CallLimits(config)
@@ -175,6 +181,7 @@ class ProxyService(CallPath):
             self.core.forget(sid)
             self.engines.forget(sid)
             self.turns.forget_session(sid)
+            self.responses.forget(sid)
             self.limits.forget(sid)
 
     def stats(self) -> dict[str, Any]:
