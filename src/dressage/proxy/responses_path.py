@@ -85,10 +85,11 @@ class ResponsesPath:
             self.turns.begin(sid, call.turn_id)
         committing = False
 
-        async def finish(result: Any, message_open: bool) -> dict[str, Any]:
+        def began() -> None:
             nonlocal committing
             committing = True
-            completion = await asyncio.shield(self._commit_task(call, result))
+
+        def finish(completion: dict[str, Any], message_open: bool) -> dict[str, Any]:
             return self._responded(sid, req, completion, messages, n_instructions, keep_message=message_open)
 
         model = self.config.served_model_name
@@ -96,7 +97,7 @@ class ResponsesPath:
         skeleton = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model)
         try:
             async for frame in stream_response(ev, skeleton, item_ids(call.completion_id), self.parser,
-                                               self._generate(call.plan), finish):
+                                               self._reply_events(call, began), finish):
                 yield frame
         except DressageError as exc:
             if call.turn_id is not None and not committing:

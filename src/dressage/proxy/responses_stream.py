@@ -9,7 +9,7 @@ and ``response.completed`` carry exactly the Response a non-streamed call return
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from dressage.proxy.streaming import KEEPALIVE, ContentStream
 
@@ -101,13 +101,13 @@ def _terminal(ev: ResponseEvents, response: dict[str, Any]) -> bytes:
 
 
 async def stream_response(ev: ResponseEvents, skeleton: dict[str, Any], ids: tuple[str, str, str, str], parser: Any,
-                          events: AsyncIterator[Any], finish: Callable[[Any, bool], Awaitable[dict[str, Any]]]
+                          events: AsyncIterator[Any], finish: Callable[[dict[str, Any], bool], dict[str, Any]]
                           ) -> AsyncIterator[bytes]:
     """SSE frames of one streamed Responses call.
 
     ``ev`` numbers the events (a failure event may follow them); ``skeleton`` is the in-progress Response; ``ids`` its :func:`~dressage.proxy.responses.item_ids`;
-    ``events`` the generation's (text so far, keep-alives, last the result); ``finish(result,
-    message_open)`` records the step and answers the final Response.
+    ``events`` the call's (text so far, keep-alives, last the recorded chat completion, a dict);
+    ``finish(completion, message_open)`` answers the final Response.
     """
     yield ev.event("response.created", response=skeleton)
     yield ev.event("response.in_progress", response=skeleton)
@@ -115,7 +115,7 @@ async def stream_response(ev: ResponseEvents, skeleton: dict[str, Any], ids: tup
     content = ContentStream(parser)
     _, rs_id, msg_id, _ = ids
     reasoning_item: dict[str, Any] | None = None
-    result = None
+    completion = None
     async for event in events:
         if event is None:
             yield KEEPALIVE
@@ -130,8 +130,8 @@ async def stream_response(ev: ResponseEvents, skeleton: dict[str, Any], ids: tup
                     for frame in items.text(msg_id, 1 if reasoning_item else 0, delta["content"]):
                         yield frame
         else:
-            result = event
-    response = await finish(result, msg_id in items.opened)
+            completion = event
+    response = finish(completion, msg_id in items.opened)
     for index, item in enumerate(response["output"]):
         if item["id"] == rs_id and rs_id in items.opened:
             continue  # sent whole when its block closed

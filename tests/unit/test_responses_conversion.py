@@ -24,7 +24,6 @@ REPLIES = [
     "cut off <tool_call>\n{\"name\": \"calc\", \"argu",
 ]
 CID = "chatcmpl-0123456789abcdef01234567"
-RESULT = object()  # stands for the generation's result
 
 
 def _completion(message, finish="stop"):
@@ -163,12 +162,11 @@ def _run_stream(text, step, finish_reason="stop"):
             yield text[:end]
             if end == step:
                 yield None  # a keep-alive
-        yield RESULT
+        yield _completion(recorded, finish_reason)
 
-    async def finish(result, message_open):
-        assert result is RESULT
-        return response_object(req, _completion(recorded, finish_reason), completion_id=CID, created=7, model="m",
-                               keep_message=message_open)
+    def finish(completion, message_open):
+        assert completion == _completion(recorded, finish_reason)
+        return response_object(req, completion, completion_id=CID, created=7, model="m", keep_message=message_open)
 
     async def collect():
         skeleton = response_object(req, None, completion_id=CID, created=7, model="m")
