@@ -6,6 +6,7 @@ same tokens; previous_response_id chaining, full history, streamed and non-strea
 """
 
 import asyncio
+import json
 
 import httpx
 import openai
@@ -257,3 +258,22 @@ def test_async_client_stream_create_true(proxy):
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas.strip() == final.output_text.strip() == plain.output_text.strip()
     assert final.usage.output_tokens == plain.usage.output_tokens
+
+
+def test_a_retried_turn_gets_the_same_response_and_records_nothing(proxy):
+    h = {"X-Session-Id": "resp-turns-1", "X-Turn-Id": "t1"}
+    body = {"input": "Tell me one thing.", "max_output_tokens": 30}
+    first = httpx.post(proxy.url + "/v1/responses", headers=h, json=body, timeout=20).json()
+    again = httpx.post(proxy.url + "/v1/responses", headers=h, json=body, timeout=20).json()
+    with httpx.stream("POST", proxy.url + "/v1/responses", headers=h, json={**body, "stream": True}, timeout=20) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    replayed = json.loads(lines[-1][len("data: "):])
+    assert again["id"] == first["id"] and again["output"] == first["output"]
+    assert replayed["type"] == "response.completed" and replayed["response"]["output"] == first["output"]
+    info = httpx.get(proxy.url + "/sessions/resp-turns-1", timeout=20).json()
+    assert info["steps"] == 1
+    # The replayed response is remembered like the first: it can be continued.
+    follow = httpx.post(proxy.url + "/v1/responses", headers={"X-Session-Id": "resp-turns-1"},
+                        json={"input": "More.", "previous_response_id": first["id"], "max_output_tokens": 30}, timeout=20)
+    assert follow.status_code == 200
+    assert httpx.get(proxy.url + "/sessions/resp-turns-1", timeout=20).json()["lineages"] == 1
