@@ -118,6 +118,11 @@ def test_request_maps_to_the_chat_body_and_refuses_what_it_cannot_honour():
                 {"top_logprobs": 3}, {"conversation": "conv_1"}, {"max_tool_calls": 2}):
         with pytest.raises(UnsupportedRequestError):
             chat_body(ResponsesRequest(input="x", **bad), messages, {})
+    tools = [{"type": "function", "name": "f"}]
+    with pytest.raises(UnsupportedRequestError, match="parallel_tool_calls"):
+        chat_body(ResponsesRequest(input="x", tools=tools, parallel_tool_calls=False), messages, {})
+    assert chat_body(ResponsesRequest(input="x", tools=tools, parallel_tool_calls=False), messages,
+                     {"parallel_tool_calls": None})["parallel_tool_calls"] is False
     # Accepted as OpenAI clients send them by default.
     chat_body(ResponsesRequest(input="x", include=[], reasoning={"effort": None}, truncation="disabled",
                                text={"format": {"type": "text"}}, store=True, metadata={"k": "v"}), messages, {})

@@ -226,6 +226,10 @@ def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]], chat_fields
     response_format = _check_supported(req, chat_fields)
     if response_format is not None:
         body["response_format"] = response_format
+    if req.parallel_tool_calls is not None and "parallel_tool_calls" in chat_fields:
+        body["parallel_tool_calls"] = req.parallel_tool_calls
+    elif req.parallel_tool_calls is False and req.tools:
+        raise UnsupportedRequestError("parallel_tool_calls=false is not enforced by this Proxy's chat path")
     return {k: v for k, v in body.items() if v is not None}
 
 
