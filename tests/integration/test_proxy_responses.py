@@ -16,13 +16,9 @@ from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
-from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.http import ProxyServer
-from dressage.proxy.service import ProxyService
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy import Proxy
+from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 from dressage.rollout import RolloutManager
-from dressage.tokenizer import load_tokenizer
 
 MODEL = get_model("tiny-moe")
 SYSTEM = "You are terse."
@@ -38,15 +34,11 @@ TOOL_SAMPLING = {"temperature": 0.7, "max_output_tokens": 160}  # a byte-token t
 def proxy():
     engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, tool_call_rate=0.6, mean_response_tokens=20))
     engine.start_background()
-    tok = load_tokenizer("byte")
-    core = ProxyCore(DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True), None, sink=RolloutManager(dp_size=1),
-                     decode=tok.decode, special_ids=tok.special_token_ids)
-    service = ProxyService(ProxyServerConfig(engine_url=engine.url, request_timeout_s=20), core, tok,
-                           SGLangClient(engine.url, timeout=20))
-    server = ProxyServer(service)
-    server.start_background()
+    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
+                                     server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)),
+                         sink=RolloutManager(dp_size=1))
     yield server
-    server.stop()
+    server.shutdown()
     engine.stop()
 
 

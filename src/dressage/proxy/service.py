@@ -29,6 +29,7 @@ from dressage.proxy.responses_path import ResponsesPath
 from dressage.proxy.sample_wire import samples_wire
 from dressage.proxy.sglang_client import SGLangClient
 from dressage.proxy.turns import CallIdentity, TurnCache, instance_group
+from dressage.proxy.weights import WeightVersions
 
 __all__ = ["ProxyService"]
 
@@ -52,7 +53,8 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
             self.engines = EnginePool(clients, failures_to_remove=config.health_check_failures)
         self.engine = next(iter(self.engines.members.values())).client
         self.parser = parser or QwenToolCallParser()
-        self.pause = RolloutPause()
+        self.versions = WeightVersions(partial_rollout=config.partial_rollout)
+        self.pause = RolloutPause(self.versions)
         self.turns = TurnCache()
         self.responses = ResponseMemory()
         self.finalized: dict[str, FinalizedSession] = {}
@@ -65,12 +67,12 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
 
     @property
     def weight_version(self) -> int:
-        """The policy version new tokens are recorded with."""
-        return self.pause.weight_version
+        """The policy version new tokens are recorded with when the engine reports none."""
+        return self.versions.current
 
     @weight_version.setter
-    def weight_version(self, value: int) -> None:
-        self.pause.weight_version = int(value)
+    def weight_version(self, value: int | str) -> None:
+        self.versions.set(value)
 
     def session_url(self, base: str, session_id: str) -> str:
         return f"{base.rstrip('/')}/sessions/{session_id}/v1"
@@ -129,6 +131,7 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
     def abort(self, session_id: str) -> dict[str, Any]:
         """Abort a session: its TQ keys are deleted and nothing more may be recorded."""
         released = self.core.abort(session_id)
+        self.versions.forget(session_id)
         return {"session_id": session_id, "state": "aborted", "released_refs": released}
 
     def _finalized(self, session_id: str, what: str) -> FinalizedSession:
@@ -182,7 +185,7 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
             self.engines.forget(sid)
             self.turns.forget_session(sid)
             self.responses.forget(sid)
-            self.limits.forget(sid)
+            self.versions.forget(sid)
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``GET /trajectory/stats``."""
@@ -200,11 +203,14 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves)}
 
     # ----------------------------------------------------- rollout, engines
-    async def pause_rollout(self) -> dict[str, Any]:
-        return await self.pause.pause()
+    async def pause_rollout(self, *, session_id: str | None = None, instance_id: str | None = None,
+                            timeout_s: float | None = None) -> dict[str, Any]:
+        """Pause every call, or only a session's / a prompt instance's (see :class:`RolloutPause`)."""
+        return await self.pause.pause(session_id=session_id, instance_id=instance_id, timeout_s=timeout_s)
 
-    def resume_rollout(self, weight_version: int | None) -> dict[str, Any]:
-        return self.pause.resume(weight_version)
+    def resume_rollout(self, version: int | str | None) -> dict[str, Any]:
+        """Release every paused call; ``version`` (a number or the engine's string) is the new fallback."""
+        return self.pause.resume(version)
 
     def pause_state(self) -> dict[str, Any]:
         return self.pause.state()
