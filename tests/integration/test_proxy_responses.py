@@ -211,6 +211,9 @@ def test_text_completions_streamed_and_not_record_one_step_each(proxy):
     stop = choice.text[3:5]
     cut = client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0.5, stop=stop)
     assert cut.choices[0].text == choice.text[:choice.text.find(stop)] and cut.choices[0].finish_reason == "stop"
+    cut_chunks = list(client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0.5, stop=stop,
+                                                stream=True))
+    assert "".join(c.choices[0].text for c in cut_chunks) == cut.choices[0].text
     for bad in ({"n": 2}, {"echo": True}, {"logprobs": 3}, {"prompt": ["a", "b"]}):
         r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/completions", json={"prompt": "x", **bad}, timeout=20)
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
