@@ -155,8 +155,12 @@ class CompletionsPath:
         completion_id, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
         if req.stream:
             return self._stream_completion(session_id, plan, url, stops, req, completion_id, created)
-        result = await self._final(plan)
-        return await self._record_completion(session_id, plan, url, result, stops, req, completion_id, created)
+        self.in_flight.enter(session_id)
+        try:
+            result = await self._final(plan)
+            return await self._record_completion(session_id, plan, url, result, stops, req, completion_id, created)
+        finally:
+            self.in_flight.exit(session_id)
 
     async def _stream_completion(self, session_id: str, plan: Any, url: str, stops: list[str], req: CompletionRequest,
                                  completion_id: str, created: int) -> AsyncIterator[bytes]:
@@ -168,6 +172,7 @@ class CompletionsPath:
 
         sent = ""
         result = None
+        self.in_flight.enter(session_id)
         try:
             async for event in self._generate(plan):
                 if event is None:
@@ -185,6 +190,8 @@ class CompletionsPath:
             self.failed_calls += 1
             yield sse(error_payload(exc))
             return
+        finally:
+            self.in_flight.exit(session_id)
         choice = done["choices"][0]
         final = choice["text"]
         yield chunk(final[len(sent):] if final.startswith(sent) else "", choice["finish_reason"], choice["logprobs"])

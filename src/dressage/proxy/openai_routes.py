@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 
 from dressage.proxy.completions import CompletionRequest
 from dressage.proxy.responses import ResponsesRequest
-from dressage.proxy.turns import identity_from_headers
+from dressage.proxy.turn_scope import identity_of
 
 __all__ = ["openai_router"]
 
@@ -32,11 +32,11 @@ def openai_router(service: Any) -> APIRouter:
     """The routes, bound to ``service`` (a :class:`dressage.proxy.service.ProxyService`)."""
     router = APIRouter()
 
-    def by_headers(request: Request) -> str:
-        return service.header_session(identity_from_headers(request.headers))
+    def by_headers(request: Request, body: Any) -> str:
+        return service.header_session(identity_of(request.headers, body))
 
     async def respond(session_id: str, request: Request, body: ResponsesRequest) -> Response:
-        turn_id = identity_from_headers(request.headers).turn_id
+        turn_id = identity_of(request.headers, body).turn_id
         return _answer(await service.open_response(session_id, body, turn_id=turn_id))
 
     @router.post("/sessions/{session_id}/v1/responses")
@@ -45,7 +45,7 @@ def openai_router(service: Any) -> APIRouter:
 
     @router.post("/v1/responses")
     async def responses_by_headers(request: Request, body: ResponsesRequest) -> Response:
-        return await respond(by_headers(request), request, body)
+        return await respond(by_headers(request, body), request, body)
 
     @router.post("/sessions/{session_id}/v1/completions")
     async def completions(session_id: str, body: CompletionRequest) -> Response:
@@ -53,7 +53,7 @@ def openai_router(service: Any) -> APIRouter:
 
     @router.post("/v1/completions")
     async def completions_by_headers(request: Request, body: CompletionRequest) -> Response:
-        return _answer(await service.open_completion(by_headers(request), body))
+        return _answer(await service.open_completion(by_headers(request, body), body))
 
     @router.get("/sessions/{session_id}/v1/models/{model_id:path}")
     async def session_model(session_id: str, model_id: str) -> dict[str, Any]:

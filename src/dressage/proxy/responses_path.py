@@ -18,6 +18,7 @@ from dressage.errors import DressageError, OpenAIRequestError
 from dressage.proxy.responses import ResponsesRequest, chat_body, conversation, item_ids, response_object
 from dressage.proxy.responses_stream import ResponseEvents, replay_events, stream_response
 from dressage.proxy.schemas import ChatRequest
+from dressage.proxy.turn_scope import turn_call_key
 
 __all__ = ["ResponsesPath"]
 
@@ -63,6 +64,7 @@ class ResponsesPath:
             completion = await self.open_chat(session_id, chat, turn_id=turn_id)
             return self._responded(session_id, req, completion, messages, n_instructions)
         if turn_id is not None:
+            turn_id = turn_call_key(turn_id, chat.model_dump(exclude_none=True))  # the key open_chat uses
             pending = self.turns.get(session_id, turn_id)
             if pending is not None and not pending.cancelled():
                 self.replayed_turns += 1
