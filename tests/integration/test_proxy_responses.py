@@ -272,3 +272,10 @@ def test_a_retried_turn_gets_the_same_response_and_records_nothing(proxy):
                         json={"input": "More.", "previous_response_id": first["id"], "max_output_tokens": 30}, timeout=20)
     assert follow.status_code == 200
     assert httpx.get(proxy.url + "/sessions/resp-turns-1", timeout=20).json()["lineages"] == 1
+
+
+def test_capabilities_name_the_openai_endpoints(proxy):
+    endpoints = httpx.get(proxy.url + "/integration/capabilities", timeout=20).json()["endpoints"]
+    for path in ("POST /v1/responses", "POST /sessions/{id}/v1/responses", "POST /v1/completions",
+                 "POST /sessions/{id}/v1/completions", "GET /v1/models/{model}"):
+        assert path in endpoints
