@@ -6,7 +6,9 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
 
     DressageError                    500 internal_error
     ├── ConfigError                  bad flag, YAML key or value (names the key)    400 invalid_request_error
+    │   └── EngineMismatchError      the engine serves another model shape or tokenizer than the Proxy's
     ├── ContextOverflowError         the prompt alone fills the context window       400 invalid_request_error
+    ├── UnsupportedParameterError    a request parameter the Proxy cannot honour (names it) 400 invalid_request_error
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
     ├── FieldError                   trajectory field data that does not fit its spec 502 engine_output_invalid
@@ -14,11 +16,17 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   ├── FieldShapeError          wrong rank, shape or length (tokens vs logprobs, R3 rows vs T-1)
     │   └── ExpertIdRangeError       an expert id that does not fit the storage dtype
     ├── WireFormatError              an engine response that is not SGLang's format  502 engine_error
+    ├── SampleWireError              a Sample or trajectory read answer in a malformed wire form
+    ├── OpenAIRequestError           an OpenAI request the Proxy cannot serve as asked 400 invalid_request_error
+    │   ├── UnsupportedRequestError  a parameter, input item or tool type the Proxy does not implement
+    │   ├── UnknownResponseError     a previous_response_id the session did not produce (or no longer holds)
+    │   └── ModelNotFoundError       a model id other than the served model         404
     ├── EngineError                  the inference engine failed a call              502 engine_error
     │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
     │   │   └── NoHealthyEngineError every engine failed its health check            503 engine_unavailable
     │   ├── EngineTimeout            no answer within the call's timeout             504 engine_timeout
-    │   └── EngineRequestError       the engine rejected the request (4xx)           400 invalid_request_error
+    │   ├── EngineRequestError       the engine rejected the request (4xx)           400 invalid_request_error
+    │   └── ReplyConstraintError     no sampled reply met tool_choice / parallel_tool_calls 502 engine_output_invalid
     ├── TokenizerError               tokenizer or chat template
     │   └── ChatTemplateError        messages the template cannot render             400 invalid_request_error
     ├── JournalError                 the Proxy journal cannot be written or read back
@@ -43,7 +51,6 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
         │   └── ProxyTimeout         no answer within the call's time-out
         ├── ProxyStatusError         the Proxy answered 4xx/5xx (``status_code``, its message)
         └── ProxyReplyError          an answer the driver cannot use (no session id, choices, usage)
-    SampleWireError (DressageError)  a Sample or trajectory read answer in a malformed wire form
 
 Third-party errors (zmq, ray, httpx) are translated where they cross into Dressage:
 ``raise StorageUnitUnavailable(...) from exc``.
@@ -54,6 +61,7 @@ from __future__ import annotations
 __all__ = [
     "DressageError",
     "ConfigError",
+    "EngineMismatchError",
     "FieldError",
     "UnknownFieldError",
     "FieldShapeError",
@@ -63,6 +71,8 @@ __all__ = [
     "EngineUnavailable",
     "EngineTimeout",
     "EngineRequestError",
+    "ReplyConstraintError",
+    "UnsupportedParameterError",
     "TokenizerError",
     "ChatTemplateError",
     "JournalError",
@@ -91,6 +101,10 @@ __all__ = [
     "ProxyStatusError",
     "ProxyReplyError",
     "SampleWireError",
+    "OpenAIRequestError",
+    "UnsupportedRequestError",
+    "UnknownResponseError",
+    "ModelNotFoundError",
 ]
 
 
@@ -109,6 +123,12 @@ class ConfigError(DressageError, ValueError):
 
     http_status = 400
     openai_type = "invalid_request_error"
+
+
+class EngineMismatchError(ConfigError):
+    """At start-up: the engine's model info contradicts the Proxy's ``--model`` / tokenizer (names both)."""
+
+    code = "engine_mismatch"
 
 
 class FieldError(DressageError, ValueError):
@@ -179,6 +199,20 @@ class EngineRequestError(EngineError, ValueError):
     openai_type = "invalid_request_error"
 
 
+class ReplyConstraintError(EngineError):
+    """Every reply sampled for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule.
+
+    Nothing was recorded; ``attempts`` is how many replies were sampled and refused.
+    """
+
+    openai_type = "engine_output_invalid"
+    code = "reply_constraint_unmet"
+
+    def __init__(self, message: str, *, attempts: int) -> None:
+        self.attempts = int(attempts)
+        super().__init__(message)
+
+
 class NoHealthyEngineError(EngineUnavailable):
     """Every configured engine is out of the pool."""
 
@@ -198,6 +232,18 @@ class ContextOverflowError(DressageError, ValueError):
         self.prompt_tokens, self.context_window = int(prompt_tokens), int(context_window)
         super().__init__(f"the prompt has {self.prompt_tokens} tokens and the context window is "
                          f"{self.context_window}: no room for a reply; compress or shorten the conversation")
+
+
+class UnsupportedParameterError(DressageError, ValueError):
+    """A request parameter (or value) the Proxy would otherwise have to ignore; ``param`` names it."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+    code = "unsupported_parameter"
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(f"{param}: {message}")
 
 
 class SessionIdError(DressageError, ValueError):
@@ -338,3 +384,29 @@ class ProxyReplyError(AgentError, ValueError):
 
 class SampleWireError(DressageError, ValueError):
     """A Sample (or trajectory read answer) in wire form that is malformed or of an unknown version."""
+
+
+class OpenAIRequestError(DressageError, ValueError):
+    """An OpenAI-API request the Proxy cannot serve as asked; nothing is generated or recorded."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+
+
+class UnsupportedRequestError(OpenAIRequestError):
+    """A parameter value, input item or tool type the Proxy does not implement (named in the message)."""
+
+    code = "unsupported_parameter"
+
+
+class UnknownResponseError(OpenAIRequestError, LookupError):
+    """A ``previous_response_id`` that the session did not produce, was not stored, or was forgotten."""
+
+    code = "previous_response_not_found"
+
+
+class ModelNotFoundError(OpenAIRequestError, LookupError):
+    """A model id other than the one the Proxy serves."""
+
+    http_status = 404
+    code = "model_not_found"
