@@ -118,13 +118,15 @@ def test_upstream_flag_names_are_accepted():
     args = build_parser().parse_args([
         "proxy", "serve", "--sglang-router-url", "http://router:30000", "--tokenizer-path", "qwen3",
         "--api-key", "proxy-secret", "--engine-api-key", "sk-engine", "--num-layers", "78", "--topk", "8",
-        "--num-experts", "256", "--finalize-wait", "5", "--tokenizer-from-engine", "--dressage-partial-rollout"])
+        "--num-experts", "256", "--finalize-wait", "5", "--tokenizer-from-engine", "--dressage-partial-rollout",
+        "--model", GLM, "--use-rollout-routing-replay"])
     cfg = proxy_config(args)
     s = cfg.server
     assert (s.engines, s.router, s.api_token, s.engine_api_key, s.finalize_wait_s, s.partial_rollout) == (
         ("http://router:30000",), True, "proxy-secret", "sk-engine", 5.0, True)
     assert (cfg.tokenizer, cfg.num_layers, cfg.topk, cfg.num_experts, cfg.tokenizer_from_engine) == (
         "qwen3", 78, 8, 256, True)
+    assert cfg.data_plane.model is get_model(GLM) and cfg.data_plane.use_rollout_routing_replay
     both = build_parser().parse_args(["proxy", "serve", "--sglang-router-url", "http://r:1",
                                       "--engine-url", "http://e:2"])
     with pytest.raises(ConfigError, match="router_url"):
