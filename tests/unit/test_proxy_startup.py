@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import shutil
 
+import httpx
 import pytest
 
 from dressage.errors import ConfigError, EngineMismatchError, EngineUnavailable
@@ -108,7 +110,27 @@ def test_proxy_start_checks_the_built_in_engine_and_refuses_a_wrong_model():
     finally:
         engine.stop()
     with pytest.raises(EngineUnavailable, match=f"{url} did not answer"):
-        Proxy.start(good)
+        Proxy.start(dataclasses.replace(good, engine_wait_s=0))
+
+
+def test_start_up_waits_for_an_engine_that_is_still_loading():
+    mock = MockSGLang(["http://10.0.0.1:30001"])
+    early = [httpx.ConnectError("connection refused"), httpx.Response(503, json={"detail": "loading"})]
+
+    async def handler(request):
+        if early:
+            nxt = early.pop(0)
+            if isinstance(nxt, Exception):
+                raise nxt
+            return nxt
+        return await mock.handle(request)
+
+    server = ProxyServerConfig(engine_url="http://10.0.0.1:30001")
+    (info,) = fetch_engine_infos(server, transport=httpx.MockTransport(handler), wait_s=5, retry_s=0.01)
+    assert info["tokenizer_path"] == "byte" and not early
+    early.append(httpx.ConnectError("connection refused"))
+    with pytest.raises(EngineUnavailable, match="ConnectError"):
+        fetch_engine_infos(server, transport=httpx.MockTransport(handler), wait_s=0)
 
 
 def test_upstream_flag_names_are_accepted():

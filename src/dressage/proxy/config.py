@@ -158,6 +158,8 @@ class ProxyConfig:
     """Routed experts per layer; overrides the engine's model info and the preset."""
     skip_engine_check: bool = False
     """Start without asking the engine for its model info (no shape or tokenizer check)."""
+    engine_wait_s: float = field(default=30.0, metadata=flag("--engine-wait", metavar="S"))
+    """How long start-up waits for an engine that does not answer yet (one that is still loading)."""
 
     def __post_init__(self) -> None:
         for key, cls in (("data_plane", DataPlaneConfig), ("server", ProxyServerConfig), ("journal", JournalConfig)):
@@ -165,6 +167,9 @@ class ProxyConfig:
                 raise ConfigError(f"proxy.{key}: expected a {cls.__name__}, got {type(getattr(self, key)).__name__}")
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigError(f"proxy.tokenizer: expected 'byte' or a tokenizer path, got {self.tokenizer!r}")
+        if isinstance(self.engine_wait_s, bool) or not isinstance(self.engine_wait_s, (int, float)) \
+                or self.engine_wait_s < 0:
+            raise ConfigError(f"proxy.engine_wait_s must be >= 0, got {self.engine_wait_s!r}")
         for key in ("num_layers", "topk", "num_experts"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
