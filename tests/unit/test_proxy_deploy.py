@@ -11,7 +11,6 @@ import asyncio
 
 import httpx
 import numpy as np
-import pytest
 
 from dressage.fields import get_model
 from dressage.proxy.config import DataPlaneConfig, ProxyServerConfig
