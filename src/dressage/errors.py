@@ -15,6 +15,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   ├── FieldShapeError          wrong rank, shape or length (tokens vs logprobs, R3 rows vs T-1)
     │   └── ExpertIdRangeError       an expert id that does not fit the storage dtype
     ├── WireFormatError              an engine response that is not SGLang's format  502 engine_error
+    ├── SampleWireError              a Sample or trajectory read answer in a malformed wire form
     ├── EngineError                  the inference engine failed a call              502 engine_error
     │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
     │   │   └── NoHealthyEngineError every engine failed its health check            503 engine_unavailable
@@ -44,7 +45,6 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
         │   └── ProxyTimeout         no answer within the call's time-out
         ├── ProxyStatusError         the Proxy answered 4xx/5xx (``status_code``, its message)
         └── ProxyReplyError          an answer the driver cannot use (no session id, choices, usage)
-    SampleWireError (DressageError)  a Sample or trajectory read answer in a malformed wire form
 
 Third-party errors (zmq, ray, httpx) are translated where they cross into Dressage:
 ``raise StorageUnitUnavailable(...) from exc``.

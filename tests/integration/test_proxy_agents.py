@@ -16,11 +16,8 @@ from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.http import ProxyServer
-from dressage.proxy.service import ProxyService
-from dressage.tokenizer import load_tokenizer
+from dressage.proxy import Proxy
+from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 
 MODEL = get_model("tiny-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
@@ -46,21 +43,19 @@ def engine():
 
 
 class _Proxy:
-    """A Proxy on a free port in this process (R3 on) in front of ``urls``."""
+    """A Proxy on a free port in this process (``Proxy.start``, R3 on) in front of ``urls``."""
 
     def __init__(self, *urls, **cfg):
-        tok = load_tokenizer("byte")
-        core = ProxyCore(DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True), decode=tok.decode,
-                         special_ids=tok.special_token_ids)
-        self.service = ProxyService(ProxyServerConfig(engine_urls=urls, request_timeout_s=20, **cfg), core, tok)
-        self.server = ProxyServer(self.service)
-        self.url = self.server.start_background()
+        self.proxy = Proxy.start(ProxyConfig(
+            data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
+            server=ProxyServerConfig(engine_urls=urls, request_timeout_s=20, **cfg)))
+        self.service, self.url = self.proxy.service, self.proxy.url
 
     def steps(self, sid):
         return self.service.core.sessions[sid].steps
 
     def stop(self):
-        self.server.stop()
+        self.proxy.shutdown()
 
 
 @pytest.fixture()

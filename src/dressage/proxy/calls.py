@@ -20,6 +20,7 @@ from dressage.proxy.chat import ChatPrompt, assistant_message, build_chat_prompt
 from dressage.proxy.generation import GenerationPlan, GenerationResult, run_generation
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
 from dressage.proxy.streaming import ChunkWriter, aiter_frames, error_payload, replay_chunks, sse, stream_completion
+from dressage.proxy.weights import STEP_LABELS_KEY
 from dressage.proxy.turn_scope import turn_call_key, turn_of
 
 __all__ = ["CallPath", "ChatCall"]
@@ -46,7 +47,8 @@ class CallPath:
     """The model-call use cases; :class:`ProxyService` provides the state they use."""
 
     def _check_call(self, session_id: str) -> None:
-        self.limits.check_call(self.core.active_session(session_id), self.weight_version)
+        self.limits.check_call(self.core.active_session(session_id))
+        self.versions.check(session_id, (self.versions.current,))
 
     def _plan(self, session_id: str, prompt_ids: np.ndarray, sampling: dict[str, Any], *, stream: bool,
               tools: Any = None, boundary_reason: str | None = None) -> tuple[GenerationPlan, str]:
@@ -218,13 +220,17 @@ class CallPath:
     async def _record(self, sid: str, plan: GenerationPlan, result: GenerationResult, engine_url: str, *,
                       metadata: dict[str, Any], **step_kwargs: Any) -> Any:
         """Commit one generated response as a StepRecord (the last check of the version rule first)."""
-        self.limits.check_versions(sid, np.unique(result.token_versions).tolist())
+        codes = np.unique(result.token_versions).tolist()
+        self.versions.check(sid, codes)
         metadata = {**metadata, "engine": engine_url, "engine_requests": result.chunks}
+        labels = self.versions.labels(codes)
+        if labels:
+            metadata[STEP_LABELS_KEY] = labels
         step = await asyncio.to_thread(
             self.core.record_step, sid, plan.decision, prompt_ids=plan.prompt_ids, response_ids=result.response_ids,
             logprobs=result.logprobs, routed_experts=result.routed_experts, token_versions=result.token_versions,
             metadata=metadata, **step_kwargs)
-        self.limits.recorded(sid, int(result.token_versions[0]))
+        self.versions.recorded(sid, int(result.token_versions[0]))
         self.engines.settle(sid)
         return step
 

@@ -39,6 +39,7 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
         from dressage.proxy.journal import Journal
 
         report = core.recover(config.journal.path)
+        service.versions.restore(core.sessions.values())  # named versions keep their codes
         for done in report.delivered:
             service.finalized[done.session_id] = done
         core.journal = Journal(config.journal.path, fsync=config.journal.fsync)

@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dressage.errors import DressageError
 from dressage.proxy.http_upstream import upstream_router
-from dressage.proxy.schemas import ChatRequest, CreateSession, GenerateRequest, ResumeRequest
+from dressage.proxy.rollout_routes import rollout_router
+from dressage.proxy.schemas import ChatRequest, CreateSession, GenerateRequest
 from dressage.proxy.streaming import error_body, error_payload
 from dressage.proxy.turn_scope import identity_of
 from dressage.serving import UvicornServer
@@ -78,7 +79,9 @@ def _install_guards(app: FastAPI, service: Any) -> None:
         param = ".".join(loc) or None
         msg = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
                         for e in errors[:5])
-        return JSONResponse(error_body(msg, "invalid_request_error", param=param), 422)
+        # A key a strict (control) body does not know is a bad request, not a bad value.
+        unknown = any(e.get("type") == "extra_forbidden" for e in errors)
+        return JSONResponse(error_body(msg, "invalid_request_error", param=param), 400 if unknown else 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -137,18 +140,6 @@ def build_app(service: Any) -> FastAPI:
     async def trajectory_stats() -> dict[str, Any]:
         return service.stats()
 
-    @app.post("/v1/rollout/pause")
-    async def rollout_pause() -> dict[str, Any]:
-        return await service.pause_rollout()
-
-    @app.post("/v1/rollout/resume")
-    async def rollout_resume(body: ResumeRequest | None = None) -> dict[str, Any]:
-        return service.resume_rollout(body.weight_version if body else None)
-
-    @app.get("/v1/rollout/pause_state")
-    async def rollout_pause_state() -> dict[str, Any]:
-        return service.pause_state()
-
     @app.get("/v1/engines")
     async def engines() -> dict[str, Any]:
         return service.engine_state()
@@ -157,6 +148,7 @@ def build_app(service: Any) -> FastAPI:
     async def session_info(session_id: str) -> dict[str, Any]:
         return service.session_info(session_id)
 
+    app.include_router(rollout_router(service))
     return app
 
 

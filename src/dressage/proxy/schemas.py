@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 __all__ = ["ChatMessage", "ChatRequest", "GenerateRequest", "CreateSession", "FinalizeRequest",
            "FinalizeSessionRequest", "TrajectoryReadRequest", "ResumeRequest", "PauseRequest", "DiscardRequest"]
@@ -122,9 +122,9 @@ class TrajectoryReadRequest(_Control):
 
 
 class ResumeRequest(_Control):
-    weight_version: Optional[int] = Field(default=None, ge=0)
+    weight_version: Optional[StrictInt] = Field(default=None, ge=0)
     """The policy version of the tokens generated from now on (unchanged if omitted)."""
-    version: Optional[Union[str, int]] = None
+    version: Optional[Union[StrictStr, StrictInt]] = None
     """The same as the engine names it (upstream's field); a plain integer string is that number."""
     reason: Optional[str] = None
 

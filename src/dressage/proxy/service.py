@@ -23,6 +23,7 @@ from dressage.proxy.pause import RolloutPause
 from dressage.proxy.rids import RidFactory
 from dressage.proxy.startup import engine_clients
 from dressage.proxy.turns import CallIdentity, TurnCache, instance_group
+from dressage.proxy.weights import WeightVersions
 
 __all__ = ["ProxyService"]
 
@@ -46,7 +47,8 @@ class ProxyService(CallPath):
             self.engines = EnginePool(clients, failures_to_remove=config.health_check_failures)
         self.engine = next(iter(self.engines.members.values())).client
         self.parser = parser or QwenToolCallParser()
-        self.pause = RolloutPause()
+        self.versions = WeightVersions(partial_rollout=config.partial_rollout)
+        self.pause = RolloutPause(self.versions)
         self.turns = TurnCache()
         self.finalized: dict[str, FinalizedSession] = {}
         self.calls = self.failed_calls = self.replayed_turns = 0
@@ -64,12 +66,12 @@ class ProxyService(CallPath):
 
     @property
     def weight_version(self) -> int:
-        """The policy version new tokens are recorded with."""
-        return self.pause.weight_version
+        """The policy version new tokens are recorded with when the engine reports none."""
+        return self.versions.current
 
     @weight_version.setter
-    def weight_version(self, value: int) -> None:
-        self.pause.weight_version = int(value)
+    def weight_version(self, value: int | str) -> None:
+        self.versions.set(value)
 
     @property
     def router(self) -> bool:
@@ -153,10 +155,10 @@ class ProxyService(CallPath):
             self.forget_state(sid)
 
     def forget_state(self, session_id: str) -> None:
-        """Drop what the call path keeps per session (engine placement, turns, limits)."""
+        """Drop what the call path keeps per session (engine placement, turns, weight versions)."""
         self.engines.forget(session_id)
         self.turns.forget_session(session_id)
-        self.limits.forget(session_id)
+        self.versions.forget(session_id)
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``GET /trajectory/stats``."""
@@ -174,11 +176,14 @@ class ProxyService(CallPath):
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves)}
 
     # ----------------------------------------------------- rollout, engines
-    async def pause_rollout(self) -> dict[str, Any]:
-        return await self.pause.pause()
+    async def pause_rollout(self, *, session_id: str | None = None, instance_id: str | None = None,
+                            timeout_s: float | None = None) -> dict[str, Any]:
+        """Pause every call, or only a session's / a prompt instance's (see :class:`RolloutPause`)."""
+        return await self.pause.pause(session_id=session_id, instance_id=instance_id, timeout_s=timeout_s)
 
-    def resume_rollout(self, weight_version: int | None) -> dict[str, Any]:
-        return self.pause.resume(weight_version)
+    def resume_rollout(self, version: int | str | None) -> dict[str, Any]:
+        """Release every paused call; ``version`` (a number or the engine's string) is the new fallback."""
+        return self.pause.resume(version)
 
     def pause_state(self) -> dict[str, Any]:
         return self.pause.state()
