@@ -153,6 +153,8 @@ def test_upstream_flag_names_are_accepted():
                                       "--engine-url", "http://e:2"])
     with pytest.raises(ConfigError, match="router_url"):
         proxy_config(both)
+    no_auth = build_parser().parse_args(["proxy", "serve", "--engine-url", "http://e:2", "--api-key", "no-auth"])
+    assert proxy_config(no_auth).server.api_token is None
     with pytest.raises(ConfigError, match="--engine-url"):
         proxy_config(build_parser().parse_args(["proxy", "serve"]))
     with pytest.raises(ConfigError, match="proxy.num_layers"):
