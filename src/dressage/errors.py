@@ -6,6 +6,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
 
     DressageError                    500 internal_error
     ├── ConfigError                  bad flag, YAML key or value (names the key)    400 invalid_request_error
+    │   └── EngineMismatchError      the engine serves another model shape or tokenizer than the Proxy's
     ├── ContextOverflowError         the prompt alone fills the context window       400 invalid_request_error
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
@@ -54,6 +55,7 @@ from __future__ import annotations
 __all__ = [
     "DressageError",
     "ConfigError",
+    "EngineMismatchError",
     "FieldError",
     "UnknownFieldError",
     "FieldShapeError",
@@ -109,6 +111,12 @@ class ConfigError(DressageError, ValueError):
 
     http_status = 400
     openai_type = "invalid_request_error"
+
+
+class EngineMismatchError(ConfigError):
+    """At start-up: the engine's model info contradicts the Proxy's ``--model`` / tokenizer (names both)."""
+
+    code = "engine_mismatch"
 
 
 class FieldError(DressageError, ValueError):

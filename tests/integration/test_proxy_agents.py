@@ -192,7 +192,8 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id"
 
     fin = httpx.post(url + "/session/finalize", json={"reward": 0.5}, headers={"X-Session-Id": "agent-7"}).json()
-    assert fin == {"session_id": "agent-7", "segments": 1, "reward": 0.5}
+    assert (fin["session_id"], fin["trajectory_id"], fin["segments"], fin["reward"]) == ("agent-7", "agent-7", 1, 0.5)
+    assert (fin["num_steps"], fin["num_turns"], fin["instance_id"]) == (2, 2, "3")
     stats = httpx.get(url + "/trajectory/stats").json()
     assert stats["sessions"]["finalized"] == 1 and stats["replayed_turns"] == 2 and stats["unread_segments"] == 1
     by_group = httpx.post(url + "/trajectory/read", json={"instance_id": "3"}).json()

@@ -118,10 +118,14 @@ def test_http_errors_are_clear_and_server_keeps_serving(proxy):
     assert r.status_code == 422 and r.json()["error"]["param"] == "input_ids"
     ok = _post(chat, json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
-    assert _post(f"{url}/sessions/{sid}/finalize", json={"reward": 0.5}).status_code == 200
+    first = _post(f"{url}/sessions/{sid}/finalize", json={"reward": 0.5})
+    assert first.status_code == 200
     r = _post(chat, json={"messages": [{"role": "user", "content": "again"}]})
     assert r.status_code == 409 and "finalized" in r.json()["error"]["message"]
-    assert _post(f"{url}/sessions/{sid}/finalize", json={}).status_code == 409
+    again = _post(f"{url}/sessions/{sid}/finalize", json={})  # a client's retry: the same answer, once
+    assert again.status_code == 200 and again.json() == first.json() and again.json()["reward"] == 0.5
+    r = _post(f"{url}/sessions/{sid}/finalize", json={"reward": 1, "trajectory_build_mode": "concat"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "trajectory_build_mode"
     r = _post(url + "/sessions", content=b"x" * 100, headers={"content-type": "application/json"})
     assert r.status_code == 400
     assert httpx.get(url + "/health").json()["status"] == "ok"

@@ -44,6 +44,11 @@ class ChatRequest(_Body):
     stream_options: Optional[dict[str, Any]] = None
     """``{"include_usage": true}`` adds a last chunk with the call's usage."""
     n: int = Field(default=1, ge=1, le=1)
+    session_id: Optional[str] = None
+    instance_id: Optional[Union[str, int]] = None
+    turn_id: Optional[str] = None
+    """Upstream's clients may name the call in the body; an ``X-Session-Id`` / ``X-Instance-Id`` /
+    ``X-Turn-Id`` header wins."""
 
     @field_validator("tool_choice")
     @classmethod
