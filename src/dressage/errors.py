@@ -8,7 +8,6 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     ├── ConfigError                  bad flag, YAML key or value (names the key)    400 invalid_request_error
     │   └── EngineMismatchError      the engine serves another model shape or tokenizer than the Proxy's
     ├── ContextOverflowError         the prompt alone fills the context window       400 invalid_request_error
-    ├── UnsupportedParameterError    a request parameter the Proxy cannot honour (names it) 400 invalid_request_error
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
     ├── FieldError                   trajectory field data that does not fit its spec 502 engine_output_invalid
@@ -19,6 +18,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     ├── SampleWireError              a Sample or trajectory read answer in a malformed wire form
     ├── OpenAIRequestError           an OpenAI request the Proxy cannot serve as asked 400 invalid_request_error
     │   ├── UnsupportedRequestError  a parameter, input item or tool type the Proxy does not implement
+    │   │   └── UnsupportedParameterError  a chat parameter or content part it cannot honour (``param``)
     │   ├── UnknownResponseError     a previous_response_id the session did not produce (or no longer holds)
     │   └── ModelNotFoundError       a model id other than the served model         404
     ├── EngineError                  the inference engine failed a call              502 engine_error
@@ -71,8 +71,7 @@ __all__ = [
     "EngineUnavailable",
     "EngineTimeout",
     "EngineRequestError",
-    "ReplyConstraintError",
-    "UnsupportedParameterError",
+    "ReplyConstraintError", "UnsupportedParameterError",
     "TokenizerError",
     "ChatTemplateError",
     "JournalError",
@@ -200,17 +199,10 @@ class EngineRequestError(EngineError, ValueError):
 
 
 class ReplyConstraintError(EngineError):
-    """Every reply sampled for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule.
-
-    Nothing was recorded; ``attempts`` is how many replies were sampled and refused.
-    """
+    """Every reply drawn for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule; none was recorded."""
 
     openai_type = "engine_output_invalid"
     code = "reply_constraint_unmet"
-
-    def __init__(self, message: str, *, attempts: int) -> None:
-        self.attempts = int(attempts)
-        super().__init__(message)
 
 
 class NoHealthyEngineError(EngineUnavailable):
@@ -232,18 +224,6 @@ class ContextOverflowError(DressageError, ValueError):
         self.prompt_tokens, self.context_window = int(prompt_tokens), int(context_window)
         super().__init__(f"the prompt has {self.prompt_tokens} tokens and the context window is "
                          f"{self.context_window}: no room for a reply; compress or shorten the conversation")
-
-
-class UnsupportedParameterError(DressageError, ValueError):
-    """A request parameter (or value) the Proxy would otherwise have to ignore; ``param`` names it."""
-
-    http_status = 400
-    openai_type = "invalid_request_error"
-    code = "unsupported_parameter"
-
-    def __init__(self, param: str, message: str) -> None:
-        self.param = param
-        super().__init__(f"{param}: {message}")
 
 
 class SessionIdError(DressageError, ValueError):
@@ -397,6 +377,14 @@ class UnsupportedRequestError(OpenAIRequestError):
     """A parameter value, input item or tool type the Proxy does not implement (named in the message)."""
 
     code = "unsupported_parameter"
+
+
+class UnsupportedParameterError(UnsupportedRequestError):
+    """A request parameter (or value) the Proxy would otherwise have to ignore; ``param`` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(f"{param}: {message}")
 
 
 class UnknownResponseError(OpenAIRequestError, LookupError):

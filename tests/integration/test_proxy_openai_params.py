@@ -335,3 +335,20 @@ def test_openai_structured_output_parse_with_a_pydantic_model(api):
             assert isinstance(parsed, Answer) and parsed.final in ("yes", "no") and parsed.steps
     schema = json.loads(api.rec.bodies[-1]["sampling_params"]["json_schema"])
     assert schema["additionalProperties"] is False and "$defs" in schema
+
+
+def test_a_retried_n_sample_turn_is_replayed_whole(api):
+    sid = api.session()
+    url = f"{api.url}/sessions/{sid}/v1/chat/completions"
+    body = {"messages": USER, "n": 2, "max_tokens": 20}
+    first = httpx.post(url, json=body, headers={"X-Turn-Id": "t1"}, timeout=30).json()
+    again = httpx.post(url, json=body, headers={"X-Turn-Id": "t1"}, timeout=30).json()
+    assert again == first and len(api.steps(sid)) == 2
+    events = httpx.post(url, json={**body, "stream": True}, headers={"X-Turn-Id": "t1"}, timeout=30).text
+    chunks = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: {")]
+    texts = {0: "", 1: ""}
+    for ch in chunks:
+        for c in ch["choices"]:
+            texts[c["index"]] += c["delta"].get("content") or ""
+    assert [texts[0], texts[1]] == [c["message"]["content"] for c in first["choices"]]
+    assert len(api.steps(sid)) == 2 and {s.metadata["turn_id"] for s in api.steps(sid)} == {"t1"}

@@ -244,27 +244,31 @@ class CallPath(ChatSampling):
         sequence), keep-alives (``None``), then the recorded chat completion (``dict``);
         ``on_commit()`` runs as recording begins. A buffered call (``n > 1``, tool rules) sends no
         text: its completion comes once every sample is checked."""
-        if call.buffered:
-            task = asyncio.ensure_future(self._samples(call))
-            try:
-                while not task.done():
-                    await asyncio.wait([task], timeout=KEEPALIVE_S)
-                    if not task.done():
-                        yield None
-                samples = task.result()
-            finally:
-                task.cancel()
-        else:
-            result = None
-            async for event in visible(self._generate(call.plan), call.options.stops):
-                if isinstance(event, GenerationResult):
-                    result = event
-                else:
-                    yield event
-            samples = [self._reply(call, 0, call.plan, result)]
-        if on_commit is not None:
-            on_commit()
-        yield await asyncio.shield(self._commit_task(call, samples))
+        self.in_flight.enter(call.session_id)  # a stream of another wire format counts for finalize too
+        try:
+            if call.buffered:
+                task = asyncio.ensure_future(self._samples(call))
+                try:
+                    while not task.done():
+                        await asyncio.wait([task], timeout=KEEPALIVE_S)
+                        if not task.done():
+                            yield None
+                    samples = task.result()
+                finally:
+                    task.cancel()
+            else:
+                result = None
+                async for event in visible(self._generate(call.plan), call.options.stops):
+                    if isinstance(event, GenerationResult):
+                        result = event
+                    else:
+                        yield event
+                samples = [self._reply(call, 0, call.plan, result)]
+            if on_commit is not None:
+                on_commit()
+            yield await asyncio.shield(self._commit_task(call, samples))
+        finally:
+            self._leave(call.session_id, call.commit)
 
     async def _buffered_frames(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[bytes]:
         """Every sample generated (keep-alives meanwhile), recorded, then sent as one stream."""
@@ -276,25 +280,6 @@ class CallPath(ChatSampling):
                 response = event
         for frame in replay_chunks(response, include_usage=call.include_usage):
             yield frame
-
-    async def _reply_events(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[str | None | dict[str, Any]]:
-        """A streamed chat call for other wire formats: the reply text so far (``str``), keep-alives
-        (``None``), then the recorded chat completion (``dict``); ``on_commit()`` runs as recording begins."""
-        task: asyncio.Future | None = None
-        self.in_flight.enter(call.session_id)
-        try:
-            result = None
-            async for event in self._generate(call.plan):
-                if isinstance(event, GenerationResult):
-                    result = event
-                else:
-                    yield event
-            if on_commit is not None:
-                on_commit()
-            task = self._commit_task(call, result)
-            yield await asyncio.shield(task)
-        finally:
-            self._leave(call.session_id, task)
 
     async def _record(self, sid: str, plan: GenerationPlan, result: GenerationResult, engine_url: str, *,
                       metadata: dict[str, Any], **step_kwargs: Any) -> Any:
