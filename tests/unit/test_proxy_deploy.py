@@ -13,13 +13,11 @@ import httpx
 import numpy as np
 
 from dressage.fields import get_model
-from dressage.proxy.config import DataPlaneConfig, ProxyServerConfig
-from dressage.proxy.core import ProxyCore
+from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.deployment import build_service
 from dressage.proxy.http import build_app
 from dressage.proxy.rids import RID_LENGTH
-from dressage.proxy.service import ProxyService
 from dressage.proxy.startup import engine_clients
-from dressage.tokenizer import load_tokenizer
 from sglang_mock import MockSGLang, routing_row
 
 MODEL = get_model("tiny-moe")
@@ -27,13 +25,13 @@ W1, W2, ROUTER = "http://10.0.0.1:30001", "http://10.0.0.2:30002", "http://route
 
 
 def make(mock, *, r3=True, partial=True, router=False, tq=None, key=None, sink=None, **server):
-    tok = load_tokenizer("byte")
+    """The Proxy service from the composition root (``build_service``), its engines on ``mock``'s
+    transport, served in process over ASGI."""
     dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=r3, enable_transfer_queue=tq is not None)
-    core = ProxyCore(dp, tq.client() if tq is not None else None, sink=sink, decode=tok.decode,
-                     special_ids=tok.special_token_ids)
     cfg = ProxyServerConfig(engine_url=mock.router or mock.workers[0], router=router, engine_api_key=key,
                             partial_rollout=partial, request_timeout_s=20, **server)
-    service = ProxyService(cfg, core, tok, engine_clients(cfg, transport=mock.transport()))
+    service, _ = build_service(ProxyConfig(data_plane=dp, server=cfg), tq_client=tq.client() if tq is not None else None,
+                               engine=engine_clients(cfg, transport=mock.transport()), sink=sink)
     return service, httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(service)), base_url="http://proxy")
 
 
