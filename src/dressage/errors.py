@@ -17,8 +17,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   └── ExpertIdRangeError       an expert id that does not fit the storage dtype
     ├── WireFormatError              an engine response that is not SGLang's format  502 engine_error
     ├── SampleWireError              a Sample or trajectory read answer in a malformed wire form
-    ├── OpenAIRequestError           an OpenAI request the Proxy cannot serve as asked 400 invalid_request_error
-    │   ├── UnsupportedRequestError  a parameter, input item or tool type the Proxy does not implement
+    ├── OpenAIRequestError           an OpenAI request with no equivalent the Proxy can serve 400 invalid_request_error
     │   ├── UnknownResponseError     a previous_response_id the session did not produce (or no longer holds)
     │   └── ModelNotFoundError       a model id other than the served model         404
     ├── EngineError                  the inference engine failed a call              502 engine_error
@@ -102,7 +101,6 @@ __all__ = [
     "ProxyReplyError",
     "SampleWireError",
     "OpenAIRequestError",
-    "UnsupportedRequestError",
     "UnknownResponseError",
     "ModelNotFoundError",
 ]
@@ -391,12 +389,6 @@ class OpenAIRequestError(DressageError, ValueError):
 
     http_status = 400
     openai_type = "invalid_request_error"
-
-
-class UnsupportedRequestError(OpenAIRequestError):
-    """A parameter value, input item or tool type the Proxy does not implement (named in the message)."""
-
-    code = "unsupported_parameter"
 
 
 class UnknownResponseError(OpenAIRequestError, LookupError):

@@ -41,7 +41,7 @@ class ResponsesPath:
         if not messages:
             raise OpenAIRequestError("the request has no input (give input, instructions or previous_response_id)")
         try:
-            chat = ChatRequest.model_validate(chat_body(req, messages, ChatRequest.model_fields))
+            chat = ChatRequest.model_validate(chat_body(req, messages))
         except ValidationError as exc:
             raise _invalid(exc) from None
         return chat, messages, n_instructions
