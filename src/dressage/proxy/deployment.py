@@ -134,6 +134,7 @@ class Proxy:
 
     def shutdown(self) -> None:
         self.server.stop()
+        self.core.close()  # steps still being written land before the TQ goes
         if self._owns_tq and self.tq is not None:
             self.tq.shutdown()
             self._owns_tq = False
