@@ -86,6 +86,11 @@ class _UnitActor:
         self.backend.close()
 
 
+def _is_head(node: dict[str, Any]) -> bool:
+    """Whether a ``ray.nodes()`` entry is the head node (Ray gives it the ``node:__internal_head__`` resource)."""
+    return bool(node.get("IsHead")) or "node:__internal_head__" in (node.get("Resources") or {})
+
+
 class _ControllerActor:
     """Runs the Controller, its ZMQ server and its Janitor in the actor's process.
 
@@ -206,7 +211,7 @@ class RayDeployment:
         self._actors: list[Any] = []
         self._pids: dict[str, int] = {}
         try:
-            nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: not n.get("IsHead", False))
+            nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: not _is_head(n))
             if not nodes:
                 raise StorageUnitUnavailable("the Ray cluster has no alive nodes")
             here = ray.get_runtime_context().get_node_id()
@@ -228,7 +233,7 @@ class RayDeployment:
             ).remote()  # starts beside the units; it learns them below
             self._actors.append(controller)
             described = self._wait([a.describe.remote() for a in actors], "StorageUnit actors")
-            heads = {n["NodeID"] for n in nodes if n.get("IsHead", False)}
+            heads = {n["NodeID"] for n in nodes if _is_head(n)} or {here}  # else the Controller's node
             # Units on the head node are the placement's last resort once other nodes have units.
             spread = len({d["node_id"] for d in described}) > 1
             self._infos = [UnitInfo(d["unit_id"], d["node_id"], int(d["memory_budget"]), d["address"],
