@@ -97,8 +97,7 @@ class ResponsesPath:
         model = self.config.served_model_name
         ev = ResponseEvents()
         skeleton = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model)
-        self.in_flight.enter(sid)
-        try:
+        try:  # _reply_events counts the call in flight until its commit is done
             async for frame in stream_response(ev, skeleton, item_ids(call.completion_id), self.parser,
                                                self._reply_events(call, began), finish):
                 yield frame
@@ -114,8 +113,6 @@ class ResponsesPath:
             if call.turn_id is not None and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
             raise
-        finally:
-            self._leave(sid, call.commit)
 
 
 async def _aiter(frames: Any) -> AsyncIterator[bytes]:
