@@ -300,3 +300,21 @@ def test_structured_output_and_logprobs_go_through_the_chat_path(proxy):
     r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/responses", json={"input": "x", "tool_choice": "required"},
                    timeout=20)
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_choice_required_and_named_are_enforced_streamed_or_not(proxy, stream):
+    sid, client = _session(proxy)
+    for choice in ("required", {"type": "function", "name": "calculator"}):
+        kw = dict(model="m", input="Use the calculator on 3.", tools=FLAT_TOOLS, tool_choice=choice, **TOOL_SAMPLING)
+        if stream:
+            with client.responses.stream(**kw) as events:
+                kinds = [e.type for e in events]
+                resp = events.get_final_response()
+            assert kinds[0] == "response.created" and "response.function_call_arguments.done" in kinds
+        else:
+            resp = client.responses.create(**kw)
+        calls = [o for o in resp.output if o.type == "function_call"]
+        assert calls and all(c.name == "calculator" for c in calls)
+    segs = _segments(proxy, sid)
+    assert sum(len(s["step_ids"]) for s in segs) == 2  # refused draws are not recorded
