@@ -318,3 +318,32 @@ def test_tool_choice_required_and_named_are_enforced_streamed_or_not(proxy, stre
         assert calls and all(c.name == "calculator" for c in calls)
     segs = _segments(proxy, sid)
     assert sum(len(s["step_ids"]) for s in segs) == 2  # refused draws are not recorded
+
+
+def test_finalize_waits_for_a_streamed_response_in_flight():
+    engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=30, token_delay_s=0.02,
+                                       stream_interval=2))
+    engine.start_background()
+    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), server=ProxyServerConfig(
+        engine_urls=(engine.url,), request_timeout_s=20)), sink=RolloutManager(dp_size=1))
+
+    async def run():
+        async with httpx.AsyncClient(timeout=20) as h:
+            sid = (await h.post(server.url + "/sessions", json={})).json()["session_id"]
+            body = {"input": "Talk a while.", "stream": True, "max_output_tokens": 30}
+            async with h.stream("POST", f"{server.url}/sessions/{sid}/v1/responses", json=body) as r:
+                lines = r.aiter_lines()
+                async for line in lines:
+                    if line.startswith("data: "):
+                        break  # the response has started; the engine is still generating
+                fin = await h.post(f"{server.url}/sessions/{sid}/finalize", json={"wait_s": 20})
+                rest = [line async for line in lines]
+            return fin.json(), rest
+
+    try:
+        fin, rest = asyncio.run(run())
+        assert fin["in_flight_done"] is True and fin["num_steps"] == 1
+        assert any('"type":"response.completed"' in line or '"type":"response.incomplete"' in line for line in rest)
+    finally:
+        server.shutdown()
+        engine.stop()
