@@ -230,6 +230,7 @@ def test_discard_drops_active_finalized_and_aborted_sessions_and_their_keys():
             service, h = make(mock, tq=tq, sink=rm)
             for sid in ("act", "fin", "abo", "keep"):
                 assert (await chat(h, sid, "hello", turn="t")).status_code == 200
+                await service.core.settled(sid)  # the TQ write lands behind the answer
             assert tq.total_keys() == 8
             await h.post("/session/finalize", json={"session_id": "fin"})
             await h.post("/session/finalize", json={"session_id": "keep"})
