@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from dressage.engine.config import EngineConfig
+from dressage.engine.core import Engine
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
@@ -344,6 +345,37 @@ def test_finalize_waits_for_a_streamed_response_in_flight():
         fin, rest = asyncio.run(run())
         assert fin["in_flight_done"] is True and fin["num_steps"] == 1
         assert any('"type":"response.completed"' in line or '"type":"response.incomplete"' in line for line in rest)
+    finally:
+        server.shutdown()
+        engine.stop()
+
+
+@pytest.mark.parametrize("keep_reasoning", [True, False], ids=["reasoning_sent_back", "reasoning_dropped"])
+def test_qwen3_template_responses_tool_loop_with_reasoning_is_one_segment(qwen3, keep_reasoning):
+    """On the real Qwen3 template: reasoning items and function calls sent back continue the Segment."""
+    config = EngineConfig(model=MODEL, port=0, seed=11, tokenizer="qwen3", tool_call_rate=0.6, mean_response_tokens=20)
+    engine = EngineServer(config, engine=Engine(config, qwen3))
+    engine.start_background()
+    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), tokenizer="qwen3", server=ProxyServerConfig(
+        engine_urls=(engine.url,), request_timeout_s=30)), tokenizer=qwen3, sink=RolloutManager(dp_size=1))
+    try:
+        sid, client = _session(server)
+        items = [{"role": "user", "content": "What is 6*7? Use the calculator."}]
+        kinds, generated = set(), 0
+        for _ in range(4):
+            resp = client.responses.create(model="m", instructions="You are careful.", input=items, tools=FLAT_TOOLS,
+                                           max_output_tokens=96, temperature=0.7)
+            out = _items(resp)
+            kinds |= {o["type"] for o in out}
+            generated += resp.usage.output_tokens
+            items += [o for o in out if keep_reasoning or o["type"] != "reasoning"]
+            calls = [o for o in out if o["type"] == "function_call"]
+            items += [{"type": "function_call_output", "call_id": c["call_id"], "output": "42"} for c in calls]
+            if not calls:
+                items.append({"role": "user", "content": "Check it once more."})
+        (seg,) = _segments(server, sid)
+        assert len(seg["step_ids"]) == 4 and "reasoning" in kinds
+        assert sum(seg["loss_mask"]) == generated  # every generated token trained once, nothing else
     finally:
         server.shutdown()
         engine.stop()
