@@ -18,6 +18,7 @@ from dressage.errors import DressageError, UnsupportedParameterError
 from dressage.proxy.responses import ResponsesRequest, chat_body, conversation, item_ids, response_object
 from dressage.proxy.responses_stream import ResponseEvents, replay_events, stream_response
 from dressage.proxy.schemas import ChatRequest
+from dressage.proxy.streaming import aiter_frames
 from dressage.proxy.turn_scope import turn_call_key
 
 __all__ = ["ResponsesPath"]
@@ -69,7 +70,7 @@ class ResponsesPath:
             if pending is not None and not pending.cancelled():
                 self.replayed_turns += 1
                 completion = await asyncio.shield(pending)
-                return _aiter(replay_events(self._responded(session_id, req, completion, messages, n_instructions)))
+                return aiter_frames(replay_events(self._responded(session_id, req, completion, messages, n_instructions)))
         call = self.prepare_chat(session_id, chat, turn_id=turn_id)
         return self._stream_response(call, req, messages, n_instructions)
 
@@ -114,7 +115,3 @@ class ResponsesPath:
                 self.turns.abandon(sid, call.turn_id, exc)
             raise
 
-
-async def _aiter(frames: Any) -> AsyncIterator[bytes]:
-    for frame in frames:
-        yield frame
