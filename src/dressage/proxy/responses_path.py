@@ -114,4 +114,3 @@ class ResponsesPath:
             if call.turn_id is not None and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
             raise
-
