@@ -196,10 +196,7 @@ class EngineRequestError(EngineError, ValueError):
 
 
 class ReplyConstraintError(EngineError):
-    """Every reply sampled for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule.
-
-    Nothing was recorded; the message says how many replies were sampled and refused.
-    """
+    """Every reply drawn for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule; none was recorded."""
 
     openai_type = "engine_output_invalid"
     code = "reply_constraint_unmet"
