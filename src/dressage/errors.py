@@ -9,6 +9,12 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     ├── ContextOverflowError         the prompt alone fills the context window       400 invalid_request_error
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
+    ├── RequestRejected              an HTTP request refused before any route runs   400 invalid_request_error
+    │   ├── InputValueError          a lone surrogate or non-finite number in a body
+    │   ├── BodyTooLargeError        more body bytes received than the limit         413
+    │   ├── AuthenticationError      missing or wrong bearer token                   401 authentication_error
+    │   └── PermissionDeniedError    an agent token on an admin endpoint             403 permission_error
+    ├── SessionLimitError            the Proxy holds its maximum of live sessions    429 rate_limit_exceeded
     ├── FieldError                   trajectory field data that does not fit its spec 502 engine_output_invalid
     │   ├── UnknownFieldError        a field name that is not registered
     │   ├── FieldShapeError          wrong rank, shape or length (tokens vs logprobs, R3 rows vs T-1)
@@ -70,6 +76,12 @@ __all__ = [
     "ContextOverflowError",
     "SessionIdError",
     "MissingSessionIdError",
+    "RequestRejected",
+    "InputValueError",
+    "BodyTooLargeError",
+    "AuthenticationError",
+    "PermissionDeniedError",
+    "SessionLimitError",
     "NoHealthyEngineError",
     "TrajectoryError",
     "SessionStateError",
@@ -212,6 +224,51 @@ class MissingSessionIdError(SessionIdError):
     """A header-identified call without a session header."""
 
     code = "missing_session_id"
+
+
+class RequestRejected(DressageError, ValueError):
+    """An HTTP request the Proxy refuses before any route runs (nothing is recorded)."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+
+
+class InputValueError(RequestRejected):
+    """A request body with a value no part of the data plane may store: a lone UTF-16 surrogate
+    (not encodable as UTF-8) or a non-finite number (``NaN``, ``Infinity``, an overflowing float)."""
+
+    code = "invalid_value"
+
+
+class BodyTooLargeError(RequestRejected):
+    """More request body bytes arrived (declared or chunked) than ``max_body_bytes``."""
+
+    http_status = 413
+    code = "body_too_large"
+
+
+class AuthenticationError(RequestRejected):
+    """A missing or wrong bearer token."""
+
+    http_status = 401
+    openai_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class PermissionDeniedError(RequestRejected):
+    """A valid agent token on an endpoint that needs the admin token."""
+
+    http_status = 403
+    openai_type = "permission_error"
+    code = "admin_token_required"
+
+
+class SessionLimitError(DressageError):
+    """The Proxy already holds its maximum of live sessions (none of them idle long enough to evict)."""
+
+    http_status = 429
+    openai_type = "rate_limit_exceeded"
+    code = "too_many_sessions"
 
 
 class TokenizerError(DressageError):

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from dataclasses import dataclass
@@ -15,13 +16,15 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from dressage.errors import DressageError, EngineUnavailable
+from dressage.errors import DressageError, EngineUnavailable, WireFormatError
 from dressage.proxy.chat import ChatPrompt, assistant_message, build_chat_prompt, effective_tools
 from dressage.proxy.generation import GenerationPlan, GenerationResult, run_generation
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
-from dressage.proxy.streaming import ChunkWriter, aiter_frames, error_payload, replay_chunks, sse, stream_completion
+from dressage.proxy.streaming import DONE, ChunkWriter, aiter_frames, error_payload, replay_chunks, sse, stream_completion
 
 __all__ = ["CallPath", "ChatCall"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -106,24 +109,49 @@ class CallPath:
                     include = bool(req.stream_options and req.stream_options.get("include_usage"))
                     return aiter_frames(replay_chunks(response, include_usage=include))
                 return response
-        call = self.prepare_chat(session_id, req, turn_id=turn_id)
-        if req.stream:
-            return self._stream(call)  # its turn begins when the response starts (see _stream)
-        if turn_id is not None:
-            self.turns.begin(session_id, turn_id)
-        return await self._complete(call)
+        try:
+            call = self.prepare_chat(session_id, req, turn_id=turn_id)
+            if req.stream:
+                return self._stream(call)  # its turn begins when the response starts (see _stream)
+            if turn_id is not None:
+                self.turns.begin(session_id, turn_id)
+            with self.keeper.busy(session_id):
+                return await self._complete(call)
+        except BaseException:
+            self.drop_if_unused(session_id)
+            raise
 
     async def chat(self, session_id: str, req: ChatRequest) -> dict[str, Any]:
         """Non-streamed chat completion (kept for embedders; HTTP goes through :meth:`open_chat`)."""
         return await self._complete(self.prepare_chat(session_id, req))
 
+    def _check_vocab(self, ids: list[int]) -> None:
+        """An engine id the tokenizer does not know is the engine's fault (502), never a crash."""
+        vocab = getattr(self.tokenizer, "vocab_size", None)
+        if vocab is not None and ids and not 0 <= min(ids) <= max(ids) < vocab:
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise WireFormatError(f"the engine returned token id {bad}, outside the tokenizer's vocabulary "
+                                  f"(0..{vocab - 1}): do the engine and the Proxy use the same tokenizer?")
+
+    def _decode(self, ids: list[int]) -> str:
+        """The reply text of engine ids (typed errors only)."""
+        self._check_vocab(ids)
+        try:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        except (ValueError, KeyError, IndexError, OverflowError, TypeError) as exc:
+            raise WireFormatError(f"the engine's token ids do not decode: {type(exc).__name__}: {exc}") from exc
+
+    def _normalize(self, body: Any, **kw: Any) -> Any:
+        out = self.core.normalize(body, **kw)
+        self._check_vocab(out.output_ids.tolist())  # before anything is merged or recorded
+        return out
+
     async def _generate(self, plan: GenerationPlan) -> AsyncIterator[str | GenerationResult | None]:
         self.calls += 1
         try:
             async for event in run_generation(
-                    plan, self.pause, self.core.normalize, partial_rollout=self.config.partial_rollout,
-                    timeout_s=self.config.request_timeout_s,
-                    decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)):
+                    plan, self.pause, self._normalize, partial_rollout=self.config.partial_rollout,
+                    timeout_s=self.config.request_timeout_s, decode=self._decode):
                 yield event
         except EngineUnavailable:
             if not self.engines.single:
@@ -175,15 +203,23 @@ class CallPath:
 
         writer = ChunkWriter(call.completion_id, self.config.served_model_name, call.created)
         try:
-            async for frame in stream_completion(writer, self.parser, self._generate(call.plan), commit,
-                                                 include_usage=call.include_usage):
-                yield frame
-        except DressageError as exc:
+            with self.keeper.busy(call.session_id):
+                async for frame in stream_completion(writer, self.parser, self._generate(call.plan), commit,
+                                                     include_usage=call.include_usage):
+                    yield frame
+        except Exception as exc:
+            self.drop_if_unused(call.session_id)
+            # The stream has begun (200 sent): the error is its last event, then [DONE].
             if call.turn_id is not None and not committing:
                 self.turns.abandon(call.session_id, call.turn_id, exc)
             self.failed_calls += 1
+            if not isinstance(exc, DressageError):
+                log.exception("streamed call %s failed", call.completion_id)
+                exc = DressageError(f"internal error: {type(exc).__name__}")
             yield sse(error_payload(exc))
+            yield DONE
         except BaseException as exc:
+            self.drop_if_unused(call.session_id)
             if call.turn_id is not None and not committing:
                 self.turns.abandon(call.session_id, call.turn_id, exc)
             raise
@@ -198,12 +234,13 @@ class CallPath:
             logprobs=result.logprobs, routed_experts=result.routed_experts, token_versions=result.token_versions,
             metadata=metadata, **step_kwargs)
         self.limits.recorded(sid, int(result.token_versions[0]))
+        self._fresh.discard(sid)
         self.engines.settle(sid)
         return step
 
     async def _commit(self, call: ChatCall, result: GenerationResult) -> dict[str, Any]:
         sid = call.session_id
-        text = self.tokenizer.decode(result.response_ids.tolist(), skip_special_tokens=True)
+        text = self._decode(result.response_ids.tolist())
         message = assistant_message(self.parser, text, call_id_prefix=f"call_{call.completion_id[-10:]}")
         step = await self._record(sid, call.plan, result, call.engine_url, messages=call.messages, tools=call.tools,
                                   boundary_reason=call.prompt.boundary_reason,
@@ -226,10 +263,11 @@ class CallPath:
         sp = dict(req.sampling_params or {})
         sp["max_new_tokens"] = self.limits.max_new_tokens(sp.get("max_new_tokens"), len(prompt_ids))
         plan, url = self._plan(session_id, prompt_ids, sp, stream=False)
-        result = await self._final(plan)
-        step = await self._record(session_id, plan, result, url, metadata={})
+        with self.keeper.busy(session_id):
+            result = await self._final(plan)
+            step = await self._record(session_id, plan, result, url, metadata={})
         return {"output_ids": step.response_ids.tolist(),
-                "text": self.tokenizer.decode(step.response_ids.tolist(), skip_special_tokens=True),
+                "text": self._decode(step.response_ids.tolist()),
                 "step_id": step.step_id, "parent_id": step.parent_id, "lineage_id": step.lineage_id,
                 "meta_info": {"finish_reason": result.finish_reason, "prompt_tokens": step.prompt_len,
                               "completion_tokens": step.response_len}}

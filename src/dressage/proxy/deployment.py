@@ -42,6 +42,7 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
             service.finalized[done.session_id] = done
         # Appends start where replay stopped: a record the replay refused is cut (and set aside) too.
         core.journal = Journal(config.journal.path, fsync=config.journal.fsync, intact_bytes=report.intact_bytes)
+        service.keeper.adopt()  # resumed sessions expire like any other
     return service, report
 
 

@@ -22,6 +22,7 @@ from dressage.proxy.engine_pool import EnginePool
 from dressage.proxy.limits import CallLimits
 from dressage.proxy.pause import RolloutPause
 from dressage.proxy.sample_wire import samples_wire
+from dressage.proxy.session_caps import SessionKeeper
 from dressage.proxy.sglang_client import SGLangClient
 from dressage.proxy.turns import CallIdentity, TurnCache, instance_group
 
@@ -48,11 +49,14 @@ class ProxyService(CallPath):
         self.engine = next(iter(self.engines.members.values())).client
         self.parser = parser or QwenToolCallParser()
         self.pause = RolloutPause()
-        self.turns = TurnCache()
+        self.turns = TurnCache(config.max_cached_turns)
         self.finalized: dict[str, FinalizedSession] = {}
         self.calls = self.failed_calls = self.replayed_turns = 0
         self.limits = CallLimits(config)
-        self._groups: dict[str, int] = {}
+        self.keeper = SessionKeeper(core, timeout_s=config.session_timeout_s, max_sessions=config.max_sessions,
+                                    on_evict=self._evicted)
+        self._fresh: set[str] = set()
+        """Sessions a header call created whose first call has not recorded yet (dropped if it fails)."""
         self._rid_prefix = secrets.token_hex(3)
         self._rids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
@@ -80,19 +84,39 @@ class ProxyService(CallPath):
         if sid not in self.core.sessions:
             meta: dict[str, Any] = {"session_source": "headers"}
             if ident.instance_id is not None:
-                meta.update(instance_id=ident.instance_id, group_index=instance_group(ident.instance_id, self._groups))
+                meta.update(instance_id=ident.instance_id, group_index=instance_group(ident.instance_id))
+            self.keeper.admit()
             try:
                 self.core.create_session(meta, session_id=sid)
             except SessionStateError:
-                pass  # a concurrent first call created it
+                return sid  # a concurrent first call created it
+            self.keeper.touch(sid)
+            self._fresh.add(sid)
         return sid
+
+    def drop_if_unused(self, session_id: str) -> None:
+        """A header-created session whose first call failed is dropped: a failed call leaves nothing."""
+        if session_id in self._fresh and not self.keeper.is_busy(session_id):
+            self._fresh.discard(session_id)
+            if self.core.drop_unused(session_id):
+                self.keeper.release(session_id)
+                self.engines.forget(session_id)
+                self.limits.forget(session_id)
+
+    def _evicted(self, session_id: str) -> None:
+        self._fresh.discard(session_id)
+        self.engines.forget(session_id)
+        self.turns.forget_session(session_id)
+        self.limits.forget(session_id)
 
     # ---------------------------------------------------------- sessions
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "sessions": len(self.core.sessions), "weight_version": self.weight_version}
 
     def create_session(self, metadata: dict[str, Any] | None, base_url: str) -> dict[str, Any]:
+        self.keeper.admit()
         s = self.core.create_session(metadata)
+        self.keeper.touch(s.session_id)
         return {"session_id": s.session_id, "base_url": self.session_url(base_url, s.session_id)}
 
     def session_info(self, session_id: str) -> dict[str, Any]:
@@ -110,6 +134,7 @@ class ProxyService(CallPath):
     # --------------------------------------------------------- lifecycle
     def finalize(self, session_id: str, reward: float | None) -> FinalizedSession:
         done = self.core.finalize(session_id, reward)
+        self.keeper.release(session_id)
         self.finalized[session_id] = done
         return done
 
@@ -123,6 +148,7 @@ class ProxyService(CallPath):
     def abort(self, session_id: str) -> dict[str, Any]:
         """Abort a session: its TQ keys are deleted and nothing more may be recorded."""
         released = self.core.abort(session_id)
+        self.keeper.release(session_id)
         return {"session_id": session_id, "state": "aborted", "released_refs": released}
 
     def _finalized(self, session_id: str, what: str) -> FinalizedSession:
@@ -176,6 +202,7 @@ class ProxyService(CallPath):
             self.engines.forget(sid)
             self.turns.forget_session(sid)
             self.limits.forget(sid)
+            self.keeper.release(sid)
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``GET /trajectory/stats``."""
@@ -190,7 +217,8 @@ class ProxyService(CallPath):
                 "unread_segments": sum(len(d.segments) for d in self.finalized.values()),
                 "calls": self.calls, "failed_calls": self.failed_calls, "replayed_turns": self.replayed_turns,
                 "weight_version": self.weight_version, "pause": self.pause.state(),
-                "engines": self.engines.describe(), "engine_moves": len(self.engines.moves)}
+                "engines": self.engines.describe(), "engine_moves": len(self.engines.moves),
+                "evicted_sessions": self.keeper.evicted}
 
     # ----------------------------------------------------- rollout, engines
     async def pause_rollout(self) -> dict[str, Any]:
