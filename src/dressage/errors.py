@@ -6,6 +6,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
 
     DressageError                    500 internal_error
     ├── ConfigError                  bad flag, YAML key or value (names the key)    400 invalid_request_error
+    │   └── EngineMismatchError      the engine serves another model shape or tokenizer than the Proxy's
     ├── ContextOverflowError         the prompt alone fills the context window       400 invalid_request_error
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
@@ -20,6 +21,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   ├── FieldShapeError          wrong rank, shape or length (tokens vs logprobs, R3 rows vs T-1)
     │   └── ExpertIdRangeError       an expert id that does not fit the storage dtype
     ├── WireFormatError              an engine response that is not SGLang's format  502 engine_error
+    ├── SampleWireError              a Sample or trajectory read answer in a malformed wire form
     ├── EngineError                  the inference engine failed a call              502 engine_error
     │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
     │   │   └── NoHealthyEngineError every engine failed its health check            503 engine_unavailable
@@ -49,7 +51,6 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
         │   └── ProxyTimeout         no answer within the call's time-out
         ├── ProxyStatusError         the Proxy answered 4xx/5xx (``status_code``, its message)
         └── ProxyReplyError          an answer the driver cannot use (no session id, choices, usage)
-    SampleWireError (DressageError)  a Sample or trajectory read answer in a malformed wire form
 
 Third-party errors (zmq, ray, httpx) are translated where they cross into Dressage:
 ``raise StorageUnitUnavailable(...) from exc``.
@@ -60,6 +61,7 @@ from __future__ import annotations
 __all__ = [
     "DressageError",
     "ConfigError",
+    "EngineMismatchError",
     "FieldError",
     "UnknownFieldError",
     "FieldShapeError",
@@ -121,6 +123,12 @@ class ConfigError(DressageError, ValueError):
 
     http_status = 400
     openai_type = "invalid_request_error"
+
+
+class EngineMismatchError(ConfigError):
+    """At start-up: the engine's model info contradicts the Proxy's ``--model`` / tokenizer (names both)."""
+
+    code = "engine_mismatch"
 
 
 class FieldError(DressageError, ValueError):
@@ -228,28 +236,23 @@ class MissingSessionIdError(SessionIdError):
 
 class RequestRejected(DressageError, ValueError):
     """An HTTP request the Proxy refuses before any route runs (nothing is recorded)."""
-
     http_status = 400
     openai_type = "invalid_request_error"
 
 
 class InputValueError(RequestRejected):
-    """A request body with a value no part of the data plane may store: a lone UTF-16 surrogate
-    (not encodable as UTF-8) or a non-finite number (``NaN``, ``Infinity``, an overflowing float)."""
-
+    """A body value nothing may store: a lone UTF-16 surrogate or a non-finite number (NaN, 1e999)."""
     code = "invalid_value"
 
 
 class BodyTooLargeError(RequestRejected):
     """More request body bytes arrived (declared or chunked) than ``max_body_bytes``."""
-
     http_status = 413
     code = "body_too_large"
 
 
 class AuthenticationError(RequestRejected):
     """A missing or wrong bearer token."""
-
     http_status = 401
     openai_type = "authentication_error"
     code = "invalid_api_key"
@@ -257,15 +260,13 @@ class AuthenticationError(RequestRejected):
 
 class PermissionDeniedError(RequestRejected):
     """A valid agent token on an endpoint that needs the admin token."""
-
     http_status = 403
     openai_type = "permission_error"
     code = "admin_token_required"
 
 
 class SessionLimitError(DressageError):
-    """The Proxy already holds its maximum of live sessions (none of them idle long enough to evict)."""
-
+    """The Proxy holds its maximum of live sessions, none idle long enough to evict."""
     http_status = 429
     openai_type = "rate_limit_exceeded"
     code = "too_many_sessions"

@@ -285,7 +285,9 @@ class _Clock:
 def test_idle_sessions_are_evicted_and_the_cap_holds():
     core = ProxyCore(DataPlaneConfig(model=MODEL, use_rollout_routing_replay=False, enable_transfer_queue=False), None)
     clock, gone = _Clock(), []
-    keeper = SessionKeeper(core, timeout_s=60, max_sessions=3, on_evict=gone.append, clock=clock)
+    running = {}
+    keeper = SessionKeeper(core, timeout_s=60, max_sessions=3, on_evict=gone.append, clock=clock,
+                           busy=lambda sid: running.get(sid, 0))
     sids = []
     for _ in range(3):
         keeper.admit()
@@ -294,13 +296,15 @@ def test_idle_sessions_are_evicted_and_the_cap_holds():
         clock.now += 10
     with pytest.raises(SessionLimitError):
         keeper.admit()                                   # at the cap, nobody idle long enough
-    with keeper.busy(sids[0]):
-        clock.now += 75                                  # all idle over 60 s, but sids[0] has a call in flight
-        keeper.admit()
+    running[sids[0]] = 1
+    clock.now += 75                                      # all idle over 60 s, but sids[0] has a call in flight
+    keeper.admit()
     assert gone == sids[1:] and core.session(sids[0]).state == "active"
     assert all(sid not in core.sessions for sid in sids[1:]) and keeper.evicted == 2
     assert len(keeper) == 1
-    clock.now += 61                                      # its call ended (a use): idle from then on
+    running.clear()
+    keeper.touch(sids[0])                                # its call recorded (a use): idle from then on
+    clock.now += 61
     keeper.admit()
     assert gone == sids[1:] + sids[:1] and len(keeper) == 0
     s = core.create_session().session_id

@@ -1,7 +1,7 @@
 """Bounded live sessions: idle eviction (``--session-timeout``) and a cap (``--max-sessions``).
 
-:class:`SessionKeeper` tracks when each active session was last used (a call began or ended) and
-how many of its calls are in flight. An active session idle for ``timeout_s`` with nothing in
+:class:`SessionKeeper` tracks when each active session was last used (a call began or recorded);
+``busy(session_id)`` says how many of its calls are in flight. An active session idle for ``timeout_s`` with nothing in
 flight is aborted (its TQ keys released, the journal told) and forgotten. Before a new session is
 admitted the keeper sweeps (at most once a second, or at once when at the cap); if the cap is
 still reached the new session is refused with :class:`SessionLimitError` (429). Sessions that
@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from dressage.errors import DressageError, SessionLimitError
 
@@ -23,15 +22,17 @@ __all__ = ["SessionKeeper"]
 class SessionKeeper:
     """Idle eviction and the live-session cap over ``core.sessions``.
 
-    ``on_evict(session_id)`` cleans what the service keeps per session; ``clock`` is injectable.
+    ``busy(session_id)``: calls in flight (such a session is never evicted); ``on_evict(session_id)``
+    cleans what the service keeps per session; ``clock`` is injectable.
     """
 
     def __init__(self, core: Any, *, timeout_s: float, max_sessions: int,
-                 on_evict: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 busy: Callable[[str], int] | None = None, on_evict: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.core, self.timeout_s, self.max_sessions = core, float(timeout_s), int(max_sessions)
+        self.busy = busy or (lambda sid: 0)
         self.on_evict, self.clock = on_evict, clock
         self._last: OrderedDict[str, float] = OrderedDict()
-        self._busy: dict[str, int] = {}
         self._swept = float("-inf")
         self.evicted = 0
 
@@ -48,31 +49,8 @@ class SessionKeeper:
             if s.state == "active" and sid not in self._last:
                 self.touch(sid)
 
-    def is_busy(self, session_id: str) -> bool:
-        return bool(self._busy.get(session_id))
-
     def release(self, session_id: str) -> None:
         self._last.pop(session_id, None)
-        self._busy.pop(session_id, None)
-
-    @contextmanager
-    def busy(self, session_id: str | None) -> Iterator[None]:
-        """A call of ``session_id`` is in flight: the session is not evicted meanwhile."""
-        if session_id is None:
-            yield
-            return
-        self._busy[session_id] = self._busy.get(session_id, 0) + 1
-        self.touch(session_id)
-        try:
-            yield
-        finally:
-            left = self._busy.get(session_id, 1) - 1
-            if left > 0:
-                self._busy[session_id] = left
-            else:
-                self._busy.pop(session_id, None)
-            if session_id in self._last:
-                self.touch(session_id)
 
     def admit(self) -> None:
         """Make room for one new session, or raise :class:`SessionLimitError`."""
@@ -97,8 +75,8 @@ class SessionKeeper:
         for sid, last in list(self._last.items()):
             if now - last < self.timeout_s:
                 break  # ordered by last use: the rest are younger
-            if self._busy.get(sid):
-                continue
+            if self.busy(sid):
+                continue  # a call in flight: its end is the next use
             self.release(sid)
             if self._active(sid):
                 try:

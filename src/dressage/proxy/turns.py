@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from dressage.errors import SessionIdError
 
-__all__ = ["CallIdentity", "identity_from_headers", "TurnCache", "instance_group"]
+__all__ = ["CallIdentity", "identity_from_headers", "checked_identity", "TurnCache", "instance_group"]
 
 SESSION_HEADERS = ("x-session-id", "x-smg-routing-key")
 MAX_ID_CHARS = 256
@@ -37,9 +37,13 @@ def identity_from_headers(headers: Mapping[str, str]) -> CallIdentity:
     control characters.
     """
     sid = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
-    ident = CallIdentity(sid, headers.get("x-instance-id") or None, headers.get("x-turn-id") or None)
-    for name, value in (("X-Session-Id", ident.session_id), ("X-Instance-Id", ident.instance_id),
-                        ("X-Turn-Id", ident.turn_id)):
+    return checked_identity(CallIdentity(sid, headers.get("x-instance-id") or None, headers.get("x-turn-id") or None))
+
+
+def checked_identity(ident: CallIdentity) -> CallIdentity:
+    """``ident`` when each of its ids is at most :data:`MAX_ID_CHARS` printable characters."""
+    for name, value in (("session id", ident.session_id), ("instance id", ident.instance_id),
+                        ("turn id", ident.turn_id)):
         if value is not None and (len(value) > MAX_ID_CHARS or not value.isprintable()):
             raise SessionIdError(f"{name}: at most {MAX_ID_CHARS} printable characters, got {len(value)}")
     return ident
