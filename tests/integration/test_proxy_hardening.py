@@ -268,7 +268,7 @@ def test_token_from_environment_not_argv(monkeypatch):
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="cmd"))
     monkeypatch.setenv("DRESSAGE_PROXY_TOKEN", "env-agent")
-    monkeypatch.setenv("DRESSAGE_PROXY_ADMIN_TOKEN", "env-admin")
+    monkeypatch.setenv("DRESSAGE_ADMIN_TOKEN", "env-admin")
     args = parser.parse_args(["proxy", "serve", "--engine-url", "http://127.0.0.1:1"])
     cfg = server_config(args)
     assert (cfg.api_token, cfg.admin_token) == ("env-agent", "env-admin")

@@ -20,7 +20,7 @@ __all__ = ["ProxyConfig", "ProxyServerConfig", "JournalConfig", "DataPlaneConfig
 
 FSYNC_POLICIES = ("always", "interval", "never")
 AGENT_TOKEN_ENV = "DRESSAGE_PROXY_TOKEN"
-ADMIN_TOKEN_ENV = "DRESSAGE_PROXY_ADMIN_TOKEN"
+ADMIN_TOKEN_ENV = "DRESSAGE_ADMIN_TOKEN"
 
 
 def _url_ok(url: object) -> bool:
