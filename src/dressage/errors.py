@@ -22,11 +22,17 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   └── ExpertIdRangeError       an expert id that does not fit the storage dtype
     ├── WireFormatError              an engine response that is not SGLang's format  502 engine_error
     ├── SampleWireError              a Sample or trajectory read answer in a malformed wire form
+    ├── OpenAIRequestError           an OpenAI request the Proxy cannot serve as asked 400 invalid_request_error
+    │   ├── UnsupportedRequestError  a parameter, input item or tool type the Proxy does not implement
+    │   │   └── UnsupportedParameterError  a chat parameter or content part it cannot honour (``param``)
+    │   ├── UnknownResponseError     a previous_response_id the session did not produce (or no longer holds)
+    │   └── ModelNotFoundError       a model id other than the served model         404
     ├── EngineError                  the inference engine failed a call              502 engine_error
     │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
     │   │   └── NoHealthyEngineError every engine failed its health check            503 engine_unavailable
     │   ├── EngineTimeout            no answer within the call's timeout             504 engine_timeout
-    │   └── EngineRequestError       the engine rejected the request (4xx)           400 invalid_request_error
+    │   ├── EngineRequestError       the engine rejected the request (4xx)           400 invalid_request_error
+    │   └── ReplyConstraintError     no sampled reply met tool_choice / parallel_tool_calls 502 engine_output_invalid
     ├── TokenizerError               tokenizer or chat template
     │   └── ChatTemplateError        messages the template cannot render             400 invalid_request_error
     ├── JournalError                 the Proxy journal cannot be written or read back
@@ -71,6 +77,7 @@ __all__ = [
     "EngineUnavailable",
     "EngineTimeout",
     "EngineRequestError",
+    "ReplyConstraintError", "UnsupportedParameterError",
     "TokenizerError",
     "ChatTemplateError",
     "JournalError",
@@ -105,6 +112,10 @@ __all__ = [
     "ProxyStatusError",
     "ProxyReplyError",
     "SampleWireError",
+    "OpenAIRequestError",
+    "UnsupportedRequestError",
+    "UnknownResponseError",
+    "ModelNotFoundError",
 ]
 
 
@@ -197,6 +208,13 @@ class EngineRequestError(EngineError, ValueError):
 
     http_status = 400
     openai_type = "invalid_request_error"
+
+
+class ReplyConstraintError(EngineError):
+    """Every reply drawn for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule; none was recorded."""
+
+    openai_type = "engine_output_invalid"
+    code = "reply_constraint_unmet"
 
 
 class NoHealthyEngineError(EngineUnavailable):
@@ -396,3 +414,37 @@ class ProxyReplyError(AgentError, ValueError):
 
 class SampleWireError(DressageError, ValueError):
     """A Sample (or trajectory read answer) in wire form that is malformed or of an unknown version."""
+
+
+class OpenAIRequestError(DressageError, ValueError):
+    """An OpenAI-API request the Proxy cannot serve as asked; nothing is generated or recorded."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+
+
+class UnsupportedRequestError(OpenAIRequestError):
+    """A parameter value, input item or tool type the Proxy does not implement (named in the message)."""
+
+    code = "unsupported_parameter"
+
+
+class UnsupportedParameterError(UnsupportedRequestError):
+    """A request parameter (or value) the Proxy would otherwise have to ignore; ``param`` names it."""
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(f"{param}: {message}")
+
+
+class UnknownResponseError(OpenAIRequestError, LookupError):
+    """A ``previous_response_id`` that the session did not produce, was not stored, or was forgotten."""
+
+    code = "previous_response_not_found"
+
+
+class ModelNotFoundError(OpenAIRequestError, LookupError):
+    """A model id other than the one the Proxy serves."""
+
+    http_status = 404
+    code = "model_not_found"
