@@ -96,7 +96,7 @@ def hostile_inputs(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
 def hostile_engine(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     engine = HostileEngine()
     engine.start_background()
-    stack = start_proxy(engine.url, timeout_s=20, r3=False)
+    stack = start_proxy(engine.url, timeout_s=20, r3=False, skip_engine_check=True)  # it has no /model_info
     try:
         sid = httpx.post(stack.url + "/sessions").json()["session_id"]
         plain, streamed, bad = {}, {}, []
