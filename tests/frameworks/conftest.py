@@ -1,0 +1,130 @@
+"""Real agent frameworks against the real Proxy and built-in engine over loopback.
+
+The engine calls a tool on every user turn and answers in prose after tool results
+(``tool_call_rate=1``, ``answer_tool_results``), so each framework's loop runs one function
+tool round trip and then ends with a final answer. Every HTTP exchange between a framework
+and the Proxy passes through a :class:`CallLog` (httpx event hooks on the framework's own
+client): it keeps each answer's status and the ``usage`` the Proxy reported, streamed or not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from dressage.dataplane import DataPlaneConfig
+from dressage.engine.config import EngineConfig
+from dressage.engine.server import EngineServer
+from dressage.fields import get_model
+from dressage.proxy import Proxy
+from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+
+MODEL = get_model("tiny-moe")
+
+
+@dataclass
+class CallLog:
+    """What the Proxy answered to one framework: (method, path, status) and each answer's usage."""
+
+    exchanges: list[tuple[str, str, int]] = field(default_factory=list)
+    usages: list[dict[str, Any]] = field(default_factory=list)
+
+    def _note(self, response: httpx.Response) -> None:
+        request = response.request
+        self.exchanges.append((request.method, request.url.path, response.status_code))
+        kind = response.headers.get("content-type", "")
+        if kind.startswith("application/json"):
+            body = json.loads(response.content)
+            if isinstance(body, dict) and isinstance(body.get("usage"), dict):
+                self.usages.append(body["usage"])
+        elif kind.startswith("text/event-stream"):
+            for line in response.text.splitlines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: "):])
+                usage = event.get("usage") if isinstance(event, dict) else None
+                if isinstance(usage, dict):
+                    self.usages.append(usage)
+
+    def hook(self, response: httpx.Response) -> None:
+        response.read()  # buffered: the framework then reads the same body (or stream) from memory
+        self._note(response)
+
+    async def ahook(self, response: httpx.Response) -> None:
+        await response.aread()
+        self._note(response)
+
+    def client(self, **kw: Any) -> httpx.Client:
+        return httpx.Client(event_hooks={"response": [self.hook]}, timeout=30, **kw)
+
+    def async_client(self, **kw: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(event_hooks={"response": [self.ahook]}, timeout=30, **kw)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(int(u.get("completion_tokens", u.get("output_tokens", 0))) for u in self.usages)
+
+    def errors(self) -> list[tuple[str, str, int]]:
+        return [e for e in self.exchanges if e[2] >= 400]
+
+
+@dataclass
+class ProxySession:
+    """One Proxy session a framework runs in: its OpenAI base URL and the log of its calls."""
+
+    proxy_url: str
+    session_id: str
+    base_url: str
+    log: CallLog = field(default_factory=CallLog)
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Finalize the session and return its Segments' summaries."""
+        fin = httpx.post(f"{self.proxy_url}/sessions/{self.session_id}/finalize", json={"reward": 1.0}, timeout=30)
+        assert fin.status_code == 200, fin.text
+        segs = httpx.get(f"{self.proxy_url}/sessions/{self.session_id}/segments", timeout=30)
+        assert segs.status_code == 200, segs.text
+        return segs.json()
+
+    def check_linear_run(self, *, min_calls: int = 2) -> dict[str, Any]:
+        """The checks every framework run must pass; returns the one Segment."""
+        assert self.log.errors() == []
+        calls = [e for e in self.log.exchanges if e[1].startswith(f"/sessions/{self.session_id}/v1/")
+                 and e[0] == "POST"]
+        assert len(calls) >= min_calls and len(self.log.usages) == len(calls)
+        segments = self.finish()
+        assert len(segments) == 1, [s["boundary_reason"] for s in segments]
+        (seg,) = segments
+        assert seg["boundary_reason"] == "new_session" and len(seg["step_ids"]) == len(calls)
+        # Every generated token is trained exactly once: the loss mask counts what usage reported.
+        assert sum(seg["loss_mask"]) == self.log.completion_tokens > 0
+        return seg
+
+
+@pytest.fixture(scope="session")
+def fw_engine():
+    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, tool_call_rate=1.0, answer_tool_results=True,
+                                    mean_response_tokens=40))
+    srv.start_background()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def fw_proxy(fw_engine):
+    config = ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
+                         server=ProxyServerConfig(engine_url=fw_engine.url, request_timeout_s=30))
+    proxy = Proxy.start(config)
+    yield proxy
+    proxy.shutdown()
+
+
+@pytest.fixture
+def session(fw_proxy) -> ProxySession:
+    r = httpx.post(fw_proxy.url + "/sessions", json={"metadata": {"group_index": 0, "sample_index": 0}}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return ProxySession(fw_proxy.url, body["session_id"], body["base_url"])
