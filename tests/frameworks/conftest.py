@@ -89,19 +89,28 @@ class ProxySession:
         assert segs.status_code == 200, segs.text
         return segs.json()
 
-    def check_linear_run(self, *, min_calls: int = 2) -> dict[str, Any]:
-        """The checks every framework run must pass; returns the one Segment."""
+    def check_run(self, *, linear: bool | None, min_calls: int = 2) -> list[dict[str, Any]]:
+        """The checks every framework run must pass; returns the session's Segments.
+
+        ``linear``: each request extends the previous reply, so the session is one Segment;
+        ``False``: the framework rewrites or drops earlier turns, so there are several, each after
+        the first labelled by how it leaves the earlier ones (never ``new_session``); ``None``:
+        either.
+        """
         assert self.log.errors() == []
         calls = [e for e in self.log.exchanges if e[1].startswith(f"/sessions/{self.session_id}/v1/")
                  and e[0] == "POST"]
         assert len(calls) >= min_calls and len(self.log.usages) == len(calls)
         segments = self.finish()
-        assert len(segments) == 1, [s["boundary_reason"] for s in segments]
-        (seg,) = segments
-        assert seg["boundary_reason"] == "new_session" and len(seg["step_ids"]) == len(calls)
-        # Every generated token is trained exactly once: the loss mask counts what usage reported.
-        assert sum(seg["loss_mask"]) == self.log.completion_tokens > 0
-        return seg
+        reasons = [s["boundary_reason"] for s in segments]
+        assert reasons[0] == "new_session" and "new_session" not in reasons[1:]
+        if linear is not None:
+            assert len(segments) == 1 if linear else len(segments) > 1, reasons
+        steps = [i for s in segments for i in s["step_ids"]]
+        assert len(set(steps)) == len(calls)
+        # Every generated token is trained exactly once: the loss masks count what usage reported.
+        assert sum(sum(s["loss_mask"]) for s in segments) == self.log.completion_tokens > 0
+        return segments
 
 
 @pytest.fixture(scope="session")
@@ -123,8 +132,17 @@ def fw_proxy(fw_engine):
 
 
 @pytest.fixture
-def session(fw_proxy) -> ProxySession:
-    r = httpx.post(fw_proxy.url + "/sessions", json={"metadata": {"group_index": 0, "sample_index": 0}}, timeout=30)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    return ProxySession(fw_proxy.url, body["session_id"], body["base_url"])
+def new_session(fw_proxy):
+    """Opens a Proxy session (``POST /sessions``) per call."""
+    def open_session(sample_index: int = 0) -> ProxySession:
+        r = httpx.post(fw_proxy.url + "/sessions", timeout=30,
+                       json={"metadata": {"group_index": 0, "sample_index": sample_index}})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        return ProxySession(fw_proxy.url, body["session_id"], body["base_url"])
+    return open_session
+
+
+@pytest.fixture
+def session(new_session) -> ProxySession:
+    return new_session()
