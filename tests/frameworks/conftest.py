@@ -46,6 +46,8 @@ class CallLog:
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[len("data: "):])
+                if isinstance(event, dict) and event.get("type") == "response.completed":
+                    event = event.get("response")  # a Responses stream: usage is in the final Response
                 usage = event.get("usage") if isinstance(event, dict) else None
                 if isinstance(usage, dict):
                     self.usages.append(usage)
@@ -59,13 +61,16 @@ class CallLog:
         self._note(response)
 
     def client(self, **kw: Any) -> httpx.Client:
-        return httpx.Client(event_hooks={"response": [self.hook]}, timeout=30, **kw)
+        kw.setdefault("event_hooks", {"response": [self.hook]})
+        return httpx.Client(timeout=30, **kw)
 
     def async_client(self, **kw: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(event_hooks={"response": [self.ahook]}, timeout=30, **kw)
+        kw.setdefault("event_hooks", {"response": [self.ahook]})
+        return httpx.AsyncClient(timeout=30, **kw)
 
     @property
     def completion_tokens(self) -> int:
+        """Sum of ``usage.completion_tokens`` (chat) or ``usage.output_tokens`` (Responses)."""
         return sum(int(u.get("completion_tokens", u.get("output_tokens", 0))) for u in self.usages)
 
     def errors(self) -> list[tuple[str, str, int]]:

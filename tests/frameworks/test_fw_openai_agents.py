@@ -26,10 +26,10 @@ def _agent(model, calls: list[tuple[int, int]]) -> Agent:
                  model_settings=ModelSettings(max_tokens=256, temperature=0.7, include_usage=True))
 
 
-async def _run(agent: Agent, stream: bool):
+async def _run(agent: Agent, stream: bool, **kw):
     if not stream:
-        return await Runner.run(agent, "What is 2 + 3?", max_turns=4)
-    result = Runner.run_streamed(agent, "What is 2 + 3?", max_turns=4)
+        return await Runner.run(agent, "What is 2 + 3?", max_turns=4, **kw)
+    result = Runner.run_streamed(agent, "What is 2 + 3?", max_turns=4, **kw)
     async for _ in result.stream_events():
         pass
     return result
