@@ -10,6 +10,7 @@ client): it keeps each answer's status and the ``usage`` the Proxy reported, str
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,8 @@ class ProxySession:
     proxy_url: str
     session_id: str
     base_url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    """Headers the framework must send (``X-Session-Id`` when the base URL is the Proxy's ``/v1``)."""
     log: CallLog = field(default_factory=CallLog)
 
     def finish(self) -> list[dict[str, Any]]:
@@ -103,8 +106,8 @@ class ProxySession:
         either.
         """
         assert self.log.errors() == []
-        calls = [e for e in self.log.exchanges if e[1].startswith(f"/sessions/{self.session_id}/v1/")
-                 and e[0] == "POST"]
+        prefix = httpx.URL(self.base_url).path.rstrip("/") + "/"
+        calls = [e for e in self.log.exchanges if e[1].startswith(prefix) and e[0] == "POST"]
         assert len(calls) >= min_calls and len(self.log.usages) == len(calls)
         segments = self.finish()
         reasons = [s["boundary_reason"] for s in segments]
@@ -138,8 +141,12 @@ def fw_proxy(fw_engine):
 
 @pytest.fixture
 def new_session(fw_proxy):
-    """Opens a Proxy session (``POST /sessions``) per call."""
-    def open_session(sample_index: int = 0) -> ProxySession:
+    """Opens a Proxy session per call: ``POST /sessions`` and its base URL, or (``by_header``) the
+    Proxy's ``/v1`` with an ``X-Session-Id`` header, the session then created by its first call."""
+    def open_session(sample_index: int = 0, *, by_header: bool = False) -> ProxySession:
+        if by_header:
+            sid = f"fw-{secrets.token_hex(8)}"
+            return ProxySession(fw_proxy.url, sid, fw_proxy.url + "/v1", headers={"X-Session-Id": sid})
         r = httpx.post(fw_proxy.url + "/sessions", timeout=30,
                        json={"metadata": {"group_index": 0, "sample_index": sample_index}})
         assert r.status_code == 200, r.text

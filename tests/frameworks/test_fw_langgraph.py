@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 pytest.importorskip("langchain_openai", reason="langchain-openai is not installed (pip install 'dressage[frameworks]')")
@@ -35,12 +36,15 @@ def _graph(llm: ChatOpenAI, calls: list[tuple[int, int]]):
     return g.compile()
 
 
-@pytest.mark.parametrize("streaming", [False, True], ids=["plain", "streamed"])
-def test_chat_openai_react_graph_runs_a_tool_round_trip_in_one_segment(session, streaming):
+@pytest.mark.parametrize("streaming, by_header", [(False, False), (True, False), (False, True)],
+                         ids=["plain", "streamed", "session-header"])
+def test_chat_openai_react_graph_runs_a_tool_round_trip_in_one_segment(new_session, streaming, by_header):
+    session = new_session(by_header=by_header)
     calls: list[tuple[int, int]] = []
     # stream_usage: ChatOpenAI asks for usage in streamed answers (stream_options.include_usage).
     llm = ChatOpenAI(model="dressage", base_url=session.base_url, api_key="none", http_client=session.log.client(),
-                     max_tokens=256, temperature=0.7, streaming=streaming, stream_usage=True, max_retries=0)
+                     default_headers=session.headers, max_tokens=256, temperature=0.7, streaming=streaming,
+                     stream_usage=True, max_retries=0)
     out = _graph(llm, calls).invoke({"messages": [HumanMessage("What is 6 times 7?")]}, {"recursion_limit": 8})
     messages = out["messages"]
     assert [type(m) for m in messages] == [HumanMessage, AIMessage, ToolMessage, AIMessage]
@@ -48,6 +52,9 @@ def test_chat_openai_react_graph_runs_a_tool_round_trip_in_one_segment(session, 
     assert [c["name"] for c in first.tool_calls] == ["multiply"] and len(calls) == 1
     assert result.content == str(calls[0][0] * calls[0][1]) and result.tool_call_id == first.tool_calls[0]["id"]
     assert not final.tool_calls and isinstance(final.content, str) and final.content
-    session.check_run(linear=True)
+    (seg,) = session.check_run(linear=True)
+    if by_header:  # the Proxy made the session from the header on its first call
+        info = httpx.get(f"{session.proxy_url}/sessions/{session.session_id}", timeout=30).json()
+        assert info["metadata"]["session_source"] == "headers" and info["steps"] == len(seg["step_ids"]) == 2
     # langchain's own usage metadata agrees with the Proxy's answers.
     assert sum(m.usage_metadata["output_tokens"] for m in (first, final)) == session.log.completion_tokens
