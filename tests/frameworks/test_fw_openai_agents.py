@@ -50,7 +50,7 @@ def test_chat_completions_model_runs_a_tool_round_trip_in_one_segment(session, s
 
     result = asyncio.run(main())
     assert isinstance(result.final_output, str) and result.final_output
-    kinds = [item.type for item in result.new_items]
+    kinds = [item.type for item in result.new_items if item.type != "reasoning_item"]  # thinking templates
     assert kinds == ["tool_call_item", "tool_call_output_item", "message_output_item"] or \
         kinds == ["message_output_item", "tool_call_item", "tool_call_output_item", "message_output_item"]
     assert len(calls) == 1 and all(isinstance(v, int) for v in calls[0])
