@@ -6,6 +6,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
 
     DressageError                    500 internal_error
     ├── ConfigError                  bad flag, YAML key or value (names the key)    400 invalid_request_error
+    │   └── EngineMismatchError      the engine serves another model shape or tokenizer than the Proxy's
     ├── ContextOverflowError         the prompt alone fills the context window       400 invalid_request_error
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
@@ -14,6 +15,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   ├── FieldShapeError          wrong rank, shape or length (tokens vs logprobs, R3 rows vs T-1)
     │   └── ExpertIdRangeError       an expert id that does not fit the storage dtype
     ├── WireFormatError              an engine response that is not SGLang's format  502 engine_error
+    ├── SampleWireError              a Sample or trajectory read answer in a malformed wire form
     ├── EngineError                  the inference engine failed a call              502 engine_error
     │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
     │   │   └── NoHealthyEngineError every engine failed its health check            503 engine_unavailable
@@ -43,7 +45,6 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
         │   └── ProxyTimeout         no answer within the call's time-out
         ├── ProxyStatusError         the Proxy answered 4xx/5xx (``status_code``, its message)
         └── ProxyReplyError          an answer the driver cannot use (no session id, choices, usage)
-    SampleWireError (DressageError)  a Sample or trajectory read answer in a malformed wire form
 
 Third-party errors (zmq, ray, httpx) are translated where they cross into Dressage:
 ``raise StorageUnitUnavailable(...) from exc``.
@@ -54,6 +55,7 @@ from __future__ import annotations
 __all__ = [
     "DressageError",
     "ConfigError",
+    "EngineMismatchError",
     "FieldError",
     "UnknownFieldError",
     "FieldShapeError",
@@ -109,6 +111,12 @@ class ConfigError(DressageError, ValueError):
 
     http_status = 400
     openai_type = "invalid_request_error"
+
+
+class EngineMismatchError(ConfigError):
+    """At start-up: the engine's model info contradicts the Proxy's ``--model`` / tokenizer (names both)."""
+
+    code = "engine_mismatch"
 
 
 class FieldError(DressageError, ValueError):

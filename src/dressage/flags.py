@@ -3,7 +3,8 @@
 A field becomes ``--field-name`` (or the ``flag`` its metadata names); its help is the field's
 docstring with the default shown. ``bool`` fields are switches, ``tuple[str, ...]`` take one or
 more values, ``X | None`` take an ``X``. Metadata made by :func:`flag` adds choices, a metavar,
-a parser for the text (``parse``), ``append`` for a repeated flag, or ``skip``.
+a parser for the text (``parse``), ``append`` for a repeated flag, ``aliases`` (other names of the
+same flag), or ``skip``.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ __all__ = ["flag", "add_flags", "from_flags", "field_docs"]
 
 def flag(name: str | None = None, *, choices: Any = None, metavar: str | None = None,
          parse: Callable[[str], Any] | None = None, append: bool = False, required: bool = False,
-         skip: bool = False, default_text: Any = None) -> dict[str, Any]:
+         skip: bool = False, default_text: Any = None, aliases: tuple[str, ...] = ()) -> dict[str, Any]:
     """Field metadata for :func:`add_flags`."""
     return {"flag": {"name": name, "choices": choices, "metavar": metavar, "parse": parse, "append": append,
-                     "required": required, "skip": skip, "default_text": default_text}}
+                     "required": required, "skip": skip, "default_text": default_text,
+                     "aliases": tuple(aliases)}}
 
 
 @lru_cache(maxsize=None)
@@ -103,7 +105,7 @@ def add_flags(parser: Any, cls: type, *, prefix: str = "", defaults: dict[str, A
             for key in ("choices", "metavar", "required"):
                 if meta[key]:
                     kw[key] = meta[key]
-        parser.add_argument(name, **kw)
+        parser.add_argument(name, *meta.get("aliases", ()), **kw)
 
 
 def from_flags(cls: type, args: argparse.Namespace, *, prefix: str = "", **extra: Any) -> Any:

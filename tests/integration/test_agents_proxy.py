@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import socket
 
@@ -11,9 +10,6 @@ import httpx
 import pytest
 
 from dressage.agents import AgentConfig, make_prompts, run_rollout
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("dressage.proxy.http") is None,
-                                reason="the Proxy HTTP server (dressage.proxy.http) is not in this tree yet")
 
 TOKEN = "agents-test-token"
 N_PROMPTS, N_SAMPLES = 3, 2
@@ -40,25 +36,17 @@ def engine():
 
 
 class _Proxy:
-    """A Proxy on a free port in this process, recording R3, with the given engine URL and token."""
+    """A Proxy on a free port in this process (``Proxy.start``), recording R3, with the given engine URL and token."""
 
     def __init__(self, engine_url: str, token: str | None = TOKEN) -> None:
         from dressage.dataplane import DataPlaneConfig
-        from dressage.proxy.core import ProxyCore
-        from dressage.proxy.config import ProxyServerConfig
-        from dressage.proxy.http import ProxyServer
-        from dressage.proxy.service import ProxyService
-        from dressage.proxy.sglang_client import SGLangClient
-        from dressage.tokenizer import load_tokenizer
+        from dressage.proxy import Proxy
+        from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 
-        tok = load_tokenizer("byte")
-        core = ProxyCore(DataPlaneConfig(model=_model(), use_rollout_routing_replay=True), None,
-                         decode=tok.decode, special_ids=tok.special_token_ids)
-        self.service = ProxyService(ProxyServerConfig(engine_url=engine_url, api_token=token, request_timeout_s=20),
-                                    core, tok, SGLangClient(engine_url, timeout=20))
-        self.server = ProxyServer(self.service)
-        self.url = self.server.start_background()
-        self.token = token
+        self.proxy = Proxy.start(ProxyConfig(
+            data_plane=DataPlaneConfig(model=_model(), use_rollout_routing_replay=True),
+            server=ProxyServerConfig(engine_urls=(engine_url,), api_token=token, request_timeout_s=20)))
+        self.service, self.url, self.token = self.proxy.service, self.proxy.url, token
 
     def segments(self, session_id: str) -> list[dict]:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -67,7 +55,7 @@ class _Proxy:
         return r.json()
 
     def close(self) -> None:
-        self.server.stop()
+        self.proxy.shutdown()
 
 
 def _rollout(proxy: _Proxy, *, concurrency: int, token: str | None = TOKEN, config: AgentConfig = CONFIG):

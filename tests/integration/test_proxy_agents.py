@@ -16,11 +16,8 @@ from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.http import ProxyServer
-from dressage.proxy.service import ProxyService
-from dressage.tokenizer import load_tokenizer
+from dressage.proxy import Proxy
+from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 
 MODEL = get_model("tiny-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
@@ -46,21 +43,19 @@ def engine():
 
 
 class _Proxy:
-    """A Proxy on a free port in this process (R3 on) in front of ``urls``."""
+    """A Proxy on a free port in this process (``Proxy.start``, R3 on) in front of ``urls``."""
 
     def __init__(self, *urls, **cfg):
-        tok = load_tokenizer("byte")
-        core = ProxyCore(DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True), decode=tok.decode,
-                         special_ids=tok.special_token_ids)
-        self.service = ProxyService(ProxyServerConfig(engine_urls=urls, request_timeout_s=20, **cfg), core, tok)
-        self.server = ProxyServer(self.service)
-        self.url = self.server.start_background()
+        self.proxy = Proxy.start(ProxyConfig(
+            data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
+            server=ProxyServerConfig(engine_urls=urls, request_timeout_s=20, **cfg)))
+        self.service, self.url = self.proxy.service, self.proxy.url
 
     def steps(self, sid):
         return self.service.core.sessions[sid].steps
 
     def stop(self):
-        self.server.stop()
+        self.proxy.shutdown()
 
 
 @pytest.fixture()
@@ -197,7 +192,8 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_session_id"
 
     fin = httpx.post(url + "/session/finalize", json={"reward": 0.5}, headers={"X-Session-Id": "agent-7"}).json()
-    assert fin == {"session_id": "agent-7", "segments": 1, "reward": 0.5}
+    assert (fin["session_id"], fin["trajectory_id"], fin["segments"], fin["reward"]) == ("agent-7", "agent-7", 1, 0.5)
+    assert (fin["num_steps"], fin["num_turns"], fin["instance_id"]) == (2, 2, "3")
     stats = httpx.get(url + "/trajectory/stats").json()
     assert stats["sessions"]["finalized"] == 1 and stats["replayed_turns"] == 2 and stats["unread_segments"] == 1
     by_group = httpx.post(url + "/trajectory/read", json={"instance_id": "3"}).json()

@@ -12,16 +12,11 @@ from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.http import ProxyServer
-from dressage.proxy.service import ProxyService
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy import Proxy
+from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 from dressage.rollout import RolloutManager
-from dressage.rollout.manager import sample_ref_keys
-from dressage.tokenizer import load_tokenizer
 from dressage.tq import TransferQueue
-from dressage.train import TrainingReader, release_batch, samples_digest
+from dressage.train import samples_digest
 
 MODEL = get_model("tiny-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
@@ -37,16 +32,12 @@ def engine():
 
 
 def _proxy(engine_url, *, tq=None, token=None, dtype="uint8"):
-    tok = load_tokenizer("byte")
     cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=tq is not None,
                           routed_experts_dtype=dtype)
     rm = RolloutManager(dp_size=2)
-    core = ProxyCore(cfg, tq.client() if tq else None, sink=rm, decode=tok.decode, special_ids=tok.special_token_ids)
-    service = ProxyService(ProxyServerConfig(engine_url=engine_url, api_token=token, request_timeout_s=20),
-                           core, tok, SGLangClient(engine_url, timeout=20))
-    server = ProxyServer(service)
-    server.start_background()
-    return server, rm
+    proxy = Proxy.start(ProxyConfig(data_plane=cfg, server=ProxyServerConfig(
+        engine_urls=(engine_url,), api_token=token, request_timeout_s=20)), tq=tq, sink=rm)
+    return proxy, rm
 
 
 async def _conversation(url, turns=4, token=None):
@@ -71,18 +62,7 @@ async def _conversation(url, turns=4, token=None):
         return sid, fin, segs
 
 
-def _restore(rm, tq):
-    batch = rm.take_batch(0)
-    keys = sample_ref_keys(batch.samples)
-    client = tq.client() if tq else None
-    for shard in batch.shards:
-        TrainingReader(client).restore(shard)
-    if client:
-        release_batch(client, keys)
-    return batch.samples
-
-
-def test_openai_client_tito_conversation_is_one_segment_and_tq_on_equals_off(engine):
+def test_openai_client_tito_conversation_is_one_segment_and_tq_on_equals_off(engine, restore_batch):
     off_server, off_rm = _proxy(engine.url)
     tq = TransferQueue.start({"deployment": "embedded"})
     on_server, on_rm = _proxy(engine.url, tq=tq)
@@ -96,7 +76,7 @@ def test_openai_client_tito_conversation_is_one_segment_and_tq_on_equals_off(eng
         assert seg["large_fields"]["routed_experts"]["rows"] == len(seg["tokens"]) - 1
         assert seg["large_fields"]["routed_experts"]["resident"] is False
         assert segs_off[0]["tokens"] == seg["tokens"]
-        off, on = _restore(off_rm, None), _restore(on_rm, tq)
+        off, on = restore_batch(off_rm, None), restore_batch(on_rm, tq)
         assert samples_digest(off) == samples_digest(on)
         for a, b in zip(off, on):
             np.testing.assert_array_equal(a.rollout_routed_experts, b.rollout_routed_experts)
@@ -104,14 +84,14 @@ def test_openai_client_tito_conversation_is_one_segment_and_tq_on_equals_off(eng
             assert b.rollout_routed_experts.shape == (len(b.tokens) - 1, MODEL.num_layers, MODEL.topk)
         assert tq.total_keys() == 0
     finally:
-        off_server.stop(); on_server.stop(); tq.shutdown()
+        off_server.shutdown(); on_server.shutdown(); tq.shutdown()
 
 
 @pytest.fixture(scope="module")
 def proxy(engine):
     server, _ = _proxy(engine.url)
     yield server
-    server.stop()
+    server.shutdown()
 
 
 def _post(url, **kw):
@@ -138,10 +118,14 @@ def test_http_errors_are_clear_and_server_keeps_serving(proxy):
     assert r.status_code == 422 and r.json()["error"]["param"] == "input_ids"
     ok = _post(chat, json={"messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
-    assert _post(f"{url}/sessions/{sid}/finalize", json={"reward": 0.5}).status_code == 200
+    first = _post(f"{url}/sessions/{sid}/finalize", json={"reward": 0.5})
+    assert first.status_code == 200
     r = _post(chat, json={"messages": [{"role": "user", "content": "again"}]})
     assert r.status_code == 409 and "finalized" in r.json()["error"]["message"]
-    assert _post(f"{url}/sessions/{sid}/finalize", json={}).status_code == 409
+    again = _post(f"{url}/sessions/{sid}/finalize", json={})  # a client's retry: the same answer, once
+    assert again.status_code == 200 and again.json() == first.json() and again.json()["reward"] == 0.5
+    r = _post(f"{url}/sessions/{sid}/finalize", json={"reward": 1, "trajectory_build_mode": "concat"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "trajectory_build_mode"
     r = _post(url + "/sessions", content=b"x" * 100, headers={"content-type": "application/json"})
     assert r.status_code == 400
     assert httpx.get(url + "/health").json()["status"] == "ok"
@@ -172,7 +156,7 @@ def test_upstream_down_is_502_and_nothing_recorded():
         assert r.status_code == 502 and r.json()["error"]["type"] == "engine_error"
         assert httpx.get(f"{server.url}/sessions/{sid}").json()["steps"] == 0
     finally:
-        server.stop()
+        server.shutdown()
 
 
 def test_bearer_token_is_required_when_set(engine):
@@ -184,4 +168,4 @@ def test_bearer_token_is_required_when_set(engine):
         _, fin, _ = asyncio.run(_conversation(server.url, turns=2, token="s3cret"))
         assert fin["segments"] == 1
     finally:
-        server.stop()
+        server.shutdown()

@@ -15,15 +15,9 @@ import pytest
 from dressage.engine.config import EngineConfig
 from dressage.engine.core import Engine
 from dressage.engine.server import EngineServer
-from dressage.errors import TokenizerError
 from dressage.fields import get_model
-from dressage.proxy.config import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.http import ProxyServer
-from dressage.proxy.service import ProxyService
-from dressage.proxy.sglang_client import SGLangClient
-from dressage.tokenizer import load_tokenizer
+from dressage.proxy import Proxy
+from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
 from dressage.trajectory.segment import build_segments
 
 MODEL = get_model("tiny-moe")
@@ -33,27 +27,17 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
 
 
 @pytest.fixture(scope="module")
-def qwen3():
-    try:
-        return load_tokenizer("qwen3")
-    except TokenizerError as exc:
-        pytest.skip(f"real Qwen3 tokenizer unavailable: {exc}")
-
-
-@pytest.fixture(scope="module")
 def stack(qwen3):
     config = EngineConfig(model=MODEL, port=0, seed=11, tokenizer="qwen3", tool_call_rate=0.6,
                           mean_response_tokens=20)
     engine = EngineServer(config, engine=Engine(config, qwen3))
     engine.start_background()
     cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, routed_experts_dtype="uint8")
-    core = ProxyCore(cfg, None, decode=qwen3.decode, special_ids=qwen3.special_token_ids)
-    service = ProxyService(ProxyServerConfig(engine_url=engine.url, request_timeout_s=30), core, qwen3,
-                           SGLangClient(engine.url, timeout=30))
-    proxy = ProxyServer(service)
-    proxy.start_background()
-    yield proxy, service
-    proxy.stop()
+    proxy = Proxy.start(ProxyConfig(data_plane=cfg, tokenizer="qwen3",
+                                    server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=30)),
+                        tokenizer=qwen3)  # the one already loaded
+    yield proxy, proxy.service
+    proxy.shutdown()
     engine.stop()
 
 

@@ -18,20 +18,14 @@ pytest.importorskip("transformers", reason="the transformers backend needs trans
 from dressage.engine.config import EngineConfig  # noqa: E402
 from dressage.engine.hf_backend import TransformersEngine  # noqa: E402
 from dressage.engine.server import EngineServer  # noqa: E402
-from dressage.errors import FieldShapeError, TokenizerError  # noqa: E402
+from dressage.errors import FieldShapeError  # noqa: E402
 from dressage.fields import get_model  # noqa: E402
 from dressage.fields.r3 import R3_DTYPES  # noqa: E402
-from dressage.proxy.config import DataPlaneConfig  # noqa: E402
-from dressage.proxy.core import ProxyCore  # noqa: E402
-from dressage.proxy.config import ProxyServerConfig  # noqa: E402
-from dressage.proxy.http import ProxyServer  # noqa: E402
-from dressage.proxy.service import ProxyService  # noqa: E402
-from dressage.proxy.sglang_client import SGLangClient  # noqa: E402
+from dressage.proxy import Proxy  # noqa: E402
+from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig  # noqa: E402
 from dressage.rollout import RolloutManager  # noqa: E402
-from dressage.rollout.manager import sample_ref_keys  # noqa: E402
-from dressage.tokenizer import load_tokenizer  # noqa: E402
 from dressage.tq import TransferQueue  # noqa: E402
-from dressage.train import TrainingReader, check_sample, release_batch  # noqa: E402
+from dressage.train import check_sample  # noqa: E402
 from dressage.train.moe import build_moe_model  # noqa: E402
 from dressage.train.replay import replay_sample  # noqa: E402
 
@@ -40,14 +34,6 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
                                             "parameters": {"type": "object",
                                                            "properties": {"expr": {"type": "string"}}}}}]
 SEED = 5
-
-
-@pytest.fixture(scope="module")
-def qwen3():
-    try:
-        return load_tokenizer("qwen3")
-    except TokenizerError as exc:
-        pytest.skip(f"real Qwen3 tokenizer unavailable: {exc}")
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +55,10 @@ def _proxy(url, tok, tq, dtype):
     cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=tq is not None,
                           routed_experts_dtype=dtype)
     rm = RolloutManager(dp_size=1)
-    core = ProxyCore(cfg, tq.client() if tq else None, sink=rm, decode=tok.decode, special_ids=tok.special_token_ids)
-    service = ProxyService(ProxyServerConfig(engine_url=url, request_timeout_s=60), core, tok,
-                           SGLangClient(url, timeout=60))
-    server = ProxyServer(service)
-    server.start_background()
-    return server, rm
+    proxy = Proxy.start(ProxyConfig(data_plane=cfg, tokenizer="qwen3",
+                                    server=ProxyServerConfig(engine_urls=(url,), request_timeout_s=60)),
+                        tq=tq, tokenizer=tok, sink=rm)
+    return proxy, rm
 
 
 async def _conversation(url, turns=3):
@@ -95,25 +79,14 @@ async def _conversation(url, turns=3):
         await h.post(f"{url}/sessions/{r['session_id']}/finalize", json={"reward": 1.0})
 
 
-def _restore(rm, tq):
-    batch = rm.take_batch(0)
-    keys = sample_ref_keys(batch.samples)
-    client = tq.client() if tq else None
-    for shard in batch.shards:
-        TrainingReader(client).restore(shard)
-    if client:
-        release_batch(client, keys)
-    return batch.samples
-
-
 @pytest.mark.parametrize("tq_on", [False, True], ids=["tq_off", "tq_on"])
 @pytest.mark.parametrize("dtype", sorted(R3_DTYPES))
-def test_forced_routing_reproduces_rollout_logprobs(engine, qwen3, trainer_model, tq_on, dtype):
+def test_forced_routing_reproduces_rollout_logprobs(engine, qwen3, trainer_model, restore_batch, tq_on, dtype):
     tq = TransferQueue.start({"deployment": "embedded"}) if tq_on else None
     server, rm = _proxy(engine.url, qwen3, tq, dtype)
     try:
         asyncio.run(_conversation(server.url))
-        (sample,) = _restore(rm, tq)
+        (sample,) = restore_batch(rm, tq)
         check_sample(sample, num_layers=MODEL.num_layers, topk=MODEL.topk, num_experts=MODEL.num_experts)
         assert sample.metadata["boundary_reason"] == "new_session" and len(sample.metadata["step_ids"]) == 3
         assert qwen3.decode(sample.tokens.tolist()).count("<think>") == 3
@@ -125,18 +98,18 @@ def test_forced_routing_reproduces_rollout_logprobs(engine, qwen3, trainer_model
         if tq is not None:
             assert tq.total_keys() == 0
     finally:
-        server.stop()
+        server.shutdown()
         if tq is not None:
             tq.shutdown()
 
 
-def test_without_replay_perturbed_weights_change_the_experts(engine, qwen3, trainer_model):
+def test_without_replay_perturbed_weights_change_the_experts(engine, qwen3, trainer_model, restore_batch):
     server, rm = _proxy(engine.url, qwen3, None, "uint8")
     try:
         asyncio.run(_conversation(server.url, turns=2))
-        (sample,) = _restore(rm, None)
+        (sample,) = restore_batch(rm, None)
     finally:
-        server.stop()
+        server.shutdown()
     same = replay_sample(trainer_model, sample, force=False)
     assert same.expert_mismatch == 0.0 and same.bit_identical       # same weights: the same routing anyway
     moved = trainer_model.perturbed(1e-3)

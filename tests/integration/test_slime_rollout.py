@@ -14,13 +14,9 @@ from dressage.errors import ConfigError
 from dressage.fields import get_model
 from dressage.integrations import slime_rollout
 from dressage.integrations.slime import SlimeSample
-from dressage.proxy.config import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.http import ProxyServer
-from dressage.proxy.service import ProxyService
+from dressage.proxy import Proxy
+from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
 from dressage.rollout import RolloutManager
-from dressage.tokenizer import load_tokenizer
 
 MODEL = get_model("tiny-moe")
 
@@ -42,13 +38,11 @@ def stack():
     engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=12))
     engine.start_background()
     manager = RolloutManager()
-    tok = load_tokenizer("byte")
-    core = ProxyCore(DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True), decode=tok.decode,
-                     special_ids=tok.special_token_ids, sink=manager)
-    server = ProxyServer(ProxyService(ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20), core, tok))
-    url = server.start_background()
-    yield url, manager
-    server.stop()
+    proxy = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
+                                    server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)),
+                        sink=manager)
+    yield proxy.url, manager
+    proxy.shutdown()
     engine.stop()
 
 

@@ -75,7 +75,7 @@ def test_pause_aborts_running_requests_until_they_answer_and_resume_sets_the_ver
         task = asyncio.ensure_future(generation())
         await asyncio.sleep(0.02)
         out = await pause.pause()
-        assert out == {"paused": True, "aborted": 1, "still_running": 0, "weight_version": 0}
+        assert out == {"paused": True, "aborted": 1, "still_running": 0, "weight_version": 0, "version": "0"}
         assert finished.is_set() and await task is True
         waiter = asyncio.ensure_future(pause.wait_running())
         await asyncio.sleep(0.02)
@@ -172,10 +172,10 @@ def test_a_move_stays_reported_until_a_step_is_recorded_on_the_new_engine():
     assert pool.place("s").moved_from is None
 
 
-def test_call_limits_clamp_to_the_context_budget_and_hold_one_version():
+def test_call_limits_clamp_to_the_context_budget_and_the_step_limit():
     from types import SimpleNamespace
 
-    from dressage.errors import ContextOverflowError, StepLimitError, WeightVersionChangedError
+    from dressage.errors import ContextOverflowError, StepLimitError
     from dressage.proxy.limits import CallLimits
 
     limits = CallLimits(ProxyServerConfig(context_window=100, max_output_tokens=30, max_steps_per_session=2,
@@ -187,13 +187,26 @@ def test_call_limits_clamp_to_the_context_budget_and_hold_one_version():
         limits.max_new_tokens(1, 100)
     assert err.value.code == "context_overflow" and "100 tokens" in str(err.value)
     session = SimpleNamespace(session_id="s", steps={0: None})
-    limits.check_call(session, 0)
-    limits.recorded("s", 0)
-    with pytest.raises(WeightVersionChangedError, match="weight version 0"):
-        limits.check_call(session, 1)
+    limits.check_call(session)
     session.steps[1] = None
     with pytest.raises(StepLimitError):
-        limits.check_call(session, 0)
-    relaxed = CallLimits(ProxyServerConfig(partial_rollout=True))
+        limits.check_call(session)
+
+
+def test_weight_versions_hold_a_session_to_one_version_unless_partial_rollout():
+    from dressage.errors import WeightVersionChangedError
+    from dressage.proxy.weights import WeightVersions
+
+    versions = WeightVersions()
+    versions.check("s", [0])                             # no step yet: any version
+    versions.recorded("s", 0)
+    versions.check("s", [0])
+    step = versions.stamp("rl-step-3", 0)                 # the engine moved on: its name is shown
+    with pytest.raises(WeightVersionChangedError, match="weight version 0 .* version rl-step-3"):
+        versions.check("s", [0, step])
+    versions.check("t", [step])                           # another session is not held to it
+    versions.forget("s")
+    versions.check("s", [step])
+    relaxed = WeightVersions(partial_rollout=True)
     relaxed.recorded("s", 0)
-    relaxed.check_versions("s", [0, 1, 2])                # partial rollout: versions may change
+    relaxed.check("s", [0, 1, 2])                         # partial rollout: versions may change

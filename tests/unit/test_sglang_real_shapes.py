@@ -142,24 +142,25 @@ def test_queued_abort_under_r3_and_partial_rollout_resumes_and_stamps_engine_ver
     # Nothing of the cut was kept: the resumed request re-sends the bare prompt from row 0.
     assert [(n, start) for _, n, start in engine.requests] == [(5, 0), (5, 0)]
     assert result.response_ids.tolist() == [200, 201, 202, 203]
-    step8 = pause.versions.code("step-8")
+    step8 = pause.versions.table.code("step-8")
     assert result.token_versions.tolist() == [step8] * 4 and pause.weight_version == step8
-    assert pause.versions.label(step8) == "step-8" and step8 >= NAMED_BASE
+    assert pause.versions.table.label(step8) == "step-8" and step8 >= NAMED_BASE
     assert engine.routing_keys == ["sess-1", "sess-1"]
     rids = [r for r, _, _ in engine.requests]
     assert rids[0] != rids[1] and not rids[1].startswith(rids[0]) and len(set(map(len, rids))) == 1
 
 
 def test_the_engine_default_version_falls_back_to_the_proxy_counter():
-    pause = RolloutPause(3)
-    assert pause.observe("default") is None and pause.observe(None) is None and pause.weight_version == 3
-    assert pause.observe("12") == 12 and pause.weight_version == 12
+    versions = RolloutPause(3).versions
+    assert versions.stamp("default", 3) == 3 and versions.stamp(None, 3) == 3 and versions.current == 3
+    assert versions.from_engine == 0
+    assert versions.stamp("12", 3) == 12 and versions.current == 12 and versions.from_engine == 1
 
 
 def test_resume_takes_the_engine_version_string():
     pause = RolloutPause(0)
     out = pause.resume("policy-v2")
-    assert out["version"] == "policy-v2" and out["weight_version"] == pause.versions.code("policy-v2")
+    assert out["version"] == "policy-v2" and out["weight_version"] == pause.versions.table.code("policy-v2")
     assert pause.resume(5)["version"] == "5"
 
 

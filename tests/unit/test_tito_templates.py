@@ -12,14 +12,6 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
                                             "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}]
 
 
-@pytest.fixture(scope="module")
-def qwen3():
-    try:
-        return load_tokenizer("qwen3")
-    except TokenizerError as exc:
-        pytest.skip(f"real Qwen3 tokenizer unavailable: {exc}")
-
-
 def _record(session, tok, messages, reply_text, tools):
     """Commit one step as the Proxy does: the prompt it built, the reply ids, the parsed reply."""
     prompt = build_chat_prompt(session, tok, messages, tools)

@@ -169,8 +169,9 @@ class _RayStoreReader:
         return sw.seconds
 
 
-class RayObjectStoreSystem(BenchSystem):
-    name = "ray-object-store"
+class _WriterReaderSystem(BenchSystem):
+    """A baseline run by a writer actor on node 0 and a reader actor on node 1."""
+
     across_processes = True
 
     def __init__(self, cluster: BenchCluster, seed: int = 0) -> None:
@@ -179,12 +180,23 @@ class RayObjectStoreSystem(BenchSystem):
         self._writer: Any = None
         self._reader: Any = None
 
+    def prepare(self, workload: Workload) -> None:
+        self._cluster.call(self._writer.prepare.remote(workload))
+
+    def finish(self, workload: Workload) -> None:
+        self._cluster.call(self._writer.finish.remote())
+
+    def _kill_actors(self) -> None:
+        _kill([a for a in (self._writer, self._reader) if a is not None])
+        self._writer = self._reader = None
+
+
+class RayObjectStoreSystem(_WriterReaderSystem):
+    name = "ray-object-store"
+
     def start(self) -> None:
         self._writer = self._cluster.actor(_RayStoreWriter, 0, self._seed)
         self._reader = self._cluster.actor(_RayStoreReader, 1)
-
-    def prepare(self, workload: Workload) -> None:
-        self._cluster.call(self._writer.prepare.remote(workload))
 
     def run_round(self, workload: Workload) -> RoundTiming:
         put_s, refs = self._cluster.call(self._writer.put.remote())
@@ -193,12 +205,8 @@ class RayObjectStoreSystem(BenchSystem):
         del refs
         return RoundTiming(put_s, get_s)
 
-    def finish(self, workload: Workload) -> None:
-        self._cluster.call(self._writer.finish.remote())
-
     def close(self) -> None:
-        _kill([a for a in (self._writer, self._reader) if a is not None])
-        self._writer = self._reader = None
+        self._kill_actors()
 
     def describe(self) -> dict[str, object]:
         return {"path": "ray.put in an actor on node 0, ray.get in an actor on node 1 (simulated nodes)"}
@@ -296,17 +304,13 @@ class _TQReader:
         tq.close()
 
 
-class TransferQueueSystem(BenchSystem):
+class TransferQueueSystem(_WriterReaderSystem):
     """``transferqueue`` 0.1.11 with one SimpleStorage unit pinned to node 1, beside the reader."""
 
     name = "transferqueue"
-    across_processes = True
 
     def __init__(self, cluster: BenchCluster, seed: int = 0) -> None:
-        self._cluster = cluster
-        self._seed = seed
-        self._writer: Any = None
-        self._reader: Any = None
+        super().__init__(cluster, seed)
         self._returned: str | None = None
         self._version: str | None = None
 
@@ -341,17 +345,11 @@ class TransferQueueSystem(BenchSystem):
         except Exception as exc:  # transferqueue / Ray errors at init: the baseline cannot run here
             raise SystemUnavailable(f"transferqueue {self._version} did not start: {exc}") from exc
 
-    def prepare(self, workload: Workload) -> None:
-        self._cluster.call(self._writer.prepare.remote(workload))
-
     def run_round(self, workload: Workload) -> RoundTiming:
         put_s, keys = self._cluster.call(self._writer.put.remote(workload.name))
         get_s, self._returned = self._cluster.call(self._reader.get.remote(keys))
         self._cluster.call(self._writer.clear.remote(keys))
         return RoundTiming(put_s, get_s)
-
-    def finish(self, workload: Workload) -> None:
-        self._cluster.call(self._writer.finish.remote())
 
     def close(self) -> None:
         ray = _ray()
@@ -362,8 +360,7 @@ class TransferQueueSystem(BenchSystem):
                 ray.get(actor.close.remote(), timeout=60)
             except Exception:  # already dead or stuck: the kill below cleans up
                 pass
-        _kill([a for a in (self._writer, self._reader) if a is not None])
-        self._writer = self._reader = None
+        self._kill_actors()
 
     def describe(self) -> dict[str, object]:
         return {

@@ -31,9 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def server_config(args: argparse.Namespace):
     """The validated :class:`ProxyServerConfig` of ``dressage proxy serve``'s flags."""
+    from dressage.errors import ConfigError
     from dressage.flags import from_flags
     from dressage.proxy.config import ProxyServerConfig
 
+    if not args.engine_urls and not args.router_url:
+        raise ConfigError("proxy serve: give the engine with --engine-url URL (or a router with --sglang-router-url URL)")
     return from_flags(ProxyServerConfig, args)
 
 
@@ -56,8 +59,11 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"dressage proxy: journal {cfg.journal.path}: {len(report.active)} sessions resumed, "
                   f"{len(report.finalized)} finalized, {len(report.aborted)} aborted"
                   + (" (a torn last record was dropped)" if report.truncated_tail else ""), flush=True)
-        dp = cfg.data_plane
-        print(f"dressage proxy: serving on {proxy.url} -> engine(s) {', '.join(cfg.server.engines)} "
+        dp = proxy.config.data_plane
+        if proxy.engine_check is not None:
+            print(f"dressage proxy: engine check passed: {proxy.engine_check.describe()}", flush=True)
+        print(f"dressage proxy: serving on {proxy.url} -> {'router' if cfg.server.router else 'engine(s)'} "
+              f"{', '.join(cfg.server.engines)} "
               f"(R3 {'on' if dp.use_rollout_routing_replay else 'off'}, TQ "
               f"{'on: ' + ','.join(dp.offloaded) if dp.enable_transfer_queue else 'off'})", flush=True)
         proxy.wait()

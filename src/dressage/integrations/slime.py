@@ -93,14 +93,17 @@ def to_slime_sample(sample: Sample, *, rollout_id: int | None = None, versions: 
                     train_metadata: dict | None = None, remove_sample: bool | None = None) -> Any:
     """One restored Sample as slime's ``Sample`` (``cls`` picks the class; default: slime's if importable).
 
-    ``versions`` turns token version codes back into the engine's ``weight_version`` strings.
+    ``weight_versions`` are the engine's strings (the Proxy records the names of named versions
+    with the trajectory); ``versions`` names codes a Sample came without names for.
     Raises :class:`TrajectoryError` for a Sample whose large fields were not restored yet.
     """
     if not sample.is_restored:
         raise TrajectoryError(f"session {sample.session_id} segment {sample.segment_index}: large fields "
                               f"{sorted(sample.remote)} are still references; restore the batch first")
     cls = cls or slime_sample_class()
-    labels = sample.weight_versions if versions is None else [versions.label(int(v)) for v in sample.weight_versions]
+    labels = sample.weight_versions
+    if versions is not None:
+        labels = [versions.label(int(v)) if v.isdigit() else v for v in labels]
     meta = {k: v for k, v in sample.metadata.items()}
     meta.setdefault("segment_index", sample.segment_index)
     out = cls(

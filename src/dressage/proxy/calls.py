@@ -20,6 +20,8 @@ from dressage.proxy.chat import ChatPrompt, assistant_message, build_chat_prompt
 from dressage.proxy.generation import GenerationPlan, GenerationResult, run_generation
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
 from dressage.proxy.streaming import ChunkWriter, aiter_frames, error_payload, replay_chunks, sse, stream_completion
+from dressage.proxy.weights import STEP_LABELS_KEY
+from dressage.proxy.turn_scope import turn_call_key, turn_of
 
 __all__ = ["CallPath", "ChatCall"]
 
@@ -38,13 +40,15 @@ class ChatCall:
     created: int
     include_usage: bool
     turn_id: str | None
+    """The call's replay key in its turn (:func:`turn_call_key`), ``None`` without ``X-Turn-Id``."""
 
 
 class CallPath:
     """The model-call use cases; :class:`ProxyService` provides the state they use."""
 
     def _check_call(self, session_id: str) -> None:
-        self.limits.check_call(self.core.active_session(session_id), self.weight_version)
+        self.limits.check_call(self.core.active_session(session_id))
+        self.versions.check(session_id, (self.versions.current,))
 
     def _plan(self, session_id: str, prompt_ids: np.ndarray, sampling: dict[str, Any], *, stream: bool,
               tools: Any = None, boundary_reason: str | None = None) -> tuple[GenerationPlan, str]:
@@ -54,9 +58,10 @@ class CallPath:
         decision = self.core.plan(session_id, prompt_ids, tools=tools, boundary_reason=boundary_reason,
                                   engine_moved=placement.moved_from is not None)
         placement.member.calls += 1
-        rid = f"{self._rid_prefix}-{session_id}-{next(self._rids)}"
-        plan = GenerationPlan(rid, prompt_ids, decision, sampling, placement.member.client,
-                              self.core.generate_params(decision), stream)
+        instance = self.core.session(session_id).metadata.get("instance_id")
+        plan = GenerationPlan(self.rids.call(session_id), prompt_ids, decision, sampling, placement.member.client,
+                              self.core.generate_params(decision), stream, routing_key=session_id,
+                              session_id=session_id, instance_id=None if instance is None else str(instance))
         return plan, placement.member.url
 
     def _sampling(self, req: ChatRequest, prompt_len: int) -> dict[str, Any]:
@@ -90,8 +95,14 @@ class CallPath:
 
     async def open_chat(self, session_id: str, req: ChatRequest, *,
                         turn_id: str | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
-        """A chat completion (dict) or, for ``stream``, its SSE byte stream; retried turns are replayed."""
+        """A chat completion (dict) or, for ``stream``, its SSE byte stream.
+
+        ``turn_id`` (``X-Turn-Id``) scopes the call to an agent turn: the same turn sending the same
+        request again gets the recorded reply (replayed once, nothing recorded again); a different
+        request under that turn is the turn's next call.
+        """
         if turn_id is not None:
+            turn_id = turn_call_key(turn_id, req.model_dump(exclude_none=True))
             pending = self.turns.get(session_id, turn_id)
             if pending is not None:
                 try:
@@ -145,15 +156,28 @@ class CallPath:
                 result = event
         return result
 
+    def _leave(self, session_id: str, commit: asyncio.Future | None) -> None:
+        """The call is over for finalize's wait once its commit (if one began) is done."""
+        if commit is None or commit.done():
+            self.in_flight.exit(session_id)
+        else:
+            commit.add_done_callback(lambda _: self.in_flight.exit(session_id))
+
     async def _complete(self, call: ChatCall) -> dict[str, Any]:
+        self.in_flight.enter(call.session_id)
+        commit = None
         try:
-            result = await self._final(call.plan)
-        except BaseException as exc:
-            if call.turn_id is not None:
-                self.turns.abandon(call.session_id, call.turn_id, exc)
-            raise
-        # Shielded: an agent that hangs up now still gets its step recorded whole, or not at all.
-        return await asyncio.shield(self._commit_task(call, result))
+            try:
+                result = await self._final(call.plan)
+            except BaseException as exc:
+                if call.turn_id is not None:
+                    self.turns.abandon(call.session_id, call.turn_id, exc)
+                raise
+            # Shielded: an agent that hangs up now still gets its step recorded whole, or not at all.
+            commit = self._commit_task(call, result)
+            return await asyncio.shield(commit)
+        finally:
+            self._leave(call.session_id, commit)
 
     async def _stream(self, call: ChatCall) -> AsyncIterator[bytes]:
         if call.turn_id is not None:
@@ -167,13 +191,16 @@ class CallPath:
                 return
             self.turns.begin(call.session_id, call.turn_id)
         committing = False
+        task: asyncio.Future | None = None
 
         async def commit(result: GenerationResult) -> dict[str, Any]:
-            nonlocal committing
+            nonlocal committing, task
             committing = True
-            return await asyncio.shield(self._commit_task(call, result))
+            task = self._commit_task(call, result)
+            return await asyncio.shield(task)
 
         writer = ChunkWriter(call.completion_id, self.config.served_model_name, call.created)
+        self.in_flight.enter(call.session_id)
         try:
             async for frame in stream_completion(writer, self.parser, self._generate(call.plan), commit,
                                                  include_usage=call.include_usage):
@@ -187,17 +214,23 @@ class CallPath:
             if call.turn_id is not None and not committing:
                 self.turns.abandon(call.session_id, call.turn_id, exc)
             raise
+        finally:
+            self._leave(call.session_id, task)
 
     async def _record(self, sid: str, plan: GenerationPlan, result: GenerationResult, engine_url: str, *,
                       metadata: dict[str, Any], **step_kwargs: Any) -> Any:
         """Commit one generated response as a StepRecord (the last check of the version rule first)."""
-        self.limits.check_versions(sid, np.unique(result.token_versions).tolist())
+        codes = np.unique(result.token_versions).tolist()
+        self.versions.check(sid, codes)
         metadata = {**metadata, "engine": engine_url, "engine_requests": result.chunks}
+        labels = self.versions.labels(codes)
+        if labels:
+            metadata[STEP_LABELS_KEY] = labels
         step = await asyncio.to_thread(
             self.core.record_step, sid, plan.decision, prompt_ids=plan.prompt_ids, response_ids=result.response_ids,
             logprobs=result.logprobs, routed_experts=result.routed_experts, token_versions=result.token_versions,
             metadata=metadata, **step_kwargs)
-        self.limits.recorded(sid, int(result.token_versions[0]))
+        self.versions.recorded(sid, int(result.token_versions[0]))
         self.engines.settle(sid)
         return step
 
@@ -205,9 +238,11 @@ class CallPath:
         sid = call.session_id
         text = self.tokenizer.decode(result.response_ids.tolist(), skip_special_tokens=True)
         message = assistant_message(self.parser, text, call_id_prefix=f"call_{call.completion_id[-10:]}")
+        metadata = {"assistant_message": message, "finish_reason": result.finish_reason}
+        if call.turn_id is not None:
+            metadata["turn_id"] = turn_of(call.turn_id)  # finalize counts turns by it
         step = await self._record(sid, call.plan, result, call.engine_url, messages=call.messages, tools=call.tools,
-                                  boundary_reason=call.prompt.boundary_reason,
-                                  metadata={"assistant_message": message, "finish_reason": result.finish_reason})
+                                  boundary_reason=call.prompt.boundary_reason, metadata=metadata)
         finish_reason = "tool_calls" if message.get("tool_calls") else (
             "length" if result.finish_reason == "length" else "stop")
         return {
@@ -226,8 +261,12 @@ class CallPath:
         sp = dict(req.sampling_params or {})
         sp["max_new_tokens"] = self.limits.max_new_tokens(sp.get("max_new_tokens"), len(prompt_ids))
         plan, url = self._plan(session_id, prompt_ids, sp, stream=False)
-        result = await self._final(plan)
-        step = await self._record(session_id, plan, result, url, metadata={})
+        self.in_flight.enter(session_id)
+        try:
+            result = await self._final(plan)
+            step = await self._record(session_id, plan, result, url, metadata={})
+        finally:
+            self.in_flight.exit(session_id)
         return {"output_ids": step.response_ids.tolist(),
                 "text": self.tokenizer.decode(step.response_ids.tolist(), skip_special_tokens=True),
                 "step_id": step.step_id, "parent_id": step.parent_id, "lineage_id": step.lineage_id,

@@ -34,10 +34,20 @@ class ProxyServerConfig:
     """Port; 0 picks a free one."""
     engine_url: str = field(default="http://127.0.0.1:30000", metadata=flag(skip=True))
     """SGLang (or the built-in engine) base URL; the first of ``engine_urls`` when those are given."""
-    engine_urls: tuple[str, ...] = field(default=(), metadata=flag("--engine-url", append=True, required=True, metavar="URL"))
+    engine_urls: tuple[str, ...] = field(default=(), metadata=flag("--engine-url", append=True, metavar="URL"))
     """Several engines (``--engine-url`` repeated); sessions stick to one by consistent hashing."""
-    api_token: str | None = field(default=None, metadata=flag(metavar="TOKEN", default_text="$DRESSAGE_PROXY_TOKEN"))
+    router_url: str | None = field(default=None, metadata=flag("--sglang-router-url", metavar="URL"))
+    """An sglang-router / model gateway as the one engine endpoint: the same as ``--engine-url URL --router``."""
+    router: bool = False
+    """The engine URL is an sglang-router / model gateway: /generate goes through it, aborts and
+    weight-version calls go to each healthy worker it lists (``GET /workers``)."""
+    engine_api_key: str | None = field(default=None, metadata=flag(metavar="KEY"))
+    """The engine's ``--api-key``: sent as ``Authorization: Bearer`` on every engine and worker call."""
+    api_token: str | None = field(default=None, metadata=flag(metavar="TOKEN", default_text="$DRESSAGE_PROXY_TOKEN",
+                                                              aliases=("--api-key",)))
     """When set, every endpoint but /health needs ``Authorization: Bearer <token>``."""
+    finalize_wait_s: float = field(default=30.0, metadata=flag("--finalize-wait", metavar="S"))
+    """How long ``/session/finalize`` waits for the session's calls still in flight before it cuts the trajectory."""
     served_model_name: str = field(default="dressage-policy", metadata=flag(metavar="NAME"))
     """``model`` reported in OpenAI responses and ``/v1/models``."""
     request_timeout_s: float = field(default=600.0, metadata=flag("--request-timeout", metavar="S"))
@@ -53,7 +63,7 @@ class ProxyServerConfig:
     """Cap on any call's new tokens, whatever the request asks."""
     max_steps_per_session: int | None = field(default=None, metadata=flag(metavar="N"))
     """Calls one session may record; the next gets ``max_steps_exceeded``. ``None``: no limit."""
-    partial_rollout: bool = False
+    partial_rollout: bool = field(default=False, metadata=flag(aliases=("--dressage-partial-rollout",)))
     """Keep generations cut by a pause and resume them under the new weights (one response,
     per-token versions). Off: such a call, and any trajectory whose weight version changes, is rejected."""
     health_check_interval_s: float = field(default=5.0, metadata=flag("--health-check-interval", metavar="S"))
@@ -70,8 +80,19 @@ class ProxyServerConfig:
                 raise ConfigError(f"proxy.engine_urls[{i}]: expected http(s)://host:port, got {url!r}")
         if len({u.rstrip("/") for u in self.engine_urls}) != len(self.engine_urls):
             raise ConfigError(f"proxy.engine_urls: an engine is listed twice: {list(self.engine_urls)}")
+        if self.router_url is not None:
+            if not _url_ok(self.router_url):
+                raise ConfigError(f"proxy.router_url: expected http(s)://host:port, got {self.router_url!r}")
+            if self.engine_urls and [u.rstrip("/") for u in self.engine_urls] != [self.router_url.rstrip("/")]:
+                raise ConfigError(f"proxy.router_url: the router {self.router_url} is the one engine endpoint; "
+                                  f"do not also give --engine-url {' '.join(self.engine_urls)}")
+            self.engine_urls, self.router = (self.router_url,), True
         if self.engine_urls:
             self.engine_url = self.engine_urls[0]
+        if self.router and len(self.engines) > 1:
+            raise ConfigError(f"proxy.router: a router is one engine endpoint, got {len(self.engines)} engine URLs")
+        if self.finalize_wait_s < 0:
+            raise ConfigError(f"proxy.finalize_wait_s must be >= 0, got {self.finalize_wait_s!r}")
         if not _url_ok(self.engine_url):
             raise ConfigError(f"proxy.engine_url: expected http(s)://host:port, got {self.engine_url!r}")
         for key in ("request_timeout_s", "max_body_bytes", "default_max_tokens"):
@@ -125,8 +146,18 @@ class ProxyConfig:
     ``data_plane.transfer_queue_config`` names, or the embedded defaults."""
     journal: JournalConfig = field(default_factory=JournalConfig)
     """The step journal (off unless ``journal.path`` is set)."""
-    tokenizer: str = field(default="byte", metadata=flag(metavar="NAME"))
+    tokenizer: str = field(default="byte", metadata=flag(metavar="NAME", aliases=("--tokenizer-path",)))
     """'byte' (built in), 'qwen3' or 'qwen3.5'/'qwen3.6' (packaged vocabularies), or a Hugging Face tokenizer path."""
+    tokenizer_from_engine: bool = False
+    """Without ``--tokenizer``, load the tokenizer the engine names (its model info's ``tokenizer_path``)."""
+    num_layers: int | None = field(default=None, metadata=flag(metavar="N"))
+    """R3 rows per token (every hidden layer SGLang captures); overrides the engine's model info and the preset."""
+    topk: int | None = field(default=None, metadata=flag(metavar="K"))
+    """Experts routed per token per layer; overrides the engine's model info and the preset."""
+    num_experts: int | None = field(default=None, metadata=flag(metavar="N"))
+    """Routed experts per layer; overrides the engine's model info and the preset."""
+    skip_engine_check: bool = False
+    """Start without asking the engine for its model info (no shape or tokenizer check)."""
 
     def __post_init__(self) -> None:
         for key, cls in (("data_plane", DataPlaneConfig), ("server", ProxyServerConfig), ("journal", JournalConfig)):
@@ -134,6 +165,10 @@ class ProxyConfig:
                 raise ConfigError(f"proxy.{key}: expected a {cls.__name__}, got {type(getattr(self, key)).__name__}")
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigError(f"proxy.tokenizer: expected 'byte' or a tokenizer path, got {self.tokenizer!r}")
+        for key in ("num_layers", "topk", "num_experts"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"proxy.{key} must be a positive integer or unset, got {value!r}")
         if self.transfer_queue is not None and not self.data_plane.enable_transfer_queue:
             raise ConfigError("proxy.transfer_queue: set, but data_plane.enable_transfer_queue is off")
 

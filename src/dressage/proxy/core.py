@@ -17,7 +17,9 @@ import numpy as np
 from dressage.errors import DressageError, FieldShapeError, SessionStateError, TransferWriteError, UnknownStepError
 from dressage.fields import GenerateOutput, decode_generate_response, encode_routed_experts
 from dressage.dataplane import DataPlaneConfig
+from dressage.proxy.weights import step_labels
 from dressage.trajectory import Boundary, RouteDecision, Segment, Session, StepRecord, build_segments
+from dressage.trajectory.sample import VERSION_LABELS_KEY
 
 __all__ = ["ProxyCore", "FinalizedSession"]
 
@@ -243,7 +245,11 @@ class ProxyCore:
                 if hasattr(p, "value")}
         unused = [r for r in session.large_field_refs() if id(r) not in used]
         self._delete_quietly(unused)
-        done = FinalizedSession(session_id, segments, session.reward, dict(session.metadata), unused)
+        metadata = dict(session.metadata)
+        labels = {code: label for st in session.steps.values() for code, label in step_labels(st.metadata).items()}
+        if labels:  # the engine's names of the session's named versions, for Sample.weight_versions
+            metadata[VERSION_LABELS_KEY] = labels
+        done = FinalizedSession(session_id, segments, session.reward, metadata, unused)
         if self.sink is not None:
             self.sink(done)
         return done

@@ -8,6 +8,7 @@ here; :func:`build_service` is the same assembly without the HTTP server, for in
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 from typing import Any, Callable
@@ -16,7 +17,7 @@ from dressage.proxy.config import ProxyConfig
 from dressage.proxy.core import FinalizedSession, ProxyCore
 from dressage.proxy.service import ProxyService
 
-__all__ = ["Proxy", "build_service"]
+__all__ = ["Proxy", "build_service", "checked_config"]
 
 
 def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any = None, engine: Any = None,
@@ -38,10 +39,25 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
         from dressage.proxy.journal import Journal
 
         report = core.recover(config.journal.path)
+        service.versions.restore(core.sessions.values())  # named versions keep their codes
         for done in report.delivered:
             service.finalized[done.session_id] = done
         core.journal = Journal(config.journal.path, fsync=config.journal.fsync)
     return service, report
+
+
+def checked_config(config: ProxyConfig, *, keep_tokenizer: bool = False) -> tuple[ProxyConfig, Any]:
+    """``config`` with the model shape and tokenizer its engines' model infos settle (see
+    :mod:`dressage.proxy.startup`); raises before anything is started when they do not fit."""
+    from dressage.proxy.startup import check_engine, fetch_engine_infos
+
+    check = check_engine(config, fetch_engine_infos(config.server))
+    changes: dict[str, Any] = {}
+    if check.model is not config.data_plane.model:
+        changes["data_plane"] = dataclasses.replace(config.data_plane, model=check.model)
+    if not keep_tokenizer and check.tokenizer != config.tokenizer:
+        changes["tokenizer"] = check.tokenizer
+    return (dataclasses.replace(config, **changes) if changes else config), check
 
 
 class Proxy:
@@ -54,6 +70,8 @@ class Proxy:
                  recovery: Any) -> None:
         self.config, self.service, self.server = config, service, server
         self.tq, self._owns_tq, self.recovery = tq, owns_tq, recovery
+        self.engine_check: Any = None
+        """What the start-up check against the engines settled (``None``: not checked)."""
 
     @classmethod
     def start(cls, config: ProxyConfig, *, tq: Any = None, tq_client: Any = None, tokenizer: Any = None,
@@ -67,6 +85,9 @@ class Proxy:
         """
         from dressage.proxy.http import ProxyServer
 
+        check = None
+        if engine is None and not config.skip_engine_check:
+            config, check = checked_config(config, keep_tokenizer=tokenizer is not None)
         owns_tq = False
         if tq_client is None and config.data_plane.enable_transfer_queue:
             if tq is None:
@@ -88,7 +109,9 @@ class Proxy:
             if owns_tq:
                 tq.shutdown()
             raise
-        return cls(config, service, server, tq, owns_tq, recovery)
+        proxy = cls(config, service, server, tq, owns_tq, recovery)
+        proxy.engine_check = check
+        return proxy
 
     @property
     def url(self) -> str:

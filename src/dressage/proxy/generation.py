@@ -143,7 +143,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
         while not await pause.wait_running(KEEPALIVE_S if plan.stream else None, session_id=plan.session_id,
                                            instance_id=plan.instance_id):
             yield None
-        version = pause.weight_version
+        version = pause.versions.current  # the fallback when the engine reports no version
         start = partial.next_routed_experts_start
         params = dict(plan.params)
         if "routed_experts_start_len" in params:
@@ -179,9 +179,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
             raise WeightVersionChangedError(
                 "a weight update paused this generation and partial rollout is off: its tokens would mix "
                 "policy versions; the call is dropped (start the Proxy with --partial-rollout to resume it)")
-        engine_version = pause.observe(getattr(out, "weight_version", None))
-        if engine_version is not None:
-            version = engine_version
+        version = pause.versions.stamp(getattr(out, "weight_version", None), version)
         dropped += getattr(out, "dropped_tokens", 0)
         if len(out.output_ids):
             partial.add_chunk(out.output_ids, out.logprobs, out.routed_experts, version=version)

@@ -8,7 +8,6 @@ status and type the class carries (``http_status``, ``openai_type``). Agents use
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 from typing import Any
@@ -19,10 +18,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dressage.errors import DressageError
-from dressage.proxy.schemas import (ChatRequest, CreateSession, FinalizeRequest, FinalizeSessionRequest, GenerateRequest,
-                                    ResumeRequest, TrajectoryReadRequest)
+from dressage.proxy.http_upstream import upstream_router
+from dressage.proxy.rollout_routes import rollout_router
+from dressage.proxy.schemas import ChatRequest, CreateSession, GenerateRequest
 from dressage.proxy.streaming import error_body, error_payload
-from dressage.proxy.turns import identity_from_headers
+from dressage.proxy.turn_scope import identity_of
 from dressage.serving import UvicornServer
 
 __all__ = ["build_app", "ProxyServer", "status_for"]
@@ -70,11 +70,18 @@ def _install_guards(app: FastAPI, service: Any) -> None:
             return JSONResponse(error_body(f"malformed JSON: {detail}", "invalid_request_error"), 400)
         if tuple(first.get("loc", ())) == ("body",):
             return JSONResponse(error_body("request body must be a JSON object", "invalid_request_error"), 400)
+        unknown = [".".join(str(p) for p in e.get("loc", ()) if p != "body") for e in errors
+                   if e.get("type") == "extra_forbidden"]
+        if unknown:  # a strict (control) body with a key it does not know: a misspelling, not a type error
+            return JSONResponse(error_body(f"unknown field(s): {', '.join(unknown)}", "invalid_request_error",
+                                           param=unknown[0]), 400)
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
         msg = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
                         for e in errors[:5])
-        return JSONResponse(error_body(msg, "invalid_request_error", param=param), 422)
+        # A key a strict (control) body does not know is a bad request, not a bad value.
+        unknown = any(e.get("type") == "extra_forbidden" for e in errors)
+        return JSONResponse(error_body(msg, "invalid_request_error", param=param), 400 if unknown else 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -85,9 +92,10 @@ def build_app(service: Any) -> FastAPI:
     """The FastAPI app: one route per use case of ``service``."""
     app = FastAPI(title="Dressage Proxy", version="0.1.0")
     _install_guards(app, service)
+    app.include_router(upstream_router(service))
 
     async def answer(session_id: str, request: Request, body: ChatRequest) -> Response:
-        out = await service.open_chat(session_id, body, turn_id=identity_from_headers(request.headers).turn_id)
+        out = await service.open_chat(session_id, body, turn_id=identity_of(request.headers, body).turn_id)
         if isinstance(out, dict):
             return _json(out)
         return StreamingResponse(out, media_type="text/event-stream", headers={"cache-control": "no-cache"})
@@ -106,7 +114,7 @@ def build_app(service: Any) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_by_headers(request: Request, body: ChatRequest) -> Response:
-        return await answer(service.header_session(identity_from_headers(request.headers)), request, body)
+        return await answer(service.header_session(identity_of(request.headers, body)), request, body)
 
     @app.get("/v1/models")
     async def all_models() -> dict[str, Any]:
@@ -120,10 +128,6 @@ def build_app(service: Any) -> FastAPI:
     async def generate(session_id: str, body: GenerateRequest) -> dict[str, Any]:
         return await service.generate_tokens(session_id, body)
 
-    @app.post("/sessions/{session_id}/finalize")
-    async def finalize(session_id: str, body: FinalizeRequest | None = None) -> dict[str, Any]:
-        return await asyncio.to_thread(service.finalize_summary, session_id, body.reward if body else None)
-
     @app.post("/sessions/{session_id}/abort")
     async def abort(session_id: str) -> dict[str, Any]:
         return service.abort(session_id)
@@ -132,32 +136,9 @@ def build_app(service: Any) -> FastAPI:
     async def segments(session_id: str) -> Response:
         return _json(service.segments(session_id))
 
-    @app.post("/session/finalize")
-    async def finalize_by_headers(request: Request, body: FinalizeSessionRequest | None = None) -> dict[str, Any]:
-        sid = (body.session_id if body else None) or identity_from_headers(request.headers).session_id
-        return await asyncio.to_thread(service.finalize_summary, sid, body.reward if body else None)
-
-    @app.post("/trajectory/read")
-    async def trajectory_read(body: TrajectoryReadRequest | None = None) -> Response:
-        body = body or TrajectoryReadRequest()
-        ids = list(body.session_ids or []) + ([body.session_id] if body.session_id else [])
-        return _json(service.read_trajectories(ids, body.instance_id, body.drain, body.format))
-
     @app.get("/trajectory/stats")
     async def trajectory_stats() -> dict[str, Any]:
         return service.stats()
-
-    @app.post("/v1/rollout/pause")
-    async def rollout_pause() -> dict[str, Any]:
-        return await service.pause_rollout()
-
-    @app.post("/v1/rollout/resume")
-    async def rollout_resume(body: ResumeRequest | None = None) -> dict[str, Any]:
-        return service.resume_rollout(body.weight_version if body else None)
-
-    @app.get("/v1/rollout/pause_state")
-    async def rollout_pause_state() -> dict[str, Any]:
-        return service.pause_state()
 
     @app.get("/v1/engines")
     async def engines() -> dict[str, Any]:
@@ -167,6 +148,7 @@ def build_app(service: Any) -> FastAPI:
     async def session_info(session_id: str) -> dict[str, Any]:
         return service.session_info(session_id)
 
+    app.include_router(rollout_router(service))
     return app
 
 

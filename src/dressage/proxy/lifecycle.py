@@ -43,6 +43,10 @@ class InFlight:
     def running(self, session_id: str) -> int:
         return self._running.get(session_id, 0)
 
+    def waiting(self, session_id: str) -> bool:
+        """Whether someone (a finalize) waits for the session's calls to end."""
+        return session_id in self._idle
+
     async def wait_idle(self, session_id: str, timeout_s: float) -> bool:
         """True once the session has no call running; False when ``timeout_s`` passed first."""
         if not self._running.get(session_id):

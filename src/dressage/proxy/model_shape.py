@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from dressage.errors import ConfigError
+from dressage.errors import ConfigError, EngineMismatchError
 from dressage.fields.models import ModelSpec
 
 __all__ = ["ShapeSource", "shape_from_config", "read_model_config", "discover_model_spec",
@@ -151,7 +151,7 @@ def resolve_tokenizer(tokenizer: str | None, info: Mapping[str, Any] | None, *,
         return BYTE_TOKENIZER
     if from_engine and isinstance(engine_tok, str) and engine_tok:
         return engine_tok
-    raise ConfigError(
+    raise EngineMismatchError(
         f"the engine serves {info.get('model_path')!r} with tokenizer {engine_tok!r}, but the Proxy would "
         "send it byte-tokenizer ids; start the Proxy with --tokenizer PATH (the model's tokenizer), or "
         "--tokenizer-from-engine to load the engine's tokenizer_path")

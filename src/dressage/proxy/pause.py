@@ -2,11 +2,12 @@
 
 ``pause()`` stops new engine calls and aborts the running ones through the engine's
 ``/abort_request``; each comes back with its partial output. ``resume(version)`` sets the new
-policy version and lets the waiting calls continue from where they were cut.
+policy version and lets the waiting calls continue from where they were cut. A pause may be
+global or scoped to a session or a prompt instance: only that scope's calls are cut and held
+(waiting, like a global pause's), every other call runs on.
 
-The engine is the authority on versions: an answer's ``meta_info.weight_version`` is
-:meth:`RolloutPause.observe`-d and becomes the current version; the number set by ``resume`` is
-what tokens carry from engines that report none (or SGLang's unset ``"default"``).
+Versions themselves are :class:`dressage.proxy.weights.WeightVersions`' (``self.versions``):
+the engine's ``meta_info.weight_version`` stamps tokens, resume's number is the fallback.
 """
 
 from __future__ import annotations
@@ -18,12 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from dressage.errors import EngineError
-from dressage.fields.versions import VersionTable
+from dressage.proxy.weights import UNSET_ENGINE_VERSION, WeightVersions
 
 __all__ = ["RolloutPause", "UNSET_ENGINE_VERSION"]
-
-UNSET_ENGINE_VERSION = "default"
-"""SGLang's ``weight_version`` before anyone set one: it says nothing about the weights."""
 
 
 @dataclass(slots=True)
@@ -38,10 +36,9 @@ class _Running:
 class RolloutPause:
     """Pause state shared by every call of one Proxy (all methods run on the server's loop)."""
 
-    def __init__(self, weight_version: int = 0, *, abort_timeout_s: float = 30.0,
+    def __init__(self, versions: WeightVersions | int | str = 0, *, abort_timeout_s: float = 30.0,
                  abort_retry_s: float = 0.05) -> None:
-        self.versions = VersionTable()
-        self.weight_version = self.versions.code(weight_version)
+        self.versions = versions if isinstance(versions, WeightVersions) else WeightVersions(versions)
         self.paused = False
         self.paused_at: float | None = None
         self.pauses = 0
@@ -125,7 +122,7 @@ class RolloutPause:
             pending = {rid: r for rid, r in pending.items() if not r.done.is_set()}
         self.aborted_total += len(targets)
         out = {"paused": True, "aborted": len(targets), "still_running": len(pending),
-               "weight_version": self.weight_version}
+               "weight_version": self.versions.current, "version": self.versions.label}
         if scoped:
             out["scope"] = {"session_id": session_id, "instance_id": instance_id}
         return out
@@ -136,33 +133,24 @@ class RolloutPause:
         except EngineError:
             pass  # the engine is gone: its request fails on its own and is not recorded
 
-    def observe(self, engine_version: str | None) -> int | None:
-        """The token version for an engine's ``weight_version`` (``None``: it told nothing);
-        a real one becomes the current version."""
-        if engine_version is None or engine_version == UNSET_ENGINE_VERSION:
-            return None
-        self.weight_version = self.versions.code(engine_version)
-        return self.weight_version
-
     @property
-    def version_label(self) -> str:
-        """The current version as the engine names it."""
-        return self.versions.label(self.weight_version)
+    def weight_version(self) -> int:
+        """The current token version (:attr:`WeightVersions.current`)."""
+        return self.versions.current
 
     def resume(self, weight_version: int | str | None = None) -> dict[str, Any]:
         """Set the new policy version (if given: a number or the engine's string) and release
-        the waiting calls."""
+        every waiting call (global and scoped pauses alike)."""
         if weight_version is not None:
-            self.weight_version = self.versions.code(weight_version)
+            self.versions.set(weight_version)
         was = self.paused or bool(self.scopes)
         self.paused, self.paused_at = False, None
         self.scopes.clear()
         self._event().set()
-        return {"paused": False, "resumed": was, "weight_version": self.weight_version,
-                "version": self.version_label}
+        return {"paused": False, "resumed": was, "weight_version": self.versions.current,
+                "version": self.versions.label}
 
     def state(self) -> dict[str, Any]:
-        return {"paused": self.paused, "paused_at": self.paused_at, "weight_version": self.weight_version,
-                "version": self.version_label, "in_flight": len(self._running), "pauses": self.pauses,
-                "aborted_total": self.aborted_total,
+        return {"paused": self.paused, "paused_at": self.paused_at, **self.versions.state(),
+                "in_flight": len(self._running), "pauses": self.pauses, "aborted_total": self.aborted_total,
                 "paused_scopes": sorted(f"{kind}:{key}" for kind, key in self.scopes)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 __all__ = ["ChatMessage", "ChatRequest", "GenerateRequest", "CreateSession", "FinalizeRequest",
            "FinalizeSessionRequest", "TrajectoryReadRequest", "ResumeRequest", "PauseRequest", "DiscardRequest"]
@@ -44,6 +44,11 @@ class ChatRequest(_Body):
     stream_options: Optional[dict[str, Any]] = None
     """``{"include_usage": true}`` adds a last chunk with the call's usage."""
     n: int = Field(default=1, ge=1, le=1)
+    session_id: Optional[str] = None
+    instance_id: Optional[Union[str, int]] = None
+    turn_id: Optional[str] = None
+    """Upstream's clients may name the call in the body; an ``X-Session-Id`` / ``X-Instance-Id`` /
+    ``X-Turn-Id`` header wins."""
 
     @field_validator("tool_choice")
     @classmethod
@@ -117,9 +122,9 @@ class TrajectoryReadRequest(_Control):
 
 
 class ResumeRequest(_Control):
-    weight_version: Optional[int] = Field(default=None, ge=0)
+    weight_version: Optional[StrictInt] = Field(default=None, ge=0)
     """The policy version of the tokens generated from now on (unchanged if omitted)."""
-    version: Optional[Union[str, int]] = None
+    version: Optional[Union[StrictStr, StrictInt]] = None
     """The same as the engine names it (upstream's field); a plain integer string is that number."""
     reason: Optional[str] = None
 

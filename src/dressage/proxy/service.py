@@ -9,8 +9,6 @@ model-call use cases (chat, token-level generate) are in :class:`dressage.proxy.
 from __future__ import annotations
 
 import asyncio
-import itertools
-import secrets
 from typing import Any, Iterable
 
 from dressage.errors import MissingSessionIdError, SessionIdError, SessionStateError
@@ -19,11 +17,13 @@ from dressage.proxy.chat import QwenToolCallParser, ToolCallParser
 from dressage.proxy.config import ProxyServerConfig
 from dressage.proxy.core import FinalizedSession, ProxyCore
 from dressage.proxy.engine_pool import EnginePool
+from dressage.proxy.lifecycle import FinalizeLedger, InFlight
 from dressage.proxy.limits import CallLimits
 from dressage.proxy.pause import RolloutPause
-from dressage.proxy.sample_wire import samples_wire
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy.rids import RidFactory
+from dressage.proxy.startup import engine_clients
 from dressage.proxy.turns import CallIdentity, TurnCache, instance_group
+from dressage.proxy.weights import WeightVersions
 
 __all__ = ["ProxyService"]
 
@@ -32,7 +32,7 @@ class ProxyService(CallPath):
     """Per-process state behind the HTTP module, and every use case of the Proxy.
 
     ``engine`` is an :class:`SGLangClient`, a list of them, an :class:`EnginePool`, or ``None``
-    (clients for ``config.engines`` are made here, with ``config.request_timeout_s``).
+    (clients for ``config.engines`` are made here: :func:`dressage.proxy.startup.engine_clients`).
     """
 
     def __init__(self, config: ProxyServerConfig, core: ProxyCore, tokenizer: Any, engine: Any = None,
@@ -42,29 +42,43 @@ class ProxyService(CallPath):
         if isinstance(engine, EnginePool):
             self.engines = engine
         else:
-            clients = engine if isinstance(engine, (list, tuple)) else [engine] if engine is not None else [
-                SGLangClient(url, timeout=config.request_timeout_s) for url in config.engines]
+            clients = engine if isinstance(engine, (list, tuple)) else [engine] if engine is not None else \
+                engine_clients(config)
             self.engines = EnginePool(clients, failures_to_remove=config.health_check_failures)
         self.engine = next(iter(self.engines.members.values())).client
         self.parser = parser or QwenToolCallParser()
-        self.pause = RolloutPause()
+        self.versions = WeightVersions(partial_rollout=config.partial_rollout)
+        self.pause = RolloutPause(self.versions)
         self.turns = TurnCache()
         self.finalized: dict[str, FinalizedSession] = {}
         self.calls = self.failed_calls = self.replayed_turns = 0
         self.limits = CallLimits(config)
         self._groups: dict[str, int] = {}
-        self._rid_prefix = secrets.token_hex(3)
-        self._rids = itertools.count()
+        self.rids = RidFactory()
+        """Engine rids: one length and shape, so SGLang's abort by rid prefix hits only the call meant."""
+        self.in_flight = InFlight()
+        """Model calls running per session (finalize waits for them)."""
+        self.ledger = FinalizeLedger()
+        """Answers of finalizes, so that a repeat answers the same."""
         self._tasks: set[asyncio.Task] = set()
 
     @property
     def weight_version(self) -> int:
-        """The policy version new tokens are recorded with."""
-        return self.pause.weight_version
+        """The policy version new tokens are recorded with when the engine reports none."""
+        return self.versions.current
 
     @weight_version.setter
-    def weight_version(self, value: int) -> None:
-        self.pause.weight_version = int(value)
+    def weight_version(self, value: int | str) -> None:
+        self.versions.set(value)
+
+    @property
+    def router(self) -> bool:
+        """Whether the engine is a router whose workers take the control calls."""
+        return bool(getattr(self.engine, "is_router", False))
+
+    def group_of(self, instance_id: Any) -> int:
+        """The integer prompt-group index of ``instance_id``."""
+        return instance_group(instance_id, self._groups)
 
     def session_url(self, base: str, session_id: str) -> str:
         return f"{base.rstrip('/')}/sessions/{session_id}/v1"
@@ -80,7 +94,7 @@ class ProxyService(CallPath):
         if sid not in self.core.sessions:
             meta: dict[str, Any] = {"session_source": "headers"}
             if ident.instance_id is not None:
-                meta.update(instance_id=ident.instance_id, group_index=instance_group(ident.instance_id, self._groups))
+                meta.update(instance_id=ident.instance_id, group_index=self.group_of(ident.instance_id))
             try:
                 self.core.create_session(meta, session_id=sid)
             except SessionStateError:
@@ -113,16 +127,11 @@ class ProxyService(CallPath):
         self.finalized[session_id] = done
         return done
 
-    def finalize_summary(self, session_id: str | None, reward: float | None) -> dict[str, Any]:
-        """Finalize (``session_id`` from the body or the headers) and summarise what it built."""
-        if not session_id:
-            raise MissingSessionIdError("give session_id in the body or an X-Session-Id header")
-        done = self.finalize(session_id, reward)
-        return {"session_id": session_id, "segments": len(done.segments), "reward": done.reward}
-
     def abort(self, session_id: str) -> dict[str, Any]:
-        """Abort a session: its TQ keys are deleted and nothing more may be recorded."""
+        """Abort a session: its TQ keys are deleted, nothing more may be recorded, it leaves memory."""
         released = self.core.abort(session_id)
+        self.finalized.pop(session_id, None)
+        self.forget_state(session_id)
         return {"session_id": session_id, "state": "aborted", "released_refs": released}
 
     def _finalized(self, session_id: str, what: str) -> FinalizedSession:
@@ -136,46 +145,18 @@ class ProxyService(CallPath):
         """Summaries of a finalized session's Segments."""
         return [seg.to_summary() for seg in self._finalized(session_id, "segments exist").segments]
 
-    def read_trajectories(self, session_ids: Iterable[str] = (), instance_id: str | None = None,
-                          drain: bool = False, format: str = "segments") -> dict[str, Any]:
-        """Finalized trajectories: those named, those of one prompt instance, or all; ``drain`` forgets them.
-
-        ``format="samples"`` answers, per trajectory, its Samples in wire form (large fields as
-        FieldRefs when TQ is on) in upstream's envelope, with the TQ client spec in ``meta_info``:
-        what a trainer in another process needs (:mod:`dressage.train.remote`). A drain hands the
-        TQ keys to that trainer, which releases them after training.
-        """
-        wanted = list(session_ids)
-        if instance_id is not None:
-            wanted += [sid for sid, d in self.finalized.items()
-                       if str(d.metadata.get("instance_id")) == instance_id and sid not in wanted]
-        elif not wanted:
-            wanted = list(self.finalized)
-        out = []
-        for sid in wanted:
-            done = self._finalized(sid, "its trajectory exists")
-            if format == "samples":
-                out.append({"session_id": sid, "reward": done.reward, "metadata": done.metadata,
-                            "samples": samples_wire(done)})
-            else:
-                out.append({"session_id": sid, "reward": done.reward, "metadata": done.metadata,
-                            "segments": [seg.to_summary() for seg in done.segments]})
-        if drain:
-            self.forget(wanted)
-        if format == "samples":
-            spec = self.tq_spec() if self.tq_spec is not None else None
-            return {"success": True, "mode": "samples", "data": out, "drained": drain,
-                    "meta_info": {"trajectories": len(out), "transfer_queue": spec}}
-        return {"trajectories": out, "drained": drain}
-
     def forget(self, session_ids: Iterable[str]) -> None:
         """Drop finished sessions once their Samples were consumed."""
         for sid in list(session_ids):
             self.finalized.pop(sid, None)
             self.core.forget(sid)
-            self.engines.forget(sid)
-            self.turns.forget_session(sid)
-            self.limits.forget(sid)
+            self.forget_state(sid)
+
+    def forget_state(self, session_id: str) -> None:
+        """Drop what the call path keeps per session (engine placement, turns, weight versions)."""
+        self.engines.forget(session_id)
+        self.turns.forget_session(session_id)
+        self.versions.forget(session_id)
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``GET /trajectory/stats``."""
@@ -193,11 +174,14 @@ class ProxyService(CallPath):
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves)}
 
     # ----------------------------------------------------- rollout, engines
-    async def pause_rollout(self) -> dict[str, Any]:
-        return await self.pause.pause()
+    async def pause_rollout(self, *, session_id: str | None = None, instance_id: str | None = None,
+                            timeout_s: float | None = None) -> dict[str, Any]:
+        """Pause every call, or only a session's / a prompt instance's (see :class:`RolloutPause`)."""
+        return await self.pause.pause(session_id=session_id, instance_id=instance_id, timeout_s=timeout_s)
 
-    def resume_rollout(self, weight_version: int | None) -> dict[str, Any]:
-        return self.pause.resume(weight_version)
+    def resume_rollout(self, version: int | str | None) -> dict[str, Any]:
+        """Release every paused call; ``version`` (a number or the engine's string) is the new fallback."""
+        return self.pause.resume(version)
 
     def pause_state(self) -> dict[str, Any]:
         return self.pause.state()

@@ -4,7 +4,7 @@ A call is replayed (its recorded reply returned, nothing recorded again) only wh
 turn sends the *same* request again; the same turn id with a different body is the turn's next
 call. :func:`turn_call_key` is the key of that idempotency: turn id + a hash of the request,
 without the fields that only shape delivery (``stream``, ``stream_options``), so a retry that
-switches to streaming still replays.
+switches to streaming still replays, and without the ids a body may carry instead of headers.
 """
 
 from __future__ import annotations
@@ -13,14 +13,19 @@ import hashlib
 import json
 from typing import Any, Mapping
 
-__all__ = ["request_hash", "turn_call_key", "turn_of", "DELIVERY_FIELDS"]
+from dressage.proxy.turns import CallIdentity, identity_from_headers
+
+__all__ = ["request_hash", "turn_call_key", "turn_of", "identity_of", "DELIVERY_FIELDS", "IDENTITY_FIELDS"]
 
 DELIVERY_FIELDS = frozenset({"stream", "stream_options"})
+IDENTITY_FIELDS = frozenset({"session_id", "instance_id", "turn_id"})
+"""Body fields that name the call (as upstream's clients may send them) rather than ask something."""
 
 
 def request_hash(body: Mapping[str, Any]) -> str:
     """A stable hash of a request body (keys sorted, delivery-only fields left out)."""
-    canonical = {k: v for k, v in body.items() if k not in DELIVERY_FIELDS and v is not None}
+    canonical = {k: v for k, v in body.items()
+                 if k not in DELIVERY_FIELDS and k not in IDENTITY_FIELDS and v is not None}
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.blake2b(text.encode("utf-8"), digest_size=12).hexdigest()
 
@@ -33,3 +38,18 @@ def turn_call_key(turn_id: str, body: Mapping[str, Any]) -> str:
 def turn_of(key: str) -> str:
     """The turn id of a :func:`turn_call_key`."""
     return key.split("\x1f", 1)[0]
+
+
+def identity_of(headers: Mapping[str, str], body: Any = None) -> CallIdentity:
+    """A call's session, instance and turn: from its headers, else from its body's
+    ``session_id`` / ``instance_id`` / ``turn_id`` (where upstream's clients put them too)."""
+    ident = identity_from_headers(headers)
+
+    def pick(header: str | None, name: str) -> str | None:
+        if header:
+            return header
+        value = getattr(body, name, None)
+        return None if value is None or value == "" else str(value)
+
+    return CallIdentity(pick(ident.session_id, "session_id"), pick(ident.instance_id, "instance_id"),
+                        pick(ident.turn_id, "turn_id"))

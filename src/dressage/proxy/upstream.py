@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Sequence
 
-from dressage.errors import ConfigError, SessionStateError
+from dressage.errors import ConfigError, SessionStateError, UnknownStepError
 from dressage.proxy.lifecycle import count_turns
+from dressage.proxy.sample_wire import samples_wire
 from dressage.proxy.trajectory_read import read_answer, select_trajectories
 from dressage.trajectory import build_segments
 
@@ -73,21 +74,44 @@ def discard_session(service: Any, sid: str) -> dict[str, Any]:
 def read_trajectories(service: Any, *, trajectory_id: str | None = None, session_id: str | None = None,
                       session_ids: Sequence[str] | None = None, instance_id: str | None = None,
                       max_groups: int | None = None, segment_view: str | None = None,
-                      drain: bool = False) -> dict[str, Any]:
-    """``POST /trajectory/read`` in upstream's envelope (see :mod:`dressage.proxy.trajectory_read`)."""
+                      drain: bool = False, format: str = "segments") -> dict[str, Any]:
+    """``POST /trajectory/read`` in upstream's envelope (see :mod:`dressage.proxy.trajectory_read`).
+
+    A named trajectory that is not finalized is an error: 404 when unknown (or drained), 409 when
+    still active or aborted. ``format="samples"`` answers, per trajectory, its Samples in wire form
+    (large fields as FieldRefs when TQ is on) with the TQ client spec in ``meta_info``: what a
+    trainer in another process needs (:mod:`dressage.train.remote`).
+    """
     selection = select_trajectories(service.finalized, trajectory_id=trajectory_id, session_id=session_id,
                                     session_ids=session_ids, instance_id=instance_id, max_groups=max_groups)
+    for sid in selection.missing:
+        state = service.core.state_of(sid)
+        if state is None:
+            raise UnknownStepError(f"unknown trajectory {sid!r} (never finalized here, or already drained)")
+        raise SessionStateError(f"session {sid} is {state}; its trajectory exists after finalize")
     cfg = service.core.config
     segments_of = None
     if segment_view is not None and segment_view != cfg.segment_view:
+        if format == "samples":
+            raise ConfigError("segment_view: Samples are built with the Proxy's --segment-view at finalize; "
+                              "read them without segment_view")
         if cfg.drop_retry_orphans:
             raise ConfigError("segment_view differs from the Proxy's --segment-view, and retry orphans were "
                               "dropped (their keys released) at finalize: read with the Proxy's view")
 
         def segments_of(done: Any) -> list[Any]:
             return build_segments(service.core.session(done.session_id), segment_view)
-    answer = read_answer(selection, service.finalized, drained=drain, stats=service.stats(),
-                         segments_of=segments_of)
+    if format == "samples":
+        data = [{"session_id": sid, "reward": service.finalized[sid].reward,
+                 "metadata": service.finalized[sid].metadata, "samples": samples_wire(service.finalized[sid])}
+                for sid in selection.session_ids]
+        spec = service.tq_spec() if service.tq_spec is not None else None
+        answer = {"success": bool(data), "mode": "samples", "data": data, "drained": bool(drain),
+                  "meta_info": {"trajectories": len(data), "groups": len(selection.groups), "transfer_queue": spec,
+                                "selection": selection.mode}}
+    else:
+        answer = read_answer(selection, service.finalized, drained=drain, stats=service.stats(),
+                             segments_of=segments_of)
     if drain:
         service.forget(selection.session_ids)
     return answer

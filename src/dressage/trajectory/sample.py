@@ -14,7 +14,10 @@ import numpy as np
 from dressage.trajectory.pieces import Fill, Piece
 from dressage.trajectory.segment import Segment
 
-__all__ = ["Sample", "SAMPLE_LARGE_FIELDS", "samples_of_session"]
+__all__ = ["Sample", "SAMPLE_LARGE_FIELDS", "samples_of_session", "VERSION_LABELS_KEY"]
+
+VERSION_LABELS_KEY = "weight_version_labels"
+"""Sample metadata key: ``{str(code): engine string}`` of the named weight versions its tokens carry."""
 
 # Segment large-field name -> slime Sample attribute.
 SAMPLE_LARGE_FIELDS = {"logprobs": "rollout_log_probs", "routed_experts": "rollout_routed_experts"}
@@ -75,10 +78,14 @@ class Sample:
 
     @property
     def weight_versions(self) -> list[str]:
-        """Distinct policy versions of the trained tokens, in order of first use (slime's field)."""
+        """Distinct policy versions of the trained tokens, in order of first use (slime's field).
+
+        Each as the engine reported it: a named version's string as sent (from the metadata's
+        ``weight_version_labels``), a numeric one as its number."""
         trained = self.token_versions[self.loss_mask.astype(bool)]
         _, first = np.unique(trained, return_index=True)
-        return [str(int(trained[i])) for i in sorted(first)]
+        labels = self.metadata.get(VERSION_LABELS_KEY) or {}
+        return [labels.get(str(int(trained[i])), str(int(trained[i]))) for i in sorted(first)]
 
     @property
     def order_key(self) -> tuple[int, int, str, int]:

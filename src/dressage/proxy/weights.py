@@ -1,0 +1,110 @@
+"""The Proxy's one weight-version policy: which version tokens carry, and which a session may mix.
+
+:class:`WeightVersions` owns the current policy version of a Proxy and every rule about it:
+
+- The engine is the authority. An answer's ``meta_info.weight_version`` (SGLang sends it on
+  every answer) stamps that answer's tokens and becomes the current version (:meth:`stamp`).
+- The Proxy's own version (set by ``POST /v1/rollout/resume``, :meth:`set`) is only the fallback
+  for engines that report none, or SGLang's unset ``"default"``.
+- Versions are engine strings; tokens store int32 codes from a
+  :class:`dressage.fields.versions.VersionTable` (a plain integer string is that integer, any
+  other string the next code from ``NAMED_BASE`` in order of first sight). The codes are the
+  order the trainer compares (staleness = how far a token's code is behind the current one).
+  Each recorded step keeps the engine strings of its named codes in its metadata
+  (``weight_versions``), so a journal replay rebuilds the same table (:meth:`restore`) and a
+  Sample's ``weight_versions`` lists the engine's strings as they were sent.
+- With partial rollout off, a session keeps the version of its first step (:meth:`check`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from dressage.errors import WeightVersionChangedError
+from dressage.fields.versions import NAMED_BASE, VersionTable
+
+__all__ = ["WeightVersions", "UNSET_ENGINE_VERSION", "STEP_LABELS_KEY"]
+
+UNSET_ENGINE_VERSION = "default"
+"""SGLang's ``weight_version`` before anyone set one: it says nothing about the weights."""
+
+STEP_LABELS_KEY = "weight_versions"
+"""StepRecord metadata key: ``{str(code): engine string}`` for the step's named versions."""
+
+
+class WeightVersions:
+    """Current version, engine-string table and per-session pins of one Proxy."""
+
+    def __init__(self, initial: int | str = 0, *, partial_rollout: bool = False) -> None:
+        self.table = VersionTable()
+        self.current = self.table.code(initial)
+        self.partial_rollout = bool(partial_rollout)
+        self.from_engine = 0
+        """Answers whose tokens carry the engine's own version (not the fallback)."""
+        self._pins: dict[str, int] = {}
+
+    # ------------------------------------------------------------ the current version
+    @property
+    def label(self) -> str:
+        """The current version as the engine names it."""
+        return self.table.label(self.current)
+
+    def set(self, version: int | str) -> int:
+        """A new policy version (a number, or the engine's string): the fallback from now on."""
+        self.current = self.table.code(version)
+        return self.current
+
+    def stamp(self, engine_version: str | None, fallback: int) -> int:
+        """The version of one answer's tokens: the engine's (which becomes current) or ``fallback``
+        (the version current when the request was sent) when the engine told nothing."""
+        if engine_version is None or engine_version == UNSET_ENGINE_VERSION:
+            return fallback
+        self.current = self.table.code(engine_version)
+        self.from_engine += 1
+        return self.current
+
+    # ------------------------------------------------------------ engine strings
+    def labels(self, codes: Iterable[int]) -> dict[str, str]:
+        """``{str(code): engine string}`` for the named codes among ``codes`` (numbers name themselves)."""
+        return {str(c): self.table.label(c) for c in sorted({int(c) for c in codes}) if c >= NAMED_BASE}
+
+    def restore(self, sessions: Iterable[Any]) -> None:
+        """Take back what a journal replay recovered: the named versions its steps recorded, the
+        newest version as the current one, and the version each active session keeps."""
+        for session in sessions:
+            steps = list(session.steps.values())
+            for step in steps:
+                for code, label in step_labels(step.metadata).items():
+                    self.table.restore(label, int(code))
+                if len(step.token_versions):
+                    self.current = max(self.current, int(step.token_versions.max()))
+            if steps and session.state == "active" and len(steps[0].token_versions):
+                self.recorded(session.session_id, int(steps[0].token_versions[0]))
+
+    # ------------------------------------------------------------ per-session rule
+    def check(self, session_id: str, codes: Iterable[int]) -> None:
+        """Tokens of ``codes`` may join the session (always true with partial rollout)."""
+        first = self._pins.get(session_id)
+        if self.partial_rollout or first is None:
+            return
+        for v in codes:
+            if int(v) != first:
+                raise WeightVersionChangedError(
+                    f"session {session_id} started under weight version {self.table.label(first)} and the "
+                    f"policy is now at version {self.table.label(int(v))}; with partial rollout off a "
+                    "trajectory keeps one version (finalize it, or start the Proxy with --partial-rollout)")
+
+    def recorded(self, session_id: str, first_code: int) -> None:
+        self._pins.setdefault(session_id, int(first_code))
+
+    def forget(self, session_id: str) -> None:
+        self._pins.pop(session_id, None)
+
+    def state(self) -> dict[str, Any]:
+        return {"weight_version": self.current, "version": self.label, "from_engine": self.from_engine,
+                "named_versions": self.table.named()}
+
+
+def step_labels(metadata: Mapping[str, Any]) -> dict[str, str]:
+    """The named versions a StepRecord's metadata recorded (empty when all were numbers)."""
+    return dict(metadata.get(STEP_LABELS_KEY) or {})

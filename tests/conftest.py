@@ -1,0 +1,37 @@
+"""Fixtures several test modules share: the real Qwen3 tokenizer and restoring a RolloutManager batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from dressage.errors import TokenizerError
+from dressage.tokenizer import load_tokenizer
+
+
+@pytest.fixture(scope="session")
+def qwen3():
+    """The real Qwen3 tokenizer; the test skips (and says why) where its files are not installed."""
+    try:
+        return load_tokenizer("qwen3")
+    except TokenizerError as exc:
+        pytest.skip(f"real Qwen3 tokenizer unavailable: {exc}")
+
+
+@pytest.fixture()
+def restore_batch():
+    """``restore_batch(manager, tq)``: take batch 0, restore every shard (through ``tq`` when
+    given), release its TransferQueue keys, return its Samples."""
+    from dressage.rollout.manager import sample_ref_keys
+    from dressage.train import TrainingReader, release_batch
+
+    def restore(manager, tq=None):
+        batch = manager.take_batch(0)
+        keys = sample_ref_keys(batch.samples)
+        client = tq.client() if tq else None
+        for shard in batch.shards:
+            TrainingReader(client).restore(shard)
+        if client:
+            release_batch(client, keys)
+        return batch.samples
+
+    return restore

@@ -1,0 +1,159 @@
+"""Weight versions, resume and scoped pause over HTTP: a Proxy from ``Proxy.start`` and the built-in engine."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from dressage.dataplane import DataPlaneConfig
+from dressage.engine.config import EngineConfig
+from dressage.engine.server import EngineServer
+from dressage.fields import NAMED_BASE, get_model
+from dressage.proxy import Proxy
+from dressage.proxy.config import JournalConfig, ProxyConfig, ProxyServerConfig
+from dressage.trajectory.sample import samples_of_session
+
+MODEL = get_model("tiny-moe")
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture()
+def engine():
+    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=8))
+    srv.start_background()
+    yield srv
+    srv.stop()
+
+
+def _config(engine, *, partial_rollout=True, journal=None):
+    return ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
+                       server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20,
+                                                partial_rollout=partial_rollout),
+                       journal=JournalConfig(path=journal, fsync="never"))
+
+
+def _session(h, url, **metadata):
+    return h.post(url + "/sessions", json={"metadata": metadata}).json()["session_id"]
+
+
+def _generate(h, url, sid):
+    r = h.post(f"{url}/sessions/{sid}/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4}})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _versions_of(proxy, sid):
+    return [int(v) for st in proxy.core.session(sid).steps.values() for v in st.token_versions]
+
+
+def _last_step_versions(proxy, sid):
+    return set(int(v) for v in list(proxy.core.session(sid).steps.values())[-1].token_versions)
+
+
+def _set_engine_version(h, engine, version):
+    assert h.post(engine.url + "/update_weight_version", json={"new_version": version}).status_code == 200
+
+
+def test_engine_versions_stamp_tokens_and_resume_is_the_fallback(engine):
+    with Proxy.start(_config(engine)) as proxy, httpx.Client(timeout=20) as h:
+        url = proxy.url
+        sid = _session(h, url)
+        _generate(h, url, sid)                   # the engine reports SGLang's unset "default"
+        assert set(_versions_of(proxy, sid)) == {0}
+        out = h.post(url + "/v1/rollout/resume", json={"weight_version": 3}).json()
+        assert out["weight_version"] == 3 and out["version"] == "3"
+        _generate(h, url, sid)
+        assert _last_step_versions(proxy, sid) == {3}
+        _set_engine_version(h, engine, "rl-step-7")  # now the engine names its weights
+        _generate(h, url, sid)
+        step7 = _versions_of(proxy, sid)[-1]
+        assert step7 >= NAMED_BASE and _last_step_versions(proxy, sid) == {step7}
+        state = h.get(url + "/v1/rollout/pause_state").json()
+        assert state["version"] == "rl-step-7" and state["weight_version"] == step7 and state["from_engine"] == 1
+        # The trainer's string version on resume; a later engine name orders after it.
+        out = h.post(url + "/v1/rollout/resume", json={"version": "rl-step-6b"}).json()
+        assert out["version"] == "rl-step-6b" and out["weight_version"] == step7 + 1
+        # The trajectory's Samples name each version as the engine sent it, in order of first use.
+        h.post(f"{url}/sessions/{sid}/finalize", json={"reward": 1.0})
+        read = h.post(url + "/trajectory/read", json={"session_id": sid, "format": "samples"}).json()
+        meta = read["data"][0]["samples"][0]["metadata"]
+        assert meta["weight_version_labels"] == {str(step7): "rl-step-7"}
+        done = proxy.service.finalized[sid]
+        samples = samples_of_session(done.segments, reward=done.reward, metadata=done.metadata)
+        assert [v for s in samples for v in s.weight_versions] == ["0", "3", "rl-step-7"]
+
+
+def test_resume_bodies_are_strict(engine):
+    with Proxy.start(_config(engine)) as proxy, httpx.Client(timeout=20) as h:
+        url = proxy.url
+        bad = h.post(url + "/v1/rollout/resume", json={"new_version": "x"})
+        assert bad.status_code == 400 and "new_version" in bad.json()["error"]["message"]
+        assert h.post(url + "/v1/rollout/pause", json={"sesion_id": "a"}).status_code == 400
+        clash = h.post(url + "/v1/rollout/resume", json={"weight_version": 2, "version": "3"})
+        assert clash.status_code == 400 and "disagree" in clash.json()["error"]["message"]
+        for body in ({"version": ""}, {"version": -1}, {"version": True}, {"version": 2.5}, {"weight_version": True},
+                     {"weight_version": "2"}, {"weight_version": -1}):
+            assert h.post(url + "/v1/rollout/resume", json=body).status_code == 422, body
+        assert h.get(url + "/v1/rollout/pause_state").json()["weight_version"] == 0  # nothing changed
+        both = h.post(url + "/v1/rollout/resume", json={"weight_version": 2, "version": "2"}).json()
+        assert both["weight_version"] == 2 and both["resumed"] is False
+
+
+def test_a_paused_session_or_instance_waits_while_others_run(engine):
+    async def scenario(url):
+        async with httpx.AsyncClient(timeout=20) as h:
+            async def session(**meta):
+                return (await h.post(url + "/sessions", json={"metadata": meta})).json()["session_id"]
+
+            async def generate(sid):
+                r = await h.post(f"{url}/sessions/{sid}/generate", json={"input_ids": PROMPT})
+                assert r.status_code == 200, r.text
+                return r.json()
+
+            a, b, c = await session(instance_id="g1"), await session(instance_id="g2"), await session(instance_id="g1")
+            out = (await h.post(url + "/v1/rollout/pause", json={"session_id": a, "reason": "sync"})).json()
+            assert out["scope"] == {"session_id": a, "instance_id": None} and out["reason"] == "sync"
+            held = asyncio.ensure_future(generate(a))
+            await generate(b)                   # another session runs
+            await generate(c)                   # so does a's instance mate: only the session is paused
+            await asyncio.sleep(0.2)
+            assert not held.done()
+            await h.post(url + "/v1/rollout/pause", json={"instance_id": "g1"})
+            held_c = asyncio.ensure_future(generate(c))
+            await generate(b)
+            state = (await h.get(url + "/v1/rollout/pause_state")).json()
+            assert state["paused"] is False and state["paused_scopes"] == ["instance:g1", f"session:{a}"]
+            await asyncio.sleep(0.2)
+            assert not held.done() and not held_c.done()
+            resumed = (await h.post(url + "/v1/rollout/resume", json={"reason": "weights synced"})).json()
+            assert resumed["resumed"] is True and resumed["reason"] == "weights synced"
+            await asyncio.wait_for(asyncio.gather(held, held_c), 20)
+            return a, b, c
+
+    with Proxy.start(_config(engine)) as proxy:
+        a, b, c = asyncio.run(scenario(proxy.url))
+        steps = {sid: len(proxy.core.session(sid).steps) for sid in (a, b, c)}
+        assert steps == {a: 1, b: 2, c: 2}
+
+
+def test_named_versions_keep_their_codes_across_a_journal_restart(engine, tmp_path):
+    journal = str(tmp_path / "proxy.journal")
+    with httpx.Client(timeout=20) as h:
+        _set_engine_version(h, engine, "rl-step-7")
+        with Proxy.start(_config(engine, partial_rollout=False, journal=journal)) as proxy:
+            sid = _session(h, proxy.url)
+            _generate(h, proxy.url, sid)
+            step7 = _versions_of(proxy, sid)[0]
+        _set_engine_version(h, engine, "rl-step-8")
+        with Proxy.start(_config(engine, partial_rollout=False, journal=journal)) as proxy:
+            versions = proxy.service.versions
+            assert versions.table.label(step7) == "rl-step-7" and versions.current == step7
+            # The recovered session still keeps its version: the engine moved on, so its call is refused.
+            r = h.post(f"{proxy.url}/sessions/{sid}/generate", json={"input_ids": PROMPT})
+            message = r.json()["error"]["message"]
+            assert r.status_code == 409 and "rl-step-7" in message and "rl-step-8" in message, message
+            assert len(proxy.core.session(sid).steps) == 1
+            other = _session(h, proxy.url)
+            _generate(h, proxy.url, other)
+            step8 = _versions_of(proxy, other)[0]
+            assert step8 == step7 + 1 and versions.table.label(step8) == "rl-step-8"

@@ -1,0 +1,317 @@
+"""The Proxy over HTTP against SGLang's real wire shapes (sglang_mock) and upstream-shaped client calls.
+
+SGLang side: queued aborts, ``meta_info.weight_version``, abort by rid prefix, a router's workers
+and the engine API key. Client side: turn scopes, finalize twice and during an in-flight call,
+discard, trajectory read by id and by ``max_groups``, capabilities, body session ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+
+from dressage.fields import get_model
+from dressage.proxy.config import DataPlaneConfig, ProxyServerConfig
+from dressage.proxy.core import ProxyCore
+from dressage.proxy.http import build_app
+from dressage.proxy.rids import RID_LENGTH
+from dressage.proxy.service import ProxyService
+from dressage.proxy.startup import engine_clients
+from dressage.tokenizer import load_tokenizer
+from sglang_mock import MockSGLang, routing_row
+
+MODEL = get_model("tiny-moe")
+W1, W2, ROUTER = "http://10.0.0.1:30001", "http://10.0.0.2:30002", "http://router.test:30000"
+
+
+def make(mock, *, r3=True, partial=True, router=False, tq=None, key=None, sink=None, **server):
+    tok = load_tokenizer("byte")
+    dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=r3, enable_transfer_queue=tq is not None)
+    core = ProxyCore(dp, tq.client() if tq is not None else None, sink=sink, decode=tok.decode,
+                     special_ids=tok.special_token_ids)
+    cfg = ProxyServerConfig(engine_url=mock.router or mock.workers[0], router=router, engine_api_key=key,
+                            partial_rollout=partial, request_timeout_s=20, **server)
+    service = ProxyService(cfg, core, tok, engine_clients(cfg, transport=mock.transport()))
+    return service, httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(service)), base_url="http://proxy")
+
+
+def chat(h, sid, text, *, turn=None, instance=None, max_tokens=3, **extra):
+    headers = {"X-Session-Id": sid}
+    if turn is not None:
+        headers["X-Turn-Id"] = turn
+    if instance is not None:
+        headers["X-Instance-Id"] = instance
+    return h.post("/v1/chat/completions", headers=headers,
+                  json={"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, **extra})
+
+
+def steps(service, sid):
+    s = service.core.sessions[sid]
+    return [s.steps[k] for k in sorted(s.steps)]
+
+
+def expected_rows(step):
+    full = np.concatenate([step.prompt_ids, step.response_ids])
+    return np.stack([routing_row(int(full[p]), p, MODEL.num_layers, MODEL.topk, MODEL.num_experts)
+                     for p in range(step.routed_experts_start, len(full) - 1)])
+
+
+# ----------------------------------------------------------------------------------- SGLang side
+
+def test_a_call_aborted_while_queued_resumes_under_r3_and_takes_the_engine_version():
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        mock.hold_all = True
+        call = asyncio.ensure_future(chat(h, "s", "hello"))
+        await mock.until_pending()
+        paused = (await h.post("/v1/rollout/pause")).json()
+        assert paused["aborted"] == 1 and paused["still_running"] == 0
+        aborted = [r for r in mock.calls("/abort_request")]
+        assert aborted and {r["body"]["rid"] for r in aborted} == {mock.calls("/generate")[0]["body"]["rid"]}
+        mock.release()
+        mock.versions[W1] = "5"  # the trainer pushed new weights
+        await h.post("/v1/rollout/resume", json={"weight_version": 5})
+        r = await call
+        assert r.status_code == 200, r.text
+        (step,) = steps(service, "s")
+        gens = mock.calls("/generate")
+        assert step.metadata["engine_requests"] == 2 and len(gens) == 2
+        # The queued abort answered no ids and no routing: the resumed request starts where the call was.
+        assert gens[1]["body"]["input_ids"] == gens[0]["body"]["input_ids"]
+        assert gens[1]["body"]["routed_experts_start_len"] == gens[0]["body"]["routed_experts_start_len"] == 0
+        assert step.token_versions.tolist() == [5, 5, 5]
+        np.testing.assert_array_equal(np.asarray(step.routed_experts, dtype=np.int32), expected_rows(step))
+        # The next answer says the engine is at "6": its tokens carry 6, whatever the Proxy's counter says.
+        mock.versions[W1] = "6"
+        assert (await chat(h, "t", "hi")).status_code == 200
+        assert steps(service, "t")[0].token_versions.tolist() == [6, 6, 6]
+        assert (await h.get("/health")).json()["weight_version"] == 6
+
+    asyncio.run(go())
+
+
+def test_a_pause_of_one_session_aborts_only_its_call_under_sglang_prefix_matching():
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        for _ in range(11):  # enough calls that a counter-suffixed rid would be a prefix of a later one
+            assert (await chat(h, "a", "warm up")).status_code == 200
+        mock.hold_all = True
+        calls = {sid: asyncio.ensure_future(chat(h, sid, "go")) for sid in ("a", "b")}
+        await mock.until_pending(2)
+        rids = {g["headers"]["x-smg-routing-key"]: g["body"]["rid"] for g in mock.calls("/generate")[-2:]}
+        out = await service.pause.pause(session_id="a")
+        assert out["aborted"] == 1
+        assert [p.rid for p in mock.pending.values()] == [rids["b"]]  # b still runs on the engine
+        every = [g["body"]["rid"] for g in mock.calls("/generate")]
+        assert {len(r) for r in every} == {RID_LENGTH}
+        assert not any(x != y and y.startswith(x) for x in every for y in every)
+        mock.release()
+        assert (await calls["b"]).status_code == 200
+        service.resume_rollout(None)
+        assert (await calls["a"]).status_code == 200
+        assert steps(service, "a")[-1].metadata["engine_requests"] == 2
+        assert steps(service, "b")[-1].metadata["engine_requests"] == 1
+
+    asyncio.run(go())
+
+
+def test_behind_a_router_generate_carries_the_routing_key_and_aborts_fan_out_to_workers():
+    async def go():
+        mock = MockSGLang([W1, W2], router=ROUTER, api_key="sk-engine")
+        service, h = make(mock, router=True, key="sk-engine")
+        assert service.router
+        mock.hold_all = True
+        call = asyncio.ensure_future(chat(h, "sess-42", "hello"))
+        await mock.until_pending()
+        await h.post("/v1/rollout/pause")
+        mock.release()
+        await h.post("/v1/rollout/resume", json={"weight_version": 1})
+        assert (await call).status_code == 200
+        gens = mock.calls("/generate", ROUTER)
+        assert len(gens) == 2 and {g["headers"]["x-smg-routing-key"] for g in gens} == {"sess-42"}
+        aborts = mock.calls("/abort_request")
+        # Every healthy HTTP worker got it (not the unhealthy or gRPC one); the router was not needed.
+        assert {r["origin"] for r in aborts} == {W1, W2} and not mock.calls("/abort_request", ROUTER)
+        assert all(r["body"] == {"rid": gens[0]["body"]["rid"], "abort_all": False} for r in aborts)
+        assert all(r["headers"].get("authorization") == "Bearer sk-engine" for r in mock.requests)
+        # Weight-version calls go to each worker too.
+        await service.engine.update_weight_version("step-9")
+        assert mock.versions == {W1: "step-9", W2: "step-9"} and await service.engine.get_weight_version() == "step-9"
+        caps = (await h.get("/integration/capabilities")).json()
+        assert caps["features"]["router_fanout"] is True and caps["engines"] == 1
+
+    asyncio.run(go())
+
+
+# ----------------------------------------------------------------------------- upstream clients
+
+def test_a_turn_scope_holds_several_calls_and_a_true_duplicate_replays_once():
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        first = (await chat(h, "s", "plan", turn="t1")).json()
+        second = (await chat(h, "s", "act", turn="t1")).json()        # same turn, another call
+        again = (await chat(h, "s", "plan", turn="t1")).json()         # the first call retried
+        streamed = await chat(h, "s", "act", turn="t1", stream=True)  # a retry that switched to streaming
+        assert again == first and second["id"] != first["id"] and streamed.status_code == 200
+        assert "data: [DONE]" in streamed.text
+        assert (await chat(h, "s", "next", turn="t2")).status_code == 200
+        assert len(mock.calls("/generate")) == 3 and service.replayed_turns == 2
+        fin = (await h.post("/session/finalize", json={"session_id": "s"})).json()
+        assert (fin["num_steps"], fin["num_turns"]) == (3, 2)
+
+    asyncio.run(go())
+
+
+def test_finalize_twice_answers_the_same_and_takes_instance_and_label():
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        await chat(h, "s", "q")
+        body = {"session_id": "s", "instance_id": "prompt-7", "label": {"answer": 42}, "reward": 1.0}
+        first = (await h.post("/session/finalize", json=body)).json()
+        again = await h.post("/session/finalize", json={"session_id": "s"})
+        assert again.status_code == 200 and again.json() == first
+        assert (first["instance_id"], first["label"], first["num_steps"], first["num_segments"]) == \
+            ("prompt-7", {"answer": 42}, 1, 1)
+        assert service.finalized["s"].metadata["label"] == {"answer": 42}
+        bad = await h.post("/session/finalize", json={"session_id": "s", "trajectory_build_mode": "concat"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "trajectory_build_mode"
+        assert (await h.post("/session/finalize", json={})).json()["error"]["code"] == "missing_session_id"
+
+    asyncio.run(go())
+
+
+def test_finalize_during_an_in_flight_call_waits_so_the_last_call_is_recorded():
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        await chat(h, "s", "one")
+        mock.hold_all = True
+        last = asyncio.ensure_future(chat(h, "s", "two"))
+        await mock.until_pending()
+        fin = asyncio.ensure_future(h.post("/session/finalize", json={"session_id": "s", "reward": 0.5}))
+        for _ in range(10_000):  # finalize must come to wait on the call (not finish without it)
+            if service.in_flight.waiting("s") or fin.done():
+                break
+            await asyncio.sleep(0)
+        assert service.in_flight.waiting("s") and not fin.done()
+        mock.release()
+        assert (await last).status_code == 200
+        answer = (await fin).json()
+        assert answer["num_steps"] == 2 and answer["in_flight_done"] is True
+        # Bounded: with wait_s 0 finalize cuts at once and the late call is refused, not recorded.
+        await chat(h, "u", "one")
+        mock.hold_all = True
+        late = asyncio.ensure_future(chat(h, "u", "two"))
+        await mock.until_pending()
+        cut = (await h.post("/session/finalize", json={"session_id": "u", "wait_s": 0})).json()
+        assert cut["num_steps"] == 1 and cut["in_flight_done"] is False
+        mock.release()
+        assert (await late).status_code == 409
+        assert len(service.finalized["u"].segments[0].step_ids) == 1
+
+    asyncio.run(go())
+
+
+def test_discard_drops_active_finalized_and_aborted_sessions_and_their_keys():
+    from dressage.rollout import RolloutManager
+    from dressage.tq import TransferQueue
+
+    tq = TransferQueue.start({"deployment": "embedded", "retention_s": None})
+    try:
+        async def go():
+            mock = MockSGLang([W1])
+            rm = RolloutManager()
+            service, h = make(mock, tq=tq, sink=rm)
+            for sid in ("act", "fin", "abo", "keep"):
+                assert (await chat(h, sid, "hello", turn="t")).status_code == 200
+            assert tq.total_keys() == 8
+            await h.post("/session/finalize", json={"session_id": "fin"})
+            await h.post("/session/finalize", json={"session_id": "keep"})
+            await h.post("/sessions/abo/abort")
+            assert tq.total_keys() == 6 and "abo" not in service.core.sessions  # aborted: forgotten
+            out = (await h.post("/session/discard", json={"session_id": "act"})).json()
+            assert (out["success"], out["was"], out["released_refs"]) == (True, "active", 2)
+            out = (await h.post("/session/discard", headers={"X-Session-Id": "fin"})).json()
+            assert (out["was"], out["samples"]) == ("finalized", 1)
+            again = (await h.post("/session/discard", json={"session_id": "fin"})).json()
+            assert again["released_refs"] == 0 and again["state"] == "discarded"
+            assert (await h.post("/session/discard", json={"session_id": "abo"})).json()["state"] == "aborted"
+            assert tq.total_keys() == 2 and rm.num_ready == 1
+            assert set(service.core.sessions) == {"keep"} and set(service.finalized) == {"keep"}
+            assert service.ledger.get("fin") is None and len(service.turns) == 1
+            late = await chat(h, "act", "more")
+            assert late.status_code == 409 and "discarded" in late.json()["error"]["message"]
+            assert (await h.post("/session/discard", json={"session_id": "act", "force": True})).status_code == 400
+
+        asyncio.run(go())
+    finally:
+        tq.shutdown()
+
+
+async def _finalized(h, groups):
+    for inst, sids in groups.items():
+        for sid in sids:
+            assert (await chat(h, sid, f"task {inst}", instance=inst)).status_code == 200
+            await h.post("/session/finalize", json={"session_id": sid, "reward": 1.0})
+
+
+def test_read_by_trajectory_id_returns_exactly_that_trajectory():
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        await _finalized(h, {"A": ["a1", "a2"], "B": ["b1"]})
+        r = (await h.post("/trajectory/read", json={"trajectory_id": "a2"})).json()
+        assert (r["success"], r["mode"], r["drained"]) == (True, "trajectory", False)
+        assert [(d["trajectory_id"], d["instance_id"]) for d in r["data"]] == [("a2", "A")]
+        assert r["meta_info"]["unread_trajectories"] == 3
+        filtered = (await h.post("/trajectory/read", json={"session_id": "a2", "instance_id": "B"})).json()
+        assert filtered["success"] is False and filtered["data"] == []
+        lineage = (await h.post("/trajectory/read", json={"trajectory_id": "b1"})).json()
+        timeline = (await h.post("/trajectory/read", json={"trajectory_id": "b1", "segment_view": "timeline"})).json()
+        assert timeline["data"][0]["tokens"] == lineage["data"][0]["tokens"] and len(timeline["data"]) == 1
+        assert (await h.post("/trajectory/read", json={"traj_id": "a2"})).status_code == 400
+        assert (await h.post("/trajectory/read", json={"trajectory_id": "nope"})).status_code == 404
+        await chat(h, "live", "x")
+        assert (await h.post("/trajectory/read", json={"trajectory_id": "live"})).status_code == 409
+
+    asyncio.run(go())
+
+
+def test_max_groups_reads_whole_groups_and_a_drain_hands_them_over():
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        await _finalized(h, {"A": ["a1", "a2"], "B": ["b1", "b2"], "C": ["c1"]})
+        r = (await h.post("/trajectory/read", json={"max_groups": 2, "drain": True})).json()
+        assert r["mode"] == "batch" and r["drained"] is True
+        assert [sorted({d["trajectory_id"] for d in g}) for g in r["data"]] == [["a1", "a2"], ["b1", "b2"]]
+        rest = (await h.post("/trajectory/read", json={"max_groups": 2})).json()
+        assert [[d["trajectory_id"] for d in g] for g in rest["data"]] == [["c1"]]
+        assert (await h.post("/trajectory/read", json={"max_groups": 0})).status_code == 422
+        samples = (await h.post("/trajectory/read", json={"format": "samples", "max_groups": 1})).json()
+        assert [t["session_id"] for t in samples["data"]] == ["c1"] and samples["data"][0]["samples"]
+
+    asyncio.run(go())
+
+
+def test_session_ids_in_the_body_name_the_call_as_upstream_clients_send_them():
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "session_id": "body-s",
+                "instance_id": "9", "turn_id": "t"}
+        assert (await h.post("/v1/chat/completions", json=body)).status_code == 200
+        assert (await h.post("/v1/chat/completions", json=body)).status_code == 200  # replayed
+        assert len(steps(service, "body-s")) == 1
+        assert service.core.sessions["body-s"].metadata["instance_id"] == "9"
+        caps = (await h.get("/integration/capabilities")).json()
+        assert "POST /session/discard" in caps["endpoints"] and caps["features"]["finalize_idempotent"]
+
+    asyncio.run(go())
