@@ -215,3 +215,15 @@ def test_shorter_max_new_tokens_gives_a_prefix_of_the_longer_reply():
     long = _call(eng, {**body, "sampling_params": {"max_new_tokens": 500}})
     assert long["output_ids"][:50] == short["output_ids"]
     assert long["meta_info"]["output_token_logprobs"][:50] == short["meta_info"]["output_token_logprobs"]
+
+
+def test_cli_answer_tool_results_flag_reaches_the_config():
+    import argparse
+
+    from dressage.cli.engine import config_from_args, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    on = config_from_args(parser.parse_args(["engine", "serve", "--tool-call-rate", "1", "--answer-tool-results"]))
+    off = config_from_args(parser.parse_args(["engine", "serve"]))
+    assert (on.answer_tool_results, on.tool_call_rate) == (True, 1.0) and off.answer_tool_results is False
