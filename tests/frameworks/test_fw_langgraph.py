@@ -51,7 +51,7 @@ def test_chat_openai_react_graph_runs_a_tool_round_trip_in_one_segment(new_sessi
     first, result, final = messages[1], messages[2], messages[3]
     assert [c["name"] for c in first.tool_calls] == ["multiply"] and len(calls) == 1
     assert result.content == str(calls[0][0] * calls[0][1]) and result.tool_call_id == first.tool_calls[0]["id"]
-    assert not final.tool_calls and isinstance(final.content, str) and final.content
+    assert not final.tool_calls and final.text  # text of the content, a string or (Responses) blocks
     (seg,) = session.check_run(linear=True)
     if by_header:  # the Proxy made the session from the header on its first call
         info = httpx.get(f"{session.proxy_url}/sessions/{session.session_id}", timeout=30).json()
