@@ -33,6 +33,7 @@ class CallLog:
 
     exchanges: list[tuple[str, str, int]] = field(default_factory=list)
     usages: list[dict[str, Any]] = field(default_factory=list)
+    stream_errors: list[dict[str, Any]] = field(default_factory=list)
 
     def _note(self, response: httpx.Response) -> None:
         request = response.request
@@ -47,6 +48,8 @@ class CallLog:
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 event = json.loads(line[len("data: "):])
+                if isinstance(event, dict) and ("error" in event or event.get("type") in ("error", "response.failed")):
+                    self.stream_errors.append(event)  # a failure after the 200 status line
                 if isinstance(event, dict) and event.get("type") == "response.completed":
                     event = event.get("response")  # a Responses stream: usage is in the final Response
                 usage = event.get("usage") if isinstance(event, dict) else None
@@ -74,8 +77,9 @@ class CallLog:
         """Sum of ``usage.completion_tokens`` (chat) or ``usage.output_tokens`` (Responses)."""
         return sum(int(u.get("completion_tokens", u.get("output_tokens", 0))) for u in self.usages)
 
-    def errors(self) -> list[tuple[str, str, int]]:
-        return [e for e in self.exchanges if e[2] >= 400]
+    def errors(self) -> list[Any]:
+        """Answers with an error status, and error events inside streamed answers."""
+        return [e for e in self.exchanges if e[2] >= 400] + self.stream_errors
 
 
 @dataclass
