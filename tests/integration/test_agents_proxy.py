@@ -38,14 +38,15 @@ def engine():
 class _Proxy:
     """A Proxy on a free port in this process (``Proxy.start``), recording R3, with the given engine URL and token."""
 
-    def __init__(self, engine_url: str, token: str | None = TOKEN) -> None:
+    def __init__(self, engine_url: str, token: str | None = TOKEN, *, check_engine: bool = True) -> None:
         from dressage.dataplane import DataPlaneConfig
         from dressage.proxy import Proxy
         from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 
         self.proxy = Proxy.start(ProxyConfig(
             data_plane=DataPlaneConfig(model=_model(), use_rollout_routing_replay=True),
-            server=ProxyServerConfig(engine_urls=(engine_url,), api_token=token, request_timeout_s=20)))
+            server=ProxyServerConfig(engine_urls=(engine_url,), api_token=token, request_timeout_s=20),
+            skip_engine_check=not check_engine))
         self.service, self.url, self.token = self.proxy.service, self.proxy.url, token
 
     def segments(self, session_id: str) -> list[dict]:
@@ -140,7 +141,7 @@ def _free_port() -> int:
 
 
 def test_engine_down_aborts_each_session_and_counts_the_upstream_error():
-    proxy = _Proxy(f"http://127.0.0.1:{_free_port()}")
+    proxy = _Proxy(f"http://127.0.0.1:{_free_port()}", check_engine=False)  # started before the engine is up
     try:
         report = _rollout(proxy, concurrency=3)
         assert report.errors == report.sessions == N_PROMPTS * N_SAMPLES

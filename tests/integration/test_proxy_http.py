@@ -31,12 +31,13 @@ def engine():
     srv.stop()
 
 
-def _proxy(engine_url, *, tq=None, token=None, dtype="uint8"):
+def _proxy(engine_url, *, tq=None, token=None, dtype="uint8", check_engine=True):
     cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=tq is not None,
                           routed_experts_dtype=dtype)
     rm = RolloutManager(dp_size=2)
     proxy = Proxy.start(ProxyConfig(data_plane=cfg, server=ProxyServerConfig(
-        engine_urls=(engine_url,), api_token=token, request_timeout_s=20)), tq=tq, sink=rm)
+        engine_urls=(engine_url,), api_token=token, request_timeout_s=20), skip_engine_check=not check_engine),
+        tq=tq, sink=rm)
     return proxy, rm
 
 
@@ -149,7 +150,7 @@ def _free_port():
 
 
 def test_upstream_down_is_502_and_nothing_recorded():
-    server, _ = _proxy(f"http://127.0.0.1:{_free_port()}")
+    server, _ = _proxy(f"http://127.0.0.1:{_free_port()}", check_engine=False)  # the engine is never up
     try:
         sid = _post(server.url + "/sessions").json()["session_id"]
         r = _post(f"{server.url}/sessions/{sid}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})

@@ -66,11 +66,11 @@ def register_tq(benches: argparse._SubParsersAction) -> None:
                    help="steps written whole, R3 + logprobs in one call, per round (default 64; quick: 16; 0: skip)")
     p.add_argument("--tq-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a TransferQueue setting for the dressage systems, e.g. checksums=false (repeatable)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random payloads (default: %(default)s)")
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None,
                      help="always show the progress bar (default: only on a terminal)")
-    bar.add_argument("--no-progress", dest="progress", action="store_false")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
     p.set_defaults(func=_run_tq)
 
 

@@ -13,7 +13,7 @@ from dressage.capacity.config import CapacityConfig
 from dressage.capacity.projection import max_rollout_batch_size, sweep
 from dressage.errors import ConfigError
 
-__all__ = ["plot_projection"]
+__all__ = ["plot_projection", "path_labels"]
 
 _TIB = 2**40
 
@@ -24,6 +24,15 @@ def _batch_axis(config: CapacityConfig, limits: list[int], points: int = 64) -> 
     upper = max(2 * config.rollout_batch_size, int(1.25 * min(fitting)) if fitting else 0)
     step = max(1, upper // points)
     return sorted({*range(step, upper + 1, step), config.rollout_batch_size, *(b for b in fitting if b <= upper)})
+
+
+def path_labels(config: CapacityConfig, limits: list[int] | None = None) -> tuple[str, str]:
+    """Legend labels of the two curves: each names the R3 dtype it is priced at, and the largest
+    batch that fits when ``limits`` (without TQ, with TQ) are given."""
+    fits = [f"; fits up to batch {b:,}" for b in limits] if limits else ["", ""]
+    dtype = config.routed_experts_dtype
+    return (f"w/o TQ (R3 {dtype}){fits[0]}",
+            f"w/ TQ (R3 {dtype}, {config.nodes} StorageUnits){fits[1]}")
 
 
 def plot_projection(config: CapacityConfig, baseline: Baseline, path: str | Path) -> Path:
@@ -43,10 +52,9 @@ def plot_projection(config: CapacityConfig, baseline: Baseline, path: str | Path
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     try:
-        fits = [f"; fits up to batch {b:,}" for b in limits] if host else ["", ""]
-        ax.plot(batches, [r[1] / _TIB for r in rows], label=f"w/o TQ{fits[0]}", color="tab:red")
-        ax.plot(batches, [r[2] / _TIB for r in rows], color="tab:blue",
-                label=f"w/ TQ ({config.routed_experts_dtype}, {config.nodes} StorageUnits){fits[1]}")
+        without_label, with_label = path_labels(config, limits if host else None)
+        ax.plot(batches, [r[1] / _TIB for r in rows], label=without_label, color="tab:red")
+        ax.plot(batches, [r[2] / _TIB for r in rows], color="tab:blue", label=with_label)
         at = [r for r in rows if r[0] == config.rollout_batch_size][0]
         ax.scatter([at[0]] * 2, [at[1] / _TIB, at[2] / _TIB], color="black", zorder=3,
                    label=f"batch {config.rollout_batch_size}")

@@ -22,11 +22,11 @@ def register(proxy_subparsers: argparse._SubParsersAction) -> None:
     jsub = j.add_subparsers(dest="journal_command", metavar="ACTION")
     jsub.required = True
     c = jsub.add_parser("check", help="replay a journal and report damage (exit 1 when damaged)")
-    c.add_argument("path", metavar="PATH")
+    c.add_argument("path", metavar="PATH", help="the journal file (the Proxy's --journal PATH)")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.set_defaults(func=_run_check)
     r = jsub.add_parser("repair", help="cut a journal to its intact prefix (the rest is kept aside)")
-    r.add_argument("path", metavar="PATH")
+    r.add_argument("path", metavar="PATH", help="the journal file (the Proxy's --journal PATH)")
     r.add_argument("--compact", action="store_true", help="also drop the records of forgotten sessions")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
     r.set_defaults(func=_run_repair)

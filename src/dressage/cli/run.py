@@ -7,66 +7,64 @@ import json
 import sys
 
 from dressage.cli._dataplane import add_data_plane_args, data_plane_config, transfer_queue_config
-from dressage.units import format_bytes, parse_count
+from dressage.units import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from dressage.flags import add_flags
+    from dressage.run.config import RunConfig
+
     p = sub.add_parser("run", help="run rollout -> train iterations end to end (embedded by default)",
                        description="Agents drive sessions through the Proxy's HTTP server into the built-in "
                                    "SGLang-protocol engine; finalized Segments go through the RolloutManager to DP "
                                    "trainer readers that restore slime's fields; every Sample is checked and the "
-                                   "batch's TransferQueue keys are cleared.")
+                                   "batch's TransferQueue keys are cleared. The last line is the verdict: PASS, "
+                                   "or FAIL with a non-zero exit status.")
     g = p.add_argument_group("rollout")
-    g.add_argument("--num-rollouts", type=int, default=2)
-    g.add_argument("--rollout-batch-size", type=int, default=4, help="prompts per rollout")
-    g.add_argument("--n-samples-per-prompt", type=int, default=2)
-    g.add_argument("--context-length", default="4K", help="agents' context window, e.g. 4K, 32K (default: 4K)")
-    g.add_argument("--dp-size", type=int, default=2)
-    g.add_argument("--max-turns", type=int, default=4, help="model calls per session")
-    g.add_argument("--max-tokens", type=int, default=128, help="max_tokens per call")
-    g.add_argument("--mean-response-tokens", type=int, default=64, help="built-in engine's mean reply length")
-    g.add_argument("--tool-call-rate", type=float, default=0.4)
-    g.add_argument("--retry-rate", type=float, default=0.1)
-    g.add_argument("--concurrency", type=int, default=64)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--engine-url", default=None, help="use this SGLang server instead of the built-in engine")
-    g.add_argument("--ray", action="store_true", help="RolloutManager and trainer readers as Ray actors")
-    g.add_argument("--ray-address", default=None, help="join this Ray cluster (implies --ray)")
-    g.add_argument("--json", metavar="PATH", default=None, help="write the report as JSON")
-    g.add_argument("--no-progress", action="store_true")
+    add_flags(g, RunConfig)
+    g.add_argument("--compare-without-tq", action="store_true",
+                   help="with TQ on, run the same seed again with TQ off; the verdict requires the same "
+                        "samples digest")
+    g.add_argument("--json", metavar="PATH", default=None, help="write the report as JSON (default: not written)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_data_plane_args(p)
     p.set_defaults(func=_run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from dressage.run import RunConfig, run_pipeline
+def run_config(args: argparse.Namespace):
+    """The validated :class:`RunConfig` of ``dressage run``'s flags."""
+    import dataclasses
 
-    cfg = RunConfig(
-        data_plane=data_plane_config(args), transfer_queue=transfer_queue_config(args),
-        num_rollouts=args.num_rollouts, rollout_batch_size=args.rollout_batch_size,
-        n_samples_per_prompt=args.n_samples_per_prompt,
-        context_length=parse_count(args.context_length, "--context-length"), dp_size=args.dp_size,
-        max_turns=args.max_turns, max_tokens=args.max_tokens, mean_response_tokens=args.mean_response_tokens,
-        tool_call_rate=args.tool_call_rate, retry_rate=args.retry_rate, concurrency=args.concurrency,
-        seed=args.seed, engine_url=args.engine_url, ray=args.ray, ray_address=args.ray_address,
-        progress=not args.no_progress and sys.stderr.isatty())
-    report = run_pipeline(cfg)
+    from dressage.flags import from_flags
+    from dressage.run.config import TRANSFORMERS_MODEL, RunConfig
+
+    dp = data_plane_config(args)
+    if args.engine == "transformers":  # the shape of the model that engine runs
+        dp = dataclasses.replace(dp, model=TRANSFORMERS_MODEL)
+    return from_flags(RunConfig, args, data_plane=dp, transfer_queue=transfer_queue_config(args),
+                      progress=not args.no_progress and sys.stderr.isatty())
+
+
+def _run(args: argparse.Namespace) -> int:
+    from dressage.run.verdict import run_and_judge
+
+    report, baseline, verdict = run_and_judge(run_config(args), compare_without_tq=args.compare_without_tq)
     print(render_report(report))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report.to_dict(), f, indent=2)
+            json.dump({**report.to_dict(), "verdict": verdict.to_dict(),
+                       "baseline_samples_digest": baseline.samples_digest if baseline is not None else None},
+                      f, indent=2)
         print(f"report written to {args.json}")
-    if report.tq_keys_left:
-        print(f"error: {report.tq_keys_left} TransferQueue keys left after consumption", file=sys.stderr)
-        return 1
-    return 0
+    print(verdict.line, file=sys.stdout if verdict.ok else sys.stderr)
+    return 0 if verdict.ok else 1
 
 
 def render_report(r) -> str:
     c = r.config
     tq = "on (" + ", ".join(c["transfer_params"]) + ")" if c["enable_transfer_queue"] else "off"
     rows = [
-        ("model", c["model"]),
+        ("model", c["model"] + (f" (engine: {c['engine']})" if c.get("engine", "builtin") != "builtin" else "")),
         ("R3 / dtype", f"{'on' if c['use_rollout_routing_replay'] else 'off'} / {c['routed_experts_dtype']}"),
         ("TransferQueue", tq),
         ("rollouts x prompts x samples", f"{c['num_rollouts']} x {c['rollout_batch_size']} x {c['n_samples_per_prompt']}"),
@@ -82,6 +80,11 @@ def render_report(r) -> str:
         ("TQ bytes written / read", f"{format_bytes(r.tq_bytes_written)} / {format_bytes(r.tq_bytes_read)}"),
         ("TQ keys left", r.tq_keys_left),
     ]
+    if r.replay:
+        rp = r.replay
+        rows.append(("R3 replay (trainer, forced routing)",
+                     f"{rp['identical_tokens']} / {rp['tokens']} logprobs bit-identical, max |diff| "
+                     f"{rp['max_abs_diff']:.3g}, max sequence |diff| {rp['max_sum_abs_diff']:.3g}"))
     rows += [(f"peak {k}", format_bytes(v)) for k, v in sorted(r.peak_memory_bytes.items())]
     rows += [("samples digest", r.samples_digest[:16] + "..."), ("wall time", f"{r.wall_s:.1f} s")]
     width = max(len(k) for k, _ in rows)

@@ -14,12 +14,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--proxy-url", required=True, metavar="URL", help="the Proxy, e.g. http://127.0.0.1:8000")
     p.add_argument("--admin-token-file", metavar="PATH", default=None,
                    help="file holding the Proxy's admin token (else $DRESSAGE_ADMIN_TOKEN, else none)")
-    p.add_argument("--dp-size", type=int, default=1, metavar="N", help="data-parallel ranks to shard the batch over")
+    p.add_argument("--dp-size", type=int, default=1, metavar="N", help="data-parallel ranks to shard the batch over (default: %(default)s)")
     p.add_argument("--expect-sessions", type=int, default=None, metavar="N",
                    help="read until this many trajectories arrived (default: one read)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for them")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="seconds to wait for them (default: %(default)s)")
     p.add_argument("--on-lost", choices=("fail", "drop", "reroll"), default="fail",
-                   help="what to do with Samples whose StorageUnit lost their fields")
+                   help="what to do with Samples whose StorageUnit lost their fields (default: %(default)s)")
     p.add_argument("--json", metavar="FILE", default=None, help="write the report as JSON here")
     p.set_defaults(func=_run)
 

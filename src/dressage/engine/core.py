@@ -145,6 +145,27 @@ class Engine:
             return [[lp, t, dec([t])] for lp, t in zip(lps.tolist(), ids.tolist())]
         return [[lp, t, None] for lp, t in zip(lps.tolist(), ids.tolist())]
 
+    def _top_logprobs(self, gen: Generation, since: int, n: int) -> list[list[list[Any]]]:
+        """``output_top_logprobs`` of tokens ``since..n``: per token the k most likely ids, best first.
+
+        The sampled token is one of them with its own logprob; the others share what probability it
+        leaves (halving each), so every list is a distribution's head and sums to at most 1.
+        """
+        k = gen.request.top_logprobs_num
+        vocab = self.tokenizer.vocab_size
+        dec = self.tokenizer.decode if gen.request.return_text_in_logprobs else None
+        out = []
+        for pos in range(since, n):
+            t, lp = int(gen.draft.ids[pos]), float(gen.draft.logprobs[pos])
+            rng = np.random.default_rng([self.config.seed, len(gen.prompt), pos, t])
+            others = [o for o in dict.fromkeys(int(o) for o in rng.integers(0, vocab, size=2 * k + 2)) if o != t]
+            others = others[:k - 1]
+            rest = max(1.0 - float(np.exp(lp)), 1e-12)
+            cands = [(lp, t)] + [(float(np.log(rest * 0.5 ** (j + 1))), o) for j, o in enumerate(others)]
+            cands.sort(key=lambda c: -c[0])
+            out.append([[c[0], c[1], dec([c[1]]) if dec else None] for c in cands])
+        return out
+
     def _input_logprobs(self, gen: Generation, hashes: np.ndarray) -> list[list[Any]]:
         start = gen.request.logprob_start_len
         p = len(gen.prompt)
@@ -172,6 +193,8 @@ class Engine:
                                 "cached_tokens": gen.cached_tokens}
         if req.return_logprob:
             meta["output_token_logprobs"] = self._logprob_entries(lps, ids, req.return_text_in_logprobs)
+            if req.top_logprobs_num:
+                meta["output_top_logprobs"] = self._top_logprobs(gen, since, n)
         return {"text": self._text(gen, ids, False), "output_ids": ids.tolist(), "meta_info": meta}
 
     def finish(self, gen: Generation, n: int, *, aborted: bool = False, since: int = 0) -> dict[str, Any]:
@@ -188,6 +211,8 @@ class Engine:
                                 "weight_version": self.weight_version}
         if req.return_logprob:
             meta["output_token_logprobs"] = self._logprob_entries(lps, ids, req.return_text_in_logprobs)
+            if req.top_logprobs_num:
+                meta["output_top_logprobs"] = self._top_logprobs(gen, since, n)
             if req.logprob_start_len >= 0:
                 meta["input_token_logprobs"] = self._input_logprobs(gen, hashes)
         meta["completion_tokens"] = n

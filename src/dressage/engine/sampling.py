@@ -2,17 +2,24 @@
 
 A reply is planned whole from one seeded generator (length, words, logprobs), then cut at the
 first stop event as SGLang's scheduler would find it token by token: a stop token id, a stop
-string, or ``max_new_tokens``.
+string, or ``max_new_tokens``. The ids are kept whole up to that event (a stop string's own tokens
+included); only the answer's text drops the stop string, unless ``no_stop_trim``.
+
+Sampling parameters act as their analogues: the seed, temperature, top_p / top_k / min_p pick
+the draw (greedy draws ignore the seed); the penalties make the words of a reply repeat less
+(positive) or more (negative); ``json_schema`` makes the reply a JSON document of the schema.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from dressage.engine.json_schema import sample_json
 from dressage.engine.protocol import SamplingParams
 from dressage.tokenizer import Tokenizer
 from dressage.tokenizer.chatml import (IM_START, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_RESPONSE_OPEN, TOOLS_CLOSE,
@@ -78,9 +85,30 @@ def ends_with_tool_results(prompt_text: str) -> bool:
     return previous >= 0 and TOOL_RESPONSE_OPEN in prompt_text[previous:last]
 
 
-def _words(rng: np.random.Generator, n_words: int) -> str:
+def _pressured(rng: np.random.Generator, idx: np.ndarray, pressure: float, counts: dict[int, int]) -> np.ndarray:
+    """Word choices under repeat pressure: a word used c times before is drawn again with
+    probability 1 - exp(-pressure * c) (> 0), or the previous word comes back with probability
+    1 - exp(pressure) (< 0). ``counts`` carries the uses over the reply's blocks."""
+    out = idx.copy()
+    for k in range(len(out)):
+        if pressure < 0 and k and rng.random() < 1.0 - math.exp(pressure):
+            out[k] = out[k - 1]
+        elif pressure > 0:
+            for _ in range(4):
+                seen = counts.get(int(out[k]), 0)
+                if not seen or rng.random() >= 1.0 - math.exp(-pressure * seen):
+                    break
+                out[k] = rng.integers(0, len(_WORDS))
+        counts[int(out[k])] = counts.get(int(out[k]), 0) + 1
+    return out
+
+
+def _words(rng: np.random.Generator, n_words: int, pressure: float = 0.0,
+           counts: dict[int, int] | None = None) -> str:
     idx = rng.integers(0, len(_WORDS), size=n_words)
     ends = rng.random(n_words) < 0.12
+    if pressure:
+        idx = _pressured(rng, idx, pressure, {} if counts is None else counts)
     out = []
     cap = True
     for i, e in zip(idx.tolist(), ends.tolist()):
@@ -117,11 +145,12 @@ def _tool_call_text(rng: np.random.Generator, tools: list[dict[str, Any]]) -> st
     return f"{lead}{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
 
 
-def _content_ids(tok: Tokenizer, rng: np.random.Generator, n: int) -> list[int]:
+def _content_ids(tok: Tokenizer, rng: np.random.Generator, n: int, pressure: float = 0.0) -> list[int]:
     # Fixed-size blocks of words, so that a shorter reply is a prefix of a longer one.
     ids: list[int] = []
+    counts: dict[int, int] = {}
     while len(ids) < n:
-        ids.extend(tok.encode(_words(rng, 64)))
+        ids.extend(tok.encode(_words(rng, 64, pressure, counts)))
     return ids[:n]
 
 
@@ -182,12 +211,17 @@ def plan_reply(tok: Tokenizer, seed_words: list[int], params: SamplingParams, *,
     tool_turn = bool(tools) and rng.random() < tool_call_rate
     length = 1 + int(rng.exponential(mean_tokens))
     head = tok.encode(_reasoning_text(np.random.default_rng([*seed_words, 3]))) if reasoning else []
-    if tool_turn:
+    if params.json_schema is not None:  # constrained: the whole reply is the document
+        doc = sample_json(np.random.default_rng([*seed_words, 4]), params.json_schema, params.json_schema)
+        content = tok.encode(json.dumps(doc, ensure_ascii=False))
+        ends = not params.ignore_eos
+    elif tool_turn:
         content = head + tok.encode(_tool_call_text(rng, tools))
         ends = True
     else:
         ends = not params.ignore_eos and length <= n_max
-        content = _content_ids(tok, np.random.default_rng([*seed_words, 1]), length - 1 if ends else n_max)
+        content = _content_ids(tok, np.random.default_rng([*seed_words, 1]), length - 1 if ends else n_max,
+                               params.repeat_pressure)
         content = head + content
     ids = np.asarray(content + ([tok.im_end_token_id] if ends else []), dtype=np.int32)
     scale = 0.15 + 0.6 * min(params.temperature, 2.0)

@@ -10,20 +10,23 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import numpy as np
 
 from dressage.errors import DressageError, EngineUnavailable
-from dressage.proxy.chat import ChatPrompt, assistant_message, build_chat_prompt, effective_tools
-from dressage.proxy.generation import GenerationPlan, GenerationResult, run_generation
+from dressage.proxy.chat import ChatPrompt, build_chat_prompt, effective_tools
+from dressage.proxy.chat_params import ChatOptions, chat_messages, chat_options
+from dressage.proxy.chat_samples import TOOL_RULE_ATTEMPTS, ChatSample, ChatSampling, seeded, visible
+from dressage.proxy.generation import KEEPALIVE_S, GenerationPlan, GenerationResult, run_generation
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
-from dressage.proxy.streaming import ChunkWriter, aiter_frames, error_payload, replay_chunks, sse, stream_completion
+from dressage.proxy.streaming import (KEEPALIVE, ChunkWriter, aiter_frames, error_payload, replay_chunks, sse,
+                                      stream_completion)
 from dressage.proxy.weights import STEP_LABELS_KEY
-from dressage.proxy.turn_scope import turn_call_key, turn_of
+from dressage.proxy.turn_scope import turn_call_key
 
-__all__ = ["CallPath", "ChatCall"]
+__all__ = ["CallPath", "ChatCall", "ChatSample", "TOOL_RULE_ATTEMPTS"]
 
 
 @dataclass(slots=True)
@@ -41,14 +44,27 @@ class ChatCall:
     include_usage: bool
     turn_id: str | None
     """The call's replay key in its turn (:func:`turn_call_key`), ``None`` without ``X-Turn-Id``."""
+    options: ChatOptions = field(default_factory=lambda: ChatOptions({}))
+    plans: list[GenerationPlan] = field(default_factory=list)
+    """One plan per sample (``n``); ``plans[0]`` is ``plan``."""
+    commit: Any = None
+    """The task recording the call's steps, once it began (finalize waits for it)."""
+
+    @property
+    def buffered(self) -> bool:
+        """Streamed only once complete: several samples, or replies checked before they are shown."""
+        return self.options.n > 1 or self.options.constrained
 
 
-class CallPath:
+class CallPath(ChatSampling):
     """The model-call use cases; :class:`ProxyService` provides the state they use."""
 
     def _check_call(self, session_id: str) -> None:
         self.limits.check_call(self.core.active_session(session_id))
         self.versions.check(session_id, (self.versions.current,))
+
+    def _next_rid(self, session_id: str) -> str:
+        return self.rids.call(session_id)
 
     def _plan(self, session_id: str, prompt_ids: np.ndarray, sampling: dict[str, Any], *, stream: bool,
               tools: Any = None, boundary_reason: str | None = None) -> tuple[GenerationPlan, str]:
@@ -59,23 +75,17 @@ class CallPath:
                                   engine_moved=placement.moved_from is not None)
         placement.member.calls += 1
         instance = self.core.session(session_id).metadata.get("instance_id")
-        plan = GenerationPlan(self.rids.call(session_id), prompt_ids, decision, sampling, placement.member.client,
+        plan = GenerationPlan(self._next_rid(session_id), prompt_ids, decision, sampling, placement.member.client,
                               self.core.generate_params(decision), stream, routing_key=session_id,
                               session_id=session_id, instance_id=None if instance is None else str(instance))
         return plan, placement.member.url
 
-    def _sampling(self, req: ChatRequest, prompt_len: int) -> dict[str, Any]:
+    def _sampling(self, req: ChatRequest, prompt_len: int, options: ChatOptions | None = None) -> dict[str, Any]:
+        options = options or chat_options(req)
         sp: dict[str, Any] = {"max_new_tokens": self.limits.max_new_tokens(
             req.max_completion_tokens or req.max_tokens, prompt_len),
                               "stop_token_ids": list(self.tokenizer.stop_token_ids)}
-        for name in ("temperature", "top_p"):
-            value = getattr(req, name)
-            if value is not None:
-                sp[name] = value
-        if req.stop is not None:
-            sp["stop"] = [req.stop] if isinstance(req.stop, str) else list(req.stop)
-        if req.seed is not None:
-            sp["sampling_seed"] = req.seed
+        sp.update(options.sampling)
         return sp
 
     # -------------------------------------------------------------- chat
@@ -83,15 +93,23 @@ class CallPath:
         """Validate and plan a chat call (every 4xx is raised here, before any engine request)."""
         self._check_call(session_id)
         session = self.core.session(session_id)
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        options = chat_options(req)
+        messages = chat_messages(req)
         tools = effective_tools(req.tools, req.tool_choice)
         prompt = build_chat_prompt(session, self.tokenizer, messages, tools)
-        sampling = self._sampling(req, len(prompt.prompt_ids))
-        plan, url = self._plan(session_id, prompt.prompt_ids, sampling, stream=req.stream, tools=tools,
-                               boundary_reason=prompt.boundary_reason)
+        sampling = self._sampling(req, len(prompt.prompt_ids), options)
+        buffered = options.n > 1 or options.constrained
+        plans, url = [], ""
+        for i in range(options.n):
+            plan, url = self._plan(session_id, prompt.prompt_ids, seeded(sampling, options.sample_seed(i, 0)),
+                                   stream=req.stream and not buffered, tools=tools,
+                                   boundary_reason=prompt.boundary_reason)
+            if options.top_logprobs:
+                plan.params["top_logprobs_num"] = options.top_logprobs
+            plans.append(plan)
         include_usage = bool(req.stream_options and req.stream_options.get("include_usage"))
-        return ChatCall(session_id, messages, tools, prompt, plan, url, f"chatcmpl-{secrets.token_hex(12)}",
-                         int(time.time()), include_usage, turn_id)
+        return ChatCall(session_id, messages, tools, prompt, plans[0], url, f"chatcmpl-{secrets.token_hex(12)}",
+                        int(time.time()), include_usage, turn_id, options, plans)
 
     async def open_chat(self, session_id: str, req: ChatRequest, *,
                         turn_id: str | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
@@ -143,8 +161,8 @@ class CallPath:
                 task.add_done_callback(self._tasks.discard)
             raise
 
-    def _commit_task(self, call: ChatCall, result: GenerationResult) -> asyncio.Future:
-        task = asyncio.ensure_future(self._commit(call, result))
+    def _commit_task(self, call: ChatCall, samples: list[ChatSample]) -> asyncio.Future:
+        task = call.commit = asyncio.ensure_future(self._commit(call, samples))
         if call.turn_id is not None:
             self.turns.settle(call.session_id, call.turn_id, task)
         return task
@@ -165,19 +183,17 @@ class CallPath:
 
     async def _complete(self, call: ChatCall) -> dict[str, Any]:
         self.in_flight.enter(call.session_id)
-        commit = None
         try:
             try:
-                result = await self._final(call.plan)
+                samples = await self._samples(call)
             except BaseException as exc:
                 if call.turn_id is not None:
                     self.turns.abandon(call.session_id, call.turn_id, exc)
                 raise
-            # Shielded: an agent that hangs up now still gets its step recorded whole, or not at all.
-            commit = self._commit_task(call, result)
-            return await asyncio.shield(commit)
+            # Shielded: an agent that hangs up now still gets its steps recorded whole, or not at all.
+            return await asyncio.shield(self._commit_task(call, samples))
         finally:
-            self._leave(call.session_id, commit)
+            self._leave(call.session_id, call.commit)
 
     async def _stream(self, call: ChatCall) -> AsyncIterator[bytes]:
         if call.turn_id is not None:
@@ -191,19 +207,25 @@ class CallPath:
                 return
             self.turns.begin(call.session_id, call.turn_id)
         committing = False
-        task: asyncio.Future | None = None
 
         async def commit(result: GenerationResult) -> dict[str, Any]:
-            nonlocal committing, task
+            nonlocal committing
             committing = True
-            task = self._commit_task(call, result)
-            return await asyncio.shield(task)
+            return await asyncio.shield(self._commit_task(call, [self._reply(call, 0, call.plan, result)]))
+
+        def began() -> None:
+            nonlocal committing
+            committing = True
 
         writer = ChunkWriter(call.completion_id, self.config.served_model_name, call.created)
+        if call.buffered:
+            frames = self._buffered_frames(call, began)
+        else:
+            events = visible(self._generate(call.plan), call.options.stops)
+            frames = stream_completion(writer, self.parser, events, commit, include_usage=call.include_usage)
         self.in_flight.enter(call.session_id)
         try:
-            async for frame in stream_completion(writer, self.parser, self._generate(call.plan), commit,
-                                                 include_usage=call.include_usage):
+            async for frame in frames:
                 yield frame
         except DressageError as exc:
             if call.turn_id is not None and not committing:
@@ -214,6 +236,63 @@ class CallPath:
             if call.turn_id is not None and not committing:
                 self.turns.abandon(call.session_id, call.turn_id, exc)
             raise
+        finally:
+            self._leave(call.session_id, call.commit)
+
+    async def _reply_events(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[str | None | dict[str, Any]]:
+        """A streamed chat call for other wire formats: the reply text so far (``str``, never a stop
+        sequence), keep-alives (``None``), then the recorded chat completion (``dict``);
+        ``on_commit()`` runs as recording begins. A buffered call (``n > 1``, tool rules) sends no
+        text: its completion comes once every sample is checked."""
+        if call.buffered:
+            task = asyncio.ensure_future(self._samples(call))
+            try:
+                while not task.done():
+                    await asyncio.wait([task], timeout=KEEPALIVE_S)
+                    if not task.done():
+                        yield None
+                samples = task.result()
+            finally:
+                task.cancel()
+        else:
+            result = None
+            async for event in visible(self._generate(call.plan), call.options.stops):
+                if isinstance(event, GenerationResult):
+                    result = event
+                else:
+                    yield event
+            samples = [self._reply(call, 0, call.plan, result)]
+        if on_commit is not None:
+            on_commit()
+        yield await asyncio.shield(self._commit_task(call, samples))
+
+    async def _buffered_frames(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[bytes]:
+        """Every sample generated (keep-alives meanwhile), recorded, then sent as one stream."""
+        response = None
+        async for event in self._reply_events(call, on_commit):
+            if event is None:
+                yield KEEPALIVE
+            else:
+                response = event
+        for frame in replay_chunks(response, include_usage=call.include_usage):
+            yield frame
+
+    async def _reply_events(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[str | None | dict[str, Any]]:
+        """A streamed chat call for other wire formats: the reply text so far (``str``), keep-alives
+        (``None``), then the recorded chat completion (``dict``); ``on_commit()`` runs as recording begins."""
+        task: asyncio.Future | None = None
+        self.in_flight.enter(call.session_id)
+        try:
+            result = None
+            async for event in self._generate(call.plan):
+                if isinstance(event, GenerationResult):
+                    result = event
+                else:
+                    yield event
+            if on_commit is not None:
+                on_commit()
+            task = self._commit_task(call, result)
+            yield await asyncio.shield(task)
         finally:
             self._leave(call.session_id, task)
 
@@ -233,25 +312,6 @@ class CallPath:
         self.versions.recorded(sid, int(result.token_versions[0]))
         self.engines.settle(sid)
         return step
-
-    async def _commit(self, call: ChatCall, result: GenerationResult) -> dict[str, Any]:
-        sid = call.session_id
-        text = self.tokenizer.decode(result.response_ids.tolist(), skip_special_tokens=True)
-        message = assistant_message(self.parser, text, call_id_prefix=f"call_{call.completion_id[-10:]}")
-        metadata = {"assistant_message": message, "finish_reason": result.finish_reason}
-        if call.turn_id is not None:
-            metadata["turn_id"] = turn_of(call.turn_id)  # finalize counts turns by it
-        step = await self._record(sid, call.plan, result, call.engine_url, messages=call.messages, tools=call.tools,
-                                  boundary_reason=call.prompt.boundary_reason, metadata=metadata)
-        finish_reason = "tool_calls" if message.get("tool_calls") else (
-            "length" if result.finish_reason == "length" else "stop")
-        return {
-            "id": call.completion_id, "object": "chat.completion", "created": call.created,
-            "model": self.config.served_model_name,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
-            "usage": {"prompt_tokens": step.prompt_len, "completion_tokens": step.response_len,
-                      "total_tokens": step.seq_len},
-        }
 
     # ------------------------------------------------------- token level
     async def generate_tokens(self, session_id: str, req: GenerateRequest) -> dict[str, Any]:

@@ -12,6 +12,8 @@ ENDPOINTS = (
     "GET /sessions/{id}", "GET /sessions/{id}/segments", "POST /session/finalize", "POST /session/discard",
     "POST /trajectory/read", "GET /trajectory/stats", "POST /v1/rollout/pause", "POST /v1/rollout/resume",
     "GET /v1/rollout/pause_state", "GET /v1/engines", "GET /integration/capabilities", "GET /health",
+    "POST /v1/responses", "POST /sessions/{id}/v1/responses", "POST /v1/completions",
+    "POST /sessions/{id}/v1/completions", "GET /v1/models/{model}", "GET /sessions/{id}/v1/models/{model}",
 )
 SESSION_HEADERS = {"session": ["X-Session-Id", "X-SMG-Routing-Key"], "instance": ["X-Instance-Id"],
                    "turn": ["X-Turn-Id"]}

@@ -168,9 +168,17 @@ def _full(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any) -> np.
     return np.asarray(tokenizer.apply_chat_template(list(messages), tools or None, True), dtype=np.int32)
 
 
-def assistant_message(parser: "ToolCallParser", text: str, *, call_id_prefix: str) -> dict[str, Any]:
-    """The OpenAI assistant message of a reply's text (as recorded and as returned to the agent)."""
-    content, reasoning, calls = parser.parse(text, call_id_prefix=call_id_prefix)
+def assistant_message(parser: "ToolCallParser", text: str, *, call_id_prefix: str,
+                      tool_calls: bool = True) -> dict[str, Any]:
+    """The OpenAI assistant message of a reply's text (as recorded and as returned to the agent).
+
+    Without ``tool_calls`` (``tool_choice: "none"``) no tool call is parsed: call-like text stays
+    in the content.
+    """
+    if tool_calls:
+        content, reasoning, calls = parser.parse(text, call_id_prefix=call_id_prefix)
+    else:
+        (content, reasoning), calls = parser.split_reasoning(text), []
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
@@ -188,6 +196,10 @@ class ToolCallParser:
 
     def parse(self, text: str, *, call_id_prefix: str) -> tuple[str | None, str | None, list[dict[str, Any]]]:
         raise NotImplementedError
+
+    def split_reasoning(self, text: str) -> tuple[str, str | None]:
+        """(content, reasoning) of a reply read without tool calls; the default has no reasoning."""
+        return text, None
 
     def stream_prefix(self, text: str) -> tuple[str | None, str]:
         """(reasoning, content) that any reply beginning with ``text`` certainly parses to.
@@ -228,6 +240,10 @@ class QwenToolCallParser(ToolCallParser):
         kept.append(text[pos:])
         content = "".join(kept).strip() if calls else text
         return (content or None) if calls else content, reasoning, calls
+
+    def split_reasoning(self, text: str) -> tuple[str, str | None]:
+        m = self._THINK.match(text)
+        return (text[m.end():], m.group(1).strip()) if m else (text, None)
 
     def stream_prefix(self, text: str) -> tuple[str | None, str]:
         reasoning = None

@@ -61,6 +61,8 @@ class GenerationResult:
     """Engine requests the response took (1 unless a pause cut it)."""
     dropped_tokens: int = 0
     """Tokens of cut answers that came without routing and were generated again."""
+    top_logprobs: list[Any] | None = None
+    """SGLang's ``output_top_logprobs`` per response token, when the call asked ``top_logprobs_num``."""
 
 
 class _StreamedAnswer:
@@ -69,6 +71,7 @@ class _StreamedAnswer:
     def __init__(self) -> None:
         self.ids: list[int] = []
         self.entries: list[Any] = []
+        self.top: list[Any] = []
         self.meta: dict[str, Any] = {}
 
     def add(self, chunk: dict[str, Any]) -> None:
@@ -78,20 +81,25 @@ class _StreamedAnswer:
             # Its ids are only the last one (or none) and its logprobs are not this stream's:
             # keep what the earlier chunks gave if they add up to the engine's count, else nothing.
             if self.meta.get("completion_tokens", len(self.ids)) != len(self.ids):
-                self.ids, self.entries = [], []
+                self.ids, self.entries, self.top = [], [], []
             return
         lps = self.meta.get("output_token_logprobs") or []
+        top = self.meta.get("output_top_logprobs") or []
         total = self.meta.get("completion_tokens")
         if isinstance(total, int) and len(out) == total:
-            self.ids, self.entries = list(out), list(lps)  # cumulative chunk (SGLang's default)
+            self.ids, self.entries, self.top = list(out), list(lps), list(top)  # cumulative (SGLang's default)
         else:
             self.ids.extend(out)
             self.entries.extend(lps)
+            self.top.extend(top)
 
     def body(self) -> dict[str, Any]:
         if finish_type(self.meta) is None:
             raise WireFormatError("the engine's stream ended without a finished chunk")
-        return {"output_ids": self.ids, "meta_info": {**self.meta, "output_token_logprobs": self.entries}}
+        meta = {**self.meta, "output_token_logprobs": self.entries}
+        if self.top:
+            meta["output_top_logprobs"] = self.top
+        return {"output_ids": self.ids, "meta_info": meta}
 
 
 class _IncrementalText:
@@ -135,6 +143,8 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
     budget = int(plan.sampling.get("max_new_tokens", 1))
     finish: str | None = None
     chunk_no = dropped = 0
+    want_top = bool(plan.params.get("top_logprobs_num"))
+    top: list[Any] = []
     text = _IncrementalText(decode)
     headers = {} if plan.routing_key is None else {"routing_key": plan.routing_key}
     while True:
@@ -182,6 +192,8 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
         version = pause.versions.stamp(getattr(out, "weight_version", None), version)
         dropped += getattr(out, "dropped_tokens", 0)
         if len(out.output_ids):
+            if want_top:
+                top.extend(_top_entries(out, len(out.output_ids)))
             partial.add_chunk(out.output_ids, out.logprobs, out.routed_experts, version=version)
             so_far.extend(out.output_ids.tolist())
         chunk_no += 1
@@ -192,7 +204,17 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
             finish = "length"
             break
     ids, lps, routed, versions = partial.merge()
-    yield GenerationResult(ids, lps, routed, versions, finish, chunk_no, dropped)
+    yield GenerationResult(ids, lps, routed, versions, finish, chunk_no, dropped, top if want_top else None)
+
+
+def _top_entries(out: Any, n: int) -> list[Any]:
+    meta = getattr(out, "meta_info", None) or {}
+    top = meta.get("output_top_logprobs")
+    if not isinstance(top, list) or len(top) != n:
+        got = len(top) if isinstance(top, list) else "no"
+        raise WireFormatError(f"meta_info.output_top_logprobs has {got} entries for {n} output tokens "
+                              "(was top_logprobs_num sent with return_logprob?)")
+    return top
 
 
 def _abort_later(client: Any, rid: str) -> None:

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dressage.errors import DressageError
 from dressage.proxy.http_upstream import upstream_router
+from dressage.proxy.openai_routes import openai_router
 from dressage.proxy.rollout_routes import rollout_router
 from dressage.proxy.schemas import ChatRequest, CreateSession, GenerateRequest
 from dressage.proxy.streaming import error_body, error_payload
@@ -143,6 +144,8 @@ def build_app(service: Any) -> FastAPI:
     @app.get("/v1/engines")
     async def engines() -> dict[str, Any]:
         return service.engine_state()
+
+    app.include_router(openai_router(service))
 
     @app.get("/sessions/{session_id}")
     async def session_info(session_id: str) -> dict[str, Any]:

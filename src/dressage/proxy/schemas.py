@@ -30,25 +30,50 @@ class ChatMessage(_Body):
 
 
 class ChatRequest(_Body):
+    """``POST /v1/chat/completions``; what the Proxy does with each parameter is in
+    :mod:`dressage.proxy.chat_params` (and the README's "Supported OpenAI parameters")."""
+
+    # Keys not declared here are kept (``model_extra``) so that one which would change the output
+    # can be refused by name instead of being dropped; see ``chat_params.NO_OP_PARAMS``.
+    model_config = ConfigDict(extra="allow")
+
     model: Optional[str] = None
     messages: list[ChatMessage] = Field(min_length=1)
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Any = None
+    parallel_tool_calls: Optional[bool] = None
     temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    top_k: Optional[int] = None
+    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: Optional[float] = Field(default=None, gt=0.0, le=2.0)
+    logit_bias: Optional[dict[str, float]] = None
     max_tokens: Optional[int] = Field(default=None, ge=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    min_tokens: Optional[int] = Field(default=None, ge=0)
     stop: Optional[Union[str, list[str]]] = None
     seed: Optional[int] = None
+    response_format: Optional[dict[str, Any]] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     stream: bool = False
     stream_options: Optional[dict[str, Any]] = None
     """``{"include_usage": true}`` adds a last chunk with the call's usage."""
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=64)
+    """Samples of the prompt (a GRPO group): each is its own engine call and recorded step."""
     session_id: Optional[str] = None
     instance_id: Optional[Union[str, int]] = None
     turn_id: Optional[str] = None
     """Upstream's clients may name the call in the body; an ``X-Session-Id`` / ``X-Instance-Id`` /
     ``X-Turn-Id`` header wins."""
+
+    @field_validator("n", "stream", mode="before")
+    @classmethod
+    def _null_is_default(cls, v: Any, info: Any) -> Any:
+        # Some clients send every parameter, unset ones as null.
+        return cls.model_fields[info.field_name].default if v is None else v
 
     @field_validator("tool_choice")
     @classmethod
@@ -59,6 +84,23 @@ class ChatRequest(_Body):
             return v
         raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", '
                          '"function": {"name": ...}}')
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: Optional[Union[str, list[str]]]) -> Optional[Union[str, list[str]]]:
+        stops = [v] if isinstance(v, str) else v or []
+        if len(stops) > 4:
+            raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("a stop sequence must not be empty")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and v != -1 and v < 1:
+            raise ValueError("top_k must be -1 (whole vocabulary) or at least 1")
+        return v
 
 
 class GenerateRequest(_Body):

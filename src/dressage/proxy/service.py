@@ -3,7 +3,9 @@
 :class:`ProxyService` owns the per-process state (ProxyCore, tokenizer, engine pool, pause state,
 turns, finalized trajectories) and answers each endpoint's question as plain values or a
 :class:`dressage.errors.DressageError`; :mod:`dressage.proxy.http` only maps them to HTTP. The
-model-call use cases (chat, token-level generate) are in :class:`dressage.proxy.calls.CallPath`.
+model-call use cases (chat, token-level generate) are in :class:`dressage.proxy.calls.CallPath`,
+Responses in :class:`~dressage.proxy.responses_path.ResponsesPath`, text completions and the model
+lookup in :class:`~dressage.proxy.completions.CompletionsPath`.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from typing import Any, Iterable
 from dressage.errors import MissingSessionIdError, SessionIdError, SessionStateError
 from dressage.proxy.calls import CallPath
 from dressage.proxy.chat import QwenToolCallParser, ToolCallParser
+from dressage.proxy.completions import CompletionsPath
 from dressage.proxy.config import ProxyServerConfig
 from dressage.proxy.core import FinalizedSession, ProxyCore
 from dressage.proxy.engine_pool import EnginePool
 from dressage.proxy.lifecycle import FinalizeLedger, InFlight
 from dressage.proxy.limits import CallLimits
 from dressage.proxy.pause import RolloutPause
+from dressage.proxy.responses import ResponseMemory
+from dressage.proxy.responses_path import ResponsesPath
 from dressage.proxy.rids import RidFactory
 from dressage.proxy.startup import engine_clients
 from dressage.proxy.turns import CallIdentity, TurnCache, instance_group
@@ -28,7 +33,7 @@ from dressage.proxy.weights import WeightVersions
 __all__ = ["ProxyService"]
 
 
-class ProxyService(CallPath):
+class ProxyService(CallPath, ResponsesPath, CompletionsPath):
     """Per-process state behind the HTTP module, and every use case of the Proxy.
 
     ``engine`` is an :class:`SGLangClient`, a list of them, an :class:`EnginePool`, or ``None``
@@ -50,6 +55,7 @@ class ProxyService(CallPath):
         self.versions = WeightVersions(partial_rollout=config.partial_rollout)
         self.pause = RolloutPause(self.versions)
         self.turns = TurnCache()
+        self.responses = ResponseMemory()
         self.finalized: dict[str, FinalizedSession] = {}
         self.calls = self.failed_calls = self.replayed_turns = 0
         self.limits = CallLimits(config)
@@ -153,9 +159,10 @@ class ProxyService(CallPath):
             self.forget_state(sid)
 
     def forget_state(self, session_id: str) -> None:
-        """Drop what the call path keeps per session (engine placement, turns, weight versions)."""
+        """Drop what the call path keeps per session (engine placement, turns, responses, weight versions)."""
         self.engines.forget(session_id)
         self.turns.forget_session(session_id)
+        self.responses.forget(session_id)
         self.versions.forget(session_id)
 
     def stats(self) -> dict[str, Any]:

@@ -24,8 +24,9 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 def error_payload(exc: Any) -> dict[str, Any]:
-    """The OpenAI error object of a Dressage error: its ``openai_type`` and ``code`` (or class name)."""
-    return error_body(str(exc), exc.openai_type, code=getattr(exc, "code", None) or type(exc).__name__)
+    """The OpenAI error object of a Dressage error: its ``openai_type``, ``param`` and ``code`` (or class name)."""
+    return error_body(str(exc), exc.openai_type, param=getattr(exc, "param", None),
+                      code=getattr(exc, "code", None) or type(exc).__name__)
 
 
 def sse(obj: Any) -> bytes:
@@ -42,9 +43,10 @@ class ChunkWriter:
         return {"id": self.completion_id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.model}
 
-    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None, *, index: int = 0,
+              logprobs: dict[str, Any] | None = None) -> bytes:
         body = self._base()
-        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]
+        body["choices"] = [{"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}]
         return sse(body)
 
     def usage(self, usage: dict[str, Any]) -> bytes:
@@ -127,21 +129,23 @@ async def stream_completion(writer: ChunkWriter, parser: Any, events: AsyncItera
     choice = response["choices"][0]
     for delta in content.finish(choice["message"]):
         yield writer.chunk(delta)
-    yield writer.chunk({}, choice["finish_reason"])
+    # The reply's token logprobs come whole with its last chunk (clients concatenate them).
+    yield writer.chunk({}, choice["finish_reason"], logprobs=choice.get("logprobs"))
     if include_usage:
         yield writer.usage(response["usage"])
     yield DONE
 
 
 def replay_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[bytes]:
-    """A recorded (non-streamed) reply as a complete SSE stream (a retried turn asking for stream)."""
+    """A recorded (non-streamed) completion as a complete SSE stream: each choice in turn, by its index
+    (a retried turn asking for stream, or a call whose replies are checked before they are shown)."""
     writer = ChunkWriter(response["id"], response["model"], response["created"])
-    choice = response["choices"][0]
-    message = choice["message"]
-    yield writer.chunk({"role": "assistant", "content": ""})
-    for delta in ContentStream(_NoStream()).finish(message):
-        yield writer.chunk(delta)
-    yield writer.chunk({}, choice["finish_reason"])
+    for choice in response["choices"]:
+        index = choice.get("index", 0)
+        yield writer.chunk({"role": "assistant", "content": ""}, index=index)
+        for delta in ContentStream(_NoStream()).finish(choice["message"]):
+            yield writer.chunk(delta, index=index)
+        yield writer.chunk({}, choice["finish_reason"], index=index, logprobs=choice.get("logprobs"))
     if include_usage:
         yield writer.usage(response["usage"])
     yield DONE

@@ -1,4 +1,8 @@
-"""RunConfig: everything ``dressage run`` needs, validated once at the edge."""
+"""RunConfig: everything ``dressage run`` needs, validated once at the edge.
+
+Its fields generate ``dressage run``'s own flags (:mod:`dressage.flags`): a field's docstring is
+the flag's help and its default the flag's default.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,19 @@ from typing import Any
 
 from dressage.errors import ConfigError
 from dressage.dataplane import DataPlaneConfig
+from dressage.flags import flag
+from dressage.units import parse_count
 
-__all__ = ["RunConfig"]
+__all__ = ["RunConfig", "ENGINES", "TRANSFORMERS_MODEL"]
+
+ENGINES = ("builtin", "transformers")
+TRANSFORMERS_MODEL = "tiny-qwen3-moe"
+"""The model ``--engine transformers`` runs (the only one with weights in the package)."""
+
+
+def count(text: str) -> int:
+    """A token count as ``4K`` / ``32K`` / ``4096`` (argparse names this function in its errors)."""
+    return parse_count(text, "--context-length")
 
 
 def _positive(name: str, value: Any) -> None:
@@ -30,8 +45,8 @@ class RunConfig:
     """Prompts per rollout."""
     n_samples_per_prompt: int = 2
     """Sessions per prompt (a GRPO group)."""
-    context_length: int = 4096
-    """Context window of the agents: they compress their history before exceeding it."""
+    context_length: int = field(default=4096, metadata=flag(parse=count, metavar="TOKENS", default_text="4K"))
+    """Context window of the agents, e.g. 4K, 32K: they compress their history before exceeding it."""
     dp_size: int = 2
     """Data-parallel ranks the batch is sharded over."""
     max_turns: int = 4
@@ -47,12 +62,19 @@ class RunConfig:
     concurrency: int = 64
     """Agent sessions in flight at once."""
     seed: int = 0
-    engine_url: str | None = None
-    """An external SGLang URL; ``None`` starts the built-in engine."""
+    """Seed of the prompts, the agents and the engine: the same seed gives the same samples digest."""
+    engine: str = field(default="builtin", metadata=flag(choices=ENGINES))
+    """Engine started when no --engine-url is given: ``builtin`` (no weights) or ``transformers``
+    (a seeded random-weight tiny-qwen3-moe on CPU with the real Qwen3 tokenizer; with R3 on, the
+    trainer replays each Sample's routing and checks that it reproduces the recorded logprobs)."""
+    engine_url: str | None = field(default=None, metadata=flag(metavar="URL"))
+    """An external SGLang server to use instead of starting an engine."""
     ray: bool = False
     """Run RolloutManager and trainer readers as Ray actors (TQ per its config)."""
-    ray_address: str | None = None
-    progress: bool = True
+    ray_address: str | None = field(default=None, metadata=flag(metavar="ADDR"))
+    """Join this Ray cluster (implies --ray)."""
+    progress: bool = field(default=True, metadata=flag(skip=True))
+    """A progress bar on stderr (``--no-progress`` turns it off)."""
 
     def __post_init__(self) -> None:
         for key in ("num_rollouts", "rollout_batch_size", "n_samples_per_prompt", "context_length", "dp_size",
@@ -66,3 +88,14 @@ class RunConfig:
             raise ConfigError(f"max_tokens ({self.max_tokens}) must be below context_length ({self.context_length})")
         if self.ray_address is not None:
             self.ray = True
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.engine == "transformers":
+            if self.engine_url is not None:
+                raise ConfigError("--engine transformers starts its own engine; leave out --engine-url")
+            if self.ray:
+                raise ConfigError("--engine transformers replays routing in this process's trainer; "
+                                  "leave out --ray")
+            if self.data_plane.model.name != TRANSFORMERS_MODEL:
+                raise ConfigError(f"--engine transformers runs {TRANSFORMERS_MODEL}, but the data plane "
+                                  f"records the shape of {self.data_plane.model.name}")

@@ -23,8 +23,10 @@ from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
 from dressage.run.config import RunConfig
 from dressage.run.memory import PssSampler, process_vitals
+from dressage.run.probe import check_engine_reachable
 from dressage.train import TrainingReader, release_batch
 from dressage.train.digest import combine_digests
+from dressage.train.replay import merge_replay, replay_summary
 from dressage.train.summary import summarise_shard
 
 __all__ = ["RunReport", "run_pipeline"]
@@ -50,6 +52,9 @@ class RunReport:
     tq_keys_left: int = 0
     peak_memory_bytes: dict[str, int] = field(default_factory=dict)
     samples_digest: str = ""
+    replay: dict[str, Any] = field(default_factory=dict)
+    """With ``--engine transformers`` and R3: the trainer's forced-routing forward pass against the
+    recorded logprobs (:func:`dressage.train.replay.replay_summary`, summed over every Sample)."""
     rollouts: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -72,17 +77,24 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
     report = RunReport(config={**dp.to_dict(), "num_rollouts": cfg.num_rollouts,
                                "rollout_batch_size": cfg.rollout_batch_size,
                                "n_samples_per_prompt": cfg.n_samples_per_prompt, "context_length": cfg.context_length,
-                               "dp_size": cfg.dp_size, "seed": cfg.seed, "ray": cfg.ray})
+                               "dp_size": cfg.dp_size, "seed": cfg.seed, "ray": cfg.ray, "engine": cfg.engine,
+                               "engine_url": cfg.engine_url})
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         sampler = stack.enter_context(PssSampler(interval_s=0.2))
         engine_url = cfg.engine_url
+        engine: EngineServer | None = None
+        tokenizer = None
         if engine_url is None:
-            engine = EngineServer(EngineConfig(model=dp.model, port=0, seed=cfg.seed,
+            engine = EngineServer(EngineConfig(model=dp.model, port=0, seed=cfg.seed, backend=cfg.engine,
+                                               tokenizer=_TOKENIZER[cfg.engine],
                                                mean_response_tokens=cfg.mean_response_tokens,
                                                tool_call_rate=cfg.tool_call_rate, context_length=cfg.context_length))
+            tokenizer = engine.engine.tokenizer
             engine_url = engine.start_background()
             stack.callback(engine.stop)
+        else:
+            check_engine_reachable(engine_url)
         tq = None
         if dp.enable_transfer_queue:
             from dressage.tq import TransferQueue
@@ -90,11 +102,14 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
             tq = TransferQueue.start(cfg.transfer_queue)
             stack.callback(tq.shutdown)
         client = tq.client() if tq is not None else None
-        backend = _RayBackend(cfg, tq, client) if cfg.ray else _LocalBackend(cfg, client)
+        replay_model = _replay_model(cfg, engine) if engine is not None and cfg.engine == "transformers" \
+            and dp.use_rollout_routing_replay else None
+        backend = _RayBackend(cfg, tq, client) if cfg.ray else _LocalBackend(cfg, client, replay_model)
         stack.callback(backend.close)
         rollout_tag = {"id": 0}
         proxy = stack.enter_context(Proxy.start(
-            ProxyConfig(data_plane=dp, server=ProxyServerConfig(engine_url=engine_url)), tq_client=client,
+            ProxyConfig(data_plane=dp, server=ProxyServerConfig(engine_url=engine_url), tokenizer=_TOKENIZER[cfg.engine]),
+            tq_client=client, tokenizer=tokenizer,
             sink=backend.sink, batch_tag=lambda: f"rollout-{rollout_tag['id']}"))
         core, service, proxy_url = proxy.core, proxy.service, proxy.url
         agent_cfg = _agent_config(cfg)
@@ -122,6 +137,8 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
                 setattr(report, name, getattr(report, name) + out[name])
             for name, n in out["large_field_bytes"].items():
                 report.large_field_bytes[name] = report.large_field_bytes.get(name, 0) + n
+            if "replay" in out:
+                report.replay = merge_replay(report.replay, out["replay"])
             finished = [sid for sid, s in core.sessions.items() if s.state != "active"]
             report.sessions += len(finished)
             service.forget(finished)
@@ -143,6 +160,17 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
         _peak(report, "process_pss", sampler.peak)
     report.wall_s = time.perf_counter() - t0
     return report
+
+
+# The tokenizer the started engine and the Proxy share.
+_TOKENIZER = {"builtin": "byte", "transformers": "qwen3"}
+
+
+def _replay_model(cfg: RunConfig, engine: EngineServer) -> Any:
+    """The trainer's own copy of the engine's model: same config and seed, built separately."""
+    from dressage.train.moe import build_moe_model
+
+    return build_moe_model(cfg.data_plane.model.name, vocab_size=engine.engine.moe.vocab_size, seed=cfg.seed)
 
 
 def _agent_counts(rr: Any) -> dict[str, int]:
@@ -177,8 +205,8 @@ class _LocalBackend:
 
     remote_bytes_read = 0
 
-    def __init__(self, cfg: RunConfig, client: Any) -> None:
-        self.cfg, self.client = cfg, client
+    def __init__(self, cfg: RunConfig, client: Any, replay_model: Any = None) -> None:
+        self.cfg, self.client, self.replay_model = cfg, client, replay_model
         self.rm = RolloutManager(dp_size=cfg.dp_size)
         self.sink = self.rm.add_finalized
 
@@ -191,13 +219,18 @@ class _LocalBackend:
             raise DressageError(f"rollout {rollout_id} produced no Samples (every agent session failed?)")
         keys = sample_ref_keys(batch.samples)
         rm_bytes = sum(sample_resident_nbytes(s) for s in batch.samples)
-        parts = []
+        parts, replay = [], {}
         for shard in batch.shards:
             TrainingReader(self.client).restore(shard)
             parts.append(summarise_shard(shard, self.cfg.data_plane.model))
+            if self.replay_model is not None:
+                replay = merge_replay(replay, replay_summary(self.replay_model, shard))
         if self.client is not None:
             release_batch(self.client, sorted(keys))
-        return _merge(parts, rm_bytes)
+        merged = _merge(parts, rm_bytes)
+        if self.replay_model is not None:
+            merged["replay"] = replay
+        return merged
 
     def close(self) -> None:
         pass

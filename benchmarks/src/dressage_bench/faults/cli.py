@@ -15,12 +15,16 @@ def register(benches: argparse._SubParsersAction) -> None:
                                        "passed or not with the figures that decide it.")
     p.add_argument("--json", metavar="FILE", help="write the report")
     p.add_argument("--quick", action="store_true", help="CI sizes: every case in a few minutes together")
-    p.add_argument("--cases", nargs="+", metavar="CASE", default=(), help="run only these cases")
+    p.add_argument("--cases", nargs="+", metavar="CASE", default=(),
+                   help="run only these cases (default: all; see --list)")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
-    p.add_argument("--soak-iterations", type=int, default=100)
-    p.add_argument("--fuzz-inputs", type=int, default=400)
-    p.add_argument("--load-sessions", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--soak-iterations", type=int, default=100,
+                   help="iterations of the dressage run loop in the soak (default: %(default)s; fewer with --quick)")
+    p.add_argument("--fuzz-inputs", type=int, default=400,
+                   help="hostile HTTP requests (and as many ZMQ frames) the fuzzers send (default: %(default)s; fewer with --quick)")
+    p.add_argument("--load-sessions", type=int, default=200,
+                   help="concurrent agent sessions against one Proxy in the load case (default: %(default)s; fewer with --quick)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fuzzers and payloads (default: %(default)s)")
     p.add_argument("--plot-dir", metavar="DIR", help="write soak.png (PSS per iteration) when the soak ran")
     p.set_defaults(func=_run)
 

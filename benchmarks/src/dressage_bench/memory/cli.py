@@ -31,7 +31,8 @@ def register(benches: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--preset", choices=("small", "full"), default="small",
-                   help="small: a check (~40 s per dtype); full: the largest run that fits 24 GiB safely (~16 min)")
+                   help="small: a check (~40 s per dtype); full: the largest run that fits 24 GiB safely (~16 min) "
+                        "(default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="write the report (a valid `dressage capacity --baseline`)")
     p.add_argument("--plot-dir", metavar="DIR", help="write memory_timeline*.png and memory_batch_sizes.png here")
     p.add_argument("--dtypes", metavar="LIST", help="R3 storage dtypes, comma-separated (default int32,uint16,uint8)")
@@ -48,7 +49,7 @@ def register(benches: argparse._SubParsersAction) -> None:
     g.add_argument("--retry-rate", type=float, metavar="X", help="share of turns an agent retries")
     g.add_argument("--concurrency", type=int, metavar="N", help="agent sessions in flight")
     g.add_argument("--dp-size", type=int, metavar="N", help="trainer readers on node 1 (one shard each)")
-    g.add_argument("--seed", type=int, metavar="N")
+    g.add_argument("--seed", type=int, metavar="N", help="seed of prompts, agents and engine (default 0)")
     c = p.add_argument_group("cluster and measurement")
     c.add_argument("--object-store-memory", metavar="BYTES", help="object store of each simulated node, e.g. 3GiB")
     c.add_argument("--unit-memory-budget", metavar="BYTES", help="in-memory budget of each StorageUnit")
@@ -60,8 +61,9 @@ def register(benches: argparse._SubParsersAction) -> None:
     c.add_argument("--batch-sizes", metavar="LIST", help="batch sizes of the projected peak-vs-batch plot")
     c.add_argument("--host-memory", metavar="BYTES", help="threshold line on that plot (default 24GiB)")
     bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", dest="progress", action="store_true", default=None)
-    bar.add_argument("--no-progress", dest="progress", action="store_false")
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None,
+                     help="always show the progress bar (default: only on a terminal)")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
     p.set_defaults(func=_run)
 
 

@@ -11,7 +11,7 @@ from dressage_bench.memory.pipeline import METRIC_COMPONENTS
 from dressage_bench.memory.report import LABELS
 from dressage.errors import ConfigError
 
-__all__ = ["plot_timeline", "plot_batch_sizes"]
+__all__ = ["plot_timeline", "plot_batch_sizes", "path_titles"]
 
 _GIB = float(1 << 30)
 _COLORS = {"proxy": "tab:blue", "rollout_manager": "tab:orange", "object_store": "tab:green",
@@ -29,12 +29,17 @@ def _pyplot() -> Any:
     return plt
 
 
+def path_titles(dtype: str) -> tuple[str, str]:
+    """Names of the two paths in titles and legends, each with the R3 dtype it ran with."""
+    return f"w/o TQ (R3 {dtype})", f"w/ TQ (R3 {dtype})"
+
+
 def plot_timeline(report: Mapping[str, Any], dtype: str, path: str | os.PathLike[str]) -> str:
     """Two panels (w/o TQ, w/ TQ) on one y scale: M_master and each of its components, in GiB."""
     plt = _pyplot()
     timelines = report["timelines"][dtype]
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.6), sharey=True)
-    for ax, name, title in zip(axes, ("without_tq", "with_tq"), ("w/o TQ", "w/ TQ")):
+    for ax, name, title in zip(axes, ("without_tq", "with_tq"), path_titles(dtype)):
         tl = timelines[name]
         t = tl["t"]
         start = next((m["t"] for m in tl["marks"] if m["label"] == "measure"), 0.0)
@@ -66,9 +71,9 @@ def plot_batch_sizes(report: Mapping[str, Any], path: str | os.PathLike[str]) ->
     proj = report["batch_size_projection"]
     xs = [p["rollout_batch_size"] for p in proj["points"]]
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    ax.plot(xs, [p["without_tq"] / _GIB for p in proj["points"]], "o-", color="tab:orange", label="w/o TQ")
-    ax.plot(xs, [p["with_tq"] / _GIB for p in proj["points"]], "o-", color="tab:blue",
-            label=f"w/ TQ ({report['routed_experts_dtype']})")
+    without_label, with_label = path_titles(report["routed_experts_dtype"])
+    ax.plot(xs, [p["without_tq"] / _GIB for p in proj["points"]], "o-", color="tab:orange", label=without_label)
+    ax.plot(xs, [p["with_tq"] / _GIB for p in proj["points"]], "o-", color="tab:blue", label=with_label)
     measured = proj["measured"]
     ax.plot([measured["rollout_batch_size"]] * 2,
             [measured["without_tq"] / _GIB, measured["with_tq"] / _GIB], "k*", ms=11, label="measured here")

@@ -1,0 +1,188 @@
+"""OpenAI chat-completions parameters -> the engine's sampling parameters, or a clear 400.
+
+Every parameter of a chat call is either passed to the engine under SGLang's ``SamplingParams``
+name, enforced by the Proxy itself (``stop`` trimming, ``tool_choice``, ``parallel_tool_calls``,
+``n``, ``logprobs``), accepted as a no-op because it cannot change the output
+(:data:`NO_OP_PARAMS`), or refused with :class:`~dressage.errors.UnsupportedParameterError`
+naming it. Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from dressage.errors import UnsupportedParameterError
+
+__all__ = ["ChatOptions", "chat_options", "chat_messages", "NO_OP_PARAMS", "SAMPLING_PARAMS"]
+
+NO_OP_PARAMS = frozenset({
+    "user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+    "safety_identifier", "prediction",
+})
+"""Accepted and ignored: bookkeeping for OpenAI's platform, none of them changes a reply's tokens."""
+
+SAMPLING_PARAMS = {
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty", "min_tokens": "min_new_tokens",
+}
+"""OpenAI (or vLLM-style extension) name -> SGLang ``SamplingParams`` name, passed as given."""
+
+_REFUSED = {
+    "functions": "the deprecated functions API is not supported; send tools",
+    "function_call": "the deprecated functions API is not supported; send tool_choice",
+    "audio": "audio output is not supported: the served model writes text only",
+    "modalities": "only text output is supported",
+    "reasoning_effort": "the served model's reasoning cannot be steered per call; leave it out",
+    "verbosity": "the served model's verbosity cannot be steered per call; leave it out",
+    "web_search_options": "web search is not available on this server",
+}
+
+_TEXT_PARTS = frozenset({"text"})
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    """What a chat call asks beyond its messages, checked and translated."""
+
+    sampling: dict[str, Any]
+    """SGLang sampling parameters (without ``max_new_tokens`` / ``stop_token_ids``)."""
+    stops: tuple[str, ...] = ()
+    n: int = 1
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    tool_mode: str = "auto"
+    """``none`` / ``auto`` / ``required`` / ``function`` (one named function)."""
+    tool_name: str | None = None
+    single_call: bool = False
+    """``parallel_tool_calls: false``: a reply may call at most one tool."""
+
+    @property
+    def constrained(self) -> bool:
+        """Replies are checked after sampling (and sampled again when they break the rule)."""
+        return self.tool_mode in ("required", "function") or self.single_call
+
+    def violation(self, message: dict[str, Any]) -> str | None:
+        """Why ``message`` (a parsed reply) breaks the call's tool rules, ``None`` when it does not."""
+        calls = message.get("tool_calls") or []
+        if self.tool_mode == "required" and not calls:
+            return 'tool_choice "required": the reply called no tool'
+        if self.tool_mode == "function":
+            if not calls:
+                return f"tool_choice names {self.tool_name!r}: the reply called no tool"
+            other = sorted({c["function"]["name"] for c in calls} - {self.tool_name})
+            if other:
+                return f"tool_choice names {self.tool_name!r}: the reply called {', '.join(other)}"
+        if self.single_call and len(calls) > 1:
+            return f"parallel_tool_calls is false: the reply made {len(calls)} calls"
+        return None
+
+    def sample_seed(self, index: int, attempt: int) -> int | None:
+        """``sampling_seed`` of sample ``index``'s ``attempt``-th draw.
+
+        One draw of one sample keeps the request's ``seed`` (``None``: the engine's own
+        randomness). Several samples (``n``) or a new draw after a refused reply must differ:
+        they get ``seed + attempt * n + index``, or fresh random seeds when no seed was given.
+        """
+        if self.n == 1 and attempt == 0:
+            return self.seed
+        if self.seed is None:
+            return secrets.randbits(31)
+        return self.seed + attempt * self.n + index
+
+
+def _tool_mode(req: Any) -> tuple[str, str | None]:
+    choice = req.tool_choice
+    if isinstance(choice, dict):
+        name = choice["function"]["name"]
+        if not any((t.get("function") or {}).get("name") == name for t in req.tools or ()):
+            raise UnsupportedParameterError("tool_choice", f"names function {name!r}, which is not in tools")
+        return "function", name
+    if choice == "required" and not req.tools:
+        raise UnsupportedParameterError("tool_choice", '"required" needs tools')
+    return (choice or "auto"), None
+
+
+def _response_format(fmt: dict[str, Any] | None) -> str | None:
+    """The ``json_schema`` sampling parameter (a JSON string) for ``response_format``."""
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise UnsupportedParameterError("response_format.json_schema.schema", "must be a JSON Schema object")
+        return json.dumps(schema, sort_keys=True)
+    raise UnsupportedParameterError("response_format.type",
+                                    f'must be "text", "json_object" or "json_schema", got {kind!r}')
+
+
+def _logit_bias(bias: dict[str, float]) -> dict[str, float]:
+    for key, value in bias.items():
+        if not key.lstrip("-").isdigit() or int(key) < 0:
+            raise UnsupportedParameterError("logit_bias", f"keys are token ids, got {key!r}")
+        if not -100.0 <= value <= 100.0:
+            raise UnsupportedParameterError("logit_bias", f"values are in [-100, 100], got {value} for {key}")
+    return {str(int(k)): float(v) for k, v in bias.items()}
+
+
+def chat_options(req: Any) -> ChatOptions:
+    """Check a :class:`~dressage.proxy.schemas.ChatRequest`'s parameters and translate them."""
+    for key, value in (req.model_extra or {}).items():
+        if key in NO_OP_PARAMS or value is None:
+            continue
+        if key == "modalities" and value == ["text"]:
+            continue
+        raise UnsupportedParameterError(key, _REFUSED.get(key, "not supported by this server"))
+    sampling: dict[str, Any] = {}
+    for name, sglang in SAMPLING_PARAMS.items():
+        value = getattr(req, name)
+        if value is not None:
+            sampling[sglang] = value
+    if req.logit_bias:
+        sampling["logit_bias"] = _logit_bias(req.logit_bias)
+    schema = _response_format(req.response_format)
+    mode, name = _tool_mode(req)
+    if schema is not None:
+        if mode in ("required", "function"):
+            raise UnsupportedParameterError("response_format", "a JSON reply cannot also be a forced tool call")
+        sampling["json_schema"] = schema
+    if req.top_logprobs and not req.logprobs:
+        raise UnsupportedParameterError("top_logprobs", "needs logprobs: true")
+    stops = () if req.stop is None else ((req.stop,) if isinstance(req.stop, str) else tuple(req.stop))
+    if stops:
+        sampling["stop"] = list(stops)
+    return ChatOptions(sampling, stops, req.n, req.seed, bool(req.logprobs), int(req.top_logprobs or 0), mode,
+                       name, req.parallel_tool_calls is False)
+
+
+def chat_messages(req: Any) -> list[dict[str, Any]]:
+    """The request's messages as the chat template takes them.
+
+    ``developer`` turns are system turns (as OpenAI-compatible servers render them); content
+    parts other than text (images, audio, files) are refused: the served model reads text only.
+    """
+    out = []
+    for i, m in enumerate(req.messages):
+        msg = m.model_dump(exclude_none=True)
+        if msg["role"] == "developer":
+            msg["role"] = "system"
+        content = msg.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+                    raise UnsupportedParameterError(
+                        f"messages[{i}].content[{j}]",
+                        f"{kind or 'untyped'} content parts are not supported: the served model reads text only")
+        out.append(msg)
+    return out

@@ -1,0 +1,292 @@
+"""The OpenAI Responses API as chat calls: request -> chat messages, chat completion -> Response.
+
+A Responses request becomes the chat message list a chat client would send for the same
+conversation (``instructions`` as the system turn, input items as messages, ``function_call``
+items as the assistant's ``tool_calls``, ``function_call_output`` items as tool turns), so the
+call takes the chat path whole: same prompt (TITO), same StepRecord, same Segments. The reply
+comes back as Response output items (``reasoning``, ``message``, ``function_call``).
+
+``previous_response_id`` rebuilds the conversation from :class:`ResponseMemory`: the input and
+output of that response (without its instructions, which OpenAI does not carry over), then the
+new input.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dressage.errors import UnknownResponseError, UnsupportedRequestError
+
+__all__ = ["ResponsesRequest", "ResponseMemory", "conversation", "chat_body", "response_object",
+           "input_messages", "chat_tools", "chat_tool_choice", "item_ids"]
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class ResponsesRequest(BaseModel):
+    """``POST /v1/responses`` body; fields not listed (``user``, ``service_tier``, ...) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    input: Union[str, list[dict[str, Any]]] = ""
+    instructions: Optional[Union[str, list[dict[str, Any]]]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Any = None
+    parallel_tool_calls: Optional[bool] = None
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    max_output_tokens: Optional[int] = Field(default=None, ge=1)
+    store: Optional[bool] = None
+    previous_response_id: Optional[str] = None
+    stream: bool = False
+    metadata: Optional[dict[str, Any]] = None
+    text: Optional[dict[str, Any]] = None
+    reasoning: Optional[dict[str, Any]] = None
+    truncation: Optional[str] = None
+    include: Optional[list[str]] = None
+    top_logprobs: Optional[int] = None
+    max_tool_calls: Optional[int] = None
+    background: Optional[bool] = None
+    conversation: Any = None
+    prompt: Any = None
+
+
+class ResponseMemory:
+    """The conversations of the responses the Proxy produced, per session, the newest ``per_session``.
+
+    Each entry is the message list a follow-up with ``previous_response_id`` continues: that
+    response's input (without instructions) and its assistant reply as recorded.
+    """
+
+    def __init__(self, per_session: int = 256) -> None:
+        self.per_session = int(per_session)
+        self._sessions: dict[str, OrderedDict[str, list[dict[str, Any]]]] = {}
+
+    def remember(self, session_id: str, response_id: str, messages: list[dict[str, Any]]) -> None:
+        kept = self._sessions.setdefault(session_id, OrderedDict())
+        kept[response_id] = list(messages)
+        kept.move_to_end(response_id)
+        while len(kept) > self.per_session:
+            kept.popitem(last=False)
+
+    def recall(self, session_id: str, response_id: str) -> list[dict[str, Any]]:
+        kept = self._sessions.get(session_id) or {}
+        if response_id not in kept:
+            raise UnknownResponseError(
+                f"previous_response_id {response_id!r} is not a stored response of session {session_id} "
+                f"(responses created with store=false, in another session or before a restart are not kept; "
+                f"the newest {self.per_session} per session are)")
+        return [dict(m) for m in kept[response_id]]
+
+    def forget(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._sessions.values())
+
+
+# --------------------------------------------------------------------- request -> chat
+def _text(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise UnsupportedRequestError(f"{where}: content must be a string or a list of content parts")
+    out = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS:
+            out.append(str(part.get("text") or ""))
+        elif kind == "refusal":
+            out.append(str(part.get("refusal") or ""))
+        else:
+            raise UnsupportedRequestError(f"{where}: content part type {kind!r} is not supported (text parts only: "
+                                          f"input_text, output_text, refusal)")
+    return "".join(out)
+
+
+def _reasoning_text(item: dict[str, Any]) -> str | None:
+    parts = item.get("content") or item.get("summary") or []
+    texts = [str(p.get("text") or "") for p in parts if isinstance(p, dict)]
+    return "\n".join(texts) if texts else None
+
+
+def input_messages(items: Union[str, list[dict[str, Any]]], where: str = "input") -> list[dict[str, Any]]:
+    """Chat messages of Responses input items (a string is one user message)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}] if items else []
+    out: list[dict[str, Any]] = []
+    reasoning: str | None = None  # a reasoning item belongs to the assistant turn that follows it
+    for i, item in enumerate(items):
+        at = f"{where}[{i}]"
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise UnsupportedRequestError(f"{at}: role {role!r} is not one of user, system, developer, assistant")
+            msg: dict[str, Any] = {"role": role, "content": _text(item.get("content"), at)}
+            if role == "assistant" and reasoning is not None:
+                msg["reasoning_content"], reasoning = reasoning, None
+            out.append(msg)
+        elif kind == "function_call":
+            if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str):
+                raise UnsupportedRequestError(f"{at}: a function_call item needs a name and a call_id")
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant" and reasoning is None:
+                last.setdefault("tool_calls", []).append(call)
+                if last["content"] == "":
+                    last["content"] = None
+            else:
+                msg = {"role": "assistant", "content": None, "tool_calls": [call]}
+                if reasoning is not None:
+                    msg["reasoning_content"], reasoning = reasoning, None
+                out.append(msg)
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise UnsupportedRequestError(f"{at}: a function_call_output item needs a call_id")
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item.get("output"), at)})
+        elif kind == "reasoning":
+            reasoning = _reasoning_text(item)
+        else:
+            raise UnsupportedRequestError(
+                f"{at}: input item type {kind!r} is not supported (message, function_call, function_call_output, "
+                f"reasoning)")
+    return out
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Chat ``tools`` of Responses function tools; a built-in tool type is refused."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type")
+        if kind != "function":
+            raise UnsupportedRequestError(
+                f"tools[{i}]: tool type {kind!r} is a built-in OpenAI tool, which this Proxy does not run; "
+                f"only function tools are supported")
+        if not isinstance(tool.get("name"), str):
+            raise UnsupportedRequestError(f"tools[{i}]: a function tool needs a name")
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    kind = choice.get("type") if isinstance(choice, dict) else choice
+    raise UnsupportedRequestError(f"tool_choice {kind!r} is not supported (none, auto, required or "
+                                  f'{{"type": "function", "name": ...}})')
+
+
+def _check_supported(req: ResponsesRequest, chat_fields: Any) -> dict[str, Any] | None:
+    """Refuse what the Proxy cannot honour; the chat ``response_format`` of ``text.format`` if any."""
+    refused = [(req.background, "background"), (req.conversation is not None, "conversation"),
+               (req.prompt is not None, "prompt (stored prompt templates)"),
+               (req.max_tool_calls is not None, "max_tool_calls"), (bool(req.top_logprobs), "top_logprobs"),
+               ((req.reasoning or {}).get("effort") is not None, "reasoning.effort"),
+               (req.truncation not in (None, "disabled"), f"truncation={req.truncation!r}"),
+               ((req.text or {}).get("verbosity") is not None, "text.verbosity")]
+    for bad, name in refused:
+        if bad:
+            raise UnsupportedRequestError(f"{name} is not supported by this Proxy")
+    fmt = (req.text or {}).get("format")
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if "response_format" not in chat_fields:
+        raise UnsupportedRequestError(f"text.format {fmt.get('type')!r} is not supported (structured output "
+                                      f"is not enforced by this Proxy)")
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+    return dict(fmt)
+
+
+def conversation(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The chat messages of ``req`` after ``history`` and how many of them are instructions."""
+    if isinstance(req.instructions, str):
+        instr = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    else:
+        instr = input_messages(req.instructions or [], "instructions")
+    return instr + history + input_messages(req.input), len(instr)
+
+
+def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]], chat_fields: Any) -> dict[str, Any]:
+    """The chat request body equivalent to ``req`` (validated by the chat schema afterwards)."""
+    body: dict[str, Any] = {"model": req.model, "messages": messages, "tools": chat_tools(req.tools),
+                            "tool_choice": chat_tool_choice(req.tool_choice), "temperature": req.temperature,
+                            "top_p": req.top_p, "max_tokens": req.max_output_tokens, "stream": req.stream}
+    response_format = _check_supported(req, chat_fields)
+    if response_format is not None:
+        body["response_format"] = response_format
+    if req.parallel_tool_calls is not None and "parallel_tool_calls" in chat_fields:
+        body["parallel_tool_calls"] = req.parallel_tool_calls
+    elif req.parallel_tool_calls is False and req.tools:
+        raise UnsupportedRequestError("parallel_tool_calls=false is not enforced by this Proxy's chat path")
+    return {k: v for k, v in body.items() if v is not None}
+
+
+# --------------------------------------------------------------------- chat -> Response
+def item_ids(completion_id: str) -> tuple[str, str, str, str]:
+    """Response, reasoning, message and function-call id stems of one chat completion id."""
+    stem = completion_id.split("-", 1)[-1]
+    return f"resp_{stem}", f"rs_{stem}", f"msg_{stem}", f"fc_{stem}"
+
+
+def output_items(message: dict[str, Any], completion_id: str, *, incomplete: bool = False,
+                 keep_message: bool = False) -> list[dict[str, Any]]:
+    """The Response output items of a recorded assistant message (reasoning, message, function calls)."""
+    _, rs_id, msg_id, fc_id = item_ids(completion_id)
+    status = "incomplete" if incomplete else "completed"
+    items: list[dict[str, Any]] = []
+    if message.get("reasoning_content") is not None:
+        items.append({"id": rs_id, "type": "reasoning", "status": "completed", "summary": [],
+                      "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
+    calls = message.get("tool_calls") or []
+    text = message.get("content") or ""
+    if text or keep_message or not calls:
+        items.append({"id": msg_id, "type": "message", "role": "assistant", "status": status,
+                      "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
+    for i, call in enumerate(calls):
+        items.append({"id": f"{fc_id}_{i}", "type": "function_call", "status": "completed", "call_id": call["id"],
+                      "name": call["function"]["name"], "arguments": call["function"]["arguments"]})
+    return items
+
+
+def response_object(req: ResponsesRequest, completion: dict[str, Any] | None, *, completion_id: str, created: int,
+                    model: str, keep_message: bool = False, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The Response of a chat completion (``None``: the in-progress or, with ``error``, failed one)."""
+    resp: dict[str, Any] = {
+        "id": item_ids(completion_id)[0], "object": "response", "created_at": created, "model": model,
+        "status": "in_progress", "output": [], "usage": None, "error": error, "incomplete_details": None,
+        "instructions": req.instructions, "tools": list(req.tools or []), "tool_choice": req.tool_choice or "auto",
+        "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
+        "temperature": req.temperature, "top_p": req.top_p, "max_output_tokens": req.max_output_tokens,
+        "previous_response_id": req.previous_response_id, "store": req.store is not False,
+        "metadata": dict(req.metadata or {}), "text": req.text or {"format": {"type": "text"}},
+        "truncation": "disabled", "reasoning": {"effort": None, "summary": None}, "background": False,
+        "user": None,
+    }
+    if error is not None:
+        resp["status"] = "failed"
+    if completion is None:
+        return resp
+    choice = completion["choices"][0]
+    incomplete = choice["finish_reason"] == "length"
+    usage = completion["usage"]
+    resp.update(
+        status="incomplete" if incomplete else "completed", completed_at=created,
+        incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
+        output=output_items(choice["message"], completion_id, incomplete=incomplete, keep_message=keep_message),
+        usage={"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+               "total_tokens": usage["total_tokens"],
+               "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+               "output_tokens_details": {"reasoning_tokens": 0}})
+    return resp

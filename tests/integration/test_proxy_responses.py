@@ -1,0 +1,281 @@
+"""The Responses API, text completions and the model object against the real Proxy and built-in engine.
+
+The engine's reply is a pure function of the prompt ids and sampling, so a conversation sent
+through ``/v1/responses`` and the same conversation sent through chat completions must record the
+same tokens; previous_response_id chaining, full history, streamed and non-streamed likewise.
+"""
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from dressage.engine.config import EngineConfig
+from dressage.engine.server import EngineServer
+from dressage.fields import get_model
+from dressage.dataplane import DataPlaneConfig
+from dressage.proxy import Proxy
+from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.rollout import RolloutManager
+
+MODEL = get_model("tiny-moe")
+SYSTEM = "You are terse."
+USERS = ["What is 6*7?", "And 7*8?", "Sum them."]
+FLAT_TOOLS = [{"type": "function", "name": "calculator", "description": "evaluate",
+               "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}]
+CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in FLAT_TOOLS]
+SAMPLING = {"temperature": 0.7, "max_output_tokens": 40}
+TOOL_SAMPLING = {"temperature": 0.7, "max_output_tokens": 160}  # a byte-token tool call is long
+
+
+@pytest.fixture(scope="module")
+def proxy():
+    engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, tool_call_rate=0.6, mean_response_tokens=20))
+    engine.start_background()
+    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
+                                     server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)),
+                         sink=RolloutManager(dp_size=1))
+    yield server
+    server.shutdown()
+    engine.stop()
+
+
+def _session(proxy):
+    r = httpx.post(proxy.url + "/sessions", json={}, timeout=20).json()
+    return r["session_id"], openai.OpenAI(base_url=r["base_url"], api_key="none", max_retries=0)
+
+
+def _segments(proxy, sid):
+    fin = httpx.post(f"{proxy.url}/sessions/{sid}/finalize", json={}, timeout=20).json()
+    segs = httpx.get(f"{proxy.url}/sessions/{sid}/segments", timeout=20).json()
+    assert fin["segments"] == len(segs)
+    return segs
+
+
+def _items(response):
+    return [item.model_dump(exclude_none=True) for item in response.output]
+
+
+def _chat_run(proxy):
+    sid, client = _session(proxy)
+    msgs = [{"role": "system", "content": SYSTEM}]
+    for text in USERS:
+        msgs.append({"role": "user", "content": text})
+        resp = client.chat.completions.create(model="m", messages=msgs, temperature=0.7, max_tokens=40)
+        msgs.append(resp.choices[0].message.model_dump(exclude_none=True))
+    return _segments(proxy, sid)
+
+
+def _responses_run(proxy, *, chain, stream=False):
+    sid, client = _session(proxy)
+    history, previous, texts = [], None, []
+    for text in USERS:
+        new = [{"role": "user", "content": [{"type": "input_text", "text": text}]}]
+        kw = dict(model="m", instructions=SYSTEM, **SAMPLING)
+        if chain:
+            kw.update(input=new, previous_response_id=previous)
+        else:
+            kw.update(input=history + new)
+        if stream:
+            with client.responses.stream(**{k: v for k, v in kw.items() if v is not None}) as events:
+                kinds = [e.type for e in events]
+                resp = events.get_final_response()
+            assert kinds[:2] == ["response.created", "response.in_progress"]
+            assert kinds[-1] in ("response.completed", "response.incomplete")
+            assert "response.output_text.delta" in kinds and "response.output_item.done" in kinds
+        else:
+            resp = client.responses.create(**{k: v for k, v in kw.items() if v is not None})
+        assert resp.id.startswith("resp_") and resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
+        texts.append(resp.output_text)
+        history += new + _items(resp)
+        previous = resp.id
+    return _segments(proxy, sid), texts
+
+
+def test_linear_responses_conversation_is_one_segment_with_the_chat_tokens(proxy):
+    chat = _chat_run(proxy)
+    resp, texts = _responses_run(proxy, chain=False)
+    assert len(chat) == len(resp) == 1
+    assert resp[0]["tokens"] == chat[0]["tokens"] and resp[0]["loss_mask"] == chat[0]["loss_mask"]
+    assert len(resp[0]["step_ids"]) == 3 and resp[0]["boundary_reason"] == "new_session"
+    assert all(texts)
+
+
+def test_previous_response_id_records_what_full_history_records(proxy):
+    full, texts_full = _responses_run(proxy, chain=False)
+    chained, texts_chained = _responses_run(proxy, chain=True)
+    assert len(chained) == 1
+    assert chained[0]["tokens"] == full[0]["tokens"] and chained[0]["loss_mask"] == full[0]["loss_mask"]
+    assert texts_chained == texts_full
+
+
+def test_streamed_and_non_streamed_record_the_same_steps(proxy):
+    plain, texts_plain = _responses_run(proxy, chain=True)
+    streamed, texts_streamed = _responses_run(proxy, chain=True, stream=True)
+    assert len(streamed) == 1
+    assert streamed[0]["tokens"] == plain[0]["tokens"] and streamed[0]["loss_mask"] == plain[0]["loss_mask"]
+    assert texts_streamed == texts_plain
+
+
+def _until_call(client, *, stream):
+    """Ask until the model calls the tool (the engine calls tools for some prompts, not all)."""
+    for i in range(12):
+        new = [{"role": "user", "content": f"Compute case {i} with the calculator."}]
+        if stream:
+            with client.responses.stream(model="m", input=new, tools=FLAT_TOOLS, **TOOL_SAMPLING) as events:
+                kinds = [e.type for e in events]
+                resp = events.get_final_response()
+        else:
+            kinds, resp = [], client.responses.create(model="m", input=new, tools=FLAT_TOOLS, **TOOL_SAMPLING)
+        calls = [o for o in resp.output if o.type == "function_call"]
+        if calls:
+            return new, resp, calls, kinds
+    raise AssertionError("the engine never called the tool")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_function_call_round_trip_continues_the_segment(proxy, stream):
+    sid, client = _session(proxy)
+    new, resp, calls, kinds = _until_call(client, stream=stream)
+    if stream:
+        assert "response.function_call_arguments.delta" in kinds and "response.function_call_arguments.done" in kinds
+    assert all(c.call_id and c.name == "calculator" and c.arguments.startswith("{") for c in calls)
+    outputs = [{"type": "function_call_output", "call_id": c.call_id, "output": "42"} for c in calls]
+    follow = client.responses.create(model="m", input=outputs, previous_response_id=resp.id, tools=FLAT_TOOLS,
+                                     **TOOL_SAMPLING)
+    assert follow.status in ("completed", "incomplete") and follow.previous_response_id == resp.id
+    segs = _segments(proxy, sid)
+    last = [s for s in segs if len(s["step_ids"]) == 2]
+    assert len(last) == 1, "the tool result continued the call's Segment (TITO)"
+
+    # The same turn as chat messages records the same tokens.
+    sid2, chat = _session(proxy)
+    msgs = [{"role": "user", "content": new[0]["content"]}]
+    first = chat.chat.completions.create(model="m", messages=msgs, tools=CHAT_TOOLS, temperature=0.7, max_tokens=160)
+    msg = first.choices[0].message
+    assert [(c.function.name, c.function.arguments) for c in msg.tool_calls] == [(c.name, c.arguments) for c in calls]
+    msgs += [msg.model_dump(exclude_none=True)] + [{"role": "tool", "tool_call_id": c.id, "content": "42"}
+                                                   for c in msg.tool_calls]
+    chat.chat.completions.create(model="m", messages=msgs, tools=CHAT_TOOLS, temperature=0.7, max_tokens=160)
+    (seg2,) = _segments(proxy, sid2)
+    assert seg2["tokens"] == last[0]["tokens"]
+
+
+def test_header_url_form_and_bad_requests_record_nothing(proxy):
+    h = {"X-Session-Id": "resp-headers-1"}
+    ok = httpx.post(proxy.url + "/v1/responses", headers=h, json={"input": "hi", "max_output_tokens": 8}, timeout=20)
+    assert ok.status_code == 200 and ok.json()["object"] == "response"
+    bad = [({"input": "x", "tools": [{"type": "web_search"}]}, "unsupported_parameter", "web_search"),
+           ({"input": "x", "previous_response_id": "resp_unknown"}, "previous_response_not_found", "resp_unknown"),
+           ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
+            "unsupported_parameter", "input_image"),
+           ({"input": [{"type": "item_reference", "id": "x"}]}, "unsupported_parameter", "item_reference"),
+           ({"input": "x", "tool_choice": {"type": "file_search"}}, "unsupported_parameter", "file_search"),
+           ({"input": "x", "background": True}, "unsupported_parameter", "background"),
+           ({"input": []}, None, "no input")]
+    for body, code, words in bad:
+        r = httpx.post(proxy.url + "/v1/responses", headers=h, json=body, timeout=20)
+        assert r.status_code == 400, body
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and words in err["message"]
+        assert code is None or err["code"] == code
+    # store=false: answered, but not kept for previous_response_id.
+    unstored = httpx.post(proxy.url + "/v1/responses", headers=h, json={"input": "hi", "store": False}, timeout=20)
+    r = httpx.post(proxy.url + "/v1/responses", headers=h,
+                   json={"input": "more", "previous_response_id": unstored.json()["id"]}, timeout=20)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found"
+    info = httpx.get(proxy.url + "/sessions/resp-headers-1", timeout=20).json()
+    assert info["steps"] == 2  # the two good calls; no failed one left anything behind
+
+
+def test_text_completions_streamed_and_not_record_one_step_each(proxy):
+    sid, client = _session(proxy)
+    for prompt in (f"Once upon a time {i}" for i in range(20)):  # one whose reply outlasts max_tokens
+        plain = client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0.5, logprobs=1)
+        if plain.choices[0].finish_reason == "length":
+            break
+    choice = plain.choices[0]
+    assert plain.object == "text_completion" and plain.usage.completion_tokens == 12
+    assert len(choice.logprobs.token_logprobs) == 12 and all(lp <= 0 for lp in choice.logprobs.token_logprobs)
+    assert "".join(choice.logprobs.tokens) == choice.text
+    chunks = list(client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0.5,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 12
+    ids = client.completions.create(model="m", prompt=[5, 6, 7, 8], max_tokens=5)
+    assert ids.usage.prompt_tokens == 4
+    # A stop string ends the text and is not part of it.
+    stop = choice.text[3:5]
+    cut = client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0.5, stop=stop)
+    assert cut.choices[0].text == choice.text[:choice.text.find(stop)] and cut.choices[0].finish_reason == "stop"
+    cut_chunks = list(client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0.5, stop=stop,
+                                                stream=True))
+    assert "".join(c.choices[0].text for c in cut_chunks) == cut.choices[0].text
+    for bad in ({"n": 2}, {"echo": True}, {"logprobs": 3}, {"prompt": ["a", "b"]}):
+        r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/completions", json={"prompt": "x", **bad}, timeout=20)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    steps = httpx.get(f"{proxy.url}/sessions/{sid}", timeout=20).json()["steps"]
+    segs = _segments(proxy, sid)
+    assert sum(len(s["step_ids"]) for s in segs) == steps
+    # The streamed call recorded what the plain one did (same prompt and sampling: same tokens).
+    full = [s["tokens"] for s in segs if len(s["tokens"]) == plain.usage.total_tokens]
+    assert any(full.count(t) == 2 for t in full), [len(s["tokens"]) for s in segs]
+
+
+def test_model_object_and_unknown_model(proxy):
+    name = proxy.service.config.served_model_name
+    sid, client = _session(proxy)
+    model = client.models.retrieve(name)
+    assert model.id == name and model.object == "model"
+    r = httpx.get(proxy.url + "/v1/models/" + name, timeout=20)
+    assert r.status_code == 200 and r.json()["id"] == name
+    missing = httpx.get(proxy.url + "/v1/models/org/other-model", timeout=20)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert httpx.get(f"{proxy.url}/sessions/nope/v1/models/{name}", timeout=20).status_code == 404
+
+
+def test_async_client_stream_create_true(proxy):
+    async def run():
+        r = httpx.post(proxy.url + "/sessions", json={}, timeout=20).json()
+        client = openai.AsyncOpenAI(base_url=r["base_url"], api_key="none", max_retries=0)
+        stream = await client.responses.create(model="m", input="Say something.", stream=True, **SAMPLING)
+        events = [e async for e in stream]
+        plain = await client.responses.create(model="m", input="Say something.", **SAMPLING)
+        await client.close()
+        return events, plain
+
+    events, plain = asyncio.run(run())
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas.strip() == final.output_text.strip() == plain.output_text.strip()
+    assert final.usage.output_tokens == plain.usage.output_tokens
+
+
+def test_a_retried_turn_gets_the_same_response_and_records_nothing(proxy):
+    h = {"X-Session-Id": "resp-turns-1", "X-Turn-Id": "t1"}
+    body = {"input": "Tell me one thing.", "max_output_tokens": 30}
+    first = httpx.post(proxy.url + "/v1/responses", headers=h, json=body, timeout=20).json()
+    again = httpx.post(proxy.url + "/v1/responses", headers=h, json=body, timeout=20).json()
+    with httpx.stream("POST", proxy.url + "/v1/responses", headers=h, json={**body, "stream": True}, timeout=20) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    replayed = json.loads(lines[-1][len("data: "):])
+    assert again["id"] == first["id"] and again["output"] == first["output"]
+    assert replayed["type"] == "response.completed" and replayed["response"]["output"] == first["output"]
+    info = httpx.get(proxy.url + "/sessions/resp-turns-1", timeout=20).json()
+    assert info["steps"] == 1
+    # The replayed response is remembered like the first: it can be continued.
+    follow = httpx.post(proxy.url + "/v1/responses", headers={"X-Session-Id": "resp-turns-1"},
+                        json={"input": "More.", "previous_response_id": first["id"], "max_output_tokens": 30}, timeout=20)
+    assert follow.status_code == 200
+    assert httpx.get(proxy.url + "/sessions/resp-turns-1", timeout=20).json()["lineages"] == 1
+
+
+def test_capabilities_name_the_openai_endpoints(proxy):
+    endpoints = httpx.get(proxy.url + "/integration/capabilities", timeout=20).json()["endpoints"]
+    for path in ("POST /v1/responses", "POST /sessions/{id}/v1/responses", "POST /v1/completions",
+                 "POST /sessions/{id}/v1/completions", "GET /v1/models/{model}"):
+        assert path in endpoints

@@ -1,0 +1,234 @@
+"""Responses <-> chat conversion, the response memory and the Responses event stream, without HTTP."""
+
+import asyncio
+import json
+
+import pytest
+
+from dressage.errors import UnknownResponseError, UnsupportedRequestError
+from dressage.proxy.chat import QwenToolCallParser, assistant_message, same_message
+from dressage.proxy.completions import _held_back, cut_at_stop
+from dressage.proxy.responses import (ResponseMemory, ResponsesRequest, chat_body, chat_tool_choice, chat_tools,
+                                      conversation, input_messages, item_ids, output_items, response_object)
+from dressage.proxy.responses_stream import ResponseEvents, replay_events, stream_response
+
+CALL = '<tool_call>\n{"name": "calc", "arguments": {"a": 1}}\n</tool_call>'
+REPLIES = [
+    "Plain words, nothing else.",
+    "Let me compute.\n" + CALL,
+    CALL,
+    CALL + "\n" + CALL.replace('"a": 1', '"a": 2') + " after",
+    "<think>\nfirst I reason\n</think>\n\nThe answer is 42.",
+    "<think>why</think>" + CALL,
+    "<think>never closed, so all of it is content",
+    "cut off <tool_call>\n{\"name\": \"calc\", \"argu",
+]
+CID = "chatcmpl-0123456789abcdef01234567"
+
+
+def _completion(message, finish="stop"):
+    return {"id": CID, "object": "chat.completion", "created": 7, "model": "m",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+
+def test_input_items_become_the_chat_messages_a_chat_client_sends():
+    items = [{"role": "developer", "content": "rules"},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
+                                                              {"type": "input_text", "text": "b"}]},
+             {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "calling"}]},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"x": 1}'},
+             {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "one"},
+             {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "two"}]},
+             {"type": "function_call", "call_id": "c3", "name": "f", "arguments": "{}"}]
+    assert input_messages(items) == [
+        {"role": "developer", "content": "rules"},
+        {"role": "user", "content": "ab"},
+        {"role": "assistant", "content": "calling", "reasoning_content": "hm",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+                        {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "one"},
+        {"role": "tool", "tool_call_id": "c2", "content": "two"},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c3", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+    assert input_messages("hello") == [{"role": "user", "content": "hello"}]
+
+
+@pytest.mark.parametrize("items, words", [
+    ([{"type": "item_reference", "id": "x"}], "item_reference"),
+    ([{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}], "input_image"),
+    ([{"role": "tool", "content": "x"}], "role 'tool'"),
+    ([{"type": "function_call", "name": "f"}], "call_id"),
+    ([{"type": "function_call_output", "output": "x"}], "call_id"),
+    ([{"type": "web_search_call", "id": "x"}], "web_search_call"),
+])
+def test_unsupported_input_is_a_typed_400(items, words):
+    with pytest.raises(UnsupportedRequestError, match=words) as info:
+        input_messages(items)
+    assert info.value.http_status == 400 and info.value.code == "unsupported_parameter"
+
+
+@pytest.mark.parametrize("text", REPLIES)
+def test_output_items_sent_back_as_input_are_the_recorded_message(text):
+    """What an agent sends back of a Response is, as chat, the recorded reply (so TITO continues)."""
+    recorded = assistant_message(QwenToolCallParser(), text, call_id_prefix="call_x")
+    items = output_items(recorded, CID)
+    assert [i["type"] for i in items] == (["reasoning"] if "reasoning_content" in recorded else []) + (
+        ["message"] if recorded.get("content") or not recorded.get("tool_calls") else []) + (
+        ["function_call"] * len(recorded.get("tool_calls") or []))
+    (back,) = input_messages(json.loads(json.dumps(items)))
+    assert same_message(back, recorded)
+    assert back.get("reasoning_content") == recorded.get("reasoning_content")
+    assert [c["id"] for c in back.get("tool_calls") or []] == [c["id"] for c in recorded.get("tool_calls") or []]
+
+
+def test_tools_and_tool_choice_convert_and_built_ins_are_refused():
+    flat = [{"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}, "strict": True}]
+    assert chat_tools(flat) == [{"type": "function", "function": {"name": "f", "description": "d",
+                                                                  "parameters": {"type": "object"}, "strict": True}}]
+    assert chat_tools(None) is None and chat_tools([]) is None
+    for tool in ({"type": "web_search"}, {"type": "file_search", "vector_store_ids": []}, {"type": "computer_use"},
+                 {"type": "function"}):
+        with pytest.raises(UnsupportedRequestError):
+            chat_tools([tool])
+    assert chat_tool_choice({"type": "function", "name": "f"}) == {"type": "function", "function": {"name": "f"}}
+    assert [chat_tool_choice(c) for c in (None, "none", "auto", "required")] == [None, "none", "auto", "required"]
+    for bad in ({"type": "file_search"}, {"type": "allowed_tools", "tools": []}, "sometimes"):
+        with pytest.raises(UnsupportedRequestError):
+            chat_tool_choice(bad)
+
+
+def test_request_maps_to_the_chat_body_and_refuses_what_it_cannot_honour():
+    req = ResponsesRequest(input="hi", instructions="sys", max_output_tokens=9, temperature=0.3, top_p=0.9,
+                           tools=[{"type": "function", "name": "f"}], tool_choice="required", stream=True)
+    messages, n = conversation(req, [{"role": "user", "content": "before"}, {"role": "assistant", "content": "ok"}])
+    assert n == 1 and [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    body = chat_body(req, messages, {})
+    assert body == {"messages": messages, "tools": [{"type": "function", "function": {"name": "f"}}],
+                    "tool_choice": "required", "temperature": 0.3, "top_p": 0.9, "max_tokens": 9, "stream": True}
+    schema = {"type": "json_schema", "name": "out", "schema": {"type": "object"}, "strict": True}
+    with pytest.raises(UnsupportedRequestError, match="json_schema"):
+        chat_body(ResponsesRequest(input="x", text={"format": schema}), messages, {})
+    mapped = chat_body(ResponsesRequest(input="x", text={"format": schema}), messages, {"response_format": None})
+    assert mapped["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "out", "schema": {"type": "object"}, "strict": True}}
+    for bad in ({"background": True}, {"reasoning": {"effort": "high"}}, {"truncation": "auto"},
+                {"top_logprobs": 3}, {"conversation": "conv_1"}, {"max_tool_calls": 2}):
+        with pytest.raises(UnsupportedRequestError):
+            chat_body(ResponsesRequest(input="x", **bad), messages, {})
+    tools = [{"type": "function", "name": "f"}]
+    with pytest.raises(UnsupportedRequestError, match="parallel_tool_calls"):
+        chat_body(ResponsesRequest(input="x", tools=tools, parallel_tool_calls=False), messages, {})
+    assert chat_body(ResponsesRequest(input="x", tools=tools, parallel_tool_calls=False), messages,
+                     {"parallel_tool_calls": None})["parallel_tool_calls"] is False
+    # Accepted as OpenAI clients send them by default.
+    chat_body(ResponsesRequest(input="x", include=[], reasoning={"effort": None}, truncation="disabled",
+                               text={"format": {"type": "text"}}, store=True, metadata={"k": "v"}), messages, {})
+
+
+def test_memory_is_bounded_per_session_copies_and_forgets():
+    mem = ResponseMemory(per_session=2)
+    for i in range(3):
+        mem.remember("s", f"resp_{i}", [{"role": "user", "content": str(i)}])
+    mem.remember("t", "resp_0", [{"role": "user", "content": "t"}])
+    with pytest.raises(UnknownResponseError) as info:
+        mem.recall("s", "resp_0")  # the oldest was dropped
+    assert info.value.code == "previous_response_not_found" and info.value.http_status == 400
+    got = mem.recall("s", "resp_2")
+    got[0]["content"] = "changed"
+    assert mem.recall("s", "resp_2") == [{"role": "user", "content": "2"}]
+    assert mem.recall("t", "resp_0") == [{"role": "user", "content": "t"}] and len(mem) == 3
+    mem.forget("s")
+    with pytest.raises(UnknownResponseError):
+        mem.recall("s", "resp_2")
+
+
+def _events(frames):
+    out = []
+    for frame in frames:
+        if frame.startswith(b":"):
+            continue
+        head, data = frame.decode().strip().split("\n", 1)
+        body = json.loads(data[len("data: "):])
+        assert head == f"event: {body['type']}"
+        out.append(body)
+    return out
+
+
+def _run_stream(text, step, finish_reason="stop"):
+    parser = QwenToolCallParser()
+    req = ResponsesRequest(input="x")
+    recorded = assistant_message(parser, text, call_id_prefix="call_x")
+
+    async def gen():
+        for end in range(step, len(text) + step, step):
+            yield text[:end]
+            if end == step:
+                yield None  # a keep-alive
+        yield _completion(recorded, finish_reason)
+
+    def finish(completion, message_open):
+        assert completion == _completion(recorded, finish_reason)
+        return response_object(req, completion, completion_id=CID, created=7, model="m", keep_message=message_open)
+
+    async def collect():
+        skeleton = response_object(req, None, completion_id=CID, created=7, model="m")
+        return [f async for f in stream_response(ResponseEvents(), skeleton, item_ids(CID), parser, gen(), finish)]
+
+    return recorded, _events(asyncio.run(collect()))
+
+
+@pytest.mark.parametrize("text", REPLIES)
+@pytest.mark.parametrize("step", [1, 9])
+def test_stream_events_add_up_to_the_final_response(text, step):
+    recorded, events = _run_stream(text, step)
+    kinds = [e["type"] for e in events]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    final = events[-1]["response"]
+    assert final["status"] == "completed" and final["usage"]["output_tokens"] == 5
+    added = [(e["output_index"], e["item"]["id"]) for e in events if e["type"] == "response.output_item.added"]
+    done = [e for e in events if e["type"] == "response.output_item.done"]
+    assert added == [(i, item["id"]) for i, item in enumerate(final["output"])]
+    assert [e["item"] for e in done] == final["output"]
+    for index, item in enumerate(final["output"]):
+        mine = [e for e in events if e.get("output_index") == index]
+        if item["type"] == "message":
+            text_deltas = "".join(e["delta"] for e in mine if e["type"] == "response.output_text.delta")
+            assert text_deltas.strip() == item["content"][0]["text"].strip()
+            (text_done,) = [e for e in mine if e["type"] == "response.output_text.done"]
+            assert text_done["text"] == item["content"][0]["text"]
+        if item["type"] == "function_call":
+            args = "".join(e["delta"] for e in mine if e["type"] == "response.function_call_arguments.delta")
+            assert args == item["arguments"]
+    # No delta leaks a tag or reasoning into the text.
+    streamed = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert "<tool_call>" not in streamed or "<tool_call>" in (recorded.get("content") or "")
+    assert "<think>" not in streamed or "<think>" in (recorded.get("content") or "")
+    # A retried turn replays the same final Response.
+    replayed = _events(replay_events(final))
+    assert replayed[-1]["response"] == final
+    assert [e["item"] for e in replayed if e["type"] == "response.output_item.done"] == final["output"]
+
+
+def test_text_is_streamed_before_the_reply_ends():
+    _, events = _run_stream("A long plain reply that arrives in many chunks.", 4)
+    kinds = [e["type"] for e in events]
+    assert kinds.count("response.output_text.delta") > 5
+
+
+def test_a_reply_cut_by_max_output_tokens_is_incomplete():
+    _, events = _run_stream("cut here", 3, finish_reason="length")
+    final = events[-1]
+    assert final["type"] == "response.incomplete" and final["response"]["status"] == "incomplete"
+    assert final["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_stop_strings_cut_text_and_hold_back_a_possible_start():
+    assert cut_at_stop("abc STOP def", ["STOP", "de"]) == ("abc ", True)
+    assert cut_at_stop("abc", ["x"]) == ("abc", False)
+    assert _held_back("abc ST", ["STOP"]) == "abc "
+    assert _held_back("abc S", ["xy", "STOP"]) == "abc "
+    assert _held_back("abc", ["STOP"]) == "abc"
