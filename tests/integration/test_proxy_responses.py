@@ -279,3 +279,22 @@ def test_capabilities_name_the_openai_endpoints(proxy):
     for path in ("POST /v1/responses", "POST /sessions/{id}/v1/responses", "POST /v1/completions",
                  "POST /sessions/{id}/v1/completions", "GET /v1/models/{model}"):
         assert path in endpoints
+
+
+def test_a_streamed_response_is_in_flight_for_finalize_until_recorded(proxy):
+    sid, _ = _session(proxy)
+    in_flight = proxy.service.in_flight
+    body = {"model": "m", "input": "hello", "stream": True, **SAMPLING}
+    assert httpx.post(proxy.url + "/v1/rollout/pause", timeout=20).status_code == 200  # holds the generation
+    try:
+        with httpx.stream("POST", f"{proxy.url}/sessions/{sid}/v1/responses", json=body, timeout=20) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("event: ")) == "event: response.created"
+            assert in_flight.running(sid) == 1  # finalize would wait for it
+            assert httpx.post(proxy.url + "/v1/rollout/resume", json={}, timeout=20).status_code == 200
+            rest = [line for line in lines if line.startswith("event: ")]
+    finally:
+        httpx.post(proxy.url + "/v1/rollout/resume", json={}, timeout=20)
+    assert rest[-1] == "event: response.completed" and in_flight.running(sid) == 0
+    (seg,) = _segments(proxy, sid)
+    assert len(seg["step_ids"]) == 1

@@ -277,25 +277,6 @@ class CallPath(ChatSampling):
         for frame in replay_chunks(response, include_usage=call.include_usage):
             yield frame
 
-    async def _reply_events(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[str | None | dict[str, Any]]:
-        """A streamed chat call for other wire formats: the reply text so far (``str``), keep-alives
-        (``None``), then the recorded chat completion (``dict``); ``on_commit()`` runs as recording begins."""
-        task: asyncio.Future | None = None
-        self.in_flight.enter(call.session_id)
-        try:
-            result = None
-            async for event in self._generate(call.plan):
-                if isinstance(event, GenerationResult):
-                    result = event
-                else:
-                    yield event
-            if on_commit is not None:
-                on_commit()
-            task = self._commit_task(call, result)
-            yield await asyncio.shield(task)
-        finally:
-            self._leave(call.session_id, task)
-
     async def _record(self, sid: str, plan: GenerationPlan, result: GenerationResult, engine_url: str, *,
                       metadata: dict[str, Any], **step_kwargs: Any) -> Any:
         """Commit one generated response as a StepRecord (the last check of the version rule first)."""

@@ -97,6 +97,7 @@ class ResponsesPath:
         model = self.config.served_model_name
         ev = ResponseEvents()
         skeleton = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model)
+        self.in_flight.enter(sid)  # finalize waits for this call, as for a chat call
         try:
             async for frame in stream_response(ev, skeleton, item_ids(call.completion_id), self.parser,
                                                self._reply_events(call, began), finish):
@@ -113,6 +114,8 @@ class ResponsesPath:
             if call.turn_id is not None and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
             raise
+        finally:
+            self._leave(sid, call.commit)
 
 
 async def _aiter(frames: Any) -> AsyncIterator[bytes]:
