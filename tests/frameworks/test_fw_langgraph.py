@@ -36,15 +36,16 @@ def _graph(llm: ChatOpenAI, calls: list[tuple[int, int]]):
     return g.compile()
 
 
-@pytest.mark.parametrize("streaming, by_header", [(False, False), (True, False), (False, True)],
-                         ids=["plain", "streamed", "session-header"])
-def test_chat_openai_react_graph_runs_a_tool_round_trip_in_one_segment(new_session, streaming, by_header):
+@pytest.mark.parametrize("streaming, by_header, responses", [
+    (False, False, False), (True, False, False), (False, True, False), (False, False, True), (True, False, True)],
+    ids=["plain", "streamed", "session-header", "responses", "responses-streamed"])
+def test_chat_openai_react_graph_runs_a_tool_round_trip_in_one_segment(new_session, streaming, by_header, responses):
     session = new_session(by_header=by_header)
     calls: list[tuple[int, int]] = []
     # stream_usage: ChatOpenAI asks for usage in streamed answers (stream_options.include_usage).
     llm = ChatOpenAI(model="dressage", base_url=session.base_url, api_key="none", http_client=session.log.client(),
                      default_headers=session.headers, max_tokens=256, temperature=0.7, streaming=streaming,
-                     stream_usage=True, max_retries=0)
+                     stream_usage=True, max_retries=0, use_responses_api=responses)
     out = _graph(llm, calls).invoke({"messages": [HumanMessage("What is 6 times 7?")]}, {"recursion_limit": 8})
     messages = out["messages"]
     assert [type(m) for m in messages] == [HumanMessage, AIMessage, ToolMessage, AIMessage]

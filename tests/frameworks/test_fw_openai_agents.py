@@ -1,17 +1,26 @@
-"""openai-agents (the OpenAI Agents SDK) runs its agent loop against a Proxy session."""
+"""openai-agents (the OpenAI Agents SDK) runs its agent loop against a Proxy session, with its chat
+completions model and with its Responses model (the SDK's default)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 agents = pytest.importorskip("agents", reason="openai-agents is not installed (pip install 'dressage[frameworks]')")
 openai = pytest.importorskip("openai")
 
-from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool  # noqa: E402
+from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner,  # noqa: E402
+                    function_tool)
 
 agents.set_tracing_disabled(True)  # no export to OpenAI's trace endpoint
+
+
+def _keep_body(sent: list[dict]):
+    async def hook(request):
+        sent.append(json.loads(request.content))
+    return hook
 
 
 def _agent(model, calls: list[tuple[int, int]]) -> Agent:
@@ -58,3 +67,32 @@ def test_chat_completions_model_runs_a_tool_round_trip_in_one_segment(session, s
     # The SDK's own usage accounting agrees with the Proxy's answers.
     assert result.context_wrapper.usage.output_tokens == session.log.completion_tokens
     assert len(seg["step_ids"]) == result.context_wrapper.usage.requests == 2
+
+
+@pytest.mark.parametrize("stream, chained", [(False, False), (True, False), (False, True)],
+                         ids=["plain", "streamed", "chained"])
+def test_responses_model_runs_a_tool_round_trip_in_one_segment(session, stream, chained):
+    calls: list[tuple[int, int]] = []
+    sent: list[dict] = []
+
+    async def main():
+        log = session.log
+        http = log.async_client(event_hooks={"request": [_keep_body(sent)], "response": [log.ahook]})
+        client = openai.AsyncOpenAI(base_url=session.base_url, api_key="none", http_client=http)
+        try:
+            # chained: the SDK sends previous_response_id and only the new items after the first call.
+            result = await _run(_agent(OpenAIResponsesModel(model="dressage", openai_client=client), calls), stream,
+                                auto_previous_response_id=chained)
+        finally:
+            await client.close()
+        return result
+
+    result = asyncio.run(main())
+    assert isinstance(result.final_output, str) and result.final_output
+    kinds = [item.type for item in result.new_items if item.type != "reasoning_item"]  # thinking templates
+    assert kinds[-3:] == ["tool_call_item", "tool_call_output_item", "message_output_item"]
+    assert len(calls) == 1 and all(isinstance(v, int) for v in calls[0])
+    (seg,) = session.check_run(linear=True)
+    assert result.context_wrapper.usage.output_tokens == session.log.completion_tokens
+    assert len(seg["step_ids"]) == result.context_wrapper.usage.requests == 2
+    assert [("previous_response_id" in body) for body in sent] == [False, chained]
