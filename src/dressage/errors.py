@@ -17,10 +17,8 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   └── ExpertIdRangeError       an expert id that does not fit the storage dtype
     ├── WireFormatError              an engine response that is not SGLang's format  502 engine_error
     ├── SampleWireError              a Sample or trajectory read answer in a malformed wire form
-    ├── OpenAIRequestError           an OpenAI request the Proxy cannot serve as asked 400 invalid_request_error
-    │   ├── UnsupportedRequestError  a parameter, input item or tool type the Proxy does not implement
-    │   ├── UnknownResponseError     a previous_response_id the session did not produce (or no longer holds)
-    │   └── ModelNotFoundError       a model id other than the served model         404
+    ├── UnknownResponseError         a previous_response_id the session does not hold 400 invalid_request_error
+    ├── ModelNotFoundError           a model id other than the served model         404 invalid_request_error
     ├── EngineError                  the inference engine failed a call              502 engine_error
     │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
     │   │   └── NoHealthyEngineError every engine failed its health check            503 engine_unavailable
@@ -101,8 +99,6 @@ __all__ = [
     "ProxyStatusError",
     "ProxyReplyError",
     "SampleWireError",
-    "OpenAIRequestError",
-    "UnsupportedRequestError",
     "UnknownResponseError",
     "ModelNotFoundError",
 ]
@@ -386,27 +382,17 @@ class SampleWireError(DressageError, ValueError):
     """A Sample (or trajectory read answer) in wire form that is malformed or of an unknown version."""
 
 
-class OpenAIRequestError(DressageError, ValueError):
-    """An OpenAI-API request the Proxy cannot serve as asked; nothing is generated or recorded."""
+class UnknownResponseError(DressageError, LookupError):
+    """A ``previous_response_id`` that the session did not produce, was not stored, or was forgotten."""
 
     http_status = 400
     openai_type = "invalid_request_error"
-
-
-class UnsupportedRequestError(OpenAIRequestError):
-    """A parameter value, input item or tool type the Proxy does not implement (named in the message)."""
-
-    code = "unsupported_parameter"
-
-
-class UnknownResponseError(OpenAIRequestError, LookupError):
-    """A ``previous_response_id`` that the session did not produce, was not stored, or was forgotten."""
-
     code = "previous_response_not_found"
 
 
-class ModelNotFoundError(OpenAIRequestError, LookupError):
+class ModelNotFoundError(DressageError, LookupError):
     """A model id other than the one the Proxy serves."""
 
     http_status = 404
+    openai_type = "invalid_request_error"
     code = "model_not_found"

@@ -77,8 +77,8 @@ def add_flags(parser: Any, cls: type, *, prefix: str = "", defaults: dict[str, A
     for f in dataclasses.fields(cls):
         meta = _meta(f)
         hint = hints[f.name]
-        if meta["skip"] or hint is Any or dataclasses.is_dataclass(hint):
-            continue  # nested configs add their own flags
+        if meta["skip"] or hint is Any or (dataclasses.is_dataclass(hint) and "flag" not in f.metadata):
+            continue  # nested configs add their own flags; a dataclass value with a flag() is named by text
         name = meta["name"] or "--" + f.name.replace("_", "-")
         default = (defaults or {}).get(f.name, _default(f))
         shown = meta["default_text"] if meta["default_text"] is not None else default

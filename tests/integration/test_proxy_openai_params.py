@@ -15,10 +15,8 @@ from dressage.dataplane import DataPlaneConfig
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
-from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.http import ProxyServer
-from dressage.proxy.service import ProxyService
+from dressage.proxy import Proxy
+from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 from dressage.proxy.sglang_client import SGLangClient
 from dressage.tokenizer import load_tokenizer
 
@@ -49,14 +47,10 @@ class Recording(httpx.AsyncBaseTransport):
 def _start(rate):
     srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, tool_call_rate=rate, mean_response_tokens=60))
     srv.start_background()
-    tok = load_tokenizer("byte")
-    core = ProxyCore(DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True), None, decode=tok.decode,
-                     special_ids=tok.special_token_ids)
     rec = Recording()
-    service = ProxyService(ProxyServerConfig(engine_url=srv.url, request_timeout_s=20), core, tok,
-                           SGLangClient(srv.url, timeout=20, transport=rec))
-    proxy = ProxyServer(service)
-    proxy.start_background()
+    proxy = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
+                                    server=ProxyServerConfig(engine_urls=(srv.url,), request_timeout_s=20)),
+                        engine=SGLangClient(srv.url, timeout=20, transport=rec))
     return srv, proxy, rec
 
 
@@ -64,7 +58,7 @@ def _start(rate):
 def stack():
     srv, proxy, rec = _start(0.5)
     yield proxy, rec
-    proxy.stop(); srv.stop()
+    proxy.shutdown(); srv.stop()
 
 
 class Api:
@@ -208,7 +202,7 @@ def test_tool_choice_required_fails_clearly_when_the_model_never_calls():
         events = httpx.post(f"{api.url}/sessions/{sid}/v1/chat/completions", json=body, timeout=30).text
         assert '"code":"reply_constraint_unmet"' in events and api.steps(sid) == []
     finally:
-        proxy.stop(); srv.stop()
+        proxy.shutdown(); srv.stop()
 
 
 def test_response_format_json_object_and_schema(api):
@@ -341,3 +335,20 @@ def test_openai_structured_output_parse_with_a_pydantic_model(api):
             assert isinstance(parsed, Answer) and parsed.final in ("yes", "no") and parsed.steps
     schema = json.loads(api.rec.bodies[-1]["sampling_params"]["json_schema"])
     assert schema["additionalProperties"] is False and "$defs" in schema
+
+
+def test_a_retried_n_sample_turn_is_replayed_whole(api):
+    sid = api.session()
+    url = f"{api.url}/sessions/{sid}/v1/chat/completions"
+    body = {"messages": USER, "n": 2, "max_tokens": 20}
+    first = httpx.post(url, json=body, headers={"X-Turn-Id": "t1"}, timeout=30).json()
+    again = httpx.post(url, json=body, headers={"X-Turn-Id": "t1"}, timeout=30).json()
+    assert again == first and len(api.steps(sid)) == 2
+    events = httpx.post(url, json={**body, "stream": True}, headers={"X-Turn-Id": "t1"}, timeout=30).text
+    chunks = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: {")]
+    texts = {0: "", 1: ""}
+    for ch in chunks:
+        for c in ch["choices"]:
+            texts[c["index"]] += c["delta"].get("content") or ""
+    assert [texts[0], texts[1]] == [c["message"]["content"] for c in first["choices"]]
+    assert len(api.steps(sid)) == 2 and {s.metadata["turn_id"] for s in api.steps(sid)} == {"t1"}

@@ -214,9 +214,12 @@ def test_text_completions_streamed_and_not_record_one_step_each(proxy):
     cut_chunks = list(client.completions.create(model="m", prompt=prompt, max_tokens=12, temperature=0.5, stop=stop,
                                                 stream=True))
     assert "".join(c.choices[0].text for c in cut_chunks) == cut.choices[0].text
-    for bad in ({"n": 2}, {"echo": True}, {"logprobs": 3}, {"prompt": ["a", "b"]}):
+    alts = client.completions.create(model="m", prompt=prompt, max_tokens=4, temperature=0.5, logprobs=2)
+    top = alts.choices[0].logprobs.top_logprobs
+    assert len(top) == 4 and all(len(t) == 2 and max(t.values()) <= 0 for t in top)
+    for bad in ({"n": 2}, {"echo": True}, {"logprobs": 6}, {"prompt": ["a", "b"]}, {"suffix": "x"}):
         r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/completions", json={"prompt": "x", **bad}, timeout=20)
-        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        assert r.status_code in (400, 422) and r.json()["error"]["type"] == "invalid_request_error"  # 422: schema
     steps = httpx.get(f"{proxy.url}/sessions/{sid}", timeout=20).json()["steps"]
     segs = _segments(proxy, sid)
     assert sum(len(s["step_ids"]) for s in segs) == steps
@@ -279,6 +282,24 @@ def test_capabilities_name_the_openai_endpoints(proxy):
     for path in ("POST /v1/responses", "POST /sessions/{id}/v1/responses", "POST /v1/completions",
                  "POST /sessions/{id}/v1/completions", "GET /v1/models/{model}"):
         assert path in endpoints
+
+
+def test_structured_output_and_logprobs_go_through_the_chat_path(proxy):
+    sid, client = _session(proxy)
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+              "additionalProperties": False}
+    resp = client.responses.create(model="m", input="Answer in JSON.", max_output_tokens=200,
+                                   text={"format": {"type": "json_schema", "name": "out", "schema": schema,
+                                                    "strict": True}})
+    assert isinstance(json.loads(resp.output_text)["answer"], int)
+    scored = client.responses.create(model="m", input="Say something.", max_output_tokens=20, top_logprobs=2,
+                                     include=["message.output_text.logprobs"])
+    (part,) = scored.output[0].content
+    assert len(part.logprobs) == scored.usage.output_tokens  # every recorded token, as chat's logprobs
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in part.logprobs)
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/responses", json={"input": "x", "tool_choice": "required"},
+                   timeout=20)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
 
 
 def test_a_streamed_response_is_in_flight_for_finalize_until_recorded(proxy):

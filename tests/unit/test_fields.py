@@ -121,6 +121,33 @@ def test_sglang_dtype_tag_is_honoured():
     assert decode_routed_experts_b64(encode_routed_experts_b64(out), 1, 2).tolist() == out.tolist()
 
 
+@pytest.mark.parametrize("storage", ["uint8", "uint16", "int32"])
+@pytest.mark.parametrize("wire", ["int32", "uint16"])
+def test_routed_experts_decode_straight_into_the_storage_dtype(storage, wire):
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 200, size=(9, 3, 2)).astype(wire)
+    b64 = base64.b64encode(ids.tobytes()).decode()
+    out = decode_routed_experts_b64(b64, 3, 2, dtype=wire, storage_dtype=storage, num_experts=200)
+    assert out.dtype == np.dtype(storage) and out.shape == (9, 3, 2)
+    np.testing.assert_array_equal(out.astype(np.int64), ids.astype(np.int64))
+    body, experts = _hand_built_response(prompt_len=5, out_ids=[11, 12, 2], start=0)
+    dec = decode_generate_response(body, prompt_len=5, num_layers=2, topk=2, want_routed_experts=True,
+                                   routed_experts_dtype=storage, num_experts=8)
+    assert dec.routed_experts.dtype == np.dtype(storage)
+    np.testing.assert_array_equal(dec.routed_experts.astype(np.int32), experts)
+
+
+@pytest.mark.parametrize("bad, storage, num_experts", [(256, "uint8", None), (-1, "uint16", None),
+                                                       (70_000, "uint16", None), (200, "uint8", 128)])
+def test_direct_decode_still_range_checks_every_id(bad, storage, num_experts):
+    ids = np.zeros((4, 2, 2), dtype=np.int32)
+    ids[2, 1, 0] = bad
+    b64 = base64.b64encode(ids.tobytes()).decode()
+    with pytest.raises(ExpertIdRangeError, match=str(bad)) as err:
+        decode_routed_experts_b64(b64, 2, 2, storage_dtype=storage, num_experts=num_experts)
+    assert (err.value.row, err.value.layer, err.value.slot) == (2, 1, 0)
+
+
 @pytest.mark.parametrize("mutate, err, msg", [
     (lambda b: b.pop("meta_info"), WireFormatError, "meta_info"),
     (lambda b: b["meta_info"].update(output_token_logprobs=[[-1.0, 11, None]]), FieldShapeError, "disagree"),

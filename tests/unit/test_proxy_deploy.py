@@ -11,16 +11,13 @@ import asyncio
 
 import httpx
 import numpy as np
-import pytest
 
 from dressage.fields import get_model
-from dressage.proxy.config import DataPlaneConfig, ProxyServerConfig
-from dressage.proxy.core import ProxyCore
+from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.deployment import build_service
 from dressage.proxy.http import build_app
 from dressage.proxy.rids import RID_LENGTH
-from dressage.proxy.service import ProxyService
 from dressage.proxy.startup import engine_clients
-from dressage.tokenizer import load_tokenizer
 from sglang_mock import MockSGLang, routing_row
 
 MODEL = get_model("tiny-moe")
@@ -28,13 +25,13 @@ W1, W2, ROUTER = "http://10.0.0.1:30001", "http://10.0.0.2:30002", "http://route
 
 
 def make(mock, *, r3=True, partial=True, router=False, tq=None, key=None, sink=None, **server):
-    tok = load_tokenizer("byte")
+    """The Proxy service from the composition root (``build_service``), its engines on ``mock``'s
+    transport, served in process over ASGI."""
     dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=r3, enable_transfer_queue=tq is not None)
-    core = ProxyCore(dp, tq.client() if tq is not None else None, sink=sink, decode=tok.decode,
-                     special_ids=tok.special_token_ids)
     cfg = ProxyServerConfig(engine_url=mock.router or mock.workers[0], router=router, engine_api_key=key,
                             partial_rollout=partial, request_timeout_s=20, **server)
-    service = ProxyService(cfg, core, tok, engine_clients(cfg, transport=mock.transport()))
+    service, _ = build_service(ProxyConfig(data_plane=dp, server=cfg), tq_client=tq.client() if tq is not None else None,
+                               engine=engine_clients(cfg, transport=mock.transport()), sink=sink)
     return service, httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(service)), base_url="http://proxy")
 
 
@@ -201,10 +198,12 @@ def test_finalize_during_an_in_flight_call_waits_so_the_last_call_is_recorded():
                 break
             await asyncio.sleep(0)
         assert service.in_flight.waiting("s") and not fin.done()
+        retry = asyncio.ensure_future(h.post("/session/finalize", json={"session_id": "s"}))  # a client's retry
         mock.release()
         assert (await last).status_code == 200
         answer = (await fin).json()
-        assert answer["num_steps"] == 2 and answer["in_flight_done"] is True
+        assert answer["num_steps"] == 2 and answer["in_flight_done"] is True and answer["reward"] == 0.5
+        assert (await retry).json() == answer
         # Bounded: with wait_s 0 finalize cuts at once and the late call is refused, not recorded.
         await chat(h, "u", "one")
         mock.hold_all = True
@@ -231,6 +230,7 @@ def test_discard_drops_active_finalized_and_aborted_sessions_and_their_keys():
             service, h = make(mock, tq=tq, sink=rm)
             for sid in ("act", "fin", "abo", "keep"):
                 assert (await chat(h, sid, "hello", turn="t")).status_code == 200
+                await service.core.settled(sid)  # the TQ write lands behind the answer
             assert tq.total_keys() == 8
             await h.post("/session/finalize", json={"session_id": "fin"})
             await h.post("/session/finalize", json={"session_id": "keep"})
@@ -313,5 +313,32 @@ def test_session_ids_in_the_body_name_the_call_as_upstream_clients_send_them():
         assert service.core.sessions["body-s"].metadata["instance_id"] == "9"
         caps = (await h.get("/integration/capabilities")).json()
         assert "POST /session/discard" in caps["endpoints"] and caps["features"]["finalize_idempotent"]
+
+    asyncio.run(go())
+
+
+def test_a_finalize_repeated_after_a_restart_is_answered_from_the_journal(tmp_path):
+    from dressage.proxy.config import JournalConfig, ProxyConfig
+    from dressage.proxy.deployment import build_service
+
+    cfg = ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
+                      server=ProxyServerConfig(engine_url=W1), journal=JournalConfig(path=str(tmp_path / "journal")))
+
+    def start(mock):
+        service, _ = build_service(cfg, engine=engine_clients(cfg.server, transport=mock.transport()))
+        return service, httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(service)),
+                                          base_url="http://proxy")
+
+    async def go():
+        mock = MockSGLang([W1])
+        _, h = start(mock)
+        await chat(h, "s", "q", turn="t1")
+        await chat(h, "s", "r", turn="t2")
+        first = (await h.post("/session/finalize", json={"session_id": "s", "reward": 1.0})).json()
+        restarted, h2 = start(mock)
+        again = await h2.post("/session/finalize", json={"session_id": "s"})
+        assert again.status_code == 200
+        keys = ("num_steps", "num_turns", "num_segments", "reward", "trajectory_id")
+        assert [again.json()[k] for k in keys] == [first[k] for k in keys] == [2, 2, 2, 1.0, "s"]
 
     asyncio.run(go())

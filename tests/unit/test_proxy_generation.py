@@ -132,3 +132,30 @@ def test_incremental_text_matches_a_full_decode(step):
         partial = inc.extend_to(ids[:end])
         assert decode(ids[:end]).startswith(partial) and "\ufffd" not in partial
     assert inc.text == decode(ids)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_engine_body_is_dropped_once_decoded(stream):
+    """While the caller commits the result, the generator holds the decoded arrays, not the JSON body."""
+
+    class Streaming(ScriptedEngine):
+        async def generate_stream(self, input_ids, sampling, *, rid, **kw):
+            yield await self.generate(input_ids, sampling, rid=rid, **kw)
+
+    async def scenario():
+        engine = Streaming(n=4)
+        plan, core = _plan(engine, max_new=4)
+        plan.stream = stream
+        gen = run_generation(plan, RolloutPause(), core.normalize, partial_rollout=True, timeout_s=5,
+                             decode=lambda ids: "x" * len(ids))
+        async for ev in gen:
+            if isinstance(ev, GenerationResult):
+                held = dict(gen.ag_frame.f_locals)  # suspended at the yield: what it keeps alive now
+                break
+        await gen.aclose()
+        return ev, held
+
+    result, held = asyncio.run(scenario())
+    assert result.routed_experts.shape == (5 + 4 - 1, MODEL.num_layers, MODEL.topk)
+    assert held["body"] is None and held["out"] is None and held.get("answer") is None
+    assert not any(isinstance(v, dict) and "meta_info" in v for v in held.values())  # no engine body by any name

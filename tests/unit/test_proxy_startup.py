@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import shutil
 
+import httpx
 import pytest
 
 from dressage.errors import ConfigError, EngineMismatchError, EngineUnavailable
@@ -108,7 +110,27 @@ def test_proxy_start_checks_the_built_in_engine_and_refuses_a_wrong_model():
     finally:
         engine.stop()
     with pytest.raises(EngineUnavailable, match=f"{url} did not answer"):
-        Proxy.start(good)
+        Proxy.start(dataclasses.replace(good, engine_wait_s=0))
+
+
+def test_start_up_waits_for_an_engine_that_is_still_loading():
+    mock = MockSGLang(["http://10.0.0.1:30001"])
+    early = [httpx.ConnectError("connection refused"), httpx.Response(503, json={"detail": "loading"})]
+
+    async def handler(request):
+        if early:
+            nxt = early.pop(0)
+            if isinstance(nxt, Exception):
+                raise nxt
+            return nxt
+        return await mock.handle(request)
+
+    server = ProxyServerConfig(engine_url="http://10.0.0.1:30001")
+    (info,) = fetch_engine_infos(server, transport=httpx.MockTransport(handler), wait_s=5, retry_s=0.01)
+    assert info["tokenizer_path"] == "byte" and not early
+    early.append(httpx.ConnectError("connection refused"))
+    with pytest.raises(EngineUnavailable, match="ConnectError"):
+        fetch_engine_infos(server, transport=httpx.MockTransport(handler), wait_s=0)
 
 
 def test_upstream_flag_names_are_accepted():
@@ -118,17 +140,21 @@ def test_upstream_flag_names_are_accepted():
     args = build_parser().parse_args([
         "proxy", "serve", "--sglang-router-url", "http://router:30000", "--tokenizer-path", "qwen3",
         "--api-key", "proxy-secret", "--engine-api-key", "sk-engine", "--num-layers", "78", "--topk", "8",
-        "--num-experts", "256", "--finalize-wait", "5", "--tokenizer-from-engine", "--dressage-partial-rollout"])
+        "--num-experts", "256", "--finalize-wait", "5", "--tokenizer-from-engine", "--dressage-partial-rollout",
+        "--model", GLM, "--use-rollout-routing-replay"])
     cfg = proxy_config(args)
     s = cfg.server
     assert (s.engines, s.router, s.api_token, s.engine_api_key, s.finalize_wait_s, s.partial_rollout) == (
         ("http://router:30000",), True, "proxy-secret", "sk-engine", 5.0, True)
     assert (cfg.tokenizer, cfg.num_layers, cfg.topk, cfg.num_experts, cfg.tokenizer_from_engine) == (
         "qwen3", 78, 8, 256, True)
+    assert cfg.data_plane.model is get_model(GLM) and cfg.data_plane.use_rollout_routing_replay
     both = build_parser().parse_args(["proxy", "serve", "--sglang-router-url", "http://r:1",
                                       "--engine-url", "http://e:2"])
     with pytest.raises(ConfigError, match="router_url"):
         proxy_config(both)
+    no_auth = build_parser().parse_args(["proxy", "serve", "--engine-url", "http://e:2", "--api-key", "no-auth"])
+    assert proxy_config(no_auth).server.api_token is None
     with pytest.raises(ConfigError, match="--engine-url"):
         proxy_config(build_parser().parse_args(["proxy", "serve"]))
     with pytest.raises(ConfigError, match="proxy.num_layers"):

@@ -5,9 +5,8 @@ import json
 
 import pytest
 
-from dressage.errors import UnknownResponseError, UnsupportedRequestError
+from dressage.errors import UnknownResponseError, UnsupportedParameterError
 from dressage.proxy.chat import QwenToolCallParser, assistant_message, same_message
-from dressage.proxy.completions import _held_back, cut_at_stop
 from dressage.proxy.responses import (ResponseMemory, ResponsesRequest, chat_body, chat_tool_choice, chat_tools,
                                       conversation, input_messages, item_ids, output_items, response_object)
 from dressage.proxy.responses_stream import ResponseEvents, replay_events, stream_response
@@ -65,7 +64,7 @@ def test_input_items_become_the_chat_messages_a_chat_client_sends():
     ([{"type": "web_search_call", "id": "x"}], "web_search_call"),
 ])
 def test_unsupported_input_is_a_typed_400(items, words):
-    with pytest.raises(UnsupportedRequestError, match=words) as info:
+    with pytest.raises(UnsupportedParameterError, match=words) as info:
         input_messages(items)
     assert info.value.http_status == 400 and info.value.code == "unsupported_parameter"
 
@@ -89,43 +88,59 @@ def test_tools_and_tool_choice_convert_and_built_ins_are_refused():
     assert chat_tools(flat) == [{"type": "function", "function": {"name": "f", "description": "d",
                                                                   "parameters": {"type": "object"}, "strict": True}}]
     assert chat_tools(None) is None and chat_tools([]) is None
-    for tool in ({"type": "web_search"}, {"type": "file_search", "vector_store_ids": []}, {"type": "computer_use"},
-                 {"type": "function"}):
-        with pytest.raises(UnsupportedRequestError):
+    for tool, param in (({"type": "web_search"}, "tools[0].type"), ({"type": "file_search"}, "tools[0].type"),
+                        ({"type": "computer_use"}, "tools[0].type"), ({"type": "function"}, "tools[0].name")):
+        with pytest.raises(UnsupportedParameterError) as info:
             chat_tools([tool])
+        assert info.value.param == param
     assert chat_tool_choice({"type": "function", "name": "f"}) == {"type": "function", "function": {"name": "f"}}
     assert [chat_tool_choice(c) for c in (None, "none", "auto", "required")] == [None, "none", "auto", "required"]
     for bad in ({"type": "file_search"}, {"type": "allowed_tools", "tools": []}, "sometimes"):
-        with pytest.raises(UnsupportedRequestError):
+        with pytest.raises(UnsupportedParameterError):
             chat_tool_choice(bad)
 
 
 def test_request_maps_to_the_chat_body_and_refuses_what_it_cannot_honour():
     req = ResponsesRequest(input="hi", instructions="sys", max_output_tokens=9, temperature=0.3, top_p=0.9,
-                           tools=[{"type": "function", "name": "f"}], tool_choice="required", stream=True)
+                           tools=[{"type": "function", "name": "f"}], tool_choice="required", stream=True,
+                           parallel_tool_calls=False)
     messages, n = conversation(req, [{"role": "user", "content": "before"}, {"role": "assistant", "content": "ok"}])
     assert n == 1 and [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
-    body = chat_body(req, messages, {})
-    assert body == {"messages": messages, "tools": [{"type": "function", "function": {"name": "f"}}],
-                    "tool_choice": "required", "temperature": 0.3, "top_p": 0.9, "max_tokens": 9, "stream": True}
+    assert chat_body(req, messages) == {
+        "messages": messages, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+        "temperature": 0.3, "top_p": 0.9, "max_tokens": 9, "stream": True, "parallel_tool_calls": False}
     schema = {"type": "json_schema", "name": "out", "schema": {"type": "object"}, "strict": True}
-    with pytest.raises(UnsupportedRequestError, match="json_schema"):
-        chat_body(ResponsesRequest(input="x", text={"format": schema}), messages, {})
-    mapped = chat_body(ResponsesRequest(input="x", text={"format": schema}), messages, {"response_format": None})
+    mapped = chat_body(ResponsesRequest(input="x", text={"format": schema}), messages)
     assert mapped["response_format"] == {"type": "json_schema", "json_schema": {
         "name": "out", "schema": {"type": "object"}, "strict": True}}
-    for bad in ({"background": True}, {"reasoning": {"effort": "high"}}, {"truncation": "auto"},
-                {"top_logprobs": 3}, {"conversation": "conv_1"}, {"max_tool_calls": 2}):
-        with pytest.raises(UnsupportedRequestError):
-            chat_body(ResponsesRequest(input="x", **bad), messages, {})
-    tools = [{"type": "function", "name": "f"}]
-    with pytest.raises(UnsupportedRequestError, match="parallel_tool_calls"):
-        chat_body(ResponsesRequest(input="x", tools=tools, parallel_tool_calls=False), messages, {})
-    assert chat_body(ResponsesRequest(input="x", tools=tools, parallel_tool_calls=False), messages,
-                     {"parallel_tool_calls": None})["parallel_tool_calls"] is False
+    assert chat_body(ResponsesRequest(input="x", text={"format": {"type": "json_object"}}), messages)[
+        "response_format"] == {"type": "json_object"}
+    wants = chat_body(ResponsesRequest(input="x", include=["message.output_text.logprobs"], top_logprobs=2), messages)
+    assert wants["logprobs"] is True and wants["top_logprobs"] == 2
+    for bad, param in (({"background": True}, "background"), ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+                       ({"truncation": "auto"}, "truncation"), ({"conversation": "conv_1"}, "conversation"),
+                       ({"max_tool_calls": 2}, "max_tool_calls"), ({"text": {"verbosity": "low"}}, "text.verbosity"),
+                       ({"prompt": {"id": "p"}}, "prompt")):
+        with pytest.raises(UnsupportedParameterError) as info:
+            chat_body(ResponsesRequest(input="x", **bad), messages)
+        assert info.value.param == param
     # Accepted as OpenAI clients send them by default.
-    chat_body(ResponsesRequest(input="x", include=[], reasoning={"effort": None}, truncation="disabled",
-                               text={"format": {"type": "text"}}, store=True, metadata={"k": "v"}), messages, {})
+    plain = chat_body(ResponsesRequest(input="x", include=[], reasoning={"effort": None}, truncation="disabled",
+                                       text={"format": {"type": "text"}}, store=True, metadata={"k": "v"}), messages)
+    assert plain["response_format"] == {"type": "text"} and "logprobs" not in plain
+
+
+def test_chat_logprobs_become_output_text_logprobs():
+    lp = {"content": [{"token": "a", "logprob": -0.5, "bytes": [97],
+                       "top_logprobs": [{"token": "a", "logprob": -0.5, "bytes": [97]},
+                                        {"token": "b", "logprob": -1.5, "bytes": [98]}]}], "refusal": None}
+    completion = _completion({"role": "assistant", "content": "a"})
+    completion["choices"][0]["logprobs"] = lp
+    resp = response_object(ResponsesRequest(input="x"), completion, completion_id=CID, created=7, model="m")
+    (part,) = resp["output"][0]["content"]
+    assert part["logprobs"] == [{"token": "a", "bytes": [97], "logprob": -0.5,
+                                 "top_logprobs": [{"token": "a", "bytes": [97], "logprob": -0.5},
+                                                  {"token": "b", "bytes": [98], "logprob": -1.5}]}]
 
 
 def test_memory_is_bounded_per_session_copies_and_forgets():
@@ -224,11 +239,3 @@ def test_a_reply_cut_by_max_output_tokens_is_incomplete():
     final = events[-1]
     assert final["type"] == "response.incomplete" and final["response"]["status"] == "incomplete"
     assert final["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
-
-
-def test_stop_strings_cut_text_and_hold_back_a_possible_start():
-    assert cut_at_stop("abc STOP def", ["STOP", "de"]) == ("abc ", True)
-    assert cut_at_stop("abc", ["x"]) == ("abc", False)
-    assert _held_back("abc ST", ["STOP"]) == "abc "
-    assert _held_back("abc S", ["xy", "STOP"]) == "abc "
-    assert _held_back("abc", ["STOP"]) == "abc"

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from dressage.errors import FieldShapeError, WireFormatError
+from dressage.fields.r3 import encode_routed_experts
 
 __all__ = [
     "GenerateOutput",
@@ -42,7 +43,7 @@ class GenerateOutput:
 
     output_ids: np.ndarray          # int32 [R]
     logprobs: np.ndarray | None     # float32 [R]
-    routed_experts: np.ndarray | None  # int32 [rows, L, K], rows [start, P+R-1)
+    routed_experts: np.ndarray | None  # int32, or the storage dtype asked for: [rows, L, K], rows [start, P+R-1)
     finish_reason: str | None
     meta_info: Mapping[str, Any]
     weight_version: str | None = None
@@ -100,15 +101,22 @@ def decode_output_token_logprobs(entries: Any) -> tuple[np.ndarray, np.ndarray]:
     return ids, lps
 
 
-def decode_routed_experts_b64(data: str | bytes, num_layers: int, topk: int,
-                              dtype: str = "int32") -> np.ndarray:
-    """Decode base64 routed experts into an int32 ``[rows, num_layers, topk]`` array (a copy)."""
+def decode_routed_experts_b64(data: str | bytes, num_layers: int, topk: int, dtype: str = "int32", *,
+                              storage_dtype: str | None = None, num_experts: int | None = None) -> np.ndarray:
+    """Decode base64 routed experts into a ``[rows, num_layers, topk]`` array.
+
+    Without ``storage_dtype`` the result is an int32 copy. With it (``uint8`` / ``uint16`` / ``int32``)
+    the ids are range-checked on the decoded wire bytes (``ExpertIdRangeError``, also for ids
+    ``>= num_experts`` when given) and converted once, straight into the storage dtype; when the wire
+    dtype already is the storage dtype the result is a read-only view of the decoded bytes.
+    """
     if dtype not in _WIRE_DTYPES:
         raise WireFormatError(f"routed_experts_dtype {dtype!r} is not a known integer dtype")
     if not isinstance(data, (str, bytes)):
         raise WireFormatError(f"routed_experts must be a base64 string, got {type(data).__name__}")
     try:
-        raw = base64.b64decode(data, validate=True)
+        # strict_mode: the same validation as b64decode(validate=True), without its regex pass.
+        raw = binascii.a2b_base64(data, strict_mode=True)
     except (binascii.Error, ValueError) as exc:
         raise WireFormatError(f"routed_experts is not valid base64: {exc}") from exc
     item = np.dtype(_WIRE_DTYPES[dtype]).itemsize
@@ -119,6 +127,8 @@ def decode_routed_experts_b64(data: str | bytes, num_layers: int, topk: int,
             f"({num_layers} layers x {topk} top-k x {item} bytes = {per_row})"
         )
     arr = np.frombuffer(raw, dtype=_WIRE_DTYPES[dtype]).reshape(-1, num_layers, topk)
+    if storage_dtype is not None:
+        return encode_routed_experts(arr, storage_dtype, num_experts=num_experts)
     return arr.astype(np.int32)
 
 
@@ -129,11 +139,15 @@ def encode_routed_experts_b64(ids: np.ndarray) -> str:
 
 def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start_len: int = 0,
                              num_layers: int | None = None, topk: int | None = None,
-                             want_logprobs: bool = True, want_routed_experts: bool = False) -> GenerateOutput:
+                             want_logprobs: bool = True, want_routed_experts: bool = False,
+                             routed_experts_dtype: str | None = None,
+                             num_experts: int | None = None) -> GenerateOutput:
     """Validate and normalise one ``/generate`` JSON response.
 
     Checks that the logprob entries match ``output_ids`` one to one and that the routed-expert
     rows cover exactly ``[routed_experts_start_len, prompt_len + len(output_ids) - 1)``.
+    ``routed_experts_dtype`` (with ``num_experts``) decodes the routing straight into that storage
+    dtype, range-checked (see :func:`decode_routed_experts_b64`); by default it is int32.
     """
     if not isinstance(body, Mapping):
         raise WireFormatError(f"/generate response must be a JSON object, got {type(body).__name__}")
@@ -179,7 +193,8 @@ def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start
                 "and send return_routed_experts)"
             )
         routed = decode_routed_experts_b64(meta["routed_experts"], num_layers, topk,
-                                           str(meta.get("routed_experts_dtype", "int32")))
+                                           str(meta.get("routed_experts_dtype", "int32")),
+                                           storage_dtype=routed_experts_dtype, num_experts=num_experts)
         expected = prompt_len + len(out) - 1 - routed_experts_start_len
         if routed.shape[0] != expected:
             raise FieldShapeError(

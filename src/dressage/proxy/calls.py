@@ -1,7 +1,7 @@
 """One model call's path through the Proxy service: validate, place, decide, generate, commit.
 
 :class:`CallPath` holds the chat (streamed or not) and token-level use cases of
-:class:`dressage.proxy.service.ProxyService`; each ends in one ``ProxyCore.record_step``. Every
+:class:`dressage.proxy.service.ProxyService`; each ends in one ``ProxyCore.begin_step`` (the commit region, its TQ write behind the answer). Every
 4xx is raised in ``prepare_chat`` / before the engine request, and a failed call records nothing.
 """
 
@@ -135,6 +135,7 @@ class CallPath(ChatSampling):
                     include = bool(req.stream_options and req.stream_options.get("include_usage"))
                     return aiter_frames(replay_chunks(response, include_usage=include))
                 return response
+        await self.core.settled(session_id)  # the previous step's write-behind, before this call routes
         call = self.prepare_chat(session_id, req, turn_id=turn_id)
         if req.stream:
             return self._stream(call)  # its turn begins when the response starts (see _stream)
@@ -144,6 +145,7 @@ class CallPath(ChatSampling):
 
     async def chat(self, session_id: str, req: ChatRequest) -> dict[str, Any]:
         """Non-streamed chat completion (kept for embedders; HTTP goes through :meth:`open_chat`)."""
+        await self.core.settled(session_id)
         return await self._complete(self.prepare_chat(session_id, req))
 
     async def _generate(self, plan: GenerationPlan) -> AsyncIterator[str | GenerationResult | None]:
@@ -244,27 +246,31 @@ class CallPath(ChatSampling):
         sequence), keep-alives (``None``), then the recorded chat completion (``dict``);
         ``on_commit()`` runs as recording begins. A buffered call (``n > 1``, tool rules) sends no
         text: its completion comes once every sample is checked."""
-        if call.buffered:
-            task = asyncio.ensure_future(self._samples(call))
-            try:
-                while not task.done():
-                    await asyncio.wait([task], timeout=KEEPALIVE_S)
-                    if not task.done():
-                        yield None
-                samples = task.result()
-            finally:
-                task.cancel()
-        else:
-            result = None
-            async for event in visible(self._generate(call.plan), call.options.stops):
-                if isinstance(event, GenerationResult):
-                    result = event
-                else:
-                    yield event
-            samples = [self._reply(call, 0, call.plan, result)]
-        if on_commit is not None:
-            on_commit()
-        yield await asyncio.shield(self._commit_task(call, samples))
+        self.in_flight.enter(call.session_id)  # finalize waits for this call (its commit included)
+        try:
+            if call.buffered:
+                task = asyncio.ensure_future(self._samples(call))
+                try:
+                    while not task.done():
+                        await asyncio.wait([task], timeout=KEEPALIVE_S)
+                        if not task.done():
+                            yield None
+                    samples = task.result()
+                finally:
+                    task.cancel()
+            else:
+                result = None
+                async for event in visible(self._generate(call.plan), call.options.stops):
+                    if isinstance(event, GenerationResult):
+                        result = event
+                    else:
+                        yield event
+                samples = [self._reply(call, 0, call.plan, result)]
+            if on_commit is not None:
+                on_commit()
+            yield await asyncio.shield(self._commit_task(call, samples))
+        finally:
+            self._leave(call.session_id, call.commit)
 
     async def _buffered_frames(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[bytes]:
         """Every sample generated (keep-alives meanwhile), recorded, then sent as one stream."""
@@ -278,18 +284,26 @@ class CallPath(ChatSampling):
             yield frame
 
     async def _record(self, sid: str, plan: GenerationPlan, result: GenerationResult, engine_url: str, *,
-                      metadata: dict[str, Any], **step_kwargs: Any) -> Any:
-        """Commit one generated response as a StepRecord (the last check of the version rule first)."""
+                      metadata: dict[str, Any], committed: bool = False, **step_kwargs: Any) -> Any:
+        """Commit one generated response as a StepRecord (the last check of the version rule first).
+
+        The TQ write is behind the answer (``ProxyCore.begin_step``): this returns the validated record
+        once nothing can fail but the write; ``committed`` waits for the commit as well.
+        """
         codes = np.unique(result.token_versions).tolist()
         self.versions.check(sid, codes)
         metadata = {**metadata, "engine": engine_url, "engine_requests": result.chunks}
         labels = self.versions.labels(codes)
         if labels:
             metadata[STEP_LABELS_KEY] = labels
-        step = await asyncio.to_thread(
-            self.core.record_step, sid, plan.decision, prompt_ids=plan.prompt_ids, response_ids=result.response_ids,
-            logprobs=result.logprobs, routed_experts=result.routed_experts, token_versions=result.token_versions,
-            metadata=metadata, **step_kwargs)
+        step_fields = dict(prompt_ids=plan.prompt_ids, response_ids=result.response_ids, logprobs=result.logprobs,
+                           routed_experts=result.routed_experts, token_versions=result.token_versions,
+                           metadata=metadata, **step_kwargs)
+        if self.core.writes_behind:  # validates and queues only: cheap enough for the loop
+            pending = self.core.begin_step(sid, plan.decision, **step_fields)
+        else:  # a synchronous commit (the journal write with TQ off) runs on a thread, as it always did
+            pending = await asyncio.to_thread(self.core.begin_step, sid, plan.decision, **step_fields)
+        step = await asyncio.wrap_future(pending.future) if committed else pending.preview
         self.versions.recorded(sid, int(result.token_versions[0]))
         self.engines.settle(sid)
         return step
@@ -297,6 +311,7 @@ class CallPath(ChatSampling):
     # ------------------------------------------------------- token level
     async def generate_tokens(self, session_id: str, req: GenerateRequest) -> dict[str, Any]:
         """Token-in, token-out call for TITO-native agents (same limits, pause and versions as chat)."""
+        await self.core.settled(session_id)
         self._check_call(session_id)
         prompt_ids = np.asarray(req.input_ids, dtype=np.int32)
         sp = dict(req.sampling_params or {})
@@ -305,7 +320,7 @@ class CallPath(ChatSampling):
         self.in_flight.enter(session_id)
         try:
             result = await self._final(plan)
-            step = await self._record(session_id, plan, result, url, metadata={})
+            step = await self._record(session_id, plan, result, url, metadata={}, committed=True)  # ids answered
         finally:
             self.in_flight.exit(session_id)
         return {"output_ids": step.response_ids.tolist(),

@@ -71,7 +71,7 @@ class ChatSampling:
             if reason is None:
                 return sample
         raise ReplyConstraintError(f"{attempts} sampled replies broke the call's tool rule (last: {reason}); "
-                                   "none was recorded", attempts=attempts)
+                                   "none was recorded")
 
     async def _samples(self, call: "ChatCall") -> list[ChatSample]:
         if len(call.plans) == 1:

@@ -15,10 +15,12 @@ from typing import Any, AsyncIterator, Optional, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dressage.errors import DressageError, ModelNotFoundError, UnsupportedRequestError
+from dressage.errors import DressageError, ModelNotFoundError, UnsupportedParameterError
+from dressage.proxy.chat_params import _logit_bias
+from dressage.proxy.chat_reply import cut_at_stop, visible_prefix
 from dressage.proxy.streaming import DONE, KEEPALIVE, error_payload, sse
 
-__all__ = ["CompletionRequest", "CompletionsPath", "cut_at_stop"]
+__all__ = ["CompletionRequest", "CompletionsPath"]
 
 OPENAI_DEFAULT_MAX_TOKENS = 16
 """``max_tokens`` of a text completion that leaves it out (OpenAI's documented default)."""
@@ -39,6 +41,7 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     stream_options: Optional[dict[str, Any]] = None
     logprobs: Optional[int] = Field(default=None, ge=0, le=5)
+    """Alternatives per token (OpenAI allows up to 5); each token's own logprob comes with any value."""
     n: int = Field(default=1, ge=1)
     best_of: Optional[int] = Field(default=None, ge=1)
     echo: bool = False
@@ -61,24 +64,9 @@ def _one_prompt(prompt: Any) -> Union[str, list[int]]:
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         return prompt
     if len(prompt) != 1:
-        raise UnsupportedRequestError(f"prompt holds {len(prompt)} prompts; send one prompt per request "
-                                      f"(each call is one step of its session)")
+        raise UnsupportedParameterError("prompt", f"holds {len(prompt)} prompts; send one prompt per request "
+                                                  f"(each call is one step of its session)")
     return prompt[0]
-
-
-def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    """``text`` up to the first stop string, and whether one was found."""
-    cuts = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return (text[:min(cuts)], True) if cuts else (text, False)
-
-
-def _held_back(text: str, stops: list[str]) -> str:
-    """``text`` less a tail that may still become a stop string."""
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if s.startswith(text[-k:]):
-                return text[:-k]
-    return text
 
 
 class CompletionsPath:
@@ -94,19 +82,23 @@ class CompletionsPath:
         return {"id": model_id, "object": "model", "created": 0, "owned_by": "dressage"}
 
     def _completion_sampling(self, req: CompletionRequest, prompt_len: int) -> tuple[dict[str, Any], list[str]]:
-        refused = [(req.n > 1, "n > 1"), ((req.best_of or 1) > 1, "best_of > 1"), (req.echo, "echo"),
-                   (req.suffix is not None, "suffix"), ((req.logprobs or 0) > 1,
-                                                       "logprobs > 1 (only the sampled token's logprob is known)")]
-        for bad, name in refused:
+        refused = [(req.n > 1, "n", "one sample per text completion (chat completions take n)"),
+                   ((req.best_of or 1) > 1, "best_of", "not supported"), (req.echo, "echo", "not supported"),
+                   (req.suffix is not None, "suffix", "not supported")]
+        for bad, name, why in refused:
             if bad:
-                raise UnsupportedRequestError(f"{name} is not supported by this Proxy's text completions")
+                raise UnsupportedParameterError(name, why)
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if len(stops) > 4 or not all(stops):
+            raise UnsupportedParameterError("stop", "at most 4 stop sequences, none empty")
         sp: dict[str, Any] = {"max_new_tokens": self.limits.max_new_tokens(req.max_tokens or OPENAI_DEFAULT_MAX_TOKENS,
                                                                           prompt_len),
                               "stop_token_ids": list(self.tokenizer.stop_token_ids)}
-        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "logit_bias"):
+        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
             if getattr(req, name) is not None:
                 sp[name] = getattr(req, name)
+        if req.logit_bias:
+            sp["logit_bias"] = _logit_bias(req.logit_bias)
         if stops:
             sp["stop"] = stops
         if req.seed is not None:
@@ -118,22 +110,30 @@ class CompletionsPath:
         prompt = _one_prompt(req.prompt)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
-            raise UnsupportedRequestError("the prompt has no tokens")
+            raise UnsupportedParameterError("prompt", "the prompt has no tokens")
         prompt_ids = np.asarray(ids, dtype=np.int32)
         sp, stops = self._completion_sampling(req, len(prompt_ids))
         plan, url = self._plan(session_id, prompt_ids, sp, stream=req.stream)
+        if req.logprobs:
+            plan.params["top_logprobs_num"] = req.logprobs
         return plan, url, stops
 
-    def _logprobs(self, ids: list[int], lps: Any, text: str, stopped: bool, want: int) -> dict[str, Any]:
-        tokens = [self.tokenizer.decode([t]) for t in ids]
-        values = [float(x) for x in lps] if lps is not None else [None] * len(ids)
+    def _logprobs(self, ids: list[int], result: Any, text: str, stopped: bool, want: int) -> dict[str, Any]:
+        """OpenAI's legacy ``logprobs``: tokens, their logprobs and offsets, ``want`` alternatives each."""
+        decode = self.tokenizer.decode
+        tokens = [decode([t]) for t in ids]
+        values = [float(x) for x in result.logprobs] if result.logprobs is not None else [None] * len(ids)
         offsets, pos = [], 0
         for tok in tokens:
             offsets.append(pos)
             pos += len(tok)
-        keep = sum(1 for o in offsets if o < len(text)) if stopped else len(ids)  # not the stop string's tokens
+        keep = sum(1 for o in offsets if o < len(text)) if stopped else len(ids)  # not the stop sequence's tokens
+        top = None
+        if want:
+            alts = result.top_logprobs or [[] for _ in ids]
+            top = [{decode([int(a[1])]): float(a[0]) for a in (alts[i] or [])[:want]} for i in range(keep)]
         return {"tokens": tokens[:keep], "token_logprobs": values[:keep], "text_offset": offsets[:keep],
-                "top_logprobs": [{t: v} for t, v in zip(tokens[:keep], values[:keep])] if want else None}
+                "top_logprobs": top}
 
     async def _record_completion(self, session_id: str, plan: Any, url: str, result: Any, stops: list[str],
                                  req: CompletionRequest, completion_id: str, created: int) -> dict[str, Any]:
@@ -142,7 +142,7 @@ class CompletionsPath:
         text, stopped = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), stops)
         finish = "length" if result.finish_reason == "length" and not stopped else "stop"
         choice = {"index": 0, "text": text, "finish_reason": finish,
-                  "logprobs": None if req.logprobs is None else self._logprobs(ids, result.logprobs, text, stopped,
+                  "logprobs": None if req.logprobs is None else self._logprobs(ids, result, text, stopped,
                                                                               req.logprobs)}
         return {"id": completion_id, "object": "text_completion", "created": created,
                 "model": self.config.served_model_name, "choices": [choice],
@@ -178,8 +178,7 @@ class CompletionsPath:
                 if event is None:
                     yield KEEPALIVE
                 elif isinstance(event, str):
-                    text, stopped = cut_at_stop(event, stops)
-                    text = (text if stopped else _held_back(text, stops)).rstrip("\ufffd")
+                    text = visible_prefix(event, stops).rstrip("\ufffd")
                     if len(text) > len(sent) and text.startswith(sent):
                         yield chunk(text[len(sent):])
                         sent = text

@@ -18,6 +18,8 @@ from dressage.flags import flag
 __all__ = ["ProxyConfig", "ProxyServerConfig", "JournalConfig", "DataPlaneConfig"]
 
 FSYNC_POLICIES = ("always", "interval", "never")
+NO_AUTH = "no-auth"
+"""The ``--api-key`` value upstream's Proxy takes for "no bearer check" (its default)."""
 
 
 def _url_ok(url: object) -> bool:
@@ -45,7 +47,8 @@ class ProxyServerConfig:
     """The engine's ``--api-key``: sent as ``Authorization: Bearer`` on every engine and worker call."""
     api_token: str | None = field(default=None, metadata=flag(metavar="TOKEN", default_text="$DRESSAGE_PROXY_TOKEN",
                                                               aliases=("--api-key",)))
-    """When set, every endpoint but /health needs ``Authorization: Bearer <token>``."""
+    """When set, every endpoint but /health needs ``Authorization: Bearer <token>`` (``no-auth``, upstream's
+    default, turns the check off)."""
     finalize_wait_s: float = field(default=30.0, metadata=flag("--finalize-wait", metavar="S"))
     """How long ``/session/finalize`` waits for the session's calls still in flight before it cuts the trajectory."""
     served_model_name: str = field(default="dressage-policy", metadata=flag(metavar="NAME"))
@@ -72,6 +75,8 @@ class ProxyServerConfig:
     """Consecutive failed health checks that take an engine out of the pool."""
 
     def __post_init__(self) -> None:
+        if self.api_token == NO_AUTH:
+            self.api_token = None
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"proxy.port: {self.port!r} is not a port")
         self.engine_urls = tuple(self.engine_urls or ())
@@ -158,6 +163,8 @@ class ProxyConfig:
     """Routed experts per layer; overrides the engine's model info and the preset."""
     skip_engine_check: bool = False
     """Start without asking the engine for its model info (no shape or tokenizer check)."""
+    engine_wait_s: float = field(default=30.0, metadata=flag("--engine-wait", metavar="S"))
+    """How long start-up waits for an engine that does not answer yet (one that is still loading)."""
 
     def __post_init__(self) -> None:
         for key, cls in (("data_plane", DataPlaneConfig), ("server", ProxyServerConfig), ("journal", JournalConfig)):
@@ -165,6 +172,9 @@ class ProxyConfig:
                 raise ConfigError(f"proxy.{key}: expected a {cls.__name__}, got {type(getattr(self, key)).__name__}")
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             raise ConfigError(f"proxy.tokenizer: expected 'byte' or a tokenizer path, got {self.tokenizer!r}")
+        if isinstance(self.engine_wait_s, bool) or not isinstance(self.engine_wait_s, (int, float)) \
+                or self.engine_wait_s < 0:
+            raise ConfigError(f"proxy.engine_wait_s must be >= 0, got {self.engine_wait_s!r}")
         for key in ("num_layers", "topk", "num_experts"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

@@ -18,6 +18,7 @@ from dressage.errors import DressageError, FieldShapeError, SessionStateError, T
 from dressage.fields import GenerateOutput, decode_generate_response, encode_routed_experts
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.weights import step_labels
+from dressage.proxy.write_behind import PendingStep, WriteBehind, done_step
 from dressage.trajectory import Boundary, RouteDecision, Segment, Session, StepRecord, build_segments
 from dressage.trajectory.sample import VERSION_LABELS_KEY
 
@@ -45,7 +46,8 @@ class ProxyCore:
 
     def __init__(self, config: DataPlaneConfig, tq: Any = None, *, sink: Callable[[FinalizedSession], None] | None = None,
                  decode: Callable[[np.ndarray], str] | None = None, special_ids: Sequence[int] = (),
-                 batch_tag: Callable[[], str | None] | None = None, journal: Any = None) -> None:
+                 batch_tag: Callable[[], str | None] | None = None, journal: Any = None,
+                 write_behind: bool = True) -> None:
         if config.enable_transfer_queue and tq is None:
             raise TransferWriteError("TransferQueue is enabled but no TransferQueue client was given")
         self.config = config
@@ -55,6 +57,9 @@ class ProxyCore:
         self._special_ids = tuple(special_ids)
         self._batch_tag = batch_tag or (lambda: None)
         self.journal = journal
+        self.write_behind = write_behind
+        """:meth:`begin_step` answers before the TQ write lands (see :mod:`dressage.proxy.write_behind`)."""
+        self._behind: WriteBehind | None = None
         # Keys stay unique across restarts of a Proxy that recovered its sessions from a journal.
         self._epoch = secrets.token_hex(3)
         self.sessions: dict[str, Session] = {}
@@ -121,6 +126,7 @@ class ProxyCore:
         session's engine left the pool (``engine_moved``: the new engine recomputes the prefix, so
         one Segment's routing all comes from one engine); otherwise the session's prefix match.
         """
+        self._settle(session_id)  # route against every step already answered
         session = self.active_session(session_id)
         if boundary_reason is not None:
             return RouteDecision("create", None, 0, Boundary(boundary_reason))
@@ -140,12 +146,14 @@ class ProxyCore:
         return params
 
     def normalize(self, body: Mapping[str, Any], *, prompt_len: int, decision: RouteDecision) -> GenerateOutput:
-        """Decode one ``/generate`` JSON body for this call (validates every length)."""
+        """Decode one ``/generate`` JSON body for this call (validates every length; R3 comes out
+        range-checked in the storage dtype)."""
         m = self.config.model
         return decode_generate_response(
             body, prompt_len=prompt_len, routed_experts_start_len=decision.routed_experts_start,
             num_layers=m.num_layers, topk=m.topk, want_logprobs=True,
-            want_routed_experts=self.config.use_rollout_routing_replay)
+            want_routed_experts=self.config.use_rollout_routing_replay,
+            routed_experts_dtype=self.config.routed_experts_dtype, num_experts=m.num_experts)
 
     def ingest(self, session_id: str, decision: RouteDecision, body: Mapping[str, Any], *, prompt_ids: Any,
                version: int = 0, **step_kwargs: Any) -> StepRecord:
@@ -165,6 +173,63 @@ class ProxyCore:
         write fails nothing is committed; if the local commit fails the keys already written
         are deleted, so neither side keeps half a step.
         """
+        session, response, fields = self._encode(session_id, response_ids, logprobs, routed_experts)
+        refs = self._write_offloaded(session_id, fields, expected_rows=len(response))
+        return self._commit(session, decision, fields, refs, prompt_ids=prompt_ids, response_ids=response,
+                            token_versions=token_versions, **step_kwargs)
+
+    def begin_step(self, session_id: str, decision: RouteDecision, *, prompt_ids: Any, response_ids: Any,
+                   logprobs: Any, routed_experts: Any = None, token_versions: Any = 0,
+                   **step_kwargs: Any) -> PendingStep:
+        """The commit region, write-behind: validate and encode now, write and commit in the background.
+
+        Every error a synchronous :meth:`record_step` raises before its write is raised here, with
+        nothing written. The offloaded fields then go to the batcher; the step joins the session
+        (journal first) once its keys are committed, and a failed write records nothing. Without
+        offloaded fields, or with ``write_behind`` off, this is :meth:`record_step`, already done.
+        """
+        session, response, fields = self._encode(session_id, response_ids, logprobs, routed_experts)
+        names = self._offloaded_names(fields, expected_rows=len(response))
+        kwargs = dict(step_kwargs, prompt_ids=prompt_ids, response_ids=response, token_versions=token_versions)
+        if not names or not self.write_behind:
+            refs = self._write_offloaded(session_id, fields, expected_rows=len(response))
+            return done_step(self._commit(session, decision, fields, refs, **kwargs))
+        with self._lock:
+            preview = session.prepare_step(decision, logprobs=fields["logprobs"],
+                                           routed_experts=fields.get("routed_experts"), **kwargs)
+        behind = self._write_behind()
+        items = [(n, np.ascontiguousarray(fields[n])) for n in names]
+        done = behind.submit(session_id, items, self._keys(session_id, names), self._batch_tag(),
+                             lambda refs: self._commit(session, decision, fields, refs, **kwargs))
+        return PendingStep(preview, done)
+
+    @property
+    def writes_behind(self) -> bool:
+        """Whether :meth:`begin_step` returns before the step's TQ write (offloaded fields, write-behind on)."""
+        return self.write_behind and self.tq is not None and bool(self.config.offloaded)
+
+    def _write_behind(self) -> WriteBehind:
+        with self._lock:
+            if self._behind is None:
+                self._behind = WriteBehind(self.tq)
+            return self._behind
+
+    async def settled(self, session_id: str) -> None:
+        """Wait (without blocking the loop) for the session's steps still being written."""
+        if self._behind is not None:
+            await self._behind.settled(session_id)
+
+    def _settle(self, session_id: str) -> None:
+        if self._behind is not None:
+            self._behind.wait(session_id)
+
+    def close(self) -> None:
+        """Write and commit every step still under way (the Proxy calls this when it stops)."""
+        if self._behind is not None:
+            self._behind.close()
+
+    def _encode(self, session_id: str, response_ids: Any, logprobs: Any,
+                routed_experts: Any) -> tuple[Session, np.ndarray, dict[str, Any]]:
         session = self.active_session(session_id)
         response = np.asarray(response_ids, dtype=np.int32)
         fields: dict[str, Any] = {"logprobs": None if logprobs is None else np.asarray(logprobs, dtype=np.float32)}
@@ -173,34 +238,43 @@ class ProxyCore:
                 routed_experts, self.config.routed_experts_dtype, num_experts=self.config.model.num_experts)
         elif self.config.use_rollout_routing_replay:
             fields["routed_experts"] = None
-        refs = self._write_offloaded(session_id, fields, expected_rows=len(response))
+        return session, response, fields
+
+    def _commit(self, session: Session, decision: RouteDecision, fields: dict[str, Any], refs: dict[str, Any],
+                **kwargs: Any) -> StepRecord:
         values = dict(fields)
         values.update(refs)
         try:
             with self._lock:
-                rec = session.prepare_step(decision, prompt_ids=prompt_ids, response_ids=response,
-                                           logprobs=values["logprobs"], routed_experts=values.get("routed_experts"),
-                                           token_versions=token_versions, **step_kwargs)
+                rec = session.prepare_step(decision, logprobs=values["logprobs"],
+                                           routed_experts=values.get("routed_experts"), **kwargs)
                 if self.journal is not None:
-                    self.journal.step(session_id, decision, rec, session)  # durable before it is visible
+                    self.journal.step(session.session_id, decision, rec, session)  # durable before it is visible
                 return session.insert_step(rec)
         except BaseException:
             self._delete_quietly(list(refs.values()))
             raise
 
-    def _write_offloaded(self, session_id: str, fields: dict[str, Any], *, expected_rows: int) -> dict[str, Any]:
+    def _offloaded_names(self, fields: dict[str, Any], *, expected_rows: int) -> list[str]:
         names = [n for n in self.config.offloaded if fields.get(n) is not None]
-        if not names:
-            return {}
         lp = fields.get("logprobs")
-        if lp is not None and lp.shape != (expected_rows,):
+        if names and lp is not None and lp.shape != (expected_rows,):
             # Fail before writing: the local commit would reject it anyway.
             raise FieldShapeError(f"logprobs vs {expected_rows} response tokens: {lp.shape[0]} rows")
+        return names
+
+    def _keys(self, session_id: str, names: list[str]) -> list[str]:
         with self._lock:
             call = self._calls[session_id]
             self._calls[session_id] = call + 1
+        return [f"{session_id}/{self._epoch}.{call}/{n}" for n in names]
+
+    def _write_offloaded(self, session_id: str, fields: dict[str, Any], *, expected_rows: int) -> dict[str, Any]:
+        names = self._offloaded_names(fields, expected_rows=expected_rows)
+        if not names:
+            return {}
         batch = self._batch_tag()
-        keys = [f"{session_id}/{self._epoch}.{call}/{n}" for n in names]
+        keys = self._keys(session_id, names)
         try:
             # One placement, one unit round trip and one commit for the step's fields: all or nothing.
             refs = self.tq.put_many([(n, np.ascontiguousarray(fields[n])) for n in names], batch=batch, keys=keys)
@@ -229,6 +303,7 @@ class ProxyCore:
     # --------------------------------------------------------------- lifecycle
     def finalize(self, session_id: str, reward: float | None = None) -> FinalizedSession:
         """Finalize, build Segments (no TQ reads), release refs no Segment uses, hand to the sink."""
+        self._settle(session_id)  # every step already answered is in the session first
         with self._lock:
             session = self.session(session_id)
             session.finalize(reward)

@@ -51,7 +51,7 @@ def checked_config(config: ProxyConfig, *, keep_tokenizer: bool = False) -> tupl
     :mod:`dressage.proxy.startup`); raises before anything is started when they do not fit."""
     from dressage.proxy.startup import check_engine, fetch_engine_infos
 
-    check = check_engine(config, fetch_engine_infos(config.server))
+    check = check_engine(config, fetch_engine_infos(config.server, wait_s=config.engine_wait_s))
     changes: dict[str, Any] = {}
     if check.model is not config.data_plane.model:
         changes["data_plane"] = dataclasses.replace(config.data_plane, model=check.model)
@@ -134,6 +134,7 @@ class Proxy:
 
     def shutdown(self) -> None:
         self.server.stop()
+        self.core.close()  # steps still being written land before the TQ goes
         if self._owns_tq and self.tq is not None:
             self.tq.shutdown()
             self._owns_tq = False

@@ -170,6 +170,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
                         answer.add(chunk)
                         yield text.extend_to(so_far + answer.ids)
                     body = answer.body()
+                    answer = chunk = None  # the last chunk's meta holds the routing string too
                 else:
                     body = await asyncio.wait_for(plan.client.generate(input_ids, sampling, rid=rid, **headers,
                                                                        **params),
@@ -182,6 +183,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
                 raise
         decision = dataclasses.replace(plan.decision, routed_experts_start=start)
         out = normalize(body, prompt_len=len(input_ids), decision=decision)
+        body = None  # the engine's JSON (R3 as base64) is decoded: hold only the arrays from here on
         aborted = out.finish_reason == "abort"
         if aborted and not run.aborted:
             raise EngineUnavailable(f"the engine aborted request {rid} (not a pause of this Proxy)")
@@ -203,6 +205,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
         if len(so_far) >= budget:
             finish = "length"
             break
+    out = None  # its meta still references the engine's base64 routing string
     ids, lps, routed, versions = partial.merge()
     yield GenerationResult(ids, lps, routed, versions, finish, chunk_no, dropped, top if want_top else None)
 

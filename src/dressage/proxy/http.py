@@ -71,11 +71,6 @@ def _install_guards(app: FastAPI, service: Any) -> None:
             return JSONResponse(error_body(f"malformed JSON: {detail}", "invalid_request_error"), 400)
         if tuple(first.get("loc", ())) == ("body",):
             return JSONResponse(error_body("request body must be a JSON object", "invalid_request_error"), 400)
-        unknown = [".".join(str(p) for p in e.get("loc", ()) if p != "body") for e in errors
-                   if e.get("type") == "extra_forbidden"]
-        if unknown:  # a strict (control) body with a key it does not know: a misspelling, not a type error
-            return JSONResponse(error_body(f"unknown field(s): {', '.join(unknown)}", "invalid_request_error",
-                                           param=unknown[0]), 400)
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
         msg = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"

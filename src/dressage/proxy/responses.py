@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dressage.errors import UnknownResponseError, UnsupportedRequestError
+from dressage.errors import UnknownResponseError, UnsupportedParameterError
 
 __all__ = ["ResponsesRequest", "ResponseMemory", "conversation", "chat_body", "response_object",
            "input_messages", "chat_tools", "chat_tool_choice", "item_ids"]
@@ -48,7 +48,7 @@ class ResponsesRequest(BaseModel):
     reasoning: Optional[dict[str, Any]] = None
     truncation: Optional[str] = None
     include: Optional[list[str]] = None
-    top_logprobs: Optional[int] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     max_tool_calls: Optional[int] = None
     background: Optional[bool] = None
     conversation: Any = None
@@ -94,17 +94,17 @@ def _text(content: Any, where: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
-        raise UnsupportedRequestError(f"{where}: content must be a string or a list of content parts")
+        raise UnsupportedParameterError(where, "content must be a string or a list of content parts")
     out = []
-    for part in content:
+    for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in _TEXT_PARTS:
             out.append(str(part.get("text") or ""))
         elif kind == "refusal":
             out.append(str(part.get("refusal") or ""))
         else:
-            raise UnsupportedRequestError(f"{where}: content part type {kind!r} is not supported (text parts only: "
-                                          f"input_text, output_text, refusal)")
+            raise UnsupportedParameterError(f"{where}.content[{j}]", f"content part type {kind!r} is not supported "
+                                            f"(text parts only: input_text, output_text, refusal)")
     return "".join(out)
 
 
@@ -126,14 +126,15 @@ def input_messages(items: Union[str, list[dict[str, Any]]], where: str = "input"
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
-                raise UnsupportedRequestError(f"{at}: role {role!r} is not one of user, system, developer, assistant")
+                raise UnsupportedParameterError(f"{at}.role", f"role {role!r} is not one of user, system, developer, "
+                                                f"assistant")
             msg: dict[str, Any] = {"role": role, "content": _text(item.get("content"), at)}
             if role == "assistant" and reasoning is not None:
                 msg["reasoning_content"], reasoning = reasoning, None
             out.append(msg)
         elif kind == "function_call":
             if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str):
-                raise UnsupportedRequestError(f"{at}: a function_call item needs a name and a call_id")
+                raise UnsupportedParameterError(at, "a function_call item needs a name and a call_id")
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"}}
             last = out[-1] if out else None
@@ -148,14 +149,14 @@ def input_messages(items: Union[str, list[dict[str, Any]]], where: str = "input"
                 out.append(msg)
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
-                raise UnsupportedRequestError(f"{at}: a function_call_output item needs a call_id")
+                raise UnsupportedParameterError(at, "a function_call_output item needs a call_id")
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _text(item.get("output"), at)})
         elif kind == "reasoning":
             reasoning = _reasoning_text(item)
         else:
-            raise UnsupportedRequestError(
-                f"{at}: input item type {kind!r} is not supported (message, function_call, function_call_output, "
-                f"reasoning)")
+            raise UnsupportedParameterError(
+                f"{at}.type", f"input item type {kind!r} is not supported (message, function_call, "
+                f"function_call_output, reasoning)")
     return out
 
 
@@ -167,11 +168,11 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     for i, tool in enumerate(tools):
         kind = tool.get("type")
         if kind != "function":
-            raise UnsupportedRequestError(
-                f"tools[{i}]: tool type {kind!r} is a built-in OpenAI tool, which this Proxy does not run; "
+            raise UnsupportedParameterError(
+                f"tools[{i}].type", f"tool type {kind!r} is a built-in OpenAI tool, which this Proxy does not run; "
                 f"only function tools are supported")
         if not isinstance(tool.get("name"), str):
-            raise UnsupportedRequestError(f"tools[{i}]: a function tool needs a name")
+            raise UnsupportedParameterError(f"tools[{i}].name", "a function tool needs a name")
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
@@ -183,27 +184,35 @@ def chat_tool_choice(choice: Any) -> Any:
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
     kind = choice.get("type") if isinstance(choice, dict) else choice
-    raise UnsupportedRequestError(f"tool_choice {kind!r} is not supported (none, auto, required or "
-                                  f'{{"type": "function", "name": ...}})')
+    raise UnsupportedParameterError("tool_choice", f"{kind!r} is not supported (none, auto, required or "
+                                                   f'{{"type": "function", "name": ...}})')
 
 
-def _check_supported(req: ResponsesRequest, chat_fields: Any) -> dict[str, Any] | None:
-    """Refuse what the Proxy cannot honour; the chat ``response_format`` of ``text.format`` if any."""
-    refused = [(req.background, "background"), (req.conversation is not None, "conversation"),
-               (req.prompt is not None, "prompt (stored prompt templates)"),
-               (req.max_tool_calls is not None, "max_tool_calls"), (bool(req.top_logprobs), "top_logprobs"),
-               ((req.reasoning or {}).get("effort") is not None, "reasoning.effort"),
-               (req.truncation not in (None, "disabled"), f"truncation={req.truncation!r}"),
-               ((req.text or {}).get("verbosity") is not None, "text.verbosity")]
-    for bad, name in refused:
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def _check_supported(req: ResponsesRequest) -> None:
+    """Refuse what the Proxy cannot honour (each is named)."""
+    refused = [(req.background, "background", "background responses are not supported"),
+               (req.conversation is not None, "conversation", "stored conversations are not supported"),
+               (req.prompt is not None, "prompt", "stored prompt templates are not supported"),
+               (req.max_tool_calls is not None, "max_tool_calls", "not enforced by this Proxy"),
+               ((req.reasoning or {}).get("effort") is not None, "reasoning.effort",
+                "the served model's reasoning cannot be steered per call; leave it out"),
+               (req.truncation not in (None, "disabled"), "truncation", f"{req.truncation!r} is not supported "
+                                                                       f"(the conversation is never truncated)"),
+               ((req.text or {}).get("verbosity") is not None, "text.verbosity",
+                "the served model's verbosity cannot be steered per call; leave it out")]
+    for bad, name, why in refused:
         if bad:
-            raise UnsupportedRequestError(f"{name} is not supported by this Proxy")
+            raise UnsupportedParameterError(name, why)
+
+
+def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
+    """The chat ``response_format`` of ``text.format`` (the chat path enforces or refuses it)."""
     fmt = (req.text or {}).get("format")
-    if fmt is None or fmt.get("type") == "text":
+    if fmt is None:
         return None
-    if "response_format" not in chat_fields:
-        raise UnsupportedRequestError(f"text.format {fmt.get('type')!r} is not supported (structured output "
-                                      f"is not enforced by this Proxy)")
     if fmt.get("type") == "json_schema":
         return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
     return dict(fmt)
@@ -218,18 +227,15 @@ def conversation(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
     return instr + history + input_messages(req.input), len(instr)
 
 
-def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]], chat_fields: Any) -> dict[str, Any]:
+def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
     """The chat request body equivalent to ``req`` (validated by the chat schema afterwards)."""
+    _check_supported(req)
+    logprobs = bool(req.top_logprobs) or LOGPROBS_INCLUDE in (req.include or ())
     body: dict[str, Any] = {"model": req.model, "messages": messages, "tools": chat_tools(req.tools),
                             "tool_choice": chat_tool_choice(req.tool_choice), "temperature": req.temperature,
-                            "top_p": req.top_p, "max_tokens": req.max_output_tokens, "stream": req.stream}
-    response_format = _check_supported(req, chat_fields)
-    if response_format is not None:
-        body["response_format"] = response_format
-    if req.parallel_tool_calls is not None and "parallel_tool_calls" in chat_fields:
-        body["parallel_tool_calls"] = req.parallel_tool_calls
-    elif req.parallel_tool_calls is False and req.tools:
-        raise UnsupportedRequestError("parallel_tool_calls=false is not enforced by this Proxy's chat path")
+                            "top_p": req.top_p, "max_tokens": req.max_output_tokens, "stream": req.stream,
+                            "parallel_tool_calls": req.parallel_tool_calls, "response_format": _response_format(req),
+                            "logprobs": logprobs or None, "top_logprobs": req.top_logprobs or None}
     return {k: v for k, v in body.items() if v is not None}
 
 
@@ -240,8 +246,16 @@ def item_ids(completion_id: str) -> tuple[str, str, str, str]:
     return f"resp_{stem}", f"rs_{stem}", f"msg_{stem}", f"fc_{stem}"
 
 
+def _text_logprobs(logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Chat ``choices[].logprobs`` as ``output_text.logprobs`` (every generated token of the reply)."""
+    return [{"token": e["token"], "bytes": e["bytes"], "logprob": e["logprob"],
+             "top_logprobs": [{"token": t["token"], "bytes": t["bytes"], "logprob": t["logprob"]}
+                              for t in e.get("top_logprobs") or ()]}
+            for e in (logprobs or {}).get("content") or ()]
+
+
 def output_items(message: dict[str, Any], completion_id: str, *, incomplete: bool = False,
-                 keep_message: bool = False) -> list[dict[str, Any]]:
+                 keep_message: bool = False, logprobs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The Response output items of a recorded assistant message (reasoning, message, function calls)."""
     _, rs_id, msg_id, fc_id = item_ids(completion_id)
     status = "incomplete" if incomplete else "completed"
@@ -253,7 +267,8 @@ def output_items(message: dict[str, Any], completion_id: str, *, incomplete: boo
     text = message.get("content") or ""
     if text or keep_message or not calls:
         items.append({"id": msg_id, "type": "message", "role": "assistant", "status": status,
-                      "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
+                      "content": [{"type": "output_text", "text": text, "annotations": [],
+                                   "logprobs": _text_logprobs(logprobs)}]})
     for i, call in enumerate(calls):
         items.append({"id": f"{fc_id}_{i}", "type": "function_call", "status": "completed", "call_id": call["id"],
                       "name": call["function"]["name"], "arguments": call["function"]["arguments"]})
@@ -272,7 +287,7 @@ def response_object(req: ResponsesRequest, completion: dict[str, Any] | None, *,
         "previous_response_id": req.previous_response_id, "store": req.store is not False,
         "metadata": dict(req.metadata or {}), "text": req.text or {"format": {"type": "text"}},
         "truncation": "disabled", "reasoning": {"effort": None, "summary": None}, "background": False,
-        "user": None,
+        "user": None, "top_logprobs": req.top_logprobs,
     }
     if error is not None:
         resp["status"] = "failed"
@@ -284,7 +299,8 @@ def response_object(req: ResponsesRequest, completion: dict[str, Any] | None, *,
     resp.update(
         status="incomplete" if incomplete else "completed", completed_at=created,
         incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
-        output=output_items(choice["message"], completion_id, incomplete=incomplete, keep_message=keep_message),
+        output=output_items(choice["message"], completion_id, incomplete=incomplete, keep_message=keep_message,
+                            logprobs=choice.get("logprobs")),
         usage={"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
                "total_tokens": usage["total_tokens"],
                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 
 from pydantic import ValidationError
 
-from dressage.errors import DressageError, OpenAIRequestError
+from dressage.errors import DressageError, UnsupportedParameterError
 from dressage.proxy.responses import ResponsesRequest, chat_body, conversation, item_ids, response_object
 from dressage.proxy.responses_stream import ResponseEvents, replay_events, stream_response
 from dressage.proxy.schemas import ChatRequest
@@ -23,12 +23,11 @@ from dressage.proxy.turn_scope import turn_call_key
 __all__ = ["ResponsesPath"]
 
 
-def _invalid(exc: ValidationError) -> OpenAIRequestError:
-    parts = []
-    for e in exc.errors()[:5]:
-        loc = ".".join(str(p) for p in e.get("loc", ()))
-        parts.append(f"{loc or 'body'}: {e.get('msg')}")
-    return OpenAIRequestError("the request has no chat equivalent: " + "; ".join(parts))
+def _invalid(exc: ValidationError) -> UnsupportedParameterError:
+    errors = exc.errors()
+    where = ".".join(str(p) for p in errors[0].get("loc", ())) if errors else "body"
+    why = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg')}" for e in errors[:5])
+    return UnsupportedParameterError(where or "body", f"the request has no valid chat equivalent ({why})")
 
 
 class ResponsesPath:
@@ -39,9 +38,10 @@ class ResponsesPath:
         history = self.responses.recall(session_id, req.previous_response_id) if req.previous_response_id else []
         messages, n_instructions = conversation(req, history)
         if not messages:
-            raise OpenAIRequestError("the request has no input (give input, instructions or previous_response_id)")
+            raise UnsupportedParameterError("input", "the request has no input (give input, instructions or "
+                                                     "previous_response_id)")
         try:
-            chat = ChatRequest.model_validate(chat_body(req, messages, ChatRequest.model_fields))
+            chat = ChatRequest.model_validate(chat_body(req, messages))
         except ValidationError as exc:
             raise _invalid(exc) from None
         return chat, messages, n_instructions
@@ -97,7 +97,7 @@ class ResponsesPath:
         model = self.config.served_model_name
         ev = ResponseEvents()
         skeleton = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model)
-        self.in_flight.enter(sid)  # finalize waits for this call, as for a chat call
+        self.in_flight.enter(sid)
         try:
             async for frame in stream_response(ev, skeleton, item_ids(call.completion_id), self.parser,
                                                self._reply_events(call, began), finish):

@@ -66,6 +66,8 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
         """Model calls running per session (finalize waits for them)."""
         self.ledger = FinalizeLedger()
         """Answers of finalizes, so that a repeat answers the same."""
+        self.finalizing: dict[str, asyncio.Future] = {}
+        """Finalizes under way (a concurrent repeat waits for the same answer)."""
         self._tasks: set[asyncio.Task] = set()
 
     @property

@@ -56,11 +56,24 @@ class EngineCheck:
         return f"model {m.name} ({m.num_layers} R3 layers, top-{m.topk} of {m.num_experts}{where}), tokenizer {self.tokenizer}"
 
 
-def fetch_engine_infos(server: Any, *, transport: Any = None, timeout_s: float = INFO_TIMEOUT_S) -> list[dict[str, Any]]:
+def fetch_engine_infos(server: Any, *, transport: Any = None, timeout_s: float = INFO_TIMEOUT_S,
+                       wait_s: float = 0.0, retry_s: float = 0.5) -> list[dict[str, Any]]:
     """Each engine's model info, asked on a private loop (the Proxy's own loop is not running yet).
 
-    Raises :class:`EngineUnavailable` naming the engine and the cause when one does not answer.
+    An engine that cannot be reached (or answers 5xx) is asked again for up to ``wait_s``: it may
+    still be loading. Raises :class:`EngineUnavailable` naming the engine and the cause when one
+    does not answer.
     """
+    async def info_of(client: SGLangClient) -> dict[str, Any]:
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            try:
+                return await client.model_info(timeout=timeout_s)
+            except EngineUnavailable:
+                if asyncio.get_running_loop().time() + retry_s > deadline:
+                    raise
+                await asyncio.sleep(retry_s)
+
     async def ask() -> list[dict[str, Any]]:
         out = []
         for url in server.engines:
@@ -68,7 +81,7 @@ def fetch_engine_infos(server: Any, *, transport: Any = None, timeout_s: float =
             client = SGLangClient(url, timeout=timeout_s, api_key=server.engine_api_key,
                                   **({} if transport is None else {"transport": transport}))
             try:
-                out.append(await client.model_info(timeout=timeout_s))
+                out.append(await info_of(client))
             except EngineError as exc:
                 raise EngineUnavailable(
                     f"the engine at {url} did not answer its model info: {exc}. Start the engine first (or point "

@@ -32,31 +32,48 @@ def _answer(service: Any, sid: str, done: Any, session: Any, waited: bool) -> di
 async def finalize_session(service: Any, sid: str, *, reward: float | None = None, instance_id: str | None = None,
                            label: Any = None, wait_s: float | None = None) -> dict[str, Any]:
     """Finalize once: wait (bounded) for the session's calls in flight, record ``instance_id`` /
-    ``label``, build Segments. A repeat answers what the first finalize answered."""
+    ``label``, build Segments. A repeat, or a finalize that arrives while one runs, answers what
+    the first finalize answered."""
     prior = service.ledger.get(sid)
     if prior is not None:
         return prior
+    running = service.finalizing.get(sid)
+    if running is not None:
+        return await asyncio.shield(running)
     service.core.session(sid)  # 404 for an unknown session, 409 for an aborted one
+    fut = service.finalizing[sid] = asyncio.get_running_loop().create_future()
+    try:
+        answer = await _finalize_once(service, sid, reward, instance_id, label, wait_s)
+    except BaseException as exc:
+        if isinstance(exc, Exception):
+            fut.set_exception(exc)
+            fut.exception()  # those who wait re-raise it; nobody else has to look
+        else:
+            fut.cancel()
+        raise
+    finally:
+        service.finalizing.pop(sid, None)
+    fut.set_result(answer)
+    return answer
+
+
+async def _finalize_once(service: Any, sid: str, reward: float | None, instance_id: str | None, label: Any,
+                         wait_s: float | None) -> dict[str, Any]:
     limit = getattr(service.config, "finalize_wait_s", DEFAULT_FINALIZE_WAIT_S) if wait_s is None else wait_s
     waited = await service.in_flight.wait_idle(sid, limit)
-    prior = service.ledger.get(sid)  # a concurrent finalize won while we waited
-    if prior is not None:
-        return prior
     session = service.core.session(sid)
+    done = service.finalized.get(sid)
+    if session.state == "finalized" and done is not None:
+        answer = _answer(service, sid, done, session, waited)  # finalized before a restart (journal)
+        service.ledger.put(sid, answer)
+        return answer
     if session.state == "active":
         if instance_id is not None:
             session.metadata["instance_id"] = str(instance_id)
-            if hasattr(service, "group_of"):
-                session.metadata["group_index"] = service.group_of(instance_id)
+            session.metadata["group_index"] = service.group_of(instance_id)
         if label is not None:
             session.metadata["label"] = label
-    try:
-        done = await asyncio.to_thread(service.finalize, sid, reward)
-    except SessionStateError:
-        prior = service.ledger.get(sid)
-        if prior is not None:
-            return prior
-        raise
+    done = await asyncio.to_thread(service.finalize, sid, reward)
     answer = _answer(service, sid, done, service.core.session(sid), waited)
     service.ledger.put(sid, answer)
     return answer

@@ -102,7 +102,7 @@ class WeightVersions:
 
     def state(self) -> dict[str, Any]:
         return {"weight_version": self.current, "version": self.label, "from_engine": self.from_engine,
-                "named_versions": self.table.named()}
+                "named_versions": len(self.table.named())}
 
 
 def step_labels(metadata: Mapping[str, Any]) -> dict[str, str]:

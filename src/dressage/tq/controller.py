@@ -60,17 +60,20 @@ class UnitInfo:
     host_id: str | None = None
     shm_token: str | None = None
     heartbeat: str | None = None
+    head: bool = False
+    """On the cluster's head node: it takes payload only when no unit elsewhere can (see ``_choose``)."""
 
     def to_wire(self) -> dict[str, Any]:
         return {"unit_id": self.unit_id, "node_id": self.node_id, "memory_budget": self.memory_budget,
                 "address": self.address, "host_id": self.host_id, "shm_token": self.shm_token,
-                "heartbeat": self.heartbeat}
+                "heartbeat": self.heartbeat, "head": self.head}
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> "UnitInfo":
         return cls(unit_id=str(obj["unit_id"]), node_id=obj.get("node_id"),
                    memory_budget=int(obj.get("memory_budget", 4 << 30)), address=obj.get("address"),
-                   host_id=obj.get("host_id"), shm_token=obj.get("shm_token"), heartbeat=obj.get("heartbeat"))
+                   host_id=obj.get("host_id"), shm_token=obj.get("shm_token"), heartbeat=obj.get("heartbeat"),
+                   head=bool(obj.get("head", False)))
 
 
 @dataclass(slots=True)
@@ -207,8 +210,11 @@ class Controller:
                     f"{u} dead ({self._live[u].reason})" for u in self._units))
         up = [u for u in live if self._down_until.get(u, 0.0) <= now]
         everyone = up or live  # if every live unit failed a writer lately, let the writer find out again
-        local = [u for u in everyone if node_id is not None and self._units[u].node_id == node_id]
-        for pool in (local, everyone):
+        # Payload stays off the head node (it runs the Controller, the Proxy, the RolloutManager) while
+        # a unit elsewhere has room, even for a writer on the head: its unit is the last resort.
+        off_head = [u for u in everyone if not self._units[u].head]
+        local = [u for u in off_head if node_id is not None and self._units[u].node_id == node_id]
+        for pool in (local, off_head, everyone):
             fitting = [u for u in pool if free(u) >= nbytes]
             if fitting:
                 # Most free bytes, then fewest keys: equal units fill evenly.
@@ -219,7 +225,7 @@ class Controller:
                 f"every live StorageUnit is full: {nbytes} bytes fit none of "
                 + ", ".join(f"{u} ({free(u)} of {self._units[u].memory_budget} bytes free)" for u in everyone))
         # Nobody has room: the unit with most room spills, waits or refuses, per its policy.
-        return max(local or everyone, key=lambda u: (free(u), -self._count[u]))
+        return max(local or off_head or everyone, key=lambda u: (free(u), -self._count[u]))
 
     def commit(self, key: str) -> None:
         """The payload is durable in its unit."""

@@ -103,8 +103,10 @@ class ControllerServer:
         if op == "add_unit":
             unit = c.get("unit")
             if not isinstance(unit, dict) or set(unit) - {"unit_id", "node_id", "memory_budget", "address",
-                                                           "host_id", "shm_token", "heartbeat"}:
+                                                           "host_id", "shm_token", "heartbeat", "head"}:
                 raise ProtocolError(f"add_unit needs a unit description, got {unit!r:.100}")
+            if not isinstance(unit.get("head", False), bool):
+                raise ProtocolError(f"add_unit: head must be true or false, got {unit.get('head')!r:.40}")
             text(unit.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False)
             uint(unit.get("memory_budget", 0), "memory_budget", MAX_NBYTES)
             for name in ("node_id", "address", "host_id", "shm_token", "heartbeat"):

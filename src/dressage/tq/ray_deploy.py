@@ -211,9 +211,13 @@ class RayDeployment:
                 actors.append(actor)
                 self._actors.append(actor)
             described = self._wait([a.describe.remote() for a in actors], "StorageUnit actors")
+            heads = {n["NodeID"] for n in nodes if n.get("IsHead", False)}
+            # Units on the head node are the placement's last resort once other nodes have units.
+            spread = len({d["node_id"] for d in described}) > 1
             self._infos = [UnitInfo(d["unit_id"], d["node_id"], int(d["memory_budget"]), d["address"],
                                     host_id=d.get("host_id"), shm_token=d.get("shm_token"),
-                                    heartbeat=d.get("heartbeat")) for d in described]
+                                    heartbeat=d.get("heartbeat"), head=spread and d["node_id"] in heads)
+                           for d in described]
             self._pids.update({d["unit_id"]: int(d["pid"]) for d in described})
             ctl_cls = ray.remote(num_cpus=0)(_ControllerActor)
             controller = ctl_cls.options(

@@ -169,7 +169,8 @@ class PartialResponse:
         self._closed = True
         ids = np.concatenate(self._ids)
         lps = np.concatenate(self._logprobs) if self._logprobs else None
-        routed = np.concatenate(self._routed) if self._routed else None
+        # One chunk (the common case, no pause cut it) is handed on as it is: no copy of R3.
+        routed = (self._routed[0] if len(self._routed) == 1 else np.concatenate(self._routed)) if self._routed else None
         return ids, lps, routed, np.concatenate(self._versions)
 
 

@@ -1,7 +1,9 @@
 """Load: hundreds of concurrent agent sessions against one Proxy, and the same calls straight to the engine.
 
 Throughput is model calls per second; the Proxy's added latency is its per-call latency minus the
-engine's for the same prompts, measured in the same run at the same concurrency.
+engine's for the same prompts, measured in the same run at the same concurrency. The Proxy's own cost
+is its process's CPU time (user + system, tokenization and the embedded TransferQueue included) over
+the calls it served; the engine's CPU time per call in the direct run is the same-run yardstick.
 """
 
 from __future__ import annotations
@@ -13,11 +15,17 @@ from typing import Any
 import httpx
 import numpy as np
 import openai
+import psutil
 
 from dressage_bench.faults._stack import serve_process
 from dressage_bench.faults.runner import FaultsConfig, case
 from dressage.proxy.sglang_client import SGLangClient
 from dressage.tokenizer import load_tokenizer
+
+
+def _cpu_s(served: Any) -> float:
+    t = psutil.Process(served.proc.pid).cpu_times()
+    return float(t.user + t.system)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -74,17 +82,17 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     proxy = None
     conc = cfg.load_sessions
     try:
-        proxy = serve_process(["proxy", "serve", "--engine-url", engine.url, "--model", "qwen3.6-35b-a3b",
+        proxy = serve_process(["proxy", "serve", "--engine-url", engine.url,
                                "--use-rollout-routing-replay", "--enable-transfer-queue",
                                "--routed-experts-dtype", "uint8"])
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _cpu_s(proxy)
         lat_p, messages, errors = asyncio.run(_through_proxy(proxy.url, cfg.load_sessions, cfg.load_turns, conc))
-        wall_p = time.perf_counter() - t0
+        wall_p, proxy_cpu = time.perf_counter() - t0, _cpu_s(proxy) - cpu0
         tok = load_tokenizer("byte")
         prompts = [tok.apply_chat_template(m, None, True) for m in messages]
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), _cpu_s(engine)
         lat_d = asyncio.run(_direct(engine.url, prompts, conc))
-        wall_d = time.perf_counter() - t0
+        wall_d, engine_cpu = time.perf_counter() - t0, _cpu_s(engine) - cpu0
         detail = {"load": {
             "sessions": cfg.load_sessions, "concurrency": conc, "calls": len(lat_p), "errors": errors,
             "proxy_calls_per_s": round(len(lat_p) / wall_p, 1), "engine_calls_per_s": round(len(lat_d) / wall_d, 1),
@@ -92,6 +100,8 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
             "engine_p50_ms": round(_pct(lat_d, 50), 2), "engine_p99_ms": round(_pct(lat_d, 99), 2),
             "added_p50_ms": round(_pct(lat_p, 50) - _pct(lat_d, 50), 2),
             "added_p99_ms": round(_pct(lat_p, 99) - _pct(lat_d, 99), 2),
+            "proxy_cpu_ms_per_call": round(proxy_cpu * 1000.0 / max(1, len(lat_p)), 3),
+            "engine_cpu_ms_per_call": round(engine_cpu * 1000.0 / max(1, len(lat_d)), 3),
         }}
         return errors == 0 and len(lat_p) == cfg.load_sessions * cfg.load_turns, detail
     finally:

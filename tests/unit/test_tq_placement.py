@@ -1,0 +1,52 @@
+"""Placement keeps payload off the head node while units on other nodes can take it."""
+
+from __future__ import annotations
+
+import pytest
+
+from dressage.errors import ProtocolError
+from dressage.testing import serve_controller
+from dressage.tq import Controller, UnitInfo
+
+MiB = 1 << 20
+
+
+def _units(budget=10 * MiB):
+    return [UnitInfo("u-head", "node-head", budget, head=True), UnitInfo("u-a", "node-a", budget),
+            UnitInfo("u-b", "node-b", budget)]
+
+
+def test_a_writer_on_the_head_node_still_writes_elsewhere():
+    ctl = Controller(_units())
+    placed = [ctl.place(f"k{i}", MiB, node_id="node-head") for i in range(6)]
+    assert "u-head" not in placed and set(placed) == {"u-a", "u-b"}  # and they fill evenly
+    assert ctl.place("near-a", MiB, node_id="node-a") == "u-a"       # local preference off the head holds
+
+
+def test_the_head_unit_is_the_last_resort():
+    ctl = Controller(_units(budget=2 * MiB))
+    for i in range(4):
+        assert ctl.place(f"k{i}", MiB) in ("u-a", "u-b")
+    assert ctl.place("overflow", MiB) == "u-head"  # the others are full
+    ctl2 = Controller(_units())
+    ctl2.mark_unit_dead("u-a", "test")
+    ctl2.mark_unit_dead("u-b", "test")
+    assert ctl2.place("only-head", MiB) == "u-head"  # every other unit is dead
+
+
+def test_a_single_node_cluster_uses_its_unit():
+    ctl = Controller([UnitInfo("u0", "n0", 10 * MiB)])
+    assert ctl.place("k", MiB, node_id="n0") == "u0"
+
+
+def test_head_flag_crosses_the_controller_socket():
+    served = serve_controller(Controller([UnitInfo("u-a", "node-a", 10 * MiB)]))
+    try:
+        served.add_unit(UnitInfo("u-head", "node-head", 100 * MiB, head=True))
+        assert {u.unit_id: u.head for u in served.units()} == {"u-a": False, "u-head": True}
+        # the head unit has more room, and still gets nothing while u-a has some
+        assert served.place_many([("k", MiB, "logprobs")], node_id="node-head") == "u-a"
+        with pytest.raises(ProtocolError, match="head"):
+            served._rpc.call("add_unit", {"unit": {"unit_id": "u-x", "head": "yes"}})
+    finally:
+        served.close()

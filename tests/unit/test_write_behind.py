@@ -1,0 +1,170 @@
+"""Write-behind commit region: the answer does not wait for the TQ write; visibility still follows it."""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from dressage.dataplane import DataPlaneConfig
+from dressage.errors import ExpertIdRangeError, TransferQueueError, TransferWriteError
+from dressage.fields import ModelSpec
+from dressage.proxy.core import ProxyCore
+from dressage.tq import TransferQueue
+from trajgen import E, K, L, expected_r3, sglang_body
+
+MODEL = ModelSpec(name="test-moe", num_layers=L, topk=K, num_experts=E, vocab_size=256)
+
+
+@pytest.fixture
+def tq():
+    q = TransferQueue.start({"deployment": "embedded", "retention_s": None})
+    yield q
+    q.shutdown()
+
+
+class _Gated:
+    """A real client whose writes wait for ``gate``; the calls numbered in ``fail`` fail like a dead unit."""
+
+    def __init__(self, inner, fail=()):
+        self.inner, self.fail, self.n = inner, set(fail), 0
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def put_many(self, items, **kw):
+        self.gate.wait(10)
+        self.n += 1
+        if self.n in self.fail:
+            raise TransferQueueError("unit u0 did not answer")
+        return self.inner.put_many(items, **kw)
+
+    def delete(self, refs):
+        return self.inner.delete(refs)
+
+
+def _core(client, dtype="uint8"):
+    cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=True,
+                          routed_experts_dtype=dtype)
+    return ProxyCore(cfg, client)
+
+
+def _begin(core, sid, prompt, response, salt=1):
+    prompt = np.asarray(prompt, np.int32)
+    d = core.plan(sid, prompt)
+    out = core.normalize(sglang_body(prompt, response, start=d.routed_experts_start, salt=salt),
+                         prompt_len=len(prompt), decision=d)
+    return core.begin_step(sid, d, prompt_ids=prompt, response_ids=out.output_ids, logprobs=out.logprobs,
+                           routed_experts=out.routed_experts, token_versions=0)
+
+
+def test_step_is_invisible_until_its_keys_are_committed(tq):
+    client = _Gated(tq.client())
+    core = _core(client)
+    s = core.create_session()
+    client.gate.clear()  # the write is on the wire and does not land yet
+    pending = _begin(core, s.session_id, [1, 2, 3], [40, 41, 42])
+    assert pending.preview.response_len == 3 and pending.preview.prompt_len == 3
+    assert not pending.future.done()
+    assert len(s.steps) == 0 and tq.total_keys() == 0
+    client.gate.set()
+    step = pending.result(10)
+    assert len(s.steps) == 1 and s.steps[0] is step and tq.total_keys() == 2
+    r3 = tq.client().get(step.routed_experts)
+    assert r3.dtype == np.uint8
+    np.testing.assert_array_equal(r3, expected_r3(np.asarray([1, 2, 3, 40, 41, 42])))
+
+
+def test_failed_write_behind_records_nothing_and_the_session_goes_on(tq):
+    client = _Gated(tq.client(), fail={1})
+    core = _core(client)
+    s = core.create_session()
+    pending = _begin(core, s.session_id, [1, 2, 3], [40, 41])
+    with pytest.raises(TransferWriteError, match="did not answer"):
+        pending.result(10)
+    assert len(s.steps) == 0 and s.state == "active" and tq.total_keys() == 0
+    assert core._behind.failures == 1 and core._behind.pending() == 0
+    # the next call routes against what was recorded (nothing): a new root, stored whole
+    ok = _begin(core, s.session_id, [1, 2, 3], [40, 41]).result(10)
+    assert ok.parent_id is None and len(s.steps) == 1 and tq.total_keys() == 2
+    assert core._behind.failures == 1 and core._behind.committed == 1
+
+
+def test_next_call_and_finalize_wait_for_the_write_under_way(tq):
+    client = _Gated(tq.client())
+    core = _core(client)
+    s = core.create_session()
+    client.gate.clear()
+    first = _begin(core, s.session_id, [1, 2, 3], [40, 41])
+    threading.Timer(0.2, client.gate.set).start()
+    # plan() routes only once step 0 is in: the follow-up extends it instead of starting over
+    second = _begin(core, s.session_id, np.concatenate([first.preview.full_ids, [7, 8]]), [50])
+    assert first.future.done()
+    assert second.result(10).parent_id == 0
+    client.gate.clear()
+    third = _begin(core, s.session_id, np.concatenate([s.steps[1].full_ids, [9]]), [60])
+    threading.Timer(0.2, client.gate.set).start()
+    done = core.finalize(s.session_id, reward=1.0)
+    assert third.future.done() and len(s.steps) == 3
+    assert [seg.step_ids for seg in done.segments] == [(0, 1, 2)]  # one lineage, all three steps
+    np.testing.assert_array_equal(done.segments[0].tokens, s.steps[2].full_ids)
+
+
+def test_settled_awaits_without_blocking_the_loop(tq):
+    client = _Gated(tq.client())
+    core = _core(client)
+    s = core.create_session()
+    client.gate.clear()
+    pending = _begin(core, s.session_id, [1, 2, 3], [40])
+
+    async def main():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while not pending.future.done():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.ensure_future(tick())
+        asyncio.get_running_loop().call_later(0.2, client.gate.set)
+        await core.settled(s.session_id)
+        await ticker
+        return ticks
+
+    assert asyncio.run(main()) > 3  # the loop kept running while the write was under way
+    assert len(s.steps) == 1
+
+
+def test_bad_ids_fail_before_anything_is_queued(tq):
+    client = _Gated(tq.client())
+    core = _core(client)
+    s = core.create_session()
+    prompt = np.asarray([1, 2, 3], np.int32)
+    d = core.plan(s.session_id, prompt)
+    rows = expected_r3(np.asarray([1, 2, 3, 40, 41])).astype(np.int32)
+    rows[1, 0, 1] = 300
+    with pytest.raises(ExpertIdRangeError, match="300"):
+        core.begin_step(s.session_id, d, prompt_ids=prompt, response_ids=[40, 41],
+                        logprobs=np.zeros(2, np.float32), routed_experts=rows)
+    assert client.n == 0 and core._behind is None and len(s.steps) == 0
+
+
+def test_close_lands_every_queued_step(tq):
+    client = _Gated(tq.client())
+    core = _core(client)
+    sessions = [core.create_session() for _ in range(5)]
+    client.gate.clear()
+    pending = [_begin(core, s.session_id, [1, 2, 3 + i], [40 + i]) for i, s in enumerate(sessions)]
+    threading.Timer(0.1, client.gate.set).start()
+    core.close()
+    assert all(p.future.done() and p.future.exception() is None for p in pending)
+    assert all(len(s.steps) == 1 for s in sessions) and tq.total_keys() == 10
+    assert client.n < 5  # queued steps went out together
+
+
+def test_write_behind_off_commits_before_returning(tq):
+    core = _core(tq.client())
+    core.write_behind = False
+    s = core.create_session()
+    pending = _begin(core, s.session_id, [1, 2, 3], [40])
+    assert pending.future.done() and len(s.steps) == 1 and core._behind is None
