@@ -311,7 +311,7 @@ def test_a_streamed_response_is_in_flight_for_finalize_until_recorded(proxy):
         with httpx.stream("POST", f"{proxy.url}/sessions/{sid}/v1/responses", json=body, timeout=20) as r:
             lines = r.iter_lines()
             assert next(line for line in lines if line.startswith("event: ")) == "event: response.created"
-            assert in_flight.running(sid) == 1  # finalize would wait for it
+            assert in_flight.running(sid) > 0  # finalize would wait for it
             assert httpx.post(proxy.url + "/v1/rollout/resume", json={}, timeout=20).status_code == 200
             rest = [line for line in lines if line.startswith("event: ")]
     finally:
