@@ -10,6 +10,7 @@ client): it keeps each answer's status and the ``usage`` the Proxy reported, str
 from __future__ import annotations
 
 import json
+import os
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,11 @@ from dressage.proxy import Proxy
 from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 
 MODEL = get_model("tiny-moe")
+
+# Before any framework is imported: litellm (under mini-swe-agent) reads its bundled price list
+# instead of downloading one at import, and mini-swe-agent starts without its banner.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 
 
 @dataclass

@@ -1,19 +1,15 @@
 """mini-swe-agent (DefaultAgent, LitellmModel, LocalEnvironment) on a Proxy session.
 
-Its bash tool runs the engine's commands in an empty folder with an empty PATH: only shell
-built-ins can run, so nothing outside the folder is touched. A reply without a tool call is a
+Its bash tool runs the engine's commands in an empty folder that is also the only PATH entry: the
+built-in engine's commands are single words, so only shell built-ins can run. A reply without a tool call is a
 format error, which mini-swe-agent drops from its history: the next request branches from the
 reply before it, and each generated token is still trained in exactly one Segment.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm: no cost-map download at import
-os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (pip install 'dressage[frameworks]')")
 litellm = pytest.importorskip("litellm")
 
