@@ -196,17 +196,10 @@ class EngineRequestError(EngineError, ValueError):
 
 
 class ReplyConstraintError(EngineError):
-    """Every reply sampled for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule.
-
-    Nothing was recorded; ``attempts`` is how many replies were sampled and refused.
-    """
+    """Every reply drawn for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule; none was recorded."""
 
     openai_type = "engine_output_invalid"
     code = "reply_constraint_unmet"
-
-    def __init__(self, message: str, *, attempts: int) -> None:
-        self.attempts = int(attempts)
-        super().__init__(message)
 
 
 class NoHealthyEngineError(EngineUnavailable):
