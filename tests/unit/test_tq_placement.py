@@ -50,3 +50,12 @@ def test_head_flag_crosses_the_controller_socket():
             served._rpc.call("add_unit", {"unit": {"unit_id": "u-x", "head": "yes"}})
     finally:
         served.close()
+
+
+def test_the_ray_deployment_finds_the_head_by_its_resource():
+    pytest.importorskip("ray")
+    from dressage.tq.ray_deploy import _is_head
+
+    head = {"NodeID": "a", "Alive": True, "Resources": {"CPU": 1.0, "node:__internal_head__": 1.0}}
+    worker = {"NodeID": "b", "Alive": True, "Resources": {"CPU": 1.0, "node:10.0.0.2": 1.0}}
+    assert _is_head(head) and not _is_head(worker) and not _is_head({"NodeID": "c"})

@@ -86,12 +86,26 @@ class _UnitActor:
         self.backend.close()
 
 
-class _ControllerActor:
-    """Runs the Controller, its ZMQ server and its Janitor in the actor's process."""
+def _is_head(node: dict[str, Any]) -> bool:
+    """Whether a ``ray.nodes()`` entry is the head node (Ray gives it the ``node:__internal_head__`` resource)."""
+    return bool(node.get("IsHead")) or "node:__internal_head__" in (node.get("Resources") or {})
 
-    def __init__(self, units: list[dict[str, Any]], retention_s: float | None, sweep_s: float, host: str,
-                 port: int, timeout_s: float, heartbeat_s: float = 1.0, dead_after_s: float = 5.0,
-                 strict_budget: bool = False, secret: bytes | None = None) -> None:
+
+class _ControllerActor:
+    """Runs the Controller, its ZMQ server and its Janitor in the actor's process.
+
+    The actor is created while the units start (its process and imports overlap theirs); ``start``
+    brings the Controller up once the units are known and returns what ``describe`` does.
+    """
+
+    def __init__(self) -> None:
+        from dressage.tq import controller, controller_service, janitor, liveness  # noqa: F401 - warm imports
+
+        self.server: Any = None
+
+    def start(self, units: list[dict[str, Any]], retention_s: float | None, sweep_s: float, host: str,
+              port: int, timeout_s: float, heartbeat_s: float = 1.0, dead_after_s: float = 5.0,
+              strict_budget: bool = False, secret: bytes | None = None) -> dict[str, Any]:
         from dressage.tq.controller import Controller
         from dressage.tq.janitor import Janitor
         from dressage.tq.controller_service import ControllerServer
@@ -111,11 +125,14 @@ class _ControllerActor:
         self.server = ControllerServer(self.controller, host=host, port=port, janitor=self.janitor,
                                        secret=secret).start()
         self.address = f"tcp://{_advertised(host)}:{self.server.rpc.port}"
+        return self.describe()
 
     def describe(self) -> dict[str, Any]:
         return {"address": self.address, "pid": os.getpid()}
 
     def stop(self) -> None:
+        if self.server is None:  # never started
+            return
         self.server.stop()
         self.monitor.stop()
         self.janitor.stop()
@@ -194,7 +211,7 @@ class RayDeployment:
         self._actors: list[Any] = []
         self._pids: dict[str, int] = {}
         try:
-            nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: not n.get("IsHead", False))
+            nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: not _is_head(n))
             if not nodes:
                 raise StorageUnitUnavailable("the Ray cluster has no alive nodes")
             here = ray.get_runtime_context().get_node_id()
@@ -210,8 +227,13 @@ class RayDeployment:
                          config.shared_memory, secret, config.checksums)
                 actors.append(actor)
                 self._actors.append(actor)
+            ctl_cls = ray.remote(num_cpus=0)(_ControllerActor)
+            controller = ctl_cls.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
+            ).remote()  # starts beside the units; it learns them below
+            self._actors.append(controller)
             described = self._wait([a.describe.remote() for a in actors], "StorageUnit actors")
-            heads = {n["NodeID"] for n in nodes if n.get("IsHead", False)}
+            heads = {n["NodeID"] for n in nodes if _is_head(n)} or {here}  # else the Controller's node
             # Units on the head node are the placement's last resort once other nodes have units.
             spread = len({d["node_id"] for d in described}) > 1
             self._infos = [UnitInfo(d["unit_id"], d["node_id"], int(d["memory_budget"]), d["address"],
@@ -219,14 +241,10 @@ class RayDeployment:
                                     heartbeat=d.get("heartbeat"), head=spread and d["node_id"] in heads)
                            for d in described]
             self._pids.update({d["unit_id"]: int(d["pid"]) for d in described})
-            ctl_cls = ray.remote(num_cpus=0)(_ControllerActor)
-            controller = ctl_cls.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
-            ).remote([u.to_wire() for u in self._infos], config.retention_s, sweep_interval(config),
-                     config.host, config.controller_port, config.request_timeout_s, config.heartbeat_interval_s,
-                     config.unit_dead_after_s, config.on_full != "spill", secret)
-            self._actors.append(controller)
-            (ctl,) = self._wait([controller.describe.remote()], "Controller actor")
+            (ctl,) = self._wait([controller.start.remote(
+                [u.to_wire() for u in self._infos], config.retention_s, sweep_interval(config), config.host,
+                config.controller_port, config.request_timeout_s, config.heartbeat_interval_s,
+                config.unit_dead_after_s, config.on_full != "spill", secret)], "Controller actor")
             self._pids["controller"] = int(ctl["pid"])
             self.controller = RemoteController(ctl["address"], timeout_s=config.request_timeout_s, secret=secret)
             self._unit_actors = {d["unit_id"]: a for d, a in zip(described, actors)}
