@@ -33,3 +33,26 @@ def test_short_soak_leaves_no_keys_and_no_sessions():
     soak = report["soak"]
     assert soak["iterations"] == 6 and soak["keys_left"] == 0
     assert soak["proxy_sessions_held_max"] == 0 and soak["open_fds_growth"] <= 2
+
+
+def test_hostile_input_engine_client_token_and_state_cases_pass():
+    names = ("hostile_inputs", "hostile_engine", "body_limit_chunked", "slowloris", "access_tokens", "session_caps")
+    report = run_faults(FaultsConfig(quick=True, only=names))
+    by_name = {c["name"]: c for c in report["cases"]}
+    assert all(c["passed"] for c in report["cases"]), by_name
+    assert by_name["hostile_inputs"]["detail"]["not_4xx_or_recorded"] == 0
+    assert set(by_name["hostile_engine"]["detail"]["plain_statuses"].values()) == {502}
+    assert by_name["body_limit_chunked"]["detail"]["chunked_100MiB"] == 413
+    assert by_name["slowloris"]["detail"]["closed_by_server"] == 50
+    assert by_name["session_caps"]["detail"]["sessions_held_at_cap"] == 100
+
+
+def test_schemathesis_over_the_openapi_schema_finds_no_server_errors():
+    import pytest
+
+    pytest.importorskip("schemathesis")
+    report = run_faults(FaultsConfig(quick=True, only=("schema_fuzz",), schema_cases=150))
+    schema = report["schema"]
+    assert schema["schemathesis_cases"] >= 150 and schema["operations"] >= 15, schema
+    assert schema["server_errors"] == 0 and schema["transport_errors"] == 0, schema["examples_of_5xx"]
+    assert schema["healthy_after"] and report["failed"] == 0

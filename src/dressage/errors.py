@@ -11,6 +11,10 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     ├── UnsupportedParameterError    a request parameter the Proxy cannot honour (names it) 400 invalid_request_error
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
+    ├── RequestRejected              an HTTP request refused before any route runs   400 invalid_request_error
+    │   ├── InputValueError, BodyTooLargeError   a lone surrogate or non-finite number; a body over the limit (413)
+    │   └── AuthenticationError, PermissionDeniedError   no or a wrong token (401); an agent token on an admin path (403)
+    ├── SessionLimitError            the Proxy holds its maximum of live sessions    429 rate_limit_exceeded
     ├── FieldError                   trajectory field data that does not fit its spec 502 engine_output_invalid
     │   ├── UnknownFieldError        a field name that is not registered
     │   ├── FieldShapeError          wrong rank, shape or length (tokens vs logprobs, R3 rows vs T-1)
@@ -57,50 +61,16 @@ Third-party errors (zmq, ray, httpx) are translated where they cross into Dressa
 from __future__ import annotations
 
 __all__ = [
-    "DressageError",
-    "ConfigError",
-    "EngineMismatchError",
-    "FieldError",
-    "UnknownFieldError",
-    "FieldShapeError",
-    "ExpertIdRangeError",
-    "WireFormatError",
-    "EngineError",
-    "EngineUnavailable",
-    "EngineTimeout",
-    "EngineRequestError",
-    "ReplyConstraintError",
-    "UnsupportedParameterError",
-    "TokenizerError",
-    "ChatTemplateError",
-    "JournalError",
-    "JournalEncodeError",
-    "ContextOverflowError",
-    "SessionIdError",
-    "MissingSessionIdError",
-    "NoHealthyEngineError",
-    "TrajectoryError",
-    "SessionStateError",
-    "StepLimitError",
-    "WeightVersionChangedError",
-    "UnknownStepError",
-    "TransferQueueError",
-    "TransferWriteError",
-    "KeyNotFoundError",
-    "RowRangeError",
-    "StorageUnitUnavailable",
-    "StorageFullError",
-    "LostSamplesError",
-    "ProtocolError",
-    "IntegrityError",
-    "AgentError",
-    "ProxyConnectionError",
-    "ProxyTimeout",
-    "ProxyStatusError",
-    "ProxyReplyError",
-    "SampleWireError",
-    "UnknownResponseError",
-    "ModelNotFoundError",
+    "DressageError", "ConfigError", "EngineMismatchError", "FieldError", "UnknownFieldError", "FieldShapeError",
+    "ExpertIdRangeError", "WireFormatError", "EngineError", "EngineUnavailable", "EngineTimeout",
+    "EngineRequestError", "ReplyConstraintError", "UnsupportedParameterError", "TokenizerError",
+    "ChatTemplateError", "JournalError", "JournalEncodeError", "ContextOverflowError", "SessionIdError",
+    "MissingSessionIdError", "RequestRejected", "InputValueError", "BodyTooLargeError", "AuthenticationError",
+    "PermissionDeniedError", "SessionLimitError", "NoHealthyEngineError", "TrajectoryError", "SessionStateError",
+    "StepLimitError", "WeightVersionChangedError", "UnknownStepError", "TransferQueueError", "TransferWriteError",
+    "KeyNotFoundError", "RowRangeError", "StorageUnitUnavailable", "StorageFullError", "LostSamplesError",
+    "ProtocolError", "IntegrityError", "AgentError", "ProxyConnectionError", "ProxyTimeout", "ProxyStatusError",
+    "ProxyReplyError", "SampleWireError", "UnknownResponseError", "ModelNotFoundError"
 ]
 
 
@@ -196,17 +166,10 @@ class EngineRequestError(EngineError, ValueError):
 
 
 class ReplyConstraintError(EngineError):
-    """Every reply sampled for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule.
-
-    Nothing was recorded; ``attempts`` is how many replies were sampled and refused.
-    """
+    """Every reply drawn for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule; none was recorded."""
 
     openai_type = "engine_output_invalid"
     code = "reply_constraint_unmet"
-
-    def __init__(self, message: str, *, attempts: int) -> None:
-        self.attempts = int(attempts)
-        super().__init__(message)
 
 
 class NoHealthyEngineError(EngineUnavailable):
@@ -254,6 +217,36 @@ class MissingSessionIdError(SessionIdError):
     """A header-identified call without a session header."""
 
     code = "missing_session_id"
+
+
+class RequestRejected(DressageError, ValueError):
+    """An HTTP request the Proxy refuses before any route runs (nothing is recorded)."""
+    http_status, openai_type = 400, "invalid_request_error"
+
+
+class InputValueError(RequestRejected):
+    """A body value nothing may store: a lone UTF-16 surrogate or a non-finite number (NaN, 1e999)."""
+    code = "invalid_value"
+
+
+class BodyTooLargeError(RequestRejected):
+    """More request body bytes arrived (declared or chunked) than ``max_body_bytes``."""
+    http_status, code = 413, "body_too_large"
+
+
+class AuthenticationError(RequestRejected):
+    """A missing or wrong bearer token."""
+    http_status, openai_type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class PermissionDeniedError(RequestRejected):
+    """A valid agent token on an endpoint that needs the admin token."""
+    http_status, openai_type, code = 403, "permission_error", "admin_token_required"
+
+
+class SessionLimitError(DressageError):
+    """The Proxy holds its maximum of live sessions, none idle long enough to evict."""
+    http_status, openai_type, code = 429, "rate_limit_exceeded", "too_many_sessions"
 
 
 class TokenizerError(DressageError):

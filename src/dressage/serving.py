@@ -1,7 +1,11 @@
 """Run an ASGI app under uvicorn: blocking (a ``serve`` command) or on a daemon thread (tests, ``dressage run``).
 
 Binding happens here, before uvicorn starts, so port 0 yields the real port and bind errors
-become a ConfigError naming the address.
+become a ConfigError naming the address. :class:`ConnectionLimits` bound what one connection may
+hold: its request line and headers must be complete ``header_timeout_s`` after it opened (or
+after its previous answer, once a next request began), its body ``body_timeout_s`` after its
+headers, else the connection is closed; headers are at most ``max_header_bytes``; an idle
+keep-alive connection is closed after ``keep_alive_s``. Slow senders (slowloris) cannot pile up.
 """
 
 from __future__ import annotations
@@ -9,17 +13,76 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from dressage.errors import ConfigError
 
-__all__ = ["UvicornServer"]
+__all__ = ["UvicornServer", "ConnectionLimits"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    header_timeout_s: float = 30.0
+    body_timeout_s: float = 120.0
+    keep_alive_s: float = 30.0
+    max_header_bytes: int = 64 * 1024
+
+
+def _guarded_h11(limits: ConnectionLimits) -> type:
+    """uvicorn's h11 protocol with header and body deadlines (checked by one timer per connection)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    tick = max(0.05, min(limits.header_timeout_s, limits.body_timeout_s) / 4)
+
+    class GuardedH11Protocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._waiting_since = self.loop.time()
+            self._fresh, self._pending = True, False
+            self._seen: Any = None
+            self._body_since = 0.0
+            self._watch: Any = self.loop.call_later(tick, self._check)
+
+        def data_received(self, data: bytes) -> None:
+            if self.cycle is None or self.cycle.response_complete:
+                self._pending = True  # bytes of a next request: its headers are now on the clock
+            super().data_received(data)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._waiting_since, self._fresh, self._pending = self.loop.time(), False, False
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._watch is not None:
+                self._watch.cancel()
+                self._watch = None
+            super().connection_lost(exc)
+
+        def _check(self) -> None:
+            self._watch = None
+            if self.transport.is_closing():
+                return
+            now, cycle = self.loop.time(), self.cycle
+            if cycle is not self._seen:  # a new request's headers are complete
+                self._seen, self._body_since, self._pending = cycle, now, False
+            if cycle is None or cycle.response_complete:
+                late = (self._fresh or self._pending) and now - self._waiting_since > limits.header_timeout_s
+            else:
+                late = cycle.more_body and now - self._body_since > limits.body_timeout_s
+            if late:
+                self.transport.close()
+                return
+            self._watch = self.loop.call_later(tick, self._check)
+
+    return GuardedH11Protocol
 
 
 class UvicornServer:
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "server",
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", limits: ConnectionLimits | None = None) -> None:
         self.app, self.host, self.port, self.name, self.log_level = app, host, int(port), name, log_level
+        self.limits = limits or ConnectionLimits()
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._bound: int | None = None
@@ -49,8 +112,10 @@ class UvicornServer:
     def _uvicorn(self) -> Any:
         import uvicorn
 
+        lim = self.limits
         return uvicorn.Server(uvicorn.Config(self.app, log_level=self.log_level, access_log=False,
-                                             lifespan="off", timeout_keep_alive=30))
+                                             lifespan="off", timeout_keep_alive=lim.keep_alive_s,
+                                             http=_guarded_h11(lim), h11_max_incomplete_event_size=lim.max_header_bytes))
 
     def serve(self) -> None:
         """Serve until interrupted."""

@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from dressage.engine.config import EngineConfig
+from dressage.engine.core import Engine
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
@@ -300,3 +301,81 @@ def test_structured_output_and_logprobs_go_through_the_chat_path(proxy):
     r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/responses", json={"input": "x", "tool_choice": "required"},
                    timeout=20)
     assert r.status_code == 400 and r.json()["error"]["code"] == "unsupported_parameter"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_choice_required_and_named_are_enforced_streamed_or_not(proxy, stream):
+    sid, client = _session(proxy)
+    for choice in ("required", {"type": "function", "name": "calculator"}):
+        kw = dict(model="m", input="Use the calculator on 3.", tools=FLAT_TOOLS, tool_choice=choice, **TOOL_SAMPLING)
+        if stream:
+            with client.responses.stream(**kw) as events:
+                kinds = [e.type for e in events]
+                resp = events.get_final_response()
+            assert kinds[0] == "response.created" and "response.function_call_arguments.done" in kinds
+        else:
+            resp = client.responses.create(**kw)
+        calls = [o for o in resp.output if o.type == "function_call"]
+        assert calls and all(c.name == "calculator" for c in calls)
+    segs = _segments(proxy, sid)
+    assert sum(len(s["step_ids"]) for s in segs) == 2  # refused draws are not recorded
+
+
+def test_finalize_waits_for_a_streamed_response_in_flight():
+    engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=30, token_delay_s=0.02,
+                                       stream_interval=2))
+    engine.start_background()
+    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), server=ProxyServerConfig(
+        engine_urls=(engine.url,), request_timeout_s=20)), sink=RolloutManager(dp_size=1))
+
+    async def run():
+        async with httpx.AsyncClient(timeout=20) as h:
+            sid = (await h.post(server.url + "/sessions", json={})).json()["session_id"]
+            body = {"input": "Talk a while.", "stream": True, "max_output_tokens": 30}
+            async with h.stream("POST", f"{server.url}/sessions/{sid}/v1/responses", json=body) as r:
+                lines = r.aiter_lines()
+                async for line in lines:
+                    if line.startswith("data: "):
+                        break  # the response has started; the engine is still generating
+                fin = await h.post(f"{server.url}/sessions/{sid}/finalize", json={"wait_s": 20})
+                rest = [line async for line in lines]
+            return fin.json(), rest
+
+    try:
+        fin, rest = asyncio.run(run())
+        assert fin["in_flight_done"] is True and fin["num_steps"] == 1
+        assert any('"type":"response.completed"' in line or '"type":"response.incomplete"' in line for line in rest)
+    finally:
+        server.shutdown()
+        engine.stop()
+
+
+@pytest.mark.parametrize("keep_reasoning", [True, False], ids=["reasoning_sent_back", "reasoning_dropped"])
+def test_qwen3_template_responses_tool_loop_with_reasoning_is_one_segment(qwen3, keep_reasoning):
+    """On the real Qwen3 template: reasoning items and function calls sent back continue the Segment."""
+    config = EngineConfig(model=MODEL, port=0, seed=11, tokenizer="qwen3", tool_call_rate=0.6, mean_response_tokens=20)
+    engine = EngineServer(config, engine=Engine(config, qwen3))
+    engine.start_background()
+    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), tokenizer="qwen3", server=ProxyServerConfig(
+        engine_urls=(engine.url,), request_timeout_s=30)), tokenizer=qwen3, sink=RolloutManager(dp_size=1))
+    try:
+        sid, client = _session(server)
+        items = [{"role": "user", "content": "What is 6*7? Use the calculator."}]
+        kinds, generated = set(), 0
+        for _ in range(4):
+            resp = client.responses.create(model="m", instructions="You are careful.", input=items, tools=FLAT_TOOLS,
+                                           max_output_tokens=96, temperature=0.7)
+            out = _items(resp)
+            kinds |= {o["type"] for o in out}
+            generated += resp.usage.output_tokens
+            items += [o for o in out if keep_reasoning or o["type"] != "reasoning"]
+            calls = [o for o in out if o["type"] == "function_call"]
+            items += [{"type": "function_call_output", "call_id": c["call_id"], "output": "42"} for c in calls]
+            if not calls:
+                items.append({"role": "user", "content": "Check it once more."})
+        (seg,) = _segments(server, sid)
+        assert len(seg["step_ids"]) == 4 and "reasoning" in kinds
+        assert sum(seg["loss_mask"]) == generated  # every generated token trained once, nothing else
+    finally:
+        server.shutdown()
+        engine.stop()

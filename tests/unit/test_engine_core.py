@@ -136,6 +136,19 @@ def test_tool_call_rate_one_gives_well_formed_blocks_when_tools_offered():
     assert "<tool_call>" not in plain["text"]
 
 
+def test_answer_tool_results_replies_in_prose_after_a_tool_result_only():
+    call = {"id": "c0", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    after_tool = TOK.apply_chat_template([{"role": "user", "content": "Find it"},
+                                          {"role": "assistant", "content": None, "tool_calls": [call]},
+                                          {"role": "tool", "tool_call_id": "c0", "content": "found"}], TOOLS)
+    body = {"sampling_params": {"max_new_tokens": 400}}
+    scripted, plain = _engine(tool_call_rate=1.0, answer_tool_results=True), _engine(tool_call_rate=1.0)
+    assert "<tool_call>" not in _call(scripted, {"input_ids": after_tool, **body})["text"]
+    assert "<tool_call>" in _call(plain, {"input_ids": after_tool, **body})["text"]
+    # A user turn still gets its tool call.
+    assert "<tool_call>" in _call(scripted, {"input_ids": _prompt("Find it", TOOLS), **body})["text"]
+
+
 def test_cached_tokens_count_a_prefix_seen_before():
     eng = _engine()
     prompt = _prompt("x" * 100)
@@ -202,3 +215,15 @@ def test_shorter_max_new_tokens_gives_a_prefix_of_the_longer_reply():
     long = _call(eng, {**body, "sampling_params": {"max_new_tokens": 500}})
     assert long["output_ids"][:50] == short["output_ids"]
     assert long["meta_info"]["output_token_logprobs"][:50] == short["meta_info"]["output_token_logprobs"]
+
+
+def test_cli_answer_tool_results_flag_reaches_the_config():
+    import argparse
+
+    from dressage.cli.engine import config_from_args, register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    on = config_from_args(parser.parse_args(["engine", "serve", "--tool-call-rate", "1", "--answer-tool-results"]))
+    off = config_from_args(parser.parse_args(["engine", "serve"]))
+    assert (on.answer_tool_results, on.tool_call_rate) == (True, 1.0) and off.answer_tool_results is False

@@ -327,3 +327,26 @@ def test_a_journal_past_msgpack_default_buffer_replays(tmp_path):
     assert report.damage is None and report.records == 3 and report.finalized == [s.session_id]
     st = sessions[s.session_id].steps[0]
     assert st.response_len == n and float(st.logprobs[-1]) == 0.0 and float(st.logprobs[0]) == -1.0
+
+
+def test_build_service_appends_where_replay_stopped(tmp_path):
+    from dressage.proxy.config import JournalConfig, ProxyConfig, ProxyServerConfig
+    from dressage.proxy.deployment import build_service
+    from dressage.tokenizer import load_tokenizer
+
+    path = tmp_path / "j"
+    core = _journal_of(path, sessions=1)
+    good = path.stat().st_size
+    j = Journal(path, fsync="never")
+    j.finalized("no-such-session", 1.0)                         # framed well, refused by replay
+    j.close()
+    cfg = ProxyConfig(data_plane=_cfg(), journal=JournalConfig(path=str(path), fsync="never"),
+                      server=ProxyServerConfig(engine_url="http://127.0.0.1:9"))
+    service, report = build_service(cfg, tokenizer=load_tokenizer("byte"))
+    assert report.intact_bytes == good and path.stat().st_size == good
+    live = next(sid for sid, s in service.core.sessions.items() if s.state == "active")
+    service.core.finalize(live, 0.5)                            # a new record after the cut
+    service.core.journal.close()
+    sessions, again = Journal.replay(path)
+    assert again.damage is None and sessions[live].state == "finalized" and sessions[live].reward == 0.5
+    assert set(sessions) == set(core.sessions)

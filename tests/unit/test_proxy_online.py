@@ -118,9 +118,40 @@ def test_turn_cache_replays_committed_turns_and_forgets_failed_ones():
 def test_headers_and_instance_groups():
     ident = identity_from_headers({"x-smg-routing-key": "k", "x-instance-id": "7", "x-turn-id": "3"})
     assert (ident.session_id, ident.instance_id, ident.turn_id) == ("k", "7", "3")
-    groups = {}
-    assert instance_group("7", groups) == 7
-    assert instance_group("prompt-a", groups) == instance_group("prompt-a", groups) != instance_group("b", groups)
+    assert instance_group("7") == 7 and instance_group("-3") == -3
+    assert instance_group("prompt-a") == instance_group("prompt-a") != instance_group("b")
+    assert instance_group("prompt-a") < -1
+    # ids that are numbers too large for 63 bits (or 5,000 digits) get a derived index, not a crash
+    assert -2**57 < instance_group("9" * 30) < -1 and instance_group("9" * 5000) < -1
+    assert instance_group("9" * 18) == 10**18 - 1
+
+
+def test_header_ids_are_bounded_and_printable():
+    from dressage.errors import SessionIdError
+
+    for headers in ({"x-instance-id": "9" * 5000}, {"x-session-id": "s", "x-turn-id": "t" * 257},
+                    {"x-session-id": "a\x00b"}):
+        with pytest.raises(SessionIdError):
+            identity_from_headers(headers)
+    assert identity_from_headers({"x-instance-id": "i" * 256}).instance_id == "i" * 256
+
+
+def test_turn_cache_keeps_at_most_its_capacity_of_settled_turns():
+    async def scenario():
+        turns = TurnCache(capacity=3)
+        loop = asyncio.get_running_loop()
+        pending = turns.begin("s", "inflight")            # never settled: must survive eviction
+        for i in range(10):
+            fut = turns.begin("s", f"t{i}")
+            done = loop.create_future()
+            done.set_result({"turn": i})
+            turns.settle("s", f"t{i}", done)
+            await asyncio.sleep(0)
+        assert len(turns) == 3
+        assert turns.get("s", "inflight") is pending
+        assert turns.get("s", "t9").result() == {"turn": 9} and turns.get("s", "t0") is None
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize("kw, key", [

@@ -120,13 +120,14 @@ def test_request_maps_to_the_chat_body_and_refuses_what_it_cannot_honour():
     for bad, param in (({"background": True}, "background"), ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
                        ({"truncation": "auto"}, "truncation"), ({"conversation": "conv_1"}, "conversation"),
                        ({"max_tool_calls": 2}, "max_tool_calls"), ({"text": {"verbosity": "low"}}, "text.verbosity"),
-                       ({"prompt": {"id": "p"}}, "prompt")):
+                       ({"prompt": {"id": "p"}}, "prompt"), ({"seed": 3}, "seed"), ({"stop": ["x"]}, "stop")):
         with pytest.raises(UnsupportedParameterError) as info:
             chat_body(ResponsesRequest(input="x", **bad), messages)
         assert info.value.param == param
     # Accepted as OpenAI clients send them by default.
     plain = chat_body(ResponsesRequest(input="x", include=[], reasoning={"effort": None}, truncation="disabled",
-                                       text={"format": {"type": "text"}}, store=True, metadata={"k": "v"}), messages)
+                                       text={"format": {"type": "text"}}, store=True, metadata={"k": "v"},
+                                       user="u", service_tier="auto", prompt_cache_key="k", seed=None), messages)
     assert plain["response_format"] == {"type": "text"} and "logprobs" not in plain
 
 

@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "'qwen3.5' / 'qwen3.6', or a local Hugging Face tokenizer folder")
     s.add_argument("--tool-call-rate", type=float, default=0.0,
                    help="share of replies that are <tool_call> blocks when the prompt offers tools (default: %(default)s)")
+    s.add_argument("--answer-tool-results", action="store_true",
+                   help="reply in prose after tool results (with --tool-call-rate 1: one tool round trip "
+                        "per task, then an answer)")
     s.add_argument("--token-delay", type=float, default=0.0, metavar="SECONDS",
                    help="wall time per generated token (lets pause/abort land mid-generation) (default: %(default)s)")
     s.add_argument("--mean-response-tokens", type=int, default=256, help="mean drawn reply length (default: %(default)s)")
@@ -57,7 +60,8 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     tokenizer = args.tokenizer or ("qwen3" if real else "byte")
     return EngineConfig(
         model=model, backend=args.backend, seed=args.seed, tokenizer=tokenizer, host=args.host, port=args.port,
-        tool_call_rate=args.tool_call_rate, token_delay_s=args.token_delay,
+        tool_call_rate=args.tool_call_rate, answer_tool_results=args.answer_tool_results,
+        token_delay_s=args.token_delay,
         mean_response_tokens=args.mean_response_tokens, default_max_new_tokens=args.default_max_new_tokens,
         context_length=args.context_length, stream_interval=args.stream_interval,
         incremental_streaming_output=args.incremental_streaming_output, weight_version=args.weight_version,

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from dressage.cli.journal import register as register_journal
     register_journal(psub)
     s = psub.add_parser("serve", help="serve the Proxy over HTTP")
-    add_flags(s, ProxyServerConfig, defaults={"port": 8000, "api_token": os.environ.get("DRESSAGE_PROXY_TOKEN")})
+    add_flags(s, ProxyServerConfig, defaults={"port": 8000})
     add_flags(s, JournalConfig, prefix="journal_")
     add_flags(s, ProxyConfig)
     add_data_plane_args(s)
@@ -35,9 +35,16 @@ def server_config(args: argparse.Namespace):
     from dressage.flags import from_flags
     from dressage.proxy.config import ProxyServerConfig
 
+    from dressage.proxy.config import ADMIN_TOKEN_ENV, AGENT_TOKEN_ENV
+
     if not args.engine_urls and not args.router_url:
         raise ConfigError("proxy serve: give the engine with --engine-url URL (or a router with --sglang-router-url URL)")
-    return from_flags(ProxyServerConfig, args)
+    # Tokens come from a flag, a file or the environment (arguments show in `ps`; the others do not).
+    extra = {}
+    for key, env in (("api_token", AGENT_TOKEN_ENV), ("admin_token", ADMIN_TOKEN_ENV)):
+        if getattr(args, key, None) is None and getattr(args, key + "_file", None) is None and os.environ.get(env):
+            extra[key] = os.environ[env]
+    return from_flags(ProxyServerConfig, args, **extra)
 
 
 def proxy_config(args: argparse.Namespace):

@@ -52,6 +52,9 @@ class EngineConfig:
     """Longest prompt + reply accepted, as the model's context window."""
     tool_call_rate: float = 0.0
     """Share of replies that are ``<tool_call>`` blocks when the prompt offers tools."""
+    answer_tool_results: bool = False
+    """Reply in prose when the prompt's last turn carries tool results: with ``tool_call_rate=1``
+    every task is one tool round trip and then an answer, as an agent framework's loop expects."""
     token_delay_s: float = 0.0
     """Wall time per generated token, so that pause and abort can land mid-generation."""
     stream_interval: int = 8

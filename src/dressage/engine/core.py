@@ -19,7 +19,7 @@ import numpy as np
 from dressage.engine.config import EngineConfig
 from dressage.engine.protocol import GenerateRequest, parse_generate_body
 from dressage.engine.routing import RoutingModel, splitmix64
-from dressage.engine.sampling import Draft, offered_tools, plan_reply, wants_reasoning
+from dressage.engine.sampling import Draft, ends_with_tool_results, offered_tools, plan_reply, wants_reasoning
 from dressage.errors import EngineRequestError
 from dressage.fields.sglang import encode_routed_experts_b64
 from dressage.tokenizer import Tokenizer, load_tokenizer
@@ -95,7 +95,10 @@ class Engine:
         tools: list[dict[str, Any]] = []
         if self.config.tool_call_rate > 0:
             known = prompt[prompt < self.tokenizer.vocab_size]
-            tools = offered_tools(self.tokenizer.decode(known.tolist()))
+            text = self.tokenizer.decode(known.tolist())
+            tools = offered_tools(text)
+            if tools and self.config.answer_tool_results and ends_with_tool_results(text):
+                tools = []
         draft = plan_reply(self.tokenizer, self._seed_words(hashes[-1], p, req), req.sampling, mean_tokens=self.config.mean_response_tokens,
                            tools=tools, tool_call_rate=self.config.tool_call_rate,
                            reasoning=wants_reasoning(self.tokenizer, prompt))

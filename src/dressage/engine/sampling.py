@@ -22,9 +22,10 @@ import numpy as np
 from dressage.engine.json_schema import sample_json
 from dressage.engine.protocol import SamplingParams
 from dressage.tokenizer import Tokenizer
-from dressage.tokenizer.chatml import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOLS_CLOSE, TOOLS_OPEN
+from dressage.tokenizer.chatml import (IM_START, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TOOL_RESPONSE_OPEN, TOOLS_CLOSE,
+                                       TOOLS_OPEN)
 
-__all__ = ["Draft", "plan_reply", "offered_tools", "wants_reasoning"]
+__all__ = ["Draft", "plan_reply", "offered_tools", "ends_with_tool_results", "wants_reasoning"]
 
 _WORDS = tuple(
     "the a of to and in that is for it as with was on be by this are at from have or an they which "
@@ -73,6 +74,15 @@ def offered_tools(prompt_text: str) -> list[dict[str, Any]]:
             fn = spec.get("function", spec) if isinstance(spec, dict) else None
             if isinstance(fn, dict) and isinstance(fn.get("name"), str):
                 tools.append(fn)
+
+
+def ends_with_tool_results(prompt_text: str) -> bool:
+    """The turn before the prompt's final (generation) turn holds ``<tool_response>`` blocks."""
+    last = prompt_text.rfind(IM_START)
+    if last <= 0:
+        return False
+    previous = prompt_text.rfind(IM_START, 0, last)
+    return previous >= 0 and TOOL_RESPONSE_OPEN in prompt_text[previous:last]
 
 
 def _pressured(rng: np.random.Generator, idx: np.ndarray, pressure: float, counts: dict[int, int]) -> np.ndarray:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -89,13 +90,16 @@ def decode_output_token_logprobs(entries: Any) -> tuple[np.ndarray, np.ndarray]:
         if not isinstance(entry, (list, tuple)) or len(entry) < 2:
             raise WireFormatError(f"output_token_logprobs[{i}] must be [logprob, token_id, text], got {entry!r}")
         lp, tid = entry[0], entry[1]
-        if isinstance(tid, bool) or not isinstance(tid, int):
-            raise WireFormatError(f"output_token_logprobs[{i}]: token id {tid!r} is not an integer")
+        if isinstance(tid, bool) or not isinstance(tid, int) or not 0 <= tid < 2**31:
+            raise WireFormatError(f"output_token_logprobs[{i}]: token id {tid!r} is not an integer in 0..2**31-1")
         if lp is None:
             # SGLang reports None for a token it did not score; training must not see NaN silently.
             raise WireFormatError(f"output_token_logprobs[{i}]: logprob is null")
         if isinstance(lp, bool) or not isinstance(lp, (int, float)):
             raise WireFormatError(f"output_token_logprobs[{i}]: logprob {lp!r} is not a number")
+        if not math.isfinite(lp):
+            # NaN / Infinity would be trained on (and make every later read invalid JSON).
+            raise WireFormatError(f"output_token_logprobs[{i}]: logprob {lp!r} is not finite")
         ids[i] = tid
         lps[i] = lp
     return ids, lps
@@ -137,6 +141,12 @@ def encode_routed_experts_b64(ids: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(ids, dtype=np.int32).tobytes()).decode("ascii")
 
 
+def _check_ids(output_ids: Any) -> None:
+    if not isinstance(output_ids, (list, np.ndarray)) or any(
+            isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < 2**31 for t in output_ids):
+        raise WireFormatError("output_ids must be a list of integers in 0..2**31-1")
+
+
 def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start_len: int = 0,
                              num_layers: int | None = None, topk: int | None = None,
                              want_logprobs: bool = True, want_routed_experts: bool = False,
@@ -166,6 +176,8 @@ def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start
                               None, finish, meta, version,
                               dropped_tokens=len(ids) if isinstance(ids, list) else 0)
     output_ids = body.get("output_ids")
+    if output_ids is not None:
+        _check_ids(output_ids)
     logprobs = None
     if want_logprobs:
         if "output_token_logprobs" not in meta:
@@ -179,9 +191,6 @@ def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start
             )
     if output_ids is None:
         raise WireFormatError("/generate response has neither output_ids nor output_token_logprobs")
-    if not isinstance(output_ids, (list, np.ndarray)) or any(
-            isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in output_ids):
-        raise WireFormatError("output_ids must be a list of integers")
     out = np.asarray(output_ids, dtype=np.int32)
     routed = None
     if want_routed_experts:

@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -15,18 +17,20 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from dressage.errors import DressageError, EngineUnavailable
+from dressage.errors import DressageError, EngineUnavailable, WireFormatError
 from dressage.proxy.chat import ChatPrompt, build_chat_prompt, effective_tools
 from dressage.proxy.chat_params import ChatOptions, chat_messages, chat_options
 from dressage.proxy.chat_samples import TOOL_RULE_ATTEMPTS, ChatSample, ChatSampling, seeded, visible
 from dressage.proxy.generation import KEEPALIVE_S, GenerationPlan, GenerationResult, run_generation
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
-from dressage.proxy.streaming import (KEEPALIVE, ChunkWriter, aiter_frames, error_payload, replay_chunks, sse,
+from dressage.proxy.streaming import (DONE, KEEPALIVE, ChunkWriter, aiter_frames, error_payload, replay_chunks, sse,
                                       stream_completion)
 from dressage.proxy.weights import STEP_LABELS_KEY
 from dressage.proxy.turn_scope import turn_call_key
 
 __all__ = ["CallPath", "ChatCall", "ChatSample", "TOOL_RULE_ATTEMPTS"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -62,6 +66,7 @@ class CallPath(ChatSampling):
     def _check_call(self, session_id: str) -> None:
         self.limits.check_call(self.core.active_session(session_id))
         self.versions.check(session_id, (self.versions.current,))
+        self.keeper.touch(session_id)  # a use: the idle clock starts again
 
     def _next_rid(self, session_id: str) -> str:
         return self.rids.call(session_id)
@@ -136,25 +141,65 @@ class CallPath(ChatSampling):
                     return aiter_frames(replay_chunks(response, include_usage=include))
                 return response
         await self.core.settled(session_id)  # the previous step's write-behind, before this call routes
-        call = self.prepare_chat(session_id, req, turn_id=turn_id)
-        if req.stream:
-            return self._stream(call)  # its turn begins when the response starts (see _stream)
-        if turn_id is not None:
-            self.turns.begin(session_id, turn_id)
-        return await self._complete(call)
+        try:
+            call = self.prepare_chat(session_id, req, turn_id=turn_id)
+            if req.stream:
+                return self._stream(call)  # its turn begins when the response starts (see _stream)
+            if turn_id is not None:
+                self.turns.begin(session_id, turn_id)
+            return await self._complete(call)
+        except BaseException:
+            self.drop_if_unused(session_id)
+            raise
 
     async def chat(self, session_id: str, req: ChatRequest) -> dict[str, Any]:
         """Non-streamed chat completion (kept for embedders; HTTP goes through :meth:`open_chat`)."""
         await self.core.settled(session_id)
         return await self._complete(self.prepare_chat(session_id, req))
 
+    def _check_vocab(self, ids: list[int]) -> None:
+        """An engine id the tokenizer does not know is the engine's fault (502), never a crash."""
+        vocab = getattr(self.tokenizer, "vocab_size", None)
+        if vocab is not None and ids and not 0 <= min(ids) <= max(ids) < vocab:
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise WireFormatError(f"the engine returned token id {bad}, outside the tokenizer's vocabulary "
+                                  f"(0..{vocab - 1}): do the engine and the Proxy use the same tokenizer?")
+
+    def _decode(self, ids: list[int]) -> str:
+        """The reply text of engine ids (typed errors only)."""
+        self._check_vocab(ids)
+        try:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        except (ValueError, KeyError, IndexError, OverflowError, TypeError) as exc:
+            raise WireFormatError(f"the engine's token ids do not decode: {type(exc).__name__}: {exc}") from exc
+
+    def _normalize(self, body: Any, **kw: Any) -> Any:
+        out = self.core.normalize(body, **kw)
+        self._check_vocab(out.output_ids.tolist())  # before anything is merged or recorded
+        top = (getattr(out, "meta_info", None) or {}).get("output_top_logprobs")
+        if top:
+            self._check_top(top)
+        return out
+
+    def _check_top(self, top: Any) -> None:
+        """``output_top_logprobs``: per token a list of ``[logprob, id, text]``, finite and in the vocabulary."""
+        ids = []
+        for i, alts in enumerate(top if isinstance(top, list) else [top]):
+            for alt in alts or ():
+                if not isinstance(alt, (list, tuple)) or len(alt) < 2 or isinstance(alt[1], bool) \
+                        or not isinstance(alt[1], int) or isinstance(alt[0], bool) \
+                        or not isinstance(alt[0], (int, float)) or not math.isfinite(alt[0]):
+                    raise WireFormatError(f"meta_info.output_top_logprobs[{i}]: {str(alt)[:80]} is not "
+                                          "[finite logprob, token id, text]")
+                ids.append(alt[1])
+        self._check_vocab(ids)
+
     async def _generate(self, plan: GenerationPlan) -> AsyncIterator[str | GenerationResult | None]:
         self.calls += 1
         try:
             async for event in run_generation(
-                    plan, self.pause, self.core.normalize, partial_rollout=self.config.partial_rollout,
-                    timeout_s=self.config.request_timeout_s,
-                    decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)):
+                    plan, self.pause, self._normalize, partial_rollout=self.config.partial_rollout,
+                    timeout_s=self.config.request_timeout_s, decode=self._decode):
                 yield event
         except EngineUnavailable:
             if not self.engines.single:
@@ -229,12 +274,21 @@ class CallPath(ChatSampling):
         try:
             async for frame in frames:
                 yield frame
-        except DressageError as exc:
+        except Exception as exc:
+            if not committing:
+                self.drop_if_unused(call.session_id, own_calls=1)
+            # The stream has begun (200 sent): the error is its last event, then [DONE].
             if call.turn_id is not None and not committing:
                 self.turns.abandon(call.session_id, call.turn_id, exc)
             self.failed_calls += 1
+            if not isinstance(exc, DressageError):
+                log.exception("streamed call %s failed", call.completion_id)
+                exc = DressageError(f"internal error: {type(exc).__name__}")
             yield sse(error_payload(exc))
+            yield DONE
         except BaseException as exc:
+            if not committing:
+                self.drop_if_unused(call.session_id, own_calls=1)
             if call.turn_id is not None and not committing:
                 self.turns.abandon(call.session_id, call.turn_id, exc)
             raise
@@ -305,6 +359,8 @@ class CallPath(ChatSampling):
             pending = await asyncio.to_thread(self.core.begin_step, sid, plan.decision, **step_fields)
         step = await asyncio.wrap_future(pending.future) if committed else pending.preview
         self.versions.recorded(sid, int(result.token_versions[0]))
+        self._fresh.discard(sid)
+        self.keeper.touch(sid)
         self.engines.settle(sid)
         return step
 
@@ -324,7 +380,7 @@ class CallPath(ChatSampling):
         finally:
             self.in_flight.exit(session_id)
         return {"output_ids": step.response_ids.tolist(),
-                "text": self.tokenizer.decode(step.response_ids.tolist(), skip_special_tokens=True),
+                "text": self._decode(step.response_ids.tolist()),
                 "step_id": step.step_id, "parent_id": step.parent_id, "lineage_id": step.lineage_id,
                 "meta_info": {"finish_reason": result.finish_reason, "prompt_tokens": step.prompt_len,
                               "completion_tokens": step.response_len}}

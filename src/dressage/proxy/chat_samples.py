@@ -50,7 +50,7 @@ class ChatSampling:
     def _reply(self, call: "ChatCall", index: int, plan: GenerationPlan, result: GenerationResult,
                refused: int = 0) -> ChatSample:
         """The reply's text cut at a stop sequence, parsed into the assistant message."""
-        text = self.tokenizer.decode(result.response_ids.tolist(), skip_special_tokens=True)
+        text = self._decode(result.response_ids.tolist())
         text, stopped = cut_at_stop(text, call.options.stops)
         prefix = f"call_{call.completion_id[-10:]}" + (f"_{index}" if index else "")
         message = assistant_message(self.parser, text, call_id_prefix=prefix,

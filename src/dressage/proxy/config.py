@@ -14,16 +14,30 @@ from typing import Any
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ConfigError
 from dressage.flags import flag
+from dressage.tq.config import is_loopback
 
 __all__ = ["ProxyConfig", "ProxyServerConfig", "JournalConfig", "DataPlaneConfig"]
 
 FSYNC_POLICIES = ("always", "interval", "never")
+AGENT_TOKEN_ENV = "DRESSAGE_PROXY_TOKEN"
+ADMIN_TOKEN_ENV = "DRESSAGE_ADMIN_TOKEN"
 NO_AUTH = "no-auth"
 """The ``--api-key`` value upstream's Proxy takes for "no bearer check" (its default)."""
 
 
 def _url_ok(url: object) -> bool:
     return isinstance(url, str) and url.startswith(("http://", "https://"))
+
+
+def _read_token(path: str, key: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{key}: cannot read {path}: {exc}") from exc
+    if not token:
+        raise ConfigError(f"{key}: {path} holds no token")
+    return token
 
 
 @dataclass(kw_only=True, slots=True)
@@ -45,10 +59,6 @@ class ProxyServerConfig:
     weight-version calls go to each healthy worker it lists (``GET /workers``)."""
     engine_api_key: str | None = field(default=None, metadata=flag(metavar="KEY"))
     """The engine's ``--api-key``: sent as ``Authorization: Bearer`` on every engine and worker call."""
-    api_token: str | None = field(default=None, metadata=flag(metavar="TOKEN", default_text="$DRESSAGE_PROXY_TOKEN",
-                                                              aliases=("--api-key",)))
-    """When set, every endpoint but /health needs ``Authorization: Bearer <token>`` (``no-auth``, upstream's
-    default, turns the check off)."""
     finalize_wait_s: float = field(default=30.0, metadata=flag("--finalize-wait", metavar="S"))
     """How long ``/session/finalize`` waits for the session's calls still in flight before it cuts the trajectory."""
     served_model_name: str = field(default="dressage-policy", metadata=flag(metavar="NAME"))
@@ -73,6 +83,37 @@ class ProxyServerConfig:
     """Seconds between engine health checks when there are several engines (0: no checks)."""
     health_check_failures: int = field(default=1, metadata=flag(metavar="N"))
     """Consecutive failed health checks that take an engine out of the pool."""
+
+    # -- access, request limits and bounded state ------------------------------------------------
+    api_token: str | None = field(default=None, metadata=flag(metavar="TOKEN", default_text="$" + AGENT_TOKEN_ENV,
+                                                              aliases=("--api-key",)))
+    """Agents' token: when set, every endpoint but /health needs ``Authorization: Bearer <token>``.
+    Alone (no admin token) it also opens the admin endpoints; ``no-auth`` (upstream's default) turns
+    the check off. Prefer the environment or a file: arguments show in ``ps``."""
+    api_token_file: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """Read the agents' token from this file (first line)."""
+    admin_token: str | None = field(default=None, metadata=flag(metavar="TOKEN", default_text="$" + ADMIN_TOKEN_ENV))
+    """Trainer's token: when set, trajectory read / drain, pause / resume, discard and the engine
+    endpoints need it (agent tokens get 403 there); it opens the agent endpoints too."""
+    admin_token_file: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """Read the admin token from this file (first line)."""
+    header_timeout_s: float = field(default=30.0, metadata=flag("--header-timeout", metavar="S"))
+    """A connection whose request line and headers are not complete this long after it opened (or
+    after its previous answer, once bytes of a next request came) is closed."""
+    body_timeout_s: float = field(default=120.0, metadata=flag("--body-timeout", metavar="S"))
+    """A request body that has not fully arrived this long after its headers: the connection is closed."""
+    keep_alive_timeout_s: float = field(default=30.0, metadata=flag("--keep-alive-timeout", metavar="S"))
+    """An idle keep-alive connection is closed after this long."""
+    max_header_bytes: int = field(default=64 * 1024, metadata=flag(metavar="N"))
+    """Request line plus headers larger than this get 400."""
+    session_timeout_s: float = field(default=3600.0, metadata=flag("--session-timeout", metavar="S"))
+    """An active session with no call for this long (none in flight) is aborted and forgotten (its
+    TQ keys released); 0 keeps sessions until finalized or aborted."""
+    max_sessions: int = field(default=65_536, metadata=flag(metavar="N"))
+    """Live (active) sessions the Proxy holds; a new one beyond it gets 429 ``too_many_sessions``
+    once no idle session is left to evict."""
+    max_cached_turns: int = field(default=65_536, metadata=flag(metavar="N"))
+    """Recorded ``X-Turn-Id`` replies kept for retries (the oldest settled ones go first)."""
 
     def __post_init__(self) -> None:
         if self.api_token == NO_AUTH:
@@ -114,6 +155,34 @@ class ProxyServerConfig:
         if isinstance(self.health_check_failures, bool) or not isinstance(self.health_check_failures, int) \
                 or self.health_check_failures < 1:
             raise ConfigError(f"proxy.health_check_failures must be an integer >= 1, got {self.health_check_failures!r}")
+
+        self._check_access()
+
+    def _check_access(self) -> None:
+        for key in ("api_token", "admin_token"):
+            path = getattr(self, key + "_file")
+            if path is not None:
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"proxy.{key} and proxy.{key}_file are both set: give one")
+                setattr(self, key, _read_token(path, f"proxy.{key}_file"))
+            token = getattr(self, key)
+            if token is not None and (not isinstance(token, str) or not token.strip() or not token.isprintable()
+                                      or len(token) > 4096):
+                raise ConfigError(f"proxy.{key}: a token is 1-4096 printable characters")
+        if self.api_token is not None and self.api_token == self.admin_token:
+            raise ConfigError("proxy.admin_token: the same as the agents' api_token (leave it unset for one token)")
+        if self.api_token is None and not is_loopback(self.host):
+            raise ConfigError(f"proxy.host: {self.host} is reachable from other machines; set an agent token "
+                              f"(--api-token-file, ${AGENT_TOKEN_ENV}) or bind a loopback address")
+        for key in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"proxy.{key} must be positive, got {getattr(self, key)!r}")
+        if not self.session_timeout_s >= 0:
+            raise ConfigError(f"proxy.session_timeout_s must be >= 0, got {self.session_timeout_s!r}")
+        for key in ("max_header_bytes", "max_sessions", "max_cached_turns"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"proxy.{key} must be a positive integer, got {value!r}")
 
     @property
     def engines(self) -> tuple[str, ...]:

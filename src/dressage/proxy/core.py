@@ -366,6 +366,18 @@ class ProxyCore:
         return {"session_id": session_id, "state": "discarded", "was": was, "released_refs": len(refs),
                 "samples": withdrawn}
 
+    def drop_unused(self, session_id: str) -> bool:
+        """Forget an active session that recorded nothing (its first call failed), as if never created."""
+        with self._lock:
+            s = self.sessions.get(session_id)
+            if s is None or s.state != "active" or s.steps:
+                return False
+            del self.sessions[session_id]
+            if self.journal is not None:
+                self.journal.forgotten(session_id)
+            self._calls.pop(session_id, None)
+        return True
+
     def forget(self, session_id: str) -> None:
         """Drop a finished session from memory (its Segments live on in the RolloutManager)."""
         with self._lock:

@@ -42,7 +42,9 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
         service.versions.restore(core.sessions.values())  # named versions keep their codes
         for done in report.delivered:
             service.finalized[done.session_id] = done
-        core.journal = Journal(config.journal.path, fsync=config.journal.fsync)
+        # Appends start where replay stopped: a record the replay refused is cut (and set aside) too.
+        core.journal = Journal(config.journal.path, fsync=config.journal.fsync, intact_bytes=report.intact_bytes)
+        service.keeper.adopt()  # resumed sessions expire like any other
     return service, report
 
 

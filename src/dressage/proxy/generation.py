@@ -75,7 +75,12 @@ class _StreamedAnswer:
         self.meta: dict[str, Any] = {}
 
     def add(self, chunk: dict[str, Any]) -> None:
+        if not isinstance(chunk, dict) or not isinstance(chunk.get("meta_info", {}), dict) \
+                or not isinstance(chunk.get("output_ids", []), list):
+            raise WireFormatError(f"the engine sent a stream chunk that is not SGLang's format: {str(chunk)[:200]}")
         out = chunk.get("output_ids") or []
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**31 for t in out):
+            raise WireFormatError("the engine sent a stream chunk whose output_ids are not token ids")
         self.meta = chunk.get("meta_info") or {}
         if is_queued_abort(self.meta):
             # Its ids are only the last one (or none) and its logprobs are not this stream's:
@@ -84,6 +89,8 @@ class _StreamedAnswer:
                 self.ids, self.entries, self.top = [], [], []
             return
         lps = self.meta.get("output_token_logprobs") or []
+        if not isinstance(lps, list):
+            raise WireFormatError("the engine sent a stream chunk whose output_token_logprobs is not a list")
         top = self.meta.get("output_top_logprobs") or []
         total = self.meta.get("completion_tokens")
         if isinstance(total, int) and len(out) == total:

@@ -8,7 +8,6 @@ status and type the class carries (``http_status``, ``openai_type``). Agents use
 
 from __future__ import annotations
 
-import hmac
 import json
 from typing import Any
 
@@ -18,13 +17,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dressage.errors import DressageError
+from dressage.proxy.guard import RequestGuard
 from dressage.proxy.http_upstream import upstream_router
 from dressage.proxy.openai_routes import openai_router
 from dressage.proxy.rollout_routes import rollout_router
 from dressage.proxy.schemas import ChatRequest, CreateSession, GenerateRequest
 from dressage.proxy.streaming import error_body, error_payload
 from dressage.proxy.turn_scope import identity_of
-from dressage.serving import UvicornServer
+from dressage.serving import ConnectionLimits, UvicornServer
 
 __all__ = ["build_app", "ProxyServer", "status_for"]
 
@@ -40,20 +40,10 @@ def _json(value: Any) -> Response:
 
 
 def _install_guards(app: FastAPI, service: Any) -> None:
-    token = service.config.api_token
-    limit = service.config.max_body_bytes
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if token is not None and request.url.path != "/health":
-            header = request.headers.get("authorization", "")
-            given = header[7:] if header.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(given.encode(), token.encode()):
-                return JSONResponse(error_body("missing or wrong bearer token", "authentication_error"), 401)
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > limit):
-            return JSONResponse(error_body(f"request body over {limit} bytes", "invalid_request_error"), 413)
-        return await call_next(request)
+    cfg = service.config
+    # Tokens, the received-bytes body limit and the JSON value check: see dressage.proxy.guard.
+    app.add_middleware(RequestGuard, agent_token=cfg.api_token, admin_token=cfg.admin_token,
+                       max_body_bytes=cfg.max_body_bytes)
 
     @app.exception_handler(DressageError)
     async def dressage_error(request: Request, exc: DressageError):
@@ -155,4 +145,7 @@ class ProxyServer(UvicornServer):
 
     def __init__(self, service: Any) -> None:
         self.service = service
-        super().__init__(build_app(service), host=service.config.host, port=service.config.port, name="proxy")
+        cfg = service.config
+        limits = ConnectionLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
+                                  keep_alive_s=cfg.keep_alive_timeout_s, max_header_bytes=cfg.max_header_bytes)
+        super().__init__(build_app(service), host=cfg.host, port=cfg.port, name="proxy", limits=limits)

@@ -20,16 +20,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dressage.errors import UnknownResponseError, UnsupportedParameterError
 
-__all__ = ["ResponsesRequest", "ResponseMemory", "conversation", "chat_body", "response_object",
+__all__ = ["NO_OP_PARAMS", "ResponsesRequest", "ResponseMemory", "conversation", "chat_body", "response_object",
            "input_messages", "chat_tools", "chat_tool_choice", "item_ids"]
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-class ResponsesRequest(BaseModel):
-    """``POST /v1/responses`` body; fields not listed (``user``, ``service_tier``, ...) are ignored."""
+NO_OP_PARAMS = frozenset({"user", "service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+                          "safety_identifier", "stream_options"})
+"""Accepted and ignored: OpenAI platform bookkeeping and delivery options; none changes a reply's tokens."""
 
-    model_config = ConfigDict(extra="ignore")
+
+class ResponsesRequest(BaseModel):
+    """``POST /v1/responses`` body; a key not declared here is refused unless it is in :data:`NO_OP_PARAMS`."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None
     input: Union[str, list[dict[str, Any]]] = ""
@@ -206,6 +211,9 @@ def _check_supported(req: ResponsesRequest) -> None:
     for bad, name, why in refused:
         if bad:
             raise UnsupportedParameterError(name, why)
+    for key, value in (req.model_extra or {}).items():
+        if value is not None and key not in NO_OP_PARAMS:
+            raise UnsupportedParameterError(key, "not a Responses parameter this Proxy serves")
 
 
 def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from dressage.errors import DressageError, UnsupportedParameterError
 from dressage.proxy.responses import ResponsesRequest, chat_body, conversation, item_ids, response_object
 from dressage.proxy.responses_stream import ResponseEvents, replay_events, stream_response
 from dressage.proxy.schemas import ChatRequest
+from dressage.proxy.streaming import aiter_frames
 from dressage.proxy.turn_scope import turn_call_key
 
 __all__ = ["ResponsesPath"]
@@ -69,7 +70,7 @@ class ResponsesPath:
             if pending is not None and not pending.cancelled():
                 self.replayed_turns += 1
                 completion = await asyncio.shield(pending)
-                return _aiter(replay_events(self._responded(session_id, req, completion, messages, n_instructions)))
+                return aiter_frames(replay_events(self._responded(session_id, req, completion, messages, n_instructions)))
         call = self.prepare_chat(session_id, chat, turn_id=turn_id)
         return self._stream_response(call, req, messages, n_instructions)
 
@@ -97,8 +98,7 @@ class ResponsesPath:
         model = self.config.served_model_name
         ev = ResponseEvents()
         skeleton = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model)
-        self.in_flight.enter(sid)
-        try:
+        try:  # _reply_events counts the call in flight until its commit is done
             async for frame in stream_response(ev, skeleton, item_ids(call.completion_id), self.parser,
                                                self._reply_events(call, began), finish):
                 yield frame
@@ -114,10 +114,3 @@ class ResponsesPath:
             if call.turn_id is not None and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
             raise
-        finally:
-            self._leave(sid, call.commit)
-
-
-async def _aiter(frames: Any) -> AsyncIterator[bytes]:
-    for frame in frames:
-        yield frame

@@ -114,6 +114,14 @@ class GenerateRequest(_Body):
             raise ValueError("token ids must be in 0..2**31-1")
         return v
 
+    @field_validator("sampling_params")
+    @classmethod
+    def _sampling(cls, v: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        n = (v or {}).get("max_new_tokens")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 2**31 - 1):
+            raise ValueError(f"sampling_params.max_new_tokens must be an integer in 1..2**31-1, got {n!r}")
+        return v
+
 
 class CreateSession(_Body):
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -26,6 +26,7 @@ from dressage.proxy.pause import RolloutPause
 from dressage.proxy.responses import ResponseMemory
 from dressage.proxy.responses_path import ResponsesPath
 from dressage.proxy.rids import RidFactory
+from dressage.proxy.session_caps import SessionKeeper
 from dressage.proxy.startup import engine_clients
 from dressage.proxy.turns import CallIdentity, TurnCache, instance_group
 from dressage.proxy.weights import WeightVersions
@@ -54,12 +55,11 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
         self.parser = parser or QwenToolCallParser()
         self.versions = WeightVersions(partial_rollout=config.partial_rollout)
         self.pause = RolloutPause(self.versions)
-        self.turns = TurnCache()
+        self.turns = TurnCache(config.max_cached_turns)
         self.responses = ResponseMemory()
         self.finalized: dict[str, FinalizedSession] = {}
         self.calls = self.failed_calls = self.replayed_turns = 0
         self.limits = CallLimits(config)
-        self._groups: dict[str, int] = {}
         self.rids = RidFactory()
         """Engine rids: one length and shape, so SGLang's abort by rid prefix hits only the call meant."""
         self.in_flight = InFlight()
@@ -68,6 +68,11 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
         """Answers of finalizes, so that a repeat answers the same."""
         self.finalizing: dict[str, asyncio.Future] = {}
         """Finalizes under way (a concurrent repeat waits for the same answer)."""
+        self.keeper = SessionKeeper(core, timeout_s=config.session_timeout_s, max_sessions=config.max_sessions,
+                                    busy=self.in_flight.running, on_evict=self.forget_state)
+        """Idle eviction and the cap on live sessions."""
+        self._fresh: set[str] = set()
+        """Sessions a header call created whose first call has not recorded yet (dropped if it fails)."""
         self._tasks: set[asyncio.Task] = set()
 
     @property
@@ -86,7 +91,7 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
 
     def group_of(self, instance_id: Any) -> int:
         """The integer prompt-group index of ``instance_id``."""
-        return instance_group(instance_id, self._groups)
+        return instance_group(instance_id)
 
     def session_url(self, base: str, session_id: str) -> str:
         return f"{base.rstrip('/')}/sessions/{session_id}/v1"
@@ -103,18 +108,33 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
             meta: dict[str, Any] = {"session_source": "headers"}
             if ident.instance_id is not None:
                 meta.update(instance_id=ident.instance_id, group_index=self.group_of(ident.instance_id))
+            self.keeper.admit()
             try:
                 self.core.create_session(meta, session_id=sid)
             except SessionStateError:
-                pass  # a concurrent first call created it
+                return sid  # a concurrent first call created it
+            self.keeper.touch(sid)
+            self._fresh.add(sid)
         return sid
+
+    def drop_if_unused(self, session_id: str, *, own_calls: int = 0) -> None:
+        """A header-created session whose first call failed is dropped: a failed call leaves nothing.
+
+        ``own_calls``: calls of the caller itself still counted in flight (no other may be running).
+        """
+        if session_id in self._fresh and self.in_flight.running(session_id) <= own_calls:
+            self._fresh.discard(session_id)
+            if self.core.drop_unused(session_id):
+                self.forget_state(session_id)
 
     # ---------------------------------------------------------- sessions
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "sessions": len(self.core.sessions), "weight_version": self.weight_version}
 
     def create_session(self, metadata: dict[str, Any] | None, base_url: str) -> dict[str, Any]:
+        self.keeper.admit()
         s = self.core.create_session(metadata)
+        self.keeper.touch(s.session_id)
         return {"session_id": s.session_id, "base_url": self.session_url(base_url, s.session_id)}
 
     def session_info(self, session_id: str) -> dict[str, Any]:
@@ -132,6 +152,7 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
     # --------------------------------------------------------- lifecycle
     def finalize(self, session_id: str, reward: float | None) -> FinalizedSession:
         done = self.core.finalize(session_id, reward)
+        self.keeper.release(session_id)
         self.finalized[session_id] = done
         return done
 
@@ -161,11 +182,14 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
             self.forget_state(sid)
 
     def forget_state(self, session_id: str) -> None:
-        """Drop what the call path keeps per session (engine placement, turns, responses, weight versions)."""
+        """Drop what the call path keeps per session (engine placement, turns, responses, weight versions,
+        idle clock)."""
         self.engines.forget(session_id)
         self.turns.forget_session(session_id)
         self.responses.forget(session_id)
         self.versions.forget(session_id)
+        self.keeper.release(session_id)
+        self._fresh.discard(session_id)
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``GET /trajectory/stats``."""
@@ -180,7 +204,8 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
                 "unread_segments": sum(len(d.segments) for d in self.finalized.values()),
                 "calls": self.calls, "failed_calls": self.failed_calls, "replayed_turns": self.replayed_turns,
                 "weight_version": self.weight_version, "pause": self.pause.state(),
-                "engines": self.engines.describe(), "engine_moves": len(self.engines.moves)}
+                "engines": self.engines.describe(), "engine_moves": len(self.engines.moves),
+                "evicted_sessions": self.keeper.evicted}
 
     # ----------------------------------------------------- rollout, engines
     async def pause_rollout(self, *, session_id: str | None = None, instance_id: str | None = None,

@@ -13,7 +13,7 @@ import hashlib
 import json
 from typing import Any, Mapping
 
-from dressage.proxy.turns import CallIdentity, identity_from_headers
+from dressage.proxy.turns import CallIdentity, checked_identity, identity_from_headers
 
 __all__ = ["request_hash", "turn_call_key", "turn_of", "identity_of", "DELIVERY_FIELDS", "IDENTITY_FIELDS"]
 
@@ -51,5 +51,5 @@ def identity_of(headers: Mapping[str, str], body: Any = None) -> CallIdentity:
         value = getattr(body, name, None)
         return None if value is None or value == "" else str(value)
 
-    return CallIdentity(pick(ident.session_id, "session_id"), pick(ident.instance_id, "instance_id"),
-                        pick(ident.turn_id, "turn_id"))
+    return checked_identity(CallIdentity(pick(ident.session_id, "session_id"), pick(ident.instance_id, "instance_id"),
+                                         pick(ident.turn_id, "turn_id")))

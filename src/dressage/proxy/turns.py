@@ -2,18 +2,25 @@
 
 ``X-Session-Id`` (or ``X-SMG-Routing-Key``) names the session, ``X-Instance-Id`` its prompt
 instance (the GRPO group) and ``X-Turn-Id`` one turn: a retried turn gets the recorded reply
-back and records nothing a second time.
+back and records nothing a second time. Header values are at most :data:`MAX_ID_CHARS` printable
+characters; the turn cache keeps at most ``capacity`` settled turns (oldest forgotten first) and
+instance groups need no table at all (:func:`instance_group` derives them from the id).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["CallIdentity", "identity_from_headers", "TurnCache", "instance_group"]
+from dressage.errors import SessionIdError
+
+__all__ = ["CallIdentity", "identity_from_headers", "checked_identity", "TurnCache", "instance_group"]
 
 SESSION_HEADERS = ("x-session-id", "x-smg-routing-key")
+MAX_ID_CHARS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,16 +31,30 @@ class CallIdentity:
 
 
 def identity_from_headers(headers: Mapping[str, str]) -> CallIdentity:
-    """The identity a request's headers carry (header names are case-insensitive)."""
+    """The identity a request's headers carry (header names are case-insensitive).
+
+    Raises :class:`SessionIdError` (400) for a value over :data:`MAX_ID_CHARS` characters or with
+    control characters.
+    """
     sid = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
-    return CallIdentity(sid, headers.get("x-instance-id") or None, headers.get("x-turn-id") or None)
+    return checked_identity(CallIdentity(sid, headers.get("x-instance-id") or None, headers.get("x-turn-id") or None))
+
+
+def checked_identity(ident: CallIdentity) -> CallIdentity:
+    """``ident`` when each of its ids is at most :data:`MAX_ID_CHARS` printable characters."""
+    for name, value in (("session id", ident.session_id), ("instance id", ident.instance_id),
+                        ("turn id", ident.turn_id)):
+        if value is not None and (len(value) > MAX_ID_CHARS or not value.isprintable()):
+            raise SessionIdError(f"{name}: at most {MAX_ID_CHARS} printable characters, got {len(value)}")
+    return ident
 
 
 class TurnCache:
     """Replies of committed turns by (session, turn id); a turn in progress is awaited, not redone."""
 
-    def __init__(self) -> None:
-        self._turns: dict[tuple[str, str], asyncio.Future] = {}
+    def __init__(self, capacity: int = 65_536) -> None:
+        self.capacity = int(capacity)
+        self._turns: OrderedDict[tuple[str, str], asyncio.Future] = OrderedDict()
 
     def get(self, session_id: str, turn_id: str) -> asyncio.Future | None:
         return self._turns.get((session_id, turn_id))
@@ -41,7 +62,15 @@ class TurnCache:
     def begin(self, session_id: str, turn_id: str) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
         self._turns[(session_id, turn_id)] = fut
+        self._turns.move_to_end((session_id, turn_id))
+        if len(self._turns) > self.capacity:
+            self._evict()
         return fut
+
+    def _evict(self) -> None:
+        # Only settled turns go: a turn in flight has waiters that its commit must still answer.
+        for key in [k for k, f in self._turns.items() if f.done()][:len(self._turns) - self.capacity]:
+            del self._turns[key]
 
     def settle(self, session_id: str, turn_id: str, task: asyncio.Future) -> None:
         """Resolve the turn from ``task`` (the commit) whenever it ends, even if its caller is gone.
@@ -84,9 +113,12 @@ class TurnCache:
         return len(self._turns)
 
 
-def instance_group(instance_id: Any, groups: dict[str, int]) -> int:
-    """An integer prompt-group index for ``instance_id`` (numbers as themselves, others by first use)."""
+def instance_group(instance_id: Any) -> int:
+    """An integer prompt-group index for ``instance_id``: a number that fits 63 bits as itself, any
+    other id as a negative index derived from its text (stable across restarts, no table to grow)."""
     text = str(instance_id)
-    if text.lstrip("-").isdigit():
+    digits = text[1:] if text.startswith("-") else text
+    if digits.isdigit() and digits.isascii() and len(digits) <= 18:
         return int(text)
-    return groups.setdefault(text, -2 - len(groups))  # negative: never collides with numbered groups
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=7).digest()
+    return -2 - int.from_bytes(digest, "big")  # negative: never collides with numbered groups

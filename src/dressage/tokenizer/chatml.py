@@ -15,6 +15,7 @@ from dressage.tokenizer.base import Message, Tokenizer, ToolSpec
 
 __all__ = [
     "IM_START", "IM_END", "ENDOFTEXT", "TOOLS_OPEN", "TOOLS_CLOSE", "TOOL_CALL_OPEN", "TOOL_CALL_CLOSE",
+    "TOOL_RESPONSE_OPEN", "TOOL_RESPONSE_CLOSE",
     "render_chatml", "message_text", "tool_call_json", "ChatMLTokenizer",
 ]
 

@@ -54,12 +54,12 @@ class Stack:
 
 
 def start_proxy(engine_url: str, *, tq_client: Any = None, journal: str | None = None, timeout_s: float = 30.0,
-                port: int = 0, **server: Any) -> Stack:
+                port: int = 0, r3: bool = True, skip_engine_check: bool = False, **server: Any) -> Stack:
     """A Proxy on loopback (``Proxy.start``); ``journal``: a path it journals to and recovers from."""
-    dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=tq_client is not None,
+    dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=r3, enable_transfer_queue=tq_client is not None,
                          routed_experts_dtype="uint8")
     rm = RolloutManager(dp_size=2)
-    cfg = ProxyConfig(data_plane=dp, journal=JournalConfig(path=journal),
+    cfg = ProxyConfig(data_plane=dp, journal=JournalConfig(path=journal), skip_engine_check=skip_engine_check,
                       server=ProxyServerConfig(engine_url=engine_url, request_timeout_s=timeout_s, port=port, **server))
     proxy = Proxy.start(cfg, tq_client=tq_client, sink=rm)
     return Stack(proxy, proxy.core, rm)

@@ -24,6 +24,9 @@ def register(benches: argparse._SubParsersAction) -> None:
                    help="hostile HTTP requests (and as many ZMQ frames) the fuzzers send (default: %(default)s; fewer with --quick)")
     p.add_argument("--load-sessions", type=int, default=200,
                    help="concurrent agent sessions against one Proxy in the load case (default: %(default)s; fewer with --quick)")
+    p.add_argument("--schema-cases", type=int, default=2000,
+                   help="requests schemathesis generates from the Proxy's OpenAPI schema in the schema_fuzz case "
+                        "(default: %(default)s; 200 with --quick)")
     p.add_argument("--seed", type=int, default=0, help="seed of the fuzzers and payloads (default: %(default)s)")
     p.add_argument("--plot-dir", metavar="DIR", help="write soak.png (PSS per iteration) when the soak ran")
     p.set_defaults(func=_run)
@@ -36,13 +39,14 @@ def _run(args: argparse.Namespace) -> int:
         print("\n".join(load_cases()))
         return 0
     cfg = FaultsConfig(quick=args.quick, only=tuple(args.cases), soak_iterations=args.soak_iterations,
-                       fuzz_inputs=args.fuzz_inputs, load_sessions=args.load_sessions, seed=args.seed)
+                       fuzz_inputs=args.fuzz_inputs, load_sessions=args.load_sessions, seed=args.seed,
+                       schema_cases=args.schema_cases)
     report = run_faults(cfg, progress=sys.stderr.isatty())
     width = max(len(c["name"]) for c in report["cases"])
     for c in report["cases"]:
         figures = ", ".join(f"{k}={v}" for k, v in c["detail"].items() if not isinstance(v, (dict, list)))[:110]
         print(f"{c['name']:<{width}}  {'PASS' if c['passed'] else 'FAIL'}  {c['seconds']:7.1f} s  {figures}")
-    for section in ("soak", "fuzz", "load"):
+    for section in ("soak", "fuzz", "load", "schema"):
         if report[section]:
             print(f"{section}: " + ", ".join(f"{k}={v}" for k, v in report[section].items()))
     print(f"{report['passed']} passed, {report['failed']} failed")

@@ -25,12 +25,14 @@ class FaultsConfig:
     load_sessions: int = 200
     """Concurrent agent sessions against one Proxy in the load case."""
     load_turns: int = 3
+    schema_cases: int = 2000
+    """Requests schemathesis generates from the Proxy's OpenAPI schema (case ``schema_fuzz``)."""
     only: tuple[str, ...] = ()
     """Run just these cases (names as listed by ``--list``)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("soak_iterations", "fuzz_inputs", "load_sessions", "load_turns"):
+        for key in ("soak_iterations", "fuzz_inputs", "load_sessions", "load_turns", "schema_cases"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"faults.{key} must be a positive integer, got {v!r}")
@@ -42,6 +44,7 @@ class FaultsConfig:
             self.soak_iterations = min(self.soak_iterations, 30)
             self.fuzz_inputs = min(self.fuzz_inputs, 150)
             self.load_sessions = min(self.load_sessions, 64)
+            self.schema_cases = min(self.schema_cases, 200)
 
 
 @dataclass(slots=True)
@@ -67,8 +70,8 @@ def case(name: str):
 
 def load_cases() -> dict[str, Callable[[FaultsConfig], tuple[bool, dict[str, Any]]]]:
     """Import the case modules (importing registers their cases)."""
-    from dressage_bench.faults import (cases_backpressure, cases_engine, cases_proxy, cases_tq,  # noqa: F401
-                                       fuzz, load, soak)
+    from dressage_bench.faults import (cases_backpressure, cases_engine, cases_inputs, cases_proxy,  # noqa: F401
+                                       cases_tq, fuzz, load, soak)
 
     return CASES
 
@@ -91,7 +94,7 @@ def run_faults(cfg: FaultsConfig, *, progress: bool = False) -> dict[str, Any]:
             passed, detail = False, {"error": f"{type(exc).__name__}: {exc}",
                                      "traceback": traceback.format_exc(limit=6)}
         results.append(CaseResult(name, bool(passed), detail, time.perf_counter() - t0))
-        for section in ("soak", "fuzz", "load"):
+        for section in ("soak", "fuzz", "load", "schema"):
             if section in detail and isinstance(detail[section], dict):
                 extra.setdefault(section, {}).update(detail[section])
         if bar is not None:
@@ -107,6 +110,7 @@ def run_faults(cfg: FaultsConfig, *, progress: bool = False) -> dict[str, Any]:
         "soak": extra.get("soak", {}),
         "fuzz": {"inputs": int(fuzz.get("inputs", 0)), "server_errors": int(fuzz.get("server_errors", 0)), **fuzz},
         "load": extra.get("load", {}),
+        "schema": extra.get("schema", {}),
         "config": {"quick": cfg.quick, "soak_iterations": cfg.soak_iterations, "fuzz_inputs": cfg.fuzz_inputs,
-                   "load_sessions": cfg.load_sessions},
+                   "load_sessions": cfg.load_sessions, "schema_cases": cfg.schema_cases},
     }
