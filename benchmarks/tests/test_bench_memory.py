@@ -59,13 +59,15 @@ def test_report_is_a_capacity_baseline(report):
 
 def test_storage_units_held_the_large_fields_and_the_rollout_manager_did_not(report):
     on, off = report["with_tq"]["logical"], report["without_tq"]["logical"]
-    assert on["tq_storage_unit_master"] > 0 and on["tq_storage_unit_node1"] > 0
+    # Payload stays off the head node (the master): node 1's unit holds all of it.
+    assert on["tq_storage_unit_master"] == 0 and on["tq_storage_unit_node1"] > 0
     assert on["rollout_manager_large_fields"] == 0
     assert on["proxy_large_fields"] == 0
     assert off["rollout_manager_large_fields"] > 0
     assert off["proxy_large_fields"] > 0
-    # The master's StorageUnit process grew by what it stored; the RolloutManager's far less with TQ.
-    assert report["with_tq"]["above_idle"]["tq_storage_unit_master"] > 0
+    # The master's StorageUnit process stored nothing, so it grew by less than the payload node 1 holds;
+    # the RolloutManager grew far less with TQ.
+    assert report["with_tq"]["above_idle"]["tq_storage_unit_master"] < on["tq_storage_unit_node1"]
     assert report["with_tq"]["above_idle"]["rollout_manager"] < report["without_tq"]["above_idle"]["rollout_manager"]
 
 

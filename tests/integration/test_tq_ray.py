@@ -114,19 +114,22 @@ def test_a_killed_unit_actor_is_marked_dead_and_puts_go_to_the_live_units(cluste
                               "heartbeat_interval_s": 0.2, "unit_dead_after_s": 1.0,
                               "request_timeout_s": 20}) as tq:
         nodes = {u.unit_id: u.node_id for u in tq.units()}
+        assert {u.unit_id: u.head for u in tq.units()} == {"unit0": True, "unit1": False}
         writers = {u: tq.client(node_id=n) for u, n in nodes.items()}
         refs = {u: w.put("logprobs", np.arange(4, dtype=np.float32)) for u, w in writers.items()}
-        assert {u: r.unit_id for u, r in refs.items()} == {u: u for u in nodes}
-        kill_unit(tq, "unit0")
+        # Payload stays off the head node: the head's writer, too, writes to unit1.
+        assert {u: r.unit_id for u, r in refs.items()} == {"unit0": "unit1", "unit1": "unit1"}
+        kill_unit(tq, "unit1")
         deadline = time.monotonic() + 10
-        while tq.unit_states()["unit0"]["state"] != "dead":
+        while tq.unit_states()["unit1"]["state"] != "dead":
             assert time.monotonic() < deadline, tq.unit_states()
             time.sleep(0.05)
-        assert "Ray actor died" in tq.unit_states()["unit0"]["reason"] or "probe" in tq.unit_states()["unit0"]["reason"]
-        client = writers["unit0"]                       # its own node's unit is gone: it writes elsewhere
-        assert client.put("logprobs", np.zeros(2, dtype=np.float32)).unit_id == "unit1"
+        assert "Ray actor died" in tq.unit_states()["unit1"]["reason"] or "probe" in tq.unit_states()["unit1"]["reason"]
+        client = writers["unit1"]                       # its own node's unit is gone: it writes elsewhere
+        late = client.put("logprobs", np.arange(2, dtype=np.float32))
+        assert late.unit_id == "unit0"                  # the head's unit is the last resort
         t0 = time.monotonic()
-        with pytest.raises(StorageUnitUnavailable, match="unit0"):
-            client.get(refs["unit0"])
+        with pytest.raises(StorageUnitUnavailable, match="unit1"):
+            client.get(refs["unit1"])
         assert time.monotonic() - t0 < 1.0
-        np.testing.assert_array_equal(client.get(refs["unit1"]), np.arange(4))
+        np.testing.assert_array_equal(client.get(late), np.arange(2))

@@ -18,7 +18,7 @@ from dressage.errors import DressageError, FieldShapeError, SessionStateError, T
 from dressage.fields import GenerateOutput, decode_generate_response, encode_routed_experts
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.weights import step_labels
-from dressage.proxy.write_behind import PendingStep, WriteBehind, done_step
+from dressage.proxy.write_behind import PendingStep, WriteBehindCore, done_step
 from dressage.trajectory import Boundary, RouteDecision, Segment, Session, StepRecord, build_segments
 from dressage.trajectory.sample import VERSION_LABELS_KEY
 
@@ -37,7 +37,7 @@ class FinalizedSession:
     """Refs of steps no Segment uses (dropped retry orphans): deleted from TQ at finalize."""
 
 
-class ProxyCore:
+class ProxyCore(WriteBehindCore):
     """Sessions of one Proxy and the commit region that records their steps.
 
     ``tq`` is a TransferQueue client (``put_async`` / ``delete``) and is required when
@@ -59,7 +59,7 @@ class ProxyCore:
         self.journal = journal
         self.write_behind = write_behind
         """:meth:`begin_step` answers before the TQ write lands (see :mod:`dressage.proxy.write_behind`)."""
-        self._behind: WriteBehind | None = None
+        self._behind = None
         # Keys stay unique across restarts of a Proxy that recovered its sessions from a journal.
         self._epoch = secrets.token_hex(3)
         self.sessions: dict[str, Session] = {}
@@ -202,31 +202,6 @@ class ProxyCore:
         done = behind.submit(session_id, items, self._keys(session_id, names), self._batch_tag(),
                              lambda refs: self._commit(session, decision, fields, refs, **kwargs))
         return PendingStep(preview, done)
-
-    @property
-    def writes_behind(self) -> bool:
-        """Whether :meth:`begin_step` returns before the step's TQ write (offloaded fields, write-behind on)."""
-        return self.write_behind and self.tq is not None and bool(self.config.offloaded)
-
-    def _write_behind(self) -> WriteBehind:
-        with self._lock:
-            if self._behind is None:
-                self._behind = WriteBehind(self.tq)
-            return self._behind
-
-    async def settled(self, session_id: str) -> None:
-        """Wait (without blocking the loop) for the session's steps still being written."""
-        if self._behind is not None:
-            await self._behind.settled(session_id)
-
-    def _settle(self, session_id: str) -> None:
-        if self._behind is not None:
-            self._behind.wait(session_id)
-
-    def close(self) -> None:
-        """Write and commit every step still under way (the Proxy calls this when it stops)."""
-        if self._behind is not None:
-            self._behind.close()
 
     def _encode(self, session_id: str, response_ids: Any, logprobs: Any,
                 routed_experts: Any) -> tuple[Session, np.ndarray, dict[str, Any]]:

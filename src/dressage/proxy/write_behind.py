@@ -22,7 +22,7 @@ from dressage.errors import DressageError, TransferWriteError
 from dressage.tq.batching import PutBatcher
 from dressage.trajectory import StepRecord
 
-__all__ = ["PendingStep", "WriteBehind"]
+__all__ = ["PendingStep", "WriteBehind", "WriteBehindCore"]
 
 log = logging.getLogger(__name__)
 
@@ -129,3 +129,39 @@ class WriteBehind:
     def close(self) -> None:
         """Send and commit what is queued, then stop the writer thread."""
         self.batcher.close()
+
+
+class WriteBehindCore:
+    """The write-behind side of :class:`dressage.proxy.core.ProxyCore` (its ``tq``, ``config``,
+    ``write_behind``, ``_behind`` and ``_lock``): the batcher, made on first use, and the waits on it."""
+
+    tq: Any
+    config: Any
+    write_behind: bool
+    _behind: WriteBehind | None
+    _lock: Any
+
+    @property
+    def writes_behind(self) -> bool:
+        """Whether :meth:`begin_step` returns before the step's TQ write (offloaded fields, write-behind on)."""
+        return self.write_behind and self.tq is not None and bool(self.config.offloaded)
+
+    def _write_behind(self) -> WriteBehind:
+        with self._lock:
+            if self._behind is None:
+                self._behind = WriteBehind(self.tq)
+            return self._behind
+
+    async def settled(self, session_id: str) -> None:
+        """Wait (without blocking the loop) for the session's steps still being written."""
+        if self._behind is not None:
+            await self._behind.settled(session_id)
+
+    def _settle(self, session_id: str) -> None:
+        if self._behind is not None:
+            self._behind.wait(session_id)
+
+    def close(self) -> None:
+        """Write and commit every step still under way (the Proxy calls this when it stops)."""
+        if self._behind is not None:
+            self._behind.close()
