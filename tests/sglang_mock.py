@@ -40,7 +40,7 @@ class MockSGLang:
 
     ``hold``: rids starting with any of these prefixes wait (queued) until :meth:`release` or an
     abort. ``versions``: each worker's ``weight_version``. ``api_key``: the ``--api-key`` every
-    call must carry.
+    call must carry. ``down``: workers that refuse connections (the router still lists them healthy).
     """
 
     def __init__(self, workers=("http://10.0.0.1:30001",), *, router: str | None = None, layers=4, topk=2,
@@ -56,6 +56,7 @@ class MockSGLang:
         self.pending: dict[str, _Pending] = {}
         self.hold: set[str] = set()
         self.hold_all = False
+        self.down: set[str] = set()
         self.arrived = asyncio.Event()
 
     # ------------------------------------------------------------------ control from tests
@@ -95,7 +96,7 @@ class MockSGLang:
             if path in ("/model_info", "/get_model_info"):
                 return httpx.Response(200, json=self.model_info)
             return httpx.Response(404, json={"detail": "Not Found"})
-        if origin not in self.workers:
+        if origin not in self.workers or origin in self.down:
             raise httpx.ConnectError(f"nothing listens on {origin}")
         if path == "/generate":
             return await self._generate(origin, body)

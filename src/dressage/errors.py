@@ -12,8 +12,10 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
     ├── RequestRejected              an HTTP request refused before any route runs   400 invalid_request_error
-    │   ├── InputValueError, BodyTooLargeError   a lone surrogate or non-finite number; a body over the limit (413)
-    │   └── AuthenticationError, PermissionDeniedError   no or a wrong token (401); an agent token on an admin path (403)
+    │   ├── InputValueError          a lone surrogate or a non-finite number in a body
+    │   ├── BodyTooLargeError        a body over the size limit (bytes received)     413
+    │   ├── AuthenticationError      no or a wrong bearer token                      401 authentication_error
+    │   └── PermissionDeniedError    an agent token on an admin path                 403 permission_error
     ├── SessionLimitError            the Proxy holds its maximum of live sessions    429 rate_limit_exceeded
     ├── FieldError                   trajectory field data that does not fit its spec 502 engine_output_invalid
     │   ├── UnknownFieldError        a field name that is not registered

@@ -3,7 +3,7 @@
 ``/generate`` (JSON or server-sent events), ``/abort_request`` (cuts in-flight generations at a
 token boundary; they answer with their partial output and finish_reason ``abort``), ``/health``,
 ``/health_generate``, ``/get_model_info``, ``/get_server_info``, ``/flush_cache``,
-``/update_weight_version``. ``EngineServer.start_background()`` runs it in-process for tests.
+``/get_weight_version``, ``/update_weight_version``. ``EngineServer.start_background()`` runs it in-process for tests.
 """
 
 from __future__ import annotations
@@ -190,6 +190,10 @@ def create_app(engine: Engine) -> FastAPI:
     async def flush_cache() -> Response:
         engine.flush_cache()
         return Response(content="Cache flushed.\n", status_code=200)
+
+    @app.get("/get_weight_version")
+    async def get_weight_version() -> Response:
+        return json_response({"weight_version": engine.weight_version})
 
     @app.post("/update_weight_version")
     async def update_weight_version(request: Request) -> Response:

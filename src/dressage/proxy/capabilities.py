@@ -42,6 +42,7 @@ def capabilities(*, partial_rollout: bool, rollout_routing_replay: bool, transfe
             "default_segment_view": segment_view,
             "pause_scopes": ["all", "session", "instance"],
             "resume_version": ["weight_version (int)", "version (engine string)"],
+            "resume_update_engines": True,
             "partial_rollout": partial_rollout,
             "rollout_routing_replay": rollout_routing_replay,
             "transfer_queue": transfer_queue,

@@ -128,7 +128,7 @@ def build_app(service: Any) -> FastAPI:
 
     @app.get("/v1/engines")
     async def engines() -> dict[str, Any]:
-        return service.engine_state()
+        return await service.engine_state()
 
     app.include_router(openai_router(service))
 

@@ -36,7 +36,10 @@ def rollout_router(service: Any, *, dependencies: Sequence[Any] = ()) -> APIRout
             version = body.requested() if body else None
         except ValueError as exc:
             raise ConfigError(f"resume: {exc}") from None
-        out = service.resume_rollout(version)
+        if body is not None and body.update_engines:
+            out = await service.resume_updating_engines(version)
+        else:
+            out = service.resume_rollout(version)
         if body is not None and body.reason is not None:
             out["reason"] = body.reason
         return out

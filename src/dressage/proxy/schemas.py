@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 __all__ = ["ChatMessage", "ChatRequest", "GenerateRequest", "CreateSession", "FinalizeRequest",
            "FinalizeSessionRequest", "TrajectoryReadRequest", "ResumeRequest", "PauseRequest", "DiscardRequest"]
@@ -176,6 +176,8 @@ class ResumeRequest(_Control):
     """The policy version of the tokens generated from now on (unchanged if omitted)."""
     version: Optional[Union[StrictStr, StrictInt]] = None
     """The same as the engine names it (upstream's field); a plain integer string is that number."""
+    update_engines: StrictBool = False
+    """Also set the version on every engine (``POST /update_weight_version``) before resuming."""
     reason: Optional[str] = None
 
     @field_validator("version")

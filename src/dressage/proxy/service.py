@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Iterable
 
-from dressage.errors import MissingSessionIdError, SessionIdError, SessionStateError
+from dressage.errors import ConfigError, MissingSessionIdError, SessionIdError, SessionStateError
 from dressage.proxy.calls import CallPath
 from dressage.proxy.chat import QwenToolCallParser, ToolCallParser
 from dressage.proxy.completions import CompletionsPath
 from dressage.proxy.config import ProxyServerConfig
 from dressage.proxy.core import FinalizedSession, ProxyCore
 from dressage.proxy.engine_pool import EnginePool
+from dressage.proxy.engine_versions import read_versions, update_versions
 from dressage.proxy.lifecycle import FinalizeLedger, InFlight
 from dressage.proxy.limits import CallLimits
 from dressage.proxy.pause import RolloutPause
@@ -217,8 +218,19 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
         """Release every paused call; ``version`` (a number or the engine's string) is the new fallback."""
         return self.pause.resume(version)
 
+    async def resume_updating_engines(self, version: int | str | None) -> dict[str, Any]:
+        """Set ``version`` on every engine (each worker behind a router), then resume; when an engine
+        fails, a 502 names it and the ones updated, and the Proxy stays as it was (paused)."""
+        if version is None:
+            raise ConfigError("resume: update_engines needs a weight_version or version to set")
+        updated = await update_versions(self.engines, str(version))
+        return {**self.pause.resume(version), "engines_updated": updated}
+
     def pause_state(self) -> dict[str, Any]:
         return self.pause.state()
 
-    def engine_state(self) -> dict[str, Any]:
-        return {"engines": self.engines.describe(), "moves": len(self.engines.moves)}
+    async def engine_state(self) -> dict[str, Any]:
+        """Each engine's health and sessions, with the weight version it states (or why it did not)."""
+        versions = await read_versions(self.engines)
+        return {"engines": [{**e, **versions[e["url"]]} for e in self.engines.describe()],
+                "moves": len(self.engines.moves)}

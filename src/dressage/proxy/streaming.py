@@ -24,9 +24,13 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 def error_payload(exc: Any) -> dict[str, Any]:
-    """The OpenAI error object of a Dressage error: its ``openai_type``, ``param`` and ``code`` (or class name)."""
-    return error_body(str(exc), exc.openai_type, param=getattr(exc, "param", None),
+    """The OpenAI error object of a Dressage error: its ``openai_type``, ``param`` and ``code`` (or class
+    name), and its ``details`` when it carries some."""
+    body = error_body(str(exc), exc.openai_type, param=getattr(exc, "param", None),
                       code=getattr(exc, "code", None) or type(exc).__name__)
+    if getattr(exc, "details", None):
+        body["error"]["details"] = exc.details
+    return body
 
 
 def sse(obj: Any) -> bytes:
