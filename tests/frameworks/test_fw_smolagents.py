@@ -16,7 +16,7 @@ from smolagents import OpenAIServerModel, ToolCallingAgent, tool  # noqa: E402
 TASKS = ("What is 2 + 3?", "What is 4 + 5?", "What is 6 + 7?", "What is 8 + 9?", "What is 10 + 11?")
 
 
-def _run(session, task: str, calls: list[tuple[int, int]]):
+def _run(session, task: str, calls: list[tuple[int, int]], seed: int):
     @tool
     def add(a: int, b: int) -> int:
         """Add two integers.
@@ -30,8 +30,8 @@ def _run(session, task: str, calls: list[tuple[int, int]]):
 
     model = OpenAIServerModel(model_id="dressage", api_base=session.base_url, api_key="none",
                               client_kwargs={"http_client": session.log.client(), "max_retries": 0},
-                              max_tokens=256, temperature=0.7)
-    agent = ToolCallingAgent(tools=[add], model=model, max_steps=4, verbosity_level=0)
+                              max_tokens=256, temperature=0.7, seed=seed)  # seeded: the same draws every run
+    agent = ToolCallingAgent(tools=[add], model=model, max_steps=10, verbosity_level=0)
     return agent, agent.run(task, return_full_result=True)
 
 
@@ -41,7 +41,7 @@ def test_tool_calling_agent_reaches_a_final_answer_and_trains_each_token_once(ne
     round_trips = 0
     for i, task in enumerate(TASKS):
         session, calls = new_session(i), []
-        agent, result = _run(session, task, calls)
+        agent, result = _run(session, task, calls, seed=100 + i)
         assert result.state == "success" and result.output is not None
         called = [c.name for step in agent.memory.steps for c in (getattr(step, "tool_calls", None) or ())]
         assert called.count("add") == len(calls) and all(isinstance(v, int) for c in calls for v in c)
