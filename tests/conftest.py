@@ -1,4 +1,5 @@
-"""Fixtures several test modules share: the real Qwen3 tokenizer and restoring a RolloutManager batch."""
+"""Fixtures several test modules share: the real Qwen3 tokenizer, an embedded TransferQueue and
+restoring a RolloutManager batch."""
 
 from __future__ import annotations
 
@@ -15,6 +16,16 @@ def qwen3():
         return load_tokenizer("qwen3")
     except TokenizerError as exc:
         pytest.skip(f"real Qwen3 tokenizer unavailable: {exc}")
+
+
+@pytest.fixture
+def tq():
+    """An embedded TransferQueue that keeps keys until they are cleared (no retention sweep)."""
+    from dressage.tq import TransferQueue
+
+    q = TransferQueue.start({"deployment": "embedded", "retention_s": None})
+    yield q
+    q.shutdown()
 
 
 @pytest.fixture()

@@ -13,17 +13,9 @@ from dressage.proxy.core import ProxyCore
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys
 from dressage.train import TrainingReader, release_batch, samples_digest
-from dressage.tq import TransferQueue
 from trajgen import E, K, L, expected_r3, sglang_body
 
 MODEL = ModelSpec(name="test-moe", num_layers=L, topk=K, num_experts=E, vocab_size=256)
-
-
-@pytest.fixture
-def tq():
-    q = TransferQueue.start({"deployment": "embedded", "retention_s": None})
-    yield q
-    q.shutdown()
 
 
 def _config(tq_on, params=None, dtype="int32", view="lineage", drop=False):

@@ -8,17 +8,9 @@ from dressage.fields import ModelSpec
 from dressage.proxy.config import DataPlaneConfig
 from dressage.proxy.core import ProxyCore
 from dressage.rollout import RolloutManager
-from dressage.tq import TransferQueue
 from trajgen import E, K, L, sglang_body
 
 MODEL = ModelSpec(name="test-moe", num_layers=L, topk=K, num_experts=E, vocab_size=256)
-
-
-@pytest.fixture
-def tq():
-    q = TransferQueue.start({"deployment": "embedded", "retention_s": None})
-    yield q
-    q.shutdown()
 
 
 def _core(tq, sink=None):

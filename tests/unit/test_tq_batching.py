@@ -6,15 +6,7 @@ import numpy as np
 import pytest
 
 from dressage.errors import TransferQueueError
-from dressage.tq import TransferQueue
 from dressage.tq.batching import PutBatcher
-
-
-@pytest.fixture
-def tq():
-    q = TransferQueue.start({"deployment": "embedded", "retention_s": None})
-    yield q
-    q.shutdown()
 
 
 class _Gated:

@@ -10,17 +10,9 @@ from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ExpertIdRangeError, TransferQueueError, TransferWriteError
 from dressage.fields import ModelSpec
 from dressage.proxy.core import ProxyCore
-from dressage.tq import TransferQueue
 from trajgen import E, K, L, expected_r3, sglang_body
 
 MODEL = ModelSpec(name="test-moe", num_layers=L, topk=K, num_experts=E, vocab_size=256)
-
-
-@pytest.fixture
-def tq():
-    q = TransferQueue.start({"deployment": "embedded", "retention_s": None})
-    yield q
-    q.shutdown()
 
 
 class _Gated:
