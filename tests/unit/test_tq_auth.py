@@ -1,5 +1,6 @@
-"""Access: loopback by default; any other interface needs a secret, and then every frame carries an
-HMAC-SHA256; a frame without a valid one is ProtocolError and the unit keeps serving."""
+"""Access: loopback by default; any other interface needs a secret, and then every message carries a
+MAC (Poly1305 under a per-message key derived with HMAC-SHA256); a frame without a valid one is
+ProtocolError and the unit keeps serving."""
 
 from __future__ import annotations
 
@@ -89,3 +90,24 @@ def test_a_deployment_on_all_interfaces_authenticates_every_client():
         unsigned.close()
         assert remote.delete([ref]) == 1
         remote.close()
+
+
+def test_the_mac_covers_every_payload_byte_and_frame_boundary_and_never_reuses_a_key():
+    payload = np.arange(3 << 18, dtype=np.uint8)  # 768 KiB: a frame sent without a copy
+    frames = wire.encode({"op": "put", "id": 7}, [payload, b"tail"])
+    trailer = wire.sign(frames, SECRET, nonce=b"n" * 16, seq=3, time_ms=1000)
+    assert len(trailer) == wire.TRAILER_BYTES
+    body, auth = wire.open_frames([*frames, trailer], SECRET)
+    assert (auth.nonce, auth.seq, auth.time_ms) == (b"n" * 16, 3, 1000) and len(body) == 3
+    # Same frames, nonce, seq and time: a fresh salt gives a different key and tag, and both verify.
+    again = wire.sign(frames, SECRET, nonce=b"n" * 16, seq=3, time_ms=1000)
+    assert again[:32] == trailer[:32] and again[32:48] != trailer[32:48] and again[48:] != trailer[48:]
+    wire.open_frames([*frames, again], SECRET)
+    flipped = payload.copy()
+    flipped[-1] ^= 1
+    resplit = [frames[0], payload.tobytes() + b"ta", b"il"]
+    for bad in ([frames[0], flipped, b"tail", trailer], [*resplit, trailer],
+                [*frames, trailer[:40] + bytes([trailer[40] ^ 1]) + trailer[41:]],
+                [*frames, wire.sign(frames, b"another-secret-16b", nonce=b"n" * 16, seq=3, time_ms=1000)]):
+        with pytest.raises(ProtocolError, match="MAC does not match"):
+            wire.open_frames(bad, SECRET)

@@ -82,11 +82,11 @@ class TransferQueueConfig:
     """A unit that has answered no probe for this long is marked dead: no new keys, reads of its keys
     fail at once. It is live again at its next answer (a stopped process that resumed)."""
     auth_secret: str | None = None
-    """Shared secret (at least 16 characters) for HMAC-SHA256 over every frame; ``None`` reads
+    """Shared secret (at least 16 characters) keying the MAC of every message; ``None`` reads
     ``$DRESSAGE_TQ_SECRET``, and when that is unset too a deployment generates one of its own
     (written 0600, handed to its processes, actors and ``client_spec()``)."""
     authenticate: bool = True
-    """HMAC on every frame, on loopback too. ``false`` serves unauthenticated frames (loopback only)."""
+    """A MAC on every message, on loopback too. ``false`` serves unauthenticated frames (loopback only)."""
 
     def __post_init__(self) -> None:
         _choice("deployment", self.deployment, DEPLOYMENTS)

@@ -22,7 +22,7 @@ __all__ = ["DeploymentSecret"]
 
 
 class DeploymentSecret:
-    """``value``: the HMAC key (None only with ``authenticate: false``); ``path``: the file a
+    """``value``: the MAC key (None only with ``authenticate: false``); ``path``: the file a
     generated key was written to (removed by :meth:`remove`)."""
 
     def __init__(self, config: TransferQueueConfig) -> None:

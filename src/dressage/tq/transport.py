@@ -4,7 +4,7 @@ The server answers one message at a time and never waits on a peer (ROUTER drops
 are gone or not reading), so one slow client cannot stall the others. The client keeps a small pool of
 sockets so threads can call concurrently, and turns silence into StorageUnitUnavailable within a bound
 (or sooner, when a caller-supplied check says the peer is known dead). With a shared secret, every
-message both ways carries an HMAC-SHA256 frame and anything without a valid one is ProtocolError;
+message both ways carries a MAC frame (``wire.sign``) and anything without a valid one is ProtocolError;
 each request is accepted once (nonce and sequence window) and each reply names the request it
 answers. ``ZMQ_MAXMSGSIZE`` bounds what a listening socket reads from any peer.
 """

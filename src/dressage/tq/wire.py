@@ -4,8 +4,9 @@ A message is ``[control, payload_0, ..., payload_n]``. The control frame is one 
 a msgpack map; payload frames are the raw bytes of C-contiguous numpy arrays whose dtype and shape the
 control frame declares. Nothing is ever unpickled: msgpack extension types, pickle bytes, object dtypes
 and versions other than ours are rejected with :class:`ProtocolError`. With a shared secret, a last
-frame carries the sender's nonce, a sequence number, the time and an HMAC-SHA256 over all of it and
-every other frame (``sign`` / ``open_frames``); a :class:`ReplayGuard` accepts each message once.
+frame carries the sender's nonce, a sequence number, the time, a random salt and a Poly1305 tag over all
+of it and every other frame, keyed once per message by HMAC-SHA256 of the secret and that header
+(``sign`` / ``open_frames``); a :class:`ReplayGuard` accepts each message once.
 Control values are bounded (:func:`uint`, :func:`text`, :func:`text_list`): no request can make a
 counter or a reply overflow what msgpack can carry.
 """
@@ -24,6 +25,7 @@ from typing import Any, Sequence
 
 import msgpack
 import numpy as np
+from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from dressage import errors
 from dressage.errors import ProtocolError, TransferQueueError
@@ -41,15 +43,16 @@ PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 # numpy kinds that are plain bytes: bool, signed, unsigned, float, complex.
 _PLAIN_KINDS = frozenset("biufc")
 _MAX_CONTROL = 16 * 1024 * 1024
-MAC_BYTES = 32
+MAC_BYTES = 16
 
 
 def _buffer(frame: Any) -> memoryview:
     return memoryview(getattr(frame, "buffer", frame)).cast("B")
 
 
-_TRAILER_HEAD = 32   # nonce(16) seq(8) time_ms(8), then the MAC
+_TRAILER_HEAD = 48   # nonce(16) seq(8) time_ms(8) salt(16), then the tag
 TRAILER_BYTES = _TRAILER_HEAD + MAC_BYTES
+_KEY_LABEL = b"dressage-tq-frame-key\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,22 +67,27 @@ class Auth:
 
 
 def _mac(frames: Sequence[Any], secret: bytes, head: bytes) -> bytes:
-    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    # HMAC-SHA256 passes over every payload byte at ~1.8 GB/s, slower than the socket; Poly1305 runs at
+    # ~10 GB/s. A Poly1305 key must never tag two messages: each key is HMAC-SHA256(secret, header), and
+    # every header carries 16 fresh random bytes, so no two messages (requests or replies) share a key.
+    key = hmac.new(secret, _KEY_LABEL + head, hashlib.sha256).digest()
+    mac = Poly1305(key)
     for frame in frames:
         buf = _buffer(frame) if not isinstance(frame, bytes) else frame
         mac.update(len(buf).to_bytes(8, "little"))
         mac.update(buf)
     mac.update(head)
-    return mac.digest()
+    return mac.finalize()
 
 
 def sign(frames: Sequence[Any], secret: bytes, *, nonce: bytes | None = None, seq: int = 1,
          time_ms: int | None = None) -> bytes:
-    """The trailer frame of an authenticated message: ``nonce, seq, time`` and an HMAC-SHA256 over
-    every frame (each prefixed by its length, so frames cannot be re-split) and those three."""
+    """The trailer frame of an authenticated message: ``nonce, seq, time, salt`` and a Poly1305 tag,
+    under a key derived from the secret and those four, over every frame (each prefixed by its length,
+    so frames cannot be re-split) and those four."""
     nonce = os.urandom(16) if nonce is None else nonce
     t = int(time.time() * 1000) if time_ms is None else time_ms
-    head = nonce + struct.pack("<QQ", seq, t)
+    head = nonce + struct.pack("<QQ", seq, t) + os.urandom(16)
     return head + _mac(frames, secret, head)
 
 
@@ -87,11 +95,11 @@ def open_frames(frames: Sequence[Any], secret: bytes) -> tuple[list[Any], Auth]:
     """The frames without their trailer, and who sent them; ProtocolError when the trailer is
     missing or its MAC is wrong. The MAC is checked before anything else is read."""
     if len(frames) < 2:
-        raise ProtocolError("unauthenticated frame rejected: this socket requires an HMAC-SHA256 frame")
+        raise ProtocolError("unauthenticated frame rejected: this socket requires an authentication frame")
     body, tag = list(frames[:-1]), bytes(_buffer(frames[-1]))
     if len(tag) != TRAILER_BYTES or not hmac.compare_digest(
             _mac(body, secret, tag[:_TRAILER_HEAD]), tag[_TRAILER_HEAD:]):
-        raise ProtocolError("unauthenticated frame rejected: HMAC-SHA256 does not match (wrong or no secret)")
+        raise ProtocolError("unauthenticated frame rejected: the MAC does not match (wrong or no secret)")
     seq, t = struct.unpack_from("<QQ", tag, 16)
     return body, Auth(tag[:16], seq, t)
 

@@ -2,7 +2,7 @@
 
 Run as ``python -m dressage.tq.storage.server --unit-id unit0 ...``: it binds, prints one line
 ``READY <address> <pid>`` on stdout and serves until SIGTERM/SIGINT or until its parent dies. With
-``$DRESSAGE_TQ_SECRET`` set, every frame must carry a valid HMAC (see ``wire.sign``).
+``$DRESSAGE_TQ_SECRET`` set, every message must carry a valid MAC (see ``wire.sign``).
 """
 
 from __future__ import annotations
