@@ -16,9 +16,9 @@ from dressage.errors import ProtocolError, RowRangeError
 from dressage.tq import FieldRef, wire
 from dressage.tq.controller import Controller, UnitInfo
 from dressage.tq.controller_service import ControllerServer, RemoteController
-from dressage.tq.storage import SpillStorageUnit
+from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
-from dressage.tq.storage.server import StorageUnitServer
+from dressage.tq.storage.server import HEARTBEAT_MAX_MESSAGE, StorageUnitServer
 from dressage.testing.wirefuzz import KINDS, fuzz_server, hostile_message
 
 SECRET = b"fuzz-secret-0123456789"
@@ -146,3 +146,71 @@ def test_no_tq_socket_code_can_unpickle():
             assert banned not in text, f"{path.name} uses {banned}"
     with pytest.raises(ProtocolError, match="pickle"):
         wire.decode_control(pickle.dumps({"op": "ping"}))
+
+
+@pytest.fixture(params=[None, SECRET], ids=["open", "hmac"])
+def beat_server(request):
+    backend = MemoryStorageUnit("hb", memory_budget=1 << 20)
+    server = StorageUnitServer(backend, shared_memory=False, secret=request.param).start()
+    yield server, request.param
+    server.stop()
+    backend.close()
+
+
+def _send(address, frames, watch):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if watch else None
+    sock.connect(address)
+    sock.send_multipart(frames)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    if monitor is not None:
+        poller.register(monitor, zmq.POLLIN)
+    ready = dict(poller.poll(5000))
+    reply = sock.recv_multipart() if sock in ready else None
+    dropped = monitor is not None and monitor in ready
+    if monitor is not None:
+        sock.disable_monitor()
+        monitor.close(0)
+    sock.close(0)
+    return reply, dropped
+
+
+def test_heartbeat_socket_drops_a_frame_over_its_limit_and_answers_everything_else(beat_server):
+    """The fuzzer's "oversized" control frame (16 MiB + 9 bytes) against the 64 KiB heartbeat socket:
+    libzmq closes the connection while reading it, so it never reaches the handler (no reply can exist);
+    a bad frame within the limit gets a typed refusal, and a ping still works after both."""
+    server, secret = beat_server
+    address = server.heartbeat.address
+    big = [bytes((wire.VERSION,)) + b"\x00" * (16 * 1024 * 1024 + 8)]
+    if secret is not None:
+        big.append(wire.sign(big, secret))
+    reply, dropped = _send(address, big, watch=True)
+    assert reply is None and dropped and server.heartbeat.rejected == 0
+    small = wire.encode({"op": "get", "id": 4, "reqs": [["k", 0, None]]})
+    if secret is not None:
+        small.append(wire.sign(small, secret, nonce=b"h" * 16, seq=1))
+    reply, _ = _send(address, small, watch=False)
+    assert reply is not None
+    control = wire.decode_control((wire.verify_mac(reply, secret) if secret is not None else reply)[0])
+    assert control["ok"] is False and control["error"] == "ProtocolError" and control["id"] == 4
+    assert "only ping" in control["message"]
+    probe = RemoteStorageUnit("hb", address, timeout_s=5, secret=secret)
+    try:
+        probe.ping()
+    finally:
+        probe.close()
+
+
+def test_fuzzer_counts_an_over_limit_drop_as_the_answer_but_silence_as_a_hang(beat_server):
+    server, secret = beat_server
+    address = server.heartbeat.address
+    seed = 2  # draws the 16 MiB control frame once in 250 (message 215 open, 100 with a secret)
+    report = fuzz_server(address, 250, seed=seed, secret=secret, max_frame_bytes=HEARTBEAT_MAX_MESSAGE,
+                         untyped_counter=lambda: server.heartbeat.untyped)
+    assert report.wire_dropped == 1 and report.wire_no_reply == 0 and report.wire_untyped_errors == 0
+    assert sum(report.errors_seen.values()) + report.wire_ok_replies + report.wire_dropped == 250
+    # Without the socket's limit the driver cannot tell the drop from a hang, and must not excuse it.
+    blind = fuzz_server(address, 250, seed=seed, secret=secret, timeout_s=1.0)
+    assert blind.wire_no_reply == 1 and blind.wire_dropped == 0

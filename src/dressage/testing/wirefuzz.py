@@ -3,7 +3,9 @@
 ``hostile_message(rng)`` builds one bad multipart message (random bytes, truncated or oversized frames,
 wrong versions, pickles, ill-typed msgpack, frame-count lies, forged MACs). ``fuzz_server`` sends many and
 checks that each gets a typed error reply (or a correct answer, for the rare valid one) and that valid
-requests still work afterwards. Point it at any server that speaks the TransferQueue wire protocol (a
+requests still work afterwards. A message with a frame over the socket's ``ZMQ_MAXMSGSIZE`` is the one
+exception the protocol makes: libzmq drops the sender's connection while reading it, so it never reaches
+the server and cannot be answered; given that limit, the driver requires the drop instead of a reply. Point it at any server that speaks the TransferQueue wire protocol (a
 StorageUnit or Controller of another backend, too); ``dressage bench faults`` (``wire_fuzz``) uses it.
 """
 
@@ -123,7 +125,8 @@ def decode_untyped(frames: list[bytes]) -> bool:
 class FuzzReport:
     wire_inputs: int = 0
     wire_untyped_errors: int = 0     # replies of an untyped error, decoder escapes, or server-side counts
-    wire_no_reply: int = 0           # messages the server never answered (a hang)
+    wire_no_reply: int = 0           # messages the server neither answered nor dropped (a hang)
+    wire_dropped: int = 0            # over-limit messages whose connection libzmq closed, as it must
     wire_ok_replies: int = 0         # accidentally valid requests, answered correctly
     decoder_inputs: int = 0
     valid_after: bool = False        # a valid request still worked after every batch
@@ -134,18 +137,49 @@ class FuzzReport:
         return asdict(self)
 
 
+def _connect(ctx: zmq.Context, address: str, watch: bool) -> tuple[zmq.Socket, zmq.Socket | None]:
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if watch else None
+    sock.connect(address)
+    return sock, monitor
+
+
+def _close(sock: zmq.Socket, monitor: zmq.Socket | None) -> None:
+    if monitor is not None:
+        sock.disable_monitor()
+        monitor.close(0)
+    sock.close(0)
+
+
+def _wait(sock: zmq.Socket, monitor: zmq.Socket | None, timeout_s: float) -> str:
+    """"reply", "dropped" (the server closed this connection) or "silent" within ``timeout_s``."""
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    if monitor is not None:
+        poller.register(monitor, zmq.POLLIN)
+    ready = dict(poller.poll(int(timeout_s * 1000)))
+    if sock in ready:
+        return "reply"
+    return "dropped" if monitor is not None and monitor in ready else "silent"
+
+
 def fuzz_server(address: str, n: int, *, seed: int = 0, secret: bytes | None = None,
-                check_valid: Any = None, untyped_counter: Any = None, timeout_s: float = 5.0) -> FuzzReport:
+                check_valid: Any = None, untyped_counter: Any = None, timeout_s: float = 5.0,
+                max_frame_bytes: int | None = None) -> FuzzReport:
     """Send ``n`` hostile messages to ``address``; ``check_valid()`` (every 25) must keep succeeding.
     ``untyped_counter()`` reads the server's count of handler failures that were not typed errors (a
-    typed-looking reply can hide one: the server wraps any exception as TransferQueueError)."""
+    typed-looking reply can hide one: the server wraps any exception as TransferQueueError).
+    ``max_frame_bytes`` is the socket's ``ZMQ_MAXMSGSIZE`` (libzmq applies it to each frame): a message
+    with a larger frame is never delivered to the server, whose libzmq closes the connection instead;
+    that drop, seen on the fuzzer's socket, is its correct answer (``wire_dropped``). Without the limit,
+    or for any other message, silence is a hang (``wire_no_reply``)."""
     rng = np.random.default_rng(seed)
     untyped_before = untyped_counter() if untyped_counter is not None else 0
     report = FuzzReport()
     ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
+    watch = max_frame_bytes is not None
+    sock, monitor = _connect(ctx, address, watch)
     valid_ok = True
     try:
         for i in range(n):
@@ -154,14 +188,17 @@ def fuzz_server(address: str, n: int, *, seed: int = 0, secret: bytes | None = N
             report.decoder_inputs += 1
             if decode_untyped(frames):
                 report.wire_untyped_errors += 1
+            over = watch and max(len(f) for f in frames) > max_frame_bytes  # type: ignore[operator]
             sock.send_multipart(frames)
             report.wire_inputs += 1
-            if not sock.poll(int(timeout_s * 1000)):
-                report.wire_no_reply += 1
-                sock.close(0)  # its late reply must not be read as the next one's
-                sock = ctx.socket(zmq.DEALER)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.connect(address)
+            outcome = _wait(sock, monitor if over else None, timeout_s)
+            if outcome != "reply":
+                if outcome == "dropped":
+                    report.wire_dropped += 1
+                else:
+                    report.wire_no_reply += 1
+                _close(sock, monitor)  # a late reply must not be read as the next one's
+                sock, monitor = _connect(ctx, address, watch)
                 continue
             reply = sock.recv_multipart()
             if secret is not None:
@@ -189,7 +226,7 @@ def fuzz_server(address: str, n: int, *, seed: int = 0, secret: bytes | None = N
             except Exception:
                 valid_ok = False
     finally:
-        sock.close(0)
+        _close(sock, monitor)
     report.valid_after = valid_ok
     if untyped_counter is not None:
         report.wire_untyped_errors += untyped_counter() - untyped_before

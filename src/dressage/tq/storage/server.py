@@ -28,7 +28,7 @@ _MAX_DIM = 1 << 48
 _MAX_NDIM = 32
 _MAX_ROW = 1 << 62
 UNIT_MAX_MESSAGE = 1 << 34  # 16 GiB: the largest put a unit reads from one peer (ZMQ_MAXMSGSIZE)
-_HEARTBEAT_MAX_MESSAGE = 64 * 1024
+HEARTBEAT_MAX_MESSAGE = 64 * 1024  # the probe socket reads ping frames only (ZMQ_MAXMSGSIZE)
 
 
 def _key(value: Any) -> str:
@@ -68,7 +68,7 @@ class StorageUnitServer:
         # Liveness probes get their own socket and thread: a ping queued behind a multi-GiB put would
         # make a busy unit look dead. A stopped or killed process answers neither.
         self.heartbeat = RpcServer(self._beat, host=host, port=0, name=f"unit {backend.unit_id} heartbeat",
-                                   secret=secret, max_message_bytes=_HEARTBEAT_MAX_MESSAGE)
+                                   secret=secret, max_message_bytes=HEARTBEAT_MAX_MESSAGE)
 
     @property
     def address(self) -> str:
