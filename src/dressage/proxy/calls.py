@@ -56,8 +56,8 @@ class ChatCall:
 
     @property
     def buffered(self) -> bool:
-        """Streamed only once complete: several samples, or replies checked before they are shown."""
-        return self.options.n > 1 or self.options.constrained
+        """Streamed only once complete (:attr:`ChatOptions.buffered`)."""
+        return self.options.buffered
 
 
 class CallPath(ChatSampling):
@@ -103,11 +103,10 @@ class CallPath(ChatSampling):
         tools = effective_tools(req.tools, req.tool_choice)
         prompt = build_chat_prompt(session, self.tokenizer, messages, tools)
         sampling = self._sampling(req, len(prompt.prompt_ids), options)
-        buffered = options.n > 1 or options.constrained
         plans, url = [], ""
         for i in range(options.n):
             plan, url = self._plan(session_id, prompt.prompt_ids, seeded(sampling, options.sample_seed(i, 0)),
-                                   stream=req.stream and not buffered, tools=tools,
+                                   stream=req.stream and not options.buffered, tools=tools,
                                    boundary_reason=prompt.boundary_reason)
             if options.top_logprobs:
                 plan.params["top_logprobs_num"] = options.top_logprobs
@@ -275,11 +274,8 @@ class CallPath(ChatSampling):
             async for frame in frames:
                 yield frame
         except Exception as exc:
-            if not committing:
-                self.drop_if_unused(call.session_id, own_calls=1)
+            self._release_uncommitted(call, committing, exc)
             # The stream has begun (200 sent): the error is its last event, then [DONE].
-            if call.turn_id is not None and not committing:
-                self.turns.abandon(call.session_id, call.turn_id, exc)
             self.failed_calls += 1
             if not isinstance(exc, DressageError):
                 log.exception("streamed call %s failed", call.completion_id)
@@ -287,13 +283,18 @@ class CallPath(ChatSampling):
             yield sse(error_payload(exc))
             yield DONE
         except BaseException as exc:
-            if not committing:
-                self.drop_if_unused(call.session_id, own_calls=1)
-            if call.turn_id is not None and not committing:
-                self.turns.abandon(call.session_id, call.turn_id, exc)
+            self._release_uncommitted(call, committing, exc)
             raise
         finally:
             self._leave(call.session_id, call.commit)
+
+    def _release_uncommitted(self, call: ChatCall, committing: bool, exc: BaseException) -> None:
+        """A stream that failed before its commit began: drop a session it alone created, free its turn."""
+        if committing:
+            return
+        self.drop_if_unused(call.session_id, own_calls=1)
+        if call.turn_id is not None:
+            self.turns.abandon(call.session_id, call.turn_id, exc)
 
     async def _reply_events(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[str | None | dict[str, Any]]:
         """A streamed chat call for other wire formats: the reply text so far (``str``, never a stop

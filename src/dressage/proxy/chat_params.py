@@ -66,6 +66,11 @@ class ChatOptions:
         """Replies are checked after sampling (and sampled again when they break the rule)."""
         return self.tool_mode in ("required", "function") or self.single_call
 
+    @property
+    def buffered(self) -> bool:
+        """A stream is sent only once complete: several samples, or replies checked before they are shown."""
+        return self.n > 1 or self.constrained
+
     def violation(self, message: dict[str, Any]) -> str | None:
         """Why ``message`` (a parsed reply) breaks the call's tool rules, ``None`` when it does not."""
         calls = message.get("tool_calls") or []
