@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Iterable
 
-from dressage.errors import ConfigError, MissingSessionIdError, SessionIdError, SessionStateError
+from dressage.errors import ConfigError, MissingSessionIdError, SessionStateError
 from dressage.proxy.calls import CallPath
 from dressage.proxy.chat import QwenToolCallParser, ToolCallParser
 from dressage.proxy.completions import CompletionsPath
@@ -29,7 +29,7 @@ from dressage.proxy.responses_path import ResponsesPath
 from dressage.proxy.rids import RidFactory
 from dressage.proxy.session_caps import SessionKeeper
 from dressage.proxy.startup import engine_clients
-from dressage.proxy.turns import CallIdentity, TurnCache, instance_group
+from dressage.proxy.turns import CallIdentity, TurnCache, checked_identity, instance_group
 from dressage.proxy.weights import WeightVersions
 
 __all__ = ["ProxyService"]
@@ -102,9 +102,7 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
         if not ident.session_id:
             raise MissingSessionIdError("send the session in an X-Session-Id (or X-SMG-Routing-Key) header, "
                                         "or use a session's base URL /sessions/{id}/v1")
-        sid = ident.session_id
-        if len(sid) > 256 or not sid.isprintable():
-            raise SessionIdError("a session id is at most 256 printable characters")
+        sid = checked_identity(ident).session_id
         if sid not in self.core.sessions:
             meta: dict[str, Any] = {"session_source": "headers"}
             if ident.instance_id is not None:
