@@ -9,13 +9,13 @@ or model gateway keeps a session on the worker that caches its prefix.
 
 from __future__ import annotations
 
-import json
 import socket
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 import httpx
 
 from dressage.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, WireFormatError
+from dressage.proxy import fastjson
 
 __all__ = ["SGLangClient", "ROUTING_KEY_HEADER"]
 
@@ -64,8 +64,12 @@ class SGLangClient:
     async def _request(self, method: str, path: str, *, json_body: Any = None,
                        timeout: float | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
         what = f"{method} {self.base_url}{path}"
+        content = None
+        if json_body is not None:
+            content = fastjson.dumps(json_body)
+            headers = {**(headers or {}), "Content-Type": "application/json"}
         try:
-            resp = await self._http.request(method, path, json=json_body, headers=headers,
+            resp = await self._http.request(method, path, content=content, headers=headers,
                                             timeout=self.timeout if timeout is None else timeout)
         except httpx.TimeoutException as exc:
             raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({type(exc).__name__})") from exc
@@ -86,7 +90,7 @@ class SGLangClient:
     @staticmethod
     def _json(resp: httpx.Response, what: str) -> Any:
         try:
-            out = resp.json()
+            out = fastjson.loads(resp.content)
         except ValueError as exc:
             raise WireFormatError(f"{what}: the answer is not JSON: {resp.text[:200]!r}") from exc
         # httpx links a Response and its stream both ways, so a read body (MiBs of base64 R3 per call)
@@ -163,7 +167,7 @@ class SGLangClient:
                     if data == "[DONE]":
                         return
                     try:
-                        chunk = json.loads(data)
+                        chunk = fastjson.loads(data)
                     except ValueError as exc:
                         raise WireFormatError(f"{what}: a chunk is not JSON: {data[:200]!r}") from exc
                     if isinstance(chunk, dict) and "error" in chunk and "meta_info" not in chunk:

@@ -28,6 +28,11 @@ def _cpu_s(served: Any) -> float:
     return float(t.user + t.system)
 
 
+def _tokenizer_cpu_s(url: str) -> float:
+    """The Proxy's own count of the CPU time its tokenizer calls took (``/trajectory/stats``)."""
+    return float(httpx.get(url + "/trajectory/stats", timeout=30).json().get("tokenizer_cpu_s", 0.0))
+
+
 def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) * 1000.0 if xs else float("nan")
 
@@ -85,9 +90,11 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
         proxy = serve_process(["proxy", "serve", "--engine-url", engine.url,
                                "--use-rollout-routing-replay", "--enable-transfer-queue",
                                "--routed-experts-dtype", "uint8"])
+        tok0 = _tokenizer_cpu_s(proxy.url)
         t0, cpu0 = time.perf_counter(), _cpu_s(proxy)
         lat_p, messages, errors = asyncio.run(_through_proxy(proxy.url, cfg.load_sessions, cfg.load_turns, conc))
         wall_p, proxy_cpu = time.perf_counter() - t0, _cpu_s(proxy) - cpu0
+        tok_cpu = _tokenizer_cpu_s(proxy.url) - tok0
         tok = load_tokenizer("byte")
         prompts = [tok.apply_chat_template(m, None, True) for m in messages]
         t0, cpu0 = time.perf_counter(), _cpu_s(engine)
@@ -101,6 +108,9 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
             "added_p50_ms": round(_pct(lat_p, 50) - _pct(lat_d, 50), 2),
             "added_p99_ms": round(_pct(lat_p, 99) - _pct(lat_d, 99), 2),
             "proxy_cpu_ms_per_call": round(proxy_cpu * 1000.0 / max(1, len(lat_p)), 3),
+            "proxy_tokenizer_cpu_ms_per_call": round(tok_cpu * 1000.0 / max(1, len(lat_p)), 3),
+            "proxy_cpu_ms_per_call_excl_tokenization": round((proxy_cpu - tok_cpu) * 1000.0 / max(1, len(lat_p)), 3),
+            "engine_in_own_process": True,
             "engine_cpu_ms_per_call": round(engine_cpu * 1000.0 / max(1, len(lat_d)), 3),
         }}
         return errors == 0 and len(lat_p) == cfg.load_sessions * cfg.load_turns, detail

@@ -1,0 +1,48 @@
+"""The Proxy's hot-path JSON (orjson, stdlib fallback) and its timed tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dressage.proxy import fastjson
+from dressage.proxy.timed_tokenizer import TimedTokenizer
+from dressage.tokenizer import load_tokenizer
+
+
+def test_loads_gives_the_stdlib_value_for_an_engine_answer():
+    body = {"output_ids": [1, 2, 3], "meta_info": {"output_token_logprobs": [[-0.5, 1, None], [-1.25, 2, "x"]],
+                                                    "routed_experts": "AAEC", "weight_version": "7"}}
+    text = json.dumps(body).encode()
+    assert fastjson.loads(text) == json.loads(text) == body
+
+
+def test_loads_falls_back_to_the_stdlib_for_nan_and_huge_ints():
+    # orjson refuses both; the stdlib accepts them, and the wire checks then refuse with a typed error.
+    value = fastjson.loads(b'{"lp": NaN, "big": 123456789012345678901234567890}')
+    assert value["big"] == 123456789012345678901234567890
+    assert value["lp"] != value["lp"]  # NaN
+
+
+def test_loads_refuses_what_is_not_json():
+    with pytest.raises(ValueError):
+        fastjson.loads(b"{not json")
+
+
+def test_dumps_round_trips_and_falls_back():
+    value = {"ids": list(range(50)), "text": "héllo", "n": None}
+    assert json.loads(fastjson.dumps(value)) == value
+    big = {"big": 2**70}
+    assert json.loads(fastjson.dumps(big)) == big  # orjson cannot write it: the stdlib does
+
+
+def test_timed_tokenizer_counts_calls_and_forwards_the_rest():
+    tok = load_tokenizer("byte")
+    timed = TimedTokenizer(tok)
+    ids = timed.apply_chat_template([{"role": "user", "content": "hi " * 200}], None, True)
+    assert ids == tok.apply_chat_template([{"role": "user", "content": "hi " * 200}], None, True)
+    assert timed.decode(ids[:5], skip_special_tokens=True) == tok.decode(ids[:5], skip_special_tokens=True)
+    assert timed.calls == 2 and timed.cpu_s >= 0.0
+    assert timed.stop_token_ids == tok.stop_token_ids  # not timed, only forwarded
+    assert timed.wrapped is tok
