@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from dressage.agents import AgentConfig, make_prompts, run_rollout
 from dressage_bench._ray import BenchCluster
-from dressage_bench.memory.actors import EngineActor, ProxyActor
+from dressage_bench.memory.actors import EngineActor, FloorActor, ProxyActor
 from dressage_bench.memory.config import MemoryBenchConfig
 from dressage_bench.memory.sampler import ComponentSpec, MemorySampler, Timeline, plasma_file, raylet_pid
 from dressage.errors import DressageError
@@ -123,6 +123,7 @@ class _Plane:
             spec = self.tq.client_spec()
             self.tq_client = self.tq.client()
         self.rm = self._actor(RolloutManagerActor, 0, cfg.dp_size)
+        self.floor = self._actor(FloorActor, 0)
         dp = DataPlaneConfig(model=cfg.model, use_rollout_routing_replay=True, enable_transfer_queue=with_tq,
                              routed_experts_dtype=dtype)
         self.proxy = self._actor(ProxyActor, 0, dp, engine_url, self.rm, spec, cfg.placement == "spread")
@@ -138,9 +139,10 @@ class _Plane:
         return actor
 
     def components(self) -> list[ComponentSpec]:
-        proxy_pid, rm_pid = _get([self.proxy.pid.remote(), self.rm.pid.remote()])
+        proxy_pid, rm_pid, floor_pid = _get([self.proxy.pid.remote(), self.rm.pid.remote(), self.floor.pid.remote()])
         specs = [ComponentSpec("proxy", (proxy_pid,)), ComponentSpec("rollout_manager", (rm_pid,)),
-                 ComponentSpec("object_store", file=_node_store(self.cluster, 0))]
+                 ComponentSpec("object_store", file=_node_store(self.cluster, 0)),
+                 ComponentSpec("ray_actor_floor", (floor_pid,), in_metric=False)]
         if self.tq is not None:
             pids, nodes = self.tq.processes(), self._unit_nodes()
             master = self.cluster.node_id(0)
