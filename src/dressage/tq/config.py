@@ -45,7 +45,8 @@ class TransferQueueConfig:
 
     deployment: str = "embedded"
     """``embedded`` (one process, the default), ``local`` (Controller and StorageUnits as processes on
-    this host) or ``ray`` (Controller and one StorageUnit per node as Ray actors)."""
+    this host) or ``ray`` (one StorageUnit actor per node, the head excepted, and the Controller as a
+    process beside the driver)."""
     num_storage_units: int | None = None
     """Number of StorageUnits; ``None`` means 1 for embedded/local and one per alive node for ray."""
     head_storage_unit: bool = False
