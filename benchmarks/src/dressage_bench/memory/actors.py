@@ -15,7 +15,7 @@ import ray
 
 from dressage.dataplane import DataPlaneConfig
 
-__all__ = ["ProxyActor", "EngineActor", "FloorActor"]
+__all__ = ["ProxyActor", "EngineActor"]
 
 
 class ProxyActor:
@@ -100,10 +100,3 @@ class EngineActor:
     def stop(self) -> None:
         self.server.stop()
 
-
-class FloorActor:
-    """A Ray actor that imports nothing of ours: its PSS is the floor every Ray actor process pays
-    (the Ray worker runtime and what it loads itself), measured beside the components (outside the metric)."""
-
-    def pid(self) -> int:
-        return os.getpid()

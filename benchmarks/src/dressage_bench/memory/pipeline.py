@@ -15,7 +15,8 @@ from typing import Any, Callable
 
 from dressage.agents import AgentConfig, make_prompts, run_rollout
 from dressage_bench._ray import BenchCluster
-from dressage_bench.memory.actors import EngineActor, FloorActor, ProxyActor
+from dressage_bench.memory.actors import EngineActor, ProxyActor
+from dressage_bench.memory.floor import floor_actor, floor_pid
 from dressage_bench.memory.config import MemoryBenchConfig
 from dressage_bench.memory.sampler import ComponentSpec, MemorySampler, Timeline, plasma_file, raylet_pid
 from dressage.errors import DressageError
@@ -123,7 +124,8 @@ class _Plane:
             spec = self.tq.client_spec()
             self.tq_client = self.tq.client()
         self.rm = self._actor(RolloutManagerActor, 0, cfg.dp_size)
-        self.floor = self._actor(FloorActor, 0)
+        self.floor = floor_actor(resources={cluster.node_resource(0): 0.01})
+        self.actors.append(self.floor)
         dp = DataPlaneConfig(model=cfg.model, use_rollout_routing_replay=True, enable_transfer_queue=with_tq,
                              routed_experts_dtype=dtype)
         self.proxy = self._actor(ProxyActor, 0, dp, engine_url, self.rm, spec, cfg.placement == "spread")
@@ -139,10 +141,10 @@ class _Plane:
         return actor
 
     def components(self) -> list[ComponentSpec]:
-        proxy_pid, rm_pid, floor_pid = _get([self.proxy.pid.remote(), self.rm.pid.remote(), self.floor.pid.remote()])
+        proxy_pid, rm_pid = _get([self.proxy.pid.remote(), self.rm.pid.remote()])
         specs = [ComponentSpec("proxy", (proxy_pid,)), ComponentSpec("rollout_manager", (rm_pid,)),
                  ComponentSpec("object_store", file=_node_store(self.cluster, 0)),
-                 ComponentSpec("ray_actor_floor", (floor_pid,), in_metric=False)]
+                 ComponentSpec("ray_actor_floor", (floor_pid(self.floor, _CALL_TIMEOUT_S),), in_metric=False)]
         if self.tq is not None:
             pids, nodes = self.tq.processes(), self._unit_nodes()
             master = self.cluster.node_id(0)
