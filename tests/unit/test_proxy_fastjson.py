@@ -46,3 +46,34 @@ def test_timed_tokenizer_counts_calls_and_forwards_the_rest():
     assert timed.calls == 2 and timed.cpu_s >= 0.0
     assert timed.stop_token_ids == tok.stop_token_ids  # not timed, only forwarded
     assert timed.wrapped is tok
+
+
+def test_client_parses_the_engine_answer_and_keeps_the_typed_errors():
+    import asyncio
+
+    import httpx
+
+    from dressage.errors import WireFormatError
+    from dressage.fields import decode_generate_response
+    from dressage.proxy.sglang_client import SGLangClient
+
+    sent: list[dict] = []
+    answers = iter([b'{"output_ids": [5], "meta_info": {"output_token_logprobs": [[NaN, 5, null]],'
+                    b' "finish_reason": {"type": "stop"}}}', b"<html>oops</html>"])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        assert request.headers["content-type"] == "application/json"
+        return httpx.Response(200, content=next(answers))
+
+    async def run() -> None:
+        async with SGLangClient("http://engine", transport=httpx.MockTransport(handler)) as client:
+            body = await client.generate([1, 2, 3], {"max_new_tokens": 4}, rid="r1")
+            with pytest.raises(WireFormatError, match="not finite"):
+                decode_generate_response(body, prompt_len=3)
+            with pytest.raises(WireFormatError, match="not JSON"):
+                await client.generate([1], {"max_new_tokens": 1})
+
+    asyncio.run(run())
+    assert sent[0] == {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}, "return_logprob": True,
+                       "rid": "r1"}
