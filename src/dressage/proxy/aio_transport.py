@@ -15,7 +15,7 @@ any loop and used from one, or from several ``asyncio.run`` calls one after anot
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Mapping
 
 import httpx
 
@@ -42,12 +42,8 @@ class _Body(httpx.AsyncByteStream):
         try:
             async for chunk in self._resp.content.iter_any():
                 yield chunk
-        except asyncio.TimeoutError as exc:
-            raise httpx.ReadTimeout(f"reading the answer: {exc}", request=self._request) from exc
-        except aiohttp.ClientPayloadError as exc:
-            raise httpx.RemoteProtocolError(f"reading the answer: {exc}", request=self._request) from exc
-        except aiohttp.ClientError as exc:
-            raise httpx.ReadError(f"reading the answer: {exc}", request=self._request) from exc
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            raise AiohttpTransport._failed(exc, self._request) from exc
 
     async def aclose(self) -> None:
         self._resp.release()
@@ -75,28 +71,51 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 timeout=aiohttp.ClientTimeout(total=None))
         return session
 
+    @staticmethod
+    def _failed(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
+        """The httpx exception for an aiohttp failure (or a deadline) while sending ``request``."""
+        what = f"{request.method} {request.url}: {type(exc).__name__}: {exc}"
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return httpx.ConnectTimeout(what, request=request)
+        if isinstance(exc, asyncio.TimeoutError):
+            return httpx.ReadTimeout(what, request=request)
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return httpx.ConnectError(what, request=request)
+        if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
+            return httpx.RemoteProtocolError(what, request=request)
+        return httpx.ReadError(what, request=request)
+
+    @staticmethod
+    def _timeout(t: Mapping[str, Any]) -> Any:
+        return aiohttp.ClientTimeout(total=None, connect=t.get("connect"), sock_read=t.get("read"))
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         session = self._session()
-        t = request.extensions.get("timeout") or {}
-        timeout = aiohttp.ClientTimeout(total=None, connect=t.get("connect"), sock_read=t.get("read"))
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
                    if k.lower() not in _SKIP]
         body = await request.aread()
         try:
             resp = await session.request(request.method, str(request.url), data=body or None, headers=headers,
-                                         timeout=timeout, allow_redirects=False, compress=None)
-        except aiohttp.ConnectionTimeoutError as exc:
-            raise httpx.ConnectTimeout(f"{request.method} {request.url}: {exc}", request=request) from exc
-        except asyncio.TimeoutError as exc:
-            raise httpx.ReadTimeout(f"{request.method} {request.url}: {exc}", request=request) from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise httpx.ConnectError(str(exc), request=request) from exc
-        except aiohttp.ServerDisconnectedError as exc:
-            raise httpx.RemoteProtocolError(str(exc) or "server disconnected", request=request) from exc
-        except aiohttp.ClientError as exc:
-            raise httpx.ReadError(f"{type(exc).__name__}: {exc}", request=request) from exc
+                                         timeout=self._timeout(request.extensions.get("timeout") or {}),
+                                         allow_redirects=False, compress=None)
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            raise self._failed(exc, request) from exc
         return httpx.Response(resp.status, headers=resp.raw_headers, stream=_Body(resp, request),
                               extensions={"http_version": b"HTTP/1.1"})
+
+    async def send(self, method: str, url: str, *, content: bytes | None, headers: Mapping[str, str],
+                   timeout_s: float) -> httpx.Response:
+        """One request with its whole answer read: the buffered calls' path, without httpx's client
+        machinery (URL merging, auth and redirect flow) on top. Raises the same httpx exceptions."""
+        session = self._session()
+        try:
+            async with session.request(method, url, data=content, headers=headers, allow_redirects=False,
+                                       timeout=aiohttp.ClientTimeout(total=None, connect=timeout_s,
+                                                                     sock_read=timeout_s)) as resp:
+                data = await resp.read()
+                return httpx.Response(resp.status, headers=resp.raw_headers, content=data)
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            raise self._failed(exc, httpx.Request(method, url)) from exc
 
     async def aclose(self) -> None:
         try:

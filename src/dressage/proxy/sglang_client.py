@@ -61,6 +61,8 @@ class SGLangClient:
             transport = httpx.AsyncHTTPTransport(
                 limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         self._transport = transport
+        self._direct = transport if isinstance(transport, AiohttpTransport) else None
+        self._headers = headers
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout,
                                        headers=headers, transport=transport)
 
@@ -75,8 +77,12 @@ class SGLangClient:
                 content = fastjson.dumps(json_body)
             else:
                 content = None
-            resp = await self._http.request(method, path, content=content, headers=headers,
-                                            timeout=self.timeout if timeout is None else timeout)
+            limit = self.timeout if timeout is None else timeout
+            if self._direct is not None:
+                resp = await self._direct.send(method, self.base_url + path, content=content, timeout_s=limit,
+                                               headers={**self._headers, **headers} if headers else self._headers)
+            else:
+                resp = await self._http.request(method, path, content=content, headers=headers, timeout=limit)
         except httpx.TimeoutException as exc:
             raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:

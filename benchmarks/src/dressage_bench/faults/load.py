@@ -20,6 +20,7 @@ import psutil
 
 from dressage_bench.faults._stack import serve_process
 from dressage_bench.faults.runner import FaultsConfig, case
+from dressage.proxy.aio_transport import AiohttpTransport
 from dressage.proxy.sglang_client import SGLangClient
 from dressage.tokenizer import load_tokenizer
 
@@ -43,7 +44,9 @@ async def _through_proxy(url: str, sessions: int, turns: int, concurrency: int) 
     prompts: list = []  # the messages of every call, rendered later for the direct run
     errors = 0
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as h:
+    # The agents' client rides the same connection pool as the Proxy's engine client (and the direct
+    # run's), so the added latency is the Proxy's, not a difference between HTTP client pools.
+    async with httpx.AsyncClient(timeout=120, transport=AiohttpTransport(concurrency)) as h:
         async def one(i: int) -> None:
             nonlocal errors
             async with gate:
