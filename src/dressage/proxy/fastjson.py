@@ -3,8 +3,9 @@
 ``loads`` takes ``bytes`` or ``str`` and falls back to :func:`json.loads` for what orjson refuses
 but the stdlib reads (``NaN`` / ``Infinity`` literals), so a caller sees the values and errors it
 saw before, only sooner; one difference: an integer beyond 64 bits comes back as a float (the wire
-checks refuse it as not an integer, as they refused the out-of-range int before). ``dumps`` returns UTF-8 bytes; it falls back to
-:func:`json.dumps` for values orjson cannot write (lone surrogates, integers beyond 64 bits).
+checks refuse it as not an integer, as they refused the out-of-range int before). ``dumps`` returns
+UTF-8 bytes; it falls back to :func:`json.dumps` for values orjson cannot write (lone surrogates,
+integers beyond 64 bits).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Load: hundreds of concurrent agent sessions against one Proxy, and the same calls straight to the engine.
+"""Load: many concurrent agent sessions against one Proxy, and the same calls straight to the engine.
 
 Throughput is model calls per second; the Proxy's added latency is its per-call latency minus the
-engine's for the same prompts, measured in the same run at the same concurrency. The Proxy's own cost
-is its process's CPU time (user + system, tokenization and the embedded TransferQueue included) over
-the calls it served, and the same without the tokenizer's share (the CPU time the Proxy's own
-tokenizer calls took, summed by the Proxy with ``thread_time``); the engine's CPU time per call in the direct run is the same-run yardstick.
+engine's for the same prompts, measured in the same run at the same concurrency. The Proxy's own
+cost is its process's CPU time (user + system, tokenization and the embedded TransferQueue included)
+over the calls it served, and the same without the tokenizer's share (the CPU time the Proxy's own
+tokenizer calls took, summed by the Proxy with ``thread_time``); the engine's CPU time per call in
+the direct run is the same-run yardstick.
 """
 
 from __future__ import annotations
