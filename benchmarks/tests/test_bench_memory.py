@@ -88,3 +88,22 @@ def test_timelines_and_plots(report):
     points = report["batch_size_projection"]["points"]
     assert [p["rollout_batch_size"] for p in points] == sorted(p["rollout_batch_size"] for p in points)
     assert all(p["without_tq"] > p["with_tq"] > 0 for p in points)
+
+
+def test_each_release_leaves_no_state_behind_and_the_wall_is_reported(report):
+    pair = report["by_dtype"]["uint8"]
+    on = pair["with_tq"]
+    assert pair["wall_ratio"] == pytest.approx(on["wall_s"] / pair["without_tq"]["wall_s"], abs=1e-4)
+    assert len(on["rollout_s"]) == len(on["rollouts"]) == report["bench_config"]["num_rollouts"]
+    for r in on["rollouts"]:
+        assert set(r["phase_s"]) == {"rollout", "take_batch", "train", "release"}
+        after = r["after_release"]
+        # Every key of the batch is gone from the directory and from every unit: nothing carries over.
+        assert after["tq_units"] and all(u["keys"] == 0 and u["directory_keys"] == 0 and u["pending"] == 0
+                                         for u in after["tq_units"].values()), after
+        assert after["proxy"]["sessions"] == 0 and after["proxy"]["write_behind_pending"] == 0
+    # The head node runs no StorageUnit process while node 1 has one.
+    assert on["components"]["tq_storage_unit_master"] == 0
+    assert 0 < on["ray_actor_floor_bytes"] < on["idle"]["rollout_manager"] * 1.5
+    rm = next(t for t in report["targets"] if t["name"] == "rollout_manager_ratio")
+    assert rm["floor_bytes"] > 0 and rm["above_floor_value"] is not None

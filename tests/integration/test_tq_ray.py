@@ -34,7 +34,8 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def tq(cluster):
-    with TransferQueue.start({"deployment": "ray", "unit_memory_budget": "16MiB", "request_timeout_s": 20}) as tq:
+    with TransferQueue.start({"deployment": "ray", "unit_memory_budget": "16MiB", "request_timeout_s": 20,
+                              "head_storage_unit": True}) as tq:
         yield tq
 
 
@@ -70,6 +71,16 @@ def test_one_unit_per_node_placed_by_node_id(tq):
     assert len(unit_nodes) == 3 and set(unit_nodes.values()) == nodes
     pids = tq.processes()
     assert set(pids) == {"controller", "unit0", "unit1", "unit2"} and len(set(pids.values())) == 4
+
+
+def test_by_default_the_head_runs_no_unit_and_holds_no_payload(cluster):
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+    with TransferQueue.start({"deployment": "ray", "unit_memory_budget": "1MiB", "request_timeout_s": 20}) as tq:
+        unit_nodes = {u.unit_id: u.node_id for u in tq.units()}
+        assert len(unit_nodes) == 2 and head not in unit_nodes.values()
+        assert set(tq.processes()) == {"controller", "unit0", "unit1"}
+        ref = tq.client(node_id=head).put("logprobs", np.arange(4, dtype=np.float32))
+        assert unit_nodes[ref.unit_id] != head
 
 
 def test_writer_prefers_its_node_reader_elsewhere_reads_rows_and_clear_leaves_nothing(tq):
@@ -111,7 +122,7 @@ def test_a_killed_unit_actor_is_marked_dead_and_puts_go_to_the_live_units(cluste
     from dressage.errors import StorageUnitUnavailable
 
     with TransferQueue.start({"deployment": "ray", "num_storage_units": 2, "unit_memory_budget": "1MiB",
-                              "heartbeat_interval_s": 0.2, "unit_dead_after_s": 1.0,
+                              "head_storage_unit": True, "heartbeat_interval_s": 0.2, "unit_dead_after_s": 1.0,
                               "request_timeout_s": 20}) as tq:
         nodes = {u.unit_id: u.node_id for u in tq.units()}
         assert {u.unit_id: u.head for u in tq.units()} == {"unit0": True, "unit1": False}

@@ -59,3 +59,20 @@ def test_the_ray_deployment_finds_the_head_by_its_resource():
     head = {"NodeID": "a", "Alive": True, "Resources": {"CPU": 1.0, "node:__internal_head__": 1.0}}
     worker = {"NodeID": "b", "Alive": True, "Resources": {"CPU": 1.0, "node:10.0.0.2": 1.0}}
     assert _is_head(head) and not _is_head(worker) and not _is_head({"NodeID": "c"})
+
+
+def test_the_ray_deployment_puts_no_unit_on_the_head_while_other_nodes_exist():
+    pytest.importorskip("ray")
+    from dressage.tq.config import TransferQueueConfig
+    from dressage.errors import ConfigError
+    from dressage.tq.ray_deploy import _unit_nodes
+
+    head, w1, w2 = ({"NodeID": n} for n in ("h", "w1", "w2"))
+    nodes = [head, w1, w2]
+    assert [n["NodeID"] for n in _unit_nodes(nodes, {"h"}, False)] == ["w1", "w2"]
+    assert [n["NodeID"] for n in _unit_nodes(nodes, {"h"}, True)] == ["h", "w1", "w2"]
+    # a one-node cluster keeps its unit on the head: there is nowhere else
+    assert [n["NodeID"] for n in _unit_nodes([head], {"h"}, False)] == ["h"]
+    assert TransferQueueConfig().head_storage_unit is False
+    with pytest.raises(ConfigError, match="head_storage_unit"):
+        TransferQueueConfig(head_storage_unit="no")

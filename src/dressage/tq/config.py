@@ -45,9 +45,15 @@ class TransferQueueConfig:
 
     deployment: str = "embedded"
     """``embedded`` (one process, the default), ``local`` (Controller and StorageUnits as processes on
-    this host) or ``ray`` (Controller and one StorageUnit per node as Ray actors)."""
+    this host) or ``ray`` (one StorageUnit actor per node, the head excepted, and the Controller as a
+    process beside the driver)."""
     num_storage_units: int | None = None
     """Number of StorageUnits; ``None`` means 1 for embedded/local and one per alive node for ray."""
+    head_storage_unit: bool = False
+    """ray: whether the head node gets StorageUnits too when other nodes are alive. ``false`` (default):
+    units go round robin over the other nodes only, so the head (Controller, Proxy, RolloutManager)
+    holds no payload and no unit process; ``true``: over every node, the head's unit taking payload
+    only when no other live unit has room. A one-node cluster always has its unit on the head."""
     unit_memory_budget: int | str = "4GiB"
     """Payload bytes one StorageUnit holds in memory (``"4GiB"``, ``512MiB``, or an int)."""
     on_full: str = "spill"
@@ -93,6 +99,8 @@ class TransferQueueConfig:
         _choice("on_full", self.on_full, ON_FULL)
         if self.num_storage_units is not None:
             _int("num_storage_units", self.num_storage_units, lo=1, hi=4096)
+        if not isinstance(self.head_storage_unit, bool):
+            raise ConfigError(f"{_PREFIX}.head_storage_unit: expected true or false, got {self.head_storage_unit!r}")
         self.unit_memory_budget = parse_bytes(self.unit_memory_budget, f"{_PREFIX}.unit_memory_budget")
         if self.spill_dir is not None and not isinstance(self.spill_dir, (str, os.PathLike)):
             raise ConfigError(f"{_PREFIX}.spill_dir: expected a path, got {self.spill_dir!r}")

@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     from dressage.tq.storage.server import serve_until_signalled
 
     p = argparse.ArgumentParser(prog="python -m dressage.tq.controller_service")
-    p.add_argument("--units", required=True, help="JSON list of UnitInfo wire dicts (with addresses)")
+    p.add_argument("--units", required=True,
+                   help="JSON list of UnitInfo wire dicts (with addresses); '-' reads it as one line from stdin")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--retention-s", type=float, default=None)
@@ -248,7 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strict-budget", action="store_true")
     args = p.parse_args(argv)
     secret = (os.environ.get(SECRET_ENV) or "").encode() or None
-    units = [UnitInfo.from_wire(u) for u in json.loads(args.units)]
+    # '-': the launcher starts this process before its units are up, so the imports overlap their start.
+    raw = sys.stdin.readline() if args.units == "-" else args.units
+    try:
+        wires = json.loads(raw)
+        units = [UnitInfo.from_wire(u) for u in wires]
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        p.error(f"--units: expected a JSON list of unit descriptions ({exc})")
     controller = Controller(units, retention_s=args.retention_s, strict_budget=args.strict_budget)
     handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address, node_id=u.node_id, timeout_s=args.timeout_s,
                                             secret=secret)

@@ -43,8 +43,17 @@ def _child_env(secret: bytes | None) -> dict[str, str]:
 
 
 def _spawn(args: list[str], what: str, timeout_s: float, secret: bytes | None = None) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            env=_child_env(secret))
+    return _await_ready(_launch(args, secret), what, timeout_s)
+
+
+def _launch(args: list[str], secret: bytes | None = None, *, stdin: bool = False) -> subprocess.Popen:
+    """Start ``python -m args``; ``stdin`` keeps a pipe open to it (for input it reads before READY)."""
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE,
+                            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, env=_child_env(secret))
+
+
+def _await_ready(proc: subprocess.Popen, what: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
+    """Wait for the child's ``READY <address> <pid>`` line; stop it and raise if it does not come."""
     deadline = time.monotonic() + timeout_s
     line = b""
     if proc.stdout is None:
@@ -76,8 +85,9 @@ def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
+        for pipe in (p.stdout, p.stdin):
+            if pipe is not None:
+                pipe.close()
 
 
 class _ExitWatcher:

@@ -1,14 +1,18 @@
-"""``ray`` deployment: the Controller and one StorageUnit per node as Ray actors, placed by node id.
+"""``ray`` deployment: one StorageUnit per node as Ray actors placed by node id, and the Controller.
 
-Actors only start the ZMQ servers and report their addresses; payload bytes then move between clients
-and units over ZMQ, never through the Ray object store. Works on a single-machine Ray, on a
+Unit actors only start the ZMQ servers and report their addresses; payload bytes then move between
+clients and units over ZMQ, never through the Ray object store. The Controller needs no Ray: it runs as
+a child process of the driver, on the driver's node (``python -m dressage.tq.controller_service``), so
+it carries neither a Ray worker's runtime nor its memory. Units go to the nodes other than the head
+when there are any (``head_storage_unit``). Works on a single-machine Ray, on a
 ``ray.cluster_utils.Cluster`` and on a real cluster (set ``host: 0.0.0.0`` and a secret there). The
-Controller actor probes the units; the driver also watches the unit actors and reports a dead one to the
+Controller probes the units; the driver also watches the unit actors and reports a dead one to the
 Controller at once (``_ActorWatcher``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -19,6 +23,7 @@ from dressage.tq.client import TransferQueueClient
 from dressage.tq.config import TransferQueueConfig
 from dressage.tq.controller import UnitInfo
 from dressage.tq.controller_service import RemoteController
+from dressage.tq.local import _await_ready, _launch, _stop
 from dressage.tq.remote_client import make_spec
 from dressage.tq.storage import StorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
@@ -91,53 +96,11 @@ def _is_head(node: dict[str, Any]) -> bool:
     return bool(node.get("IsHead")) or "node:__internal_head__" in (node.get("Resources") or {})
 
 
-class _ControllerActor:
-    """Runs the Controller, its ZMQ server and its Janitor in the actor's process.
-
-    The actor is created while the units start (its process and imports overlap theirs); ``start``
-    brings the Controller up once the units are known and returns what ``describe`` does.
-    """
-
-    def __init__(self) -> None:
-        from dressage.tq import controller, controller_service, janitor, liveness  # noqa: F401 - warm imports
-
-        self.server: Any = None
-
-    def start(self, units: list[dict[str, Any]], retention_s: float | None, sweep_s: float, host: str,
-              port: int, timeout_s: float, heartbeat_s: float = 1.0, dead_after_s: float = 5.0,
-              strict_budget: bool = False, secret: bytes | None = None) -> dict[str, Any]:
-        from dressage.tq.controller import Controller
-        from dressage.tq.janitor import Janitor
-        from dressage.tq.controller_service import ControllerServer
-        from dressage.tq.liveness import LivenessMonitor
-
-        infos = [UnitInfo.from_wire(u) for u in units]
-        self.controller = Controller(infos, retention_s=retention_s, strict_budget=strict_budget)
-        self.handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address or "", node_id=u.node_id,
-                                                     timeout_s=timeout_s, secret=secret) for u in infos}
-        for uid, h in self.handles.items():  # a janitor delete on a unit found dead ends at once
-            h.attach_liveness(lambda uid=uid: self.controller.dead_reason(uid))
-        self.janitor = Janitor(self.controller, self.handles.get, interval_s=sweep_s).start()
-        self.probes = {u.unit_id: RemoteStorageUnit(u.unit_id, u.heartbeat or u.address or "",
-                                                    timeout_s=dead_after_s, secret=secret) for u in infos}
-        self.monitor = LivenessMonitor(self.controller, self.probes, interval_s=heartbeat_s,
-                                       dead_after_s=dead_after_s).start()
-        self.server = ControllerServer(self.controller, host=host, port=port, janitor=self.janitor,
-                                       secret=secret).start()
-        self.address = f"tcp://{_advertised(host)}:{self.server.rpc.port}"
-        return self.describe()
-
-    def describe(self) -> dict[str, Any]:
-        return {"address": self.address, "pid": os.getpid()}
-
-    def stop(self) -> None:
-        if self.server is None:  # never started
-            return
-        self.server.stop()
-        self.monitor.stop()
-        self.janitor.stop()
-        for h in [*self.handles.values(), *self.probes.values()]:
-            h.close()
+def _unit_nodes(nodes: list[dict[str, Any]], heads: set[str], head_units: bool) -> list[dict[str, Any]]:
+    """The nodes StorageUnits go to, in order: every node, or (``head_units`` false) the nodes other
+    than the head whenever there are any, so the head holds no payload and runs no unit process."""
+    others = [n for n in nodes if n["NodeID"] not in heads]
+    return nodes if head_units or not others else others
 
 
 class _ActorWatcher:
@@ -190,6 +153,18 @@ class _ActorWatcher:
         self._controller.close()
 
 
+def _controller_args(config: TransferQueueConfig, sweep_s: float) -> list[str]:
+    args = ["dressage.tq.controller_service", "--units", "-", "--host", config.host,
+            "--port", str(config.controller_port), "--sweep-s", str(sweep_s),
+            "--timeout-s", str(config.request_timeout_s), "--heartbeat-s", str(config.heartbeat_interval_s),
+            "--dead-after-s", str(config.unit_dead_after_s)]
+    if config.retention_s is not None:
+        args += ["--retention-s", str(config.retention_s)]
+    if config.on_full != "spill":
+        args.append("--strict-budget")
+    return args
+
+
 class RayDeployment:
     def __init__(self, config: TransferQueueConfig) -> None:
         from dressage.tq.deployment import sweep_interval
@@ -215,11 +190,13 @@ class RayDeployment:
             if not nodes:
                 raise StorageUnitUnavailable("the Ray cluster has no alive nodes")
             here = ray.get_runtime_context().get_node_id()
-            count = config.num_storage_units or len(nodes)
+            heads = {n["NodeID"] for n in nodes if _is_head(n)} or {here}  # else the Controller's node
+            hosts = _unit_nodes(nodes, heads, config.head_storage_unit)
+            count = config.num_storage_units or len(hosts)
             unit_cls = ray.remote(num_cpus=0)(_UnitActor)
             actors = []
             for i in range(count):
-                node = nodes[i % len(nodes)]["NodeID"]
+                node = hosts[i % len(hosts)]["NodeID"]
                 port = config.unit_base_port + i if config.unit_base_port else 0
                 actor = unit_cls.options(
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
@@ -227,13 +204,11 @@ class RayDeployment:
                          config.shared_memory, secret, config.checksums)
                 actors.append(actor)
                 self._actors.append(actor)
-            ctl_cls = ray.remote(num_cpus=0)(_ControllerActor)
-            controller = ctl_cls.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=False),
-            ).remote()  # starts beside the units; it learns them below
-            self._actors.append(controller)
+            # The Controller is a plain child process of this driver, on its node: it needs neither Ray
+            # nor numpy's arrays, so it costs a third of a Ray actor's memory. It starts now, so its
+            # imports overlap the units' start, and reads the units from its stdin once they are up.
+            self._controller_proc = _launch(_controller_args(config, sweep_interval(config)), secret, stdin=True)
             described = self._wait([a.describe.remote() for a in actors], "StorageUnit actors")
-            heads = {n["NodeID"] for n in nodes if _is_head(n)} or {here}  # else the Controller's node
             # Units on the head node are the placement's last resort once other nodes have units.
             spread = len({d["node_id"] for d in described}) > 1
             self._infos = [UnitInfo(d["unit_id"], d["node_id"], int(d["memory_budget"]), d["address"],
@@ -241,15 +216,11 @@ class RayDeployment:
                                     heartbeat=d.get("heartbeat"), head=spread and d["node_id"] in heads)
                            for d in described]
             self._pids.update({d["unit_id"]: int(d["pid"]) for d in described})
-            (ctl,) = self._wait([controller.start.remote(
-                [u.to_wire() for u in self._infos], config.retention_s, sweep_interval(config), config.host,
-                config.controller_port, config.request_timeout_s, config.heartbeat_interval_s,
-                config.unit_dead_after_s, config.on_full != "spill", secret)], "Controller actor")
-            self._pids["controller"] = int(ctl["pid"])
-            self.controller = RemoteController(ctl["address"], timeout_s=config.request_timeout_s, secret=secret)
+            address = self._start_controller([u.to_wire() for u in self._infos])
+            self.controller = RemoteController(address, timeout_s=config.request_timeout_s, secret=secret)
             self._unit_actors = {d["unit_id"]: a for d, a in zip(described, actors)}
             self._watcher = _ActorWatcher(
-                self._unit_actors, RemoteController(ctl["address"], timeout_s=2.0, secret=secret),
+                self._unit_actors, RemoteController(address, timeout_s=2.0, secret=secret),
                 interval_s=min(config.heartbeat_interval_s, 0.5)).start()
         except BaseException:
             self.shutdown()
@@ -260,10 +231,24 @@ class RayDeployment:
                                                     supports_spill=config.on_full == "spill",
                                                     host_id=u.host_id, shm_token=u.shm_token, secret=secret)
                        for u in self._infos}
-        self._spec = make_spec(ctl["address"], self._infos, supports_spill=config.on_full == "spill",
+        self._spec = make_spec(address, self._infos, supports_spill=config.on_full == "spill",
                                timeout_s=config.request_timeout_s, on_full=config.on_full,
                                full_wait_s=config.full_wait_s, secret=secret)
         self._spec["deployment"] = "ray"
+
+    def _start_controller(self, units: list[dict[str, Any]]) -> str:
+        """Hand the units to the Controller process, wait for its READY line; its advertised address."""
+        proc = self._controller_proc
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write((json.dumps(units) + "\n").encode())
+            proc.stdin.close()
+        except OSError:  # it exited already: _await_ready reports how
+            pass
+        _, address = _await_ready(proc, "Controller", self.config.startup_timeout_s)
+        self._pids["controller"] = proc.pid
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        return f"tcp://{_advertised(host)}:{port}"
 
     def _wait(self, refs: list[Any], what: str) -> list[Any]:
         ray = _ray()
@@ -303,6 +288,9 @@ class RayDeployment:
         controller = getattr(self, "controller", None)
         if controller is not None:
             controller.close()
+        proc = getattr(self, "_controller_proc", None)
+        if proc is not None:
+            _stop([proc])
         if ray.is_initialized():
             stops = [a.stop.remote() for a in self._actors]
             try:

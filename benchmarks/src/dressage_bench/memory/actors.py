@@ -7,6 +7,7 @@ apart; each reports its pid.
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -60,6 +61,18 @@ class ProxyActor:
         """Logical bytes the Proxy holds itself: large-field arrays and resident token fields of its steps."""
         return self.core.held_bytes()
 
+    def state_sizes(self) -> dict[str, int]:
+        """Sizes of the Proxy's per-session state and of its write-behind (what it keeps across batches)."""
+        core = self.core
+        behind = getattr(core, "_behind", None)
+        out = {"sessions": len(core.sessions), "calls": len(getattr(core, "_calls", {})),
+               "gone": len(getattr(core, "_gone", {})), "finalized": len(getattr(self.service, "finalized", {})),
+               "gc_objects": len(gc.get_objects())}
+        if behind is not None:
+            out.update(write_behind_pending=behind.pending(), write_behind_failures=behind.failures,
+                       put_rounds=behind.batcher.rounds, put_steps=behind.batcher.steps)
+        return out
+
     def forget_finished(self) -> int:
         """Drop finished sessions once the trainer consumed their Samples."""
         done = [sid for sid, s in self.core.sessions.items() if s.state != "active"]
@@ -86,3 +99,4 @@ class EngineActor:
 
     def stop(self) -> None:
         self.server.stop()
+

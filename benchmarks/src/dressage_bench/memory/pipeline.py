@@ -8,6 +8,7 @@ records every component's memory for the whole run; phase marks and logical size
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -15,6 +16,7 @@ from typing import Any, Callable
 from dressage.agents import AgentConfig, make_prompts, run_rollout
 from dressage_bench._ray import BenchCluster
 from dressage_bench.memory.actors import EngineActor, ProxyActor
+from dressage_bench.memory.floor import floor_actor, floor_pid
 from dressage_bench.memory.config import MemoryBenchConfig
 from dressage_bench.memory.sampler import ComponentSpec, MemorySampler, Timeline, plasma_file, raylet_pid
 from dressage.errors import DressageError
@@ -122,6 +124,8 @@ class _Plane:
             spec = self.tq.client_spec()
             self.tq_client = self.tq.client()
         self.rm = self._actor(RolloutManagerActor, 0, cfg.dp_size)
+        self.floor = floor_actor(resources={cluster.node_resource(0): 0.01})
+        self.actors.append(self.floor)
         dp = DataPlaneConfig(model=cfg.model, use_rollout_routing_replay=True, enable_transfer_queue=with_tq,
                              routed_experts_dtype=dtype)
         self.proxy = self._actor(ProxyActor, 0, dp, engine_url, self.rm, spec, cfg.placement == "spread")
@@ -139,7 +143,8 @@ class _Plane:
     def components(self) -> list[ComponentSpec]:
         proxy_pid, rm_pid = _get([self.proxy.pid.remote(), self.rm.pid.remote()])
         specs = [ComponentSpec("proxy", (proxy_pid,)), ComponentSpec("rollout_manager", (rm_pid,)),
-                 ComponentSpec("object_store", file=_node_store(self.cluster, 0))]
+                 ComponentSpec("object_store", file=_node_store(self.cluster, 0)),
+                 ComponentSpec("ray_actor_floor", (floor_pid(self.floor, _CALL_TIMEOUT_S),), in_metric=False)]
         if self.tq is not None:
             pids, nodes = self.tq.processes(), self._unit_nodes()
             master = self.cluster.node_id(0)
@@ -164,6 +169,15 @@ class _Plane:
         for uid, row in self.tq.stats().items():
             key = "tq_storage_unit_master" if nodes.get(uid) == master else "tq_storage_unit_node1"
             out[key] += int(row.get("bytes", 0))
+        return out
+
+    def state_sizes(self) -> dict[str, Any]:
+        """What each stateful component still holds (after a release: what it keeps across batches)."""
+        out: dict[str, Any] = {"proxy": _get(self.proxy.state_sizes.remote())}
+        if self.tq is not None:
+            keep = ("keys", "bytes", "held_bytes", "pooled_bytes", "shm_segments", "shm_bytes", "directory_keys",
+                    "directory_bytes", "pending", "queued_deletes")
+            out["tq_units"] = {uid: {k: row[k] for k in keep if k in row} for uid, row in self.tq.stats().items()}
         return out
 
     def rollout(self, rollout_id: int, n_prompts: int, n_samples: int, agent_cfg: AgentConfig) -> Any:
@@ -256,6 +270,7 @@ def _warm_up(plane: _Plane, cfg: MemoryBenchConfig, sampler: MemorySampler) -> N
 
 def _iteration(plane: _Plane, cfg: MemoryBenchConfig, i: int, run: PathRun, sampler: MemorySampler) -> str:
     sampler.mark(f"rollout {i}")
+    t_start = time.perf_counter()
     rr = plane.rollout(i, cfg.rollout_batch_size, cfg.n_samples_per_prompt, _agent_config(cfg))
     if rr.finalized == 0:
         raise DressageError(f"{run.path}/{run.dtype} rollout {i}: no agent session finalized "
@@ -265,21 +280,29 @@ def _iteration(plane: _Plane, cfg: MemoryBenchConfig, i: int, run: PathRun, samp
     _bump(run.logical, {"proxy_large_fields": held["large_fields"], "proxy_token_fields": held["token_fields"],
                         "rollout_manager_large_fields": rm_held["large_fields"],
                         "rollout_manager_token_fields": rm_held["token_fields"], **plane.unit_bytes()})
+    t_rolled = time.perf_counter()
     sampler.mark(f"batch {i}")
     refs, keys, rm_bytes, n_samples = plane.take_batch(i)
+    t_taken = time.perf_counter()
     _bump(run.logical, {"object_store": _store_used(plane.cluster, 0)})
     sampler.mark(f"train {i}")
     parts = plane.train(refs)
     _bump(run.logical, {"object_store_node1": _store_used(plane.cluster, 1)})
     del refs  # the driver holds the last references: the shards leave the store here
+    t_trained = time.perf_counter()
     sampler.mark(f"release {i}")
     plane.release(keys)
+    t_released = time.perf_counter()
     keyed = [kd for p in parts for kd in p["digests"]]
     digest = combine_digests(keyed)
     summary = {"rollout": i, "sessions": rr.sessions, "finalized": rr.finalized, "agent_errors": rr.errors,
                "steps": held["steps"], "segments": sum(p["segments"] for p in parts),
                "tokens": sum(p["tokens"] for p in parts), "rollout_manager_bytes": rm_bytes,
                "tq_keys": len(keys), "digest": digest,
+               "phase_s": {"rollout": round(t_rolled - t_start, 3), "take_batch": round(t_taken - t_rolled, 3),
+                           "train": round(t_trained - t_taken, 3), "release": round(t_released - t_trained, 3)},
+               "load_avg": list(os.getloadavg()),
+               "after_release": plane.state_sizes(),
                "restored_bytes": {n: sum(p["large_field_bytes"].get(n, 0) for p in parts)
                                   for n in ("logprobs", "routed_experts")}}
     if summary["segments"] != n_samples:
