@@ -1,4 +1,4 @@
-"""The Proxy's hot-path JSON (orjson, stdlib fallback) and its timed tokenizer."""
+"""The Proxy's hot-path JSON (orjson, stdlib fallback) and the engine client that uses it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import json
 import pytest
 
 from dressage.proxy import fastjson
-from dressage.proxy.timed_tokenizer import TimedTokenizer
-from dressage.tokenizer import load_tokenizer
 
 
 def test_loads_gives_the_stdlib_value_for_an_engine_answer():
@@ -35,17 +33,6 @@ def test_dumps_round_trips_and_falls_back():
     assert json.loads(fastjson.dumps(value)) == value
     big = {"big": 2**70}
     assert json.loads(fastjson.dumps(big)) == big  # orjson cannot write it: the stdlib does
-
-
-def test_timed_tokenizer_counts_calls_and_forwards_the_rest():
-    tok = load_tokenizer("byte")
-    timed = TimedTokenizer(tok)
-    ids = timed.apply_chat_template([{"role": "user", "content": "hi " * 200}], None, True)
-    assert ids == tok.apply_chat_template([{"role": "user", "content": "hi " * 200}], None, True)
-    assert timed.decode(ids[:5], skip_special_tokens=True) == tok.decode(ids[:5], skip_special_tokens=True)
-    assert timed.calls == 2 and timed.cpu_s >= 0.0
-    assert timed.stop_token_ids == tok.stop_token_ids  # not timed, only forwarded
-    assert timed.wrapped is tok
 
 
 def test_client_parses_the_engine_answer_and_keeps_the_typed_errors():

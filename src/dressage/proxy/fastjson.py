@@ -1,9 +1,11 @@
-"""JSON on the Proxy's hot paths: orjson where it gives the same value, the stdlib where it would not.
+"""JSON for the Proxy's hot paths: orjson where it gives the same value, the stdlib otherwise.
 
-The engine's ``/generate`` answer (megabytes of base64 R3 and long logprob lists) and the chat
-replies are the largest JSON the Proxy handles per call. ``orjson`` parses and writes them several
-times faster; a document it refuses (``NaN``, integers beyond 64 bits, lone surrogates) goes through
-the stdlib instead, so every value and every typed error stays what it was.
+``loads`` takes ``bytes`` or ``str`` and falls back to :func:`json.loads` for what orjson refuses
+but the stdlib reads (``NaN`` / ``Infinity`` literals), so a caller sees the values and errors it
+saw before, only sooner; one difference: an integer beyond 64 bits comes back as a float (the wire
+checks refuse it as not an integer, as they refused the out-of-range int before). ``dumps`` returns
+UTF-8 bytes; it falls back to :func:`json.dumps` for values orjson cannot write (lone surrogates,
+integers beyond 64 bits).
 """
 
 from __future__ import annotations
@@ -11,29 +13,31 @@ from __future__ import annotations
 import json
 from typing import Any
 
-try:
-    import orjson
-except ImportError:  # pragma: no cover - a declared dependency; the stdlib keeps working without it
-    orjson = None
+try:  # orjson is a dependency of the ``server`` extra; the stdlib keeps the Proxy working without it
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - exercised only where orjson is missing
+    _orjson = None  # type: ignore[assignment]
 
 __all__ = ["loads", "dumps"]
 
 
-def loads(data: bytes | str) -> Any:
-    """Parse ``data``; raises ``ValueError`` when it is not JSON (the stdlib's verdict)."""
-    if orjson is not None:
+def loads(data: bytes | bytearray | memoryview | str) -> Any:
+    """Parse one JSON document; raises ``ValueError`` (``json.JSONDecodeError``) when it is not JSON."""
+    if _orjson is not None:
         try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass  # NaN, huge integers, ...: the stdlib accepts or refuses as before
+            return _orjson.loads(data)
+        except _orjson.JSONDecodeError:
+            pass  # the stdlib decides: it reads a few things orjson refuses, and words the error
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
     return json.loads(data)
 
 
 def dumps(value: Any) -> bytes:
-    """``value`` as UTF-8 JSON bytes (the stdlib's text for what orjson cannot write)."""
-    if orjson is not None:
+    """``value`` as compact JSON, UTF-8 encoded."""
+    if _orjson is not None:
         try:
-            return orjson.dumps(value)
-        except (orjson.JSONEncodeError, TypeError):
+            return _orjson.dumps(value, option=_orjson.OPT_NON_STR_KEYS)
+        except (TypeError, _orjson.JSONEncodeError):
             pass
-    return json.dumps(value).encode("utf-8")
+    return json.dumps(value, separators=(",", ":")).encode("utf-8")

@@ -29,7 +29,6 @@ from dressage.proxy.responses_path import ResponsesPath
 from dressage.proxy.rids import RidFactory
 from dressage.proxy.session_caps import SessionKeeper
 from dressage.proxy.startup import engine_clients
-from dressage.proxy.timed_tokenizer import TimedTokenizer
 from dressage.proxy.turns import CallIdentity, TurnCache, checked_identity, instance_group
 from dressage.proxy.weights import WeightVersions
 
@@ -45,8 +44,7 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
 
     def __init__(self, config: ProxyServerConfig, core: ProxyCore, tokenizer: Any, engine: Any = None,
                  *, parser: ToolCallParser | None = None) -> None:
-        self.config, self.core = config, core
-        self.tokenizer = tokenizer if isinstance(tokenizer, TimedTokenizer) else TimedTokenizer(tokenizer)
+        self.config, self.core, self.tokenizer = config, core, tokenizer
         self.tq_spec: Any = None  # () -> TQ client spec, set by Proxy.start when it has a deployment
         if isinstance(engine, EnginePool):
             self.engines = engine
@@ -207,7 +205,7 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
                 "weight_version": self.weight_version, "pause": self.pause.state(),
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves),
                 "evicted_sessions": self.keeper.evicted,
-                "tokenizer_cpu_s": round(self.tokenizer.cpu_s, 6), "tokenizer_calls": self.tokenizer.calls}
+                "tokenizer_cpu_s": round(float(getattr(self.tokenizer, "cpu_s", 0.0)), 6)}
 
     # ----------------------------------------------------- rollout, engines
     async def pause_rollout(self, *, session_id: str | None = None, instance_id: str | None = None,
