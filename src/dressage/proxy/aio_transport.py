@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator, Mapping
 
-import httpx
+from dressage.proxy.httpx_lean import httpx
 
 __all__ = ["AiohttpTransport", "aiohttp_available"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 from typing import Any, AsyncIterator, Mapping, Sequence
 
-import httpx
+from dressage.proxy.httpx_lean import httpx
 import numpy as np
 
 from dressage.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, WireFormatError
