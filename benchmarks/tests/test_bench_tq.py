@@ -73,6 +73,13 @@ def test_ratios_and_targets_are_reported(report: dict) -> None:
     # Only payloads of >= 1 MiB count toward the targets: step R3 (1.25 MiB) alone or with its logprobs,
     # not the 64 KiB or 16 KiB ones.
     assert [p["workload"] for p in across["payloads"]] == ["step-r3", "step-r3+logprobs"]
+    # The one-host default (shm) is judged at every payload of >= 1 MiB; the 0.9x memcpy one only at 1 MiB,
+    # which this run does not have: no payload counts, so it is not met by default either.
+    one_host = next(t for t in report["targets"] if t["target"].startswith("default one-host transport"))
+    assert one_host["system"] == "dressage-shm" and one_host["required_ratio"] == 2.0
+    assert [p["workload"] for p in one_host["payloads"]] == ["step-r3", "step-r3+logprobs"]
+    at_1mib = next(t for t in report["targets"] if t["required_ratio"] == 0.9)
+    assert at_1mib["system"] == "dressage-embedded" and at_1mib["payloads"] == [] and at_1mib["met"] is None
 
 
 def test_report_is_json_and_table_names_systems(report: dict, tmp_path) -> None:

@@ -20,8 +20,13 @@ pytestmark = pytest.mark.skipif(shm.host_id() is None, reason="no /dev/shm on th
 BIG = 1 << 20
 
 
-def segments(token):
+def every_file(token):
     return glob.glob(os.path.join(shm.SHM_DIR, f"dtq-{token}-*"))
+
+
+def segments(token):
+    """Segments in use (the free pool's ``-z`` files excluded)."""
+    return [p for p in every_file(token) if not os.path.basename(p).startswith(f"dtq-{token}-z")]
 
 
 def _backing(array):
@@ -65,7 +70,8 @@ def test_segment_is_unlinked_on_delete_and_a_held_view_stays_valid(served):
     held = remote.get("k")
     remote.delete(["k"])
     gc.collect()
-    assert segments(server.shm.token) == []
+    # A reader's view holds the segment: it is unlinked, never recycled under that view.
+    assert every_file(server.shm.token) == []
     assert int(held[0]) == 7 and int(held[-1]) == 7
     with pytest.raises(KeyNotFoundError):
         remote.get("k")
@@ -128,4 +134,71 @@ def test_embedded_deployment_exposed_to_a_same_host_client_uses_segments_and_cle
         assert len(segments(tokens[0])) == 1
         assert int(client.get(ref.narrow(3, 4)).sum()) == 32
         client.close()
-    assert all(segments(t) == [] for t in tokens)
+    assert all(every_file(t) == [] for t in tokens)
+
+
+def test_released_segment_is_recycled_for_the_next_put_of_its_class(served):
+    _, server, remote = served
+    token = server.shm.token
+    a = np.full(BIG, 3, dtype=np.uint8)
+    remote.put("a", a)
+    first = os.stat(segments(token)[0]).st_ino
+    remote.delete(["a"])
+    gc.collect()
+    assert segments(token) == [] and len(shm.free_segments(token)) == 1
+    assert remote.stats()["shm_free_segments"] == 1
+    b = np.arange(BIG - 4096, dtype=np.uint8)  # same class (1 MiB), fewer bytes
+    remote.put("b", b)
+    (path,) = segments(token)
+    assert os.stat(path).st_ino == first and shm.free_segments(token) == []  # the same file, handed out again
+    np.testing.assert_array_equal(remote.get("b"), b)
+    c = np.full(2 * BIG, 9, dtype=np.uint8)  # another class: a new file
+    remote.put("c", c)
+    assert len({os.stat(p).st_ino for p in segments(token)}) == 2
+    np.testing.assert_array_equal(remote.get("c"), c)
+
+
+def test_free_pool_is_bounded_and_a_claimed_segment_is_never_shown_to_an_old_reader(tmp_path):
+    backend = MemoryStorageUnit("m0", memory_budget=16 * BIG)
+    server = StorageUnitServer(backend).start()
+    server.shm.pool_bytes = BIG  # room for one free 1 MiB segment
+    remote = RemoteStorageUnit.describe("m0", server.address, timeout_s=5)
+    token = server.shm.token
+    try:
+        for i in range(3):
+            remote.put(f"k{i}", np.full(BIG, i, dtype=np.uint8))
+        remote.delete([f"k{i}" for i in range(3)])
+        gc.collect()
+        assert len(shm.free_segments(token)) == 1 and segments(token) == []  # two were unlinked
+        remote.put("x", np.full(BIG, 5, dtype=np.uint8))
+        (name,) = [os.path.basename(p) for p in segments(token)]
+        remote.delete(["x"])
+        gc.collect()
+        # The unit released "x" into the pool: its old name no longer maps, so no stale bytes are shown.
+        with pytest.raises(KeyNotFoundError):
+            shm.map_segment(name, 0, np.dtype("uint8"), (BIG,))
+    finally:
+        remote.close()
+        server.stop()
+        backend.close()
+    assert every_file(token) == []
+
+
+def test_a_segment_whose_size_is_not_its_class_is_refused(served):
+    _, server, remote = served
+    token = server.shm.token
+    name = f"dtq-{token}-bad1"
+    with open(os.path.join(shm.SHM_DIR, name), "wb") as f:
+        f.write(b"\0" * BIG)
+    import zmq
+
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(server.address)
+    try:
+        raw.send_multipart(wire.encode({"op": "put", "items": [["k", "uint8", [BIG // 2], name]]}))
+        assert raw.poll(5000)
+        assert wire.decode_control(raw.recv_multipart()[0])["error"] == "ProtocolError"
+    finally:
+        raw.close(0)
+    assert not remote.exists("k") and every_file(token) == []

@@ -28,9 +28,10 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
     Returns the service and the journal's recovery report (``None`` without a journal). ``engine``
     overrides the clients made for ``config.server.engines``; ``tokenizer`` the one ``config`` names.
     """
+    from dressage.proxy.tokenizer_clock import TimedTokenizer
     from dressage.tokenizer import load_tokenizer
 
-    tok = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
+    tok = TimedTokenizer(tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer))
     core = ProxyCore(config.data_plane, tq_client, sink=sink, decode=tok.decode, special_ids=tok.special_token_ids,
                      batch_tag=batch_tag)
     service = ProxyService(config.server, core, tok, engine)

@@ -8,7 +8,6 @@ status and type the class carries (``http_status``, ``openai_type``). Agents use
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -16,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dressage.proxy import fastjson
 from dressage.errors import DressageError
 from dressage.proxy.guard import RequestGuard
 from dressage.proxy.http_upstream import upstream_router
@@ -35,8 +35,8 @@ def status_for(exc: DressageError) -> tuple[int, str]:
 
 
 def _json(value: Any) -> Response:
-    # The stdlib serialises long token lists faster than pydantic, and adds nothing here.
-    return Response(json.dumps(value), media_type="application/json")
+    # orjson (see fastjson) writes long token lists many times faster than pydantic or the stdlib.
+    return Response(fastjson.dumps(value), media_type="application/json")
 
 
 def _install_guards(app: FastAPI, service: Any) -> None:

@@ -7,11 +7,11 @@ are in :mod:`dressage.proxy.upstream`.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from dressage.proxy import fastjson
 from dressage.errors import MissingSessionIdError
 from dressage.proxy.capabilities import capabilities
 from dressage.proxy.schemas import DiscardRequest, FinalizeRequest, FinalizeSessionRequest, TrajectoryReadRequest
@@ -22,7 +22,7 @@ __all__ = ["upstream_router"]
 
 
 def _json(value: Any) -> Response:
-    return Response(json.dumps(value), media_type="application/json")
+    return Response(fastjson.dumps(value), media_type="application/json")
 
 
 def _session(request: Request, given: str | None) -> str:

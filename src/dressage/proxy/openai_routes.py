@@ -7,12 +7,12 @@ error object with the class's status).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
+from dressage.proxy import fastjson
 from dressage.proxy.completions import CompletionRequest
 from dressage.proxy.responses import ResponsesRequest
 from dressage.proxy.turn_scope import identity_of
@@ -24,7 +24,7 @@ _SSE_HEADERS = {"cache-control": "no-cache"}
 
 def _answer(out: Any) -> Response:
     if isinstance(out, dict):
-        return Response(json.dumps(out), media_type="application/json")
+        return Response(fastjson.dumps(out), media_type="application/json")
     return StreamingResponse(out, media_type="text/event-stream", headers=_SSE_HEADERS)
 
 

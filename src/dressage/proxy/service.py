@@ -204,7 +204,8 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
                 "calls": self.calls, "failed_calls": self.failed_calls, "replayed_turns": self.replayed_turns,
                 "weight_version": self.weight_version, "pause": self.pause.state(),
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves),
-                "evicted_sessions": self.keeper.evicted}
+                "evicted_sessions": self.keeper.evicted,
+                "tokenizer_cpu_s": round(float(getattr(self.tokenizer, "cpu_s", 0.0)), 6)}
 
     # ----------------------------------------------------- rollout, engines
     async def pause_rollout(self, *, session_id: str | None = None, instance_id: str | None = None,

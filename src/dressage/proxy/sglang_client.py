@@ -9,13 +9,15 @@ or model gateway keeps a session on the worker that caches its prefix.
 
 from __future__ import annotations
 
-import json
 import socket
 from typing import Any, AsyncIterator, Mapping, Sequence
 
-import httpx
+from dressage.proxy.httpx_lean import httpx
+import numpy as np
 
 from dressage.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, WireFormatError
+from dressage.proxy import fastjson
+from dressage.proxy.aio_transport import AiohttpTransport, aiohttp_available
 
 __all__ = ["SGLangClient", "ROUTING_KEY_HEADER"]
 
@@ -51,11 +53,16 @@ class SGLangClient:
             headers["Authorization"] = f"Bearer {api_key}"
         self.api_key = api_key or None
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        if transport is None:
+        if transport is None and aiohttp_available():
+            # aiohttp's pool: httpx's scans every connection per request (see aio_transport).
+            transport = AiohttpTransport(max_connections)
+        elif transport is None:
             # Small requests must not wait for a delayed ACK (Nagle): ~40 ms per call otherwise.
             transport = httpx.AsyncHTTPTransport(
                 limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
         self._transport = transport
+        self._direct = transport if isinstance(transport, AiohttpTransport) else None
+        self._headers = headers
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout,
                                        headers=headers, transport=transport)
 
@@ -65,8 +72,17 @@ class SGLangClient:
                        timeout: float | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
         what = f"{method} {self.base_url}{path}"
         try:
-            resp = await self._http.request(method, path, json=json_body, headers=headers,
-                                            timeout=self.timeout if timeout is None else timeout)
+            if json_body is not None:
+                headers = {**(headers or {}), "content-type": "application/json"}
+                content = fastjson.dumps(json_body)
+            else:
+                content = None
+            limit = self.timeout if timeout is None else timeout
+            if self._direct is not None:
+                resp = await self._direct.send(method, self.base_url + path, content=content, timeout_s=limit,
+                                               headers={**self._headers, **headers} if headers else self._headers)
+            else:
+                resp = await self._http.request(method, path, content=content, headers=headers, timeout=limit)
         except httpx.TimeoutException as exc:
             raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({type(exc).__name__})") from exc
         except httpx.TransportError as exc:
@@ -86,8 +102,8 @@ class SGLangClient:
     @staticmethod
     def _json(resp: httpx.Response, what: str) -> Any:
         try:
-            out = resp.json()
-        except ValueError as exc:
+            out = fastjson.loads(resp.content)
+        except (ValueError, RecursionError) as exc:
             raise WireFormatError(f"{what}: the answer is not JSON: {resp.text[:200]!r}") from exc
         # httpx links a Response and its stream both ways, so a read body (MiBs of base64 R3 per call)
         # would wait for the cyclic GC; replacing the spent stream lets it go with the last reference.
@@ -100,7 +116,8 @@ class SGLangClient:
     def _generate_body(input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None, *,
                        return_logprob: bool, return_routed_experts: bool, routed_experts_start_len: int,
                        rid: str | None, stream: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
-        body: dict[str, Any] = {"input_ids": [int(t) for t in input_ids],
+        ids = input_ids.tolist() if isinstance(input_ids, np.ndarray) else [int(t) for t in input_ids]
+        body: dict[str, Any] = {"input_ids": ids,
                                 "sampling_params": dict(sampling_params or {}),
                                 "return_logprob": bool(return_logprob)}
         if return_routed_experts:
@@ -151,7 +168,9 @@ class SGLangClient:
                                    extra=extra)
         what = f"POST {self.base_url}/generate (stream)"
         try:
-            async with self._http.stream("POST", "/generate", json=body, headers=self._routing_headers(routing_key),
+            async with self._http.stream("POST", "/generate", content=fastjson.dumps(body),
+                                         headers={"content-type": "application/json",
+                                                  **(self._routing_headers(routing_key) or {})},
                                          timeout=self.timeout if timeout is None else timeout) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
@@ -163,8 +182,8 @@ class SGLangClient:
                     if data == "[DONE]":
                         return
                     try:
-                        chunk = json.loads(data)
-                    except ValueError as exc:
+                        chunk = fastjson.loads(data)
+                    except (ValueError, RecursionError) as exc:
                         raise WireFormatError(f"{what}: a chunk is not JSON: {data[:200]!r}") from exc
                     if isinstance(chunk, dict) and "error" in chunk and "meta_info" not in chunk:
                         raise EngineRequestError(f"{what}: {chunk['error']}")

@@ -2,13 +2,23 @@
 
 A writer on the unit's host writes the array into ``/dev/shm/dtq-<unit token>-<n>`` and sends only the
 name; the unit maps the file and keeps that mapping as the stored blob (no copy). A reader on the same host
-gets ``(name, offset)`` back and maps the rows read-only (no copy, no socket transfer). A file is unlinked
-when the unit drops its last view of the blob; readers' mappings stay valid after that. Only names with the
-unit's own prefix are ever opened.
+gets ``(name, offset)`` back and maps the rows read-only (no copy, no socket transfer). Only names with
+the unit's own prefix are ever opened.
+
+Segments are recycled: a file's size is a power-of-two class (>= the payload), and when the unit drops its
+last view of a blob it renames the file into its free pool (``dtq-<token>-z<class>x<id>``) instead of
+unlinking it, so the next put of that class claims it by an atomic rename and writes into pages tmpfs has
+already allocated (no fresh-page zeroing). A reader holds a shared ``flock`` on each segment it maps for as
+long as its view lives; a segment some reader still holds is unlinked instead (that reader's mapping stays
+valid), so a recycled segment is never one a live view shows. The pool is bounded (``SHM_POOL_BYTES`` of
+free segments per unit; beyond it a released file is unlinked); with no free segment of the class a put
+creates a new file, and when /dev/shm is full the item goes over the socket. Closing the unit removes every
+file with its token, free ones included.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import math
 import mmap
@@ -24,12 +34,14 @@ import numpy as np
 
 from dressage.errors import KeyNotFoundError, ProtocolError
 
-__all__ = ["SHM_DIR", "SHM_MIN_BYTES", "host_id", "new_token", "write_segment", "map_segment", "ShmRegistry",
-           "remove_segment", "remove_segments"]
+__all__ = ["SHM_DIR", "SHM_MIN_BYTES", "SHM_POOL_BYTES", "host_id", "new_token", "write_segment", "map_segment",
+           "ShmRegistry", "remove_segment", "remove_segments", "segment_class", "free_segments"]
 
 SHM_DIR = "/dev/shm"
 # Below this a socket frame is cheaper than creating, mapping and unlinking a file.
 SHM_MIN_BYTES = 256 * 1024
+# Free (released) segments a unit keeps for reuse, in bytes; a release beyond this unlinks the file.
+SHM_POOL_BYTES = 1 << 30
 _NAME = re.compile(r"^dtq-[0-9a-f]{16}-[0-9a-z]+$")
 _PAGE = mmap.PAGESIZE
 
@@ -55,23 +67,62 @@ def _path(name: str) -> str:
     return os.path.join(SHM_DIR, name)
 
 
-def write_segment(name: str, array: np.ndarray) -> None:
-    """Create the segment and write the array's bytes (OSError if /dev/shm is full: fall back to frames)."""
+def segment_class(nbytes: int) -> int:
+    """Size of the file that holds ``nbytes``: the next power of two, at least one page."""
+    return max(_PAGE, 1 << max(int(nbytes) - 1, 0).bit_length())
+
+
+def _free_glob(token: str, size: int | None = None) -> str:
+    cls = "*" if size is None else f"{size.bit_length() - 1}"
+    return os.path.join(SHM_DIR, f"dtq-{token}-z{cls}x*")
+
+
+def free_segments(token: str) -> list[str]:
+    """Names of the free (recycled, unused) segments of one unit."""
+    return sorted(os.path.basename(p) for p in glob.glob(_free_glob(token)))
+
+
+def _claim(token: str, size: int, path: str) -> int | None:
+    """Rename a free segment of this class to ``path`` and open it; None when the pool has none."""
+    for free in glob.glob(_free_glob(token, size)):
+        try:
+            os.rename(free, path)  # atomic: of two writers racing for one file, one wins
+        except FileNotFoundError:
+            continue
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        if os.fstat(fd).st_size == size:
+            return fd
+        os.close(fd)  # not a file this pool made: never reuse it
+        os.unlink(path)
+    return None
+
+
+def write_segment(name: str, array: np.ndarray, token: str | None = None) -> bool:
+    """Write the array's bytes into segment ``name``, reusing a free segment of ``token``'s pool when there
+    is one (returns True then). The file is ``segment_class(nbytes)`` long. OSError if /dev/shm is full:
+    the caller falls back to frames."""
     path = _path(name)
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+    view = memoryview(array.reshape(-1).view(np.uint8))
+    size = segment_class(len(view))
+    fd = _claim(token, size, path) if token else None
+    reused = fd is not None
     try:
-        view = memoryview(array.reshape(-1).view(np.uint8))
+        if fd is None:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+            os.ftruncate(fd, size)
         done = 0
         while done < len(view):
             done += os.pwrite(fd, view[done:], done)
     except BaseException:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
         raise
     os.close(fd)
+    return reused
 
 
 def remove_segment(name: str) -> None:
@@ -94,31 +145,75 @@ def remove_segments(token: str) -> int:
 
 
 def map_segment(name: str, offset: int, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """Read-only array over ``shape`` elements at byte ``offset`` of a segment (the reader's side)."""
+    """Read-only array over ``shape`` elements at byte ``offset`` of a segment (the reader's side).
+
+    The reader holds a shared lock on the segment while the array lives, so the unit never recycles it
+    under this view."""
     nbytes = dtype.itemsize * math.prod(shape)
     start = (offset // _PAGE) * _PAGE
+    path = _path(name)
+    gone = f"shared-memory segment {name} is gone (its key was deleted)"
     try:
-        fd = os.open(_path(name), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
-        raise KeyNotFoundError(f"shared-memory segment {name} is gone (its key was deleted)") from None
+        raise KeyNotFoundError(gone) from None
     try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        try:  # released (renamed into the pool) between the open and the lock: not this key's bytes
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise KeyNotFoundError(gone)
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # fault the pages in at once
         mm = mmap.mmap(fd, offset - start + nbytes, flags, mmap.PROT_READ, offset=start)
+    except BaseException:
+        os.close(fd)
+        raise
+    weakref.finalize(mm, os.close, fd)  # closing the descriptor drops the lock
+    return np.frombuffer(mm, dtype=dtype, count=math.prod(shape), offset=offset - start).reshape(shape)
+
+
+def _release(name: str, token: str, pool_bytes: int) -> None:
+    """The unit dropped its last view of a segment: into the free pool when no reader holds it, else unlink."""
+    path = _path(name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        free = sum(1 << int(os.path.basename(p).split("-z")[1].split("x")[0])
+                   for p in glob.glob(_free_glob(token)))
+        keep = size == segment_class(size) and free + size <= pool_bytes
+        if keep:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a reader's view still shows it
+                keep = False
+        if keep:
+            os.rename(path, os.path.join(SHM_DIR, f"dtq-{token}-z{size.bit_length() - 1}x{secrets.token_hex(6)}"))
+        else:
+            os.unlink(path)
+    except OSError:
+        remove_segment(name)
     finally:
         os.close(fd)
-    return np.frombuffer(mm, dtype=dtype, count=math.prod(shape), offset=offset - start).reshape(shape)
 
 
 class ShmRegistry:
     """The unit's side: adopts segments as stored arrays and finds the segment behind a stored view."""
 
-    def __init__(self, token: str | None = None) -> None:
+    def __init__(self, token: str | None = None, pool_bytes: int = SHM_POOL_BYTES) -> None:
         self.token = token or new_token()
+        self.pool_bytes = pool_bytes
         self._maps: "weakref.WeakKeyDictionary[mmap.mmap, tuple[str, int, int]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def owns(self, name: str) -> bool:
-        return isinstance(name, str) and name.startswith(f"dtq-{self.token}-")
+        # Free pool names (``-z``) are never a put's segment.
+        return isinstance(name, str) and name.startswith(f"dtq-{self.token}-") and \
+            not name.startswith(f"dtq-{self.token}-z")
 
     def adopt(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """Map a writer's segment as a read-only array; the file is unlinked once the array is garbage."""
@@ -131,8 +226,9 @@ class ShmRegistry:
         except FileNotFoundError:
             raise ProtocolError(f"shared-memory segment {name} does not exist") from None
         try:
-            if os.fstat(fd).st_size != nbytes or nbytes == 0:
-                raise ProtocolError(f"segment {name} holds {os.fstat(fd).st_size} bytes, the put declares {nbytes}")
+            if nbytes == 0 or os.fstat(fd).st_size != segment_class(nbytes):
+                raise ProtocolError(f"segment {name} holds {os.fstat(fd).st_size} bytes, the put declares {nbytes}"
+                                    f" (a segment is {segment_class(nbytes)} bytes for that)")
             mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
             os.close(fd)
@@ -142,7 +238,7 @@ class ShmRegistry:
         array = np.frombuffer(mm, dtype=dtype).reshape(shape)
         with self._lock:
             self._maps[mm] = (name, array.ctypes.data, nbytes)
-        weakref.finalize(mm, remove_segment, name)
+        weakref.finalize(mm, _release, name, self.token, self.pool_bytes)
         return array
 
     def locate(self, view: np.ndarray) -> tuple[str, int] | None:
@@ -164,7 +260,7 @@ class ShmRegistry:
     def stats(self) -> dict[str, int]:
         with self._lock:
             sizes = [n for _, _, n in self._maps.values()]
-        return {"shm_segments": len(sizes), "shm_bytes": sum(sizes)}
+        return {"shm_segments": len(sizes), "shm_bytes": sum(sizes), "shm_free_segments": len(free_segments(self.token))}
 
     def close(self) -> None:
         remove_segments(self.token)

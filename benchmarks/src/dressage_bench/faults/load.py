@@ -1,9 +1,11 @@
-"""Load: hundreds of concurrent agent sessions against one Proxy, and the same calls straight to the engine.
+"""Load: many concurrent agent sessions against one Proxy, and the same calls straight to the engine.
 
 Throughput is model calls per second; the Proxy's added latency is its per-call latency minus the
-engine's for the same prompts, measured in the same run at the same concurrency. The Proxy's own cost
-is its process's CPU time (user + system, tokenization and the embedded TransferQueue included) over
-the calls it served; the engine's CPU time per call in the direct run is the same-run yardstick.
+engine's for the same prompts, measured in the same run at the same concurrency. The Proxy's own
+cost is its process's CPU time (user + system, tokenization and the embedded TransferQueue included)
+over the calls it served, and the same without the tokenizer's share (the CPU time the Proxy's own
+tokenizer calls took, summed by the Proxy with ``thread_time``); the engine's CPU time per call in
+the direct run is the same-run yardstick.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import psutil
 
 from dressage_bench.faults._stack import serve_process
 from dressage_bench.faults.runner import FaultsConfig, case
+from dressage.proxy.aio_transport import AiohttpTransport
 from dressage.proxy.sglang_client import SGLangClient
 from dressage.tokenizer import load_tokenizer
 
@@ -26,6 +29,11 @@ from dressage.tokenizer import load_tokenizer
 def _cpu_s(served: Any) -> float:
     t = psutil.Process(served.proc.pid).cpu_times()
     return float(t.user + t.system)
+
+
+def _tokenizer_cpu_s(served: Any) -> float:
+    """The CPU time the Proxy's tokenizer calls took, as the Proxy measured it (``/trajectory/stats``)."""
+    return float(httpx.get(served.url + "/trajectory/stats", timeout=30).json()["tokenizer_cpu_s"])
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -37,7 +45,9 @@ async def _through_proxy(url: str, sessions: int, turns: int, concurrency: int) 
     prompts: list = []  # the messages of every call, rendered later for the direct run
     errors = 0
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as h:
+    # The agents' client rides the same connection pool as the Proxy's engine client (and the direct
+    # run's), so the added latency is the Proxy's, not a difference between HTTP client pools.
+    async with httpx.AsyncClient(timeout=120, transport=AiohttpTransport(concurrency)) as h:
         async def one(i: int) -> None:
             nonlocal errors
             async with gate:
@@ -85,9 +95,12 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
         proxy = serve_process(["proxy", "serve", "--engine-url", engine.url,
                                "--use-rollout-routing-replay", "--enable-transfer-queue",
                                "--routed-experts-dtype", "uint8"])
+        tok0 = _tokenizer_cpu_s(proxy)
         t0, cpu0 = time.perf_counter(), _cpu_s(proxy)
         lat_p, messages, errors = asyncio.run(_through_proxy(proxy.url, cfg.load_sessions, cfg.load_turns, conc))
         wall_p, proxy_cpu = time.perf_counter() - t0, _cpu_s(proxy) - cpu0
+        tok_cpu = _tokenizer_cpu_s(proxy) - tok0
+        per_call = 1000.0 / max(1, len(lat_p))
         tok = load_tokenizer("byte")
         prompts = [tok.apply_chat_template(m, None, True) for m in messages]
         t0, cpu0 = time.perf_counter(), _cpu_s(engine)
@@ -100,7 +113,9 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
             "engine_p50_ms": round(_pct(lat_d, 50), 2), "engine_p99_ms": round(_pct(lat_d, 99), 2),
             "added_p50_ms": round(_pct(lat_p, 50) - _pct(lat_d, 50), 2),
             "added_p99_ms": round(_pct(lat_p, 99) - _pct(lat_d, 99), 2),
-            "proxy_cpu_ms_per_call": round(proxy_cpu * 1000.0 / max(1, len(lat_p)), 3),
+            "proxy_cpu_ms_per_call": round(proxy_cpu * per_call, 3),
+            "proxy_tokenizer_cpu_ms_per_call": round(tok_cpu * per_call, 3),
+            "proxy_cpu_ms_per_call_excl_tokenizer": round((proxy_cpu - tok_cpu) * per_call, 3),
             "engine_cpu_ms_per_call": round(engine_cpu * 1000.0 / max(1, len(lat_d)), 3),
         }}
         return errors == 0 and len(lat_p) == cfg.load_sessions * cfg.load_turns, detail

@@ -87,7 +87,7 @@ class RemoteStorageUnit(StorageUnit):
                 if self.shm_token is not None and data.nbytes >= shm.SHM_MIN_BYTES:
                     name = f"dtq-{self.shm_token}-{self._segment_prefix}{next(self._segment_seq):x}"
                     try:
-                        shm.write_segment(name, data)
+                        shm.write_segment(name, data, self.shm_token)
                         segments.append(name)
                         item.append(name)
                     except OSError:  # /dev/shm full or unavailable: this item goes over the socket

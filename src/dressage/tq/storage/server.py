@@ -150,7 +150,7 @@ class StorageUnitServer:
             info = unit.info(_key(control.get("key")))
             return {"info": [info.key, info.dtype, list(info.shape), info.nbytes, info.spilled]}, ()
         if op == "stats":
-            stats = {**unit.stats(), **(self.shm.stats() if self.shm else {"shm_segments": 0, "shm_bytes": 0})}
+            stats = {**unit.stats(), **(self.shm.stats() if self.shm else {"shm_segments": 0, "shm_bytes": 0, "shm_free_segments": 0})}
             return {"stats": stats, "pid": os.getpid(), "rejected": self.rpc.rejected,
                     "untyped": self.rpc.untyped}, ()
         if op == "describe":
