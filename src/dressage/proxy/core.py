@@ -268,11 +268,17 @@ class ProxyCore(WriteBehindCore):
         """What this Proxy's StepRecords hold themselves: large-field arrays (refs count zero) and
         token fields, in bytes, and the number of steps."""
         large = tokens = steps = 0
+        tapes: dict[int, int] = {}  # the steps of a lineage share one token buffer: count it once
         for s in list(self.sessions.values()):
             for st in list(s.steps.values()):
                 steps += 1
                 large += sum(v.nbytes for v in (st.logprobs, st.routed_experts) if isinstance(v, np.ndarray))
-                tokens += st.prompt_ids.nbytes + st.response_ids.nbytes + st.token_versions.nbytes
+                tokens += st.token_versions.nbytes
+                if st._tape is not None:
+                    tapes[id(st._tape)] = st._tape.buf.nbytes
+                else:
+                    tokens += st.prompt_ids.nbytes + st.response_ids.nbytes
+        tokens += sum(tapes.values())
         return {"large_fields": large, "token_fields": tokens, "steps": steps}
 
     # --------------------------------------------------------------- lifecycle

@@ -17,6 +17,7 @@ import numpy as np
 from dressage.errors import FieldShapeError, SessionStateError, TrajectoryError, UnknownStepError
 from dressage.trajectory.pieces import trailing_shape
 from dressage.trajectory.step import Boundary, StepRecord, check_rows
+from dressage.trajectory.tape import place_on_tape, share_messages
 
 __all__ = ["RouteDecision", "Session", "SessionState"]
 
@@ -252,6 +253,9 @@ class Session:
             raise TrajectoryError(f"session {self.session_id} changed since step {rec.step_id} was prepared")
         if rec.lineage_id == self._next_lineage:
             self._next_lineage += 1
+        parent = None if rec.parent_id is None else self.steps[rec.parent_id]
+        place_on_tape(rec, parent)  # the lineage's tokens once, not a prompt copy per step
+        rec.messages = share_messages(rec.messages, parent)
         self.steps[rec.step_id] = rec
         if rec.parent_id is not None:
             self.children.setdefault(rec.parent_id, []).append(rec.step_id)

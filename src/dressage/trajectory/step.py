@@ -65,6 +65,7 @@ class StepRecord:
     finished_at: float = field(default_factory=time.time)
     metadata: dict[str, Any] = field(default_factory=dict)
     _full: np.ndarray | None = None
+    _tape: Any = None
 
     @property
     def prompt_len(self) -> int:

@@ -29,7 +29,7 @@ TARGETS = (
     ("master_peak_ratio", None, 0.10),
     ("rollout_manager_ratio", "rollout_manager", 0.02),
     ("object_store_ratio", "object_store", 0.02),
-    ("proxy_ratio", "proxy", 0.35),
+    ("proxy_ratio", "proxy", 0.25),
 )
 
 
