@@ -9,19 +9,19 @@ import pytest
 
 from dressage.tq.controller import UnitInfo
 from dressage.tq.controller_service import RemoteController
-from dressage.tq.local import _await_ready, _launch, _stop
+from dressage.tq.local import await_ready, launch_child, stop_children
 
 ARGS = ["dressage.tq.controller_service", "--units", "-", "--sweep-s", "0.2", "--heartbeat-s", "0.2",
         "--dead-after-s", "1.0"]
 
 
 def test_units_from_stdin_are_served():
-    proc = _launch(ARGS, stdin=True)
+    proc = launch_child(ARGS, stdin=True)
     try:
         units = [UnitInfo("u0", "node-a", 1 << 20, "tcp://127.0.0.1:9", heartbeat="tcp://127.0.0.1:9").to_wire()]
         proc.stdin.write((json.dumps(units) + "\n").encode())
         proc.stdin.close()
-        _, address = _await_ready(proc, "Controller", 30)
+        _, address = await_ready(proc, "Controller", 30)
         ctl = RemoteController(address, timeout_s=10)
         try:
             assert [u.unit_id for u in ctl.units()] == ["u0"] and ctl.ping() == proc.pid
@@ -29,15 +29,15 @@ def test_units_from_stdin_are_served():
         finally:
             ctl.close()
     finally:
-        _stop([proc])
+        stop_children([proc])
 
 
 @pytest.mark.parametrize("line", ["not json", '{"unit_id": "u0"}', "[1]"])
 def test_a_bad_unit_list_on_stdin_stops_the_process_with_a_usage_error(line):
-    proc = _launch(ARGS, stdin=True)
+    proc = launch_child(ARGS, stdin=True)
     try:
         proc.stdin.write((line + "\n").encode())
         proc.stdin.close()
         assert proc.wait(30) == 2
     finally:
-        _stop([proc])
+        stop_children([proc])

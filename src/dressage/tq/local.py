@@ -43,16 +43,16 @@ def _child_env(secret: bytes | None) -> dict[str, str]:
 
 
 def _spawn(args: list[str], what: str, timeout_s: float, secret: bytes | None = None) -> tuple[subprocess.Popen, str]:
-    return _await_ready(_launch(args, secret), what, timeout_s)
+    return await_ready(launch_child(args, secret), what, timeout_s)
 
 
-def _launch(args: list[str], secret: bytes | None = None, *, stdin: bool = False) -> subprocess.Popen:
+def launch_child(args: list[str], secret: bytes | None = None, *, stdin: bool = False) -> subprocess.Popen:
     """Start ``python -m args``; ``stdin`` keeps a pipe open to it (for input it reads before READY)."""
     return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE,
                             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, env=_child_env(secret))
 
 
-def _await_ready(proc: subprocess.Popen, what: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
+def await_ready(proc: subprocess.Popen, what: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
     """Wait for the child's ``READY <address> <pid>`` line; stop it and raise if it does not come."""
     deadline = time.monotonic() + timeout_s
     line = b""
@@ -63,18 +63,18 @@ def _await_ready(proc: subprocess.Popen, what: str, timeout_s: float) -> tuple[s
         ready, _, _ = select.select([proc.stdout], [], [], max(left, 0))
         chunk = os.read(proc.stdout.fileno(), 4096) if ready else b""
         if not chunk:
-            _stop([proc])
+            stop_children([proc])
             why = "exited" if proc.poll() is not None else f"not ready within {timeout_s:g} s"
             raise StorageUnitUnavailable(f"{what} process {why} (exit code {proc.returncode})")
         line += chunk
     parts = line.decode().split()
     if len(parts) != 3 or parts[0] != "READY":
-        _stop([proc])
+        stop_children([proc])
         raise TransferQueueError(f"{what} process printed {line!r:.200} instead of READY")
     return proc, parts[1]
 
 
-def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+def stop_children(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -88,6 +88,22 @@ def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
         for pipe in (p.stdout, p.stdin):
             if pipe is not None:
                 pipe.close()
+
+
+def controller_args(config: TransferQueueConfig, units: str) -> list[str]:
+    """``python -m`` arguments of a Controller process for ``config``; ``units`` is the JSON list of
+    unit descriptions, or ``-`` to hand it over on the process's stdin."""
+    from dressage.tq.deployment import sweep_interval
+
+    args = ["dressage.tq.controller_service", "--units", units, "--host", config.host,
+            "--port", str(config.controller_port), "--sweep-s", str(sweep_interval(config)),
+            "--timeout-s", str(config.request_timeout_s), "--heartbeat-s", str(config.heartbeat_interval_s),
+            "--dead-after-s", str(config.unit_dead_after_s)]
+    if config.retention_s is not None:
+        args += ["--retention-s", str(config.retention_s)]
+    if config.on_full != "spill":
+        args.append("--strict-budget")
+    return args
 
 
 class _ExitWatcher:
@@ -125,8 +141,6 @@ class _ExitWatcher:
 
 class LocalDeployment:
     def __init__(self, config: TransferQueueConfig) -> None:
-        from dressage.tq.deployment import sweep_interval
-
         self.config = config
         self._secret = DeploymentSecret(config)
         secret = self._secret.value
@@ -154,14 +168,7 @@ class LocalDeployment:
                 self._units[uid] = handle
                 infos.append(UnitInfo(uid, None, config.budget_bytes, address, host_id=handle.host_id,
                                       shm_token=handle.shm_token, heartbeat=handle.heartbeat))
-            args = ["dressage.tq.controller_service", "--units", json.dumps([u.to_wire() for u in infos]),
-                    "--host", config.host, "--port", str(config.controller_port),
-                    "--sweep-s", str(sweep_interval(config)), "--timeout-s", str(config.request_timeout_s),
-                    "--heartbeat-s", str(config.heartbeat_interval_s), "--dead-after-s", str(config.unit_dead_after_s)]
-            if config.retention_s is not None:
-                args += ["--retention-s", str(config.retention_s)]
-            if config.on_full != "spill":
-                args.append("--strict-budget")
+            args = controller_args(config, json.dumps([u.to_wire() for u in infos]))
             proc, address = _spawn(args, "Controller", config.startup_timeout_s, secret)
             self._procs["controller"] = proc
             self.controller = RemoteController(address, timeout_s=config.request_timeout_s, secret=secret)
@@ -206,7 +213,7 @@ class LocalDeployment:
         controller = getattr(self, "controller", None)
         if controller is not None:
             controller.close()
-        _stop(list(self._procs.values()))
+        stop_children(list(self._procs.values()))
         self._procs.clear()
         for info in getattr(self, "_infos", []):
             if info.shm_token:

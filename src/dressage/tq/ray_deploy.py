@@ -23,7 +23,7 @@ from dressage.tq.client import TransferQueueClient
 from dressage.tq.config import TransferQueueConfig
 from dressage.tq.controller import UnitInfo
 from dressage.tq.controller_service import RemoteController
-from dressage.tq.local import _await_ready, _launch, _stop
+from dressage.tq.local import await_ready, controller_args, launch_child, stop_children
 from dressage.tq.remote_client import make_spec
 from dressage.tq.storage import StorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
@@ -153,22 +153,8 @@ class _ActorWatcher:
         self._controller.close()
 
 
-def _controller_args(config: TransferQueueConfig, sweep_s: float) -> list[str]:
-    args = ["dressage.tq.controller_service", "--units", "-", "--host", config.host,
-            "--port", str(config.controller_port), "--sweep-s", str(sweep_s),
-            "--timeout-s", str(config.request_timeout_s), "--heartbeat-s", str(config.heartbeat_interval_s),
-            "--dead-after-s", str(config.unit_dead_after_s)]
-    if config.retention_s is not None:
-        args += ["--retention-s", str(config.retention_s)]
-    if config.on_full != "spill":
-        args.append("--strict-budget")
-    return args
-
-
 class RayDeployment:
     def __init__(self, config: TransferQueueConfig) -> None:
-        from dressage.tq.deployment import sweep_interval
-
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -207,7 +193,7 @@ class RayDeployment:
             # The Controller is a plain child process of this driver, on its node: it needs neither Ray
             # nor numpy's arrays, so it costs a third of a Ray actor's memory. It starts now, so its
             # imports overlap the units' start, and reads the units from its stdin once they are up.
-            self._controller_proc = _launch(_controller_args(config, sweep_interval(config)), secret, stdin=True)
+            self._controller_proc = launch_child(controller_args(config, "-"), secret, stdin=True)
             described = self._wait([a.describe.remote() for a in actors], "StorageUnit actors")
             # Units on the head node are the placement's last resort once other nodes have units.
             spread = len({d["node_id"] for d in described}) > 1
@@ -243,9 +229,9 @@ class RayDeployment:
             assert proc.stdin is not None
             proc.stdin.write((json.dumps(units) + "\n").encode())
             proc.stdin.close()
-        except OSError:  # it exited already: _await_ready reports how
+        except OSError:  # it exited already: await_ready reports how
             pass
-        _, address = _await_ready(proc, "Controller", self.config.startup_timeout_s)
+        _, address = await_ready(proc, "Controller", self.config.startup_timeout_s)
         self._pids["controller"] = proc.pid
         host, _, port = address.removeprefix("tcp://").rpartition(":")
         return f"tcp://{_advertised(host)}:{port}"
@@ -290,7 +276,7 @@ class RayDeployment:
             controller.close()
         proc = getattr(self, "_controller_proc", None)
         if proc is not None:
-            _stop([proc])
+            stop_children([proc])
         if ray.is_initialized():
             stops = [a.stop.remote() for a in self._actors]
             try:
