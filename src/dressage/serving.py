@@ -6,6 +6,8 @@ hold: its request line and headers must be complete ``header_timeout_s`` after i
 after its previous answer, once a next request began), its body ``body_timeout_s`` after its
 headers, else the connection is closed; headers are at most ``max_header_bytes``; an idle
 keep-alive connection is closed after ``keep_alive_s``. Slow senders (slowloris) cannot pile up.
+The HTTP parser is httptools (C) where it is installed, h11 otherwise, on uvloop's event loop
+where that is installed; the limits hold for both parsers.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from dressage.errors import ConfigError
 
-__all__ = ["UvicornServer", "ConnectionLimits"]
+__all__ = ["UvicornServer", "ConnectionLimits", "guarded_protocol"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,60 +31,134 @@ class ConnectionLimits:
     max_header_bytes: int = 64 * 1024
 
 
+class _Deadlines:
+    """Header and body deadlines for a uvicorn HTTP protocol (checked by one timer per connection).
+
+    Mixed in before uvicorn's ``H11Protocol`` or ``HttpToolsProtocol``: both keep the request in
+    flight as ``self.cycle`` (``response_complete``, ``more_body``) and call ``on_response_complete``.
+    """
+
+    limits: ConnectionLimits
+    tick: float
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._waiting_since = self.loop.time()  # type: ignore[attr-defined]
+        self._fresh, self._pending = True, False
+        self._seen: Any = None
+        self._body_since = 0.0
+        self._watch: Any = self.loop.call_later(self.tick, self._check)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        cycle = self.cycle  # type: ignore[attr-defined]
+        if cycle is None or cycle.response_complete:
+            self._pending = True  # bytes of a next request: its headers are now on the clock
+        super().data_received(data)  # type: ignore[misc]
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self._waiting_since, self._fresh, self._pending = self.loop.time(), False, False  # type: ignore[attr-defined]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def _check(self) -> None:
+        self._watch = None
+        transport, limits = self.transport, self.limits  # type: ignore[attr-defined]
+        if transport.is_closing():
+            return
+        now, cycle = self.loop.time(), self.cycle  # type: ignore[attr-defined]
+        if cycle is not self._seen:  # a new request's headers are complete
+            self._seen, self._body_since, self._pending = cycle, now, False
+        if cycle is None or cycle.response_complete:
+            late = (self._fresh or self._pending) and now - self._waiting_since > limits.header_timeout_s
+        else:
+            late = cycle.more_body and now - self._body_since > limits.body_timeout_s
+        if late:
+            transport.close()
+            return
+        self._watch = self.loop.call_later(self.tick, self._check)  # type: ignore[attr-defined]
+
+
+def _tick(limits: ConnectionLimits) -> float:
+    return max(0.05, min(limits.header_timeout_s, limits.body_timeout_s) / 4)
+
+
 def _guarded_h11(limits: ConnectionLimits) -> type:
-    """uvicorn's h11 protocol with header and body deadlines (checked by one timer per connection)."""
+    """uvicorn's h11 protocol with the deadlines; uvicorn's h11 settings bound the header bytes."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    tick = max(0.05, min(limits.header_timeout_s, limits.body_timeout_s) / 4)
+    return type("GuardedH11Protocol", (_Deadlines, H11Protocol), {"limits": limits, "tick": _tick(limits)})
 
-    class GuardedH11Protocol(H11Protocol):
+
+def _guarded_httptools(limits: ConnectionLimits) -> type:
+    """uvicorn's httptools (llhttp, C) protocol with the deadlines and a bound on header bytes.
+
+    The bytes received while no request body is being read (a request line and headers, or the
+    idle gap before them) are counted; past ``max_header_bytes`` the answer is 400 and the
+    connection is closed, before the parser has buffered more.
+    """
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class GuardedHttpToolsProtocol(_Deadlines, HttpToolsProtocol):
         def connection_made(self, transport: Any) -> None:
+            self._head_bytes, self._in_body = 0, False
             super().connection_made(transport)
-            self._waiting_since = self.loop.time()
-            self._fresh, self._pending = True, False
-            self._seen: Any = None
-            self._body_since = 0.0
-            self._watch: Any = self.loop.call_later(tick, self._check)
 
         def data_received(self, data: bytes) -> None:
-            if self.cycle is None or self.cycle.response_complete:
-                self._pending = True  # bytes of a next request: its headers are now on the clock
+            if not self._in_body:
+                self._head_bytes += len(data)
             super().data_received(data)
+            if not self._in_body and self._head_bytes > limits.max_header_bytes \
+                    and not self.transport.is_closing():
+                self.send_400_response("Request headers too large.")
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._waiting_since, self._fresh, self._pending = self.loop.time(), False, False
+        def on_headers_complete(self) -> None:
+            self._in_body = True
+            super().on_headers_complete()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._watch is not None:
-                self._watch.cancel()
-                self._watch = None
-            super().connection_lost(exc)
+        def on_message_complete(self) -> None:
+            self._in_body, self._head_bytes = False, 0
+            super().on_message_complete()
 
-        def _check(self) -> None:
-            self._watch = None
-            if self.transport.is_closing():
-                return
-            now, cycle = self.loop.time(), self.cycle
-            if cycle is not self._seen:  # a new request's headers are complete
-                self._seen, self._body_since, self._pending = cycle, now, False
-            if cycle is None or cycle.response_complete:
-                late = (self._fresh or self._pending) and now - self._waiting_since > limits.header_timeout_s
-            else:
-                late = cycle.more_body and now - self._body_since > limits.body_timeout_s
-            if late:
-                self.transport.close()
-                return
-            self._watch = self.loop.call_later(tick, self._check)
+    GuardedHttpToolsProtocol.limits, GuardedHttpToolsProtocol.tick = limits, _tick(limits)
+    return GuardedHttpToolsProtocol
 
-    return GuardedH11Protocol
+
+def guarded_protocol(limits: ConnectionLimits, http: str = "auto") -> type:
+    """The HTTP protocol class uvicorn serves with: ``httptools`` (C parser) when it is installed and
+    ``http`` is ``auto`` or ``httptools``, else ``h11``; both keep :class:`ConnectionLimits`."""
+    if http not in ("auto", "h11", "httptools"):
+        raise ConfigError(f"http: {http!r} is not one of auto, h11, httptools")
+    if http != "h11":
+        try:
+            import httptools  # noqa: F401
+        except ImportError:
+            if http == "httptools":
+                raise ConfigError("http: httptools is not installed (pip install 'dressage[server]')") from None
+        else:
+            return _guarded_httptools(limits)
+    return _guarded_h11(limits)
+
+
+def _event_loop() -> str:
+    """uvloop's event loop where it is installed (its I/O is in C), asyncio's otherwise."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
 
 
 class UvicornServer:
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "server",
-                 log_level: str = "warning", limits: ConnectionLimits | None = None) -> None:
+                 log_level: str = "warning", limits: ConnectionLimits | None = None, http: str = "auto") -> None:
         self.app, self.host, self.port, self.name, self.log_level = app, host, int(port), name, log_level
         self.limits = limits or ConnectionLimits()
+        self.protocol = guarded_protocol(self.limits, http)
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._bound: int | None = None
@@ -114,8 +190,8 @@ class UvicornServer:
 
         lim = self.limits
         return uvicorn.Server(uvicorn.Config(self.app, log_level=self.log_level, access_log=False,
-                                             lifespan="off", timeout_keep_alive=lim.keep_alive_s,
-                                             http=_guarded_h11(lim), h11_max_incomplete_event_size=lim.max_header_bytes))
+                                             lifespan="off", timeout_keep_alive=lim.keep_alive_s, loop=_event_loop(),
+                                             http=self.protocol, h11_max_incomplete_event_size=lim.max_header_bytes))
 
     def serve(self) -> None:
         """Serve until interrupted."""

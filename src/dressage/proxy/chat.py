@@ -118,22 +118,36 @@ def build_chat_prompt(session: Session, tokenizer: Any, messages: Sequence[dict[
     best: StepRecord | None = None
     best_len = -1
     near_miss: str | None = None
-    for step in list(session.steps.values()):  # a snapshot: another call may commit meanwhile
+    near_at = -1
+    # The longest recorded history that the messages extend wins (the earliest step among equals),
+    # so candidates are tried longest first and the first match ends the search; a near miss is
+    # the one of the latest step that had one (it only counts when nothing matched, and then every
+    # candidate was tried).
+    candidates = []
+    for order, step in enumerate(list(session.steps.values())):  # a snapshot: another call may commit
         hist = _history(step)
-        if hist is None or len(hist) >= len(messages) or len(hist) <= best_len:
-            continue
+        if hist is not None and len(hist) < len(messages):
+            candidates.append((order, step, hist))
+    candidates.sort(key=lambda c: -len(c[2]))
+    tools_key = None
+    for order, step, hist in candidates:
         verdicts = {_compare(h, m, profile) for h, m in zip(hist, messages)}
         if "differ" in verdicts:
             continue
         if "reasoning" in verdicts:
-            near_miss = "reasoning_change"
+            if order > near_at:
+                near_miss, near_at = "reasoning_change", order
             continue
-        if _tools_key(step.tools) != _tools_key(tools):
+        if tools_key is None:
+            tools_key = _tools_key(tools)
+        if _tools_key(step.tools) != tools_key:
             # The conversation continues but the tools changed: the system turn differs, so
             # the earlier tokens cannot be reused and a new Segment starts.
-            near_miss = "tool_schema_change"
+            if order > near_at:
+                near_miss, near_at = "tool_schema_change", order
             continue
         best, best_len = step, len(hist)
+        break
     if best is not None:
         cont = tokenizer.continuation(best.full_ids.tolist(), best.response_ids.tolist(), messages,
                                       best_len - 1, tools)

@@ -1,7 +1,8 @@
 """The Proxy's HTTP module: thin FastAPI routes over :class:`dressage.proxy.service.ProxyService`.
 
 Each route parses its body (pydantic schemas), calls one service use case and returns its
-value as JSON. A :class:`dressage.errors.DressageError` becomes an OpenAI-style error with the
+value as JSON; the hot ones (session create, chat, generate, finalize) are answered by
+:class:`dressage.proxy.fast_routes.FastRoutes` in front of the router, with the same schemas. A :class:`dressage.errors.DressageError` becomes an OpenAI-style error with the
 status and type the class carries (``http_status``, ``openai_type``). Agents use
 ``/sessions/{id}/v1`` as an OpenAI base URL, or ``/v1`` with session headers.
 """
@@ -17,12 +18,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dressage.proxy import fastjson
 from dressage.errors import DressageError
+from dressage.proxy.fast_routes import FastRoutes, dressage_error_response
 from dressage.proxy.guard import RequestGuard
 from dressage.proxy.http_upstream import upstream_router
 from dressage.proxy.openai_routes import openai_router
 from dressage.proxy.rollout_routes import rollout_router
 from dressage.proxy.schemas import ChatRequest, CreateSession, GenerateRequest
-from dressage.proxy.streaming import error_body, error_payload
+from dressage.proxy.streaming import error_body
 from dressage.proxy.turn_scope import identity_of
 from dressage.serving import ConnectionLimits, UvicornServer
 
@@ -41,16 +43,15 @@ def _json(value: Any) -> Response:
 
 def _install_guards(app: FastAPI, service: Any) -> None:
     cfg = service.config
+    # The hot routes, served without FastAPI's routing (dressage.proxy.fast_routes), behind the guard.
+    app.add_middleware(FastRoutes, service=service)
     # Tokens, the received-bytes body limit and the JSON value check: see dressage.proxy.guard.
     app.add_middleware(RequestGuard, agent_token=cfg.api_token, admin_token=cfg.admin_token,
                        max_body_bytes=cfg.max_body_bytes)
 
     @app.exception_handler(DressageError)
     async def dressage_error(request: Request, exc: DressageError):
-        service.failed_calls += 1
-        # A 4xx here is final (a retry gets the same answer): tell OpenAI clients not to retry it.
-        headers = {"x-should-retry": "false"} if exc.http_status < 500 else None
-        return JSONResponse(error_payload(exc), exc.http_status, headers=headers)
+        return dressage_error_response(service, exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):

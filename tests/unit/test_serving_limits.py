@@ -1,0 +1,138 @@
+"""``dressage.serving``: the connection limits hold with either HTTP parser (httptools and h11)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from dressage.errors import ConfigError
+from dressage.serving import ConnectionLimits, UvicornServer, guarded_protocol
+
+async def _echo(scope, receive, send):
+    """Answers every request with the length of the body it read."""
+    if scope["type"] != "http":
+        return
+    size = 0
+    while True:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = str(size).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _server(http: str, **limits) -> UvicornServer:
+    if http == "httptools":
+        pytest.importorskip("httptools")
+    srv = UvicornServer(_echo, name="echo", http=http, limits=ConnectionLimits(**limits))
+    srv.start_background()
+    return srv
+
+
+def _connect(srv: UvicornServer) -> socket.socket:
+    host, port = srv.url[7:].rsplit(":", 1)
+    return socket.create_connection((host, int(port)))
+
+
+def _read_until_closed(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
+    """(closed by the server within ``seconds``, the bytes it sent)."""
+    sock.settimeout(seconds)
+    got = b""
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return True, got
+            got += data
+    except socket.timeout:
+        return False, got
+    except ConnectionResetError:
+        return True, got
+
+
+def _request(sock: socket.socket, body: bytes = b"abc") -> bytes:
+    sock.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    sock.settimeout(10)
+    got = b""
+    while not (b"\r\n\r\n" in got and got.endswith(str(len(body)).encode())):
+        data = sock.recv(4096)
+        if not data:
+            break
+        got += data
+    return got
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_protocol_class_follows_the_parser(http):
+    if http == "httptools":
+        pytest.importorskip("httptools")
+    cls = guarded_protocol(ConnectionLimits(), http)
+    assert cls.__name__ == {"h11": "GuardedH11Protocol", "httptools": "GuardedHttpToolsProtocol"}[http]
+
+
+def test_unknown_parser_is_a_config_error():
+    with pytest.raises(ConfigError, match="http: 'h2'"):
+        guarded_protocol(ConnectionLimits(), "h2")
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_silent_and_half_sent_headers_are_cut_off(http):
+    srv = _server(http, header_timeout_s=0.3, body_timeout_s=5.0)
+    try:
+        silent, partial = _connect(srv), _connect(srv)
+        partial.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\n")
+        assert _read_until_closed(silent, 10)[0]
+        assert _read_until_closed(partial, 10)[0]
+        # a client that keeps its connection and sends nothing after an answer is not on the header
+        # clock (the keep-alive timeout applies), and its next request is served
+        kept = _connect(srv)
+        assert b" 200 " in _request(kept)
+        assert not _read_until_closed(kept, 1.0)[0]
+        assert b" 200 " in _request(kept, b"hello")
+        kept.close()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_body_that_never_ends_is_cut_off(http):
+    srv = _server(http, header_timeout_s=5.0, body_timeout_s=0.3)
+    try:
+        slow = _connect(srv)
+        slow.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        assert _read_until_closed(slow, 10)[0]
+        ok = _connect(srv)
+        assert b" 200 " in _request(ok, b"x" * 5000)  # a whole body in time is served
+        ok.close()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_header_block_over_the_limit_is_400_and_closed(http):
+    srv = _server(http, max_header_bytes=8 * 1024)
+    try:
+        big = _connect(srv)
+        try:
+            big.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * (32 * 1024))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed while sending: the refusal came first
+        closed, got = _read_until_closed(big, 10)
+        assert closed and got.startswith(b"HTTP/1.1 400 "), got[:80]
+        # headers under the limit, in many small writes, are fine
+        ok = _connect(srv)
+        head = b"POST /x HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * (4 * 1024) + b"\r\nContent-Length: 2\r\n\r\nab"
+        for i in range(0, len(head), 100):
+            ok.sendall(head[i:i + 100])
+        ok.settimeout(10)
+        assert b" 200 " in ok.recv(4096)
+        # and the count starts again with each request on a kept connection
+        for _ in range(4):
+            assert b" 200 " in _request(ok, b"p" * 3000)
+        ok.close()
+    finally:
+        srv.stop()
