@@ -294,6 +294,7 @@ class ProxyCore(WriteBehindCore):
 
     def _deliver(self, session: Session) -> FinalizedSession:
         session_id = session.session_id
+        session.seal()  # chat histories and tool schemas are for routing calls; none come any more
         segments = build_segments(session, self.config.segment_view,
                                   drop_retry_orphans=self.config.drop_retry_orphans,
                                   shared_prefix_loss=self.config.shared_prefix_loss)

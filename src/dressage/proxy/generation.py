@@ -179,9 +179,10 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
                     body = answer.body()
                     answer = chunk = None  # the last chunk's meta holds the routing string too
                 else:
-                    body = await asyncio.wait_for(plan.client.generate(input_ids, sampling, rid=rid, **headers,
-                                                                       **params),
-                                                  timeout=timeout_s)
+                    # In this task (no wrapper task per call, which would hold the engine's body
+                    # as its result until collected).
+                    body = await _within(timeout_s, plan.client.generate(input_ids, sampling, rid=rid, **headers,
+                                                                         **params))
             except asyncio.TimeoutError:
                 raise EngineTimeout(f"the engine did not answer within {timeout_s} s") from None
             except (asyncio.CancelledError, GeneratorExit):
@@ -215,6 +216,17 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
     out = None  # its meta still references the engine's base64 routing string
     ids, lps, routed, versions = partial.merge()
     yield GenerationResult(ids, lps, routed, versions, finish, chunk_no, dropped, top if want_top else None)
+
+
+async def _within(timeout_s: float | None, call: Any) -> Any:
+    """``await call`` with a deadline, in the calling task where Python has ``asyncio.timeout``."""
+    if _TIMEOUT is None:
+        return await asyncio.wait_for(call, timeout=timeout_s)
+    async with _TIMEOUT(timeout_s):
+        return await call
+
+
+_TIMEOUT = getattr(asyncio, "timeout", None)  # Python >= 3.11
 
 
 def _top_entries(out: Any, n: int) -> list[Any]:

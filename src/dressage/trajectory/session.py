@@ -17,7 +17,7 @@ import numpy as np
 from dressage.errors import FieldShapeError, SessionStateError, TrajectoryError, UnknownStepError
 from dressage.trajectory.pieces import trailing_shape
 from dressage.trajectory.step import Boundary, StepRecord, check_rows
-from dressage.trajectory.tape import place_on_tape, share_messages
+from dressage.trajectory.tape import place_on_tape, share_messages, share_tools
 
 __all__ = ["RouteDecision", "Session", "SessionState"]
 
@@ -256,6 +256,7 @@ class Session:
         parent = None if rec.parent_id is None else self.steps[rec.parent_id]
         place_on_tape(rec, parent)  # the lineage's tokens once, not a prompt copy per step
         rec.messages = share_messages(rec.messages, parent)
+        rec.tools = share_tools(rec.tools, parent)
         self.steps[rec.step_id] = rec
         if rec.parent_id is not None:
             self.children.setdefault(rec.parent_id, []).append(rec.step_id)
@@ -279,6 +280,23 @@ class Session:
         if self.state == "finalized":
             raise SessionStateError(f"session {self.session_id} is already finalized")
         self.state, self.abort_reason = "aborted", reason
+
+    def seal(self) -> None:
+        """Drop what only routing new calls needs, once the session takes no more: each step's chat
+        history, tool schemas and assistant message, and the token slack kept for more turns.
+        Tokens, large fields, lineage and the rest of the metadata (what Segments and Samples are
+        built from) stay as they are."""
+        if self.state == "active":
+            raise SessionStateError(f"session {self.session_id} is still active; only a finished one is sealed")
+        tapes = {}
+        for st in self.steps.values():
+            st.messages = st.tools = None
+            if isinstance(st.metadata, dict):
+                st.metadata.pop("assistant_message", None)
+            if st._tape is not None:
+                tapes[id(st._tape)] = st._tape
+        for tape in tapes.values():
+            tape.seal()
 
     def retry_orphans(self) -> set[int]:
         """Childless steps with a sibling that has children: calls the agent retried and dropped.

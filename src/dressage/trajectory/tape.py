@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Tape", "place_on_tape", "share_messages"]
+__all__ = ["Tape", "place_on_tape", "share_messages", "share_tools"]
 
 _MIN_SLACK = 256
 
@@ -38,6 +38,13 @@ class Tape:
         self.buf = new
         for step in self.steps:  # re-point the views so the old buffer is freed
             _bind(step, self)
+
+    def seal(self) -> None:
+        """Give back the slack kept for more turns (the lineage takes no more steps)."""
+        if self.buf.shape[0] > self.used:
+            self.buf = self.buf[:self.used].copy()
+            for step in self.steps:
+                _bind(step, self)
 
     def extend(self, tokens: np.ndarray) -> None:
         end = self.used + int(tokens.shape[0])
@@ -94,3 +101,10 @@ def share_messages(messages: Any, parent: Any | None) -> Any:
             break
         out[i] = old
     return out
+
+
+def share_tools(tools: Any, parent: Any | None) -> Any:
+    """The parent's tool list object when ``tools`` equals it (agents resend the same schemas each turn)."""
+    if parent is None or tools is None or tools is parent.tools:
+        return tools
+    return parent.tools if type(tools) is type(parent.tools) and tools == parent.tools else tools
