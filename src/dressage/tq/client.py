@@ -68,6 +68,7 @@ class TransferQueueClient:
                  on_full: str = "spill", full_wait_s: float = 30.0, owns_handles: bool = False,
                  spec: dict[str, Any] | None = None) -> None:
         self._controller = controller
+        self._remote_controller = bool(getattr(controller, "remote", False))
         self._units = dict(units)
         self.node_id = node_id
         self._on_full = on_full
@@ -161,7 +162,7 @@ class TransferQueueClient:
                 raise
             break
         try:
-            if getattr(self._controller, "remote", False):
+            if self._remote_controller:
                 # Durable in the unit is what put promises; the directory learns it without a round trip.
                 self._controller.commit_many(names, unit_id=unit_id, wait=False)
             else:
@@ -171,8 +172,9 @@ class TransferQueueClient:
             raise
         with self._lock:
             self._counters.puts += len(arrays)
-            self._counters.bytes_written += sum(a.nbytes for a in arrays)
-        return [FieldRef(key=k, unit_id=unit_id, field=f, dtype=dtype_name(a.dtype), shape=a.shape, batch=batch)
+            self._counters.bytes_written += sum(n for _, n, _ in placing)
+        # The arrays were prepared above (plain dtype, at least one axis): their metadata needs no re-check.
+        return [FieldRef.of_stored(k, unit_id, f, dtype_name(a.dtype), a.shape, batch)
                 for k, a, f in zip(names, arrays, fields)]
 
     def _new_key(self) -> str:
@@ -260,12 +262,13 @@ class TransferQueueClient:
         return out
 
     def _read_units(self, per_unit: dict[str, list[tuple[str, int, int]]]) -> dict[str, list[np.ndarray]]:
-        items = list(per_unit.items())
-        remote = [uid for uid, _ in items if self._units[uid].remote]
-        if len(remote) <= 1:
-            return {uid: self._units[uid].get_many(reqs) for uid, reqs in items}
+        units = self._units
+        # In-process units read through ``read_local``: the views stay in this process (verify_local_reads).
+        readers = {uid: units[uid].get_many if units[uid].remote else units[uid].read_local for uid in per_unit}
+        if len(per_unit) == 1 or sum(units[uid].remote for uid in per_unit) <= 1:
+            return {uid: readers[uid](reqs) for uid, reqs in per_unit.items()}
         # Several remote units: ask them all at once so the slowest, not the sum, sets the latency.
-        futures = {uid: self._executor().submit(self._units[uid].get_many, reqs) for uid, reqs in items}
+        futures = {uid: self._executor().submit(readers[uid], reqs) for uid, reqs in per_unit.items()}
         return {uid: fut.result() for uid, fut in futures.items()}
 
     def get(self, ref: FieldRef, *, copy: bool = False) -> np.ndarray:

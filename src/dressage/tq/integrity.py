@@ -63,19 +63,28 @@ def checksum(array: np.ndarray) -> Checksums:
 
 
 def copy_and_checksum(dst: np.ndarray, src: np.ndarray) -> Checksums:
-    """Copy ``src`` into ``dst`` block by block, hashing each block of ``dst`` while it is in cache."""
+    """Copy ``src`` into ``dst`` block by block, hashing each block of ``dst`` right after copying it,
+    while it is still in cache: the payload is read once from the source and the copy once more, from
+    cache, instead of a copy followed by a second pass over memory. The digest is of what was stored,
+    not of the source (a source written to during the copy cannot leave a stored block that fails)."""
     d = dst.reshape(-1).view(np.uint8)
     s = src.reshape(-1).view(np.uint8)
-    rows, block_rows, row_nbytes = _blocks(d, src.shape, src.itemsize)
+    nbytes = d.nbytes
+    rows = int(src.shape[0]) if src.shape else 1
+    row_nbytes = nbytes // rows if rows else 0
+    block_rows = max(1, BLOCK_BYTES // row_nbytes) if row_nbytes else max(1, rows)
     step = block_rows * row_nbytes
-    n = -(-rows // block_rows) if rows else 0
-    digests = np.empty(n, dtype=np.uint64)
-    for i in range(n):
-        lo, hi = i * step, (i + 1) * step
-        block = d[lo:hi]
-        np.copyto(block, s[lo:hi])
-        digests[i] = _hash(block)  # of what was stored, not of the source
-    return Checksums(block_rows, digests)
+    if not rows:
+        return Checksums(block_rows_for(src.shape, src.itemsize), np.empty(0, dtype=np.uint64))
+    if step >= nbytes:  # one block: no per-block slicing
+        d[:] = s
+        return Checksums(block_rows, np.array([_hash(d)], dtype=np.uint64))
+    digests = []
+    for lo in range(0, nbytes, step):
+        block = d[lo:lo + step]
+        block[:] = s[lo:lo + step]  # slice assignment: a memcpy without np.copyto's dispatch
+        digests.append(_hash(block))
+    return Checksums(block_rows, np.array(digests, dtype=np.uint64))
 
 
 def verify_rows(blob: np.ndarray, sums: Checksums, start: int, stop: int, what: str) -> None:
