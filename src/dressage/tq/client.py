@@ -28,6 +28,7 @@ from dressage.errors import (
     StorageUnitUnavailable,
     TransferQueueError,
 )
+from dressage.tq.inproc import LocalPath
 from dressage.tq.liveness import LivenessView
 from dressage.tq.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit, prepare_array
@@ -83,6 +84,7 @@ class TransferQueueClient:
         self._key_prefix = uuid.uuid4().hex[:16]
         self._key_seq = itertools.count()
         self._liveness = LivenessView(controller) if hasattr(controller, "unit_states") else None
+        self._local = LocalPath.for_client(self, controller, self._units, node_id)  # None: no in-process path
         if self._liveness is not None:
             for uid, unit in self._units.items():
                 attach = getattr(unit, "attach_liveness", None)
@@ -103,7 +105,9 @@ class TransferQueueClient:
         On any failure nothing stays behind: the directory entry is dropped and the unit copy, if one was
         made, is queued for deletion.
         """
-        return self.put_many([(field, array)], batch=batch, keys=None if key is None else [key])[0]
+        self._check_open()
+        ref = None if self._local is None else self._local.put(field, array, batch, key)
+        return ref or self.put_many([(field, array)], batch=batch, keys=None if key is None else [key])[0]
 
     def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, batch: str | None = None,
                  keys: Sequence[str] | None = None) -> list[FieldRef]:
@@ -211,6 +215,10 @@ class TransferQueueClient:
         only each ref's rows cross the wire. ``consume=True`` marks the keys consumed."""
         self._check_open()
         refs = list(refs)
+        if len(refs) == 1 and self._local is not None:
+            out = self._local.get(refs[0], copy, consume)
+            if out is not None:
+                return out
         per_unit: dict[str, list[tuple[str, int, int]]] = {}
         seen: dict[tuple[str, str, int, int], tuple[str, int]] = {}
         slots: list[tuple[str, int]] = []

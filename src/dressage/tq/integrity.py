@@ -7,7 +7,7 @@ blocks it touches (at most two blocks more than the rows asked for), so a Segmen
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -22,11 +22,12 @@ __all__ = ["BLOCK_BYTES", "Checksums", "block_rows_for", "checksum", "copy_and_c
 BLOCK_BYTES = 256 * 1024
 
 _hash = xxhash.xxh3_64_intdigest
+_U8 = np.dtype(np.uint8)
 
 
-@dataclass(frozen=True, slots=True)
-class Checksums:
-    """``digests[i]`` is the xxh3-64 of rows ``[i * block_rows, (i + 1) * block_rows)``."""
+class Checksums(NamedTuple):
+    """``digests[i]`` is the xxh3-64 of rows ``[i * block_rows, (i + 1) * block_rows)`` (a named tuple:
+    one is made on every put, and a tuple costs a fraction of a dataclass to build)."""
 
     block_rows: int
     digests: np.ndarray  # uint64, one per block
@@ -67,18 +68,19 @@ def copy_and_checksum(dst: np.ndarray, src: np.ndarray) -> Checksums:
     while it is still in cache: the payload is read once from the source and the copy once more, from
     cache, instead of a copy followed by a second pass over memory. The digest is of what was stored,
     not of the source (a source written to during the copy cannot leave a stored block that fails)."""
-    d = dst.reshape(-1).view(np.uint8)
-    s = src.reshape(-1).view(np.uint8)
+    d = dst if dst.ndim == 1 and dst.dtype is _U8 else dst.reshape(-1).view(_U8)  # a unit's flat buffer as is
+    s = src.reshape(-1).view(_U8)
     nbytes = d.nbytes
-    rows = int(src.shape[0]) if src.shape else 1
-    row_nbytes = nbytes // rows if rows else 0
-    block_rows = max(1, BLOCK_BYTES // row_nbytes) if row_nbytes else max(1, rows)
-    step = block_rows * row_nbytes
+    shape = src.shape
+    rows = shape[0] if shape else 1
     if not rows:
-        return Checksums(block_rows_for(src.shape, src.itemsize), np.empty(0, dtype=np.uint64))
+        return Checksums(block_rows_for(shape, src.itemsize), np.empty(0, dtype=np.uint64))
+    row_nbytes = nbytes // rows
+    block_rows = (BLOCK_BYTES // row_nbytes or 1) if row_nbytes else rows
+    step = block_rows * row_nbytes
     if step >= nbytes:  # one block: no per-block slicing
         d[:] = s
-        return Checksums(block_rows, np.array([_hash(d)], dtype=np.uint64))
+        return Checksums(block_rows, np.array((_hash(d),), dtype=np.uint64))
     digests = []
     for lo in range(0, nbytes, step):
         block = d[lo:lo + step]

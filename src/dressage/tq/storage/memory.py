@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from dressage.errors import StorageFullError
+from dressage.errors import StorageFullError, TransferQueueError
 from dressage.tq.integrity import Checksums, checksum, copy_and_checksum, verify_rows
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit
 from dressage.tq.wire import dtype_name
@@ -69,11 +69,6 @@ class MemoryStorageUnit(StorageUnit):
                 del self._pool[size]
             self._pooled_bytes -= size
 
-    def _note_peak(self) -> None:
-        held = self._memory_bytes + self._pooled_bytes
-        if held > self._peak_held:
-            self._peak_held = held
-
     def _write(self, key: str, array: np.ndarray, *, copy: bool) -> BlobInfo:
         # docstring inherited
         nbytes = array.nbytes
@@ -88,24 +83,36 @@ class MemoryStorageUnit(StorageUnit):
             else:
                 self._evict_pool(nbytes)
                 buf = np.empty(nbytes, dtype=np.uint8)
-            stored = buf.view(array.dtype).reshape(array.shape)
             if self.checksums:
-                sums: Checksums | None = copy_and_checksum(stored, array)
+                sums: Checksums | None = copy_and_checksum(buf, array)  # hashed block by block in the copy
             else:
-                np.copyto(stored, array)
+                buf[:] = array.reshape(-1).view(np.uint8)
                 sums = None
             buf.flags.writeable = False  # readers get views; nobody may change stored bytes
+            stored = buf.view(array.dtype).reshape(array.shape)  # a view of a read-only buffer: read-only
         else:
             self._evict_pool(nbytes)
             stored = array  # the caller handed the buffer over (a received frame)
             sums = checksum(stored) if self.checksums else None
             self._adopted.add(key)
-        stored.flags.writeable = False
+            stored.flags.writeable = False
         self._blobs[key] = stored
         self._sums[key] = sums
         self._memory_bytes += nbytes
-        self._note_peak()
-        return BlobInfo(key, dtype_name(stored.dtype), tuple(stored.shape), nbytes)
+        held = self._memory_bytes + self._pooled_bytes
+        if held > self._peak_held:
+            self._peak_held = held
+        return BlobInfo(key, dtype_name(stored.dtype), stored.shape, nbytes)
+
+    def put_local(self, key: str, array: np.ndarray, *, copy: bool = True) -> BlobInfo:
+        """``put`` of one array already prepared (``prepare_array``) by the in-process client."""
+        with self._lock:
+            if self._has(key):
+                raise TransferQueueError(f"key {key!r} is already stored in unit {self.unit_id}; keys are write-once")
+            info = self._write(key, array, copy=copy)
+            self._counts["puts"] += 1
+            self._counts["bytes_written"] += info.nbytes
+        return info
 
     def _poolable(self, buf: object, nbytes: int) -> bool:
         return (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.ndim == 1 and buf.flags.owndata
