@@ -52,7 +52,8 @@ class LocalPath:
         if batch is not None and not isinstance(batch, str):
             raise TransferQueueError(f"batch must be a string or None, got {batch!r}")
         if key is None:
-            key = self._client._new_key()
+            client = self._client
+            key = f"{client._key_prefix}-{next(client._key_seq):x}"  # the client's key scheme, inline
         elif not isinstance(key, str) or not key:
             raise TransferQueueError(f"key must be a non-empty string, got {key!r}")
         data = prepare_array(array, copy=False)

@@ -72,7 +72,7 @@ class MemoryStorageUnit(StorageUnit):
     def _write(self, key: str, array: np.ndarray, *, copy: bool) -> BlobInfo:
         # docstring inherited
         nbytes = array.nbytes
-        if not self._fits(nbytes):
+        if self._memory_bytes + nbytes > self.memory_budget:  # not self._fits: one call less per put
             raise StorageFullError(
                 f"unit {self.unit_id} is full: {nbytes} bytes for key {key!r} do not fit "
                 f"({self._memory_bytes} of {self.memory_budget} bytes used)"
