@@ -102,3 +102,20 @@ def test_a_ref_to_an_unknown_unit_or_a_cleared_key_fails_typed():
             client.get(ref)
         with pytest.raises(TransferQueueError, match="FieldRefs"):
             client.get_many(["not a ref"])
+
+
+def test_one_unit_placement_without_a_pool_search_keeps_every_refusal():
+    from dressage.errors import StorageUnitUnavailable
+    from dressage.tq.controller import Controller, UnitInfo
+
+    strict = Controller([UnitInfo("u0", memory_budget=100)], strict_budget=True)
+    assert strict.place_many([("a", 60, "f")]) == "u0"
+    with pytest.raises(StorageFullError, match="40 of 100 bytes free"):
+        strict.place_many([("b", 41, "f")])
+    assert strict.place_many([("b", 40, "f")]) == "u0"
+    spilling = Controller([UnitInfo("u0", memory_budget=100)])
+    assert spilling.place_many([("a", 500, "f")]) == "u0"   # over budget: the unit spills
+    spilling.mark_unit_dead("u0", "gone")
+    with pytest.raises(StorageUnitUnavailable, match="u0 dead"):
+        spilling.place_many([("c", 1, "f")])
+    assert strict.total_keys() == 2 and spilling.total_keys() == 1

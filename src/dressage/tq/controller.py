@@ -183,16 +183,16 @@ class Controller:
         with self._lock:
             if not self._units:
                 raise StorageFullError("the TransferQueue has no StorageUnits")
-            entries = self._entries
-            if len(items) > 1 and len({k for k, _, _ in items}) != len(items):
+            keys = [k for k, _, _ in items]
+            if len(set(keys)) != len(keys):
                 raise TransferQueueError("place_many got the same key twice")
-            for key, _, _ in items:
-                if key in entries:
+            for key in keys:
+                if key in self._entries:
                     raise TransferQueueError(f"key {key!r} already exists; keys are write-once")
-            unit_id = self._choose(sum(int(n) for _, n, _ in items) if len(items) != 1 else int(items[0][1]), node_id)
+            unit_id = self._choose(sum(int(n) for _, n, _ in items), node_id)
             now = self._clock()
             for key, nbytes, field in items:
-                entries[key] = _Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
+                self._entries[key] = _Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
                 self._used[unit_id] += int(nbytes)
                 self._count[unit_id] += 1
                 self._tombstones.pop(key, None)
