@@ -58,7 +58,7 @@ def test_corrupt_blob_refuses_remote_handles_and_copies(tmp_path):
 
 
 def test_a_corrupted_key_in_an_embedded_deployment_is_an_integrity_error():
-    with TransferQueue.start({"retention_s": None}) as tq:
+    with TransferQueue.start({"retention_s": None, "verify_local_reads": True}) as tq:
         client = tq.client()
         ref = client.put("logprobs", np.arange(1000, dtype=np.float32))
         corrupt_blob(tq.storage_units()[ref.unit_id], ref.key, 4 * 500)

@@ -111,7 +111,7 @@ def test_integrity_error_crosses_the_wire_typed_and_the_unit_keeps_serving():
 
 
 def test_client_reads_of_a_corrupted_key_raise_and_never_return_data():
-    with TransferQueue.start({"retention_s": None}) as tq:
+    with TransferQueue.start({"retention_s": None, "verify_local_reads": True}) as tq:
         client = tq.client()
         a = _blob(300)
         ref = client.put("routed_experts", a)

@@ -28,6 +28,7 @@ from dressage.errors import (
     StorageUnitUnavailable,
     TransferQueueError,
 )
+from dressage.tq.inproc import LocalPath
 from dressage.tq.liveness import LivenessView
 from dressage.tq.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit, prepare_array
@@ -68,6 +69,7 @@ class TransferQueueClient:
                  on_full: str = "spill", full_wait_s: float = 30.0, owns_handles: bool = False,
                  spec: dict[str, Any] | None = None) -> None:
         self._controller = controller
+        self._remote_controller = bool(getattr(controller, "remote", False))
         self._units = dict(units)
         self.node_id = node_id
         self._on_full = on_full
@@ -82,6 +84,7 @@ class TransferQueueClient:
         self._key_prefix = uuid.uuid4().hex[:16]
         self._key_seq = itertools.count()
         self._liveness = LivenessView(controller) if hasattr(controller, "unit_states") else None
+        self._local = LocalPath.for_client(self, controller, self._units, node_id)  # None: no in-process path
         if self._liveness is not None:
             for uid, unit in self._units.items():
                 attach = getattr(unit, "attach_liveness", None)
@@ -102,7 +105,9 @@ class TransferQueueClient:
         On any failure nothing stays behind: the directory entry is dropped and the unit copy, if one was
         made, is queued for deletion.
         """
-        return self.put_many([(field, array)], batch=batch, keys=None if key is None else [key])[0]
+        self._check_open()
+        ref = None if self._local is None else self._local.put(field, array, batch, key)
+        return ref or self.put_many([(field, array)], batch=batch, keys=None if key is None else [key])[0]
 
     def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, batch: str | None = None,
                  keys: Sequence[str] | None = None) -> list[FieldRef]:
@@ -161,7 +166,7 @@ class TransferQueueClient:
                 raise
             break
         try:
-            if getattr(self._controller, "remote", False):
+            if self._remote_controller:
                 # Durable in the unit is what put promises; the directory learns it without a round trip.
                 self._controller.commit_many(names, unit_id=unit_id, wait=False)
             else:
@@ -171,8 +176,9 @@ class TransferQueueClient:
             raise
         with self._lock:
             self._counters.puts += len(arrays)
-            self._counters.bytes_written += sum(a.nbytes for a in arrays)
-        return [FieldRef(key=k, unit_id=unit_id, field=f, dtype=dtype_name(a.dtype), shape=a.shape, batch=batch)
+            self._counters.bytes_written += sum(n for _, n, _ in placing)
+        # The arrays were prepared above (plain dtype, at least one axis): their metadata needs no re-check.
+        return [FieldRef.of_stored(k, unit_id, f, dtype_name(a.dtype), a.shape, batch)
                 for k, a, f in zip(names, arrays, fields)]
 
     def _new_key(self) -> str:
@@ -209,6 +215,10 @@ class TransferQueueClient:
         only each ref's rows cross the wire. ``consume=True`` marks the keys consumed."""
         self._check_open()
         refs = list(refs)
+        if len(refs) == 1 and self._local is not None:
+            out = self._local.get(refs[0], copy, consume)
+            if out is not None:
+                return out
         per_unit: dict[str, list[tuple[str, int, int]]] = {}
         seen: dict[tuple[str, str, int, int], tuple[str, int]] = {}
         slots: list[tuple[str, int]] = []
@@ -260,12 +270,13 @@ class TransferQueueClient:
         return out
 
     def _read_units(self, per_unit: dict[str, list[tuple[str, int, int]]]) -> dict[str, list[np.ndarray]]:
-        items = list(per_unit.items())
-        remote = [uid for uid, _ in items if self._units[uid].remote]
-        if len(remote) <= 1:
-            return {uid: self._units[uid].get_many(reqs) for uid, reqs in items}
+        units = self._units
+        # In-process units read through ``read_local``: the views stay in this process (verify_local_reads).
+        readers = {uid: units[uid].get_many if units[uid].remote else units[uid].read_local for uid in per_unit}
+        if len(per_unit) == 1 or sum(units[uid].remote for uid in per_unit) <= 1:
+            return {uid: readers[uid](reqs) for uid, reqs in per_unit.items()}
         # Several remote units: ask them all at once so the slowest, not the sum, sets the latency.
-        futures = {uid: self._executor().submit(self._units[uid].get_many, reqs) for uid, reqs in items}
+        futures = {uid: self._executor().submit(readers[uid], reqs) for uid, reqs in per_unit.items()}
         return {uid: fut.result() for uid, fut in futures.items()}
 
     def get(self, ref: FieldRef, *, copy: bool = False) -> np.ndarray:

@@ -81,7 +81,13 @@ class TransferQueueConfig:
     """``ray.init(address=...)`` when Ray is not initialised yet; ``None`` starts or joins a local one."""
     checksums: bool = True
     """Per-row-block xxh3-64 checksums, computed on put and verified on every read (a corrupted blob
-    is IntegrityError). Costs about one extra pass over the bytes each way; ``false`` only to measure."""
+    is IntegrityError). The hash runs on each block right after it is copied in; ``false`` only to measure."""
+    verify_local_reads: bool = False
+    """embedded: also verify the checksums when the in-process client reads a blob the unit copied into
+    its own read-only memory. ``false`` (default): those reads are read-only views of bytes nothing else
+    can write, so they are not hashed again on every get; everything that crosses a process or host
+    boundary (a unit serving another process, /dev/shm segments, received frames) and every spill file
+    read is verified regardless. ``true`` also catches bytes corrupted in this process's own memory."""
     heartbeat_interval_s: float = 1.0
     """How often the Controller probes each StorageUnit process (local and ray deployments)."""
     unit_dead_after_s: float = 5.0
@@ -121,6 +127,9 @@ class TransferQueueConfig:
             raise ConfigError(f"{_PREFIX}.ray_address: expected a string, got {self.ray_address!r}")
         if not isinstance(self.checksums, bool):
             raise ConfigError(f"{_PREFIX}.checksums: expected true or false, got {self.checksums!r}")
+        if not isinstance(self.verify_local_reads, bool):
+            raise ConfigError(f"{_PREFIX}.verify_local_reads: expected true or false, "
+                              f"got {self.verify_local_reads!r}")
         self.heartbeat_interval_s = _seconds("heartbeat_interval_s", self.heartbeat_interval_s)
         self.unit_dead_after_s = _seconds("unit_dead_after_s", self.unit_dead_after_s)
         if self.unit_dead_after_s < self.heartbeat_interval_s:

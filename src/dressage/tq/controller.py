@@ -199,6 +199,12 @@ class Controller:
             return unit_id
 
     def _choose(self, nbytes: int, node_id: str | None) -> str:
+        if len(self._units) == 1:  # one unit (embedded): no pool to search when it is live and has room
+            uid = next(iter(self._units))
+            if self._live[uid].state is UnitState.LIVE and (
+                    not self._strict or self._units[uid].memory_budget - self._used[uid] >= nbytes):
+                return uid
+
         def free(uid: str) -> int:
             return self._units[uid].memory_budget - self._used[uid]
 

@@ -176,7 +176,8 @@ class _Embedded:
             uid = f"unit{i}"
             self.units[uid] = make_storage_unit(uid, node_id=None, memory_budget=config.budget_bytes,
                                                 on_full=config.on_full, spill_dir=config.spill_dir,
-                                                checksums=config.checksums)
+                                                checksums=config.checksums,
+                                                verify_local_reads=config.verify_local_reads)
         self.controller = Controller(
             [UnitInfo(uid, None, config.budget_bytes) for uid in self.units], retention_s=config.retention_s,
             strict_budget=config.on_full != "spill")

@@ -53,6 +53,23 @@ class FieldRef:
         object.__setattr__(self, "row_stop", stop)
         object.__setattr__(self, "_itemsize", _itemsize(self.dtype))
 
+    @classmethod
+    def of_stored(cls, key: str, unit_id: str, field: str, dtype: str, shape: tuple[int, ...],
+                  batch: str | None) -> "FieldRef":
+        """The ref to a whole blob just stored, from metadata that is valid by construction (the name of a
+        plain dtype and the shape of an array with at least one axis): the checks of ``__init__`` skipped."""
+        ref = _new(cls)
+        _set(ref, "key", key)
+        _set(ref, "unit_id", unit_id)
+        _set(ref, "field", field)
+        _set(ref, "dtype", dtype)
+        _set(ref, "shape", shape)
+        _set(ref, "row_start", 0)
+        _set(ref, "row_stop", shape[0])
+        _set(ref, "batch", batch)
+        _set(ref, "_itemsize", _itemsize(dtype))
+        return ref
+
     # -- derived -------------------------------------------------------------------------------
     @property
     def num_rows(self) -> int:
@@ -118,6 +135,8 @@ class FieldRef:
 
 
 _ITEMSIZE: dict[str, int] = {}
+_new = object.__new__
+_set = object.__setattr__
 
 
 def _itemsize(dtype: str) -> int:

@@ -190,8 +190,9 @@ def corrupted_blob(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
         out["good_block_reads"] = bool(np.array_equal(good, blob[:1024]))
         return out
 
-    # In memory (an embedded unit): flip one byte of the stored bytes.
-    with TransferQueue.start({"retention_s": None, "unit_memory_budget": "16MiB"}) as tq:
+    # In memory (an embedded unit): flip one byte of the stored bytes. In-process reads of the unit's own
+    # memory are verified only with verify_local_reads (off by default; see docs/transferqueue.md).
+    with TransferQueue.start({"retention_s": None, "unit_memory_budget": "16MiB", "verify_local_reads": True}) as tq:
         client = tq.client()
         ref = client.put("routed_experts", blob)
         corrupt_blob(tq.storage_units()[ref.unit_id], ref.key, 3000 * 256 + 5)

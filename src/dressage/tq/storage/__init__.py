@@ -9,12 +9,14 @@ __all__ = ["StorageUnit", "BlobInfo", "RowRequest", "MemoryStorageUnit", "SpillS
 
 
 def make_storage_unit(unit_id: str, *, node_id: str | None, memory_budget: int, on_full: str,
-                      spill_dir: str | None, checksums: bool = True) -> StorageUnit:
+                      spill_dir: str | None, checksums: bool = True,
+                      verify_local_reads: bool = False) -> StorageUnit:
     """The backend a config asks for: spilling when ``on_full == "spill"``, plain memory otherwise."""
     if on_full == "spill":
         return SpillStorageUnit(unit_id, node_id=node_id, memory_budget=memory_budget, spill_dir=spill_dir,
-                                checksums=checksums)
-    return MemoryStorageUnit(unit_id, node_id=node_id, memory_budget=memory_budget, checksums=checksums)
+                                checksums=checksums, verify_local_reads=verify_local_reads)
+    return MemoryStorageUnit(unit_id, node_id=node_id, memory_budget=memory_budget, checksums=checksums,
+                             verify_local_reads=verify_local_reads)
 
 
 def __getattr__(name: str):

@@ -114,12 +114,12 @@ class StorageUnit(ABC):
             data = prepare_array(array, copy=False)
             # A conversion (contiguity, byte order, list input) already made a private array: no second copy.
             prepared.append((key, data, copy and data is array))
-        if len({k for k, _, _ in prepared}) != len(prepared):
+        if len(prepared) > 1 and len({k for k, _, _ in prepared}) != len(prepared):
             raise TransferQueueError("put_many got the same key twice")
         infos: list[BlobInfo] = []
         with self._lock:
             for key, _, _ in prepared:
-                if self._info(key) is not None:
+                if self._has(key):
                     raise TransferQueueError(f"key {key!r} is already stored in unit {self.unit_id}; keys are write-once")
             try:
                 for key, data, private_copy in prepared:
@@ -127,9 +127,15 @@ class StorageUnit(ABC):
             except BaseException:
                 self.delete([i.key for i in infos])
                 raise
-            self._counts["puts"] += len(infos)
-            self._counts["bytes_written"] += sum(i.nbytes for i in infos)
+            counts = self._counts
+            counts["puts"] += len(infos)
+            for i in infos:
+                counts["bytes_written"] += i.nbytes
         return infos
+
+    def _has(self, key: str) -> bool:
+        """Whether ``key`` is stored (called under the lock; backends answer it without a BlobInfo)."""
+        return self._info(key) is not None
 
     def info(self, key: str) -> BlobInfo:
         with self._lock:
@@ -168,6 +174,12 @@ class StorageUnit(ABC):
             self._counts["rows_read"] += sum(stop - start for _, start, stop in plans)
             self._counts["bytes_read"] += sum(a.nbytes for a in out)
         return out
+
+    def read_local(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
+        """:meth:`get_many` for a reader in this process that keeps the read-only results (the in-process
+        client). A backend may skip re-verifying bytes it copied into its own memory here (see
+        ``MemoryStorageUnit``); anything else it returns is verified as ``get_many`` verifies it."""
+        return self.get_many(requests)
 
     def stats(self) -> dict[str, Any]:
         """Usage plus counters: keys, bytes, memory_bytes, spilled_bytes, budget, puts, get_requests, ..."""

@@ -4,19 +4,23 @@ Large buffers freed by ``delete`` are kept in a small pool and reused by later p
 fresh pages cost a page fault each (several times a memcpy), and RL steps write blobs of recurring sizes.
 A buffer is reused only when no reader still holds a view of it, and pooled bytes count against the
 budget (they are evicted before a put would push held bytes over it). Every blob carries per-row-block
-checksums (``tq/integrity.py``), computed while copying it in and verified on every read.
+checksums (``tq/integrity.py``), computed while copying it in. ``get_many`` (what a unit server sends to
+other processes, and any direct read) verifies them on every read; ``read_local`` (the in-process client)
+skips that for blobs the unit copied into its own read-only memory unless ``verify_local_reads`` is set.
+Blobs it kept without copying (received frames, adopted shared-memory segments) are verified on every
+read either way: another process wrote, and may still map, those bytes.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from dressage.errors import StorageFullError
+from dressage.errors import StorageFullError, TransferQueueError
 from dressage.tq.integrity import Checksums, checksum, copy_and_checksum, verify_rows
-from dressage.tq.storage.base import BlobInfo, StorageUnit
+from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit
 from dressage.tq.wire import dtype_name
 
 __all__ = ["MemoryStorageUnit"]
@@ -30,11 +34,13 @@ class MemoryStorageUnit(StorageUnit):
     remote = False
 
     def __init__(self, unit_id: str, *, node_id: str | None = None, memory_budget: int = 4 << 30,
-                 checksums: bool = True) -> None:
+                 checksums: bool = True, verify_local_reads: bool = False) -> None:
         super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget)
         self.checksums = checksums
+        self.verify_local_reads = verify_local_reads
         self._blobs: dict[str, np.ndarray] = {}
         self._sums: dict[str, Checksums | None] = {}
+        self._adopted: set[str] = set()  # kept without a copy: verified on in-process reads too
         self._memory_bytes = 0
         self._peak_held = 0
         self._pool: dict[int, list[np.ndarray]] = {}
@@ -63,15 +69,10 @@ class MemoryStorageUnit(StorageUnit):
                 del self._pool[size]
             self._pooled_bytes -= size
 
-    def _note_peak(self) -> None:
-        held = self._memory_bytes + self._pooled_bytes
-        if held > self._peak_held:
-            self._peak_held = held
-
     def _write(self, key: str, array: np.ndarray, *, copy: bool) -> BlobInfo:
         # docstring inherited
         nbytes = array.nbytes
-        if not self._fits(nbytes):
+        if self._memory_bytes + nbytes > self.memory_budget:  # not self._fits: one call less per put
             raise StorageFullError(
                 f"unit {self.unit_id} is full: {nbytes} bytes for key {key!r} do not fit "
                 f"({self._memory_bytes} of {self.memory_budget} bytes used)"
@@ -82,23 +83,36 @@ class MemoryStorageUnit(StorageUnit):
             else:
                 self._evict_pool(nbytes)
                 buf = np.empty(nbytes, dtype=np.uint8)
-            stored = buf.view(array.dtype).reshape(array.shape)
             if self.checksums:
-                sums: Checksums | None = copy_and_checksum(stored, array)
+                sums: Checksums | None = copy_and_checksum(buf, array)  # hashed block by block in the copy
             else:
-                np.copyto(stored, array)
+                buf[:] = array.reshape(-1).view(np.uint8)
                 sums = None
             buf.flags.writeable = False  # readers get views; nobody may change stored bytes
+            stored = buf.view(array.dtype).reshape(array.shape)  # a view of a read-only buffer: read-only
         else:
             self._evict_pool(nbytes)
             stored = array  # the caller handed the buffer over (a received frame)
             sums = checksum(stored) if self.checksums else None
-        stored.flags.writeable = False
+            self._adopted.add(key)
+            stored.flags.writeable = False
         self._blobs[key] = stored
         self._sums[key] = sums
         self._memory_bytes += nbytes
-        self._note_peak()
-        return BlobInfo(key, dtype_name(stored.dtype), tuple(stored.shape), nbytes)
+        held = self._memory_bytes + self._pooled_bytes
+        if held > self._peak_held:
+            self._peak_held = held
+        return BlobInfo(key, dtype_name(stored.dtype), stored.shape, nbytes)
+
+    def put_local(self, key: str, array: np.ndarray, *, copy: bool = True) -> BlobInfo:
+        """``put`` of one array already prepared (``prepare_array``) by the in-process client."""
+        with self._lock:
+            if self._has(key):
+                raise TransferQueueError(f"key {key!r} is already stored in unit {self.unit_id}; keys are write-once")
+            info = self._write(key, array, copy=copy)
+            self._counts["puts"] += 1
+            self._counts["bytes_written"] += info.nbytes
+        return info
 
     def _poolable(self, buf: object, nbytes: int) -> bool:
         return (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.ndim == 1 and buf.flags.owndata
@@ -111,6 +125,42 @@ class MemoryStorageUnit(StorageUnit):
         if sums is not None:
             verify_rows(blob, sums, start, stop, f"unit {self.unit_id}, key {key!r}")
         return blob[start:stop]
+
+    def read_local(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
+        # docstring inherited
+        blobs = self._blobs
+        with self._lock:
+            plans = []
+            for key, start, stop in requests:
+                blob = blobs.get(key)
+                rows = -1 if blob is None else blob.shape[0]
+                if stop is None:
+                    stop = rows
+                if not 0 <= start <= stop <= rows:
+                    # Spilled, missing or out of range: the checked, verifying path (and its errors).
+                    return self.get_many(requests)
+                plans.append((key, blob, start, stop))
+            out = []
+            nrows = nbytes = 0
+            verify_all = self.verify_local_reads
+            for key, blob, start, stop in plans:
+                if verify_all or key in self._adopted:
+                    sums = self._sums[key]
+                    if sums is not None:
+                        verify_rows(blob, sums, start, stop, f"unit {self.unit_id}, key {key!r}")
+                view = blob[start:stop]  # read-only: stored blobs are never writeable
+                out.append(view)
+                nrows += stop - start
+                nbytes += view.nbytes
+            counts = self._counts
+            counts["get_requests"] += 1
+            counts["rows_read"] += nrows
+            counts["bytes_read"] += nbytes
+        return out
+
+    def _has(self, key: str) -> bool:
+        # docstring inherited
+        return key in self._blobs
 
     def _info(self, key: str) -> BlobInfo | None:
         # docstring inherited
@@ -126,6 +176,7 @@ class MemoryStorageUnit(StorageUnit):
                 if a is None:
                     continue
                 del self._sums[key]
+                self._adopted.discard(key)
                 removed += 1
                 buf, nbytes = a.base, a.nbytes
                 self._memory_bytes -= nbytes
@@ -160,5 +211,6 @@ class MemoryStorageUnit(StorageUnit):
         with self._lock:
             self._blobs.clear()
             self._sums.clear()
+            self._adopted.clear()
             self._pool.clear()
             self._memory_bytes = self._pooled_bytes = 0

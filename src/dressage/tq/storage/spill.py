@@ -4,7 +4,8 @@ A blob that does not fit in memory is written to ``<dir>/<n>.blob`` (to a tempor
 renamed, so a failed write leaves nothing); reads of spilled blobs read only the requested rows with
 ``pread``. Nothing is lost: a spill that cannot be written is StorageFullError and nothing is stored.
 The file ends with the blob's block checksums; a read pulls the whole blocks its rows touch and verifies
-them, so a flipped byte on disk is IntegrityError.
+them, so a flipped byte on disk is IntegrityError, on in-process reads too (``read_local`` sends every
+spilled key through that path: the file is outside the unit's memory).
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ class SpillStorageUnit(MemoryStorageUnit):
     remote = False
 
     def __init__(self, unit_id: str, *, node_id: str | None = None, memory_budget: int = 4 << 30,
-                 spill_dir: str | os.PathLike[str] | None = None, checksums: bool = True) -> None:
-        super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget, checksums=checksums)
+                 spill_dir: str | os.PathLike[str] | None = None, checksums: bool = True,
+                 verify_local_reads: bool = False) -> None:
+        super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget, checksums=checksums,
+                         verify_local_reads=verify_local_reads)
         if spill_dir is None:
             self._dir = tempfile.mkdtemp(prefix=f"dressage-tq-{unit_id}-")
             self._owns_dir = True
@@ -113,6 +116,10 @@ class SpillStorageUnit(MemoryStorageUnit):
         out = rows[start - lo:stop - lo]
         out.flags.writeable = False
         return out
+
+    def _has(self, key: str) -> bool:
+        # docstring inherited
+        return key in self._blobs or key in self._spilled
 
     def _info(self, key: str) -> BlobInfo | None:
         # docstring inherited
