@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dressage.errors import KeyNotFoundError, ProtocolError
-from dressage.tq import TransferQueue, TransferQueueClient, shm, wire
+from dressage.tq import TransferQueue, TransferQueueClient, shm, shm_pool, wire
 from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer
@@ -70,8 +70,9 @@ def test_segment_is_unlinked_on_delete_and_a_held_view_stays_valid(served):
     held = remote.get("k")
     remote.delete(["k"])
     gc.collect()
-    # A reader's view holds the segment: it is unlinked, never recycled under that view.
-    assert every_file(server.shm.token) == []
+    # A reader's view holds the segment: it is unlinked, never recycled under that view (the pool's
+    # one-page index is all that is left of this unit's files).
+    assert [os.path.basename(p) for p in every_file(server.shm.token)] == [shm_pool.index_name(server.shm.token)]
     assert int(held[0]) == 7 and int(held[-1]) == 7
     with pytest.raises(KeyNotFoundError):
         remote.get("k")
@@ -201,4 +202,4 @@ def test_a_segment_whose_size_is_not_its_class_is_refused(served):
         assert wire.decode_control(raw.recv_multipart()[0])["error"] == "ProtocolError"
     finally:
         raw.close(0)
-    assert not remote.exists("k") and every_file(token) == []
+    assert not remote.exists("k") and segments(token) == [] and shm.free_segments(token) == []

@@ -28,6 +28,7 @@ from dressage.errors import (
     StorageUnitUnavailable,
     TransferQueueError,
 )
+from dressage.tq.lease import LeaseHolder
 from dressage.tq.liveness import LivenessView
 from dressage.tq.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit, prepare_array
@@ -87,6 +88,8 @@ class TransferQueueClient:
                 attach = getattr(unit, "attach_liveness", None)
                 if attach is not None:
                     attach(self._liveness.checker(uid))
+        # Small puts to a Controller in another process go through a placement lease (tq/lease.py).
+        self._leases = LeaseHolder.for_client(controller, node_id, self._liveness.reason if self._liveness else None)
 
     @classmethod
     def connect(cls, spec: Mapping[str, Any], *, node_id: str | None = None) -> "TransferQueueClient":
@@ -107,7 +110,8 @@ class TransferQueueClient:
     def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, batch: str | None = None,
                  keys: Sequence[str] | None = None) -> list[FieldRef]:
         """Store several ``(field, array)`` items of one step on one unit: one directory round trip to
-        place, one unit round trip, one to commit. All or nothing, like :meth:`put`."""
+        place, one unit round trip, one to commit (a small put on a lease: the placement overlaps the
+        unit write, and the commit is not waited for). All or nothing, like :meth:`put`."""
         self._check_open()
         if batch is not None and not isinstance(batch, str):
             raise TransferQueueError(f"batch must be a string or None, got {batch!r}")
@@ -126,10 +130,12 @@ class TransferQueueClient:
             if not isinstance(key, str) or not key:
                 raise TransferQueueError(f"key must be a non-empty string, got {key!r}")
         placing = [(k, a.nbytes, f) for k, a, f in zip(names, arrays, fields)]
+        unit_id = self._leases.put(self, names, arrays, placing, batch) if self._leases is not None else None
+        leased = unit_id is not None
         deadline = time.monotonic() + self._full_wait_s
         sleep = _FULL_BACKOFF_S[0]
         lost_units: list[str] = []
-        while True:
+        while not leased:
             unit_id = None
             try:
                 unit_id = self._controller.place_many(placing, node_id=self.node_id, batch=batch)
@@ -369,6 +375,8 @@ class TransferQueueClient:
         self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._leases is not None:
+            self._leases.close()
         if self._owns_handles:
             for unit in self._units.values():
                 unit.close()

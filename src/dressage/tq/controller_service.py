@@ -18,7 +18,7 @@ from typing import Any
 from dressage.errors import ProtocolError
 from dressage.tq.controller import Controller, KeyState, UnitInfo
 from dressage.tq.janitor import Janitor
-from dressage.tq.transport import RpcClient, RpcServer
+from dressage.tq.transport import PendingReply, RpcClient, RpcServer
 from dressage.tq.wire import MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, text, text_list, uint
 
 __all__ = ["ControllerServer", "RemoteController", "main"]
@@ -30,6 +30,40 @@ def _str_list(value: Any, what: str) -> list[str]:
 
 def _opt_str(value: Any, what: str) -> str | None:
     return text(value, what, optional=True)
+
+
+def _place_items(items: Any) -> list[tuple[str, int, str]]:
+    if not isinstance(items, list) or not 0 < len(items) <= MAX_KEYS:
+        raise ProtocolError(f"place needs a list of 1 to {MAX_KEYS} [key, nbytes, field] items")
+    checked = []
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 3):
+            raise ProtocolError(f"bad place item {item!r:.100}")
+        checked.append((text(item[0], "key", max_len=MAX_KEY_BYTES, empty=False),
+                        uint(item[1], "nbytes", MAX_NBYTES), text(item[2], "field", max_len=MAX_KEY_BYTES)))
+    return checked
+
+
+_LEASE_OPS = ("lease", "place_leased", "return_lease", "requeue")
+
+
+def _lease_op(ctl: Controller, op: str, c: dict[str, Any]) -> dict[str, Any]:
+    """Placement leases (``tq/lease.py``) and the re-queueing of unit copies a refused write left."""
+    if op == "lease":
+        return {"grant": ctl.lease(uint(c.get("nbytes"), "nbytes", MAX_NBYTES),
+                                   node_id=_opt_str(c.get("node_id"), "node_id"),
+                                   returning=_opt_str(c.get("returning"), "returning"))}
+    if op == "place_leased":
+        ctl.place_leased(text(c.get("lease"), "lease", max_len=MAX_KEY_BYTES),
+                         text(c.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False),
+                         _place_items(c.get("items")), batch=_opt_str(c.get("batch"), "batch"))
+        return {}
+    if op == "return_lease":
+        ctl.return_lease(text(c.get("lease"), "lease", max_len=MAX_KEY_BYTES))
+        return {}
+    ctl.requeue_deletions(text(c.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False),
+                          _str_list(c.get("keys"), "keys"))
+    return {}
 
 
 class ControllerServer:
@@ -57,18 +91,12 @@ class ControllerServer:
             raise ProtocolError("controller requests carry no payload frames")
         ctl, op = self.controller, c["op"]
         if op == "place":
-            items = c.get("items")
-            if not isinstance(items, list) or not 0 < len(items) <= MAX_KEYS:
-                raise ProtocolError(f"place needs a list of 1 to {MAX_KEYS} [key, nbytes, field] items")
-            checked = []
-            for item in items:
-                if not (isinstance(item, list) and len(item) == 3):
-                    raise ProtocolError(f"bad place item {item!r:.100}")
-                checked.append((text(item[0], "key", max_len=MAX_KEY_BYTES, empty=False),
-                                uint(item[1], "nbytes", MAX_NBYTES), text(item[2], "field", max_len=MAX_KEY_BYTES)))
+            checked = _place_items(c.get("items"))
             unit = ctl.place_many(checked, node_id=_opt_str(c.get("node_id"), "node_id"),
                                   batch=_opt_str(c.get("batch"), "batch"))
             return {"unit_id": unit}, ()
+        if op in _LEASE_OPS:
+            return _lease_op(ctl, op, c), ()
         if op == "commit":
             ctl.commit_many(_str_list(c.get("keys"), "keys"), unit_id=_opt_str(c.get("unit_id"), "unit_id"))
             return {}, ()
@@ -153,6 +181,28 @@ class RemoteController:
         r, _ = self._rpc.call("place", {"items": wire_items, "node_id": node_id, "batch": batch},
                               keys=[i[0] for i in wire_items])
         return str(r["unit_id"])
+
+    def lease(self, nbytes: int, *, node_id: str | None = None, returning: str | None = None) -> dict[str, Any] | None:
+        r, _ = self._rpc.call("lease", {"nbytes": int(nbytes), "node_id": node_id, "returning": returning})
+        return r.get("grant")
+
+    def place_leased_begin(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
+                           batch: str | None = None) -> PendingReply:
+        """Send ``place_leased`` and return at once; ``.wait()`` on the result raises what it raised."""
+        wire_items = [[k, int(n), f] for k, n, f in items]
+        return self._rpc.begin("place_leased", {"lease": lease_id, "unit_id": unit_id, "items": wire_items,
+                                                "batch": batch}, keys=[i[0] for i in wire_items])
+
+    def place_leased(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
+                     batch: str | None = None) -> None:
+        self.place_leased_begin(lease_id, unit_id, items, batch=batch).wait()
+
+    def return_lease(self, lease_id: str) -> None:
+        self._rpc.send_oneway("return_lease", {"lease": lease_id})
+
+    def requeue_deletions(self, unit_id: str, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        self._rpc.call("requeue", {"unit_id": unit_id, "keys": keys}, keys=keys)
 
     def commit(self, key: str) -> None:
         self.commit_many([key])

@@ -25,7 +25,7 @@ from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueue
 from dressage.tq.wire import (ReplayGuard, decode_control, encode, error_from_wire, error_to_wire, open_frames,
                               sign)
 
-__all__ = ["RpcServer", "RpcClient", "Handler"]
+__all__ = ["RpcServer", "RpcClient", "PendingReply", "Handler"]
 
 log = logging.getLogger(__name__)
 # handler(control, payload_frames) -> (reply_control, reply_payloads)
@@ -251,6 +251,13 @@ class RpcClient:
         """Send one request and wait for its reply; raise the server's typed error or
         StorageUnitUnavailable (naming this peer and ``keys``) when no reply comes in time, or as soon
         as ``abort()`` (default: the client's own check) returns a reason such as "marked dead"."""
+        return self.begin(op, control, payloads, keys=keys, timeout_s=timeout_s, abort=abort).wait()
+
+    def begin(self, op: str, control: dict[str, Any] | None = None, payloads: Sequence[Any] = (), *,
+              keys: Sequence[str] = (), timeout_s: float | None = None,
+              abort: Callable[[], str | None] | None = None) -> "PendingReply":
+        """Send one request now and return its :class:`PendingReply`: the caller does other work (a
+        request to another peer) while this one is served, then ``wait()``s. The timeout counts from now."""
         req_id = next(self._ids)
         message = {**(control or {}), "op": op, "id": req_id}
         timeout = self.timeout_s if timeout_s is None else timeout_s
@@ -260,18 +267,24 @@ class RpcClient:
             if why:
                 raise self._unavailable(op, keys, why)
         sock = self._borrow()
+        try:
+            frames, seq = self._frames(message, payloads)
+            send_frames(sock, frames, zmq.NOBLOCK)
+        except BaseException as exc:
+            sock.close(0)
+            if isinstance(exc, zmq.ZMQError):
+                raise self._unavailable(op, keys, f"send failed: {exc}") from exc
+            raise
+        return PendingReply(self, sock, op, keys, req_id, seq, time.monotonic() + timeout, timeout, abort)
+
+    def _await(self, p: "PendingReply") -> tuple[dict[str, Any], list[Any]]:
+        sock, abort, op, keys = p.sock, p.abort, p.op, p.keys
         healthy = False
         try:
-            try:
-                frames, seq = self._frames(message, payloads)
-                send_frames(sock, frames, zmq.NOBLOCK)
-            except zmq.ZMQError as exc:
-                raise self._unavailable(op, keys, f"send failed: {exc}") from exc
-            deadline = time.monotonic() + timeout
             while True:
-                left = deadline - time.monotonic()
+                left = p.deadline - time.monotonic()
                 if left <= 0:
-                    raise self._unavailable(op, keys, f"no reply within {timeout:g} s")
+                    raise self._unavailable(op, keys, f"no reply within {p.timeout:g} s")
                 step = left if abort is None else min(left, _ABORT_POLL_S)
                 if not sock.poll(int(step * 1000) + 1, zmq.POLLIN):
                     why = abort() if abort is not None else None
@@ -281,14 +294,14 @@ class RpcClient:
                 frames = sock.recv_multipart(copy=False)
                 if self._secret is not None:
                     frames, auth = open_frames(frames, self._secret)
-                    if auth.nonce != self._nonce or auth.seq != seq:
+                    if auth.nonce != self._nonce or auth.seq != p.seq:
                         if auth.nonce == _NO_NONCE:  # the server could not authenticate our request
                             reply = decode_control(frames[0])
                             break
                         log.debug("%s: discarded a reply to another request", self.name)
                         continue
                 reply = decode_control(frames[0])
-                if reply.get("id") == req_id:
+                if reply.get("id") == p.req_id:
                     break
                 log.debug("%s: discarded a stale reply", self.name)
             healthy = True
@@ -314,3 +327,21 @@ class RpcClient:
             idle, self._idle = self._idle, []
         for sock in idle:
             sock.close(0)
+
+
+class PendingReply:
+    """A request :meth:`RpcClient.begin` sent; ``wait()`` (exactly once) returns its reply as ``call`` does."""
+
+    __slots__ = ("client", "sock", "op", "keys", "req_id", "seq", "deadline", "timeout", "abort", "_done")
+
+    def __init__(self, client: RpcClient, sock: zmq.Socket, op: str, keys: Sequence[str], req_id: int, seq: int,
+                 deadline: float, timeout: float, abort: Callable[[], str | None] | None) -> None:
+        self.client, self.sock, self.op, self.keys = client, sock, op, keys
+        self.req_id, self.seq, self.deadline, self.timeout, self.abort = req_id, seq, deadline, timeout, abort
+        self._done = False
+
+    def wait(self) -> tuple[dict[str, Any], list[Any]]:
+        if self._done:
+            raise TransferQueueError(f"{self.client.name}: the reply to {self.op} was already taken")
+        self._done = True
+        return self.client._await(self)
