@@ -96,6 +96,8 @@ class RpcServer:
         self.served = 0
         self.rejected = 0
         self.untyped = 0  # handler failures that were not TransferQueueErrors: bugs, which fuzzing counts
+        # Work that may wait until the reply is sent, and must be done before the next request is read.
+        self.after_reply: Callable[[], None] | None = None
 
     @property
     def address(self) -> str:
@@ -167,6 +169,11 @@ class RpcServer:
             send_frames(self._sock, [ident, *out], zmq.NOBLOCK)
         except zmq.Again:  # the peer is not reading; dropping its reply keeps everyone else served
             log.warning("%s: dropped a reply to a peer that is not reading", self._name)
+        if self.after_reply is not None:
+            try:
+                self.after_reply()
+            except Exception:
+                log.exception("%s: work after a reply failed", self._name)
 
     def stop(self) -> None:
         self._stop.set()
