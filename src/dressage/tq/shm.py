@@ -38,14 +38,17 @@ import numpy as np
 from dressage.errors import KeyNotFoundError, ProtocolError
 from dressage.tq import shm_pool
 
-__all__ = ["SHM_DIR", "SHM_MIN_BYTES", "SHM_POOL_BYTES", "host_id", "new_token", "write_segment", "map_segment",
-           "ShmRegistry", "remove_segment", "remove_segments", "segment_class", "free_segments"]
+__all__ = ["SHM_DIR", "SHM_MIN_BYTES", "SHM_POOL_BYTES", "WRITER_MAPS_BYTES", "host_id", "new_token",
+           "write_segment", "map_segment", "ShmRegistry", "remove_segment", "remove_segments", "segment_class",
+           "free_segments", "forget_writes"]
 
 SHM_DIR = "/dev/shm"
 # Below this a socket frame is cheaper than creating, mapping and unlinking a file.
 SHM_MIN_BYTES = 256 * 1024
 # Free (released) segments a unit keeps for reuse, in bytes; a release beyond this unlinks the file.
 SHM_POOL_BYTES = 1 << 30
+# Mappings of written segments a writer keeps per unit, for the next claim of each (shm_pool.WriterMaps).
+WRITER_MAPS_BYTES = 256 << 20
 _NAME = re.compile(r"^dtq-[0-9a-f]{16}-[0-9a-z]+$")
 _PAGE = mmap.PAGESIZE
 
@@ -108,9 +111,10 @@ def write_segment(name: str, array: np.ndarray, token: str | None = None) -> boo
         if fd is None:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
             os.ftruncate(fd, size)
-        done = 0
-        while done < len(view):
-            done += os.pwrite(fd, view[done:], done)
+        if token:
+            _writer_maps(token).write(fd, view)  # a recycled segment it wrote before: one copy
+        else:
+            _pwrite(fd, view)
     except BaseException:
         if fd is not None:
             os.close(fd)
@@ -121,6 +125,32 @@ def write_segment(name: str, array: np.ndarray, token: str | None = None) -> boo
         raise
     os.close(fd)
     return reused
+
+
+def _pwrite(fd: int, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], done)
+
+
+_writers: dict[str, shm_pool.WriterMaps] = {}
+_writers_lock = threading.Lock()
+
+
+def _writer_maps(token: str) -> shm_pool.WriterMaps:
+    with _writers_lock:
+        maps = _writers.get(token)
+        if maps is None:
+            maps = _writers[token] = shm_pool.WriterMaps(WRITER_MAPS_BYTES)
+        return maps
+
+
+def forget_writes(token: str) -> None:
+    """Let go of the mappings this process kept of ``token``'s segments (its handle of the unit closed)."""
+    with _writers_lock:
+        maps = _writers.pop(token, None)
+    if maps is not None:
+        maps.close()
 
 
 def remove_segment(name: str) -> None:
