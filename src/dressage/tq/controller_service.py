@@ -198,7 +198,7 @@ class RemoteController:
         self.place_leased_begin(lease_id, unit_id, items, batch=batch).wait()
 
     def return_lease(self, lease_id: str) -> None:
-        self._rpc.send_oneway("return_lease", {"lease": lease_id})
+        self._rpc.call("return_lease", {"lease": lease_id})
 
     def requeue_deletions(self, unit_id: str, keys: Iterable[str]) -> None:
         keys = list(keys)
