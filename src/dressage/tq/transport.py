@@ -145,6 +145,10 @@ class RpcServer:
             if not isinstance(control.get("op"), str):
                 raise ProtocolError("control frame has no 'op'")
             reply, payloads = self._handler(control, body[1:])
+            if control.get("oneway") is True:  # its sender reads no reply: a refusal is still sent back
+                self.served += 1
+                self._after_reply()
+                return
             out = encode({"ok": True, **reply, "id": req_id}, payloads)  # a reply that cannot be encoded fails here
             self.served += 1
         except Exception as exc:  # every failure becomes a typed reply; the loop keeps serving
@@ -169,6 +173,9 @@ class RpcServer:
             send_frames(self._sock, [ident, *out], zmq.NOBLOCK)
         except zmq.Again:  # the peer is not reading; dropping its reply keeps everyone else served
             log.warning("%s: dropped a reply to a peer that is not reading", self._name)
+        self._after_reply()
+
+    def _after_reply(self) -> None:
         if self.after_reply is not None:
             try:
                 self.after_reply()
@@ -234,8 +241,9 @@ class RpcClient:
         sock.close(0)
 
     def send_oneway(self, op: str, control: dict[str, Any] | None = None, *, keys: Sequence[str] = ()) -> None:
-        """Send a request without waiting; its reply is discarded by the socket's next call."""
-        message = {**(control or {}), "op": op, "id": -next(self._ids)}
+        """Send a request without waiting. The server answers only a refusal (discarded by the socket's
+        next call), so a stream of one-way requests leaves no replies to read."""
+        message = {**(control or {}), "op": op, "id": -next(self._ids), "oneway": True}
         sock = self._borrow()
         try:
             sock.send_multipart(self._frames(message, ())[0], flags=zmq.NOBLOCK)
