@@ -17,6 +17,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -52,6 +53,7 @@ class FreePool:
         self._mm = mmap.mmap(fd, _SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._thread_lock = threading.Lock()
         self._closed = False
+        self.checked = time.monotonic()  # when ``pool_for`` last saw this index under its name
 
     def _slot_path(self, bit: int, slot: int) -> str:
         return os.path.join(self.directory, slot_name(self.token, bit, slot))
@@ -143,6 +145,7 @@ class FreePool:
                 os.close(self._fd)
 
 
+_RECHECK_S = 1.0
 _pools: dict[tuple[str, str], FreePool] = {}
 _pools_lock = threading.Lock()
 
@@ -168,17 +171,22 @@ def create_pool(directory: str, token: str) -> FreePool:
 
 
 def pool_for(directory: str, token: str) -> FreePool | None:
-    """This process's mapping of ``token``'s index (opened once, reopened if the unit made a new one);
-    None when the unit has none (closed, or never offered shared memory)."""
+    """This process's mapping of ``token``'s index (opened once; looked up again at most every
+    ``_RECHECK_S``, and reopened if the unit made a new one); None when the unit has none (closed, or
+    never offered shared memory). A stale mapping only finds no files to claim."""
     path = os.path.join(directory, index_name(token))
     key = (directory, token)
+    now = time.monotonic()
     with _pools_lock:
         pool = _pools.get(key)
+        if pool is not None and now - pool.checked < _RECHECK_S:
+            return pool
         try:
             inode = os.stat(path).st_ino
         except FileNotFoundError:
             inode = None
         if pool is not None and pool.inode == inode:
+            pool.checked = now
             return pool
         if pool is not None:
             del _pools[key]
