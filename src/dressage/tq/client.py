@@ -89,7 +89,7 @@ class TransferQueueClient:
                 if attach is not None:
                     attach(self._liveness.checker(uid))
         # Small puts to a Controller in another process go through a placement lease (tq/lease.py).
-        self._leases = LeaseHolder.for_client(controller, node_id, self._liveness.reason if self._liveness else None)
+        self._leases = LeaseHolder.for_client(controller, node_id, self._liveness)
 
     @classmethod
     def connect(cls, spec: Mapping[str, Any], *, node_id: str | None = None) -> "TransferQueueClient":

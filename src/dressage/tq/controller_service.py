@@ -57,7 +57,7 @@ def _lease_op(ctl: Controller, op: str, c: dict[str, Any]) -> dict[str, Any]:
         ctl.place_leased(text(c.get("lease"), "lease", max_len=MAX_KEY_BYTES),
                          text(c.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False),
                          _place_items(c.get("items")), batch=_opt_str(c.get("batch"), "batch"))
-        return {}
+        return {"states": ctl.unit_states()} if c.get("states") is True else {}
     if op == "return_lease":
         ctl.return_lease(text(c.get("lease"), "lease", max_len=MAX_KEY_BYTES))
         return {}
@@ -187,11 +187,12 @@ class RemoteController:
         return r.get("grant")
 
     def place_leased_begin(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
-                           batch: str | None = None) -> PendingReply:
-        """Send ``place_leased`` and return at once; ``.wait()`` on the result raises what it raised."""
+                           batch: str | None = None, states: bool = False) -> PendingReply:
+        """Send ``place_leased`` and return at once; ``.wait()`` on the result raises what it raised, and
+        with ``states`` its reply carries ``unit_states()`` too."""
         wire_items = [[k, int(n), f] for k, n, f in items]
         return self._rpc.begin("place_leased", {"lease": lease_id, "unit_id": unit_id, "items": wire_items,
-                                                "batch": batch}, keys=[i[0] for i in wire_items])
+                                                "batch": batch, "states": states}, keys=[i[0] for i in wire_items])
 
     def place_leased(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
                      batch: str | None = None) -> None:

@@ -164,11 +164,12 @@ class LeaseHolder:
     """A client's side: one lease at a time, shared by the client's threads, used for half its life (so
     no put reaches the Controller after the lease ended there, short of a stall of seconds)."""
 
-    def __init__(self, controller: Any, node_id: str | None, dead: Callable[[str], str | None] | None,
+    def __init__(self, controller: Any, node_id: str | None, view: Any | None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._controller = controller
         self._node_id = node_id
-        self._dead = dead
+        self._view = view  # the client's LivenessView: which units are dead
+        self._dead: Callable[[str], str | None] | None = view.reason if view is not None else None
         self._clock = clock
         self._lock = threading.Lock()
         self._held: _Held | None = None
@@ -176,11 +177,10 @@ class LeaseHolder:
         self.granted = 0  # leases this client got (each one a Controller round trip)
 
     @classmethod
-    def for_client(cls, controller: Any, node_id: str | None,
-                   dead: Callable[[str], str | None] | None) -> "LeaseHolder | None":
+    def for_client(cls, controller: Any, node_id: str | None, view: Any | None) -> "LeaseHolder | None":
         """Leases only save a round trip to a Controller in another process."""
         if getattr(controller, "remote", False) and hasattr(controller, "place_leased_begin"):
-            return cls(controller, node_id, dead)
+            return cls(controller, node_id, view)
         return None
 
     def _pick(self, held: _Held, nbytes: int) -> str | None:
@@ -223,11 +223,16 @@ class LeaseHolder:
             held.puts[unit_id] += 1
             return held.lease_id, unit_id
 
-    def drop(self, lease_id: str) -> None:
-        """Stop using a lease (its unit failed a write) and give its rest back."""
+    def drop(self, lease_id: str, unit_id: str | None = None) -> None:
+        """Stop using a lease, or its part on ``unit_id`` (that unit failed or refused a write); a lease
+        with no part left goes back."""
         with self._lock:
             if self._held is None or self._held.lease_id != lease_id:
                 return
+            if unit_id is not None:
+                self._held.left.pop(unit_id, None)
+                if self._held.left:
+                    return
             self._held = None
         self._return_quietly(lease_id)
 
@@ -251,31 +256,48 @@ class LeaseHolder:
         total = sum(n for _, n, _ in placing)
         if total > LEASE_PUT_MAX:
             return None
+        # A stale view of unit states is refreshed by the placement's reply, not by a round trip first.
+        refresh = self._view is not None and self._view.begin_refresh()
         got = self.take(total)
         if got is None:
+            if refresh:
+                self._view.finish_refresh(None)  # type: ignore[union-attr]
             return None
         lease_id, unit_id = got
         unit = client._unit(unit_id)
-        pending = self._controller.place_leased_begin(lease_id, unit_id, placing, batch=batch)
+        pending = self._controller.place_leased_begin(lease_id, unit_id, placing, batch=batch, states=refresh)
         try:
             unit.put_many(list(zip(names, arrays)), copy=True)
         except BaseException as exc:
-            if _settle(pending) is None:  # recorded: drop the pending keys as every failed put does
+            if self._settle(pending, refresh) is None:  # recorded: drop the pending keys as any failed put does
                 client._abort_quietly(names, unit_down=isinstance(exc, StorageUnitUnavailable))
             else:  # nothing recorded; a unit that timed out may hold a copy all the same
                 self._forget_copies(unit_id, names)
             if isinstance(exc, (StorageFullError, StorageUnitUnavailable)):
-                self.drop(lease_id)
+                self.drop(lease_id, unit_id)
                 return None
             raise
-        refused = _settle(pending)
+        refused = self._settle(pending, refresh)
         if refused is not None:
             self._forget_copies(unit_id, names)
             if isinstance(refused, (StorageFullError, StorageUnitUnavailable)):
-                self.drop(lease_id)
+                self.drop(lease_id, unit_id)
                 return None
             raise refused
         return unit_id
+
+    def _settle(self, pending: Any, refresh: bool) -> BaseException | None:
+        """Wait for the placement's reply: None when it was recorded, else the error that refused it."""
+        states = None
+        try:
+            reply, _ = pending.wait()
+            states = reply.get("states")
+        except TransferQueueError as exc:
+            return exc
+        finally:
+            if refresh:
+                self._view.finish_refresh(states if isinstance(states, dict) else None)  # type: ignore[union-attr]
+        return None
 
     def _forget_copies(self, unit_id: str, keys: list[str]) -> None:
         try:
@@ -283,11 +305,3 @@ class LeaseHolder:
         except TransferQueueError:  # the Controller is gone: so is the whole deployment's directory
             log.warning("could not queue the deletion of %d unrecorded key(s) on unit %s", len(keys), unit_id)
 
-
-def _settle(pending: Any) -> BaseException | None:
-    """Wait for the placement's reply: None when it was recorded, else the error that refused it."""
-    try:
-        pending.wait()
-    except TransferQueueError as exc:
-        return exc
-    return None
