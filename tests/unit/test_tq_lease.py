@@ -10,6 +10,7 @@ import pytest
 from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
 from dressage.tq import TransferQueue, TransferQueueClient
 from dressage.tq.controller import Controller, KeyState, UnitInfo
+from dressage.tq import lease as lease_mod
 from dressage.tq.lease import LEASE_MAX_BYTES, LEASE_PUT_MAX, LEASE_SHARE, LEASE_TTL_S
 from dressage.tq.liveness import VIEW_TTL_S
 
@@ -205,3 +206,36 @@ def test_a_dead_units_part_of_the_lease_is_not_used(served):
     tq.controller.mark_unit_live("unit1")
     tq.run_janitor()  # what the refused put left on unit1 is deleted
     assert tq.storage_units()["unit1"].list() == [] and tq.controller.stats()["unit1"]["directory_keys"] == 0
+
+
+def test_a_leased_puts_commit_rides_on_the_next_placement_and_is_flushed_at_close(served, monkeypatch):
+    tq, client = served
+    monkeypatch.setattr(lease_mod, "COMMIT_SOON_S", 60.0)  # no flush by time in this test
+    first = client.put("logprobs", np.ones(8, np.float32))
+    assert tq.controller.state(first.key) is KeyState.PENDING  # durable in its unit, not yet visible
+    second = client.put("logprobs", np.ones(8, np.float32))
+    assert tq.controller.state(first.key) is KeyState.WRITTEN  # carried by the second put's placement
+    assert tq.controller.state(second.key) is KeyState.PENDING
+    client.close()
+    assert tq.controller.state(second.key) is KeyState.WRITTEN
+
+
+def test_an_owed_commit_is_sent_by_itself_when_no_put_follows(served):
+    tq, client = served
+    ref = client.put("logprobs", np.ones(8, np.float32))
+    deadline = time.monotonic() + 10
+    while tq.controller.state(ref.key) is not KeyState.WRITTEN and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert tq.controller.state(ref.key) is KeyState.WRITTEN
+    assert tq.controller.stats()[ref.unit_id]["pending"] == 0
+
+
+def test_a_late_commit_after_a_clear_leaves_nothing(served, monkeypatch):
+    tq, client = served
+    monkeypatch.setattr(lease_mod, "COMMIT_SOON_S", 60.0)
+    ref = client.put("logprobs", np.ones(8, np.float32), batch="b")
+    assert client.clear("b") == 1  # before its commit was sent
+    client.close()  # sends it: the key is gone, so its unit copy is queued for deletion again
+    tq.run_janitor()
+    assert tq.controller.total_keys() == 0 and tq.controller.state(ref.key) is KeyState.CLEARED
+    assert all(u.list() == [] for u in tq.storage_units().values())

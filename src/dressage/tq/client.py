@@ -169,7 +169,8 @@ class TransferQueueClient:
         try:
             if getattr(self._controller, "remote", False):
                 # Durable in the unit is what put promises; the directory learns it without a round trip.
-                self._controller.commit_many(names, unit_id=unit_id, wait=False)
+                soon = {"soon": True} if leased else {}  # a leased put's commit rides on the next placement
+                self._controller.commit_many(names, unit_id=unit_id, wait=False, **soon)
             else:
                 self._controller.commit_many(names, unit_id=unit_id)
         except BaseException:

@@ -27,7 +27,8 @@ from typing import Any
 
 from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
 
-__all__ = ["LEASE_MAX_BYTES", "LEASE_PUT_MAX", "LEASE_SHARE", "LEASE_TTL_S", "LeaseDesk", "LeaseHolder"]
+__all__ = ["COMMIT_SOON_S", "LEASE_MAX_BYTES", "LEASE_PUT_MAX", "LEASE_SHARE", "LEASE_TTL_S", "LeaseDesk",
+           "LeaseHolder", "SoonCommits"]
 
 log = logging.getLogger(__name__)
 
@@ -305,3 +306,83 @@ class LeaseHolder:
         except TransferQueueError:  # the Controller is gone: so is the whole deployment's directory
             log.warning("could not queue the deletion of %d unrecorded key(s) on unit %s", len(keys), unit_id)
 
+
+
+COMMIT_SOON_S = 0.002  # a leased put's commit waits at most this long for the next message to ride on
+
+
+class SoonCommits:
+    """A leased put's commit, sent with the client's next placement or within ``COMMIT_SOON_S``.
+
+    A put on a lease returns once its unit and its placement answered; its commit (one-way anyway) rides
+    on the next ``place_leased`` of the client, so a stream of small puts sends one message to the
+    Controller each instead of two, and a flusher thread sends what is still owed after
+    ``COMMIT_SOON_S`` (or at close). The keys are pending until then, as they are until any one-way
+    commit lands; a commit that arrives after its keys were cleared queues the unit copies for deletion."""
+
+    def __init__(self, send: Callable[[list[list[Any]], bool], None]) -> None:
+        self._send = send  # sends [[keys, unit_id], ...]; waits for the reply when told to
+        self._lock = threading.Lock()
+        self._owed: list[list[Any]] = []
+        self._since = 0.0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def owe(self, keys: list[str], unit_id: str | None) -> None:
+        with self._lock:
+            if not self._owed:
+                self._since = time.monotonic()
+            self._owed.append([keys, unit_id])
+            start = self._thread is None and not self._closed
+            if start:
+                self._thread = threading.Thread(target=self._run, name="tq-commit-soon", daemon=True)
+        if start:
+            self._thread.start()  # type: ignore[union-attr]
+        self._wake.set()
+
+    def take(self) -> list[list[Any]]:
+        """What is owed, for a message about to be sent (``give_back`` it if that send fails)."""
+        with self._lock:
+            owed, self._owed = self._owed, []
+        return owed
+
+    def give_back(self, owed: list[list[Any]]) -> None:
+        if owed:
+            with self._lock:
+                self._owed[:0] = owed
+                self._since = time.monotonic() - COMMIT_SOON_S  # owed for long enough already
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stop.wait(COMMIT_SOON_S):
+                return
+            with self._lock:
+                due = bool(self._owed) and time.monotonic() - self._since >= COMMIT_SOON_S
+                owed = self.take_locked() if due else []
+                if self._owed:
+                    self._wake.set()  # owed, but not for long enough yet: look again
+            self._flush(owed)
+
+    def take_locked(self) -> list[list[Any]]:
+        owed, self._owed = self._owed, []
+        return owed
+
+    def _flush(self, owed: list[list[Any]], wait: bool = False) -> None:
+        if not owed:
+            return
+        try:
+            self._send(owed, wait)
+        except TransferQueueError:  # the Controller is gone: retention or a clear removes the keys
+            log.warning("could not send the commit of %d put(s)", len(owed))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._stop.set()
+        self._wake.set()
+        self._flush(self.take(), wait=True)  # applied before the client's close returns
