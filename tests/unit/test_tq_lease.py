@@ -34,6 +34,14 @@ def totals(c: Controller, field: str) -> dict[str, int]:
     return {u: s[field] for u, s in c.stats().items()}
 
 
+def eventually(check, timeout_s: float = 10.0) -> bool:
+    """For what a client sends one-way (a returned lease, a commit): true once the Controller applied it."""
+    deadline = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return check()
+
+
 def test_a_lease_sets_capacity_aside_on_every_unit_of_the_placement_pool():
     c, _ = ctl(UnitInfo("a", "n1", 64 * MiB), UnitInfo("b", "n1", 64 * MiB), UnitInfo("c", "n2", 64 * MiB),
                UnitInfo("h", "n1", 64 * MiB, head=True))
@@ -149,8 +157,8 @@ def test_small_puts_share_one_lease_spread_over_the_units_and_leave_zero_keys(se
     assert leased == 2 * (64 * MiB // LEASE_SHARE) - (10 * 4096 + 512 + 256)
     assert client.clear("b") == 12 and client.total_keys() == 0
     client.close()
-    assert all(s["leased_bytes"] == 0 and s["leases"] == 0 and s["directory_bytes"] == 0
-               for s in ctl_.stats().values())
+    assert eventually(lambda: all(s["leased_bytes"] == 0 and s["leases"] == 0 and s["directory_bytes"] == 0
+                                  for s in ctl_.stats().values()))
 
 
 def test_large_puts_are_placed_each_without_a_lease(served):
@@ -188,7 +196,8 @@ def test_a_failed_write_on_a_lease_records_nothing_and_returns_the_lease(served,
             client.put("logprobs", np.ones(8, np.float32), key=f"lost{attempt}")
         assert tq.controller.total_keys() == before and tq.controller.where([f"lost{attempt}"]) == {}
     assert client._leases._held is None and client._leases.granted == 1
-    assert all(s["leased_bytes"] == 0 and s["leases"] == 0 for s in tq.controller.stats().values())
+    assert eventually(lambda: all(s["leased_bytes"] == 0 and s["leases"] == 0
+                                  for s in tq.controller.stats().values()))
 
 
 def test_a_dead_units_part_of_the_lease_is_not_used(served):
@@ -217,25 +226,26 @@ def test_a_leased_puts_commit_rides_on_the_next_placement_and_is_flushed_at_clos
     assert tq.controller.state(first.key) is KeyState.WRITTEN  # carried by the second put's placement
     assert tq.controller.state(second.key) is KeyState.PENDING
     client.close()
-    assert tq.controller.state(second.key) is KeyState.WRITTEN
+    assert eventually(lambda: tq.controller.state(second.key) is KeyState.WRITTEN)
 
 
 def test_an_owed_commit_is_sent_by_itself_when_no_put_follows(served):
     tq, client = served
     ref = client.put("logprobs", np.ones(8, np.float32))
-    deadline = time.monotonic() + 10
-    while tq.controller.state(ref.key) is not KeyState.WRITTEN and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert tq.controller.state(ref.key) is KeyState.WRITTEN
+    assert eventually(lambda: tq.controller.state(ref.key) is KeyState.WRITTEN)
     assert tq.controller.stats()[ref.unit_id]["pending"] == 0
 
 
-def test_a_late_commit_after_a_clear_leaves_nothing(served, monkeypatch):
+def test_a_late_commit_after_a_clear_leaves_nothing(served, monkeypatch, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="dressage.tq.controller_service")
     tq, client = served
     monkeypatch.setattr(lease_mod, "COMMIT_SOON_S", 60.0)
     ref = client.put("logprobs", np.ones(8, np.float32), batch="b")
     assert client.clear("b") == 1  # before its commit was sent
     client.close()  # sends it: the key is gone, so its unit copy is queued for deletion again
+    assert eventually(lambda: "late commit" in caplog.text)  # it arrived, and found its key gone
     tq.run_janitor()
     assert tq.controller.total_keys() == 0 and tq.controller.state(ref.key) is KeyState.CLEARED
     assert all(u.list() == [] for u in tq.storage_units().values())

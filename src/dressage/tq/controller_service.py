@@ -231,7 +231,8 @@ class RemoteController:
         self.place_leased_begin(lease_id, unit_id, items, batch=batch).wait()
 
     def return_lease(self, lease_id: str) -> None:
-        self._rpc.call("return_lease", {"lease": lease_id})
+        # One-way: a Controller that is gone must not hold up a client's close (the lease expires anyway).
+        self._rpc.send_oneway("return_lease", {"lease": lease_id})
 
     def requeue_deletions(self, unit_id: str, keys: Iterable[str]) -> None:
         keys = list(keys)
@@ -313,11 +314,8 @@ class RemoteController:
     def ping(self, timeout_s: float | None = None) -> int:
         return int(self._rpc.call("ping", timeout_s=timeout_s)[0]["pid"])
 
-    def _send_commits(self, owed: list[list[Any]], wait: bool) -> None:
-        if wait:
-            self._rpc.call("commits", {"commits": owed})
-        else:
-            self._rpc.send_oneway("commits", {"commits": owed})
+    def _send_commits(self, owed: list[list[Any]]) -> None:
+        self._rpc.send_oneway("commits", {"commits": owed})
 
     def close(self) -> None:
         self._soon.close()
