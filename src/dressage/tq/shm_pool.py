@@ -246,7 +246,11 @@ class WriterMaps:
             if kept is not None:
                 self._bytes -= len(kept[1])
         if kept is not None and len(kept[1]) >= n:
-            np.copyto(np.frombuffer(kept[1], np.uint8, n), np.frombuffer(view, np.uint8))
+            try:
+                np.copyto(np.frombuffer(kept[1], np.uint8, n), np.frombuffer(view, np.uint8))
+            except BaseException:
+                self._let_go(kept)
+                raise
         else:
             if kept is not None:
                 self._let_go(kept)
@@ -282,7 +286,10 @@ class WriterMaps:
 
     @staticmethod
     def _let_go(entry: tuple[int, mmap.mmap]) -> None:
-        entry[1].close()
+        try:
+            entry[1].close()
+        except BufferError:  # an array over it is still alive: unmapped once that is gone
+            pass
         os.close(entry[0])
 
     def close(self) -> None:
