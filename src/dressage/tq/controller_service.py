@@ -314,8 +314,11 @@ class RemoteController:
     def ping(self, timeout_s: float | None = None) -> int:
         return int(self._rpc.call("ping", timeout_s=timeout_s)[0]["pid"])
 
-    def _send_commits(self, owed: list[list[Any]]) -> None:
-        self._rpc.send_oneway("commits", {"commits": owed})
+    def _send_commits(self, owed: list[list[Any]], last: bool) -> None:
+        if last:  # at close, and bounded: a Controller that is gone must not hold the close up
+            self._rpc.call("commits", {"commits": owed}, timeout_s=min(self._rpc.timeout_s, 1.0))
+        else:
+            self._rpc.send_oneway("commits", {"commits": owed})
 
     def close(self) -> None:
         self._soon.close()

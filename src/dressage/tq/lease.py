@@ -320,8 +320,8 @@ class SoonCommits:
     ``COMMIT_SOON_S`` (or at close). The keys are pending until then, as they are until any one-way
     commit lands; a commit that arrives after its keys were cleared queues the unit copies for deletion."""
 
-    def __init__(self, send: Callable[[list[list[Any]]], None]) -> None:
-        self._send = send  # sends [[keys, unit_id], ...] one-way
+    def __init__(self, send: Callable[[list[list[Any]], bool], None]) -> None:
+        self._send = send  # sends [[keys, unit_id], ...]: one-way, or (the last, at close) awaited briefly
         self._lock = threading.Lock()
         self._owed: list[list[Any]] = []
         self._since = 0.0
@@ -372,11 +372,11 @@ class SoonCommits:
         owed, self._owed = self._owed, []
         return owed
 
-    def _flush(self, owed: list[list[Any]]) -> None:
+    def _flush(self, owed: list[list[Any]], last: bool = False) -> None:
         if not owed:
             return
         try:
-            self._send(owed)
+            self._send(owed, last)
         except TransferQueueError:  # the Controller is gone: retention or a clear removes the keys
             log.warning("could not send the commit of %d put(s)", len(owed))
 
@@ -385,4 +385,4 @@ class SoonCommits:
             self._closed = True
         self._stop.set()
         self._wake.set()
-        self._flush(self.take())
+        self._flush(self.take(), last=True)  # a one-way send could die with the closing socket
