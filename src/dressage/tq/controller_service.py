@@ -230,9 +230,13 @@ class RemoteController:
                      batch: str | None = None) -> None:
         self.place_leased_begin(lease_id, unit_id, items, batch=batch).wait()
 
-    def return_lease(self, lease_id: str) -> None:
-        # One-way: a Controller that is gone must not hold up a client's close (the lease expires anyway).
-        self._rpc.send_oneway("return_lease", {"lease": lease_id})
+    def return_lease(self, lease_id: str, *, wait: bool = False) -> None:
+        """``wait`` (a closing client): awaited for at most 1 s, as a one-way send could die with the
+        closing socket; a Controller that is gone must not hold the close up (the lease expires anyway)."""
+        if wait:
+            self._rpc.call("return_lease", {"lease": lease_id}, timeout_s=min(self._rpc.timeout_s, 1.0))
+        else:
+            self._rpc.send_oneway("return_lease", {"lease": lease_id})
 
     def requeue_deletions(self, unit_id: str, keys: Iterable[str]) -> None:
         keys = list(keys)

@@ -241,11 +241,11 @@ class LeaseHolder:
         with self._lock:
             held, self._held = self._held, None
         if held is not None:
-            self._return_quietly(held.lease_id)
+            self._return_quietly(held.lease_id, wait=True)
 
-    def _return_quietly(self, lease_id: str) -> None:
+    def _return_quietly(self, lease_id: str, wait: bool = False) -> None:
         try:
-            self._controller.return_lease(lease_id)
+            self._controller.return_lease(lease_id, wait=wait)
         except TransferQueueError:  # the lease ends at the Controller by itself
             pass
 
