@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dressage.errors import KeyNotFoundError, ProtocolError
-from dressage.tq import TransferQueue, TransferQueueClient, shm, wire
+from dressage.tq import TransferQueue, TransferQueueClient, shm, shm_pool, wire
 from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer
@@ -70,8 +70,9 @@ def test_segment_is_unlinked_on_delete_and_a_held_view_stays_valid(served):
     held = remote.get("k")
     remote.delete(["k"])
     gc.collect()
-    # A reader's view holds the segment: it is unlinked, never recycled under that view.
-    assert every_file(server.shm.token) == []
+    # A reader's view holds the segment: it is unlinked, never recycled under that view (the pool's
+    # one-page index is all that is left of this unit's files).
+    assert [os.path.basename(p) for p in every_file(server.shm.token)] == [shm_pool.index_name(server.shm.token)]
     assert int(held[0]) == 7 and int(held[-1]) == 7
     with pytest.raises(KeyNotFoundError):
         remote.get("k")
@@ -201,4 +202,181 @@ def test_a_segment_whose_size_is_not_its_class_is_refused(served):
         assert wire.decode_control(raw.recv_multipart()[0])["error"] == "ProtocolError"
     finally:
         raw.close(0)
-    assert not remote.exists("k") and every_file(token) == []
+    assert not remote.exists("k") and segments(token) == [] and shm.free_segments(token) == []
+
+
+# --- the free pool's index and the writer's kept mappings -------------------------------------
+
+
+def _free_file(directory, name, size):
+    path = os.path.join(directory, name)
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+def test_claim_and_release_never_list_the_directory(tmp_path, monkeypatch):
+    pool = shm_pool.create_pool(str(tmp_path), "ab" * 8)
+    try:
+        seg = _free_file(tmp_path, "seg", 1 << 20)
+
+        def no_listing(*a, **k):
+            raise AssertionError("the directory was listed")
+
+        for name in ("listdir", "scandir"):
+            monkeypatch.setattr(os, name, no_listing)
+        monkeypatch.setattr(glob, "glob", no_listing)
+        assert pool.release(seg, 1 << 20, 1 << 30)
+        assert pool.names() == [shm_pool.slot_name("ab" * 8, 20, 0)] and pool.free_bytes() == 1 << 20
+        assert not pool.claim(2 << 20, str(tmp_path / "other-class"))
+        assert pool.claim(1 << 20, str(tmp_path / "mine"))
+        assert (tmp_path / "mine").stat().st_size == 1 << 20 and pool.names() == [] and pool.free_bytes() == 0
+    finally:
+        shm_pool.drop_pool(str(tmp_path), "ab" * 8)
+
+
+def test_pool_is_bounded_by_bytes_and_by_slots_per_class(tmp_path):
+    token = "cd" * 8
+    pool = shm_pool.create_pool(str(tmp_path), token)
+    try:
+        page = 4096
+        kept = [pool.release(_free_file(tmp_path, f"s{i}", page), page, 1 << 30) for i in range(shm_pool.SLOTS + 2)]
+        assert kept == [True] * shm_pool.SLOTS + [False, False]  # the caller unlinks the two left over
+        assert pool.free_bytes() == shm_pool.SLOTS * page
+        assert not pool.release(_free_file(tmp_path, "big", 1 << 20), 1 << 20, shm_pool.SLOTS * page + 4096)
+    finally:
+        shm_pool.drop_pool(str(tmp_path), token)
+
+
+def test_a_bit_without_its_file_is_skipped_and_cleared(tmp_path):
+    token = "ef" * 8
+    pool = shm_pool.create_pool(str(tmp_path), token)
+    try:
+        for i in range(2):
+            assert pool.release(_free_file(tmp_path, f"s{i}", 1 << 20), 1 << 20, 1 << 30)
+        os.unlink(tmp_path / shm_pool.slot_name(token, 20, 0))  # as a claimer that died mid-claim leaves it
+        assert pool.claim(1 << 20, str(tmp_path / "got"))
+        assert pool.names() == [] and not pool.claim(1 << 20, str(tmp_path / "none"))
+    finally:
+        shm_pool.drop_pool(str(tmp_path), token)
+
+
+def test_two_processes_views_of_one_index_never_hand_out_a_segment_twice(tmp_path):
+    import threading
+
+    token = "0a" * 8
+    unit = shm_pool.create_pool(str(tmp_path), token)
+    fd = os.open(tmp_path / shm_pool.index_name(token), os.O_RDWR)
+    other = shm_pool.FreePool(str(tmp_path), token, fd)  # a second descriptor: what another process holds
+    try:
+        n = 100
+        for i in range(n):
+            assert unit.release(_free_file(tmp_path, f"s{i}", 1 << 16), 1 << 16, 1 << 30)
+        got: list[str] = []
+
+        def claim(pool, tag):
+            for i in range(n):
+                dest = str(tmp_path / f"{tag}{i}")
+                if pool.claim(1 << 16, dest):
+                    got.append(dest)
+
+        threads = [threading.Thread(target=claim, args=(p, t)) for p, t in ((unit, "a"), (other, "b"), (other, "c"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(got) == n and all(os.path.exists(p) for p in got) and unit.names() == []
+    finally:
+        other.close()
+        shm_pool.drop_pool(str(tmp_path), token)
+
+
+def test_index_is_reopened_when_its_unit_made_a_new_one(tmp_path):
+    token = "1b" * 8
+    first = shm_pool.create_pool(str(tmp_path), token)
+    assert shm_pool.pool_for(str(tmp_path), token) is first
+    shm_pool.drop_pool(str(tmp_path), token)
+    os.unlink(tmp_path / shm_pool.index_name(token))
+    assert shm_pool.pool_for(str(tmp_path), token) is None  # no unit: nothing to claim from
+    second = shm_pool.create_pool(str(tmp_path), token)
+    shm_pool.drop_pool(str(tmp_path), token)  # forget it here, as another process never had it
+    again = shm_pool.pool_for(str(tmp_path), token)
+    assert again is not None and again.inode == second.inode
+    shm_pool.drop_pool(str(tmp_path), token)
+
+
+def test_a_writer_fills_a_recycled_segment_through_its_kept_mapping(tmp_path):
+    maps = shm_pool.WriterMaps(1 << 30)
+    path = _free_file(tmp_path, "seg", 1 << 20)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        a = np.arange(300_000, dtype=np.uint8)
+        maps.write(fd, memoryview(a))  # a fresh segment: pwrite, then mapped for next time
+        assert len(maps) == 1
+        with open(path, "rb") as f:
+            assert f.read(300_000) == a.tobytes()
+        b = np.full(200_000, 7, dtype=np.uint8)
+        maps.write(fd, memoryview(b))  # recycled: one copy into the kept mapping
+        with open(path, "rb") as f:
+            assert f.read(200_000) == b.tobytes()
+        c = np.full(900_000, 9, dtype=np.uint8)
+        maps.write(fd, memoryview(c))  # longer than any earlier write: pwrite again, a longer mapping kept
+        with open(path, "rb") as f:
+            assert f.read(900_000) == c.tobytes()
+        assert len(maps) == 1
+    finally:
+        os.close(fd)
+        maps.close()
+    assert len(maps) == 0
+
+
+def test_a_writer_lets_go_of_unlinked_segments_and_keeps_at_most_its_budget(tmp_path):
+    maps = shm_pool.WriterMaps(3 * 4096)
+    fds = []
+    try:
+        for i in range(4):
+            fds.append(os.open(_free_file(tmp_path, f"s{i}", 4096), os.O_RDWR))
+            maps.write(fds[-1], memoryview(np.full(4096, i, dtype=np.uint8)))
+        assert len(maps) == 3  # the least recently written one was let go
+        for i in range(4):
+            os.unlink(tmp_path / f"s{i}")
+        fds.append(os.open(_free_file(tmp_path, "live", 4096), os.O_RDWR))
+        for _ in range(maps._SWEEP - 4):  # up to the next sweep
+            maps.write(fds[-1], memoryview(np.zeros(16, dtype=np.uint8)))
+        assert len(maps) == 1  # the unlinked files' pages are no longer held; the live one is kept
+    finally:
+        for fd in fds:
+            os.close(fd)
+        maps.close()
+
+
+def test_recycled_segments_stay_correct_through_many_rounds_and_leave_nothing(served):
+    _, server, remote = served
+    token = server.shm.token
+    for r in range(4):
+        arrays = [np.full(BIG - 4096 * i, r * 10 + i, dtype=np.uint8) for i in range(2)]
+        for i, a in enumerate(arrays):
+            remote.put(f"r{r}-{i}", a)
+        for i, a in enumerate(arrays):
+            np.testing.assert_array_equal(remote.get(f"r{r}-{i}"), a)
+        remote.delete([f"r{r}-{i}" for i in range(2)])
+        gc.collect()
+    assert segments(token) == [] and len(shm.free_segments(token)) == 2
+
+
+def test_puts_and_releases_through_a_unit_never_list_dev_shm(served, monkeypatch):
+    _, server, remote = served
+    remote.put("warm", np.ones(BIG, dtype=np.uint8))  # connections and the index are open from here on
+
+    def no_listing(*a, **k):
+        raise AssertionError("/dev/shm was listed")
+
+    for name in ("listdir", "scandir"):
+        monkeypatch.setattr(os, name, no_listing)
+    monkeypatch.setattr(glob, "glob", no_listing)
+    for i in range(3):
+        remote.put(f"k{i}", np.full(BIG, i, dtype=np.uint8))
+        remote.delete([f"k{i}"] if i else ["warm", "k0"])
+        gc.collect()
+    monkeypatch.undo()
+    assert segments(server.shm.token) == [] and len(shm.free_segments(server.shm.token)) == 2

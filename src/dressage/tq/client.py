@@ -29,6 +29,7 @@ from dressage.errors import (
     TransferQueueError,
 )
 from dressage.tq.inproc import LocalPath
+from dressage.tq.lease import LeaseHolder
 from dressage.tq.liveness import LivenessView
 from dressage.tq.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit, prepare_array
@@ -90,6 +91,7 @@ class TransferQueueClient:
                 attach = getattr(unit, "attach_liveness", None)
                 if attach is not None:
                     attach(self._liveness.checker(uid))
+        self._leases = LeaseHolder.for_client(controller, node_id, self._liveness)  # small puts (tq/lease.py)
 
     @classmethod
     def connect(cls, spec: Mapping[str, Any], *, node_id: str | None = None) -> "TransferQueueClient":
@@ -111,8 +113,8 @@ class TransferQueueClient:
 
     def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, batch: str | None = None,
                  keys: Sequence[str] | None = None) -> list[FieldRef]:
-        """Store several ``(field, array)`` items of one step on one unit: one directory round trip to
-        place, one unit round trip, one to commit. All or nothing, like :meth:`put`."""
+        """Store several ``(field, array)`` items of one step on one unit: place, unit write, commit (on a
+        lease the placement overlaps the write and nobody waits for the commit). All or nothing."""
         self._check_open()
         if batch is not None and not isinstance(batch, str):
             raise TransferQueueError(f"batch must be a string or None, got {batch!r}")
@@ -131,10 +133,12 @@ class TransferQueueClient:
             if not isinstance(key, str) or not key:
                 raise TransferQueueError(f"key must be a non-empty string, got {key!r}")
         placing = [(k, a.nbytes, f) for k, a, f in zip(names, arrays, fields)]
+        unit_id = self._leases.put(self, names, arrays, placing, batch) if self._leases is not None else None
+        leased = unit_id is not None
         deadline = time.monotonic() + self._full_wait_s
         sleep = _FULL_BACKOFF_S[0]
         lost_units: list[str] = []
-        while True:
+        while not leased:
             unit_id = None
             try:
                 unit_id = self._controller.place_many(placing, node_id=self.node_id, batch=batch)
@@ -168,7 +172,8 @@ class TransferQueueClient:
         try:
             if self._remote_controller:
                 # Durable in the unit is what put promises; the directory learns it without a round trip.
-                self._controller.commit_many(names, unit_id=unit_id, wait=False)
+                soon = {"soon": True} if leased else {}  # a leased put's commit rides on the next placement
+                self._controller.commit_many(names, unit_id=unit_id, wait=False, **soon)
             else:
                 self._controller.commit_many(names, unit_id=unit_id)
         except BaseException:
@@ -325,8 +330,7 @@ class TransferQueueClient:
 
     def mark_consumed(self, refs_or_keys: Iterable[FieldRef | str]) -> int:
         self._check_open()
-        return self._controller.mark_consumed(
-            {r.key if isinstance(r, FieldRef) else str(r) for r in refs_or_keys})
+        return self._controller.mark_consumed({r.key if isinstance(r, FieldRef) else str(r) for r in refs_or_keys})
 
     def set_batch(self, refs_or_keys: Iterable[FieldRef | str], batch: str | None) -> int:
         """Move keys to another batch (e.g. once the rollout step that will consume them is known)."""
@@ -380,6 +384,8 @@ class TransferQueueClient:
         self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._leases is not None:
+            self._leases.close()
         if self._owns_handles:
             for unit in self._units.values():
                 unit.close()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
+from dressage.tq.lease import LeaseDesk
 
 __all__ = ["Controller", "KeyState", "UnitInfo", "UnitState"]
 
@@ -49,9 +50,8 @@ class _Liveness:
 
 @dataclass(frozen=True, slots=True)
 class UnitInfo:
-    """A StorageUnit as the directory sees it; ``address`` is its ZMQ endpoint when it has one,
-    ``host_id`` / ``shm_token`` let writers and readers on its host use shared memory; ``heartbeat`` is
-    the endpoint liveness probes use (its own socket and thread, so a long request never delays them)."""
+    """A StorageUnit as the directory sees it: ``address`` its ZMQ endpoint, ``host_id`` / ``shm_token``
+    for shared memory on its host, ``heartbeat`` the liveness probes' own endpoint (never delayed)."""
 
     unit_id: str
     node_id: str | None = None
@@ -87,8 +87,8 @@ class _Entry:
     touched_at: float
 
 
-class Controller:
-    """Thread-safe key directory. ``clock`` is injectable so retention tests need no sleeping."""
+class Controller(LeaseDesk):
+    """Thread-safe key directory (placement leases: ``tq/lease.py``). ``clock`` is injectable."""
 
     def __init__(self, units: Sequence[UnitInfo] = (), *, retention_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic, strict_budget: bool = False) -> None:
@@ -107,6 +107,7 @@ class Controller:
         self._down_until: dict[str, float] = {}
         self._live: dict[str, _Liveness] = {}
         self._strict = strict_budget
+        self._init_leases()
         for u in units:
             self.add_unit(u)
 
@@ -128,6 +129,7 @@ class Controller:
             if live.state is UnitState.DEAD:
                 return False
             self._live[unit_id] = _Liveness(UnitState.DEAD, self._clock(), str(reason), live.last_seen)
+            self._end_unit_leases(unit_id)
         log.warning("StorageUnit %s marked dead: %s", unit_id, reason)
         return True
 
@@ -198,17 +200,10 @@ class Controller:
                 self._tombstones.pop(key, None)
             return unit_id
 
-    def _choose(self, nbytes: int, node_id: str | None) -> str:
-        if len(self._units) == 1:  # one unit (embedded): no pool to search when it is live and has room
-            uid = next(iter(self._units))
-            if self._live[uid].state is UnitState.LIVE and (
-                    not self._strict or self._units[uid].memory_budget - self._used[uid] >= nbytes):
-                return uid
-
-        def free(uid: str) -> int:
-            return self._units[uid].memory_budget - self._used[uid]
-
+    def _candidates(self, nbytes: int, node_id: str | None) -> tuple[list[str], list[str], list[str]]:
+        """The units of the first pool where ``nbytes`` fit, the last pool, and every unit usable now."""
         now = self._clock()
+        self._sweep_leases(now)
         live = [u for u in self._units if self._is_live(u)]
         if not live:
             raise StorageUnitUnavailable(
@@ -221,17 +216,27 @@ class Controller:
         off_head = [u for u in everyone if not self._units[u].head]
         local = [u for u in off_head if node_id is not None and self._units[u].node_id == node_id]
         for pool in (local, off_head, everyone):
-            fitting = [u for u in pool if free(u) >= nbytes]
+            fitting = [u for u in pool if self._free(u) >= nbytes]
             if fitting:
-                # Most free bytes, then fewest keys: equal units fill evenly.
-                return max(fitting, key=lambda u: (free(u), -self._count[u]))
+                return fitting, pool, everyone
+        return [], local or off_head or everyone, everyone
+
+    def _choose(self, nbytes: int, node_id: str | None) -> str:
+        if len(self._units) == 1 and not self._leases:  # one unit (embedded): no pool to search
+            uid = next(iter(self._units))
+            if self._live[uid].state is UnitState.LIVE and (not self._strict or self._free(uid) >= nbytes):
+                return uid
+        fitting, last, everyone = self._candidates(nbytes, node_id)
+        if fitting:
+            # Most free bytes, then fewest keys: equal units fill evenly.
+            return max(fitting, key=lambda u: (self._free(u), -self._count[u]))
         if self._strict:
             # Sending the payload would only be refused: the writer waits (or fails) without sending it.
             raise StorageFullError(
                 f"every live StorageUnit is full: {nbytes} bytes fit none of "
-                + ", ".join(f"{u} ({free(u)} of {self._units[u].memory_budget} bytes free)" for u in everyone))
+                + ", ".join(f"{u} ({self._free(u)} of {self._units[u].memory_budget} bytes free)" for u in everyone))
         # Nobody has room: the unit with most room spills, waits or refuses, per its policy.
-        return max(local or off_head or everyone, key=lambda u: (free(u), -self._count[u]))
+        return max(last, key=lambda u: (self._free(u), -self._count[u]))
 
     def commit(self, key: str) -> None:
         """The payload is durable in its unit."""
@@ -390,6 +395,6 @@ class Controller:
                       "state_reason": self._live[uid].reason,
                       "placement_paused": self._down_until.get(uid, 0.0) > self._clock(),
                       "directory_bytes": self._used[uid], "pending": pending.get(uid, 0),
-                      "queued_deletes": len(self._to_delete.get(uid, ()))}
+                      "queued_deletes": len(self._to_delete.get(uid, ())), **self._lease_stats(uid)}
                 for uid, u in self._units.items()
             }

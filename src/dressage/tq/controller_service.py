@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from dressage.errors import ProtocolError
+from dressage.errors import ProtocolError, TransferQueueError
 from dressage.tq.controller import Controller, KeyState, UnitInfo
 from dressage.tq.janitor import Janitor
-from dressage.tq.transport import RpcClient, RpcServer
+from dressage.tq.lease import SoonCommits
+from dressage.tq.transport import PendingReply, RpcClient, RpcServer
 from dressage.tq.wire import MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, text, text_list, uint
 
 __all__ = ["ControllerServer", "RemoteController", "main"]
+
+log = logging.getLogger(__name__)
 
 
 def _str_list(value: Any, what: str) -> list[str]:
@@ -30,6 +34,61 @@ def _str_list(value: Any, what: str) -> list[str]:
 
 def _opt_str(value: Any, what: str) -> str | None:
     return text(value, what, optional=True)
+
+
+def _place_items(items: Any) -> list[tuple[str, int, str]]:
+    if not isinstance(items, list) or not 0 < len(items) <= MAX_KEYS:
+        raise ProtocolError(f"place needs a list of 1 to {MAX_KEYS} [key, nbytes, field] items")
+    checked = []
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 3):
+            raise ProtocolError(f"bad place item {item!r:.100}")
+        checked.append((text(item[0], "key", max_len=MAX_KEY_BYTES, empty=False),
+                        uint(item[1], "nbytes", MAX_NBYTES), text(item[2], "field", max_len=MAX_KEY_BYTES)))
+    return checked
+
+
+_LEASE_OPS = ("lease", "place_leased", "return_lease", "requeue", "commits")
+
+
+def _apply_commits(ctl: Controller, commits: Any) -> None:
+    """Commits that rode on another message (``lease.SoonCommits``); one whose keys are gone is logged."""
+    if not isinstance(commits, list) or len(commits) > MAX_KEYS:
+        raise ProtocolError(f"'commits' must be a list of at most {MAX_KEYS} [keys, unit_id]")
+    checked = []
+    for item in commits:
+        if not (isinstance(item, list) and len(item) == 2):
+            raise ProtocolError(f"bad commit {item!r:.100}")
+        checked.append((_str_list(item[0], "keys"), _opt_str(item[1], "unit_id")))
+    for keys, unit_id in checked:
+        try:
+            ctl.commit_many(keys, unit_id=unit_id)
+        except TransferQueueError as exc:
+            log.info("late commit: %s", exc)
+
+
+def _lease_op(ctl: Controller, op: str, c: dict[str, Any]) -> dict[str, Any]:
+    """Placement leases (``tq/lease.py``) and the re-queueing of unit copies a refused write left."""
+    if op == "lease":
+        return {"grant": ctl.lease(uint(c.get("nbytes"), "nbytes", MAX_NBYTES),
+                                   node_id=_opt_str(c.get("node_id"), "node_id"),
+                                   returning=_opt_str(c.get("returning"), "returning"))}
+    if op == "commits":
+        _apply_commits(ctl, c.get("commits"))
+        return {}
+    if op == "place_leased":
+        if c.get("commits") is not None:  # first: a refused placement does not undo the puts before it
+            _apply_commits(ctl, c.get("commits"))
+        ctl.place_leased(text(c.get("lease"), "lease", max_len=MAX_KEY_BYTES),
+                         text(c.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False),
+                         _place_items(c.get("items")), batch=_opt_str(c.get("batch"), "batch"))
+        return {"states": ctl.unit_states()} if c.get("states") is True else {}
+    if op == "return_lease":
+        ctl.return_lease(text(c.get("lease"), "lease", max_len=MAX_KEY_BYTES))
+        return {}
+    ctl.requeue_deletions(text(c.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False),
+                          _str_list(c.get("keys"), "keys"))
+    return {}
 
 
 class ControllerServer:
@@ -57,18 +116,12 @@ class ControllerServer:
             raise ProtocolError("controller requests carry no payload frames")
         ctl, op = self.controller, c["op"]
         if op == "place":
-            items = c.get("items")
-            if not isinstance(items, list) or not 0 < len(items) <= MAX_KEYS:
-                raise ProtocolError(f"place needs a list of 1 to {MAX_KEYS} [key, nbytes, field] items")
-            checked = []
-            for item in items:
-                if not (isinstance(item, list) and len(item) == 3):
-                    raise ProtocolError(f"bad place item {item!r:.100}")
-                checked.append((text(item[0], "key", max_len=MAX_KEY_BYTES, empty=False),
-                                uint(item[1], "nbytes", MAX_NBYTES), text(item[2], "field", max_len=MAX_KEY_BYTES)))
+            checked = _place_items(c.get("items"))
             unit = ctl.place_many(checked, node_id=_opt_str(c.get("node_id"), "node_id"),
                                   batch=_opt_str(c.get("batch"), "batch"))
             return {"unit_id": unit}, ()
+        if op in _LEASE_OPS:
+            return _lease_op(ctl, op, c), ()
         if op == "commit":
             ctl.commit_many(_str_list(c.get("keys"), "keys"), unit_id=_opt_str(c.get("unit_id"), "unit_id"))
             return {}, ()
@@ -142,6 +195,7 @@ class RemoteController:
     def __init__(self, address: str, *, timeout_s: float = 30.0, secret: bytes | None = None) -> None:
         self.address = address
         self._rpc = RpcClient(address, timeout_s=timeout_s, name="TransferQueue controller", secret=secret)
+        self._soon = SoonCommits(self._send_commits)
 
     def place(self, key: str, nbytes: int, *, node_id: str | None = None, batch: str | None = None,
               field: str = "") -> str:
@@ -154,14 +208,52 @@ class RemoteController:
                               keys=[i[0] for i in wire_items])
         return str(r["unit_id"])
 
+    def lease(self, nbytes: int, *, node_id: str | None = None, returning: str | None = None) -> dict[str, Any] | None:
+        r, _ = self._rpc.call("lease", {"nbytes": int(nbytes), "node_id": node_id, "returning": returning})
+        return r.get("grant")
+
+    def place_leased_begin(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
+                           batch: str | None = None, states: bool = False) -> PendingReply:
+        """Send ``place_leased`` and return at once; ``.wait()`` on the result raises what it raised, and
+        with ``states`` its reply carries ``unit_states()`` too."""
+        wire_items = [[k, int(n), f] for k, n, f in items]
+        owed = self._soon.take()  # the commits of earlier puts ride along
+        try:
+            return self._rpc.begin("place_leased", {"lease": lease_id, "unit_id": unit_id, "items": wire_items,
+                                                    "batch": batch, "states": states, "commits": owed or None},
+                                   keys=[i[0] for i in wire_items])
+        except BaseException:
+            self._soon.give_back(owed)
+            raise
+
+    def place_leased(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
+                     batch: str | None = None) -> None:
+        self.place_leased_begin(lease_id, unit_id, items, batch=batch).wait()
+
+    def return_lease(self, lease_id: str, *, wait: bool = False) -> None:
+        """``wait`` (a closing client): awaited for at most 1 s, as a one-way send could die with the
+        closing socket; a Controller that is gone must not hold the close up (the lease expires anyway)."""
+        if wait:
+            self._rpc.call("return_lease", {"lease": lease_id}, timeout_s=min(self._rpc.timeout_s, 1.0))
+        else:
+            self._rpc.send_oneway("return_lease", {"lease": lease_id})
+
+    def requeue_deletions(self, unit_id: str, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        self._rpc.call("requeue", {"unit_id": unit_id, "keys": keys}, keys=keys)
+
     def commit(self, key: str) -> None:
         self.commit_many([key])
 
-    def commit_many(self, keys: Iterable[str], *, unit_id: str | None = None, wait: bool = True) -> None:
+    def commit_many(self, keys: Iterable[str], *, unit_id: str | None = None, wait: bool = True,
+                    soon: bool = False) -> None:
         """``wait=False`` sends the commit without waiting for its reply (saves a round trip per put);
-        pass ``unit_id`` then, so a commit that arrives too late deletes its unit copy."""
+        pass ``unit_id`` then, so a commit that arrives too late deletes its unit copy. ``soon``: send it
+        with the next placement or within ``lease.COMMIT_SOON_S`` (a leased put's commit)."""
         keys = list(keys)
-        if wait:
+        if soon:
+            self._soon.owe(keys, unit_id)
+        elif wait:
             self._rpc.call("commit", {"keys": keys, "unit_id": unit_id}, keys=keys)
         else:
             self._rpc.send_oneway("commit", {"keys": keys, "unit_id": unit_id}, keys=keys)
@@ -226,7 +318,14 @@ class RemoteController:
     def ping(self, timeout_s: float | None = None) -> int:
         return int(self._rpc.call("ping", timeout_s=timeout_s)[0]["pid"])
 
+    def _send_commits(self, owed: list[list[Any]], last: bool) -> None:
+        if last:  # at close, and bounded: a Controller that is gone must not hold the close up
+            self._rpc.call("commits", {"commits": owed}, timeout_s=min(self._rpc.timeout_s, 1.0))
+        else:
+            self._rpc.send_oneway("commits", {"commits": owed})
+
     def close(self) -> None:
+        self._soon.close()
         self._rpc.close()
 
 

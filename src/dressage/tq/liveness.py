@@ -98,6 +98,24 @@ class LivenessView:
             self._states = states
         return states
 
+    def begin_refresh(self) -> bool:
+        """Claim the next refresh when the view is stale (True), for a caller that will get the states
+        from a reply it is waiting for anyway; until ``finish_refresh`` the others use what is there."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._at < self._ttl:
+                return False
+            self._at = now
+            return True
+
+    def finish_refresh(self, states: dict[str, dict[str, Any]] | None) -> None:
+        """The states a claimed refresh got (None: it got none; the next check asks the Controller)."""
+        with self._lock:
+            if states is None:
+                self._at = float("-inf")
+            else:
+                self._states = dict(states)
+
     def reason(self, unit_id: str) -> str | None:
         st = self._refresh().get(unit_id)
         if st is None or st.get("state") != "dead":

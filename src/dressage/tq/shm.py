@@ -6,14 +6,17 @@ gets ``(name, offset)`` back and maps the rows read-only (no copy, no socket tra
 the unit's own prefix are ever opened.
 
 Segments are recycled: a file's size is a power-of-two class (>= the payload), and when the unit drops its
-last view of a blob it renames the file into its free pool (``dtq-<token>-z<class>x<id>``) instead of
-unlinking it, so the next put of that class claims it by an atomic rename and writes into pages tmpfs has
-already allocated (no fresh-page zeroing). A reader holds a shared ``flock`` on each segment it maps for as
-long as its view lives; a segment some reader still holds is unlinked instead (that reader's mapping stays
-valid), so a recycled segment is never one a live view shows. The pool is bounded (``SHM_POOL_BYTES`` of
-free segments per unit; beyond it a released file is unlinked); with no free segment of the class a put
-creates a new file, and when /dev/shm is full the item goes over the socket. Closing the unit removes every
-file with its token, free ones included.
+last view of a blob it renames the file into its free pool instead of unlinking it, so the next put of
+that class claims it by a rename and writes into pages tmpfs has already allocated (no fresh-page
+zeroing). The pool is indexed by a one-page bitmap every process maps (``tq/shm_pool.py``): a claim or a
+release flips a bit under a lock and renames one file, without listing /dev/shm. A reader holds a shared
+``flock`` on each segment it maps for as long as its view lives; a segment some reader still holds is
+unlinked instead (that reader's mapping stays valid), so a recycled segment is never one a live view
+shows, and a released segment's name is gone (mapping it again is KeyNotFoundError). The pool is bounded
+(``SHM_POOL_BYTES`` of free segments per unit, ``shm_pool.SLOTS`` per class; beyond it a released file is
+unlinked); with no free segment of the class a put creates a new file, and when /dev/shm is full the item
+goes over the socket. Closing the unit removes every file with its token, free ones and the index
+included.
 """
 
 from __future__ import annotations
@@ -33,15 +36,19 @@ from typing import Any
 import numpy as np
 
 from dressage.errors import KeyNotFoundError, ProtocolError
+from dressage.tq import shm_pool
 
-__all__ = ["SHM_DIR", "SHM_MIN_BYTES", "SHM_POOL_BYTES", "host_id", "new_token", "write_segment", "map_segment",
-           "ShmRegistry", "remove_segment", "remove_segments", "segment_class", "free_segments"]
+__all__ = ["SHM_DIR", "SHM_MIN_BYTES", "SHM_POOL_BYTES", "WRITER_MAPS_BYTES", "host_id", "new_token",
+           "write_segment", "map_segment", "ShmRegistry", "remove_segment", "remove_segments", "segment_class",
+           "free_segments", "forget_writes"]
 
 SHM_DIR = "/dev/shm"
 # Below this a socket frame is cheaper than creating, mapping and unlinking a file.
 SHM_MIN_BYTES = 256 * 1024
 # Free (released) segments a unit keeps for reuse, in bytes; a release beyond this unlinks the file.
 SHM_POOL_BYTES = 1 << 30
+# Mappings of written segments a writer keeps per unit, for the next claim of each (shm_pool.WriterMaps).
+WRITER_MAPS_BYTES = 256 << 20
 _NAME = re.compile(r"^dtq-[0-9a-f]{16}-[0-9a-z]+$")
 _PAGE = mmap.PAGESIZE
 
@@ -72,28 +79,22 @@ def segment_class(nbytes: int) -> int:
     return max(_PAGE, 1 << max(int(nbytes) - 1, 0).bit_length())
 
 
-def _free_glob(token: str, size: int | None = None) -> str:
-    cls = "*" if size is None else f"{size.bit_length() - 1}"
-    return os.path.join(SHM_DIR, f"dtq-{token}-z{cls}x*")
-
-
 def free_segments(token: str) -> list[str]:
     """Names of the free (recycled, unused) segments of one unit."""
-    return sorted(os.path.basename(p) for p in glob.glob(_free_glob(token)))
+    pool = shm_pool.pool_for(SHM_DIR, token)
+    return pool.names() if pool is not None else []
 
 
 def _claim(token: str, size: int, path: str) -> int | None:
     """Rename a free segment of this class to ``path`` and open it; None when the pool has none."""
-    for free in glob.glob(_free_glob(token, size)):
-        try:
-            os.rename(free, path)  # atomic: of two writers racing for one file, one wins
-        except FileNotFoundError:
-            continue
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
-        if os.fstat(fd).st_size == size:
-            return fd
-        os.close(fd)  # not a file this pool made: never reuse it
-        os.unlink(path)
+    pool = shm_pool.pool_for(SHM_DIR, token)
+    if pool is None or not pool.claim(size, path):
+        return None
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    if os.fstat(fd).st_size == size:
+        return fd
+    os.close(fd)  # not a file this pool made: never reuse it
+    os.unlink(path)
     return None
 
 
@@ -110,9 +111,10 @@ def write_segment(name: str, array: np.ndarray, token: str | None = None) -> boo
         if fd is None:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
             os.ftruncate(fd, size)
-        done = 0
-        while done < len(view):
-            done += os.pwrite(fd, view[done:], done)
+        if token:
+            _writer_maps(token).write(fd, view)  # a recycled segment it wrote before: one copy
+        else:
+            _pwrite(fd, view)
     except BaseException:
         if fd is not None:
             os.close(fd)
@@ -123,6 +125,32 @@ def write_segment(name: str, array: np.ndarray, token: str | None = None) -> boo
         raise
     os.close(fd)
     return reused
+
+
+def _pwrite(fd: int, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], done)
+
+
+_writers: dict[str, shm_pool.WriterMaps] = {}
+_writers_lock = threading.Lock()
+
+
+def _writer_maps(token: str) -> shm_pool.WriterMaps:
+    with _writers_lock:
+        maps = _writers.get(token)
+        if maps is None:
+            maps = _writers[token] = shm_pool.WriterMaps(WRITER_MAPS_BYTES)
+        return maps
+
+
+def forget_writes(token: str) -> None:
+    """Let go of the mappings this process kept of ``token``'s segments (its handle of the unit closed)."""
+    with _writers_lock:
+        maps = _writers.pop(token, None)
+    if maps is not None:
+        maps.close()
 
 
 def remove_segment(name: str) -> None:
@@ -183,17 +211,14 @@ def _release(name: str, token: str, pool_bytes: int) -> None:
         return
     try:
         size = os.fstat(fd).st_size
-        free = sum(1 << int(os.path.basename(p).split("-z")[1].split("x")[0])
-                   for p in glob.glob(_free_glob(token)))
-        keep = size == segment_class(size) and free + size <= pool_bytes
+        keep = size == segment_class(size)
         if keep:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:  # a reader's view still shows it
                 keep = False
-        if keep:
-            os.rename(path, os.path.join(SHM_DIR, f"dtq-{token}-z{size.bit_length() - 1}x{secrets.token_hex(6)}"))
-        else:
+        pool = shm_pool.pool_for(SHM_DIR, token) if keep else None
+        if pool is None or not pool.release(path, size, pool_bytes):
             os.unlink(path)
     except OSError:
         remove_segment(name)
@@ -207,11 +232,12 @@ class ShmRegistry:
     def __init__(self, token: str | None = None, pool_bytes: int = SHM_POOL_BYTES) -> None:
         self.token = token or new_token()
         self.pool_bytes = pool_bytes
+        self.pool = shm_pool.create_pool(SHM_DIR, self.token)
         self._maps: "weakref.WeakKeyDictionary[mmap.mmap, tuple[str, int, int]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
     def owns(self, name: str) -> bool:
-        # Free pool names (``-z``) are never a put's segment.
+        # Free pool names and the pool's index (``-z``) are never a put's segment.
         return isinstance(name, str) and name.startswith(f"dtq-{self.token}-") and \
             not name.startswith(f"dtq-{self.token}-z")
 
@@ -260,7 +286,8 @@ class ShmRegistry:
     def stats(self) -> dict[str, int]:
         with self._lock:
             sizes = [n for _, _, n in self._maps.values()]
-        return {"shm_segments": len(sizes), "shm_bytes": sum(sizes), "shm_free_segments": len(free_segments(self.token))}
+        return {"shm_segments": len(sizes), "shm_bytes": sum(sizes), "shm_free_segments": len(self.pool.names())}
 
     def close(self) -> None:
+        shm_pool.drop_pool(SHM_DIR, self.token)
         remove_segments(self.token)

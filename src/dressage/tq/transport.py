@@ -25,7 +25,7 @@ from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueue
 from dressage.tq.wire import (ReplayGuard, decode_control, encode, error_from_wire, error_to_wire, open_frames,
                               sign)
 
-__all__ = ["RpcServer", "RpcClient", "Handler"]
+__all__ = ["RpcServer", "RpcClient", "PendingReply", "Handler"]
 
 log = logging.getLogger(__name__)
 # handler(control, payload_frames) -> (reply_control, reply_payloads)
@@ -96,6 +96,8 @@ class RpcServer:
         self.served = 0
         self.rejected = 0
         self.untyped = 0  # handler failures that were not TransferQueueErrors: bugs, which fuzzing counts
+        # Work that may wait until the reply is sent, and must be done before the next request is read.
+        self.after_reply: Callable[[], None] | None = None
 
     @property
     def address(self) -> str:
@@ -143,6 +145,10 @@ class RpcServer:
             if not isinstance(control.get("op"), str):
                 raise ProtocolError("control frame has no 'op'")
             reply, payloads = self._handler(control, body[1:])
+            if control.get("oneway") is True:  # its sender reads no reply: a refusal is still sent back
+                self.served += 1
+                self._after_reply()
+                return
             out = encode({"ok": True, **reply, "id": req_id}, payloads)  # a reply that cannot be encoded fails here
             self.served += 1
         except Exception as exc:  # every failure becomes a typed reply; the loop keeps serving
@@ -167,6 +173,14 @@ class RpcServer:
             send_frames(self._sock, [ident, *out], zmq.NOBLOCK)
         except zmq.Again:  # the peer is not reading; dropping its reply keeps everyone else served
             log.warning("%s: dropped a reply to a peer that is not reading", self._name)
+        self._after_reply()
+
+    def _after_reply(self) -> None:
+        if self.after_reply is not None:
+            try:
+                self.after_reply()
+            except Exception:
+                log.exception("%s: work after a reply failed", self._name)
 
     def stop(self) -> None:
         self._stop.set()
@@ -227,8 +241,9 @@ class RpcClient:
         sock.close(0)
 
     def send_oneway(self, op: str, control: dict[str, Any] | None = None, *, keys: Sequence[str] = ()) -> None:
-        """Send a request without waiting; its reply is discarded by the socket's next call."""
-        message = {**(control or {}), "op": op, "id": -next(self._ids)}
+        """Send a request without waiting. The server answers only a refusal (discarded by the socket's
+        next call), so a stream of one-way requests leaves no replies to read."""
+        message = {**(control or {}), "op": op, "id": -next(self._ids), "oneway": True}
         sock = self._borrow()
         try:
             sock.send_multipart(self._frames(message, ())[0], flags=zmq.NOBLOCK)
@@ -251,6 +266,13 @@ class RpcClient:
         """Send one request and wait for its reply; raise the server's typed error or
         StorageUnitUnavailable (naming this peer and ``keys``) when no reply comes in time, or as soon
         as ``abort()`` (default: the client's own check) returns a reason such as "marked dead"."""
+        return self.begin(op, control, payloads, keys=keys, timeout_s=timeout_s, abort=abort).wait()
+
+    def begin(self, op: str, control: dict[str, Any] | None = None, payloads: Sequence[Any] = (), *,
+              keys: Sequence[str] = (), timeout_s: float | None = None,
+              abort: Callable[[], str | None] | None = None) -> "PendingReply":
+        """Send one request now and return its :class:`PendingReply`: the caller does other work (a
+        request to another peer) while this one is served, then ``wait()``s. The timeout counts from now."""
         req_id = next(self._ids)
         message = {**(control or {}), "op": op, "id": req_id}
         timeout = self.timeout_s if timeout_s is None else timeout_s
@@ -260,18 +282,24 @@ class RpcClient:
             if why:
                 raise self._unavailable(op, keys, why)
         sock = self._borrow()
+        try:
+            frames, seq = self._frames(message, payloads)
+            send_frames(sock, frames, zmq.NOBLOCK)
+        except BaseException as exc:
+            sock.close(0)
+            if isinstance(exc, zmq.ZMQError):
+                raise self._unavailable(op, keys, f"send failed: {exc}") from exc
+            raise
+        return PendingReply(self, sock, op, keys, req_id, seq, time.monotonic() + timeout, timeout, abort)
+
+    def _await(self, p: "PendingReply") -> tuple[dict[str, Any], list[Any]]:
+        sock, abort, op, keys = p.sock, p.abort, p.op, p.keys
         healthy = False
         try:
-            try:
-                frames, seq = self._frames(message, payloads)
-                send_frames(sock, frames, zmq.NOBLOCK)
-            except zmq.ZMQError as exc:
-                raise self._unavailable(op, keys, f"send failed: {exc}") from exc
-            deadline = time.monotonic() + timeout
             while True:
-                left = deadline - time.monotonic()
+                left = p.deadline - time.monotonic()
                 if left <= 0:
-                    raise self._unavailable(op, keys, f"no reply within {timeout:g} s")
+                    raise self._unavailable(op, keys, f"no reply within {p.timeout:g} s")
                 step = left if abort is None else min(left, _ABORT_POLL_S)
                 if not sock.poll(int(step * 1000) + 1, zmq.POLLIN):
                     why = abort() if abort is not None else None
@@ -281,14 +309,14 @@ class RpcClient:
                 frames = sock.recv_multipart(copy=False)
                 if self._secret is not None:
                     frames, auth = open_frames(frames, self._secret)
-                    if auth.nonce != self._nonce or auth.seq != seq:
+                    if auth.nonce != self._nonce or auth.seq != p.seq:
                         if auth.nonce == _NO_NONCE:  # the server could not authenticate our request
                             reply = decode_control(frames[0])
                             break
                         log.debug("%s: discarded a reply to another request", self.name)
                         continue
                 reply = decode_control(frames[0])
-                if reply.get("id") == req_id:
+                if reply.get("id") == p.req_id:
                     break
                 log.debug("%s: discarded a stale reply", self.name)
             healthy = True
@@ -314,3 +342,21 @@ class RpcClient:
             idle, self._idle = self._idle, []
         for sock in idle:
             sock.close(0)
+
+
+class PendingReply:
+    """A request :meth:`RpcClient.begin` sent; ``wait()`` (exactly once) returns its reply as ``call`` does."""
+
+    __slots__ = ("client", "sock", "op", "keys", "req_id", "seq", "deadline", "timeout", "abort", "_done")
+
+    def __init__(self, client: RpcClient, sock: zmq.Socket, op: str, keys: Sequence[str], req_id: int, seq: int,
+                 deadline: float, timeout: float, abort: Callable[[], str | None] | None) -> None:
+        self.client, self.sock, self.op, self.keys = client, sock, op, keys
+        self.req_id, self.seq, self.deadline, self.timeout, self.abort = req_id, seq, deadline, timeout, abort
+        self._done = False
+
+    def wait(self) -> tuple[dict[str, Any], list[Any]]:
+        if self._done:
+            raise TransferQueueError(f"{self.client.name}: the reply to {self.op} was already taken")
+        self._done = True
+        return self.client._await(self)

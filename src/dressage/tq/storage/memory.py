@@ -46,6 +46,7 @@ class MemoryStorageUnit(StorageUnit):
         self._pool: dict[int, list[np.ndarray]] = {}
         self._pooled_bytes = 0
         self._pool_cap = min(_POOL_MAX_BYTES, memory_budget // 4)
+        self._unsealed: set[str] = set()  # handed-over blobs whose checksums ``seal`` still computes
 
     def _fits(self, nbytes: int) -> bool:
         return self._memory_bytes + nbytes <= self.memory_budget
@@ -92,9 +93,11 @@ class MemoryStorageUnit(StorageUnit):
             stored = buf.view(array.dtype).reshape(array.shape)  # a view of a read-only buffer: read-only
         else:
             self._evict_pool(nbytes)
-            stored = array  # the caller handed the buffer over (a received frame)
-            sums = checksum(stored) if self.checksums else None
+            stored = array  # the caller handed the buffer over (a received frame, an adopted segment)
+            sums = None
             self._adopted.add(key)
+            if self.checksums:  # hashed by ``seal`` (a server calls it once the put is answered) or the first read
+                self._unsealed.add(key)
             stored.flags.writeable = False
         self._blobs[key] = stored
         self._sums[key] = sums
@@ -118,10 +121,26 @@ class MemoryStorageUnit(StorageUnit):
         return (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.ndim == 1 and buf.flags.owndata
                 and nbytes >= _POOL_MIN_BLOB and self._pooled_bytes + nbytes <= self._pool_cap)
 
+    def seal(self) -> None:
+        """Compute the checksums of the blobs put with ``copy=False`` since the last call. A server calls
+        this after answering each request, before it reads the next: a put's reply does not wait for the
+        hash, and no read can come before it."""
+        with self._lock:
+            for key in self._unsealed:
+                self._sums[key] = checksum(self._blobs[key])
+            self._unsealed.clear()
+
+    def _sealed_sums(self, key: str, blob: np.ndarray) -> Checksums | None:
+        """``key``'s checksums, computed now if ``seal`` has not come yet (a read before it)."""
+        if key in self._unsealed:
+            self._unsealed.discard(key)
+            self._sums[key] = checksum(blob)
+        return self._sums[key]
+
     def _read(self, key: str, start: int, stop: int) -> np.ndarray:
         # docstring inherited
         blob = self._blobs[key]
-        sums = self._sums[key]
+        sums = self._sealed_sums(key, blob)
         if sums is not None:
             verify_rows(blob, sums, start, stop, f"unit {self.unit_id}, key {key!r}")
         return blob[start:stop]
@@ -145,7 +164,7 @@ class MemoryStorageUnit(StorageUnit):
             verify_all = self.verify_local_reads
             for key, blob, start, stop in plans:
                 if verify_all or key in self._adopted:
-                    sums = self._sums[key]
+                    sums = self._sealed_sums(key, blob)
                     if sums is not None:
                         verify_rows(blob, sums, start, stop, f"unit {self.unit_id}, key {key!r}")
                 view = blob[start:stop]  # read-only: stored blobs are never writeable
@@ -177,6 +196,7 @@ class MemoryStorageUnit(StorageUnit):
                     continue
                 del self._sums[key]
                 self._adopted.discard(key)
+                self._unsealed.discard(key)
                 removed += 1
                 buf, nbytes = a.base, a.nbytes
                 self._memory_bytes -= nbytes
@@ -212,5 +232,6 @@ class MemoryStorageUnit(StorageUnit):
             self._blobs.clear()
             self._sums.clear()
             self._adopted.clear()
+            self._unsealed.clear()
             self._pool.clear()
             self._memory_bytes = self._pooled_bytes = 0

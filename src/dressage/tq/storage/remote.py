@@ -179,3 +179,5 @@ class RemoteStorageUnit(StorageUnit):
     def close(self) -> None:
         # docstring inherited
         self._rpc.close()
+        if self.shm_token is not None:
+            shm.forget_writes(self.shm_token)  # the mappings kept for recycled segments

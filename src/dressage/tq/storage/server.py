@@ -65,6 +65,7 @@ class StorageUnitServer:
         self.shm = ShmRegistry(shm_token) if self.host_id else None
         self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret,
                              max_message_bytes=max_message_bytes)
+        self.rpc.after_reply = getattr(backend, "seal", None)  # a put's checksums are hashed after its reply
         # Liveness probes get their own socket and thread: a ping queued behind a multi-GiB put would
         # make a busy unit look dead. A stopped or killed process answers neither.
         self.heartbeat = RpcServer(self._beat, host=host, port=0, name=f"unit {backend.unit_id} heartbeat",
