@@ -1,7 +1,9 @@
 """A StorageUnit reached over ZMQ: the client side of ``storage/server.py``.
 
 Each call is one round trip; put sends the array's buffer without copying it, get returns read-only
-arrays viewing the received frames. On the unit's own host, payloads of 256 KiB and more go through
+arrays viewing the received bytes. Puts of 64 KiB and more and every get go over the unit's bulk stream
+(``tq/bulk.py``: payloads received in place, the unit's into its recycled blob buffers, ours into a
+:class:`~dressage.tq.bulk.RecvPool`); the rest over ZMQ. On the unit's own host, payloads of 256 KiB and more go through
 /dev/shm instead (see ``tq/shm.py``): one copy to write, none to read. Silence beyond ``timeout_s`` is
 StorageUnitUnavailable naming the unit and the keys, and so is any call once the Controller has marked
 the unit dead (``attach_liveness``): the wait ends within ~0.2 s of that, not at the timeout.
@@ -9,22 +11,26 @@ the unit dead (``attach_liveness``): the wait ends within ~0.2 s of that, not at
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import itertools
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
-import itertools
-import secrets
-from collections.abc import Callable
-
 from dressage.errors import ProtocolError
 from dressage.tq import shm
+from dressage.tq.bulk_rpc import BulkClient
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit, prepare_array
 from dressage.tq.transport import RpcClient
 from dressage.tq.wire import array_from_frame, check_dtype, dtype_name
 
-__all__ = ["RemoteStorageUnit"]
+__all__ = ["RemoteStorageUnit", "BULK_MIN_BYTES"]
+
+# Puts carrying at least this many socket payload bytes take the bulk stream; smaller ones stay on ZMQ.
+BULK_MIN_BYTES = 64 * 1024
 
 
 def _never() -> None:
@@ -54,10 +60,31 @@ class RemoteStorageUnit(StorageUnit):
         self._segment_seq = itertools.count()
         self.supports_spill = supports_spill  # instance value: whatever the backend behind it declares
         self._rpc = RpcClient(address, timeout_s=timeout_s, name=f"StorageUnit {unit_id}", secret=secret)
+        self._secret = secret
+        self._abort: Callable[[], str | None] | None = None
+        self._bulk: BulkClient | None | bool = False  # False: not asked yet; None: the unit has no bulk port
+        self._bulk_lock = threading.Lock()
 
     def attach_liveness(self, check: Callable[[], str | None] | None) -> None:
         """``check()`` returns why the unit is dead, or None; every call fails fast while it says dead."""
+        self._abort = check
         self._rpc.set_abort(check)
+        if isinstance(self._bulk, BulkClient):
+            self._bulk.set_abort(check)
+
+    def _bulk_client(self, keys: Sequence[str]) -> BulkClient | None:
+        """The unit's bulk stream (asked for once), on the host this unit's ZMQ address names; None
+        when payloads go through /dev/shm instead, or the unit has no bulk port."""
+        if self._bulk is False:
+            with self._bulk_lock:
+                if self._bulk is False:
+                    port = None
+                    if self.shm_token is None:
+                        port = self._rpc.call("describe", keys=keys)[0].get("bulk_port")
+                    host = urlsplit(self.address).hostname
+                    self._bulk = BulkClient(host, port, timeout_s=self._rpc.timeout_s, name=self._rpc.name,
+                                            secret=self._secret, abort=self._abort) if port and host else None
+        return self._bulk  # type: ignore[return-value]
 
     @classmethod
     def describe(cls, unit_id: str, address: str, *, timeout_s: float = 30.0,
@@ -95,7 +122,12 @@ class RemoteStorageUnit(StorageUnit):
                 if len(item) == 3:
                     frames.append(data)  # sent straight from the caller's buffer
                 meta.append(item)
-            reply, _ = self._rpc.call("put", {"items": meta}, frames, keys=[m[0] for m in meta])
+            keys = [m[0] for m in meta]
+            bulk = self._bulk_client(keys) if sum(f.nbytes for f in frames) >= BULK_MIN_BYTES else None
+            if bulk is not None:
+                reply, _ = bulk.call("put", {"items": meta}, frames, keys=keys)
+            else:
+                reply, _ = self._rpc.call("put", {"items": meta}, frames, keys=keys)
         except BaseException:
             for name in segments:  # the unit unlinks what it adopted; this covers what it never saw
                 shm.remove_segment(name)
@@ -105,8 +137,12 @@ class RemoteStorageUnit(StorageUnit):
     def get_many(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
         # docstring inherited
         reqs = [[k, int(a), None if b is None else int(b)] for k, a, b in requests]
-        reply, frames = self._rpc.call("get", {"reqs": reqs, "shm": self.shm_token is not None},
-                                       keys=[r[0] for r in reqs])
+        keys = [r[0] for r in reqs]
+        bulk = self._bulk_client(keys)
+        if bulk is not None:  # received into pooled buffers (see ``bulk.RecvPool``)
+            reply, frames = bulk.call("get", {"reqs": reqs, "shm": False}, keys=keys)
+        else:
+            reply, frames = self._rpc.call("get", {"reqs": reqs, "shm": self.shm_token is not None}, keys=keys)
         metas = reply.get("arrays")
         if not isinstance(metas, list) or len(metas) != len(reqs):
             raise ProtocolError(f"StorageUnit {self.unit_id}: get reply does not match its {len(reqs)} requests")
@@ -179,3 +215,5 @@ class RemoteStorageUnit(StorageUnit):
     def close(self) -> None:
         # docstring inherited
         self._rpc.close()
+        if isinstance(self._bulk, BulkClient):
+            self._bulk.close()
