@@ -280,3 +280,44 @@ def test_framing_lies_are_refused_and_close_the_stream():
         assert backend.list() == [] and server.bulk.untyped == 0
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("secret", [None, SECRET], ids=["open", "mac"])
+def test_hostile_bytes_on_the_stream_are_typed_refusals_and_the_unit_keeps_serving(secret):
+    backend = MemoryStorageUnit("h0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, shared_memory=False, secret=secret, max_message_bytes=4 * MiB).start()
+    server.bulk.stall_s = 0.2
+    rng = np.random.default_rng(7)
+    good = _put_message("k", np.arange(4, dtype=np.int8), secret)
+    try:
+        for i in range(40):
+            n_control = int(rng.integers(0, 64))
+            body = rng.integers(0, 256, size=int(rng.integers(0, 300)), dtype=np.uint8).tobytes()
+            kind = i % 4
+            if kind == 0:
+                data = body  # noise
+            elif kind == 1:
+                data = bulk._PREFIX.pack(bulk.MAGIC, n_control, int(rng.integers(0, 4))) + body
+            elif kind == 2:  # a real message with bytes flipped or cut
+                cut = bytearray(good)
+                cut[int(rng.integers(0, len(cut)))] ^= 0xFF
+                data = bytes(cut[: int(rng.integers(1, len(cut) + 1))])
+            else:  # a real header, a control frame that is not msgpack
+                data = good[:12] + body
+            sock = socket.create_connection(("127.0.0.1", server.bulk.port), timeout=5)
+            sock.settimeout(5)
+            try:  # the unit answers (a typed refusal) and may drop the connection; either way it ends
+                sock.sendall(data)
+                sock.shutdown(socket.SHUT_WR)
+                while sock.recv(1 << 16):
+                    pass
+            except (ConnectionResetError, BrokenPipeError, OSError) as exc:
+                assert not isinstance(exc, socket.timeout), "the unit neither answered nor dropped the stream"
+            sock.close()
+        assert server.bulk.untyped == 0 and backend.list() in ([], ["k"])
+        remote = RemoteStorageUnit.describe("h0", server.address, timeout_s=5, secret=secret)
+        remote.put("after", _payload(9))
+        np.testing.assert_array_equal(remote.get("after"), _payload(9))
+        remote.close()
+    finally:
+        server.stop()
