@@ -97,6 +97,17 @@ def test_large_puts_and_gets_take_the_stream_and_keep_values_dtype_and_shape(uni
     assert server.bulk.served == 2
 
 
+def test_a_handle_built_from_a_spec_asks_the_unit_for_its_bulk_port_once(unit):
+    backend, server, _, secret = unit
+    handle = RemoteStorageUnit("b0", server.address, timeout_s=10, secret=secret)  # as connect_spec builds it
+    assert handle._bulk is False
+    handle.put("k", _payload(1))
+    assert isinstance(handle._bulk, BulkClient) and handle._bulk.port == server.bulk.port
+    np.testing.assert_array_equal(handle.get("k"), _payload(1))
+    assert server.bulk.served == 2
+    handle.close()
+
+
 def test_the_unit_receives_a_put_into_the_buffer_a_deleted_blob_left(unit):
     backend, _, remote, _ = unit
     remote.put("k1", _payload(1))
@@ -240,11 +251,11 @@ def test_a_tampered_or_replayed_put_is_rejected_and_stores_nothing():
         replayed = _send_raw(server, good)
         assert replayed["ok"] is False and "replay" in replayed["message"]
         assert backend.list() == ["k"] and server.bulk.rejected == 3
-        unsigned = RemoteStorageUnit.describe("m0", server.address, timeout_s=5, secret=SECRET)
-        unsigned._secret = None  # a client without the secret, past the ZMQ handshake
+        unsigned = BulkClient("127.0.0.1", server.bulk.port, timeout_s=5, name="StorageUnit m0")  # no secret
+        meta = [["x", wire.dtype_name(a.dtype), list(a.shape)]]
         # Refused as unauthenticated, or cut off mid-send when the unit drops the unreadable stream.
         with pytest.raises((ProtocolError, StorageUnitUnavailable)):
-            unsigned.put("x", a)
+            unsigned.call("put", {"items": meta}, [a], keys=["x"])
         unsigned.close()
         assert backend.list() == ["k"]
     finally:

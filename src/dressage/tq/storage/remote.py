@@ -48,7 +48,7 @@ class RemoteStorageUnit(StorageUnit):
     def __init__(self, unit_id: str, address: str, *, node_id: str | None = None,
                  memory_budget: int = 4 << 30, timeout_s: float = 30.0, supports_spill: bool = False,
                  host_id: str | None = None, shm_token: str | None = None, secret: bytes | None = None,
-                 heartbeat: str | None = None) -> None:
+                 heartbeat: str | None = None, bulk_port: int | None = None) -> None:
         super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget)
         self.address = address
         self.heartbeat = heartbeat  # the unit's probe endpoint (see StorageUnitServer)
@@ -64,6 +64,8 @@ class RemoteStorageUnit(StorageUnit):
         self._abort: Callable[[], str | None] | None = None
         self._bulk: BulkClient | None | bool = False  # False: not asked yet; None: the unit has no bulk port
         self._bulk_lock = threading.Lock()
+        if bulk_port:  # known from a describe already made: no second one
+            self._bulk = self._make_bulk(bulk_port)
 
     def attach_liveness(self, check: Callable[[], str | None] | None) -> None:
         """``check()`` returns why the unit is dead, or None; every call fails fast while it says dead."""
@@ -81,10 +83,15 @@ class RemoteStorageUnit(StorageUnit):
                     port = None
                     if self.shm_token is None:
                         port = self._rpc.call("describe", keys=keys)[0].get("bulk_port")
-                    host = urlsplit(self.address).hostname
-                    self._bulk = BulkClient(host, port, timeout_s=self._rpc.timeout_s, name=self._rpc.name,
-                                            secret=self._secret, abort=self._abort) if port and host else None
+                    self._bulk = self._make_bulk(port)
         return self._bulk  # type: ignore[return-value]
+
+    def _make_bulk(self, port: Any) -> BulkClient | None:
+        host = urlsplit(self.address).hostname
+        if self.shm_token is not None or not host or not isinstance(port, int) or not 0 < port < 65536:
+            return None
+        return BulkClient(host, port, timeout_s=self._rpc.timeout_s, name=self._rpc.name, secret=self._secret,
+                          abort=self._abort)
 
     @classmethod
     def describe(cls, unit_id: str, address: str, *, timeout_s: float = 30.0,
@@ -97,7 +104,8 @@ class RemoteStorageUnit(StorageUnit):
             probe.close()
         return cls(d["unit_id"], address, node_id=d.get("node_id"), memory_budget=int(d["memory_budget"]),
                    timeout_s=timeout_s, supports_spill=bool(d.get("supports_spill")), host_id=d.get("host_id"),
-                   shm_token=d.get("shm_token"), secret=secret, heartbeat=d.get("heartbeat"))
+                   shm_token=d.get("shm_token"), secret=secret, heartbeat=d.get("heartbeat"),
+                   bulk_port=d.get("bulk_port"))
 
     @property
     def uses_shared_memory(self) -> bool:
