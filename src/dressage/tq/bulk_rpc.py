@@ -105,12 +105,16 @@ class BulkServer:
             pass
         except StreamBroken as exc:
             if not self._stop.is_set():
-                self.broken += 1
+                self._count("broken")
                 log.debug("%s: dropped a connection: %s", self._name, exc)
         finally:
             with self._lock:
                 self._conns.discard(sock)
             conn.close()
+
+    def _count(self, name: str) -> None:  # connection threads count concurrently
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
 
     def _one(self, conn: Conn) -> bool:
         """Serve one message; False when the connection must close."""
@@ -128,17 +132,17 @@ class BulkServer:
             reply, out_payloads = self._handler(control, payloads)
             del payloads
             frames = encode({"ok": True, **reply, "id": req_id}, out_payloads)
-            self.served += 1
+            self._count("served")
         except StreamBroken:
             raise
         except Exception as exc:  # every failure becomes a typed reply
             if isinstance(exc, ProtocolError):
-                self.rejected += 1
+                self._count("rejected")
                 keep = not getattr(exc, "broken", False)
                 level = logging.WARNING if self.rejected <= _LOUD_REJECTIONS else logging.DEBUG
                 log.log(level, "%s: rejected a message (%d so far): %s", self._name, self.rejected, exc)
             elif not isinstance(exc, TransferQueueError):
-                self.untyped += 1
+                self._count("untyped")
                 log.exception("%s: handler failed", self._name)
             if not (isinstance(req_id, int) and not isinstance(req_id, bool) and -2**63 <= req_id < 2**64):
                 req_id = None

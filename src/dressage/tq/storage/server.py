@@ -114,7 +114,7 @@ class StorageUnitServer:
     def _beat(self, control: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
         if control["op"] != "ping" or frames:
             raise ProtocolError("the heartbeat socket answers only ping")
-        return {"served": self.rpc.served}, ()
+        return {"served": self.rpc.served + (self.bulk.served if self.bulk else 0)}, ()
 
     def _handle(self, control: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
         op = control["op"]
