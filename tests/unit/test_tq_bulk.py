@@ -332,3 +332,25 @@ def test_hostile_bytes_on_the_stream_are_typed_refusals_and_the_unit_keeps_servi
         remote.close()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("secret", [None, SECRET], ids=["open", "mac"])
+def test_messages_sent_back_to_back_are_each_read_whole(secret):
+    """Reads ahead of a message (its header, small payloads) never lose or reorder the next one's bytes."""
+    backend = MemoryStorageUnit("p0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, shared_memory=False, secret=secret).start()
+    small, big = np.arange(100, dtype=np.int64), _payload(8)
+    data = b"".join(_put_message(k, a, secret, seq=i + 1) for i, (k, a) in
+                    enumerate([("s1", small), ("b1", big), ("s2", small + 1)]))
+    sock = socket.create_connection(("127.0.0.1", server.bulk.port), timeout=5)
+    try:
+        sock.sendall(data)
+        conn = bulk.Conn(sock, lambda quiet: None)
+        replies = [wire.decode_control(bulk.read_message(conn, secret=secret, alloc=bulk.RecvPool().take,
+                                                         max_bytes=1 << 30)[0]) for _ in range(3)]
+        assert [r["ok"] for r in replies] == [True, True, True]
+        np.testing.assert_array_equal(backend.get("s2"), small + 1)
+        np.testing.assert_array_equal(backend.get("b1"), big)
+    finally:
+        sock.close()
+        server.stop()

@@ -34,7 +34,7 @@ import numpy as np
 from dressage.tq.wire import AUTH_HEAD_BYTES, MAC_BYTES, MAX_KEYS, Auth, FrameMac, auth_head, parse_head
 from dressage.errors import ProtocolError
 
-__all__ = ["MAGIC", "CHUNK_BYTES", "STREAM_LABEL", "StreamBroken", "StreamClosed", "RecvPool", "Conn", "read_message",
+__all__ = ["MAGIC", "CHUNK_BYTES", "READ_AHEAD", "STREAM_LABEL", "StreamBroken", "StreamClosed", "RecvPool", "Conn", "read_message",
            "write_message", "tune"]
 
 MAGIC = b"DQB1"
@@ -45,6 +45,7 @@ _MAX_CONTROL = 16 * 1024 * 1024
 # (against a 2 MiB L2) that the tag reads each piece while it is still in cache.
 CHUNK_BYTES = 1 << 20
 _SMALL = 256 * 1024          # a message up to this size goes out as one buffer, in one send
+READ_AHEAD = 64 * 1024       # reads smaller than this go through a Conn's read-ahead buffer
 _SOCK_BUF = 4 << 20          # kernel socket buffers (capped by net.core.[rw]mem_max)
 POLL_S = 0.1                 # how often a blocked read or write looks at its deadline and abort check
 _NO_NONCE = bytes(16)
@@ -75,21 +76,25 @@ def tune(sock: socket.socket) -> None:
 
 class Conn:
     """A connected socket and the rule for how long it may wait: ``patience(quiet_s)`` is called
-    whenever a read or write has waited ``POLL_S`` without progress and raises StreamBroken to give up."""
+    whenever a read or write has waited ``POLL_S`` without progress and raises StreamBroken to give up.
 
-    __slots__ = ("sock", "patience")
+    Reads under ``READ_AHEAD`` bytes go through a small buffer filled with whatever the socket holds, so
+    a message's header fields, small payloads and tag cost one system call together rather than one
+    each (each call also hands the GIL back and forth); larger payloads are received straight into
+    their destination. A Conn lives as long as its socket: read-ahead bytes are never lost."""
+
+    __slots__ = ("sock", "patience", "_ahead", "_lo", "_hi")
 
     def __init__(self, sock: socket.socket, patience: Callable[[float], None]) -> None:
         self.sock = sock
         self.patience = patience
+        self._ahead = bytearray(READ_AHEAD)
+        self._lo = self._hi = 0
 
-    def recv_into(self, mv: memoryview, mac: FrameMac | None = None,
-                  patience: Callable[[float], None] | None = None) -> None:
-        wait = patience or self.patience
-        got, n, last = 0, len(mv), time.monotonic()
-        while got < n:
+    def _recv(self, mv: memoryview, got: int, n: int, wait: Callable[[float], None], last: float) -> int:
+        while True:
             try:
-                k = self.sock.recv_into(mv[got:got + CHUNK_BYTES])
+                k = self.sock.recv_into(mv)
             except socket.timeout:
                 wait(time.monotonic() - last)
                 continue
@@ -97,6 +102,21 @@ class Conn:
                 raise StreamBroken(f"receive failed: {exc}") from exc
             if not k:
                 raise StreamBroken(f"connection closed after {got} of {n} bytes", at_start=got == 0)
+            return k
+
+    def recv_into(self, mv: memoryview, mac: FrameMac | None = None,
+                  patience: Callable[[float], None] | None = None) -> None:
+        wait = patience or self.patience
+        got, n, last = 0, len(mv), time.monotonic()
+        while got < n:
+            if self._lo == self._hi and n - got < READ_AHEAD:
+                self._lo, self._hi = 0, self._recv(memoryview(self._ahead), got, n, wait, last)
+            if self._lo < self._hi:
+                k = min(n - got, self._hi - self._lo)
+                mv[got:got + k] = self._ahead[self._lo:self._lo + k]
+                self._lo += k
+            else:
+                k = self._recv(mv[got:got + CHUNK_BYTES], got, n, wait, last)
             if mac is not None:
                 mac.update(mv[got:got + k])
             got += k

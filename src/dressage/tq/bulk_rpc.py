@@ -178,7 +178,7 @@ class BulkClient:
         self._secret = secret
         self._abort = abort
         self.pool = pool if pool is not None else RecvPool()
-        self._idle: list[socket.socket] = []
+        self._idle: list[Conn] = []  # each with its socket and read-ahead buffer
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._nonce = os.urandom(16)
@@ -188,22 +188,24 @@ class BulkClient:
     def set_abort(self, abort: Callable[[], str | None] | None) -> None:
         self._abort = abort
 
-    def _borrow(self, timeout: float) -> socket.socket:
+    def _borrow(self, timeout: float, patience: Callable[[float], None]) -> Conn:
         with self._lock:
             if self._closed:
                 raise TransferQueueError(f"{self.name}: client is closed")
-            if self._idle:
-                return self._idle.pop()
-        sock = socket.create_connection((self.host, self.port), timeout=min(timeout, 5.0))
-        tune(sock)
-        return sock
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            sock = socket.create_connection((self.host, self.port), timeout=min(timeout, 5.0))
+            tune(sock)
+            conn = Conn(sock, patience)
+        conn.patience = patience
+        return conn
 
-    def _give_back(self, sock: socket.socket) -> None:
+    def _give_back(self, conn: Conn) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < 16:
-                self._idle.append(sock)
+                self._idle.append(conn)
                 return
-        sock.close()
+        conn.close()
 
     def call(self, op: str, control: dict[str, Any] | None = None, payloads: Sequence[Any] = (), *,
              keys: Sequence[str] = (), timeout_s: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
@@ -223,10 +225,10 @@ class BulkClient:
                 raise StreamBroken(why)
 
         try:
-            sock = self._borrow(timeout)
+            conn = self._borrow(timeout, patience)
         except OSError as exc:
             raise self._unavailable(op, keys, f"cannot connect: {exc}") from exc
-        conn, healthy = Conn(sock, patience), False
+        healthy = False
         try:
             seq = next(self._seqs) if self._secret is not None else 0
             frame = encode({**(control or {}), "op": op, "id": req_id})[0]
@@ -243,7 +245,7 @@ class BulkClient:
             raise self._unavailable(op, keys, str(exc)) from exc
         finally:
             if healthy:
-                self._give_back(sock)
+                self._give_back(conn)
             else:
                 conn.close()
         if not reply.get("ok"):
@@ -259,5 +261,5 @@ class BulkClient:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for sock in idle:
-            sock.close()
+        for conn in idle:
+            conn.close()
