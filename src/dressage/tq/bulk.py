@@ -34,8 +34,8 @@ import numpy as np
 from dressage.tq.wire import AUTH_HEAD_BYTES, MAC_BYTES, MAX_KEYS, Auth, FrameMac, auth_head, parse_head
 from dressage.errors import ProtocolError
 
-__all__ = ["MAGIC", "CHUNK_BYTES", "READ_AHEAD", "STREAM_LABEL", "StreamBroken", "StreamClosed", "RecvPool", "Conn", "read_message",
-           "write_message", "tune"]
+__all__ = ["MAGIC", "CHUNK_BYTES", "READ_AHEAD", "STREAM_LABEL", "StreamBroken", "StreamClosed", "RecvPool",
+           "Conn", "read_message", "write_message", "tune", "shared_pool"]
 
 MAGIC = b"DQB1"
 STREAM_LABEL = b"dressage-tq-stream-key\x00"
@@ -293,3 +293,16 @@ class RecvPool:
     @property
     def pooled_bytes(self) -> int:
         return self._bytes
+
+
+_shared: RecvPool | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_pool() -> RecvPool:
+    """The process's receive pool, shared by every unit handle (one cap for the whole process)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = RecvPool()
+        return _shared

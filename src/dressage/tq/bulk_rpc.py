@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueueError
-from dressage.tq.bulk import Conn, RecvPool, StreamBroken, StreamClosed, read_message, tune, write_message
+from dressage.tq.bulk import (Conn, RecvPool, StreamBroken, StreamClosed, read_message, shared_pool, tune,
+                              write_message)
 from dressage.tq.transport import Handler
 from dressage.tq.wire import ReplayGuard, decode_control, encode, error_from_wire, error_to_wire
 
@@ -177,7 +178,7 @@ class BulkClient:
         self.name = name
         self._secret = secret
         self._abort = abort
-        self.pool = pool if pool is not None else RecvPool()
+        self.pool = pool if pool is not None else shared_pool()
         self._idle: list[Conn] = []  # each with its socket and read-ahead buffer
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
