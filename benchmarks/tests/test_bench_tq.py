@@ -176,3 +176,10 @@ def test_a_bench_module_that_cannot_load_leaves_bench_tq_working(monkeypatch, be
     assert args.func is cli_bench._run_tq and args.quick and args.systems == ["memcpy"]
     bench_parser = parser._subparsers._group_actions[0].choices["bench"]
     assert "dressage.no_such_bench" in bench_parser.format_help()
+
+
+def test_the_tcp_floor_runs_two_hops_and_reports_figures() -> None:
+    report = run_tq_bench(TqBenchConfig(systems=("memcpy", "tcp-loopback"), **TINY))
+    rows = [e for e in report["results"] if e["system"] == "tcp-loopback"]
+    assert len(rows) == 4 and all(e.get("put_gbps", 0) > 0 and e.get("get_gbps", 0) > 0 for e in rows), rows
+    assert "ratio_memcpy" in rows[0] and "plain TCP" in report["systems"]["tcp-loopback"]["path"]

@@ -265,12 +265,12 @@ class DressageAcrossSystem(BenchSystem):
 
     def describe(self) -> dict[str, object]:
         nodes = {uid: ("node1" if n == self._target_node else "node0") for uid, n in self._units.items()}
-        via = "/dev/shm segments (payloads >= 256 KiB; smaller ones over ZMQ)" if self._shm else "ZMQ tcp"
+        via = "/dev/shm segments (payloads >= 256 KiB; smaller ones over ZMQ)" if self._shm else "TCP: ZMQ for control and small puts, the unit's bulk stream for payloads"
         return {
             "path": f"client.put in an actor on node 0 -> StorageUnit actor on node 1 (ray deployment, {via}) "
                     "-> client.get_many in an actor on node 1",
             "units": nodes,
             "get_returns": "read-only maps of the unit's segments (no copy)" if self._shm
-            else "read-only views of the received frames",
+            else "read-only views of the received bytes (pooled receive buffers)",
             "written_to": sorted(self._written_to),
         }

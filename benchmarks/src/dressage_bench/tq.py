@@ -39,6 +39,7 @@ SYSTEMS = (
     "dressage-embedded",
     "dressage-zmq",
     "dressage-shm",
+    "tcp-loopback",
     "ray-object-store",
     "transferqueue",
 )
@@ -153,7 +154,7 @@ def _cluster(workloads: Sequence[Workload]) -> Any:
 
 def _factories(config: TqBenchConfig, workloads: Sequence[Workload],
                cluster: Any) -> dict[str, Callable[[], BenchSystem]]:
-    from dressage_bench import _dressage, _ray
+    from dressage_bench import _dressage, _ray, _tcp
 
     budget = _dressage.tq_budget_bytes(max(w.total_bytes for w in workloads))
     options = dict(config.tq_options)
@@ -164,6 +165,7 @@ def _factories(config: TqBenchConfig, workloads: Sequence[Workload],
                                                                options=options),
         "dressage-shm": lambda: _dressage.DressageAcrossSystem(cluster, budget, config.seed, shm=True,
                                                                options=options),
+        "tcp-loopback": lambda: _tcp.TcpLoopbackSystem(config.seed),
         "ray-object-store": lambda: _ray.RayObjectStoreSystem(cluster, config.seed),
         "transferqueue": lambda: _ray.TransferQueueSystem(cluster, config.seed),
     }

@@ -99,6 +99,11 @@ class StorageUnit(ABC):
     def usage(self) -> dict[str, int]:
         """``{"keys", "bytes", "memory_bytes", "spilled_bytes"}`` right now."""
 
+    def receive_buffer(self, nbytes: int) -> np.ndarray:
+        """A writable uint8 buffer of ``nbytes`` to receive a payload into, for ``put(copy=False)``;
+        backends with a buffer pool hand out a recycled one (pages already faulted in)."""
+        return np.empty(nbytes, dtype=np.uint8)
+
     # -- built on the core ---------------------------------------------------------------------
     def put(self, key: str, array: np.ndarray, *, copy: bool = True) -> BlobInfo:
         """Store ``array`` under ``key`` (a new key). ``copy=False`` lets the unit keep the caller's

@@ -61,6 +61,21 @@ class MemoryStorageUnit(StorageUnit):
         self._evict_pool(nbytes)
         return np.empty(nbytes, dtype=np.uint8)
 
+    def receive_buffer(self, nbytes: int) -> np.ndarray:
+        # docstring inherited: a pooled buffer of exactly this size when one is idle. Stored as received
+        # (``put(copy=False)`` keeps it as the blob's base), it goes back to the pool when deleted.
+        if nbytes >= _POOL_MIN_BLOB:
+            with self._lock:
+                free = self._pool.get(nbytes)
+                if free:
+                    self._pooled_bytes -= nbytes
+                    buf = free.pop()
+                    if not free:
+                        del self._pool[nbytes]
+                    buf.flags.writeable = True
+                    return buf
+        return np.empty(nbytes, dtype=np.uint8)
+
     def _evict_pool(self, nbytes: int) -> None:
         """Free idle pooled buffers until ``nbytes`` more keep held bytes within the budget."""
         while self._pool and self._memory_bytes + self._pooled_bytes + nbytes > self.memory_budget:

@@ -1,7 +1,9 @@
 """A StorageUnit reached over ZMQ: the client side of ``storage/server.py``.
 
 Each call is one round trip; put sends the array's buffer without copying it, get returns read-only
-arrays viewing the received frames. On the unit's own host, payloads of 256 KiB and more go through
+arrays viewing the received bytes. Puts of 64 KiB and more and every get go over the unit's bulk stream
+(``tq/bulk.py``: payloads received in place, the unit's into its recycled blob buffers, ours into a
+:class:`~dressage.tq.bulk.RecvPool`); the rest over ZMQ. On the unit's own host, payloads of 256 KiB and more go through
 /dev/shm instead (see ``tq/shm.py``): one copy to write, none to read. Silence beyond ``timeout_s`` is
 StorageUnitUnavailable naming the unit and the keys, and so is any call once the Controller has marked
 the unit dead (``attach_liveness``): the wait ends within ~0.2 s of that, not at the timeout.
@@ -9,22 +11,26 @@ the unit dead (``attach_liveness``): the wait ends within ~0.2 s of that, not at
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import itertools
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
-import itertools
-import secrets
-from collections.abc import Callable
-
 from dressage.errors import ProtocolError
 from dressage.tq import shm
+from dressage.tq.bulk_rpc import BulkClient
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit, prepare_array
 from dressage.tq.transport import RpcClient
 from dressage.tq.wire import array_from_frame, check_dtype, dtype_name
 
-__all__ = ["RemoteStorageUnit"]
+__all__ = ["RemoteStorageUnit", "BULK_MIN_BYTES"]
+
+# Puts carrying at least this many socket payload bytes take the bulk stream; smaller ones stay on ZMQ.
+BULK_MIN_BYTES = 64 * 1024
 
 
 def _never() -> None:
@@ -42,7 +48,7 @@ class RemoteStorageUnit(StorageUnit):
     def __init__(self, unit_id: str, address: str, *, node_id: str | None = None,
                  memory_budget: int = 4 << 30, timeout_s: float = 30.0, supports_spill: bool = False,
                  host_id: str | None = None, shm_token: str | None = None, secret: bytes | None = None,
-                 heartbeat: str | None = None) -> None:
+                 heartbeat: str | None = None, bulk_port: int | None = None) -> None:
         super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget)
         self.address = address
         self.heartbeat = heartbeat  # the unit's probe endpoint (see StorageUnitServer)
@@ -54,10 +60,38 @@ class RemoteStorageUnit(StorageUnit):
         self._segment_seq = itertools.count()
         self.supports_spill = supports_spill  # instance value: whatever the backend behind it declares
         self._rpc = RpcClient(address, timeout_s=timeout_s, name=f"StorageUnit {unit_id}", secret=secret)
+        self._secret = secret
+        self._abort: Callable[[], str | None] | None = None
+        self._bulk: BulkClient | None | bool = False  # False: not asked yet; None: the unit has no bulk port
+        self._bulk_lock = threading.Lock()
+        if bulk_port:  # known from a describe already made: no second one
+            self._bulk = self._make_bulk(bulk_port)
 
     def attach_liveness(self, check: Callable[[], str | None] | None) -> None:
         """``check()`` returns why the unit is dead, or None; every call fails fast while it says dead."""
+        self._abort = check
         self._rpc.set_abort(check)
+        if isinstance(self._bulk, BulkClient):
+            self._bulk.set_abort(check)
+
+    def _bulk_client(self, keys: Sequence[str]) -> BulkClient | None:
+        """The unit's bulk stream (asked for once), on the host this unit's ZMQ address names; None
+        when payloads go through /dev/shm instead, or the unit has no bulk port."""
+        if self._bulk is False:
+            with self._bulk_lock:
+                if self._bulk is False:
+                    port = None
+                    if self.shm_token is None:
+                        port = self._rpc.call("describe", keys=keys)[0].get("bulk_port")
+                    self._bulk = self._make_bulk(port)
+        return self._bulk  # type: ignore[return-value]
+
+    def _make_bulk(self, port: Any) -> BulkClient | None:
+        host = urlsplit(self.address).hostname
+        if self.shm_token is not None or not host or not isinstance(port, int) or not 0 < port < 65536:
+            return None
+        return BulkClient(host, port, timeout_s=self._rpc.timeout_s, name=self._rpc.name, secret=self._secret,
+                          abort=self._abort)
 
     @classmethod
     def describe(cls, unit_id: str, address: str, *, timeout_s: float = 30.0,
@@ -70,7 +104,8 @@ class RemoteStorageUnit(StorageUnit):
             probe.close()
         return cls(d["unit_id"], address, node_id=d.get("node_id"), memory_budget=int(d["memory_budget"]),
                    timeout_s=timeout_s, supports_spill=bool(d.get("supports_spill")), host_id=d.get("host_id"),
-                   shm_token=d.get("shm_token"), secret=secret, heartbeat=d.get("heartbeat"))
+                   shm_token=d.get("shm_token"), secret=secret, heartbeat=d.get("heartbeat"),
+                   bulk_port=d.get("bulk_port"))
 
     @property
     def uses_shared_memory(self) -> bool:
@@ -95,7 +130,12 @@ class RemoteStorageUnit(StorageUnit):
                 if len(item) == 3:
                     frames.append(data)  # sent straight from the caller's buffer
                 meta.append(item)
-            reply, _ = self._rpc.call("put", {"items": meta}, frames, keys=[m[0] for m in meta])
+            keys = [m[0] for m in meta]
+            bulk = self._bulk_client(keys) if sum(f.nbytes for f in frames) >= BULK_MIN_BYTES else None
+            if bulk is not None:
+                reply, _ = bulk.call("put", {"items": meta}, frames, keys=keys)
+            else:
+                reply, _ = self._rpc.call("put", {"items": meta}, frames, keys=keys)
         except BaseException:
             for name in segments:  # the unit unlinks what it adopted; this covers what it never saw
                 shm.remove_segment(name)
@@ -105,8 +145,12 @@ class RemoteStorageUnit(StorageUnit):
     def get_many(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
         # docstring inherited
         reqs = [[k, int(a), None if b is None else int(b)] for k, a, b in requests]
-        reply, frames = self._rpc.call("get", {"reqs": reqs, "shm": self.shm_token is not None},
-                                       keys=[r[0] for r in reqs])
+        keys = [r[0] for r in reqs]
+        bulk = self._bulk_client(keys)
+        if bulk is not None:  # received into pooled buffers (see ``bulk.RecvPool``)
+            reply, frames = bulk.call("get", {"reqs": reqs, "shm": False}, keys=keys)
+        else:
+            reply, frames = self._rpc.call("get", {"reqs": reqs, "shm": self.shm_token is not None}, keys=keys)
         metas = reply.get("arrays")
         if not isinstance(metas, list) or len(metas) != len(reqs):
             raise ProtocolError(f"StorageUnit {self.unit_id}: get reply does not match its {len(reqs)} requests")
@@ -181,3 +225,5 @@ class RemoteStorageUnit(StorageUnit):
         self._rpc.close()
         if self.shm_token is not None:
             shm.forget_writes(self.shm_token)  # the mappings kept for recycled segments
+        if isinstance(self._bulk, BulkClient):
+            self._bulk.close()

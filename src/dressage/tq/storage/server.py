@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dressage.errors import ProtocolError
+from dressage.tq.bulk_rpc import BulkServer
 from dressage.tq.shm import ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
 from dressage.tq.transport import RpcServer
@@ -59,7 +60,7 @@ class StorageUnitServer:
 
     def __init__(self, backend: StorageUnit, *, host: str = "127.0.0.1", port: int = 0,
                  shared_memory: bool = True, shm_token: str | None = None, secret: bytes | None = None,
-                 max_message_bytes: int = UNIT_MAX_MESSAGE) -> None:
+                 max_message_bytes: int = UNIT_MAX_MESSAGE, bulk: bool = True) -> None:
         self.backend = backend
         self.host_id = host_id() if shared_memory else None
         self.shm = ShmRegistry(shm_token) if self.host_id else None
@@ -70,23 +71,37 @@ class StorageUnitServer:
         # make a busy unit look dead. A stopped or killed process answers neither.
         self.heartbeat = RpcServer(self._beat, host=host, port=0, name=f"unit {backend.unit_id} heartbeat",
                                    secret=secret, max_message_bytes=HEARTBEAT_MAX_MESSAGE)
+        # Large puts and gets: a TCP stream that receives payloads straight into the unit's own buffers.
+        self.bulk = BulkServer(self._handle, host=host, port=0, name=f"unit {backend.unit_id} bulk", secret=secret,
+                               max_message_bytes=max_message_bytes, alloc=backend.receive_buffer) if bulk else None
 
     @property
     def address(self) -> str:
         return self.rpc.address
 
     def start(self) -> "StorageUnitServer":
-        self.heartbeat.start()
+        self.start_side_sockets()
         self.rpc.start()
         return self
 
-    def serve(self) -> None:
+    def start_side_sockets(self) -> None:
+        """The heartbeat and bulk sockets (each on its own thread)."""
         self.heartbeat.start()
+        if self.bulk is not None:
+            self.bulk.start()
+
+    def serve(self) -> None:
+        self.start_side_sockets()
         self.rpc.serve()
+
+    def stop_side_sockets(self) -> None:
+        self.heartbeat.stop()
+        if self.bulk is not None:
+            self.bulk.stop()
 
     def stop(self) -> None:
         self.rpc.stop()
-        self.heartbeat.stop()
+        self.stop_side_sockets()
         if self.shm is not None:
             self.shm.close()  # unlink names; mappings (ours and readers') stay valid until dropped
 
@@ -95,12 +110,12 @@ class StorageUnitServer:
         return {"unit_id": unit.unit_id, "node_id": unit.node_id, "memory_budget": unit.memory_budget,
                 "supports_spill": unit.supports_spill, "pid": os.getpid(), "address": self.address,
                 "host_id": self.host_id, "shm_token": self.shm.token if self.shm else None,
-                "heartbeat": self.heartbeat.address}
+                "heartbeat": self.heartbeat.address, "bulk_port": self.bulk.port if self.bulk else None}
 
     def _beat(self, control: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
         if control["op"] != "ping" or frames:
             raise ProtocolError("the heartbeat socket answers only ping")
-        return {"served": self.rpc.served}, ()
+        return {"served": self.rpc.served + (self.bulk.served if self.bulk else 0)}, ()
 
     def _handle(self, control: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
         op = control["op"]
@@ -152,8 +167,9 @@ class StorageUnitServer:
             return {"info": [info.key, info.dtype, list(info.shape), info.nbytes, info.spilled]}, ()
         if op == "stats":
             stats = {**unit.stats(), **(self.shm.stats() if self.shm else {"shm_segments": 0, "shm_bytes": 0, "shm_free_segments": 0})}
-            return {"stats": stats, "pid": os.getpid(), "rejected": self.rpc.rejected,
-                    "untyped": self.rpc.untyped}, ()
+            bulk = self.bulk
+            return {"stats": stats, "pid": os.getpid(), "rejected": self.rpc.rejected + (bulk.rejected if bulk else 0),
+                    "untyped": self.rpc.untyped + (bulk.untyped if bulk else 0)}, ()
         if op == "describe":
             return self.describe(), ()
         if op == "ping":
@@ -192,10 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     server = StorageUnitServer(backend, host=args.host, port=args.port, shared_memory=not args.no_shared_memory,
                                shm_token=args.shm_token, secret=(os.environ.get(SECRET_ENV) or "").encode() or None,
                                max_message_bytes=args.max_message_bytes)
-    server.heartbeat.start()
+    server.start_side_sockets()
 
     def cleanup() -> None:
-        server.heartbeat.stop()
+        server.stop_side_sockets()
         if server.shm is not None:
             server.shm.close()
         backend.close()

@@ -1,0 +1,134 @@
+"""``tcp-loopback``: the floor of any socket path on this host, measured in the same run.
+
+Two plain TCP hops per round, as ``dressage-zmq`` makes (writer -> unit on put, unit -> reader on get):
+the bench process sends each payload to a second process, which receives it into memory written
+beforehand and acknowledges; the get asks for it back and receives it into written memory too. No
+framing beyond a 9-byte header, no authentication, no checksums, no Python per chunk: whatever a
+socket transport adds, it cannot beat this on the same machine in the same run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import struct
+from typing import Any
+
+import numpy as np
+
+from dressage_bench._systems import BenchSystem, SystemUnavailable, Workload, make_items
+from dressage_bench._timing import RoundTiming, Stopwatch
+
+__all__ = ["TcpLoopbackSystem"]
+
+_HEAD = struct.Struct("<cQ")
+_SOCK_BUF = 4 << 20
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
+
+
+def _recv_exact(sock: socket.socket, mv: memoryview) -> None:
+    got = 0
+    while got < len(mv):
+        n = sock.recv_into(mv[got:])
+        if not n:
+            raise ConnectionError("peer closed")
+        got += n
+
+
+def _far_end(port: int) -> None:
+    """The other process: holds one written buffer, receives into it (P) and sends from it (G)."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    _tune(sock)
+    store = memoryview(np.ones(0, dtype=np.uint8))
+    head = bytearray(_HEAD.size)
+    while True:
+        _recv_exact(sock, memoryview(head))
+        op, n = _HEAD.unpack(head)
+        if op == b"A":  # allocate and write the buffer, so no timed round faults a page
+            store = memoryview(np.ones(n, dtype=np.uint8))
+            sock.sendall(b"k")
+        elif op == b"P":
+            _recv_exact(sock, store[:n])
+            sock.sendall(b"k")
+        elif op == b"G":
+            sock.sendall(store[:n])
+        else:
+            sock.close()
+            return
+
+
+class TcpLoopbackSystem(BenchSystem):
+    name = "tcp-loopback"
+    across_processes = True
+
+    def __init__(self, seed: int = 0) -> None:
+        self._seed = seed
+        self._proc: Any = None
+        self._sock: socket.socket | None = None
+        self._src: list[np.ndarray] = []
+        self._out: list[np.ndarray] = []
+        self._ack = bytearray(1)
+
+    def start(self) -> None:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.settimeout(60)
+        ctx = multiprocessing.get_context("spawn")
+        self._proc = ctx.Process(target=_far_end, args=(listener.getsockname()[1],), daemon=True)
+        self._proc.start()
+        try:
+            self._sock, _ = listener.accept()
+        except OSError as exc:
+            raise SystemUnavailable(f"tcp-loopback: the far end did not connect: {exc}") from exc
+        finally:
+            listener.close()
+        self._sock.settimeout(None)
+        _tune(self._sock)
+
+    def _command(self, op: bytes, n: int) -> None:
+        self._sock.sendall(_HEAD.pack(op, n))  # type: ignore[union-attr]
+
+    def prepare(self, workload: Workload) -> None:
+        self._src = [a.reshape(-1).view(np.uint8) for item in make_items(workload, self._seed) for a in item]
+        self._out = [np.ones_like(a) for a in self._src]
+        self._command(b"A", max(a.nbytes for a in self._src))
+        _recv_exact(self._sock, memoryview(self._ack))  # type: ignore[arg-type]
+
+    def run_round(self, workload: Workload) -> RoundTiming:
+        sock = self._sock
+        ack = memoryview(self._ack)
+        with Stopwatch() as put:
+            for a in self._src:
+                self._command(b"P", a.nbytes)
+                sock.sendall(a)  # type: ignore[union-attr]
+                _recv_exact(sock, ack)  # type: ignore[arg-type]
+        with Stopwatch() as get:
+            for out in self._out:
+                self._command(b"G", out.nbytes)
+                _recv_exact(sock, memoryview(out))  # type: ignore[arg-type]
+        return RoundTiming(put.seconds, get.seconds)
+
+    def finish(self, workload: Workload) -> None:
+        self._src, self._out = [], []
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._command(b"Q", 0)
+            except OSError:
+                pass
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            self._proc.join(timeout=10)
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc = None
+
+    def describe(self) -> dict[str, object]:
+        return {"path": "bench process -> second process -> bench process, plain TCP on loopback, "
+                        "written buffers both ends, no framing, MAC or checksums (the socket floor)"}

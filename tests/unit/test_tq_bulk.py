@@ -1,0 +1,356 @@
+"""The bulk stream: payloads received in place into recycled buffers, authenticated, all or nothing."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from dressage.errors import ProtocolError, StorageUnitUnavailable
+from dressage.tq import bulk, wire
+from dressage.tq.bulk_rpc import BulkClient
+from dressage.tq.storage import MemoryStorageUnit
+from dressage.tq.storage.remote import RemoteStorageUnit
+from dressage.tq.storage.server import StorageUnitServer
+
+SECRET = b"bulk-test-secret-0123456789"
+MiB = 1 << 20
+
+
+@pytest.fixture(params=[None, SECRET], ids=["open", "mac"])
+def unit(request):
+    backend = MemoryStorageUnit("b0", memory_budget=256 * MiB)
+    server = StorageUnitServer(backend, shared_memory=False, secret=request.param).start()
+    remote = RemoteStorageUnit.describe("b0", server.address, timeout_s=10, secret=request.param)
+    yield backend, server, remote, request.param
+    remote.close()
+    server.stop()
+    backend.close()
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def _payload(seed: int, nbytes: int = 2 * MiB) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(nbytes // 8).reshape(-1, 256)
+
+
+class _Capture:
+    """Stands in for a Conn: collects what ``write_message`` sends, tagging it the way Conn does."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def send(self, mv, mac=None) -> None:
+        if mac is not None:
+            mac.update(mv)
+        self.data += bytes(mv)
+
+
+def _put_message(key: str, array: np.ndarray, secret, seq: int = 1, nonce: bytes = b"n" * 16) -> bytes:
+    out = _Capture()
+    frame = wire.encode({"op": "put", "id": 1, "items": [[key, wire.dtype_name(array.dtype), list(array.shape)]]})[0]
+    bulk.write_message(out, frame, [array], secret=secret, nonce=nonce, seq=seq)
+    return bytes(out.data)
+
+
+def _send_raw(server: StorageUnitServer, data: bytes, *, close: bool = False):
+    """Send raw bytes to the unit's bulk port; the decoded reply, or None when ``close``."""
+    sock = socket.create_connection(("127.0.0.1", server.bulk.port), timeout=5)
+    try:
+        sock.sendall(data)
+        if close:
+            return None
+        conn = bulk.Conn(sock, lambda quiet: None)
+        sock.settimeout(5)
+        control, _, _ = bulk.read_message(conn, secret=server.bulk._secret, alloc=bulk.RecvPool().take,
+                                          max_bytes=1 << 30)
+        return wire.decode_control(control)
+    finally:
+        sock.close()
+
+
+def _wait_for(check, what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_large_puts_and_gets_take_the_stream_and_keep_values_dtype_and_shape(unit):
+    backend, server, remote, _ = unit
+    a, small = _payload(1), np.arange(10, dtype=np.int16)
+    remote.put_many([("big", a), ("small", small)])
+    got_a, got_small = remote.get_many([("big", 0, None), ("small", 2, 5)])
+    np.testing.assert_array_equal(got_a, a)
+    np.testing.assert_array_equal(got_small, [2, 3, 4])
+    assert got_a.dtype == a.dtype and got_a.shape == a.shape and not got_a.flags.writeable
+    assert server.bulk.served == 2  # the put and the get; nothing large went over ZMQ
+    # The unit stored the buffer it received into, not a copy of it.
+    stored = backend._blobs["big"]
+    assert isinstance(stored.base, np.ndarray) and stored.base.dtype == np.uint8 and stored.base.flags.owndata
+    remote.put("tiny", np.ones(4))  # a small put stays on ZMQ
+    assert server.bulk.served == 2
+
+
+def test_a_handle_built_from_a_spec_asks_the_unit_for_its_bulk_port_once(unit):
+    backend, server, _, secret = unit
+    handle = RemoteStorageUnit("b0", server.address, timeout_s=10, secret=secret)  # as connect_spec builds it
+    assert handle._bulk is False
+    handle.put("k", _payload(1))
+    assert isinstance(handle._bulk, BulkClient) and handle._bulk.port == server.bulk.port
+    np.testing.assert_array_equal(handle.get("k"), _payload(1))
+    assert server.bulk.served == 2
+    handle.close()
+
+
+def test_the_unit_receives_a_put_into_the_buffer_a_deleted_blob_left(unit):
+    backend, _, remote, _ = unit
+    remote.put("k1", _payload(1))
+    first = _address(backend._blobs["k1"])
+    remote.delete(["k1"])
+    remote.put("k2", _payload(2))
+    assert _address(backend._blobs["k2"]) == first
+    np.testing.assert_array_equal(remote.get("k2"), _payload(2))
+
+
+def test_client_buffers_are_reused_only_once_no_result_views_them(unit):
+    _, _, remote, _ = unit
+    for i in range(3):
+        remote.put(f"k{i}", _payload(i))
+    held = remote.get("k0")
+    row = held[3:4]  # a view of a view still pins the buffer
+    addr = _address(held)
+    del held
+    second = remote.get("k1")
+    assert _address(second) != addr and not np.shares_memory(second, row)
+    np.testing.assert_array_equal(row, _payload(0)[3:4])
+    np.testing.assert_array_equal(second, _payload(1))
+    del row, second
+    third = remote.get("k2")
+    assert _address(third) == addr  # the freed buffer came back
+    np.testing.assert_array_equal(third, _payload(2))
+    assert remote._bulk.pool.reused >= 1
+
+
+def test_concurrent_gets_never_see_each_others_bytes(unit):
+    _, _, remote, _ = unit
+    keys = [f"k{i}" for i in range(6)]
+    remote.put_many([(k, _payload(i, MiB + 2048 * i)) for i, k in enumerate(keys)])
+    results: list = []
+    errors: list = []
+
+    def reader(n: int) -> None:
+        try:
+            for r in range(5):
+                i = (n + r) % len(keys)
+                results.append((i, remote.get(keys[i])))  # every result is held to the end
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 20
+    for i, got in results:
+        np.testing.assert_array_equal(got, _payload(i, MiB + 2048 * i))
+
+
+def test_recv_pool_size_classes_cap_and_idle_trim():
+    pool = bulk.RecvPool(cap_bytes=4 * MiB, idle_s=0.0)
+    assert pool.size_class(MiB) == MiB and pool.size_class(MiB + 1) == MiB + MiB // 8
+    assert pool.size_class(3 * MiB) == 3 * MiB
+    a = pool.take(3 * MiB)
+    b = pool.take(3 * MiB)  # over the cap: an unpooled buffer
+    assert pool.pooled_bytes == 3 * MiB and b.base is None and a.base is not None
+    assert pool.take(100).nbytes == 100  # small: never pooled
+    del a
+    pool.take(MiB)  # the idle 3 MiB buffer is trimmed
+    assert pool.pooled_bytes == MiB
+
+
+def test_a_truncated_put_stores_nothing_and_the_unit_keeps_serving(unit):
+    backend, server, remote, secret = unit
+    message = _put_message("cut", _payload(3), secret)
+    _send_raw(server, message[: len(message) // 2], close=True)
+    _wait_for(lambda: server.bulk.broken == 1, "the unit did not drop the truncated stream")
+    assert backend.list() == [] and backend.usage()["bytes"] == 0
+    remote.put("after", _payload(4))
+    np.testing.assert_array_equal(remote.get("after"), _payload(4))
+
+
+def test_a_stalled_put_is_dropped_after_stall_s_and_stores_nothing():
+    backend = MemoryStorageUnit("s0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, shared_memory=False).start()
+    server.bulk.stall_s = 0.3
+    sock = socket.create_connection(("127.0.0.1", server.bulk.port), timeout=5)
+    try:
+        message = _put_message("slow", _payload(5), None)
+        sock.sendall(message[:-1000])  # then silence
+        _wait_for(lambda: server.bulk.broken == 1, "the unit kept waiting on a stalled stream")
+        assert backend.list() == []
+    finally:
+        sock.close()
+        server.stop()
+
+
+def test_a_truncated_reply_is_storage_unit_unavailable_at_the_client():
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def fake_unit() -> None:
+        conn, _ = listener.accept()
+        conn.recv(1 << 16)
+        reply = _Capture()
+        frame = wire.encode({"ok": True, "id": 1, "arrays": [["uint8", [4 * MiB]]]})[0]
+        bulk.write_message(reply, frame, [np.zeros(4 * MiB, np.uint8)], secret=None)
+        conn.sendall(bytes(reply.data[: MiB]))
+        conn.close()
+
+    t = threading.Thread(target=fake_unit)
+    t.start()
+    client = BulkClient("127.0.0.1", port, timeout_s=5, name="StorageUnit f0")
+    with pytest.raises(StorageUnitUnavailable, match="closed after"):
+        client.call("get", {"reqs": [["k", 0, None]]}, keys=["k"])
+    t.join()
+    client.close()
+    listener.close()
+
+
+def test_a_silent_unit_is_unavailable_as_soon_as_it_is_marked_dead():
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers
+    client = BulkClient("127.0.0.1", listener.getsockname()[1], timeout_s=60, name="StorageUnit d0")
+    calls = iter([None, None])
+    client.set_abort(lambda: next(calls, "marked dead by the Controller"))
+    with pytest.raises(StorageUnitUnavailable, match="marked dead"):
+        client.call("get", {"reqs": []}, keys=["k"])
+    client.close()
+    listener.close()
+
+
+def test_a_tampered_or_replayed_put_is_rejected_and_stores_nothing():
+    backend = MemoryStorageUnit("m0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, shared_memory=False, secret=SECRET).start()
+    try:
+        a = _payload(6)
+        message = bytearray(_put_message("k", a, SECRET, seq=1))
+        message[len(message) // 2] ^= 1  # one payload bit
+        reply = _send_raw(server, bytes(message))
+        assert reply["ok"] is False and reply["error"] == "ProtocolError" and "MAC" in reply["message"]
+        wrong = _send_raw(server, _put_message("k", a, b"another-secret-of-16+", seq=2))
+        assert wrong["ok"] is False and "MAC" in wrong["message"]
+        assert backend.list() == []
+        good = _put_message("k", a, SECRET, seq=3)
+        assert _send_raw(server, good)["ok"] is True
+        replayed = _send_raw(server, good)
+        assert replayed["ok"] is False and "replay" in replayed["message"]
+        assert backend.list() == ["k"] and server.bulk.rejected == 3
+        unsigned = BulkClient("127.0.0.1", server.bulk.port, timeout_s=5, name="StorageUnit m0")  # no secret
+        meta = [["x", wire.dtype_name(a.dtype), list(a.shape)]]
+        # Refused as unauthenticated, or cut off mid-send when the unit drops the unreadable stream.
+        with pytest.raises((ProtocolError, StorageUnitUnavailable)):
+            unsigned.call("put", {"items": meta}, [a], keys=["x"])
+        unsigned.close()
+        assert backend.list() == ["k"]
+    finally:
+        server.stop()
+
+
+def test_the_stream_tag_is_not_the_zmq_tag():
+    head = wire.auth_head(b"n" * 16, 1)
+    frames = [b"\x01\x80", b"payload"]
+    tags = []
+    for label in (None, bulk.STREAM_LABEL):
+        mac = wire.FrameMac(SECRET, head) if label is None else wire.FrameMac(SECRET, head, label)
+        for f in frames:
+            mac.frame(len(f))
+            mac.update(f)
+        tags.append(mac.finalize())
+    assert tags[0] != tags[1]
+    body, _ = wire.open_frames([*frames, head + tags[0]], SECRET)  # FrameMac is sign()'s construction
+    assert body == frames
+    with pytest.raises(ProtocolError):
+        wire.open_frames([*frames, head + tags[1]], SECRET)
+
+
+def test_framing_lies_are_refused_and_close_the_stream():
+    backend = MemoryStorageUnit("l0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, shared_memory=False, max_message_bytes=8 * MiB).start()
+    try:
+        bad_magic = _send_raw(server, b"XXXX" + bytes(8))
+        assert bad_magic["error"] == "ProtocolError" and "magic" in bad_magic["message"]
+        huge = bulk._PREFIX.pack(bulk.MAGIC, 10, 1) + (64 * MiB).to_bytes(8, "little")
+        too_big = _send_raw(server, huge)
+        assert too_big["error"] == "ProtocolError" and "exceeds" in too_big["message"]
+        assert backend.list() == [] and server.bulk.untyped == 0
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("secret", [None, SECRET], ids=["open", "mac"])
+def test_hostile_bytes_on_the_stream_are_typed_refusals_and_the_unit_keeps_serving(secret):
+    backend = MemoryStorageUnit("h0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, shared_memory=False, secret=secret, max_message_bytes=4 * MiB).start()
+    server.bulk.stall_s = 0.2
+    rng = np.random.default_rng(7)
+    good = _put_message("k", np.arange(4, dtype=np.int8), secret)
+    try:
+        for i in range(40):
+            n_control = int(rng.integers(0, 64))
+            body = rng.integers(0, 256, size=int(rng.integers(0, 300)), dtype=np.uint8).tobytes()
+            kind = i % 4
+            if kind == 0:
+                data = body  # noise
+            elif kind == 1:
+                data = bulk._PREFIX.pack(bulk.MAGIC, n_control, int(rng.integers(0, 4))) + body
+            elif kind == 2:  # a real message with bytes flipped or cut
+                cut = bytearray(good)
+                cut[int(rng.integers(0, len(cut)))] ^= 0xFF
+                data = bytes(cut[: int(rng.integers(1, len(cut) + 1))])
+            else:  # a real header, a control frame that is not msgpack
+                data = good[:12] + body
+            sock = socket.create_connection(("127.0.0.1", server.bulk.port), timeout=5)
+            sock.settimeout(5)
+            try:  # the unit answers (a typed refusal) and may drop the connection; either way it ends
+                sock.sendall(data)
+                sock.shutdown(socket.SHUT_WR)
+                while sock.recv(1 << 16):
+                    pass
+            except (ConnectionResetError, BrokenPipeError, OSError) as exc:
+                assert not isinstance(exc, socket.timeout), "the unit neither answered nor dropped the stream"
+            sock.close()
+        assert server.bulk.untyped == 0 and backend.list() in ([], ["k"])
+        remote = RemoteStorageUnit.describe("h0", server.address, timeout_s=5, secret=secret)
+        remote.put("after", _payload(9))
+        np.testing.assert_array_equal(remote.get("after"), _payload(9))
+        remote.close()
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("secret", [None, SECRET], ids=["open", "mac"])
+def test_messages_sent_back_to_back_are_each_read_whole(secret):
+    """Reads ahead of a message (its header, small payloads) never lose or reorder the next one's bytes."""
+    backend = MemoryStorageUnit("p0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, shared_memory=False, secret=secret).start()
+    small, big = np.arange(100, dtype=np.int64), _payload(8)
+    data = b"".join(_put_message(k, a, secret, seq=i + 1) for i, (k, a) in
+                    enumerate([("s1", small), ("b1", big), ("s2", small + 1)]))
+    sock = socket.create_connection(("127.0.0.1", server.bulk.port), timeout=5)
+    try:
+        sock.sendall(data)
+        conn = bulk.Conn(sock, lambda quiet: None)
+        replies = [wire.decode_control(bulk.read_message(conn, secret=secret, alloc=bulk.RecvPool().take,
+                                                         max_bytes=1 << 30)[0]) for _ in range(3)]
+        assert [r["ok"] for r in replies] == [True, True, True]
+        np.testing.assert_array_equal(backend.get("s2"), small + 1)
+        np.testing.assert_array_equal(backend.get("b1"), big)
+    finally:
+        sock.close()
+        server.stop()
