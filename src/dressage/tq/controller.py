@@ -185,19 +185,9 @@ class Controller(LeaseDesk):
         with self._lock:
             if not self._units:
                 raise StorageFullError("the TransferQueue has no StorageUnits")
-            keys = [k for k, _, _ in items]
-            if len(set(keys)) != len(keys):
-                raise TransferQueueError("place_many got the same key twice")
-            for key in keys:
-                if key in self._entries:
-                    raise TransferQueueError(f"key {key!r} already exists; keys are write-once")
+            self._check_new_keys(items, "place_many")
             unit_id = self._choose(sum(int(n) for _, n, _ in items), node_id)
-            now = self._clock()
-            for key, nbytes, field in items:
-                self._entries[key] = _Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
-                self._used[unit_id] += int(nbytes)
-                self._count[unit_id] += 1
-                self._tombstones.pop(key, None)
+            self._record_pending(unit_id, items, batch)
             return unit_id
 
     def _candidates(self, nbytes: int, node_id: str | None) -> tuple[list[str], list[str], list[str]]:

@@ -65,6 +65,26 @@ class LeaseDesk:
     def _free(self, unit_id: str) -> int:
         return self._units[unit_id].memory_budget - self._used[unit_id] - self._leased.get(unit_id, 0)
 
+    def _check_new_keys(self, items: Sequence[tuple[str, int, str]], what: str) -> None:
+        """Keys are write-once: a repeated or known key is an error before anything is recorded."""
+        keys = [k for k, _, _ in items]
+        if len(set(keys)) != len(keys):
+            raise TransferQueueError(f"{what} got the same key twice")
+        for key in keys:
+            if key in self._entries:
+                raise TransferQueueError(f"key {key!r} already exists; keys are write-once")
+
+    def _record_pending(self, unit_id: str, items: Sequence[tuple[str, int, str]], batch: str | None) -> None:
+        """New keys ``(key, nbytes, field)`` as pending on ``unit_id``, their bytes charged to it."""
+        from dressage.tq.controller import KeyState, _Entry
+
+        now = self._clock()
+        for key, nbytes, field in items:
+            self._entries[key] = _Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
+            self._used[unit_id] += int(nbytes)
+            self._count[unit_id] += 1
+            self._tombstones.pop(key, None)
+
     def _end_lease(self, lease_id: str, unit_id: str | None = None) -> None:
         """End a lease, or only its part on ``unit_id``."""
         lease = self._leases.get(lease_id)
@@ -123,19 +143,12 @@ class LeaseDesk:
         """Record new keys ``(key, nbytes, field)`` as pending on the lease's unit, their bytes taken from
         the lease (once it is used up or gone, charged to the unit as ``place_many`` does). Keys are
         write-once; a dead unit is StorageUnitUnavailable; nothing is recorded when anything is refused."""
-        from dressage.tq.controller import KeyState, _Entry
-
         with self._lock:
             if unit_id not in self._units:
                 raise TransferQueueError(f"place_leased: unknown StorageUnit {unit_id!r}")
             if not self._is_live(unit_id):  # type: ignore[attr-defined]
                 raise StorageUnitUnavailable(f"StorageUnit {unit_id} is dead; its leases ended")
-            keys = [k for k, _, _ in items]
-            if len(set(keys)) != len(keys):
-                raise TransferQueueError("place_leased got the same key twice")
-            for key in keys:
-                if key in self._entries:
-                    raise TransferQueueError(f"key {key!r} already exists; keys are write-once")
+            self._check_new_keys(items, "place_leased")
             lease = self._leases.get(lease_id)
             left = lease.parts.get(unit_id, 0) if lease is not None else 0
             total = sum(int(n) for _, n, _ in items)
@@ -145,12 +158,7 @@ class LeaseDesk:
             if take:
                 lease.parts[unit_id] -= take  # type: ignore[union-attr]
                 self._leased[unit_id] -= take
-            now = self._clock()
-            for key, nbytes, field in items:
-                self._entries[key] = _Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
-                self._used[unit_id] += int(nbytes)
-                self._count[unit_id] += 1
-                self._tombstones.pop(key, None)
+            self._record_pending(unit_id, items, batch)
 
 
 @dataclass(slots=True)
