@@ -20,7 +20,7 @@ HAVE_TQ = importlib.util.find_spec("dressage.tq") is not None
 
 # 64 KiB payloads, a few small puts: the whole file runs in well under a second per test.
 TINY = dict(sizes_mib=(0.0625,), rounds=2, warmup=1, small_r3_count=2, small_logprobs_count=3, small_step_count=2,
-            progress=False)
+            progress=False, round_mib=0)
 
 
 def _systems() -> tuple[str, ...]:
@@ -157,7 +157,39 @@ def test_tq_settings_reach_the_dressage_systems(tmp_path, bench_command) -> None
     assert data["results"][0]["put_gbps"] > 0
 
 
-@pytest.mark.parametrize("bad", [dict(rounds=0), dict(sizes_mib=(0,)), dict(sizes_mib=(0.001,)),
+def test_a_round_of_a_small_workload_repeats_it_and_counts_the_mean(monkeypatch) -> None:
+    from dressage_bench._timing import RoundTiming
+
+    real = bench_tq._factories
+    calls: dict[str, int] = {}
+
+    class Counting(BenchSystem):
+        name = "transferqueue"
+
+        def start(self) -> None:
+            pass
+
+        def run_round(self, workload):
+            n = calls[workload.name] = calls.get(workload.name, 0) + 1
+            return RoundTiming(0.001 * n, 0.002)  # later passes slower: the mean, not one pass, is kept
+
+    def factories(config, workloads, cluster):
+        return {**real(config, workloads, cluster), "transferqueue": Counting}
+
+    monkeypatch.setattr(bench_tq, "_factories", factories)
+    cfg = TqBenchConfig(systems=("memcpy", "transferqueue"), **{**TINY, "round_mib": 0.25, "rounds": 1, "warmup": 1})
+    report = run_tq_bench(cfg)
+    entry = next(e for e in report["results"] if e["system"] == "transferqueue" and e["workload"] == "0.0625MiB")
+    assert entry["repeats"] == 4 == cfg.repeats(next(w for w in bench_tq.build_workloads(cfg) if w.name == "0.0625MiB"))
+    assert calls["0.0625MiB"] == 8                     # one warm-up round and one timed round, 4 passes each
+    assert entry["put_s"] == pytest.approx(0.001 * (5 + 6 + 7 + 8) / 4)   # the timed round's mean
+    big = next(e for e in report["results"] if e["system"] == "memcpy" and e["workload"] == "step-r3")
+    assert big["repeats"] == 1                         # 2 x 1.25 MiB already moves more than 0.25 MiB
+    one_mib = bench_tq.Workload("x", "large", (bench_tq.Part("f", "uint8", (1 << 20,)),))
+    assert TqBenchConfig(**{**TINY, "round_mib": 16}).repeats(one_mib) == 16
+
+
+@pytest.mark.parametrize("bad", [dict(rounds=0), dict(round_mib=-1), dict(sizes_mib=(0,)), dict(sizes_mib=(0.001,)),
                                  dict(systems=("nope",)), dict(small_r3_count=-1),
                                  dict(tq_options={"deployment": "local"}),
                                  *([dict(tq_options={"no_such_setting": 1})] if HAVE_TQ else [])])

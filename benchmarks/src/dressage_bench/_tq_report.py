@@ -41,6 +41,7 @@ def build_report(config: Any, workloads: list[Workload], runs: list[Any],
                 "payload_bytes": workload.item_bytes,
                 "count": workload.count,
                 "total_bytes": workload.total_bytes,
+                "repeats": config.repeats(workload) if hasattr(config, "repeats") else 1,
             }
             samples = run.samples.get(workload.name)
             if run.system is None:

@@ -56,6 +56,9 @@ def register_tq(benches: argparse._SubParsersAction) -> None:
                    help="large payload sizes in MiB (default 1 4 16 64 256; quick: 1 16)")
     p.add_argument("--rounds", type=int, metavar="N", help="timed rounds per system and payload (default 5; quick: 3)")
     p.add_argument("--warmup", type=int, metavar="N", help="untimed rounds first (default 1)")
+    p.add_argument("--round-mib", type=float, metavar="MIB",
+                   help="a round repeats a smaller workload until it moved this much, timing the mean "
+                        "(default 16; 0: one pass a round)")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, metavar="SYSTEM",
                    help=f"systems to run (default all: {' '.join(SYSTEMS)})")
     p.add_argument("--small-r3-count", type=int, metavar="N",
@@ -80,7 +83,7 @@ def _run_tq(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {"seed": args.seed, "progress": args.progress}
     if args.sizes is not None:
         overrides["sizes_mib"] = parse_sizes(args.sizes)
-    for name in ("rounds", "warmup", "small_r3_count", "small_logprobs_count", "small_step_count"):
+    for name in ("rounds", "warmup", "round_mib", "small_r3_count", "small_logprobs_count", "small_step_count"):
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value

@@ -9,13 +9,14 @@ for payloads >= 1 MiB. A system that cannot run here is listed with ``"error"`` 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from dressage_bench._systems import BenchSystem, MemcpySystem, Part, SystemUnavailable, Workload
-from dressage_bench._timing import Samples, interleaved
+from dressage_bench._timing import RoundTiming, Samples, interleaved
 from dressage_bench._tq_report import BASELINES, build_report, environment, format_table, write_json
 from dressage.errors import ConfigError
 
@@ -61,6 +62,10 @@ class TqBenchConfig:
     """Timed rounds per system and workload; medians are reported."""
     warmup: int = 1
     """Untimed rounds per system and workload first (first-touch page faults, connection setup)."""
+    round_mib: float = 16
+    """A round of a workload that moves fewer MiB than this repeats it (put, get, release) until it has
+    moved this much, and counts the mean of its repeats: one 1 MiB put+get takes ~0.1 ms, which one
+    timer tick or page fault on this machine doubles. 0: one pass a round. Every system alike."""
     small_r3_count: int = 64
     """Separate puts of one step's R3 (1.25 MiB each), read back in one batch."""
     small_logprobs_count: int = 256
@@ -90,6 +95,9 @@ class TqBenchConfig:
             raise ConfigError(f"bench.rounds: expected an integer >= 1, got {self.rounds!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"bench.warmup: expected an integer >= 0, got {self.warmup!r}")
+        if isinstance(self.round_mib, bool) or not isinstance(self.round_mib, (int, float)) \
+                or not 0 <= self.round_mib <= 4096:
+            raise ConfigError(f"bench.round_mib: expected MiB in [0, 4096], got {self.round_mib!r}")
         for name in ("small_r3_count", "small_logprobs_count", "small_step_count"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -111,6 +119,10 @@ class TqBenchConfig:
         unknown_keys = sorted(set(self.tq_options) - known)
         if unknown_keys:
             raise ConfigError(f"bench.tq_options: unknown TransferQueue setting(s) {', '.join(unknown_keys)}")
+
+    def repeats(self, workload: Workload) -> int:
+        """Passes of ``workload`` in one round (see ``round_mib``)."""
+        return max(1, math.ceil(self.round_mib * MiB / workload.total_bytes)) if self.round_mib else 1
 
     @classmethod
     def quick_preset(cls, **overrides: Any) -> "TqBenchConfig":
@@ -270,7 +282,18 @@ def _start(name: str, factory: Callable[[], BenchSystem]) -> _Run:
     return _Run(system, name)
 
 
+def _mean_round(system: BenchSystem, workload: Workload, reps: int) -> RoundTiming:
+    if reps == 1:
+        return system.run_round(workload)
+    put = get = 0.0
+    for _ in range(reps):
+        t = system.run_round(workload)
+        put, get = put + t.put_s, get + t.get_s
+    return RoundTiming(put / reps, get / reps)
+
+
 def _measure(workload: Workload, live: list[_Run], config: TqBenchConfig, bar: Any) -> None:
+    reps = config.repeats(workload)
     ready: list[_Run] = []
     for run in live:
         if run.error is not None:
@@ -284,7 +307,8 @@ def _measure(workload: Workload, live: list[_Run], config: TqBenchConfig, bar: A
         try:
             system.prepare(workload)
             for _ in range(config.warmup):
-                system.run_round(workload)
+                for _ in range(reps):
+                    system.run_round(workload)
                 bar.update()
         except Exception as exc:
             _fail(run, workload, exc)
@@ -298,7 +322,7 @@ def _measure(workload: Workload, live: list[_Run], config: TqBenchConfig, bar: A
             continue
         bar.set_description_str(f"{workload.name} {run.name}")
         try:
-            run.samples[workload.name].add(_system(run).run_round(workload))
+            run.samples[workload.name].add(_mean_round(_system(run), workload, reps))
         except Exception as exc:
             failed.add(run.name)
             _fail(run, workload, exc)
