@@ -151,7 +151,7 @@ class HotFirst:
     A request for a hot route (:class:`FastRoutes`) goes straight through the same guard and the
     same :class:`FastRoutes`, behind the same 500 answer for a crash (Starlette's
     ``ServerErrorMiddleware``), without FastAPI's and Starlette's layers in front of them (their
-    telemetry check, app scope and body-limit wrappers: ~5 % of the Proxy's CPU per call). Every
+    telemetry check, app scope and body-limit wrappers: ~5 % of a profile of the event loop). Every
     other request, and every one that :class:`FastRoutes` hands on (it does not parse or
     validate), goes to the FastAPI app, which answers it as it always did.
     """
