@@ -12,6 +12,7 @@ where that is installed; the limits hold for both parsers.
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 import time
@@ -20,7 +21,31 @@ from typing import Any
 
 from dressage.errors import ConfigError
 
-__all__ = ["UvicornServer", "ConnectionLimits", "guarded_protocol"]
+__all__ = ["UvicornServer", "ConnectionLimits", "guarded_protocol", "tune_gc_for_serving"]
+
+
+SERVING_GC_YOUNG = 20_000
+"""The youngest generation's collection threshold once serving (Python's default: 700)."""
+
+
+def tune_gc_for_serving(young: int = SERVING_GC_YOUNG) -> int:
+    """Set the cyclic collector up for a serving process, once it serves; returns the frozen count.
+
+    - Collect once, then freeze (``gc.freeze``) what is left: what start-up made (modules, the app,
+      the tokenizer, the clients) lives as long as the process, and every full collection walked
+      all of it again (~170K objects in the Proxy, ~100 ms of the event loop each).
+    - Collect the youngest generation every ``young`` net allocations of tracked objects instead of
+      700. Serving makes next to no reference cycles (the cyclic garbage of a 1,536-call load run
+      was all start-up's), yet with 64 calls in flight their live objects crossed 700 about every
+      4 calls, and each collection walked them and promoted them to be walked again: ~0.2 ms a
+      call, against ~0.01 ms at 20,000. Cyclic garbage (a refused call's traceback) waits for at
+      most that many net allocations.
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(max(int(young), 1), middle, old)
+    return gc.get_freeze_count()
 
 
 @dataclass(frozen=True, slots=True)

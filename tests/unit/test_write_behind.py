@@ -160,3 +160,38 @@ def test_write_behind_off_commits_before_returning(tq):
     s = core.create_session()
     pending = _begin(core, s.session_id, [1, 2, 3], [40])
     assert pending.future.done() and len(s.steps) == 1 and core._behind is None
+
+
+def test_routing_from_normalize_is_not_range_checked_twice(tq, monkeypatch):
+    import dressage.proxy.core as core_mod
+
+    core = _core(tq.client())
+    s = core.create_session()
+    prompt = np.asarray([1, 2, 3], np.int32)
+    d = core.plan(s.session_id, prompt)
+    out = core.normalize(sglang_body(prompt, [40, 41], start=d.routed_experts_start), prompt_len=3, decision=d)
+    checks = []
+    real = core_mod.encode_routed_experts
+    monkeypatch.setattr(core_mod, "encode_routed_experts", lambda *a, **kw: checks.append(1) or real(*a, **kw))
+    step = dict(prompt_ids=prompt, response_ids=out.output_ids, logprobs=out.logprobs,
+                routed_experts=out.routed_experts)
+    core.begin_step(s.session_id, d, routed_experts_checked=True, **step).future.result(10)
+    assert checks == []  # decoded (and checked) into uint8 once, by normalize
+    d = core.plan(s.session_id, prompt)
+    core.begin_step(s.session_id, d, **step).future.result(10)
+    assert checks == [1]  # a direct caller's routing is checked
+
+
+@pytest.mark.parametrize("dtype, bad", [(np.int32, 300), (np.uint8, E), (np.int64, -1)])
+def test_checked_flag_keeps_the_guard_for_what_normalize_did_not_make(tq, dtype, bad):
+    core = _core(tq.client())
+    s = core.create_session()
+    prompt = np.asarray([1, 2, 3], np.int32)
+    d = core.plan(s.session_id, prompt)
+    rows = expected_r3(np.asarray([1, 2, 3, 40, 41])).astype(dtype)
+    rows[1, 0, 1] = bad
+    step = dict(prompt_ids=prompt, response_ids=[40, 41], logprobs=np.zeros(2, np.float32), routed_experts=rows)
+    flag = dtype != np.uint8  # a uint8 array is taken as checked only with the flag
+    with pytest.raises(ExpertIdRangeError, match=str(bad)):
+        core.begin_step(s.session_id, d, routed_experts_checked=flag, **step)
+    assert len(s.steps) == 0

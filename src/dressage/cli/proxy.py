@@ -58,6 +58,7 @@ def proxy_config(args: argparse.Namespace):
 
 def _serve(args: argparse.Namespace) -> int:
     from dressage.proxy.deployment import Proxy
+    from dressage.serving import tune_gc_for_serving
 
     cfg = proxy_config(args)
     with Proxy.start(cfg) as proxy:
@@ -73,5 +74,6 @@ def _serve(args: argparse.Namespace) -> int:
               f"{', '.join(cfg.server.engines)} "
               f"(R3 {'on' if dp.use_rollout_routing_replay else 'off'}, TQ "
               f"{'on: ' + ','.join(dp.offloaded) if dp.enable_transfer_queue else 'off'})", flush=True)
+        tune_gc_for_serving()  # start-up's objects frozen, the young generation collected less often
         proxy.wait()
     return 0

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from dressage.errors import FieldShapeError, WireFormatError
+from dressage.fields.b64 import b64decode_strict
 from dressage.fields.r3 import encode_routed_experts
 
 __all__ = [
@@ -83,6 +84,9 @@ def decode_output_token_logprobs(entries: Any) -> tuple[np.ndarray, np.ndarray]:
     """Split ``output_token_logprobs`` into (token ids int32, logprobs float32)."""
     if not isinstance(entries, list):
         raise WireFormatError(f"output_token_logprobs must be a list, got {type(entries).__name__}")
+    plain = _plain_logprobs(entries)
+    if plain is not None:
+        return plain
     n = len(entries)
     ids = np.empty(n, dtype=np.int32)
     lps = np.empty(n, dtype=np.float32)
@@ -105,6 +109,21 @@ def decode_output_token_logprobs(entries: Any) -> tuple[np.ndarray, np.ndarray]:
     return ids, lps
 
 
+def _plain_logprobs(entries: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """The usual answer (every entry a list ``[float, int, ...]``, all finite and in range) with the
+    checks done on whole arrays; ``None`` for anything else, which the per-entry loop words."""
+    if not all(type(e) is list and len(e) >= 2 and type(e[0]) is float and type(e[1]) is int for e in entries):
+        return None
+    try:
+        ids = np.array([e[1] for e in entries], dtype=np.int64)
+    except OverflowError:
+        return None
+    lps = np.array([e[0] for e in entries], dtype=np.float64)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 2**31 or not np.isfinite(lps).all()):
+        return None
+    return ids.astype(np.int32), lps.astype(np.float32)
+
+
 def decode_routed_experts_b64(data: str | bytes, num_layers: int, topk: int, dtype: str = "int32", *,
                               storage_dtype: str | None = None, num_experts: int | None = None) -> np.ndarray:
     """Decode base64 routed experts into a ``[rows, num_layers, topk]`` array.
@@ -119,8 +138,9 @@ def decode_routed_experts_b64(data: str | bytes, num_layers: int, topk: int, dty
     if not isinstance(data, (str, bytes)):
         raise WireFormatError(f"routed_experts must be a base64 string, got {type(data).__name__}")
     try:
-        # strict_mode: the same validation as b64decode(validate=True), without its regex pass.
-        raw = binascii.a2b_base64(data, strict_mode=True)
+        # binascii's strict_mode (the same validation as b64decode(validate=True), without its
+        # regex pass), vectorized for large strings.
+        raw = b64decode_strict(data)
     except (binascii.Error, ValueError) as exc:
         raise WireFormatError(f"routed_experts is not valid base64: {exc}") from exc
     item = np.dtype(_WIRE_DTYPES[dtype]).itemsize
@@ -142,6 +162,9 @@ def encode_routed_experts_b64(ids: np.ndarray) -> str:
 
 
 def _check_ids(output_ids: Any) -> None:
+    if type(output_ids) is list and all(type(t) is int for t in output_ids) and (
+            not output_ids or (min(output_ids) >= 0 and max(output_ids) < 2**31)):
+        return  # plain ints in range: the usual answer
     if not isinstance(output_ids, (list, np.ndarray)) or any(
             isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < 2**31 for t in output_ids):
         raise WireFormatError("output_ids must be a list of integers in 0..2**31-1")
@@ -185,7 +208,8 @@ def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start
         lp_ids, logprobs = decode_output_token_logprobs(meta["output_token_logprobs"])
         if output_ids is None:
             output_ids = lp_ids
-        elif len(output_ids) != len(lp_ids) or not np.array_equal(np.asarray(output_ids, dtype=np.int64), lp_ids):
+        elif len(output_ids) != len(lp_ids) or not (output_ids == lp_ids.tolist() if isinstance(output_ids, list)
+                                                    else np.array_equal(np.asarray(output_ids, dtype=np.int64), lp_ids)):
             raise FieldShapeError(
                 f"output_ids ({len(output_ids)} tokens) and output_token_logprobs ({len(lp_ids)} entries) disagree"
             )

@@ -353,7 +353,8 @@ class CallPath(ChatSampling):
             metadata[STEP_LABELS_KEY] = labels
         step_fields = dict(prompt_ids=plan.prompt_ids, response_ids=result.response_ids, logprobs=result.logprobs,
                            routed_experts=result.routed_experts, token_versions=result.token_versions,
-                           metadata=metadata, **step_kwargs)
+                           metadata=metadata, routed_experts_checked=True,  # R3 came out of core.normalize
+                           **step_kwargs)
         if self.core.writes_behind:  # validates and queues only: cheap enough for the loop
             pending = self.core.begin_step(sid, plan.decision, **step_fields)
         else:  # a synchronous commit (the journal write with TQ off) runs on a thread, as it always did

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from dressage.errors import DressageError, FieldShapeError, SessionStateError, TransferWriteError, UnknownStepError
-from dressage.fields import GenerateOutput, decode_generate_response, encode_routed_experts
+from dressage.fields import GenerateOutput, decode_generate_response, encode_routed_experts, r3_dtype
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.weights import step_labels
 from dressage.proxy.write_behind import PendingStep, WriteBehindCore, done_step
@@ -180,15 +180,17 @@ class ProxyCore(WriteBehindCore):
 
     def begin_step(self, session_id: str, decision: RouteDecision, *, prompt_ids: Any, response_ids: Any,
                    logprobs: Any, routed_experts: Any = None, token_versions: Any = 0,
-                   **step_kwargs: Any) -> PendingStep:
+                   routed_experts_checked: bool = False, **step_kwargs: Any) -> PendingStep:
         """The commit region, write-behind: validate and encode now, write and commit in the background.
 
         Every error a synchronous :meth:`record_step` raises before its write is raised here, with
-        nothing written. The offloaded fields then go to the batcher; the step joins the session
+        nothing written. ``routed_experts_checked``: the routing came out of :meth:`normalize` (already
+        range-checked into the storage dtype), so an array of that dtype is not checked again. The offloaded fields then go to the batcher; the step joins the session
         (journal first) once its keys are committed, and a failed write records nothing. Without
         offloaded fields, or with ``write_behind`` off, this is :meth:`record_step`, already done.
         """
-        session, response, fields = self._encode(session_id, response_ids, logprobs, routed_experts)
+        session, response, fields = self._encode(session_id, response_ids, logprobs, routed_experts,
+                                                 checked=routed_experts_checked)
         names = self._offloaded_names(fields, expected_rows=len(response))
         kwargs = dict(step_kwargs, prompt_ids=prompt_ids, response_ids=response, token_versions=token_versions)
         if not names or not self.write_behind:
@@ -203,12 +205,15 @@ class ProxyCore(WriteBehindCore):
                              lambda refs: self._commit(session, decision, fields, refs, **kwargs))
         return PendingStep(preview, done)
 
-    def _encode(self, session_id: str, response_ids: Any, logprobs: Any,
-                routed_experts: Any) -> tuple[Session, np.ndarray, dict[str, Any]]:
+    def _encode(self, session_id: str, response_ids: Any, logprobs: Any, routed_experts: Any, *,
+                checked: bool = False) -> tuple[Session, np.ndarray, dict[str, Any]]:
         session = self.active_session(session_id)
         response = np.asarray(response_ids, dtype=np.int32)
         fields: dict[str, Any] = {"logprobs": None if logprobs is None else np.asarray(logprobs, dtype=np.float32)}
-        if routed_experts is not None:
+        if checked and isinstance(routed_experts, np.ndarray) and routed_experts.ndim == 3 \
+                and routed_experts.dtype == r3_dtype(self.config.routed_experts_dtype):
+            fields["routed_experts"] = routed_experts  # normalize() range-checked it into this dtype
+        elif routed_experts is not None:
             fields["routed_experts"] = encode_routed_experts(
                 routed_experts, self.config.routed_experts_dtype, num_experts=self.config.model.num_experts)
         elif self.config.use_rollout_routing_replay:

@@ -106,7 +106,8 @@ class FastRoutes:
     def __init__(self, app: Any, *, service: Any) -> None:
         self.app, self.service = app, service
 
-    def _route(self, scope: Scope) -> tuple[str, str | None] | None:
+    def route(self, scope: Scope) -> tuple[str, str | None] | None:
+        """``(kind, session id)`` of a hot route; ``None`` for any other request."""
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
             return None
         path = scope["path"]
@@ -120,7 +121,7 @@ class FastRoutes:
         return {"v1/chat/completions": "chat", "generate": "generate", "finalize": "finalize"}[m.group(2)], m.group(1)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self._route(scope)
+        route = self.route(scope)
         if route is None:
             await self.app(scope, receive, send)
             return

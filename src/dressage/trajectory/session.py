@@ -34,15 +34,35 @@ class RouteDecision:
     boundary: Boundary | None = None
 
 
+_INT32 = np.dtype(np.int32)
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
 def _as_ids(ids: Any, what: str) -> np.ndarray:
     arr = np.asarray(ids)
     if arr.ndim != 1:
         raise FieldShapeError(f"{what} must be a 1-D list of token ids, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "iu":
+    if not arr.size:
+        return arr.astype(np.int32, copy=False)
+    if arr.dtype == _INT32:  # the Proxy's own arrays: only the sign can be out of range
+        if int(arr.min()) < 0:
+            raise FieldShapeError(f"{what} holds token ids outside 0..2**31-1")
+        return arr
+    if arr.dtype.kind not in "iu":
         raise FieldShapeError(f"{what} must hold integers, got dtype {arr.dtype}")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > np.iinfo(np.int32).max):
+    if int(arr.min()) < 0 or int(arr.max()) > _INT32_MAX:
         raise FieldShapeError(f"{what} holds token ids outside 0..2**31-1")
     return arr.astype(np.int32, copy=False)
+
+
+def _is_prefix(ids: np.ndarray, head: np.ndarray) -> bool:
+    """``np.array_equal(ids[:len(head)], head)`` for 1-D id arrays (bytes compared when both are int32)."""
+    if len(head) > len(ids):
+        return False
+    part = ids[:len(head)]
+    if part.dtype == head.dtype == _INT32:
+        return part.tobytes() == head.tobytes()
+    return bool(np.array_equal(part, head))
 
 
 def _canonical_tools(tools: Any) -> str | None:
@@ -116,7 +136,7 @@ class Session:
         best: StepRecord | None = None
         for s in self.steps.values():
             if s.seq_len <= len(prompt) and (best is None or s.seq_len >= best.seq_len):
-                if np.array_equal(prompt[:s.seq_len], s.full_ids):
+                if _is_prefix(prompt, s.full_ids):
                     best = s
         if best is not None:
             if tools is not None and best.tools is not None and _canonical_tools(tools) != _canonical_tools(best.tools):
@@ -180,7 +200,7 @@ class Session:
         parent = None
         if decision.parent_id is not None:
             parent = self.step(decision.parent_id)
-            if parent.seq_len > len(prompt) or not np.array_equal(prompt[:parent.seq_len], parent.full_ids):
+            if parent.seq_len > len(prompt) or not _is_prefix(prompt, parent.full_ids):
                 raise TrajectoryError(
                     f"step {parent.step_id} is not a prefix of this prompt; route the call again"
                 )

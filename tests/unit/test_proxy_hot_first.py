@@ -1,0 +1,94 @@
+"""``HotFirst``: the served app answers hot routes through the guard and FastRoutes before FastAPI's
+layers, and gives everything else (and what FastRoutes refuses) to the FastAPI app unchanged."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import httpx
+from fastapi import FastAPI, Request
+
+from dressage.proxy.http import HotFirst, _install_guards
+from test_proxy_fast_routes import MSG, FakeService
+
+
+def _served(token=None, crash=False):
+    service = FakeService()
+    service.config = SimpleNamespace(api_token=token, admin_token=None, max_body_bytes=4096)
+    if crash:
+        def create_session(metadata, base_url):
+            raise RuntimeError("boom")
+        service.create_session = create_session
+    app = FastAPI()
+    _install_guards(app, service)  # the same guard and FastRoutes inside the app, as build_app has them
+    seen: list = []
+
+    @app.api_route("/{rest:path}", methods=["GET", "POST"])
+    async def anything(rest: str, request: Request):
+        seen.append((request.method, "/" + rest, await request.body()))
+        return {"app": True}
+
+    entered: list = []
+    inner = app.__call__
+
+    async def counting(scope, receive, send):
+        entered.append(scope["path"])
+        await inner(scope, receive, send)
+
+    front = HotFirst(_Counted(app, counting), service)  # the app, counting the requests that enter it
+    return front, service, seen, entered
+
+
+class _Counted:
+    def __init__(self, app, call):
+        self.root_path, self.debug, self._call = app.root_path, app.debug, call
+
+    async def __call__(self, scope, receive, send):
+        await self._call(scope, receive, send)
+
+
+def _run(front, fn):
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=front, raise_app_exceptions=False),
+                               base_url="http://proxy")
+
+    async def go():
+        async with client:
+            return await fn(client)
+
+    return asyncio.run(go())
+
+
+def test_hot_routes_never_enter_the_fastapi_app():
+    front, service, seen, entered = _served()
+    rs = _run(front, lambda c: asyncio.gather(c.post("/sessions", json={"metadata": {"k": 1}}),
+                                              c.post("/sessions/s1/v1/chat/completions", json=MSG)))
+    assert [r.status_code for r in rs] == [200, 200]
+    assert rs[0].json() == {"session_id": "s1", "base_url": "http://proxy/sessions/s1/v1"}
+    assert rs[1].json()["choices"][0]["message"]["content"] == "hi"
+    assert entered == [] and seen == []
+
+
+def test_other_routes_and_refused_bodies_reach_the_app_as_before():
+    front, service, seen, entered = _served()
+    rs = _run(front, lambda c: asyncio.gather(
+        c.get("/health"), c.post("/sessions/s1/generate", content=b'{"input_ids": [-1]}',
+                                 headers={"content-type": "application/json"})))
+    assert [r.json() for r in rs] == [{"app": True}, {"app": True}]
+    assert sorted(entered) == ["/health", "/sessions/s1/generate"]
+    assert ("POST", "/sessions/s1/generate", b'{"input_ids": [-1]}') in seen and service.calls == []
+
+
+def test_the_guard_still_refuses_first_and_a_crash_is_a_500():
+    front, service, seen, entered = _served(token="secret")
+    r = _run(front, lambda c: c.post("/sessions", json={}))
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and entered == []
+    r = _run(front, lambda c: c.post("/sessions", json={}, headers={"authorization": "Bearer secret"}))
+    assert r.status_code == 200
+    big = _run(front, lambda c: c.post("/sessions", content=b"{" + b" " * 5000 + b"}",
+                                       headers={"authorization": "Bearer secret",
+                                                "content-type": "application/json"}))
+    assert big.status_code == 413 and entered == []
+    front, service, seen, entered = _served(crash=True)
+    r = _run(front, lambda c: c.post("/sessions", json={}))
+    assert r.status_code == 500 and r.text == "Internal Server Error" and entered == []
