@@ -184,10 +184,11 @@ class ProxyCore(WriteBehindCore):
         """The commit region, write-behind: validate and encode now, write and commit in the background.
 
         Every error a synchronous :meth:`record_step` raises before its write is raised here, with
-        nothing written. ``routed_experts_checked``: the routing came out of :meth:`normalize` (already
-        range-checked into the storage dtype), so an array of that dtype is not checked again. The offloaded fields then go to the batcher; the step joins the session
+        nothing written. The offloaded fields then go to the batcher; the step joins the session
         (journal first) once its keys are committed, and a failed write records nothing. Without
         offloaded fields, or with ``write_behind`` off, this is :meth:`record_step`, already done.
+        ``routed_experts_checked``: the routing came out of :meth:`normalize` (range-checked into the
+        storage dtype there), so an array already in that dtype is not checked again.
         """
         session, response, fields = self._encode(session_id, response_ids, logprobs, routed_experts,
                                                  checked=routed_experts_checked)
