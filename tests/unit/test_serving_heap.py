@@ -20,7 +20,8 @@ def test_garbage_is_collected_first_and_the_rest_frozen():
     try:
         frozen = tune_gc_for_serving()
         assert dead() is None  # the cycle made before went, it was not frozen
-        assert frozen == gc.get_freeze_count() > before
+        # (other threads of the suite may free frozen objects meanwhile: the count only shrinks then)
+        assert frozen > before and before < gc.get_freeze_count() <= frozen
         assert not any(o is kept for o in gc.get_objects())  # out of every generation's walk
         made_after = _Node()
         assert any(o is made_after for o in gc.get_objects())
