@@ -330,6 +330,40 @@ def test_a_writer_fills_a_recycled_segment_through_its_kept_mapping(tmp_path):
     assert len(maps) == 0
 
 
+def _resident_kib(path: str) -> int:
+    """Rss of this process's mappings of ``path`` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "-" in line.split(" ", 1)[0] and ":" not in line.split(" ", 1)[0]:
+                inside = line.rstrip().endswith(path)
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not hasattr(mmap, "MADV_DONTNEED"), reason="needs /dev/shm")
+def test_a_writer_holds_no_resident_pages_of_what_it_handed_over():
+    # The writer is the Proxy on the master node: a kept mapping must not leave the payload in its memory.
+    path = f"/dev/shm/dtq-test-{os.getpid()}-rss"
+    n = 8 << 20
+    with open(path, "wb") as f:
+        f.truncate(n)
+    maps = shm_pool.WriterMaps(1 << 30)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        for value in (1, 2, 3):  # pwrite, then twice through the kept mapping
+            maps.write(fd, memoryview(np.full(n, value, dtype=np.uint8)))
+            with open(path, "rb") as f:
+                assert f.read(n) == bytes([value]) * n
+        assert len(maps) == 1
+        assert _resident_kib(path) <= 4 * mmap.PAGESIZE // 1024  # not the 8 MiB just written
+    finally:
+        os.close(fd)
+        maps.close()
+        os.unlink(path)
+
+
 def test_a_writer_lets_go_of_unlinked_segments_and_keeps_at_most_its_budget(tmp_path):
     maps = shm_pool.WriterMaps(3 * 4096)
     fds = []

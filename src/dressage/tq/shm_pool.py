@@ -216,6 +216,15 @@ def drop_pool(directory: str, token: str) -> None:
         pool.close()
 
 
+def _unmap_pages(mm: mmap.mmap) -> None:
+    """Drop a kept mapping's pages from this process's page tables once written: the bytes stay in
+    tmpfs, but the writer (a Proxy on the master node) holds none of the payload it handed over, in
+    its RSS or PSS. The next copy into the mapping faults them back in (no zeroing: tmpfs has them)."""
+    advise = getattr(mm, "madvise", None)
+    if advise is not None and hasattr(mmap, "MADV_DONTNEED"):
+        advise(mmap.MADV_DONTNEED)
+
+
 class WriterMaps:
     """Writable mappings a writer keeps of the segments it wrote, for when it claims them again: a
     recycled segment is then filled by one copy, with no ``pwrite`` page walk and no mapping set up.
@@ -224,7 +233,8 @@ class WriterMaps:
     /dev/shm has no room for would be SIGBUS; ``pwrite`` turns that into OSError): a longer write goes
     through ``pwrite`` and maps the longer range for next time. Each mapping keeps its file open, so its
     (device, inode) never names another file while it is kept; files the unit has unlinked meanwhile
-    are let go at the next sweep (every ``_SWEEP`` writes), and at most ``max_bytes`` are kept."""
+    are let go at the next sweep (every ``_SWEEP`` writes), and at most ``max_bytes`` are kept. A kept
+    mapping holds no resident pages between writes (``_unmap_pages``)."""
 
     _SWEEP = 32
 
@@ -248,6 +258,7 @@ class WriterMaps:
         if kept is not None and len(kept[1]) >= n:
             try:
                 np.copyto(np.frombuffer(kept[1], np.uint8, n), np.frombuffer(view, np.uint8))
+                _unmap_pages(kept[1])
             except BaseException:
                 self._let_go(kept)
                 raise
@@ -262,8 +273,7 @@ class WriterMaps:
                 return
             dup = os.dup(fd)
             try:
-                mm = mmap.mmap(dup, length, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                               mmap.PROT_READ | mmap.PROT_WRITE)
+                mm = mmap.mmap(dup, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             except BaseException:
                 os.close(dup)
                 raise
