@@ -48,7 +48,10 @@ SHM_MIN_BYTES = 256 * 1024
 # Free (released) segments a unit keeps for reuse, in bytes; a release beyond this unlinks the file.
 SHM_POOL_BYTES = 1 << 30
 # Mappings of written segments a writer keeps per unit, for the next claim of each (shm_pool.WriterMaps).
-WRITER_MAPS_BYTES = 256 << 20
+# 0 (the default): none kept, every write is a pwrite. Kept mappings halve a recycled 1.25 MiB write, but
+# the writer is usually the Proxy on the master node, and there they cost 55-250 MiB of its PSS
+# (`dressage bench memory --preset full`), against the 0.10 master-memory goal.
+WRITER_MAPS_BYTES = 0
 _NAME = re.compile(r"^dtq-[0-9a-f]{16}-[0-9a-z]+$")
 _PAGE = mmap.PAGESIZE
 
