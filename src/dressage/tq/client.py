@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from dressage.errors import (
-    IntegrityError,
     KeyNotFoundError,
     StorageFullError,
     StorageUnitUnavailable,
@@ -252,11 +251,7 @@ class TransferQueueClient:
         out = []
         for ref, (unit_id, idx) in zip(refs, slots):
             arr = results[unit_id][idx]
-            if dtype_name(arr.dtype) != ref.dtype or arr.shape[1:] != ref.shape[1:] or len(arr) != ref.num_rows:
-                raise IntegrityError(
-                    f"key {ref.key!r} in unit {unit_id}: got {arr.dtype}{list(arr.shape)}, "
-                    f"the ref says {ref.dtype}{[ref.num_rows, *ref.shape[1:]]}"
-                )
+            ref.check_read(arr, unit_id)
             out.append(np.array(arr, copy=True) if copy else arr)
         rows = nbytes = 0
         for arrays in results.values():

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from dressage.errors import IntegrityError, StorageFullError, StorageUnitUnavailable, TransferQueueError
+from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
 from dressage.tq.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit, prepare_array
 from dressage.tq.wire import dtype_name
@@ -52,8 +52,7 @@ class LocalPath:
         if batch is not None and not isinstance(batch, str):
             raise TransferQueueError(f"batch must be a string or None, got {batch!r}")
         if key is None:
-            client = self._client
-            key = f"{client._key_prefix}-{next(client._key_seq):x}"  # the client's key scheme, inline
+            key = self._client._new_key()
         elif not isinstance(key, str) or not key:
             raise TransferQueueError(f"key must be a non-empty string, got {key!r}")
         data = prepare_array(array, copy=False)
@@ -90,11 +89,7 @@ class LocalPath:
         if unit is None:
             return None  # an unknown unit: the general path names it
         (arr,) = unit.read_local([(ref.key, ref.row_start, ref.row_stop)])
-        if dtype_name(arr.dtype) != ref.dtype or arr.shape[1:] != ref.shape[1:] or len(arr) != ref.num_rows:
-            raise IntegrityError(
-                f"key {ref.key!r} in unit {ref.unit_id}: got {arr.dtype}{list(arr.shape)}, "
-                f"the ref says {ref.dtype}{[ref.num_rows, *ref.shape[1:]]}"
-            )
+        ref.check_read(arr, ref.unit_id)
         client = self._client
         with client._lock:
             c = client._counters

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from dressage.errors import ProtocolError, RowRangeError
+from dressage.errors import IntegrityError, ProtocolError, RowRangeError
+from dressage.tq.wire import dtype_name
 
 __all__ = ["FieldRef", "WIRE_TAG"]
 
@@ -74,6 +75,14 @@ class FieldRef:
     @property
     def num_rows(self) -> int:
         return int(self.row_stop) - self.row_start  # type: ignore[arg-type]
+
+    def check_read(self, arr: np.ndarray, unit_id: str) -> None:
+        """IntegrityError unless ``arr`` (what ``unit_id`` answered) has this ref's dtype and rows."""
+        if dtype_name(arr.dtype) != self.dtype or arr.shape[1:] != self.shape[1:] or len(arr) != self.num_rows:
+            raise IntegrityError(
+                f"key {self.key!r} in unit {unit_id}: got {arr.dtype}{list(arr.shape)}, "
+                f"the ref says {self.dtype}{[self.num_rows, *self.shape[1:]]}"
+            )
 
     @property
     def row_shape(self) -> tuple[int, ...]:
