@@ -96,3 +96,22 @@ def test_pooled_buffers_count_against_the_budget():
         assert unit.usage()["peak_held_bytes"] <= 4 * MiB
     finally:
         unit.close()
+
+
+def test_a_pooled_size_taken_to_its_last_buffer_leaves_the_pool_before_eviction():
+    # A reused 2 MiB buffer used to leave an empty 2 MiB list behind; eviction (largest size first)
+    # then popped from it.
+    unit = MemoryStorageUnit("p1", memory_budget=16 * MiB, checksums=False)
+    unit._pool_cap = 16 * MiB
+    try:
+        unit.put("a", np.zeros(2 * MiB, dtype=np.uint8))
+        unit.put("b", np.zeros(MiB, dtype=np.uint8))
+        unit.delete(["a", "b"])                        # both buffers pooled
+        unit.put("c", np.full(2 * MiB, 3, dtype=np.uint8))   # takes the only 2 MiB buffer
+        assert unit.usage()["pooled_bytes"] == MiB
+        unit.put("d", np.full(14 * MiB, 4, dtype=np.uint8))  # 2 + 14 MiB stored: the 1 MiB buffer must go
+        usage = unit.usage()
+        assert usage["pooled_bytes"] == 0 and usage["held_bytes"] == 16 * MiB
+        assert int(unit.get("c")[0]) == 3 and int(unit.get("d")[-1]) == 4
+    finally:
+        unit.close()

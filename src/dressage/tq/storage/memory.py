@@ -51,12 +51,22 @@ class MemoryStorageUnit(StorageUnit):
     def _fits(self, nbytes: int) -> bool:
         return self._memory_bytes + nbytes <= self.memory_budget
 
-    def _alloc(self, nbytes: int) -> np.ndarray:
+    def _take_pooled(self, nbytes: int) -> np.ndarray | None:
+        """An idle pooled buffer of exactly ``nbytes``, writable again, or None (under the lock). A size
+        whose last buffer goes leaves the pool, so eviction never meets an empty list."""
         free = self._pool.get(nbytes)
-        if free:
-            self._pooled_bytes -= nbytes
-            buf = free.pop()
-            buf.flags.writeable = True
+        if not free:
+            return None
+        self._pooled_bytes -= nbytes
+        buf = free.pop()
+        if not free:
+            del self._pool[nbytes]
+        buf.flags.writeable = True
+        return buf
+
+    def _alloc(self, nbytes: int) -> np.ndarray:
+        buf = self._take_pooled(nbytes)
+        if buf is not None:
             return buf
         self._evict_pool(nbytes)
         return np.empty(nbytes, dtype=np.uint8)
@@ -66,14 +76,9 @@ class MemoryStorageUnit(StorageUnit):
         # (``put(copy=False)`` keeps it as the blob's base), it goes back to the pool when deleted.
         if nbytes >= _POOL_MIN_BLOB:
             with self._lock:
-                free = self._pool.get(nbytes)
-                if free:
-                    self._pooled_bytes -= nbytes
-                    buf = free.pop()
-                    if not free:
-                        del self._pool[nbytes]
-                    buf.flags.writeable = True
-                    return buf
+                buf = self._take_pooled(nbytes)
+            if buf is not None:
+                return buf
         return np.empty(nbytes, dtype=np.uint8)
 
     def _evict_pool(self, nbytes: int) -> None:
