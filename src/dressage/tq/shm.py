@@ -114,10 +114,10 @@ def write_segment(name: str, array: np.ndarray, token: str | None = None) -> boo
         if fd is None:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
             os.ftruncate(fd, size)
-        if token:
+        if token and WRITER_MAPS_BYTES:
             _writer_maps(token).write(fd, view)  # a recycled segment it wrote before: one copy
         else:
-            _pwrite(fd, view)
+            shm_pool.pwrite_all(fd, view)
     except BaseException:
         if fd is not None:
             os.close(fd)
@@ -128,12 +128,6 @@ def write_segment(name: str, array: np.ndarray, token: str | None = None) -> boo
         raise
     os.close(fd)
     return reused
-
-
-def _pwrite(fd: int, view: memoryview) -> None:
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], done)
 
 
 _writers: dict[str, shm_pool.WriterMaps] = {}

@@ -21,7 +21,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["SLOTS", "FreePool", "WriterMaps", "pool_for", "create_pool", "drop_pool", "index_name", "slot_name"]
+__all__ = ["SLOTS", "FreePool", "WriterMaps", "pwrite_all", "pool_for", "create_pool", "drop_pool", "index_name",
+           "slot_name"]
 
 SLOTS = 128                     # free segments a unit keeps per size class
 _WORDS = SLOTS // 64
@@ -216,6 +217,13 @@ def drop_pool(directory: str, token: str) -> None:
         pool.close()
 
 
+def pwrite_all(fd: int, view: memoryview) -> None:
+    """Write all of ``view`` at offset 0 of ``fd`` (``pwrite`` may write less than asked)."""
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], done)
+
+
 def _unmap_pages(mm: mmap.mmap) -> None:
     """Drop a kept mapping's pages from this process's page tables once written: the bytes stay in
     tmpfs, but the writer (a Proxy on the master node) holds none of the payload it handed over, in
@@ -265,9 +273,7 @@ class WriterMaps:
         else:
             if kept is not None:
                 self._let_go(kept)
-            done = 0
-            while done < n:
-                done += os.pwrite(fd, view[done:], done)
+            pwrite_all(fd, view)
             length = -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
             if length > min(st.st_size, self.max_bytes):
                 return
