@@ -75,7 +75,7 @@ def copy_and_checksum(dst: np.ndarray, src: np.ndarray) -> Checksums:
     if not rows:
         return Checksums(block_rows_for(shape, src.itemsize), np.empty(0, dtype=np.uint64))
     row_nbytes = nbytes // rows
-    block_rows = (BLOCK_BYTES // row_nbytes or 1) if row_nbytes else rows
+    block_rows = block_rows_for(shape, src.itemsize)  # the one rule checksum() and the readers share
     if not nbytes:  # rows of zero bytes: one empty block (a memoryview with a zero in its shape cannot cast)
         return Checksums(block_rows, np.array((_hash(b""),), dtype=np.uint64))
     d = memoryview(dst).cast("B")
