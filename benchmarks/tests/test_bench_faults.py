@@ -56,3 +56,15 @@ def test_schemathesis_over_the_openapi_schema_finds_no_server_errors():
     assert schema["schemathesis_cases"] >= 150 and schema["operations"] >= 15, schema
     assert schema["server_errors"] == 0 and schema["transport_errors"] == 0, schema["examples_of_5xx"]
     assert schema["healthy_after"] and report["failed"] == 0
+
+
+def test_load_reports_the_proxys_own_share_of_each_call():
+    from dressage_bench.faults.load import _engine_wait_s
+
+    assert _engine_wait_s("engine;dur=12.500") == 0.0125
+    report = run_faults(FaultsConfig(quick=True, only=("load",), load_sessions=4))
+    load = report["load"]
+    assert report["failed"] == 0 and load["calls"] == 12 and load["sdk"]["calls"] == 12, load
+    # The engine wait the Proxy reports is inside each call's latency, so its own share is smaller.
+    assert 0 < load["proxy_own_p50_ms"] < load["proxy_p50_ms"]
+    assert load["driver_cpu_ms_per_call"] > 0 and load["sdk"]["driver_cpu_ms_per_call"] > 0

@@ -25,7 +25,7 @@ from dressage.proxy.generation import KEEPALIVE_S, GenerationPlan, GenerationRes
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
 from dressage.proxy.streaming import (DONE, KEEPALIVE, ChunkWriter, aiter_frames, error_payload, replay_chunks, sse,
                                       stream_completion)
-from dressage.proxy.weights import STEP_LABELS_KEY
+from dressage.proxy.weights import STEP_LABELS_KEY, codes_of
 from dressage.proxy.turn_scope import turn_call_key
 
 __all__ = ["CallPath", "ChatCall", "ChatSample", "TOOL_RULE_ATTEMPTS"]
@@ -345,7 +345,7 @@ class CallPath(ChatSampling):
         The TQ write is behind the answer (``ProxyCore.begin_step``): this returns the validated record
         once nothing can fail but the write; ``committed`` waits for the commit as well.
         """
-        codes = np.unique(result.token_versions).tolist()
+        codes = codes_of(result.token_versions)
         self.versions.check(sid, codes)
         metadata = {**metadata, "engine": engine_url, "engine_requests": result.chunks}
         labels = self.versions.labels(codes)

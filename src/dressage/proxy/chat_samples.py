@@ -12,13 +12,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-import numpy as np
-
 from dressage.errors import ReplyConstraintError
 from dressage.proxy.chat import assistant_message
 from dressage.proxy.chat_reply import cut_at_stop, openai_logprobs, visible_prefix
 from dressage.proxy.generation import GenerationPlan, GenerationResult
 from dressage.proxy.turn_scope import turn_of
+from dressage.proxy.weights import codes_of
 
 if TYPE_CHECKING:
     from dressage.proxy.calls import ChatCall
@@ -88,7 +87,7 @@ class ChatSampling:
         """Record each sample as its own step (siblings when ``n > 1``) and answer the completion."""
         choices, steps = [], []
         for s in samples:  # every sample may join the session, or none is recorded
-            self.versions.check(call.session_id, np.unique(s.result.token_versions).tolist())
+            self.versions.check(call.session_id, codes_of(s.result.token_versions))
         for s in samples:
             meta: dict[str, Any] = {"assistant_message": s.message, "finish_reason": s.result.finish_reason}
             if call.options.n > 1:

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from dressage.errors import DressageError
-from dressage.proxy import fastjson
+from dressage.proxy import fastjson, server_timing
 from dressage.proxy.schemas import ChatRequest, CreateSession, FinalizeRequest, GenerateRequest
 from dressage.proxy.streaming import error_payload
 from dressage.proxy.turn_scope import identity_of
@@ -96,8 +96,9 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def _json(value: Any) -> Response:
-    return Response(fastjson.dumps(value), media_type="application/json")
+def _json(value: Any, tally: server_timing.Tally | None = None) -> Response:
+    headers = None if tally is None else {"server-timing": server_timing.header_value(tally)}
+    return Response(fastjson.dumps(value), media_type="application/json", headers=headers)
 
 
 class FastRoutes:
@@ -147,14 +148,16 @@ class FastRoutes:
             headers = Headers(scope=scope)
             if session_id is None:
                 session_id = service.header_session(identity_of(headers, req))
+            tally = server_timing.start()
             out = await service.open_chat(session_id, req, turn_id=identity_of(headers, req).turn_id)
             if isinstance(out, dict):
-                return _json(out)
+                return _json(out, tally)
             return StreamingResponse(out, media_type="text/event-stream", headers=_SSE_HEADERS)
         if kind == "create":
             return _json(service.create_session(req.metadata if req else None, str(Request(scope).base_url)))
         if kind == "generate":
-            return _json(await service.generate_tokens(session_id, req))
+            tally = server_timing.start()
+            return _json(await service.generate_tokens(session_id, req), tally)
         req = req or FinalizeRequest()
         return _json(await finalize_session(service, session_id, reward=req.reward, instance_id=req.instance_id,
                                             label=req.label, wait_s=req.wait_s))

@@ -22,6 +22,7 @@ import numpy as np
 from dressage.errors import EngineError, EngineTimeout, EngineUnavailable, WireFormatError
 from dressage.errors import WeightVersionChangedError
 from dressage.fields.sglang import finish_type, is_queued_abort
+from dressage.proxy import server_timing
 from dressage.proxy.pause import RolloutPause
 from dressage.proxy.rids import chunk_rid
 from dressage.trajectory import PartialResponse, RouteDecision
@@ -181,8 +182,9 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
                 else:
                     # In this task (no wrapper task per call, which would hold the engine's body
                     # as its result until collected).
-                    body = await _within(timeout_s, plan.client.generate(input_ids, sampling, rid=rid, **headers,
-                                                                         **params))
+                    with server_timing.engine_wait():
+                        body = await _within(timeout_s, plan.client.generate(input_ids, sampling, rid=rid,
+                                                                             **headers, **params))
             except asyncio.TimeoutError:
                 raise EngineTimeout(f"the engine did not answer within {timeout_s} s") from None
             except (asyncio.CancelledError, GeneratorExit):

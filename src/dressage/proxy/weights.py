@@ -20,16 +20,27 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+import numpy as np
+
 from dressage.errors import WeightVersionChangedError
 from dressage.fields.versions import NAMED_BASE, VersionTable
 
-__all__ = ["WeightVersions", "UNSET_ENGINE_VERSION", "STEP_LABELS_KEY"]
+__all__ = ["codes_of", "WeightVersions", "UNSET_ENGINE_VERSION", "STEP_LABELS_KEY"]
 
 UNSET_ENGINE_VERSION = "default"
 """SGLang's ``weight_version`` before anyone set one: it says nothing about the weights."""
 
 STEP_LABELS_KEY = "weight_versions"
 """StepRecord metadata key: ``{str(code): engine string}`` for the step's named versions."""
+
+
+def codes_of(token_versions: Any) -> list[int]:
+    """The distinct version codes of a response's tokens, ascending (``np.unique``'s answer; a
+    response of one version, the usual case, is told by one comparison instead of a sort)."""
+    tv = np.asarray(token_versions)
+    if tv.size and (tv == tv.flat[0]).all():
+        return [int(tv.flat[0])]
+    return np.unique(tv).tolist()
 
 
 class WeightVersions:

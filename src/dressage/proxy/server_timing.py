@@ -1,0 +1,63 @@
+"""``Server-Timing`` of a buffered answer: how long this request waited on the engine.
+
+A client that knows its own latency for a call can then tell the Proxy's share of it from the
+engine's (``latency - engine``), under any load, without a second run to compare with. The wait is
+the time during which at least one of the request's engine calls was outstanding: a generation
+resumed after a pause makes two calls one after the other, ``n > 1`` makes several at once, and
+overlapping waits count once. Streamed answers carry no such header: their headers leave before the
+engine is done.
+"""
+
+from __future__ import annotations
+
+import time
+from contextvars import ContextVar
+
+__all__ = ["Tally", "engine_wait", "header_value", "start"]
+
+class Tally:
+    """The engine wait of one request: ``seconds`` so far, and the calls outstanding now."""
+
+    __slots__ = ("seconds", "_open", "_since")
+
+    def __init__(self) -> None:
+        self.seconds, self._open, self._since = 0.0, 0, 0.0
+
+    def enter(self) -> None:
+        if self._open == 0:
+            self._since = time.perf_counter()
+        self._open += 1
+
+    def leave(self) -> None:
+        self._open -= 1
+        if self._open == 0:
+            self.seconds += time.perf_counter() - self._since
+
+
+_tally: ContextVar[Tally | None] = ContextVar("dressage_engine_wait", default=None)
+
+
+def start() -> Tally:
+    """A fresh tally for the request the calling task serves (tasks it starts share it)."""
+    tally = Tally()
+    _tally.set(tally)
+    return tally
+
+
+class engine_wait:
+    """``with engine_wait(): await engine_call`` counts the time inside as the request's engine wait."""
+
+    __slots__ = ("_tally",)
+
+    def __enter__(self) -> None:
+        self._tally = _tally.get()
+        if self._tally is not None:
+            self._tally.enter()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tally is not None:
+            self._tally.leave()
+
+
+def header_value(tally: Tally) -> str:
+    return f"engine;dur={tally.seconds * 1000.0:.3f}"
