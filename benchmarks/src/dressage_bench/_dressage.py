@@ -116,9 +116,16 @@ class DressageEmbeddedSystem(BenchSystem):
 class _DressageWriter:
     """Node 0: a client joined from the deployment's spec; ``put``s each payload of a round."""
 
-    def __init__(self, spec: dict[str, Any], seed: int, node_id: str | None) -> None:
+    def __init__(self, spec: dict[str, Any], seed: int, node_id: str | None, other_host: bool = False) -> None:
         from dressage.tq import TransferQueueClient
 
+        if other_host:
+            # Simulated nodes share this machine's /dev/shm. A writer on a second host could not map
+            # the unit's segments: this process reports another host identity, so its client writes
+            # over the socket path, as that host's would, while the reader beside the unit maps them.
+            from dressage.tq import shm
+
+            shm.host_id = lambda: "bench-writer-host"  # type: ignore[assignment]
         # node_id is where writes should land (the client prefers StorageUnits on that node).
         self._client = TransferQueueClient.connect(spec, node_id=node_id)
         self._seed = seed
@@ -178,13 +185,22 @@ class DressageAcrossSystem(BenchSystem):
     node 0 whose client prefers the unit on node 1, and the reader an actor on node 1, so the put
     crosses nodes and the get is served by the unit beside the reader (a Proxy writing to its own
     node's unit would move the crossing to the get instead; on one host both cost the same).
+
+    ``dressage-zmq`` turns shared memory off, so both the put and the get cross TCP: a reader that is
+    on neither the writer's nor the unit's host. ``dressage-2host`` is two real hosts with the
+    defaults: the writer's process takes another host identity, so its put crosses TCP, and the
+    reader beside the unit maps the unit's segments, as on the unit's own host.
     """
 
     across_processes = True
 
     def __init__(self, cluster: Any, budget_bytes: int, seed: int = 0, *, shm: bool = False,
-                 options: Mapping[str, Any] | None = None) -> None:
-        self.name = "dressage-shm" if shm else "dressage-zmq"  # type: ignore[misc]
+                 writer_elsewhere: bool = False, options: Mapping[str, Any] | None = None) -> None:
+        if writer_elsewhere and not shm:
+            raise ValueError("writer_elsewhere is the shared-memory deployment with the writer on another host")
+        self.name = ("dressage-2host" if writer_elsewhere else  # type: ignore[misc]
+                     "dressage-shm" if shm else "dressage-zmq")
+        self._writer_elsewhere = writer_elsewhere
         self._options = dict(options or {})
         self._cluster = cluster
         self._budget = int(budget_bytes)
@@ -223,7 +239,8 @@ class DressageAcrossSystem(BenchSystem):
         self._target_node = self._cluster.node_id(1)
         if self._target_node not in self._units.values():
             raise SystemUnavailable(f"no StorageUnit on the reader's node: units {self._units}")
-        self._writer = self._cluster.actor(_DressageWriter, 0, spec, self._seed, self._target_node)
+        self._writer = self._cluster.actor(_DressageWriter, 0, spec, self._seed, self._target_node,
+                                           self._writer_elsewhere)
         self._reader = self._cluster.actor(_DressageReader, 1, spec)
         # Constructors run lazily in the actor: surface a failed connect here, not in round one.
         self._cluster.call(self._writer.ready.remote())
@@ -265,7 +282,10 @@ class DressageAcrossSystem(BenchSystem):
 
     def describe(self) -> dict[str, object]:
         nodes = {uid: ("node1" if n == self._target_node else "node0") for uid, n in self._units.items()}
-        via = "/dev/shm segments (payloads >= 256 KiB; smaller ones over ZMQ)" if self._shm else "TCP: ZMQ for control and small puts, the unit's bulk stream for payloads"
+        tcp = "TCP: ZMQ for control and small puts, the unit's bulk stream for payloads"
+        shm = "/dev/shm segments (payloads >= 256 KiB; smaller ones over ZMQ)"
+        via = (f"put over {tcp} (the writer's process reports another host), get over {shm}"
+               if self._writer_elsewhere else shm if self._shm else tcp)
         return {
             "path": f"client.put in an actor on node 0 -> StorageUnit actor on node 1 (ray deployment, {via}) "
                     "-> client.get_many in an actor on node 1",

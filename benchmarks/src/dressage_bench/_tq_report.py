@@ -121,6 +121,8 @@ _TARGETS: tuple[tuple[Any, ...], ...] = (
     ("embedded put+get >= 0.7x memcpy", "dressage-embedded", "memcpy", 0.7),
     ("across processes put+get >= 2x ray-object-store", "dressage-zmq", "ray-object-store", 2.0),
     ("across processes put+get >= 2x transferqueue", "dressage-zmq", "transferqueue", 2.0),
+    ("two hosts, reader beside the unit: put+get >= 2x ray-object-store", "dressage-2host",
+     "ray-object-store", 2.0),
     ("same-host shm put+get >= 2x ray-object-store", "dressage-shm", "ray-object-store", 2.0),
     ("same-host shm put+get >= 2x transferqueue", "dressage-shm", "transferqueue", 2.0),
 )
