@@ -213,18 +213,23 @@ def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.
     if mac is not None:
         mac.frame(n_control)
     control = conn.recv_bytes(n_control, mac)
-    payloads = []
-    for size in sizes:
-        buf = alloc(size)
-        if mac is not None:
-            mac.frame(size)
-        conn.recv_into(memoryview(buf), mac)
-        payloads.append(buf)
-    if mac is None:
-        return control, payloads, None
-    tag = conn.recv_bytes(MAC_BYTES)
-    if not hmac.compare_digest(mac.finalize(), tag):
-        raise ProtocolError("unauthenticated frame rejected: the MAC does not match (wrong or no secret)")
+    payloads: list[np.ndarray] = []
+    try:
+        for size in sizes:
+            payloads.append(alloc(size))
+            if mac is not None:
+                mac.frame(size)
+            conn.recv_into(memoryview(payloads[-1]), mac)
+        if mac is None:
+            return control, payloads, None
+        tag = conn.recv_bytes(MAC_BYTES)
+        if not hmac.compare_digest(mac.finalize(), tag):
+            raise ProtocolError("unauthenticated frame rejected: the MAC does not match (wrong or no secret)")
+    except BaseException:
+        # The error's traceback keeps this frame: the buffers (shared-memory segments, pooled memory)
+        # must not live on with it.
+        payloads.clear()
+        raise
     return control, payloads, parse_head(head)
 
 

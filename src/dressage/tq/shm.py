@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import glob
+import itertools
 import math
 import mmap
 import os
@@ -232,6 +233,7 @@ class ShmRegistry:
         self.pool = shm_pool.create_pool(SHM_DIR, self.token)
         self._maps: "weakref.WeakKeyDictionary[mmap.mmap, tuple[str, int, int]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self._received = itertools.count()
 
     def owns(self, name: str) -> bool:
         # Free pool names and the pool's index (``-z``) are never a put's segment.
@@ -259,6 +261,34 @@ class ShmRegistry:
             raise
         os.close(fd)
         array = np.frombuffer(mm, dtype=dtype).reshape(shape)
+        with self._lock:
+            self._maps[mm] = (name, array.ctypes.data, nbytes)
+        weakref.finalize(mm, _release, name, self.token, self.pool_bytes)
+        return array
+
+    def receive_buffer(self, nbytes: int) -> np.ndarray | None:
+        """A writable map of a new segment of this unit for ``nbytes`` received over a socket (a put from
+        another host), so readers on this host can map what it stores; a recycled one when the free pool
+        has one. The file's pages are reserved first (``posix_fallocate``): None when /dev/shm has no room
+        for them, and the caller receives into its own memory instead. The map's last reference going
+        releases the segment as an adopted one's does."""
+        size = segment_class(nbytes)
+        name = f"dtq-{self.token}-r{next(self._received):x}"
+        path = _path(name)
+        fd = _claim(self.token, size, path)
+        try:
+            if fd is None:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+                os.posix_fallocate(fd, 0, size)
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # no page faults in the receive
+            mm = mmap.mmap(fd, nbytes, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            remove_segment(name)
+            return None
+        os.close(fd)
+        array = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
         with self._lock:
             self._maps[mm] = (name, array.ctypes.data, nbytes)
         weakref.finalize(mm, _release, name, self.token, self.pool_bytes)

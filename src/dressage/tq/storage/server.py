@@ -17,7 +17,7 @@ from typing import Any
 
 from dressage.errors import ProtocolError
 from dressage.tq.bulk_rpc import BulkServer
-from dressage.tq.shm import ShmRegistry, host_id
+from dressage.tq.shm import SHM_MIN_BYTES, ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
 from dressage.tq.transport import RpcServer
 from dressage.tq.wire import MAX_KEY_BYTES, MAX_KEYS, array_from_frame, array_meta, check_dtype, text, text_list
@@ -73,7 +73,17 @@ class StorageUnitServer:
                                    secret=secret, max_message_bytes=HEARTBEAT_MAX_MESSAGE)
         # Large puts and gets: a TCP stream that receives payloads straight into the unit's own buffers.
         self.bulk = BulkServer(self._handle, host=host, port=0, name=f"unit {backend.unit_id} bulk", secret=secret,
-                               max_message_bytes=max_message_bytes, alloc=backend.receive_buffer) if bulk else None
+                               max_message_bytes=max_message_bytes, alloc=self._receive_buffer) if bulk else None
+
+    def _receive_buffer(self, nbytes: int) -> Any:
+        """Where a streamed payload lands: with shared memory on, a segment of this unit from
+        ``SHM_MIN_BYTES`` up (a put from another host that readers here can then map), else the backend's
+        own buffer. A message that fails its checks drops the buffer, which releases the segment."""
+        if self.shm is not None and nbytes >= SHM_MIN_BYTES:
+            buf = self.shm.receive_buffer(nbytes)
+            if buf is not None:
+                return buf
+        return self.backend.receive_buffer(nbytes)
 
     @property
     def address(self) -> str:
