@@ -8,8 +8,19 @@ import numpy as np
 import pytest
 
 from dressage.errors import WireFormatError
-from dressage.fields import decode_routed_experts_b64
+from dressage.fields import b64, decode_routed_experts_b64
 from dressage.fields.b64 import FAST_MIN_CHARS, b64decode_strict
+
+
+@pytest.fixture(autouse=True, params=["simd", "arrays"])
+def path(request, monkeypatch):
+    """Every test runs on both fast paths: pybase64's and the array operations'."""
+    if request.param == "simd":
+        if b64._simd is None:
+            pytest.skip("pybase64's C extension is not active here")
+    else:
+        monkeypatch.setattr(b64, "_simd", None)
+    return request.param
 
 
 def _outcome(fn, data):
@@ -84,3 +95,23 @@ def test_routed_experts_decode_keeps_its_typed_errors_on_large_input():
     broken = text[:100] + "!" + text[101:]
     with pytest.raises(WireFormatError, match="not valid base64"):
         decode_routed_experts_b64(broken, 40, 8)
+
+
+def test_large_input_takes_the_path_under_test(path, monkeypatch):
+    text = base64.b64encode(random.Random(5).randbytes(20_000)).decode()
+    seen = []
+    if path == "simd":
+        real = b64._simd.b64decode
+        monkeypatch.setattr(b64._simd, "b64decode", lambda *a, **k: seen.append(1) or real(*a, **k))
+    else:
+        monkeypatch.setattr(b64, "_PAIRS", _Spy(b64._PAIRS, seen))
+    assert bytes(b64decode_strict(text)) == base64.b64decode(text) and seen == [1]
+
+
+class _Spy:
+    def __init__(self, table, seen):
+        self._table, self._seen = table, seen
+
+    def take(self, idx):
+        self._seen.append(1)
+        return self._table.take(idx)

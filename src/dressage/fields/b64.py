@@ -7,7 +7,11 @@ characters at once go through a 65,536-entry table (12 bits each, ``0xFFFF`` for
 is not two alphabet characters) and every four characters are put together into three bytes with
 a few array operations: 120 against 270 us for a 140 KiB string here, even at about 12 KiB.
 
-Only the plainest input takes that path: ASCII, a length that is a multiple of 4, alphabet
+With ``pybase64`` (SIMD; a dependency of the package) the characters before the last four are
+decoded by it instead, about 20x faster again (22 against 443 us for a 500 KiB string here);
+the array path stays for a ``pybase64`` without its C extension.
+
+Only the plainest input takes either path: ASCII, a length that is a multiple of 4, alphabet
 characters only before the last four. The last four characters (where padding may be) are
 decoded by ``binascii`` itself, and any input it refuses, or anything off the fast path, is
 decoded by ``binascii`` as a whole, so every error (type and wording) is ``binascii``'s own.
@@ -18,6 +22,14 @@ from __future__ import annotations
 import binascii
 
 import numpy as np
+
+try:
+    import pybase64 as _simd
+
+    if "C extension active" not in _simd.get_version():
+        _simd = None  # its pure-Python fallback is the standard library's decoder
+except ImportError:
+    _simd = None
 
 __all__ = ["b64decode_strict", "FAST_MIN_CHARS"]
 
@@ -58,6 +70,8 @@ def b64decode_strict(data: str | bytes) -> bytes | np.ndarray:
     if n % 4:
         return binascii.a2b_base64(data, strict_mode=True)
     body = n - 4
+    if _simd is not None:
+        return _simd_decode(data, raw, body)
     sixes = _PAIRS.take(np.frombuffer(raw, dtype="<u2", count=body // 2))  # 12 bits per character pair
     if int(sixes.max()) == _BAD:
         return binascii.a2b_base64(data, strict_mode=True)
@@ -75,3 +89,19 @@ def b64decode_strict(data: str | bytes) -> bytes | np.ndarray:
     out[quads.size * 3:] = np.frombuffer(last, dtype=np.uint8)
     out.flags.writeable = False
     return out
+
+
+def _simd_decode(data: str | bytes, raw: bytes, body: int) -> bytes | np.ndarray:
+    """``pybase64`` over the whole input, accepted only where ``binascii`` would decode it alike:
+    no padding before the last four characters (so everything before them is alphabet characters,
+    which pybase64 checks), and the last four decoding by ``binascii`` to the same bytes."""
+    if raw.find(b"=", 0, body) != -1:
+        return binascii.a2b_base64(data, strict_mode=True)
+    try:
+        out = _simd.b64decode(raw, validate=True)
+        last = binascii.a2b_base64(raw[body:], strict_mode=True)
+    except (binascii.Error, ValueError):
+        return binascii.a2b_base64(data, strict_mode=True)
+    if len(out) != body // 4 * 3 + len(last) or out[body // 4 * 3:] != last:
+        return binascii.a2b_base64(data, strict_mode=True)
+    return np.frombuffer(out, dtype=np.uint8)  # read-only: a view of bytes
