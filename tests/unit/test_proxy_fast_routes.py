@@ -97,6 +97,17 @@ def test_valid_hot_calls_are_answered_here():
     assert service.calls[5] == ("generate", "s1", [1, 2])
 
 
+@pytest.mark.parametrize("body", [b'{"metadata": {"k": 1, "k": 2}}', b'{"metadata": {"n": 1180591620717411303424}}',
+                                  b'{"metadata": {"s": "\\u00e9\xc3\xa9", "f": 1e-7, "x": [true, null]}}'])
+def test_bodies_read_as_the_standard_library_reads_them(body):
+    async def call(c):
+        return await c.post("/sessions", content=body, headers={"content-type": "application/json"})
+
+    r, service, app = _run(call)
+    assert r.status_code == 200 and app.seen == []
+    assert service.calls == [("create", json.loads(body)["metadata"], "http://proxy/")]
+
+
 def test_a_streamed_chat_is_an_event_stream():
     async def call(c):
         return await c.post("/sessions/s1/v1/chat/completions", json={**MSG, "stream": True})

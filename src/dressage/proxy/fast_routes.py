@@ -14,7 +14,6 @@ the service is answered as the app's handler answers it (:func:`dressage_error_r
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Awaitable, Callable
 
@@ -66,7 +65,7 @@ def _parse(scope: Scope, body: bytes, model: type[BaseModel], optional: bool) ->
     if not _json_body(scope):
         return _REFUSED
     try:
-        return model.model_validate(json.loads(body))
+        return model.model_validate(fastjson.loads(body))
     except (ValueError, RecursionError, ValidationError):
         return _REFUSED
 
