@@ -1,11 +1,12 @@
 """``codes_of``: the distinct version codes of a response, as ``np.unique`` gives them."""
 
 import numpy as np
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from dressage.proxy.weights import codes_of
 
 
+@settings(deadline=None)
 @given(st.lists(st.integers(0, 4), max_size=12))
 def test_codes_of_is_np_unique(codes):
     tv = np.asarray(codes, dtype=np.int32)
