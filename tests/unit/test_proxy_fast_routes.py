@@ -97,7 +97,7 @@ def test_valid_hot_calls_are_answered_here():
     assert service.calls[5] == ("generate", "s1", [1, 2])
 
 
-@pytest.mark.parametrize("body", [b'{"metadata": {"k": 1, "k": 2}}', b'{"metadata": {"n": 1180591620717411303424}}',
+@pytest.mark.parametrize("body", [b'{"metadata": {"k": 1, "k": 2}}', b'{"metadata": {"n": 1180591620717411303425, "m": -9223372036854775809}}',
                                   b'{"metadata": {"s": "\\u00e9\xc3\xa9", "f": 1e-7, "x": [true, null]}}'])
 def test_bodies_read_as_the_standard_library_reads_them(body):
     async def call(c):
@@ -105,7 +105,9 @@ def test_bodies_read_as_the_standard_library_reads_them(body):
 
     r, service, app = _run(call)
     assert r.status_code == 200 and app.seen == []
-    assert service.calls == [("create", json.loads(body)["metadata"], "http://proxy/")]
+    want = json.loads(body)["metadata"]
+    assert service.calls == [("create", want, "http://proxy/")]
+    assert [type(v) for v in service.calls[0][1].values()] == [type(v) for v in want.values()]
 
 
 def test_a_streamed_chat_is_an_event_stream():

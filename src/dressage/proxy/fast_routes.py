@@ -14,6 +14,7 @@ the service is answered as the app's handler answers it (:func:`dressage_error_r
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Awaitable, Callable
 
@@ -37,6 +38,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 _SESSION_ROUTE = re.compile(r"/sessions/([^/]+)/(v1/chat/completions|generate|finalize)")
 _SSE_HEADERS = {"cache-control": "no-cache"}
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 _REFUSED = object()
 """Not for the fast path: the FastAPI app answers (and words the error)."""
 
@@ -65,7 +67,9 @@ def _parse(scope: Scope, body: bytes, model: type[BaseModel], optional: bool) ->
     if not _json_body(scope):
         return _REFUSED
     try:
-        return model.model_validate(fastjson.loads(body))
+        # orjson reads an integer past 64 bits as a float: such a body is read by the standard library.
+        value = json.loads(body) if _LONG_DIGITS.search(body) else fastjson.loads(body)
+        return model.model_validate(value)
     except (ValueError, RecursionError, ValidationError):
         return _REFUSED
 
