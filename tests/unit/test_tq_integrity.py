@@ -130,3 +130,17 @@ def test_checksums_can_be_switched_off_for_measurement_only(tmp_path):
         backend.close()
     with TransferQueue.start({"checksums": False, "retention_s": None}) as tq:
         assert tq.storage_units()["unit0"].checksums is False
+
+
+@pytest.mark.parametrize("shape", [(1,), (7, 3), (300, 40, 8), (2049, 64, 16), (5000, 333), (9000, 40, 8)])
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32])
+def test_copy_and_checksum_agrees_with_checksum_across_pieces(shape, dtype):
+    """Pieces of COPY_BYTES that do not divide the payload, a last block shorter than the others, rows
+    whose size does not divide BLOCK_BYTES: the copy is exact and every digest is checksum()'s."""
+    a = np.random.default_rng(sum(shape)).integers(0, 100, size=shape).astype(dtype)
+    dst = np.empty_like(a)
+    sums = copy_and_checksum(dst, a)
+    np.testing.assert_array_equal(dst, a)
+    want = checksum(a)
+    assert sums.block_rows == want.block_rows
+    np.testing.assert_array_equal(sums.digests, want.digests)

@@ -14,12 +14,15 @@ import xxhash
 
 from dressage.errors import IntegrityError
 
-__all__ = ["BLOCK_BYTES", "Checksums", "block_rows_for", "checksum", "copy_and_checksum", "verify_rows",
+__all__ = ["BLOCK_BYTES", "COPY_BYTES", "Checksums", "block_rows_for", "checksum", "copy_and_checksum", "verify_rows",
            "verify_blocks"]
 
 # Small enough that a block just copied is still in cache when it is hashed, large enough that the
 # per-block Python cost (~1 us) stays under 1 % of hashing it.
 BLOCK_BYTES = 256 * 1024
+# copy_and_checksum copies this much (whole blocks) at a time, then hashes those blocks: small enough to
+# stay in a core's L2 between the copy and the hash.
+COPY_BYTES = 1 << 20
 
 _hash = xxhash.xxh3_64_intdigest
 
@@ -63,12 +66,14 @@ def checksum(array: np.ndarray) -> Checksums:
 
 
 def copy_and_checksum(dst: np.ndarray, src: np.ndarray) -> Checksums:
-    """Copy ``src`` into ``dst`` (C-contiguous, same size) block by block, hashing each block of ``dst``
-    right after copying it, while it is still in cache: the payload is read once from the source and
-    once more from cache, instead of a copy followed by a second pass over memory. The digest is of
-    what was stored, not of the source (a source written to during the copy cannot leave a stored block
-    that fails). Blocks are copied and hashed through memoryviews: a slice of one costs a fraction of
-    a numpy view, which matters at four blocks per MiB."""
+    """Copy ``src`` into ``dst`` (C-contiguous, same size) and hash each block of ``dst`` while it is
+    still in cache: the copy goes in pieces of ``COPY_BYTES`` (whole blocks), and each piece's blocks are
+    hashed right after it, so the payload is read once from the source and once more from cache instead
+    of a copy followed by a second pass over memory. One copy call a piece rather than one a block: a
+    1 MiB piece still fits in L2, and at four blocks a MiB the per-call cost of copying block by block
+    was more than the cache saved (57 against 51 us a MiB here). The digest is of what was stored, not
+    of the source (a source written to during the copy cannot leave a stored block that fails). Blocks
+    are copied and hashed through memoryviews: a slice of one costs a fraction of a numpy view."""
     shape = src.shape
     rows = shape[0] if shape else 1
     nbytes = src.nbytes
@@ -84,11 +89,13 @@ def copy_and_checksum(dst: np.ndarray, src: np.ndarray) -> Checksums:
     if step >= nbytes:  # one block
         d[:] = s
         return Checksums(block_rows, np.array((_hash(d),), dtype=np.uint64))
+    piece = max(1, COPY_BYTES // step) * step
     digests = []
-    for lo in range(0, nbytes, step):
-        hi = lo + step
+    for lo in range(0, nbytes, piece):
+        hi = min(lo + piece, nbytes)
         d[lo:hi] = s[lo:hi]
-        digests.append(_hash(d[lo:hi]))
+        for b in range(lo, hi, step):
+            digests.append(_hash(d[b:b + step]))
     return Checksums(block_rows, np.array(digests, dtype=np.uint64))
 
 
