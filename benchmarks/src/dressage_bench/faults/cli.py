@@ -24,6 +24,9 @@ def register(benches: argparse._SubParsersAction) -> None:
                    help="hostile HTTP requests (and as many ZMQ frames) the fuzzers send (default: %(default)s; fewer with --quick)")
     p.add_argument("--load-sessions", type=int, default=200,
                    help="concurrent agent sessions against one Proxy in the load case (default: %(default)s; fewer with --quick)")
+    p.add_argument("--load-rounds", type=int, default=3,
+                   help="timed rounds of the load case, each through the Proxy and then straight to the engine, "
+                        "after one untimed warm-up round of each (default: %(default)s)")
     p.add_argument("--schema-cases", type=int, default=2000,
                    help="requests schemathesis generates from the Proxy's OpenAPI schema in the schema_fuzz case "
                         "(default: %(default)s; 200 with --quick)")
@@ -40,6 +43,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     cfg = FaultsConfig(quick=args.quick, only=tuple(args.cases), soak_iterations=args.soak_iterations,
                        fuzz_inputs=args.fuzz_inputs, load_sessions=args.load_sessions, seed=args.seed,
+                       load_rounds=args.load_rounds,
                        schema_cases=args.schema_cases)
     report = run_faults(cfg, progress=sys.stderr.isatty())
     width = max(len(c["name"]) for c in report["cases"])

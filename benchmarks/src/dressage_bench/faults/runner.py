@@ -25,6 +25,9 @@ class FaultsConfig:
     load_sessions: int = 200
     """Concurrent agent sessions against one Proxy in the load case."""
     load_turns: int = 3
+    load_rounds: int = 3
+    """Timed rounds of the load case (each: every session through the Proxy, then the same prompts
+    straight to the engine), after one untimed warm-up round of each."""
     schema_cases: int = 2000
     """Requests schemathesis generates from the Proxy's OpenAPI schema (case ``schema_fuzz``)."""
     only: tuple[str, ...] = ()
@@ -32,7 +35,7 @@ class FaultsConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for key in ("soak_iterations", "fuzz_inputs", "load_sessions", "load_turns", "schema_cases"):
+        for key in ("soak_iterations", "fuzz_inputs", "load_sessions", "load_turns", "load_rounds", "schema_cases"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"faults.{key} must be a positive integer, got {v!r}")
@@ -112,5 +115,5 @@ def run_faults(cfg: FaultsConfig, *, progress: bool = False) -> dict[str, Any]:
         "load": extra.get("load", {}),
         "schema": extra.get("schema", {}),
         "config": {"quick": cfg.quick, "soak_iterations": cfg.soak_iterations, "fuzz_inputs": cfg.fuzz_inputs,
-                   "load_sessions": cfg.load_sessions, "schema_cases": cfg.schema_cases},
+                   "load_sessions": cfg.load_sessions, "load_rounds": cfg.load_rounds, "schema_cases": cfg.schema_cases},
     }
