@@ -1,7 +1,7 @@
 """Shared-memory fast path between processes on one host: payloads as files in /dev/shm.
 
-A writer on the unit's host writes the array into ``/dev/shm/dtq-<unit token>-<n>`` and sends only the
-name; the unit maps the file and keeps that mapping as the stored blob (no copy). A reader on the same host
+A writer on the unit's host writes the array into ``/dev/shm/dtq-<unit token>-<n>`` (hashing each block
+as it writes it) and sends only the name and the digests; the unit maps the file and keeps that mapping as the stored blob (no copy). A reader on the same host
 gets ``(name, offset)`` back and maps the rows read-only (no copy, no socket transfer). Only names with
 the unit's own prefix are ever opened.
 

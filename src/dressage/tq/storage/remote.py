@@ -4,7 +4,9 @@ Each call is one round trip; put sends the array's buffer without copying it, ge
 arrays viewing the received bytes. Puts of 64 KiB and more and every get go over the unit's bulk stream
 (``tq/bulk.py``: payloads received in place, the unit's into its recycled blob buffers, ours into a
 :class:`~dressage.tq.bulk.RecvPool`); the rest over ZMQ. On the unit's own host, payloads of 256 KiB and more go through
-/dev/shm instead (see ``tq/shm.py``): one copy to write, none to read. Silence beyond ``timeout_s`` is
+/dev/shm instead (see ``tq/shm.py``): one copy to write (hashed by block as it is written, the digests
+sent with the put so the unit never reads the segment to hash it), none to read; the segment names
+travel on the bulk stream too. Silence beyond ``timeout_s`` is
 StorageUnitUnavailable naming the unit and the keys, and so is any call once the Controller has marked
 the unit dead (``attach_liveness``): the wait ends within ~0.2 s of that, not at the timeout.
 """
