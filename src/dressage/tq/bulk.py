@@ -152,6 +152,8 @@ class Conn:
 
 def _bytes_of(payload: Any) -> memoryview:
     mv = memoryview(payload)
+    if mv.nbytes == 0:  # a memoryview with a zero in its shape cannot be cast
+        return memoryview(b"")
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 

@@ -66,6 +66,8 @@ class BulkServer:
         self.host, self.port = host, self._listener.getsockname()[1]
         self._thread: threading.Thread | None = None
         self.served = self.rejected = self.untyped = self.broken = 0
+        # Work that may wait until a reply is sent, done before the connection reads its next request.
+        self.after_reply: Callable[[], None] | None = None
 
     def start(self) -> "BulkServer":
         self._thread = threading.Thread(target=self._accept, name=f"{self._name}-accept", daemon=True)
@@ -150,6 +152,11 @@ class BulkServer:
             frames = encode({**error_to_wire(exc), "id": req_id})
         write_message(conn, frames[0], frames[1:], secret=self._secret,
                       nonce=_NO_NONCE if auth is None else auth.nonce, seq=0 if auth is None else auth.seq)
+        if self.after_reply is not None:
+            try:
+                self.after_reply()
+            except Exception:
+                log.exception("%s: work after a reply failed", self._name)
         return keep
 
     def stop(self) -> None:

@@ -7,6 +7,7 @@ blocks it touches (at most two blocks more than the rows asked for), so a Segmen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -14,8 +15,8 @@ import xxhash
 
 from dressage.errors import IntegrityError
 
-__all__ = ["BLOCK_BYTES", "COPY_BYTES", "Checksums", "block_rows_for", "checksum", "copy_and_checksum", "verify_rows",
-           "verify_blocks"]
+__all__ = ["BLOCK_BYTES", "COPY_BYTES", "Checksums", "block_rows_for", "checksum", "copy_and_checksum",
+           "write_and_checksum", "verify_rows", "verify_blocks"]
 
 # Small enough that a block just copied is still in cache when it is hashed, large enough that the
 # per-block Python cost (~1 us) stays under 1 % of hashing it.
@@ -96,6 +97,27 @@ def copy_and_checksum(dst: np.ndarray, src: np.ndarray) -> Checksums:
         d[lo:hi] = s[lo:hi]
         for b in range(lo, hi, step):
             digests.append(_hash(d[b:b + step]))
+    return Checksums(block_rows, np.array(digests, dtype=np.uint64))
+
+
+def write_and_checksum(write: Callable[[memoryview, int], None], src: np.ndarray) -> Checksums:
+    """Hand ``src`` (C-contiguous) to ``write(piece, offset)`` block by block and hash each block of the
+    source right after it was written, while it is still in cache (a writer filling a shared-memory
+    segment: the digests are what the unit stores, so it never reads the segment to hash it)."""
+    shape = src.shape
+    rows = shape[0] if shape else 1
+    nbytes = src.nbytes
+    block_rows = block_rows_for(shape, src.itemsize)
+    if not rows or not nbytes:
+        write(memoryview(b""), 0)
+        return checksum(src)
+    s = memoryview(src).cast("B")
+    step = block_rows * (nbytes // rows)
+    digests = []
+    for lo in range(0, nbytes, step):
+        piece = s[lo:lo + step]
+        write(piece, lo)
+        digests.append(_hash(piece))
     return Checksums(block_rows, np.array(digests, dtype=np.uint64))
 
 

@@ -1,7 +1,7 @@
 """Shared-memory fast path between processes on one host: payloads as files in /dev/shm.
 
-A writer on the unit's host writes the array into ``/dev/shm/dtq-<unit token>-<n>`` and sends only the
-name; the unit maps the file and keeps that mapping as the stored blob (no copy). A reader on the same host
+A writer on the unit's host writes the array into ``/dev/shm/dtq-<unit token>-<n>`` (hashing each block
+as it writes it) and sends only the name and the digests; the unit maps the file and keeps that mapping as the stored blob (no copy). A reader on the same host
 gets ``(name, offset)`` back and maps the rows read-only (no copy, no socket transfer). Only names with
 the unit's own prefix are ever opened.
 
@@ -22,6 +22,7 @@ included.
 from __future__ import annotations
 
 import fcntl
+import functools
 import glob
 import itertools
 import math
@@ -38,21 +39,20 @@ import numpy as np
 
 from dressage.errors import KeyNotFoundError, ProtocolError
 from dressage.tq import shm_pool
+from dressage.tq.integrity import Checksums, write_and_checksum
 
-__all__ = ["SHM_DIR", "SHM_MIN_BYTES", "SHM_POOL_BYTES", "WRITER_MAPS_BYTES", "host_id", "new_token",
+__all__ = ["SHM_DIR", "SHM_MIN_BYTES", "SHM_POOL_BYTES", "host_id", "new_token",
            "write_segment", "map_segment", "ShmRegistry", "remove_segment", "remove_segments", "segment_class",
-           "free_segments", "forget_writes"]
+           "free_segments"]
 
 SHM_DIR = "/dev/shm"
 # Below this a socket frame is cheaper than creating, mapping and unlinking a file.
 SHM_MIN_BYTES = 256 * 1024
 # Free (released) segments a unit keeps for reuse, in bytes; a release beyond this unlinks the file.
 SHM_POOL_BYTES = 1 << 30
-# Mappings of written segments a writer keeps per unit, for the next claim of each (shm_pool.WriterMaps).
-# 0 (the default): none kept, every write is a pwrite. Kept mappings halve a recycled 1.25 MiB write, but
-# the writer is usually the Proxy on the master node, and there they cost 55-250 MiB of its PSS
-# (`dressage bench memory --preset full`), against the 0.10 master-memory goal.
-WRITER_MAPS_BYTES = 0
+# madvise(MADV_POPULATE_READ) (Linux 5.14+; Python 3.11's mmap has no name for it): map a file's pages
+# into this process's page tables in one call instead of one fault per page on first read.
+_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 _NAME = re.compile(r"^dtq-[0-9a-f]{16}-[0-9a-z]+$")
 _PAGE = mmap.PAGESIZE
 
@@ -102,21 +102,23 @@ def _claim(token: str, size: int, path: str) -> int | None:
     return None
 
 
-def write_segment(name: str, array: np.ndarray, token: str | None = None) -> bool:
+def write_segment(name: str, array: np.ndarray, token: str | None = None, *,
+                  checksums: bool = False) -> Checksums | None:
     """Write the array's bytes into segment ``name``, reusing a free segment of ``token``'s pool when there
-    is one (returns True then). The file is ``segment_class(nbytes)`` long. OSError if /dev/shm is full:
-    the caller falls back to frames."""
+    is one. The file is ``segment_class(nbytes)`` long. OSError if /dev/shm is full: the caller falls back
+    to frames. With ``checksums``, returns the array's block checksums, each block hashed right after it
+    was written (still in cache), else None."""
     path = _path(name)
     view = memoryview(array.reshape(-1).view(np.uint8))
     size = segment_class(len(view))
     fd = _claim(token, size, path) if token else None
-    reused = fd is not None
+    sums = None
     try:
         if fd is None:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
             os.ftruncate(fd, size)
-        if token and WRITER_MAPS_BYTES:
-            _writer_maps(token).write(fd, view)  # a recycled segment it wrote before: one copy
+        if checksums:
+            sums = write_and_checksum(functools.partial(shm_pool.pwrite_all, fd), array)
         else:
             shm_pool.pwrite_all(fd, view)
     except BaseException:
@@ -128,27 +130,7 @@ def write_segment(name: str, array: np.ndarray, token: str | None = None) -> boo
             pass
         raise
     os.close(fd)
-    return reused
-
-
-_writers: dict[str, shm_pool.WriterMaps] = {}
-_writers_lock = threading.Lock()
-
-
-def _writer_maps(token: str) -> shm_pool.WriterMaps:
-    with _writers_lock:
-        maps = _writers.get(token)
-        if maps is None:
-            maps = _writers[token] = shm_pool.WriterMaps(WRITER_MAPS_BYTES)
-        return maps
-
-
-def forget_writes(token: str) -> None:
-    """Let go of the mappings this process kept of ``token``'s segments (its handle of the unit closed)."""
-    with _writers_lock:
-        maps = _writers.pop(token, None)
-    if maps is not None:
-        maps.close()
+    return sums
 
 
 def remove_segment(name: str) -> None:
@@ -234,6 +216,7 @@ class ShmRegistry:
         self._maps: "weakref.WeakKeyDictionary[mmap.mmap, tuple[str, int, int]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._received = itertools.count()
+        self._unpopulated: list[weakref.ref[mmap.mmap]] = []  # adopted maps whose pages are not mapped yet
 
     def owns(self, name: str) -> bool:
         # Free pool names and the pool's index (``-z``) are never a put's segment.
@@ -263,8 +246,24 @@ class ShmRegistry:
         array = np.frombuffer(mm, dtype=dtype).reshape(shape)
         with self._lock:
             self._maps[mm] = (name, array.ctypes.data, nbytes)
+            self._unpopulated.append(weakref.ref(mm))
         weakref.finalize(mm, _release, name, self.token, self.pool_bytes)
         return array
+
+    def populate(self) -> None:
+        """Map the pages of the segments adopted since the last call (a unit server calls this after a
+        put's reply is sent): the first verified read of a blob then hashes mapped pages instead of
+        faulting each one in. A kernel without ``MADV_POPULATE_READ`` leaves them to fault."""
+        with self._lock:
+            refs, self._unpopulated = self._unpopulated, []
+        for ref in refs:
+            mm = ref()
+            if mm is None:
+                continue
+            try:
+                mm.madvise(_MADV_POPULATE_READ)
+            except (OSError, ValueError):  # an older kernel, or the blob was deleted and its map closed
+                pass
 
     def receive_buffer(self, nbytes: int) -> np.ndarray | None:
         """A writable map of a new segment of this unit for ``nbytes`` received over a socket (a put from

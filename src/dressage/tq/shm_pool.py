@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["SLOTS", "FreePool", "WriterMaps", "pwrite_all", "pool_for", "create_pool", "drop_pool", "index_name",
+__all__ = ["SLOTS", "FreePool", "pwrite_all", "pool_for", "create_pool", "drop_pool", "index_name",
            "slot_name"]
 
 SLOTS = 128                     # free segments a unit keeps per size class
@@ -217,103 +217,8 @@ def drop_pool(directory: str, token: str) -> None:
         pool.close()
 
 
-def pwrite_all(fd: int, view: memoryview) -> None:
-    """Write all of ``view`` at offset 0 of ``fd`` (``pwrite`` may write less than asked)."""
+def pwrite_all(fd: int, view: memoryview, offset: int = 0) -> None:
+    """Write all of ``view`` at ``offset`` of ``fd`` (``pwrite`` may write less than asked)."""
     done = 0
     while done < len(view):
-        done += os.pwrite(fd, view[done:], done)
-
-
-def _unmap_pages(mm: mmap.mmap) -> None:
-    """Drop a kept mapping's pages from this process's page tables once written: the bytes stay in
-    tmpfs, but the writer (a Proxy on the master node) holds none of the payload it handed over, in
-    its RSS or PSS. The next copy into the mapping faults them back in (no zeroing: tmpfs has them)."""
-    advise = getattr(mm, "madvise", None)
-    if advise is not None and hasattr(mmap, "MADV_DONTNEED"):
-        advise(mmap.MADV_DONTNEED)
-
-
-class WriterMaps:
-    """Writable mappings a writer keeps of the segments it wrote, for when it claims them again: a
-    recycled segment is then filled by one copy, with no ``pwrite`` page walk and no mapping set up.
-
-    A kept mapping covers only bytes some write already allocated in tmpfs (a copy into a hole that
-    /dev/shm has no room for would be SIGBUS; ``pwrite`` turns that into OSError): a longer write goes
-    through ``pwrite`` and maps the longer range for next time. Each mapping keeps its file open, so its
-    (device, inode) never names another file while it is kept; files the unit has unlinked meanwhile
-    are let go at the next sweep (every ``_SWEEP`` writes), and at most ``max_bytes`` are kept. A kept
-    mapping holds no resident pages between writes (``_unmap_pages``)."""
-
-    _SWEEP = 32
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._maps: dict[tuple[int, int], tuple[int, mmap.mmap]] = {}  # in least recently used order
-        self._bytes = 0
-        self._writes = 0
-        self._lock = threading.Lock()
-
-    def write(self, fd: int, view: memoryview) -> None:
-        """Write ``view`` at offset 0 of the open segment ``fd``."""
-        import numpy as np  # the copy releases the GIL, as pwrite does
-
-        st = os.fstat(fd)
-        key, n = (st.st_dev, st.st_ino), len(view)
-        with self._lock:
-            kept = self._maps.pop(key, None)
-            if kept is not None:
-                self._bytes -= len(kept[1])
-        if kept is not None and len(kept[1]) >= n:
-            try:
-                np.copyto(np.frombuffer(kept[1], np.uint8, n), np.frombuffer(view, np.uint8))
-                _unmap_pages(kept[1])
-            except BaseException:
-                self._let_go(kept)
-                raise
-        else:
-            if kept is not None:
-                self._let_go(kept)
-            pwrite_all(fd, view)
-            length = -(-n // mmap.PAGESIZE) * mmap.PAGESIZE
-            if length > min(st.st_size, self.max_bytes):
-                return
-            dup = os.dup(fd)
-            try:
-                mm = mmap.mmap(dup, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            except BaseException:
-                os.close(dup)
-                raise
-            kept = (dup, mm)
-        with self._lock:
-            self._maps[key] = kept
-            self._bytes += len(kept[1])
-            self._writes += 1
-            drop = []
-            if self._writes % self._SWEEP == 0:
-                drop = [k for k, (f, _) in self._maps.items() if os.fstat(f).st_nlink == 0]
-            for k in drop:
-                entry = self._maps.pop(k)
-                self._bytes -= len(entry[1])
-                self._let_go(entry)
-            while self._bytes > self.max_bytes:
-                old = self._maps.pop(next(iter(self._maps)))
-                self._bytes -= len(old[1])
-                self._let_go(old)
-
-    @staticmethod
-    def _let_go(entry: tuple[int, mmap.mmap]) -> None:
-        try:
-            entry[1].close()
-        except BufferError:  # an array over it is still alive: unmapped once that is gone
-            pass
-        os.close(entry[0])
-
-    def close(self) -> None:
-        with self._lock:
-            entries, self._maps, self._bytes = list(self._maps.values()), {}, 0
-        for entry in entries:
-            self._let_go(entry)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._maps)
+        done += os.pwrite(fd, view[done:], offset + done)

@@ -72,8 +72,10 @@ class StorageUnit(ABC):
 
     # -- abstract core -------------------------------------------------------------------------
     @abstractmethod
-    def _write(self, key: str, array: np.ndarray, *, copy: bool) -> BlobInfo:
-        """Store a prepared array under a new key; raise StorageFullError leaving nothing behind."""
+    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Any = None) -> BlobInfo:
+        """Store a prepared array under a new key; raise StorageFullError leaving nothing behind. ``sums``:
+        the blob's :class:`~dressage.tq.integrity.Checksums` when its writer computed them (a handed-over
+        buffer, ``copy=False``), so the unit need not read the bytes to hash them."""
 
     @abstractmethod
     def _read(self, key: str, start: int, stop: int) -> np.ndarray:
@@ -110,8 +112,10 @@ class StorageUnit(ABC):
         buffer: pass it only when the caller will never write to that buffer again."""
         return self.put_many([(key, array)], copy=copy)[0]
 
-    def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, copy: bool = True) -> list[BlobInfo]:
-        """Store several new keys, all or nothing: if one fails, none stays stored."""
+    def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, copy: bool = True,
+                 sums: Sequence[Any] | None = None) -> list[BlobInfo]:
+        """Store several new keys, all or nothing: if one fails, none stays stored. ``sums``: per item,
+        its writer's checksums or None (see ``_write``)."""
         prepared = []
         for key, array in items:
             if not isinstance(key, str) or not key:
@@ -127,8 +131,9 @@ class StorageUnit(ABC):
                 if self._has(key):
                     raise TransferQueueError(f"key {key!r} is already stored in unit {self.unit_id}; keys are write-once")
             try:
-                for key, data, private_copy in prepared:
-                    infos.append(self._write(key, data, copy=private_copy))
+                for i, (key, data, private_copy) in enumerate(prepared):
+                    given = None if sums is None or private_copy else sums[i]
+                    infos.append(self._write(key, data, copy=private_copy, sums=given))
             except BaseException:
                 self.delete([i.key for i in infos])
                 raise

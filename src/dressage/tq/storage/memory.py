@@ -90,7 +90,7 @@ class MemoryStorageUnit(StorageUnit):
                 del self._pool[size]
             self._pooled_bytes -= size
 
-    def _write(self, key: str, array: np.ndarray, *, copy: bool) -> BlobInfo:
+    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Checksums | None = None) -> BlobInfo:
         # docstring inherited
         nbytes = array.nbytes
         if self._memory_bytes + nbytes > self.memory_budget:  # not self._fits: one call less per put
@@ -105,7 +105,7 @@ class MemoryStorageUnit(StorageUnit):
                 self._evict_pool(nbytes)
                 buf = np.empty(nbytes, dtype=np.uint8)
             if self.checksums:
-                sums: Checksums | None = copy_and_checksum(buf, array)  # hashed block by block in the copy
+                sums = copy_and_checksum(buf, array)  # hashed block by block in the copy
             else:
                 buf[:] = array.reshape(-1).view(np.uint8)
                 sums = None
@@ -114,9 +114,10 @@ class MemoryStorageUnit(StorageUnit):
         else:
             self._evict_pool(nbytes)
             stored = array  # the caller handed the buffer over (a received frame, an adopted segment)
-            sums = None
             self._adopted.add(key)
-            if self.checksums:  # hashed by ``seal`` (a server calls it once the put is answered) or the first read
+            if not self.checksums:
+                sums = None
+            elif sums is None:  # hashed by ``seal`` (a server calls it once the put is answered) or the first read
                 self._unsealed.add(key)
             stored.flags.writeable = False
         self._blobs[key] = stored

@@ -4,7 +4,9 @@ Each call is one round trip; put sends the array's buffer without copying it, ge
 arrays viewing the received bytes. Puts of 64 KiB and more and every get go over the unit's bulk stream
 (``tq/bulk.py``: payloads received in place, the unit's into its recycled blob buffers, ours into a
 :class:`~dressage.tq.bulk.RecvPool`); the rest over ZMQ. On the unit's own host, payloads of 256 KiB and more go through
-/dev/shm instead (see ``tq/shm.py``): one copy to write, none to read. Silence beyond ``timeout_s`` is
+/dev/shm instead (see ``tq/shm.py``): one copy to write (hashed by block as it is written, the digests
+sent with the put so the unit never reads the segment to hash it), none to read; the segment names
+travel on the bulk stream too. Silence beyond ``timeout_s`` is
 StorageUnitUnavailable naming the unit and the keys, and so is any call once the Controller has marked
 the unit dead (``attach_liveness``): the wait ends within ~0.2 s of that, not at the timeout.
 """
@@ -48,7 +50,7 @@ class RemoteStorageUnit(StorageUnit):
     def __init__(self, unit_id: str, address: str, *, node_id: str | None = None,
                  memory_budget: int = 4 << 30, timeout_s: float = 30.0, supports_spill: bool = False,
                  host_id: str | None = None, shm_token: str | None = None, secret: bytes | None = None,
-                 heartbeat: str | None = None, bulk_port: int | None = None) -> None:
+                 heartbeat: str | None = None, bulk_port: int | None = None, checksums: bool = True) -> None:
         super().__init__(unit_id, node_id=node_id, memory_budget=memory_budget)
         self.address = address
         self.heartbeat = heartbeat  # the unit's probe endpoint (see StorageUnitServer)
@@ -64,6 +66,9 @@ class RemoteStorageUnit(StorageUnit):
         self._abort: Callable[[], str | None] | None = None
         self._bulk: BulkClient | None | bool = False  # False: not asked yet; None: the unit has no bulk port
         self._bulk_lock = threading.Lock()
+        # Whether the unit keeps checksums, so a segment's writer hashes what it wrote (learned from the
+        # unit's describe; until then assumed, and a unit without them ignores the digests).
+        self._writer_sums = checksums
         if bulk_port:  # known from a describe already made: no second one
             self._bulk = self._make_bulk(bulk_port)
 
@@ -76,19 +81,18 @@ class RemoteStorageUnit(StorageUnit):
 
     def _bulk_client(self, keys: Sequence[str]) -> BulkClient | None:
         """The unit's bulk stream (asked for once), on the host this unit's ZMQ address names; None
-        when payloads go through /dev/shm instead, or the unit has no bulk port."""
+        when the unit has no bulk port."""
         if self._bulk is False:
             with self._bulk_lock:
                 if self._bulk is False:
-                    port = None
-                    if self.shm_token is None:
-                        port = self._rpc.call("describe", keys=keys)[0].get("bulk_port")
-                    self._bulk = self._make_bulk(port)
+                    d = self._rpc.call("describe", keys=keys)[0]
+                    self._writer_sums = d.get("checksums") is not False
+                    self._bulk = self._make_bulk(d.get("bulk_port"))
         return self._bulk  # type: ignore[return-value]
 
     def _make_bulk(self, port: Any) -> BulkClient | None:
         host = urlsplit(self.address).hostname
-        if self.shm_token is not None or not host or not isinstance(port, int) or not 0 < port < 65536:
+        if not host or not isinstance(port, int) or not 0 < port < 65536:
             return None
         return BulkClient(host, port, timeout_s=self._rpc.timeout_s, name=self._rpc.name, secret=self._secret,
                           abort=self._abort)
@@ -105,7 +109,7 @@ class RemoteStorageUnit(StorageUnit):
         return cls(d["unit_id"], address, node_id=d.get("node_id"), memory_budget=int(d["memory_budget"]),
                    timeout_s=timeout_s, supports_spill=bool(d.get("supports_spill")), host_id=d.get("host_id"),
                    shm_token=d.get("shm_token"), secret=secret, heartbeat=d.get("heartbeat"),
-                   bulk_port=d.get("bulk_port"))
+                   bulk_port=d.get("bulk_port"), checksums=d.get("checksums") is not False)
 
     @property
     def uses_shared_memory(self) -> bool:
@@ -116,22 +120,32 @@ class RemoteStorageUnit(StorageUnit):
         # docstring inherited
         meta, frames, segments = [], [], []
         try:
+            use_shm = self.shm_token is not None
+            bulk = self._bulk_client([k for k, _ in items]) if use_shm else None  # describe once, before any write
             for key, array in items:
                 data = prepare_array(array, copy=False)
                 item = [key, dtype_name(data.dtype), list(data.shape)]
-                if self.shm_token is not None and data.nbytes >= shm.SHM_MIN_BYTES:
+                if use_shm and data.nbytes >= shm.SHM_MIN_BYTES:
                     name = f"dtq-{self.shm_token}-{self._segment_prefix}{next(self._segment_seq):x}"
                     try:
-                        shm.write_segment(name, data, self.shm_token)
+                        # Hashed block by block as written (the source still in cache), so the unit
+                        # stores the digests without reading the segment.
+                        sums = shm.write_segment(name, data, self.shm_token, checksums=self._writer_sums)
                         segments.append(name)
                         item.append(name)
                     except OSError:  # /dev/shm full or unavailable: this item goes over the socket
                         pass
+                    else:
+                        if sums is not None:
+                            item.append([sums.block_rows, sums.digests.astype("<u8").tobytes()])
                 if len(item) == 3:
                     frames.append(data)  # sent straight from the caller's buffer
                 meta.append(item)
             keys = [m[0] for m in meta]
-            bulk = self._bulk_client(keys) if sum(f.nbytes for f in frames) >= BULK_MIN_BYTES else None
+            if not segments and sum(f.nbytes for f in frames) < BULK_MIN_BYTES:
+                bulk = None
+            elif bulk is None:
+                bulk = self._bulk_client(keys)
             if bulk is not None:
                 reply, _ = bulk.call("put", {"items": meta}, frames, keys=keys)
             else:
@@ -147,8 +161,8 @@ class RemoteStorageUnit(StorageUnit):
         reqs = [[k, int(a), None if b is None else int(b)] for k, a, b in requests]
         keys = [r[0] for r in reqs]
         bulk = self._bulk_client(keys)
-        if bulk is not None:  # received into pooled buffers (see ``bulk.RecvPool``)
-            reply, frames = bulk.call("get", {"reqs": reqs, "shm": False}, keys=keys)
+        if bulk is not None:  # received into pooled buffers (see ``bulk.RecvPool``); segments as names
+            reply, frames = bulk.call("get", {"reqs": reqs, "shm": self.shm_token is not None}, keys=keys)
         else:
             reply, frames = self._rpc.call("get", {"reqs": reqs, "shm": self.shm_token is not None}, keys=keys)
         metas = reply.get("arrays")
@@ -174,7 +188,7 @@ class RemoteStorageUnit(StorageUnit):
         reply, _ = self._rpc.call("info", {"key": key}, keys=[key])
         return _info(reply["info"])
 
-    def _write(self, key: str, array: np.ndarray, *, copy: bool) -> BlobInfo:
+    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Any = None) -> BlobInfo:
         # docstring inherited
         return self.put_many([(key, array)])[0]
 
@@ -223,7 +237,5 @@ class RemoteStorageUnit(StorageUnit):
     def close(self) -> None:
         # docstring inherited
         self._rpc.close()
-        if self.shm_token is not None:
-            shm.forget_writes(self.shm_token)  # the mappings kept for recycled segments
         if isinstance(self._bulk, BulkClient):
             self._bulk.close()

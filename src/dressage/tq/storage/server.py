@@ -15,8 +15,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from dressage.errors import ProtocolError
 from dressage.tq.bulk_rpc import BulkServer
+from dressage.tq.integrity import Checksums, block_rows_for
 from dressage.tq.shm import SHM_MIN_BYTES, ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
 from dressage.tq.transport import RpcServer
@@ -55,6 +58,19 @@ def _row(value: Any, what: str) -> int | None:
     return value
 
 
+def _given_sums(value: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Checksums:
+    """A writer's checksums of the segment it wrote, ``[block_rows, digests as little-endian u64
+    bytes]``: the unit's own block rule for this shape, one digest per block, or ProtocolError."""
+    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], bytes)
+            and isinstance(value[0], int) and not isinstance(value[0], bool)):
+        raise ProtocolError("a segment's checksums are [block_rows, digests]")
+    block_rows = block_rows_for(shape, dtype.itemsize)
+    blocks = -(-shape[0] // block_rows)
+    if value[0] != block_rows or len(value[1]) != 8 * blocks:
+        raise ProtocolError(f"a segment's checksums must be {blocks} blocks of {block_rows} rows")
+    return Checksums(block_rows, np.frombuffer(value[1], dtype="<u8").astype(np.uint64))
+
+
 class StorageUnitServer:
     """Serves one backend over ZMQ; ops: put, get, delete, exists, list, info, stats, ping."""
 
@@ -66,7 +82,7 @@ class StorageUnitServer:
         self.shm = ShmRegistry(shm_token) if self.host_id else None
         self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret,
                              max_message_bytes=max_message_bytes)
-        self.rpc.after_reply = getattr(backend, "seal", None)  # a put's checksums are hashed after its reply
+        self.rpc.after_reply = self._after_reply  # a put's checksums are hashed after its reply
         # Liveness probes get their own socket and thread: a ping queued behind a multi-GiB put would
         # make a busy unit look dead. A stopped or killed process answers neither.
         self.heartbeat = RpcServer(self._beat, host=host, port=0, name=f"unit {backend.unit_id} heartbeat",
@@ -74,6 +90,17 @@ class StorageUnitServer:
         # Large puts and gets: a TCP stream that receives payloads straight into the unit's own buffers.
         self.bulk = BulkServer(self._handle, host=host, port=0, name=f"unit {backend.unit_id} bulk", secret=secret,
                                max_message_bytes=max_message_bytes, alloc=self._receive_buffer) if bulk else None
+        if self.bulk is not None:
+            self.bulk.after_reply = self.rpc.after_reply
+
+    def _after_reply(self) -> None:
+        """Work a put leaves for after its reply, before the next request is read: checksums of what
+        the writer did not hash, and the page tables of adopted segments (see ``ShmRegistry.populate``)."""
+        seal = getattr(self.backend, "seal", None)
+        if seal is not None:
+            seal()
+        if self.shm is not None:
+            self.shm.populate()
 
     def _receive_buffer(self, nbytes: int) -> Any:
         """Where a streamed payload lands: with shared memory on, a segment of this unit from
@@ -120,7 +147,8 @@ class StorageUnitServer:
         return {"unit_id": unit.unit_id, "node_id": unit.node_id, "memory_budget": unit.memory_budget,
                 "supports_spill": unit.supports_spill, "pid": os.getpid(), "address": self.address,
                 "host_id": self.host_id, "shm_token": self.shm.token if self.shm else None,
-                "heartbeat": self.heartbeat.address, "bulk_port": self.bulk.port if self.bulk else None}
+                "heartbeat": self.heartbeat.address, "bulk_port": self.bulk.port if self.bulk else None,
+                "checksums": bool(getattr(unit, "checksums", False))}
 
     def _beat(self, control: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
         if control["op"] != "ping" or frames:
@@ -137,18 +165,23 @@ class StorageUnitServer:
             framed = sum(1 for i in items if isinstance(i, list) and len(i) == 3)
             if framed != len(frames):
                 raise ProtocolError(f"put declares {framed} payload frames, the message has {len(frames)}")
-            arrays, next_frame = [], iter(frames)
+            arrays, sums, next_frame = [], [], iter(frames)
             for item in items:
+                given = None
                 if isinstance(item, list) and len(item) == 3:
                     array = array_from_frame(next(next_frame), item[1], item[2])
-                elif isinstance(item, list) and len(item) == 4 and self.shm is not None:
-                    array = self.shm.adopt(text(item[3], "segment", max_len=255), check_dtype(item[1]),
-                                           _shape(item[2]))
+                elif isinstance(item, list) and len(item) in (4, 5) and self.shm is not None:
+                    dtype, shape = check_dtype(item[1]), _shape(item[2])
+                    if len(item) == 5:  # hashed by the writer from what it wrote: the unit reads no byte of it
+                        given = _given_sums(item[4], dtype, shape)
+                    array = self.shm.adopt(text(item[3], "segment", max_len=255), dtype, shape)
                 else:
-                    raise ProtocolError("put items are [key, dtype, shape] or [key, dtype, shape, segment]")
+                    raise ProtocolError("put items are [key, dtype, shape] or [key, dtype, shape, segment"
+                                        "(, checksums)]")
                 arrays.append((_key(item[0]), array))
+                sums.append(given)
             # Received frames and adopted segments are ours alone: the unit keeps them without copying.
-            infos = unit.put_many(arrays, copy=False)
+            infos = unit.put_many(arrays, copy=False, sums=sums)
             return {"infos": [[i.key, i.dtype, list(i.shape), i.nbytes, i.spilled] for i in infos]}, ()
         if op == "get":
             reqs = control.get("reqs")

@@ -61,13 +61,16 @@ class SpillStorageUnit(MemoryStorageUnit):
     def spill_dir(self) -> str:
         return self._dir
 
-    def _write(self, key: str, array: np.ndarray, *, copy: bool) -> BlobInfo:
+    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Checksums | None = None) -> BlobInfo:
         # docstring inherited
         if self._fits(array.nbytes):
-            return super()._write(key, array, copy=copy)
+            return super()._write(key, array, copy=copy, sums=sums)
         path = os.path.join(self._dir, f"{next(self._seq)}.blob")
         tmp = path + ".tmp"
-        sums = checksum(array) if self.checksums else None
+        if not self.checksums:
+            sums = None
+        elif sums is None:
+            sums = checksum(array)
         try:
             with open(tmp, "wb") as f:
                 array.tofile(f)  # contiguous: written straight from the array's buffer
