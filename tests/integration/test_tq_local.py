@@ -99,6 +99,11 @@ def test_dead_unit_is_a_bounded_typed_error_naming_unit_and_keys():
         assert victim in str(info.value) and dead[0].key in str(info.value)
         # The surviving unit keeps serving, and every new put goes to it.
         np.testing.assert_array_equal(client.get_many(alive)[0], np.full(16, int(client.get(alive[0])[0])))
+        # The read failed at once (the unit's stream socket refused the connection); the Controller's
+        # watch on the unit's process marks it dead on its own, within a fraction of a second.
+        deadline = time.monotonic() + 5
+        while tq.unit_states()[victim]["state"] != "dead" and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert tq.unit_states()[victim]["state"] == "dead"
         before = tq.controller.total_keys()
         later = [client.put("logprobs", np.zeros(16, dtype=np.float32)) for _ in range(4)]
