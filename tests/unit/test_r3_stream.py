@@ -291,3 +291,48 @@ def test_property_streamed_equals_plain(rows, high, noise, cuts, spec, window):
     want = _plain(body, spec, rows + 1 - 3)
     got, _ = _streamed(body, spec, rows + 1 - 3, [c % (len(body) + 1) for c in cuts])
     _same(got, want)
+
+
+# -- through the client: the body fed as it arrives, or read whole ---------------------------------
+
+import asyncio  # noqa: E402
+import gzip  # noqa: E402
+
+import httpx  # noqa: E402
+
+from dressage.errors import EngineRequestError  # noqa: E402
+from dressage.proxy.sglang_client import SGLangClient  # noqa: E402
+
+
+class _Pieces(httpx.AsyncByteStream):
+    def __init__(self, data: bytes, size: int) -> None:
+        self.data, self.size = data, size
+
+    async def __aiter__(self):
+        for i in range(0, len(self.data), self.size):
+            yield self.data[i:i + self.size]
+
+
+def _client_answer(handler, spec=SPECS[0]):
+    async def go():
+        async with SGLangClient("http://engine", transport=httpx.MockTransport(handler)) as client:
+            return await client.generate([1, 2, 3], {}, return_routed_experts=True, routed_experts_spec=spec)
+    return asyncio.run(go())
+
+
+def test_client_decodes_the_body_as_it_arrives():
+    body = _body(6)
+    answer = _client_answer(lambda request: httpx.Response(200, stream=_Pieces(body, 5)))
+    assert isinstance(answer["meta_info"]["routed_experts"], RoutedExpertsStream)
+    _same(_decode(answer, SPECS[0], 4), _plain(body, SPECS[0], 4))
+
+
+def test_client_compressed_body_and_error_status():
+    body = _body(6)
+    answer = _client_answer(lambda request: httpx.Response(200, content=gzip.compress(body),
+                                                           headers={"content-encoding": "gzip"}))
+    _same(_decode(answer, SPECS[0], 4), _plain(body, SPECS[0], 4))
+    with pytest.raises(EngineRequestError, match="bad input"):
+        _client_answer(lambda request: httpx.Response(400, json={"error": {"message": "bad input"}}))
+    with pytest.raises(WireFormatError, match="not JSON"):
+        _client_answer(lambda request: httpx.Response(200, stream=_Pieces(body[:-3], 7)))
