@@ -65,7 +65,7 @@ class RoutedExpertsStream:
     """The decoder of one answer's routing string; :meth:`feed` its characters, :meth:`end`, then
     :meth:`finish` (through :func:`decode_routed_experts_b64`) or, when :attr:`gave_up`, :meth:`text`."""
 
-    __slots__ = ("spec", "_dtype", "_high", "_pending", "_ids", "_carry", "_raw", "_text", "_ended")
+    __slots__ = ("spec", "_dtype", "_high", "_pending", "_ids", "_carry", "_raw", "_text", "_ended", "_tail")
 
     def __init__(self, spec: RoutedExpertsSpec) -> None:
         self.spec = spec
@@ -80,6 +80,7 @@ class RoutedExpertsStream:
         self._raw: bytearray | None = None  # the decoded bytes, once an id was out of range
         self._text: bytearray | None = None  # the characters, once the text was not plain base64
         self._ended = False
+        self._tail = b""                  # the last four characters, once decoded (their bits may differ)
 
     @property
     def gave_up(self) -> bool:
@@ -113,6 +114,7 @@ class RoutedExpertsStream:
             self._give_up()
             return
         self._pending.clear()
+        self._tail = tail
         self._take(raw)
 
     def _drain(self) -> None:
@@ -174,7 +176,10 @@ class RoutedExpertsStream:
         groups is one to one)."""
         if self._text is not None:
             return bytes(self._text)
-        return base64.b64encode(self.raw()) + bytes(self._pending)
+        raw = self.raw()
+        if self._tail:  # padding may hide set bits that decoding dropped: the characters as they came
+            return base64.b64encode(bytes(raw)[:len(raw) - len(binascii.a2b_base64(self._tail))]) + self._tail
+        return base64.b64encode(raw) + bytes(self._pending)
 
     def finish(self, num_layers: int, topk: int, dtype: str, storage_dtype: str | None,
                num_experts: int | None, decode_raw) -> np.ndarray:
