@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,16 @@ class RoutedExpertsSpec:
         r3_dtype(self.storage_dtype)  # ConfigError for an unknown name
 
 
+@functools.lru_cache(maxsize=64)
+def _limits(storage_dtype: str, num_experts: int | None) -> tuple[np.dtype, int]:
+    """The storage dtype and the largest id it takes (bounded by the expert count when given)."""
+    dtype = r3_dtype(storage_dtype)
+    high = int(np.iinfo(dtype).max)
+    if num_experts is not None:
+        high = min(high, int(num_experts) - 1)
+    return dtype, high
+
+
 def _b64decode(quads: bytes | bytearray | memoryview) -> bytes:
     """Alphabet characters only (no padding), a multiple of four: raises ``binascii.Error`` else."""
     if _simd is not None:
@@ -69,11 +80,7 @@ class RoutedExpertsStream:
 
     def __init__(self, spec: RoutedExpertsSpec) -> None:
         self.spec = spec
-        self._dtype = r3_dtype(spec.storage_dtype)
-        high = int(np.iinfo(self._dtype).max)
-        if spec.num_experts is not None:
-            high = min(high, int(spec.num_experts) - 1)
-        self._high = high
+        self._dtype, self._high = _limits(spec.storage_dtype, spec.num_experts)
         self._pending = bytearray()       # characters not decoded yet
         self._ids: bytearray | None = bytearray()  # the ids so far, in the storage dtype (int32 on the wire)
         self._carry = b""                 # decoded bytes short of one int32

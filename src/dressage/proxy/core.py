@@ -153,7 +153,11 @@ class ProxyCore(WriteBehindCore):
         if not self.config.use_rollout_routing_replay:
             return None
         m = self.config.model
-        return RoutedExpertsSpec(m.num_layers, m.topk, self.config.routed_experts_dtype, m.num_experts)
+        spec = getattr(self, "_r3_spec", None)
+        key = (m.num_layers, m.topk, self.config.routed_experts_dtype, m.num_experts)
+        if spec is None or (spec.num_layers, spec.topk, spec.storage_dtype, spec.num_experts) != key:
+            spec = self._r3_spec = RoutedExpertsSpec(*key)  # one per call otherwise
+        return spec
 
     def normalize(self, body: Mapping[str, Any], *, prompt_len: int, decision: RouteDecision) -> GenerateOutput:
         """Decode one ``/generate`` JSON body for this call (validates every length; R3 comes out
