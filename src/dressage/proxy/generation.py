@@ -172,7 +172,8 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
         if "routed_experts_start_len" in params:
             params["routed_experts_start_len"] = start
         sampling = dict(plan.sampling, max_new_tokens=budget - len(so_far))
-        input_ids = prompt.tolist() + so_far
+        # An array: the request's JSON is written from it (a list of up to 8K Python ints otherwise).
+        input_ids = prompt if not so_far else np.concatenate([prompt, np.asarray(so_far, dtype=prompt.dtype)])
         rid = chunk_rid(plan.rid, chunk_no)
         async with pause.track(rid, plan.client, session_id=plan.session_id, instance_id=plan.instance_id) as run:
             try:

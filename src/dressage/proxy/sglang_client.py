@@ -76,7 +76,7 @@ class SGLangClient:
         try:
             if json_body is not None:
                 headers = {**(headers or {}), "content-type": "application/json"}
-                content = fastjson.dumps(json_body)
+                content = fastjson.dumps(json_body, numpy=True)
             else:
                 content = None
             limit = self.timeout if timeout is None else timeout
@@ -98,7 +98,7 @@ class SGLangClient:
         else the response read whole (a compressed body), for :meth:`_json`. The same errors."""
         what = f"{method} {self.base_url}{path}"
         headers = {**(headers or {}), "content-type": "application/json"}
-        content = fastjson.dumps(json_body)
+        content = fastjson.dumps(json_body, numpy=True)
         limit = self.timeout if timeout is None else timeout
         try:
             if self._direct is not None:
@@ -146,7 +146,10 @@ class SGLangClient:
     def _generate_body(input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None, *,
                        return_logprob: bool, return_routed_experts: bool, routed_experts_start_len: int,
                        rid: str | None, stream: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
-        ids = input_ids.tolist() if isinstance(input_ids, np.ndarray) else [int(t) for t in input_ids]
+        if isinstance(input_ids, np.ndarray) and input_ids.dtype.kind in "iu" and input_ids.ndim == 1:
+            ids: Any = np.ascontiguousarray(input_ids)  # written by the JSON encoder as it is: no list of ints
+        else:
+            ids = [int(t) for t in input_ids]
         body: dict[str, Any] = {"input_ids": ids,
                                 "sampling_params": dict(sampling_params or {}),
                                 "return_logprob": bool(return_logprob)}
@@ -216,7 +219,7 @@ class SGLangClient:
                                    extra=extra)
         what = f"POST {self.base_url}/generate (stream)"
         try:
-            async with self._http.stream("POST", "/generate", content=fastjson.dumps(body),
+            async with self._http.stream("POST", "/generate", content=fastjson.dumps(body, numpy=True),
                                          headers={"content-type": "application/json",
                                                   **(self._routing_headers(routing_key) or {})},
                                          timeout=self.timeout if timeout is None else timeout) as resp:
