@@ -61,3 +61,31 @@ def test_engine_down_is_unavailable_and_unhealthy():
 
     with pytest.raises(EngineUnavailable, match="ConnectError"):
         asyncio.run(go())
+
+
+def test_routing_decoded_as_the_answer_arrives_equals_the_plain_decode(engine_url):
+    """Over aiohttp: the same seeded answer read whole, and read piece by piece with its routing
+    decoded on the fly into uint8, give the same ids; an error status is the same error."""
+    from dressage.fields.r3_stream import RoutedExpertsSpec, RoutedExpertsStream
+
+    prompt = TOK.apply_chat_template([{"role": "user", "content": "hello " * 400}])
+    spec = RoutedExpertsSpec(MODEL.num_layers, MODEL.topk, "uint8", MODEL.num_experts)
+    sampling = {"max_new_tokens": 64, "temperature": 0.0}
+
+    async def go():
+        async with SGLangClient(engine_url, timeout=30) as client:
+            plain = await client.generate(prompt, sampling, return_routed_experts=True)
+            streamed = await client.generate(prompt, sampling, return_routed_experts=True, routed_experts_spec=spec)
+            with pytest.raises(EngineRequestError, match="unknown parameter"):
+                await client.generate(prompt, {"max_tokens": 1}, return_routed_experts=True,
+                                      routed_experts_spec=spec)
+            return plain, streamed
+
+    plain, streamed = asyncio.run(go())
+    assert isinstance(streamed["meta_info"]["routed_experts"], RoutedExpertsStream)
+    kw = dict(prompt_len=len(prompt), num_layers=MODEL.num_layers, topk=MODEL.topk, want_routed_experts=True,
+              routed_experts_dtype="uint8", num_experts=MODEL.num_experts)
+    a, b = decode_generate_response(plain, **kw), decode_generate_response(streamed, **kw)
+    assert a.routed_experts.dtype == b.routed_experts.dtype == "uint8"
+    assert a.routed_experts.tobytes() == b.routed_experts.tobytes()
+    assert a.output_ids.tolist() == b.output_ids.tolist()

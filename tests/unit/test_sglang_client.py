@@ -116,3 +116,31 @@ def test_stream_yields_chunks_until_done():
 
     chunks = _run(go())
     assert [c["output_ids"] for c in chunks] == [[1], [1, 2]]
+
+
+def test_input_ids_as_an_array_are_sent_as_the_same_json():
+    import numpy as np
+
+    from dressage.proxy import fastjson
+
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.content)
+        return httpx.Response(200, json={"text": "", "output_ids": [1], "meta_info": {}})
+
+    ids = [0, 5, 151643, 2**31 - 1]
+
+    async def go():
+        async with _client(handler) as c:
+            for value in (ids, np.asarray(ids, dtype=np.int32), np.asarray(ids, dtype=np.int64),
+                          np.repeat(np.asarray(ids, dtype=np.int32), 2)[::2], np.asarray(ids, dtype=">i4")):
+                await c.generate(value, {"max_new_tokens": 1}, rid="r")
+
+    _run(go())
+    assert len(set(seen)) == 1 and json.loads(seen[0])["input_ids"] == ids
+    # the standard library's fallback writes arrays alike
+    assert json.loads(fastjson.dumps({"a": np.asarray(ids, dtype=">i8"), "b": np.int32(3)}, numpy=True)) == \
+        {"a": ids, "b": 3}
+    with pytest.raises(TypeError):
+        fastjson.dumps({"a": np.asarray(ids)})  # only where asked

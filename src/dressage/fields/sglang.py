@@ -24,9 +24,12 @@ import numpy as np
 from dressage.errors import FieldShapeError, WireFormatError
 from dressage.fields.b64 import b64decode_strict
 from dressage.fields.r3 import encode_routed_experts
+from dressage.fields.r3_stream import RoutedExpertsSpec, RoutedExpertsStream
 
 __all__ = [
     "GenerateOutput",
+    "RoutedExpertsSpec",
+    "RoutedExpertsStream",
     "decode_output_token_logprobs",
     "decode_routed_experts_b64",
     "encode_routed_experts_b64",
@@ -124,17 +127,23 @@ def _plain_logprobs(entries: list) -> tuple[np.ndarray, np.ndarray] | None:
     return ids.astype(np.int32), lps.astype(np.float32)
 
 
-def decode_routed_experts_b64(data: str | bytes, num_layers: int, topk: int, dtype: str = "int32", *,
-                              storage_dtype: str | None = None, num_experts: int | None = None) -> np.ndarray:
+def decode_routed_experts_b64(data: str | bytes | RoutedExpertsStream, num_layers: int, topk: int,
+                              dtype: str = "int32", *, storage_dtype: str | None = None,
+                              num_experts: int | None = None) -> np.ndarray:
     """Decode base64 routed experts into a ``[rows, num_layers, topk]`` array.
 
     Without ``storage_dtype`` the result is an int32 copy. With it (``uint8`` / ``uint16`` / ``int32``)
     the ids are range-checked on the decoded wire bytes (``ExpertIdRangeError``, also for ids
     ``>= num_experts`` when given) and converted once, straight into the storage dtype; when the wire
     dtype already is the storage dtype the result is a read-only view of the decoded bytes.
+
+    ``data`` may also be a :class:`RoutedExpertsStream` that decoded the string as it arrived (one
+    that ended without giving up): the result, and any error, are the same as for its string.
     """
     if dtype not in _WIRE_DTYPES:
         raise WireFormatError(f"routed_experts_dtype {dtype!r} is not a known integer dtype")
+    if isinstance(data, RoutedExpertsStream):
+        return data.finish(num_layers, topk, dtype, storage_dtype, num_experts, _routed_from_raw)
     if not isinstance(data, (str, bytes)):
         raise WireFormatError(f"routed_experts must be a base64 string, got {type(data).__name__}")
     try:
@@ -143,6 +152,12 @@ def decode_routed_experts_b64(data: str | bytes, num_layers: int, topk: int, dty
         raw = b64decode_strict(data)
     except (binascii.Error, ValueError) as exc:
         raise WireFormatError(f"routed_experts is not valid base64: {exc}") from exc
+    return _routed_from_raw(raw, num_layers, topk, dtype, storage_dtype, num_experts)
+
+
+def _routed_from_raw(raw: Any, num_layers: int, topk: int, dtype: str, storage_dtype: str | None,
+                     num_experts: int | None) -> np.ndarray:
+    """The decoded wire bytes as ``[rows, num_layers, topk]`` (shape-checked, range-checked)."""
     item = np.dtype(_WIRE_DTYPES[dtype]).itemsize
     per_row = num_layers * topk * item
     if len(raw) % per_row:

@@ -120,6 +120,26 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
             raise self._failed(exc, httpx.Request(method, url)) from exc
 
+    async def send_into(self, method: str, url: str, *, content: bytes | None, headers: Mapping[str, str],
+                        timeout_s: float, sink: Any) -> tuple[httpx.Response, bool]:
+        """:meth:`send`, the answer's body handed to ``sink.feed`` piece by piece as it arrives instead
+        of read whole: the response (without content) and ``True``. An error status or a compressed
+        body is read whole as by :meth:`send` (``False``: nothing was fed)."""
+        session = self._session()
+        try:
+            async with session.request(method, url, data=content, headers=headers, allow_redirects=False,
+                                       timeout=aiohttp.ClientTimeout(total=None, connect=timeout_s,
+                                                                     sock_read=timeout_s)) as resp:
+                encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+                if resp.status >= 400 or encoding not in ("", "identity"):
+                    data = await resp.read()
+                    return httpx.Response(resp.status, headers=resp.raw_headers, content=data), False
+                async for chunk in resp.content.iter_any():
+                    sink.feed(chunk)
+                return httpx.Response(resp.status, headers=resp.raw_headers), True
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            raise self._failed(exc, httpx.Request(method, url)) from exc
+
     async def aclose(self) -> None:
         try:
             loop = asyncio.get_running_loop()

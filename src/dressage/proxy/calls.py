@@ -82,7 +82,8 @@ class CallPath(ChatSampling):
         instance = self.core.session(session_id).metadata.get("instance_id")
         plan = GenerationPlan(self._next_rid(session_id), prompt_ids, decision, sampling, placement.member.client,
                               self.core.generate_params(decision), stream, routing_key=session_id,
-                              session_id=session_id, instance_id=None if instance is None else str(instance))
+                              session_id=session_id, instance_id=None if instance is None else str(instance),
+                              routed_experts_spec=self.core.routed_experts_spec)
         return plan, placement.member.url
 
     def _sampling(self, req: ChatRequest, prompt_len: int, options: ChatOptions | None = None) -> dict[str, Any]:

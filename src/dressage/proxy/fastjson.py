@@ -33,11 +33,25 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
     return json.loads(data)
 
 
-def dumps(value: Any) -> bytes:
-    """``value`` as compact JSON, UTF-8 encoded."""
+def dumps(value: Any, *, numpy: bool = False) -> bytes:
+    """``value`` as compact JSON, UTF-8 encoded. ``numpy``: integer arrays are written as lists of
+    their values (orjson reads them natively: no Python list of ints is made)."""
     if _orjson is not None:
         try:
-            return _orjson.dumps(value, option=_orjson.OPT_NON_STR_KEYS)
+            return _orjson.dumps(value, option=_NUMPY_OPTIONS if numpy else _orjson.OPT_NON_STR_KEYS)
         except (TypeError, _orjson.JSONEncodeError):
             pass
-    return json.dumps(value, separators=(",", ":")).encode("utf-8")
+    return json.dumps(value, separators=(",", ":"), default=_numpy_default if numpy else None).encode("utf-8")
+
+
+def _numpy_default(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        return value.tolist()
+    if isinstance(value, np.integer):
+        return int(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_NUMPY_OPTIONS = None if _orjson is None else _orjson.OPT_NON_STR_KEYS | _orjson.OPT_SERIALIZE_NUMPY

@@ -49,6 +49,9 @@ class GenerationPlan:
     session_id: str | None = None
     instance_id: str | None = None
     """The call's session and prompt instance: a pause scoped to either cuts and holds this call."""
+    routed_experts_spec: Any = None
+    """:meth:`ProxyCore.routed_experts_spec` with R3 on: a buffered answer's routing is decoded as it
+    arrives (:meth:`SGLangClient.generate`), straight into the storage dtype."""
 
 
 @dataclass(slots=True)
@@ -155,6 +158,8 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
     top: list[Any] = []
     text = _IncrementalText(decode)
     headers = {} if plan.routing_key is None else {"routing_key": plan.routing_key}
+    buffered = headers if plan.routed_experts_spec is None else {**headers,
+                                                                  "routed_experts_spec": plan.routed_experts_spec}
     while True:
         # A streamed call waiting out a weight update sends keep-alives (None) so that neither the
         # agent nor a proxy in between times the quiet connection out.
@@ -167,7 +172,8 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
         if "routed_experts_start_len" in params:
             params["routed_experts_start_len"] = start
         sampling = dict(plan.sampling, max_new_tokens=budget - len(so_far))
-        input_ids = prompt.tolist() + so_far
+        # An array: the request's JSON is written from it (a list of up to 8K Python ints otherwise).
+        input_ids = prompt if not so_far else np.concatenate([prompt, np.asarray(so_far, dtype=prompt.dtype)])
         rid = chunk_rid(plan.rid, chunk_no)
         async with pause.track(rid, plan.client, session_id=plan.session_id, instance_id=plan.instance_id) as run:
             try:
@@ -184,7 +190,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
                     # as its result until collected).
                     with server_timing.engine_wait():
                         body = await _within(timeout_s, plan.client.generate(input_ids, sampling, rid=rid,
-                                                                             **headers, **params))
+                                                                             **buffered, **params))
             except asyncio.TimeoutError:
                 raise EngineTimeout(f"the engine did not answer within {timeout_s} s") from None
             except (asyncio.CancelledError, GeneratorExit):

@@ -16,8 +16,10 @@ from dressage.proxy.httpx_lean import httpx
 import numpy as np
 
 from dressage.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, WireFormatError
+from dressage.fields.r3_stream import RoutedExpertsSpec
 from dressage.proxy import fastjson
 from dressage.proxy.aio_transport import AiohttpTransport, aiohttp_available
+from dressage.proxy.r3_body import GenerateBodyReader
 
 __all__ = ["SGLangClient", "ROUTING_KEY_HEADER"]
 
@@ -74,7 +76,7 @@ class SGLangClient:
         try:
             if json_body is not None:
                 headers = {**(headers or {}), "content-type": "application/json"}
-                content = fastjson.dumps(json_body)
+                content = fastjson.dumps(json_body, numpy=True)
             else:
                 content = None
             limit = self.timeout if timeout is None else timeout
@@ -89,6 +91,34 @@ class SGLangClient:
             raise EngineUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
         self._check(resp, what)
         return resp
+
+    async def _request_into(self, method: str, path: str, *, json_body: Any, sink: Any, timeout: float | None = None,
+                            headers: Mapping[str, str] | None = None) -> httpx.Response | None:
+        """:meth:`_request` with the answer's body fed to ``sink`` as it arrives: ``None`` when it was,
+        else the response read whole (a compressed body), for :meth:`_json`. The same errors."""
+        what = f"{method} {self.base_url}{path}"
+        headers = {**(headers or {}), "content-type": "application/json"}
+        content = fastjson.dumps(json_body, numpy=True)
+        limit = self.timeout if timeout is None else timeout
+        try:
+            if self._direct is not None:
+                resp, fed = await self._direct.send_into(method, self.base_url + path, content=content,
+                                                         timeout_s=limit, headers={**self._headers, **headers},
+                                                         sink=sink)
+            else:
+                async with self._http.stream(method, path, content=content, headers=headers, timeout=limit) as resp:
+                    fed = resp.status_code < 400
+                    if fed:
+                        async for chunk in resp.aiter_bytes():
+                            sink.feed(chunk)
+                    else:
+                        await resp.aread()
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+        self._check(resp, what)
+        return None if fed else resp
 
     @staticmethod
     def _check(resp: httpx.Response, what: str) -> None:
@@ -116,7 +146,10 @@ class SGLangClient:
     def _generate_body(input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None, *,
                        return_logprob: bool, return_routed_experts: bool, routed_experts_start_len: int,
                        rid: str | None, stream: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
-        ids = input_ids.tolist() if isinstance(input_ids, np.ndarray) else [int(t) for t in input_ids]
+        if isinstance(input_ids, np.ndarray) and input_ids.dtype.kind in "iu" and input_ids.ndim == 1:
+            ids: Any = np.ascontiguousarray(input_ids)  # written by the JSON encoder as it is: no list of ints
+        else:
+            ids = [int(t) for t in input_ids]
         body: dict[str, Any] = {"input_ids": ids,
                                 "sampling_params": dict(sampling_params or {}),
                                 "return_logprob": bool(return_logprob)}
@@ -138,20 +171,34 @@ class SGLangClient:
                        return_logprob: bool = True, return_routed_experts: bool = False,
                        routed_experts_start_len: int = 0, rid: str | None = None,
                        timeout: float | None = None, routing_key: str | None = None,
-                       **extra: Any) -> dict[str, Any]:
+                       routed_experts_spec: RoutedExpertsSpec | None = None, **extra: Any) -> dict[str, Any]:
         """``POST /generate`` for one prompt; the engine's JSON answer (``text``, ``output_ids``, ``meta_info``).
 
         ``extra`` keys (e.g. ``logprob_start_len``) go into the body unchanged. Raises
         :class:`EngineUnavailable`, :class:`EngineTimeout`, :class:`EngineRequestError` or
         :class:`WireFormatError`.
+
+        With ``return_routed_experts`` and a ``routed_experts_spec`` the body is read as it arrives and
+        its ``meta_info.routed_experts`` string decoded on the fly into that spec's storage dtype
+        (:mod:`dressage.proxy.r3_body`): the answer's ``meta_info.routed_experts`` is then a
+        :class:`~dressage.fields.r3_stream.RoutedExpertsStream`, which
+        :func:`~dressage.fields.sglang.decode_routed_experts_b64` (and ``decode_generate_response``)
+        take in place of the string, with the same result and errors. Any answer it cannot take
+        that way keeps its string.
         """
         body = self._generate_body(input_ids, sampling_params, return_logprob=return_logprob,
                                    return_routed_experts=return_routed_experts,
                                    routed_experts_start_len=routed_experts_start_len, rid=rid, stream=False,
                                    extra=extra)
-        resp = await self._request("POST", "/generate", json_body=body, timeout=timeout,
-                                   headers=self._routing_headers(routing_key))
-        out = self._json(resp, "POST /generate")
+        if return_routed_experts and routed_experts_spec is not None:
+            reader = GenerateBodyReader(routed_experts_spec)
+            resp = await self._request_into("POST", "/generate", json_body=body, sink=reader, timeout=timeout,
+                                            headers=self._routing_headers(routing_key))
+            out = reader.result("POST /generate") if resp is None else self._json(resp, "POST /generate")
+        else:
+            resp = await self._request("POST", "/generate", json_body=body, timeout=timeout,
+                                       headers=self._routing_headers(routing_key))
+            out = self._json(resp, "POST /generate")
         if not isinstance(out, dict):
             raise WireFormatError(f"POST /generate: expected one JSON object, got {type(out).__name__}")
         return out
@@ -160,15 +207,19 @@ class SGLangClient:
                               return_logprob: bool = True, return_routed_experts: bool = False,
                               routed_experts_start_len: int = 0, rid: str | None = None,
                               timeout: float | None = None, routing_key: str | None = None,
+                              routed_experts_spec: RoutedExpertsSpec | None = None,
                               **extra: Any) -> AsyncIterator[dict[str, Any]]:
-        """``POST /generate`` with ``stream``: yields each server-sent chunk until ``[DONE]``."""
+        """``POST /generate`` with ``stream``: yields each server-sent chunk until ``[DONE]``.
+
+        ``routed_experts_spec`` is accepted for symmetry with :meth:`generate` and not used: each
+        chunk is parsed whole (the last one carries the routing string)."""
         body = self._generate_body(input_ids, sampling_params, return_logprob=return_logprob,
                                    return_routed_experts=return_routed_experts,
                                    routed_experts_start_len=routed_experts_start_len, rid=rid, stream=True,
                                    extra=extra)
         what = f"POST {self.base_url}/generate (stream)"
         try:
-            async with self._http.stream("POST", "/generate", content=fastjson.dumps(body),
+            async with self._http.stream("POST", "/generate", content=fastjson.dumps(body, numpy=True),
                                          headers={"content-type": "application/json",
                                                   **(self._routing_headers(routing_key) or {})},
                                          timeout=self.timeout if timeout is None else timeout) as resp:
