@@ -11,6 +11,7 @@ from dressage.fields.r3 import (
     r3_dtype,
     r3_itemsize,
 )
+from dressage.fields.r3_stream import RoutedExpertsSpec
 from dressage.fields.registry import FIELDS, TRANSFERABLE_FIELDS, FieldSpec, check_field_names, get_field
 from dressage.fields.sglang import (
     GenerateOutput,
@@ -28,7 +29,7 @@ __all__ = [
     "FIELDS", "TRANSFERABLE_FIELDS", "FieldSpec", "get_field", "check_field_names",
     "ModelSpec", "MODEL_PRESETS", "get_model",
     "R3_DTYPES", "DEFAULT_R3_DTYPE", "r3_dtype", "r3_itemsize", "max_expert_id",
-    "check_dtype_holds_experts", "encode_routed_experts", "decode_routed_experts",
+    "check_dtype_holds_experts", "encode_routed_experts", "decode_routed_experts", "RoutedExpertsSpec",
     "GenerateOutput", "decode_generate_response", "decode_output_token_logprobs",
     "decode_routed_experts_b64", "encode_routed_experts_b64",
     "finish_type", "is_queued_abort", "weight_version_of", "VersionTable", "NAMED_BASE",

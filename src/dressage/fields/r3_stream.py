@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dressage.errors import FieldShapeError
+from dressage.fields.models import ModelSpec
 from dressage.fields.r3 import r3_dtype
 
 try:
@@ -53,6 +54,12 @@ class RoutedExpertsSpec:
 
     def __post_init__(self) -> None:
         r3_dtype(self.storage_dtype)  # ConfigError for an unknown name
+
+    @classmethod
+    @functools.lru_cache(maxsize=16)
+    def of(cls, model: ModelSpec, storage_dtype: str) -> "RoutedExpertsSpec":
+        """The spec of a :class:`~dressage.fields.ModelSpec` stored as ``storage_dtype`` (one per pair)."""
+        return cls(model.num_layers, model.topk, storage_dtype, model.num_experts)
 
 
 @functools.lru_cache(maxsize=64)

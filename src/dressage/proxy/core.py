@@ -15,8 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from dressage.errors import DressageError, FieldShapeError, SessionStateError, TransferWriteError, UnknownStepError
-from dressage.fields import GenerateOutput, decode_generate_response, encode_routed_experts, r3_dtype
-from dressage.fields.r3_stream import RoutedExpertsSpec
+from dressage.fields import GenerateOutput, RoutedExpertsSpec, decode_generate_response, encode_routed_experts, r3_dtype
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.weights import step_labels
 from dressage.proxy.write_behind import PendingStep, WriteBehindCore, done_step
@@ -148,16 +147,9 @@ class ProxyCore(WriteBehindCore):
 
     @property
     def routed_experts_spec(self) -> RoutedExpertsSpec | None:
-        """What :meth:`normalize` decodes R3 into (``None`` with R3 off): given to the engine client,
-        it decodes an answer's routing string as the body arrives, with the same result and errors."""
-        if not self.config.use_rollout_routing_replay:
-            return None
-        m = self.config.model
-        spec = getattr(self, "_r3_spec", None)
-        key = (m.num_layers, m.topk, self.config.routed_experts_dtype, m.num_experts)
-        if spec is None or (spec.num_layers, spec.topk, spec.storage_dtype, spec.num_experts) != key:
-            spec = self._r3_spec = RoutedExpertsSpec(*key)  # one per call otherwise
-        return spec
+        """What :meth:`normalize` decodes R3 into, for the engine client's decode as the body arrives."""
+        c = self.config
+        return RoutedExpertsSpec.of(c.model, c.routed_experts_dtype) if c.use_rollout_routing_replay else None
 
     def normalize(self, body: Mapping[str, Any], *, prompt_len: int, decision: RouteDecision) -> GenerateOutput:
         """Decode one ``/generate`` JSON body for this call (validates every length; R3 comes out
