@@ -122,24 +122,43 @@ class RemoteStorageUnit(StorageUnit):
         try:
             use_shm = self.shm_token is not None
             bulk = self._bulk_client([k for k, _ in items]) if use_shm else None  # describe once, before any write
-            for key, array in items:
-                data = prepare_array(array, copy=False)
+            datas = [prepare_array(array, copy=False) for _, array in items]
+            # A step's small fields go into the tail of the segment of its first large one (one claim,
+            # one file, no frame for the unit to copy and hash), when they fit its size class.
+            packed: dict[int, int] = {}
+            first = next((i for i, d in enumerate(datas) if d.nbytes >= shm.SHM_MIN_BYTES), None) if use_shm else None
+            if first is not None:
+                small = [i for i, d in enumerate(datas) if d.nbytes < shm.SHM_MIN_BYTES]
+                offsets = shm.pack_offsets(datas[first].nbytes, [datas[i].nbytes for i in small])
+                packed = {i: off for i, off in zip(small, offsets) if off is not None}
+            written: dict[int, list[Any]] = {}  # item index -> [segment, checksums, offset]
+            for i, data in enumerate(datas):
+                if not use_shm or data.nbytes < shm.SHM_MIN_BYTES:
+                    continue
+                name = f"dtq-{self.shm_token}-{self._segment_prefix}{next(self._segment_seq):x}"
+                parts = [(0, i)] + ([(off, j) for j, off in packed.items()] if i == first else [])
+                try:
+                    # Hashed block by block as written (the source still in cache), so the unit
+                    # stores the digests without reading the segment.
+                    sums = shm.write_segment_parts(name, [(off, datas[j]) for off, j in parts], self.shm_token,
+                                                   checksums=self._writer_sums)
+                except OSError:  # /dev/shm full or unavailable: these items go over the socket
+                    continue
+                segments.append(name)
+                for (off, j), sm in zip(parts, sums):
+                    wire_sums = None if sm is None else [sm.block_rows, sm.digests.astype("<u8").tobytes()]
+                    written[j] = [name, wire_sums, off]
+            for (key, _), data in zip(items, datas):
                 item = [key, dtype_name(data.dtype), list(data.shape)]
-                if use_shm and data.nbytes >= shm.SHM_MIN_BYTES:
-                    name = f"dtq-{self.shm_token}-{self._segment_prefix}{next(self._segment_seq):x}"
-                    try:
-                        # Hashed block by block as written (the source still in cache), so the unit
-                        # stores the digests without reading the segment.
-                        sums = shm.write_segment(name, data, self.shm_token, checksums=self._writer_sums)
-                        segments.append(name)
-                        item.append(name)
-                    except OSError:  # /dev/shm full or unavailable: this item goes over the socket
-                        pass
-                    else:
-                        if sums is not None:
-                            item.append([sums.block_rows, sums.digests.astype("<u8").tobytes()])
-                if len(item) == 3:
+                seg = written.get(len(meta))
+                if seg is None:
                     frames.append(data)  # sent straight from the caller's buffer
+                elif seg[2]:
+                    item.extend(seg)  # [segment, checksums or None, offset]
+                else:
+                    item.append(seg[0])
+                    if seg[1] is not None:
+                        item.append(seg[1])
                 meta.append(item)
             keys = [m[0] for m in meta]
             if not segments and sum(f.nbytes for f in frames) < BULK_MIN_BYTES:
@@ -168,19 +187,28 @@ class RemoteStorageUnit(StorageUnit):
         metas = reply.get("arrays")
         if not isinstance(metas, list) or len(metas) != len(reqs):
             raise ProtocolError(f"StorageUnit {self.unit_id}: get reply does not match its {len(reqs)} requests")
-        out, next_frame = [], iter(frames)
+        out: list[Any] = []
+        next_frame = iter(frames)
+        in_segments: dict[str, list[tuple[int, int, np.dtype, tuple[int, ...]]]] = {}
         try:
             for meta in metas:
                 if len(meta) == 2:
                     a = array_from_frame(next(next_frame), meta[0], meta[1])
+                    a.flags.writeable = False
                 elif len(meta) == 4 and isinstance(meta[3], int) and meta[3] >= 0:
-                    a = shm.map_segment(meta[2], meta[3], check_dtype(meta[0]), tuple(meta[1]))
+                    # Rows of one segment (a step's fields) are mapped once, below.
+                    in_segments.setdefault(meta[2], []).append((len(out), meta[3], check_dtype(meta[0]),
+                                                                tuple(meta[1])))
+                    a = None
                 else:
                     raise ProtocolError(f"StorageUnit {self.unit_id}: bad array descriptor {meta!r:.80}")
-                a.flags.writeable = False
                 out.append(a)
         except StopIteration:
             raise ProtocolError(f"StorageUnit {self.unit_id}: get reply has too few payload frames") from None
+        for name, parts in in_segments.items():
+            for (i, _, _, _), a in zip(parts, shm.map_segment_parts(name, [(o, d, s) for _, o, d, s in parts])):
+                a.flags.writeable = False
+                out[i] = a
         return out
 
     def info(self, key: str) -> BlobInfo:
