@@ -255,7 +255,6 @@ class ShmRegistry:
         self._maps: "weakref.WeakKeyDictionary[mmap.mmap, tuple[str, int, int]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._received = itertools.count()
-        self._unpopulated: list[weakref.ref[mmap.mmap]] = []  # adopted maps whose pages are not mapped yet
 
     def owns(self, name: str) -> bool:
         # Free pool names and the pool's index (``-z``) are never a put's segment.
@@ -299,24 +298,8 @@ class ShmRegistry:
                   for off, dtype, shape in parts]
         with self._lock:
             self._maps[mm] = (name, np.frombuffer(mm, np.uint8, count=1).ctypes.data, end)
-            self._unpopulated.append(weakref.ref(mm))
         weakref.finalize(mm, _release, name, self.token, self.pool_bytes)
         return arrays
-
-    def populate(self) -> None:
-        """Map the pages of the segments adopted since the last call (a unit server calls this after a
-        put's reply is sent): the first verified read of a blob then hashes mapped pages instead of
-        faulting each one in. A kernel without ``MADV_POPULATE_READ`` leaves them to fault."""
-        with self._lock:
-            refs, self._unpopulated = self._unpopulated, []
-        for ref in refs:
-            mm = ref()
-            if mm is None:
-                continue
-            try:
-                mm.madvise(_MADV_POPULATE_READ)
-            except (OSError, ValueError):  # an older kernel, or the blob was deleted and its map closed
-                pass
 
     def receive_buffer(self, nbytes: int) -> np.ndarray | None:
         """A writable map of a new segment of this unit for ``nbytes`` received over a socket (a put from

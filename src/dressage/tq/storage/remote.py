@@ -14,6 +14,7 @@ the unit dead (``attach_liveness``): the wait ends within ~0.2 s of that, not at
 from __future__ import annotations
 
 import itertools
+import math
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -25,9 +26,10 @@ import numpy as np
 from dressage.errors import ProtocolError
 from dressage.tq import shm
 from dressage.tq.bulk_rpc import BulkClient
+from dressage.tq.integrity import Checksums, verify_blocks
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit, prepare_array
 from dressage.tq.transport import RpcClient
-from dressage.tq.wire import array_from_frame, check_dtype, dtype_name
+from dressage.tq.wire import MAX_KEYS, array_from_frame, check_dtype, dtype_name
 
 __all__ = ["RemoteStorageUnit", "BULK_MIN_BYTES"]
 
@@ -37,6 +39,23 @@ BULK_MIN_BYTES = 64 * 1024
 
 def _never() -> None:
     return None
+
+
+def _checked_span(value: Any, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[int, int, Checksums, int]:
+    """A get reply's block span for rows a reader maps and verifies: ``[rows before, block rows mapped,
+    block_rows, first block, digests]`` -> (rows before, rows mapped, checksums, first block)."""
+    if not (isinstance(value, list) and len(value) == 5 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                 for v in value[:4]) and isinstance(value[4], bytes)):
+        raise ProtocolError("a segment read's digests are [rows before, rows, block_rows, first block, digests]")
+    before, rows, block_rows, first, digests = value
+    n = len(digests) // 8
+    if (before < 0 or block_rows <= 0 or first < 0 or len(digests) % 8 or not shape
+            or rows < before + shape[0] or n != -(-rows // block_rows) or n > MAX_KEYS * 64):
+        raise ProtocolError("a segment read's block span does not fit its rows")
+    # Digests indexed from block 0, as ``verify_blocks`` reads them.
+    full = np.zeros(first + n, dtype=np.uint64)
+    full[first:] = np.frombuffer(digests, dtype="<u8")
+    return before, rows, Checksums(block_rows, full), first
 
 
 def _info(obj: Any) -> BlobInfo:
@@ -188,6 +207,7 @@ class RemoteStorageUnit(StorageUnit):
         if not isinstance(metas, list) or len(metas) != len(reqs):
             raise ProtocolError(f"StorageUnit {self.unit_id}: get reply does not match its {len(reqs)} requests")
         out: list[Any] = []
+        checks: list[tuple[int, Any]] = []
         next_frame = iter(frames)
         in_segments: dict[str, list[tuple[int, int, np.dtype, tuple[int, ...]]]] = {}
         try:
@@ -195,10 +215,20 @@ class RemoteStorageUnit(StorageUnit):
                 if len(meta) == 2:
                     a = array_from_frame(next(next_frame), meta[0], meta[1])
                     a.flags.writeable = False
-                elif len(meta) == 4 and isinstance(meta[3], int) and meta[3] >= 0:
-                    # Rows of one segment (a step's fields) are mapped once, below.
-                    in_segments.setdefault(meta[2], []).append((len(out), meta[3], check_dtype(meta[0]),
-                                                                tuple(meta[1])))
+                elif len(meta) in (4, 5) and isinstance(meta[3], int) and meta[3] >= 0:
+                    # Rows of one segment (a step's fields) are mapped once, below; with digests (5 items)
+                    # the whole blocks the rows touch, checked here before anything is returned.
+                    dtype, shape, offset = check_dtype(meta[0]), tuple(meta[1]), meta[3]
+                    check = _checked_span(meta[4], dtype, shape) if len(meta) == 5 and meta[4] is not None else None
+                    if check is not None:
+                        before, span_rows = check[0], check[1]
+                        row_bytes = dtype.itemsize * math.prod(shape[1:])
+                        offset -= before * row_bytes
+                        if offset < 0:
+                            raise ProtocolError(f"StorageUnit {self.unit_id}: bad block span {meta!r:.80}")
+                        shape = (span_rows, *shape[1:])
+                    in_segments.setdefault(meta[2], []).append((len(out), offset, dtype, shape))
+                    checks.append((len(out), check))
                     a = None
                 else:
                     raise ProtocolError(f"StorageUnit {self.unit_id}: bad array descriptor {meta!r:.80}")
@@ -209,6 +239,13 @@ class RemoteStorageUnit(StorageUnit):
             for (i, _, _, _), a in zip(parts, shm.map_segment_parts(name, [(o, d, s) for _, o, d, s in parts])):
                 a.flags.writeable = False
                 out[i] = a
+        for i, check in checks:
+            if check is None:
+                continue
+            before, _, sums, first = check
+            what = f"StorageUnit {self.unit_id} (segment read on this host), key {reqs[i][0]!r}"
+            verify_blocks(out[i], sums, first, what)
+            out[i] = out[i][before:before + int(metas[i][1][0])]  # the rows asked for
         return out
 
     def info(self, key: str) -> BlobInfo:

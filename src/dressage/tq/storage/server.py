@@ -96,12 +96,10 @@ class StorageUnitServer:
 
     def _after_reply(self) -> None:
         """Work a put leaves for after its reply, before the next request is read: checksums of what
-        the writer did not hash, and the page tables of adopted segments (see ``ShmRegistry.populate``)."""
+        the writer did not hash."""
         seal = getattr(self.backend, "seal", None)
         if seal is not None:
             seal()
-        if self.shm is not None:
-            self.shm.populate()
 
     def _receive_buffer(self, nbytes: int) -> Any:
         """Where a streamed payload lands: with shared memory on, a segment of this unit from
@@ -200,8 +198,15 @@ class StorageUnitServer:
             if not isinstance(reqs, list) or len(reqs) > MAX_KEYS or not all(
                     isinstance(r, list) and len(r) == 3 for r in reqs):
                 raise ProtocolError(f"'reqs' must be a list of at most {MAX_KEYS} [key, start, stop]")
-            arrays = unit.get_many([(_key(k), _row(a, "start"), _row(b, "stop")) for k, a, b in reqs])
+            requests = [(_key(k), _row(a, "start"), _row(b, "stop")) for k, a, b in reqs]
             use_shm = control.get("shm") is True and self.shm is not None
+            shm_reads = getattr(unit, "shm_reads", None) if use_shm else None
+            if shm_reads is not None and requests:
+                # The reader maps the rows and checks them against these digests: no byte is read here.
+                plans = shm_reads(requests, self.shm.locate)  # type: ignore[union-attr]
+                if plans is not None:
+                    return {"arrays": plans}, ()
+            arrays = unit.get_many(requests)
             metas, payloads = [], []
             for a in arrays:
                 where = self.shm.locate(a) if use_shm else None  # type: ignore[union-attr]
