@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from dressage.errors import ProtocolError, TransferQueueError
+from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueueError
 from dressage.tq.controller import Controller, KeyState, UnitInfo
 from dressage.tq.janitor import Janitor
 from dressage.tq.bulk_rpc import BulkClient, BulkServer
@@ -226,6 +226,27 @@ class ControllerServer:
         raise ProtocolError(f"unknown controller op {op!r:.40}")
 
 
+class _StreamPlacement:
+    """A placement sent on the Controller's stream. A stream that breaks before its reply (a connection
+    reset, not a refusal) is no verdict on the Controller: the same placement is sent again on ZMQ and
+    its answer, or its timeout, is the put's. (The unit may already hold the put's copy: placing the
+    put again elsewhere would then meet it as a write-once conflict.) Had the first one been applied, the
+    second is refused as write-once, and the put fails with nothing acknowledged."""
+
+    __slots__ = ("_owner", "_pending", "_control", "_keys")
+
+    def __init__(self, owner: "RemoteController", pending: Any, control: dict[str, Any], keys: list[str]) -> None:
+        self._owner, self._pending, self._control, self._keys = owner, pending, control, keys
+
+    def wait(self) -> tuple[dict[str, Any], list[Any]]:
+        try:
+            return self._pending.wait()
+        except StorageUnitUnavailable:
+            owner = self._owner
+            owner._drop_stream(self._pending.client)
+            return owner._rpc.call("place_leased", self._control, keys=self._keys)
+
+
 class RemoteController:
     """Client-side twin of :class:`Controller` (same method names and results)."""
 
@@ -280,11 +301,21 @@ class RemoteController:
         try:
             stream = self._stream
             if stream is not None:
-                return stream.begin("place_leased", control, keys=keys)
+                try:
+                    return _StreamPlacement(self, stream.begin("place_leased", control, keys=keys), control, keys)
+                except StorageUnitUnavailable:  # the stream is gone (not the Controller, maybe): ZMQ then
+                    self._drop_stream(stream)
             return self._rpc.begin("place_leased", control, keys=keys)
         except BaseException:
             self._soon.give_back(owed)
             raise
+
+    def _drop_stream(self, stream: BulkClient) -> None:
+        """The stream broke: placements go on ZMQ until a lease reply names the stream again."""
+        with self._stream_lock:
+            if self._stream is stream:
+                self._stream = None
+        stream.close()
 
     def place_leased(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
                      batch: str | None = None) -> None:
