@@ -3,7 +3,8 @@
 ``RemoteController`` has the same methods as :class:`Controller`, so clients do not care where the
 directory lives. Run as ``python -m dressage.tq.controller_service --units JSON ...``; it prints
 ``READY <address> <pid>`` once bound, probes its units (``LivenessMonitor``) and, with
-``$DRESSAGE_TQ_SECRET`` set, authenticates every frame.
+``$DRESSAGE_TQ_SECRET`` set, authenticates every frame. Leased placements, a put's only message to the
+Controller, go on a stream socket of its own (``ControllerServer.stream``) rather than ZMQ.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ arrays viewing the received bytes. Puts of 64 KiB and more and every get go over
 :class:`~dressage.tq.bulk.RecvPool`); the rest over ZMQ. On the unit's own host, payloads of 256 KiB and more go through
 /dev/shm instead (see ``tq/shm.py``): one copy to write (hashed by block as it is written, the digests
 sent with the put so the unit never reads the segment to hash it), none to read; the segment names
-travel on the bulk stream too. Silence beyond ``timeout_s`` is
+travel on the bulk stream too. A put's small fields ride in the tail of its first large field's
+segment when they fit its size class, and a get's rows of a segment are verified here, against the
+digests the unit sends with the name (the unit reads no byte of it). Silence beyond ``timeout_s`` is
 StorageUnitUnavailable naming the unit and the keys, and so is any call once the Controller has marked
 the unit dead (``attach_liveness``): the wait ends within ~0.2 s of that, not at the timeout.
 """
