@@ -246,3 +246,17 @@ def test_a_controller_killed_mid_run_fails_the_next_put_within_the_request_timeo
             assert time.monotonic() - t0 < 15
         finally:
             client.close()
+
+
+def test_only_a_reader_that_verifies_gets_digests_instead_of_rows_the_unit_checked(served):
+    _, server, remote = served
+    r3, lp = _step(4)
+    remote.put_many([("r3", r3), ("lp", lp)])
+    bulk = remote._bulk_client(["r3"])
+    reply, _ = bulk.call("get", {"reqs": [["r3", 0, None]], "shm": True, "verify": True})
+    assert len(reply["arrays"][0]) == 5 and reply["arrays"][0][4][2] > 0  # digests of the blocks to check
+    reply, _ = bulk.call("get", {"reqs": [["r3", 0, None]], "shm": True})
+    assert len(reply["arrays"][0]) == 4  # a name only: the unit verified the rows before sending it
+    _flip(segments(server.shm.token)[0], 100)
+    with pytest.raises(IntegrityError, match="'r3'"):  # refused by the unit itself
+        bulk.call("get", {"reqs": [["r3", 0, 10]], "shm": True})

@@ -202,7 +202,9 @@ class RemoteStorageUnit(StorageUnit):
         keys = [r[0] for r in reqs]
         bulk = self._bulk_client(keys)
         if bulk is not None:  # received into pooled buffers (see ``bulk.RecvPool``); segments as names
-            reply, frames = bulk.call("get", {"reqs": reqs, "shm": self.shm_token is not None}, keys=keys)
+            # ``verify``: this reader checks the rows it maps against the digests sent with their names.
+            reply, frames = bulk.call("get", {"reqs": reqs, "shm": self.shm_token is not None, "verify": True},
+                                      keys=keys)
         else:
             reply, frames = self._rpc.call("get", {"reqs": reqs, "shm": self.shm_token is not None}, keys=keys)
         metas = reply.get("arrays")

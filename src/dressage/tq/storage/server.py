@@ -200,7 +200,8 @@ class StorageUnitServer:
                 raise ProtocolError(f"'reqs' must be a list of at most {MAX_KEYS} [key, start, stop]")
             requests = [(_key(k), _row(a, "start"), _row(b, "stop")) for k, a, b in reqs]
             use_shm = control.get("shm") is True and self.shm is not None
-            shm_reads = getattr(unit, "shm_reads", None) if use_shm else None
+            # Only for a reader that said it verifies what it maps (one that did not is sent verified rows).
+            shm_reads = getattr(unit, "shm_reads", None) if use_shm and control.get("verify") is True else None
             if shm_reads is not None and requests:
                 # The reader maps the rows and checks them against these digests: no byte is read here.
                 plans = shm_reads(requests, self.shm.locate)  # type: ignore[union-attr]
