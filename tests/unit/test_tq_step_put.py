@@ -64,7 +64,7 @@ def _flip(path, offset):
 def test_pack_offsets_fit_the_tail_of_the_first_fields_class():
     r3 = int(np.prod(R3))
     assert shm.pack_offsets(r3, [16384, 4]) == [r3, r3 + 16384]
-    assert shm.pack_offsets(2 * MiB - 100, [64, 65]) == [2 * MiB - 64, None]  # would need a larger file: sent as a frame
+    assert shm.pack_offsets(2 * MiB - 100, [64, 65]) == [2 * MiB - 64, None]  # the second would need a larger file
     assert shm.pack_offsets(1000, [0, 8]) == [None, 1024]  # an empty field is never a segment part
     assert all(o is None or o % shm.PART_ALIGN == 0 for o in shm.pack_offsets(1001, [3, 5, 7]))
 
