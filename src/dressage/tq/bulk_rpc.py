@@ -28,7 +28,7 @@ from dressage.tq.bulk import (Conn, RecvPool, StreamBroken, StreamClosed, read_m
 from dressage.tq.transport import Handler
 from dressage.tq.wire import ReplayGuard, decode_control, encode, error_from_wire, error_to_wire
 
-__all__ = ["BulkServer", "BulkClient"]
+__all__ = ["BulkServer", "BulkClient", "BulkPending"]
 
 log = logging.getLogger(__name__)
 _NO_NONCE = bytes(16)
@@ -218,6 +218,12 @@ class BulkClient:
     def call(self, op: str, control: dict[str, Any] | None = None, payloads: Sequence[Any] = (), *,
              keys: Sequence[str] = (), timeout_s: float | None = None) -> tuple[dict[str, Any], list[np.ndarray]]:
         """One request and its reply: the reply's control map and its payloads (pooled buffers)."""
+        return self.begin(op, control, payloads, keys=keys, timeout_s=timeout_s).wait()
+
+    def begin(self, op: str, control: dict[str, Any] | None = None, payloads: Sequence[Any] = (), *,
+              keys: Sequence[str] = (), timeout_s: float | None = None) -> "BulkPending":
+        """Send one request now and return its :class:`BulkPending`: the caller does other work (a request
+        to another peer) while this one is served, then ``wait()``s. The timeout counts from now."""
         req_id = next(self._ids)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         abort = self._abort
@@ -236,21 +242,30 @@ class BulkClient:
             conn = self._borrow(timeout, patience)
         except OSError as exc:
             raise self._unavailable(op, keys, f"cannot connect: {exc}") from exc
-        healthy = False
+        seq = next(self._seqs) if self._secret is not None else 0
         try:
-            seq = next(self._seqs) if self._secret is not None else 0
             frame = encode({**(control or {}), "op": op, "id": req_id})[0]
             write_message(conn, frame, payloads, secret=self._secret, nonce=self._nonce, seq=seq)
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, StreamBroken):
+                raise self._unavailable(op, keys, str(exc)) from exc
+            raise
+        return BulkPending(self, conn, op, keys, req_id, seq)
+
+    def _finish(self, p: "BulkPending") -> tuple[dict[str, Any], list[np.ndarray]]:
+        conn, healthy = p.conn, False
+        try:
             control_frame, frames, auth = read_message(conn, secret=self._secret, alloc=self.pool.take,
                                                        max_bytes=1 << 48)
-            if auth is not None and (auth.nonce, auth.seq) != (self._nonce, seq) and auth.nonce != _NO_NONCE:
+            if auth is not None and (auth.nonce, auth.seq) != (self._nonce, p.seq) and auth.nonce != _NO_NONCE:
                 raise ProtocolError(f"{self.name}: a bulk reply names another request")
             reply = decode_control(control_frame)
-            if reply.get("id") not in (req_id, None):
+            if reply.get("id") not in (p.req_id, None):
                 raise ProtocolError(f"{self.name}: a bulk reply answers request {reply.get('id')!r:.20}")
             healthy = True
         except StreamBroken as exc:
-            raise self._unavailable(op, keys, str(exc)) from exc
+            raise self._unavailable(p.op, p.keys, str(exc)) from exc
         finally:
             if healthy:
                 self._give_back(conn)
@@ -271,3 +286,19 @@ class BulkClient:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+class BulkPending:
+    """A request :meth:`BulkClient.begin` sent; ``wait()`` (exactly once) returns its reply as ``call`` does."""
+
+    __slots__ = ("client", "conn", "op", "keys", "req_id", "seq", "_done")
+
+    def __init__(self, client: BulkClient, conn: Conn, op: str, keys: Sequence[str], req_id: int, seq: int) -> None:
+        self.client, self.conn, self.op, self.keys, self.req_id, self.seq = client, conn, op, keys, req_id, seq
+        self._done = False
+
+    def wait(self) -> tuple[dict[str, Any], list[np.ndarray]]:
+        if self._done:
+            raise TransferQueueError(f"{self.client.name}: the reply to {self.op} was already taken")
+        self._done = True
+        return self.client._finish(self)

@@ -3,7 +3,8 @@
 ``RemoteController`` has the same methods as :class:`Controller`, so clients do not care where the
 directory lives. Run as ``python -m dressage.tq.controller_service --units JSON ...``; it prints
 ``READY <address> <pid>`` once bound, probes its units (``LivenessMonitor``) and, with
-``$DRESSAGE_TQ_SECRET`` set, authenticates every frame.
+``$DRESSAGE_TQ_SECRET`` set, authenticates every frame. Leased placements, a put's only message to the
+Controller, go on a stream socket of its own (``ControllerServer.stream``) rather than ZMQ.
 """
 
 from __future__ import annotations
@@ -13,14 +14,19 @@ import json
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
-from dressage.errors import ProtocolError, TransferQueueError
+import numpy as np
+
+from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueueError
 from dressage.tq.controller import Controller, KeyState, UnitInfo
 from dressage.tq.janitor import Janitor
+from dressage.tq.bulk_rpc import BulkClient, BulkServer
 from dressage.tq.lease import SoonCommits
-from dressage.tq.transport import PendingReply, RpcClient, RpcServer
+from dressage.tq.transport import RpcClient, RpcServer
 from dressage.tq.wire import MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, text, text_list, uint
 
 __all__ = ["ControllerServer", "RemoteController", "main"]
@@ -91,25 +97,56 @@ def _lease_op(ctl: Controller, op: str, c: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _no_payload(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, np.uint8)  # never more than 0 bytes: the stream's limit refuses any payload
+
+
 class ControllerServer:
-    """Serves a Controller: every op is a short in-memory call, so the loop never waits on anyone."""
+    """Serves a Controller: every op is a short in-memory call, so the loop never waits on anyone.
+
+    Besides the ZMQ socket it serves the same ops on a stream socket of its own (``tq/bulk_rpc.py``,
+    one thread per connection; the Controller takes its lock for every op): a leased put's placement
+    goes there, a plain TCP round trip instead of one through ZMQ's I/O threads on both sides. Its
+    port is in the ``lease`` and ``ping`` replies (``stream_port``). The stream's rules are the bulk
+    socket's: every message tagged and checked with a secret, nothing pickled, a refusal answered."""
 
     def __init__(self, controller: Controller, *, host: str = "127.0.0.1", port: int = 0,
-                 janitor: Janitor | None = None, secret: bytes | None = None) -> None:
+                 janitor: Janitor | None = None, secret: bytes | None = None, stream: bool = True) -> None:
         self.controller = controller
         self.janitor = janitor
         self.rpc = RpcServer(self._handle, host=host, port=port, name="controller", secret=secret)
+        self.stream: BulkServer | None = None
+        if stream:
+            try:
+                self.stream = BulkServer(self._handle, host=host, port=0, name="controller-stream", secret=secret,
+                                         max_message_bytes=0, alloc=_no_payload)
+            except BaseException:
+                self.rpc.stop()
+                raise
 
     @property
     def address(self) -> str:
         return self.rpc.address
 
+    @property
+    def stream_port(self) -> int | None:
+        return self.stream.port if self.stream is not None else None
+
     def start(self) -> "ControllerServer":
+        if self.stream is not None:
+            self.stream.start()
         self.rpc.start()
         return self
 
+    def start_stream(self) -> None:
+        """Start only the stream socket (the process entry point runs the ZMQ loop itself)."""
+        if self.stream is not None:
+            self.stream.start()
+
     def stop(self) -> None:
         self.rpc.stop()
+        if self.stream is not None:
+            self.stream.stop()
 
     def _handle(self, c: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
         if frames:
@@ -121,7 +158,10 @@ class ControllerServer:
                                   batch=_opt_str(c.get("batch"), "batch"))
             return {"unit_id": unit}, ()
         if op in _LEASE_OPS:
-            return _lease_op(ctl, op, c), ()
+            reply = _lease_op(ctl, op, c)
+            if op == "lease" and self.stream is not None:
+                reply["stream_port"] = self.stream.port
+            return reply, ()
         if op == "commit":
             ctl.commit_many(_str_list(c.get("keys"), "keys"), unit_id=_opt_str(c.get("unit_id"), "unit_id"))
             return {}, ()
@@ -183,8 +223,29 @@ class ControllerServer:
             # Admin/test hook: runs unit deletions on this loop, bounded by the units' timeouts.
             return {"removed": self.janitor.run_once() if self.janitor else 0}, ()
         if op == "ping":
-            return {"pid": os.getpid()}, ()
+            return {"pid": os.getpid(), "stream_port": self.stream_port}, ()
         raise ProtocolError(f"unknown controller op {op!r:.40}")
+
+
+class _StreamPlacement:
+    """A placement sent on the Controller's stream. A stream that breaks before its reply (a connection
+    reset, not a refusal) is no verdict on the Controller: the same placement is sent again on ZMQ and
+    its answer, or its timeout, is the put's. (The unit may already hold the put's copy: placing the
+    put again elsewhere would then meet it as a write-once conflict.) Had the first one been applied, the
+    second is refused as write-once, and the put fails with nothing acknowledged."""
+
+    __slots__ = ("_owner", "_pending", "_control", "_keys")
+
+    def __init__(self, owner: "RemoteController", pending: Any, control: dict[str, Any], keys: list[str]) -> None:
+        self._owner, self._pending, self._control, self._keys = owner, pending, control, keys
+
+    def wait(self) -> tuple[dict[str, Any], list[Any]]:
+        try:
+            return self._pending.wait()
+        except StorageUnitUnavailable:
+            owner = self._owner
+            owner._drop_stream(self._pending.client)
+            return owner._rpc.call("place_leased", self._control, keys=self._keys)
 
 
 class RemoteController:
@@ -195,7 +256,22 @@ class RemoteController:
     def __init__(self, address: str, *, timeout_s: float = 30.0, secret: bytes | None = None) -> None:
         self.address = address
         self._rpc = RpcClient(address, timeout_s=timeout_s, name="TransferQueue controller", secret=secret)
+        self._secret = secret
         self._soon = SoonCommits(self._send_commits)
+        self._stream: BulkClient | None = None  # the Controller's stream socket, once a reply named it
+        self._stream_lock = threading.Lock()
+        self._closed = False
+
+    def _learn_stream(self, port: Any) -> None:
+        """A reply named the Controller's stream port: leased placements go there from now on."""
+        host = urlsplit(self.address).hostname
+        if self._stream is not None or not host or not isinstance(port, int) or isinstance(port, bool) \
+                or not 0 < port < 65536:
+            return
+        with self._stream_lock:
+            if self._stream is None and not self._closed:
+                self._stream = BulkClient(host, port, timeout_s=self._rpc.timeout_s, name=self._rpc.name,
+                                          secret=self._secret)
 
     def place(self, key: str, nbytes: int, *, node_id: str | None = None, batch: str | None = None,
               field: str = "") -> str:
@@ -210,21 +286,37 @@ class RemoteController:
 
     def lease(self, nbytes: int, *, node_id: str | None = None, returning: str | None = None) -> dict[str, Any] | None:
         r, _ = self._rpc.call("lease", {"nbytes": int(nbytes), "node_id": node_id, "returning": returning})
+        self._learn_stream(r.get("stream_port"))
         return r.get("grant")
 
     def place_leased_begin(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
-                           batch: str | None = None, states: bool = False) -> PendingReply:
+                           batch: str | None = None, states: bool = False) -> Any:
         """Send ``place_leased`` and return at once; ``.wait()`` on the result raises what it raised, and
-        with ``states`` its reply carries ``unit_states()`` too."""
+        with ``states`` its reply carries ``unit_states()`` too. On the Controller's stream socket once a
+        lease reply named it, else on ZMQ."""
         wire_items = [[k, int(n), f] for k, n, f in items]
         owed = self._soon.take()  # the commits of earlier puts ride along
+        control = {"lease": lease_id, "unit_id": unit_id, "items": wire_items, "batch": batch, "states": states,
+                   "commits": owed or None}
+        keys = [i[0] for i in wire_items]
         try:
-            return self._rpc.begin("place_leased", {"lease": lease_id, "unit_id": unit_id, "items": wire_items,
-                                                    "batch": batch, "states": states, "commits": owed or None},
-                                   keys=[i[0] for i in wire_items])
+            stream = self._stream
+            if stream is not None:
+                try:
+                    return _StreamPlacement(self, stream.begin("place_leased", control, keys=keys), control, keys)
+                except StorageUnitUnavailable:  # the stream is gone (not the Controller, maybe): ZMQ then
+                    self._drop_stream(stream)
+            return self._rpc.begin("place_leased", control, keys=keys)
         except BaseException:
             self._soon.give_back(owed)
             raise
+
+    def _drop_stream(self, stream: BulkClient) -> None:
+        """The stream broke: placements go on ZMQ until a lease reply names the stream again."""
+        with self._stream_lock:
+            if self._stream is stream:
+                self._stream = None
+        stream.close()
 
     def place_leased(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
                      batch: str | None = None) -> None:
@@ -326,6 +418,11 @@ class RemoteController:
 
     def close(self) -> None:
         self._soon.close()
+        with self._stream_lock:
+            self._closed = True
+            stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.close()
         self._rpc.close()
 
 
@@ -369,8 +466,11 @@ def main(argv: list[str] | None = None) -> int:
     monitor = LivenessMonitor(controller, probes, interval_s=args.heartbeat_s,
                               dead_after_s=args.dead_after_s).start()
     server = ControllerServer(controller, host=args.host, port=args.port, janitor=janitor, secret=secret)
+    server.start_stream()
 
     def cleanup() -> None:
+        if server.stream is not None:
+            server.stream.stop()
         monitor.stop()
         for h in probes.values():
             h.close()

@@ -22,7 +22,6 @@ included.
 from __future__ import annotations
 
 import fcntl
-import functools
 import glob
 import itertools
 import math
@@ -41,9 +40,9 @@ from dressage.errors import KeyNotFoundError, ProtocolError
 from dressage.tq import shm_pool
 from dressage.tq.integrity import Checksums, write_and_checksum
 
-__all__ = ["SHM_DIR", "SHM_MIN_BYTES", "SHM_POOL_BYTES", "host_id", "new_token",
-           "write_segment", "map_segment", "ShmRegistry", "remove_segment", "remove_segments", "segment_class",
-           "free_segments"]
+__all__ = ["SHM_DIR", "SHM_MIN_BYTES", "SHM_POOL_BYTES", "PART_ALIGN", "host_id", "new_token", "pack_offsets",
+           "write_segment", "write_segment_parts", "map_segment", "map_segment_parts", "ShmRegistry",
+           "remove_segment", "remove_segments", "segment_class", "free_segments"]
 
 SHM_DIR = "/dev/shm"
 # Below this a socket frame is cheaper than creating, mapping and unlinking a file.
@@ -55,6 +54,8 @@ SHM_POOL_BYTES = 1 << 30
 _MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 _NAME = re.compile(r"^dtq-[0-9a-f]{16}-[0-9a-z]+$")
 _PAGE = mmap.PAGESIZE
+# Where the small fields of a put start in the segment of its first large one (see ``pack_offsets``).
+PART_ALIGN = 64
 
 
 def host_id() -> str | None:
@@ -102,25 +103,50 @@ def _claim(token: str, size: int, path: str) -> int | None:
     return None
 
 
+def pack_offsets(first_nbytes: int, sizes: list[int]) -> list[int | None]:
+    """Offsets at which fields of ``sizes`` bytes fit behind a ``first_nbytes`` field in the segment that
+    holds it, without making the file a larger class (None: that one does not fit, or is empty). A
+    1.25 MiB R3 array lives in a 2 MiB segment: a step's logprobs fit in its tail."""
+    cap = segment_class(first_nbytes)
+    end, out = first_nbytes, []
+    for n in sizes:
+        off = -(-end // PART_ALIGN) * PART_ALIGN
+        if n <= 0 or off + n > cap:
+            out.append(None)
+        else:
+            out.append(off)
+            end = off + n
+    return out
+
+
 def write_segment(name: str, array: np.ndarray, token: str | None = None, *,
                   checksums: bool = False) -> Checksums | None:
     """Write the array's bytes into segment ``name``, reusing a free segment of ``token``'s pool when there
     is one. The file is ``segment_class(nbytes)`` long. OSError if /dev/shm is full: the caller falls back
     to frames. With ``checksums``, returns the array's block checksums, each block hashed right after it
     was written (still in cache), else None."""
+    return write_segment_parts(name, [(0, array)], token, checksums=checksums)[0]
+
+
+def write_segment_parts(name: str, parts: list[tuple[int, np.ndarray]], token: str | None = None, *,
+                        checksums: bool = False) -> list[Checksums | None]:
+    """``write_segment`` for several arrays in one segment, each at its byte offset (the first at 0; see
+    ``pack_offsets``): one claim, one file, one checksum list per array."""
     path = _path(name)
-    view = memoryview(array.reshape(-1).view(np.uint8))
-    size = segment_class(len(view))
+    size = segment_class(max(off + a.nbytes for off, a in parts))
     fd = _claim(token, size, path) if token else None
-    sums = None
+    sums: list[Checksums | None] = []
     try:
         if fd is None:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
             os.ftruncate(fd, size)
-        if checksums:
-            sums = write_and_checksum(functools.partial(shm_pool.pwrite_all, fd), array)
-        else:
-            shm_pool.pwrite_all(fd, view)
+        for off, array in parts:
+            if checksums:
+                sums.append(write_and_checksum(
+                    lambda piece, lo, off=off: shm_pool.pwrite_all(fd, piece, off + lo), array))
+            else:
+                shm_pool.pwrite_all(fd, memoryview(array.reshape(-1).view(np.uint8)), off)
+                sums.append(None)
     except BaseException:
         if fd is not None:
             os.close(fd)
@@ -182,6 +208,19 @@ def map_segment(name: str, offset: int, dtype: np.dtype, shape: tuple[int, ...])
     return np.frombuffer(mm, dtype=dtype, count=math.prod(shape), offset=offset - start).reshape(shape)
 
 
+def map_segment_parts(name: str, parts: list[tuple[int, np.dtype, tuple[int, ...]]]) -> list[np.ndarray]:
+    """``map_segment`` for several arrays of one segment (``(offset, dtype, shape)`` each): one map
+    from the first one's page to the last one's end, one lock, every array a view of it."""
+    if len(parts) == 1:
+        off, dtype, shape = parts[0]
+        return [map_segment(name, off, dtype, shape)]
+    lo = min(off for off, _, _ in parts)
+    hi = max(off + dt.itemsize * math.prod(shape) for off, dt, shape in parts)
+    whole = map_segment(name, lo, np.dtype(np.uint8), (hi - lo,))
+    return [whole[off - lo:off - lo + dt.itemsize * math.prod(shape)].view(dt).reshape(shape)
+            for off, dt, shape in parts]
+
+
 def _release(name: str, token: str, pool_bytes: int) -> None:
     """The unit dropped its last view of a segment: into the free pool when no reader holds it, else unlink."""
     path = _path(name)
@@ -216,7 +255,6 @@ class ShmRegistry:
         self._maps: "weakref.WeakKeyDictionary[mmap.mmap, tuple[str, int, int]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._received = itertools.count()
-        self._unpopulated: list[weakref.ref[mmap.mmap]] = []  # adopted maps whose pages are not mapped yet
 
     def owns(self, name: str) -> bool:
         # Free pool names and the pool's index (``-z``) are never a put's segment.
@@ -225,45 +263,43 @@ class ShmRegistry:
 
     def adopt(self, name: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
         """Map a writer's segment as a read-only array; the file is unlinked once the array is garbage."""
+        return self.adopt_parts(name, [(0, dtype, shape)])[0]
+
+    def adopt_parts(self, name: str, parts: list[tuple[int, np.dtype, tuple[int, ...]]]) -> list[np.ndarray]:
+        """Map a writer's segment once as read-only arrays at byte offsets (``(offset, dtype, shape)``;
+        the first at 0, none overlapping, each offset a multiple of its itemsize, the file the class of
+        their extent). They are views of one map: the segment is released when the last goes."""
         if not self.owns(name):
             raise ProtocolError(f"segment {name!r:.80} does not belong to this unit")
         path = _path(name)
-        nbytes = dtype.itemsize * math.prod(shape)
+        spans, end = [], 0
+        for off, dtype, shape in sorted(parts, key=lambda p: p[0]):
+            nbytes = dtype.itemsize * math.prod(shape)
+            if nbytes == 0 or off < end or off % dtype.itemsize or (not spans and off != 0):
+                remove_segment(name)
+                raise ProtocolError(f"segment {name}: parts must start at 0, be non-empty, aligned and not overlap")
+            spans.append(nbytes)
+            end = off + nbytes
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise ProtocolError(f"shared-memory segment {name} does not exist") from None
         try:
-            if nbytes == 0 or os.fstat(fd).st_size != segment_class(nbytes):
-                raise ProtocolError(f"segment {name} holds {os.fstat(fd).st_size} bytes, the put declares {nbytes}"
-                                    f" (a segment is {segment_class(nbytes)} bytes for that)")
-            mm = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ)
+            if os.fstat(fd).st_size != segment_class(end):
+                raise ProtocolError(f"segment {name} holds {os.fstat(fd).st_size} bytes, the put declares {end}"
+                                    f" (a segment is {segment_class(end)} bytes for that)")
+            mm = mmap.mmap(fd, end, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
             os.close(fd)
             remove_segment(name)
             raise
         os.close(fd)
-        array = np.frombuffer(mm, dtype=dtype).reshape(shape)
+        arrays = [np.frombuffer(mm, dtype=dtype, count=math.prod(shape), offset=off).reshape(shape)
+                  for off, dtype, shape in parts]
         with self._lock:
-            self._maps[mm] = (name, array.ctypes.data, nbytes)
-            self._unpopulated.append(weakref.ref(mm))
+            self._maps[mm] = (name, np.frombuffer(mm, np.uint8, count=1).ctypes.data, end)
         weakref.finalize(mm, _release, name, self.token, self.pool_bytes)
-        return array
-
-    def populate(self) -> None:
-        """Map the pages of the segments adopted since the last call (a unit server calls this after a
-        put's reply is sent): the first verified read of a blob then hashes mapped pages instead of
-        faulting each one in. A kernel without ``MADV_POPULATE_READ`` leaves them to fault."""
-        with self._lock:
-            refs, self._unpopulated = self._unpopulated, []
-        for ref in refs:
-            mm = ref()
-            if mm is None:
-                continue
-            try:
-                mm.madvise(_MADV_POPULATE_READ)
-            except (OSError, ValueError):  # an older kernel, or the blob was deleted and its map closed
-                pass
+        return arrays
 
     def receive_buffer(self, nbytes: int) -> np.ndarray | None:
         """A writable map of a new segment of this unit for ``nbytes`` received over a socket (a put from

@@ -14,7 +14,8 @@ read either way: another process wrote, and may still map, those bytes.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -165,6 +166,45 @@ class MemoryStorageUnit(StorageUnit):
         if sums is not None:
             verify_rows(blob, sums, start, stop, f"unit {self.unit_id}, key {key!r}")
         return blob[start:stop]
+
+    def shm_reads(self, requests: Sequence[RowRequest],
+                  locate: Callable[[np.ndarray], tuple[str, int] | None]) -> list[list[Any]] | None:
+        """A get for a reader on this host that maps the rows itself and verifies them: per request
+        ``[dtype, shape, segment, byte offset, [rows before, block rows mapped, block_rows, first block,
+        digests]]`` (the whole blocks its rows touch and their stored digests; without checksums the last
+        item is None), read from no byte of the segment here. None when any request is not a non-empty
+        row range of an in-memory blob on a segment (``locate``): the caller reads the verifying way."""
+        out = []
+        nrows = nbytes = 0
+        with self._lock:
+            for key, start, stop in requests:
+                blob = self._blobs.get(key)
+                if blob is None or not blob.ndim:
+                    return None
+                rows = blob.shape[0]
+                stop = rows if stop is None else stop
+                if not 0 <= start < stop <= rows:
+                    return None
+                where = locate(blob)
+                if where is None:
+                    return None
+                sums = self._sealed_sums(key, blob)
+                row_bytes = blob.nbytes // rows
+                check = None
+                if sums is not None:
+                    first, last = start // sums.block_rows, (stop - 1) // sums.block_rows
+                    lo, hi = first * sums.block_rows, min((last + 1) * sums.block_rows, rows)
+                    check = [start - lo, hi - lo, sums.block_rows, first,
+                             sums.digests[first:last + 1].astype("<u8").tobytes()]
+                out.append([dtype_name(blob.dtype), [stop - start, *blob.shape[1:]], where[0],
+                            where[1] + start * row_bytes, check])
+                nrows += stop - start
+                nbytes += (stop - start) * row_bytes
+            counts = self._counts
+            counts["get_requests"] += 1
+            counts["rows_read"] += nrows
+            counts["bytes_read"] += nbytes
+        return out
 
     def read_local(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
         # docstring inherited

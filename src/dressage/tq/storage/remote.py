@@ -6,7 +6,9 @@ arrays viewing the received bytes. Puts of 64 KiB and more and every get go over
 :class:`~dressage.tq.bulk.RecvPool`); the rest over ZMQ. On the unit's own host, payloads of 256 KiB and more go through
 /dev/shm instead (see ``tq/shm.py``): one copy to write (hashed by block as it is written, the digests
 sent with the put so the unit never reads the segment to hash it), none to read; the segment names
-travel on the bulk stream too. Silence beyond ``timeout_s`` is
+travel on the bulk stream too. A put's small fields ride in the tail of its first large field's
+segment when they fit its size class, and a get's rows of a segment are verified here, against the
+digests the unit sends with the name (the unit reads no byte of it). Silence beyond ``timeout_s`` is
 StorageUnitUnavailable naming the unit and the keys, and so is any call once the Controller has marked
 the unit dead (``attach_liveness``): the wait ends within ~0.2 s of that, not at the timeout.
 """
@@ -14,6 +16,7 @@ the unit dead (``attach_liveness``): the wait ends within ~0.2 s of that, not at
 from __future__ import annotations
 
 import itertools
+import math
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -25,9 +28,10 @@ import numpy as np
 from dressage.errors import ProtocolError
 from dressage.tq import shm
 from dressage.tq.bulk_rpc import BulkClient
+from dressage.tq.integrity import Checksums, verify_blocks
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit, prepare_array
 from dressage.tq.transport import RpcClient
-from dressage.tq.wire import array_from_frame, check_dtype, dtype_name
+from dressage.tq.wire import MAX_KEYS, array_from_frame, check_dtype, dtype_name
 
 __all__ = ["RemoteStorageUnit", "BULK_MIN_BYTES"]
 
@@ -37,6 +41,23 @@ BULK_MIN_BYTES = 64 * 1024
 
 def _never() -> None:
     return None
+
+
+def _checked_span(value: Any, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[int, int, Checksums, int]:
+    """A get reply's block span for rows a reader maps and verifies: ``[rows before, block rows mapped,
+    block_rows, first block, digests]`` -> (rows before, rows mapped, checksums, first block)."""
+    if not (isinstance(value, list) and len(value) == 5 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                 for v in value[:4]) and isinstance(value[4], bytes)):
+        raise ProtocolError("a segment read's digests are [rows before, rows, block_rows, first block, digests]")
+    before, rows, block_rows, first, digests = value
+    n = len(digests) // 8
+    if (before < 0 or block_rows <= 0 or first < 0 or len(digests) % 8 or not shape
+            or rows < before + shape[0] or n != -(-rows // block_rows) or n > MAX_KEYS * 64):
+        raise ProtocolError("a segment read's block span does not fit its rows")
+    # Digests indexed from block 0, as ``verify_blocks`` reads them.
+    full = np.zeros(first + n, dtype=np.uint64)
+    full[first:] = np.frombuffer(digests, dtype="<u8")
+    return before, rows, Checksums(block_rows, full), first
 
 
 def _info(obj: Any) -> BlobInfo:
@@ -122,24 +143,43 @@ class RemoteStorageUnit(StorageUnit):
         try:
             use_shm = self.shm_token is not None
             bulk = self._bulk_client([k for k, _ in items]) if use_shm else None  # describe once, before any write
-            for key, array in items:
-                data = prepare_array(array, copy=False)
+            datas = [prepare_array(array, copy=False) for _, array in items]
+            # A step's small fields go into the tail of the segment of its first large one (one claim,
+            # one file, no frame for the unit to copy and hash), when they fit its size class.
+            packed: dict[int, int] = {}
+            first = next((i for i, d in enumerate(datas) if d.nbytes >= shm.SHM_MIN_BYTES), None) if use_shm else None
+            if first is not None:
+                small = [i for i, d in enumerate(datas) if d.nbytes < shm.SHM_MIN_BYTES]
+                offsets = shm.pack_offsets(datas[first].nbytes, [datas[i].nbytes for i in small])
+                packed = {i: off for i, off in zip(small, offsets) if off is not None}
+            written: dict[int, list[Any]] = {}  # item index -> [segment, checksums, offset]
+            for i, data in enumerate(datas):
+                if not use_shm or data.nbytes < shm.SHM_MIN_BYTES:
+                    continue
+                name = f"dtq-{self.shm_token}-{self._segment_prefix}{next(self._segment_seq):x}"
+                parts = [(0, i)] + ([(off, j) for j, off in packed.items()] if i == first else [])
+                try:
+                    # Hashed block by block as written (the source still in cache), so the unit
+                    # stores the digests without reading the segment.
+                    sums = shm.write_segment_parts(name, [(off, datas[j]) for off, j in parts], self.shm_token,
+                                                   checksums=self._writer_sums)
+                except OSError:  # /dev/shm full or unavailable: these items go over the socket
+                    continue
+                segments.append(name)
+                for (off, j), sm in zip(parts, sums):
+                    wire_sums = None if sm is None else [sm.block_rows, sm.digests.astype("<u8").tobytes()]
+                    written[j] = [name, wire_sums, off]
+            for (key, _), data in zip(items, datas):
                 item = [key, dtype_name(data.dtype), list(data.shape)]
-                if use_shm and data.nbytes >= shm.SHM_MIN_BYTES:
-                    name = f"dtq-{self.shm_token}-{self._segment_prefix}{next(self._segment_seq):x}"
-                    try:
-                        # Hashed block by block as written (the source still in cache), so the unit
-                        # stores the digests without reading the segment.
-                        sums = shm.write_segment(name, data, self.shm_token, checksums=self._writer_sums)
-                        segments.append(name)
-                        item.append(name)
-                    except OSError:  # /dev/shm full or unavailable: this item goes over the socket
-                        pass
-                    else:
-                        if sums is not None:
-                            item.append([sums.block_rows, sums.digests.astype("<u8").tobytes()])
-                if len(item) == 3:
+                seg = written.get(len(meta))
+                if seg is None:
                     frames.append(data)  # sent straight from the caller's buffer
+                elif seg[2]:
+                    item.extend(seg)  # [segment, checksums or None, offset]
+                else:
+                    item.append(seg[0])
+                    if seg[1] is not None:
+                        item.append(seg[1])
                 meta.append(item)
             keys = [m[0] for m in meta]
             if not segments and sum(f.nbytes for f in frames) < BULK_MIN_BYTES:
@@ -162,25 +202,54 @@ class RemoteStorageUnit(StorageUnit):
         keys = [r[0] for r in reqs]
         bulk = self._bulk_client(keys)
         if bulk is not None:  # received into pooled buffers (see ``bulk.RecvPool``); segments as names
-            reply, frames = bulk.call("get", {"reqs": reqs, "shm": self.shm_token is not None}, keys=keys)
+            # ``verify``: this reader checks the rows it maps against the digests sent with their names.
+            reply, frames = bulk.call("get", {"reqs": reqs, "shm": self.shm_token is not None, "verify": True},
+                                      keys=keys)
         else:
             reply, frames = self._rpc.call("get", {"reqs": reqs, "shm": self.shm_token is not None}, keys=keys)
         metas = reply.get("arrays")
         if not isinstance(metas, list) or len(metas) != len(reqs):
             raise ProtocolError(f"StorageUnit {self.unit_id}: get reply does not match its {len(reqs)} requests")
-        out, next_frame = [], iter(frames)
+        out: list[Any] = []
+        checks: list[tuple[int, Any]] = []
+        next_frame = iter(frames)
+        in_segments: dict[str, list[tuple[int, int, np.dtype, tuple[int, ...]]]] = {}
         try:
             for meta in metas:
                 if len(meta) == 2:
                     a = array_from_frame(next(next_frame), meta[0], meta[1])
-                elif len(meta) == 4 and isinstance(meta[3], int) and meta[3] >= 0:
-                    a = shm.map_segment(meta[2], meta[3], check_dtype(meta[0]), tuple(meta[1]))
+                    a.flags.writeable = False
+                elif len(meta) in (4, 5) and isinstance(meta[3], int) and meta[3] >= 0:
+                    # Rows of one segment (a step's fields) are mapped once, below; with digests (5 items)
+                    # the whole blocks the rows touch, checked here before anything is returned.
+                    dtype, shape, offset = check_dtype(meta[0]), tuple(meta[1]), meta[3]
+                    check = _checked_span(meta[4], dtype, shape) if len(meta) == 5 and meta[4] is not None else None
+                    if check is not None:
+                        before, span_rows = check[0], check[1]
+                        row_bytes = dtype.itemsize * math.prod(shape[1:])
+                        offset -= before * row_bytes
+                        if offset < 0:
+                            raise ProtocolError(f"StorageUnit {self.unit_id}: bad block span {meta!r:.80}")
+                        shape = (span_rows, *shape[1:])
+                    in_segments.setdefault(meta[2], []).append((len(out), offset, dtype, shape))
+                    checks.append((len(out), check))
+                    a = None
                 else:
                     raise ProtocolError(f"StorageUnit {self.unit_id}: bad array descriptor {meta!r:.80}")
-                a.flags.writeable = False
                 out.append(a)
         except StopIteration:
             raise ProtocolError(f"StorageUnit {self.unit_id}: get reply has too few payload frames") from None
+        for name, parts in in_segments.items():
+            for (i, _, _, _), a in zip(parts, shm.map_segment_parts(name, [(o, d, s) for _, o, d, s in parts])):
+                a.flags.writeable = False
+                out[i] = a
+        for i, check in checks:
+            if check is None:
+                continue
+            before, _, sums, first = check
+            what = f"StorageUnit {self.unit_id} (segment read on this host), key {reqs[i][0]!r}"
+            verify_blocks(out[i], sums, first, what)
+            out[i] = out[i][before:before + int(metas[i][1][0])]  # the rows asked for
         return out
 
     def info(self, key: str) -> BlobInfo:

@@ -23,7 +23,8 @@ from dressage.tq.integrity import Checksums, block_rows_for
 from dressage.tq.shm import SHM_MIN_BYTES, ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
 from dressage.tq.transport import RpcServer
-from dressage.tq.wire import MAX_KEY_BYTES, MAX_KEYS, array_from_frame, array_meta, check_dtype, text, text_list
+from dressage.tq.wire import (MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, array_from_frame, array_meta, check_dtype, text,
+                              text_list, uint)
 
 __all__ = ["StorageUnitServer", "main"]
 
@@ -95,12 +96,10 @@ class StorageUnitServer:
 
     def _after_reply(self) -> None:
         """Work a put leaves for after its reply, before the next request is read: checksums of what
-        the writer did not hash, and the page tables of adopted segments (see ``ShmRegistry.populate``)."""
+        the writer did not hash."""
         seal = getattr(self.backend, "seal", None)
         if seal is not None:
             seal()
-        if self.shm is not None:
-            self.shm.populate()
 
     def _receive_buffer(self, nbytes: int) -> Any:
         """Where a streamed payload lands: with shared memory on, a segment of this unit from
@@ -165,21 +164,32 @@ class StorageUnitServer:
             framed = sum(1 for i in items if isinstance(i, list) and len(i) == 3)
             if framed != len(frames):
                 raise ProtocolError(f"put declares {framed} payload frames, the message has {len(frames)}")
-            arrays, sums, next_frame = [], [], iter(frames)
+            arrays: list[Any] = []
+            sums: list[Checksums | None] = []
+            next_frame = iter(frames)
+            in_segments: dict[str, list[tuple[int, int, np.dtype, tuple[int, ...]]]] = {}
             for item in items:
                 given = None
                 if isinstance(item, list) and len(item) == 3:
                     array = array_from_frame(next(next_frame), item[1], item[2])
-                elif isinstance(item, list) and len(item) in (4, 5) and self.shm is not None:
+                elif isinstance(item, list) and len(item) in (4, 5, 6) and self.shm is not None:
                     dtype, shape = check_dtype(item[1]), _shape(item[2])
-                    if len(item) == 5:  # hashed by the writer from what it wrote: the unit reads no byte of it
+                    if len(item) >= 5 and item[4] is not None:  # hashed by the writer: the unit reads no byte
                         given = _given_sums(item[4], dtype, shape)
-                    array = self.shm.adopt(text(item[3], "segment", max_len=255), dtype, shape)
+                    offset = uint(item[5], "offset", MAX_NBYTES) if len(item) == 6 else 0
+                    name = text(item[3], "segment", max_len=255)
+                    in_segments.setdefault(name, []).append((len(arrays), offset, dtype, shape))
+                    array = None  # mapped below, once per segment
                 else:
                     raise ProtocolError("put items are [key, dtype, shape] or [key, dtype, shape, segment"
-                                        "(, checksums)]")
+                                        "(, checksums(, offset))]")
                 arrays.append((_key(item[0]), array))
                 sums.append(given)
+            # The fields of one segment (a step's small fields behind its large one) are views of one map.
+            for name, parts in in_segments.items():
+                views = self.shm.adopt_parts(name, [(o, d, s) for _, o, d, s in parts])  # type: ignore[union-attr]
+                for (i, _, _, _), view in zip(parts, views):
+                    arrays[i] = (arrays[i][0], view)
             # Received frames and adopted segments are ours alone: the unit keeps them without copying.
             infos = unit.put_many(arrays, copy=False, sums=sums)
             return {"infos": [[i.key, i.dtype, list(i.shape), i.nbytes, i.spilled] for i in infos]}, ()
@@ -188,8 +198,16 @@ class StorageUnitServer:
             if not isinstance(reqs, list) or len(reqs) > MAX_KEYS or not all(
                     isinstance(r, list) and len(r) == 3 for r in reqs):
                 raise ProtocolError(f"'reqs' must be a list of at most {MAX_KEYS} [key, start, stop]")
-            arrays = unit.get_many([(_key(k), _row(a, "start"), _row(b, "stop")) for k, a, b in reqs])
+            requests = [(_key(k), _row(a, "start"), _row(b, "stop")) for k, a, b in reqs]
             use_shm = control.get("shm") is True and self.shm is not None
+            # Only for a reader that said it verifies what it maps (one that did not is sent verified rows).
+            shm_reads = getattr(unit, "shm_reads", None) if use_shm and control.get("verify") is True else None
+            if shm_reads is not None and requests:
+                # The reader maps the rows and checks them against these digests: no byte is read here.
+                plans = shm_reads(requests, self.shm.locate)  # type: ignore[union-attr]
+                if plans is not None:
+                    return {"arrays": plans}, ()
+            arrays = unit.get_many(requests)
             metas, payloads = [], []
             for a in arrays:
                 where = self.shm.locate(a) if use_shm else None  # type: ignore[union-attr]
