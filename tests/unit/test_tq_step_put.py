@@ -202,6 +202,8 @@ def test_the_controllers_stream_refuses_a_wrong_secret_and_payloads(directory):
         with pytest.raises((ProtocolError, StorageUnitUnavailable)):
             friend.call("place", {"items": [["pay", 10, "f"]]}, [np.ones(8, np.uint8)])
         assert controller.state("pay") is None
+        # The refusal closed that connection and said so: the client's next call opens a new one.
+        assert friend.call("ping")[0]["stream_port"] == server.stream_port
     finally:
         friend.close()
     again = BulkClient("127.0.0.1", server.stream_port, timeout_s=5, name="again", secret=SECRET)

@@ -149,7 +149,8 @@ class BulkServer:
                 log.exception("%s: handler failed", self._name)
             if not (isinstance(req_id, int) and not isinstance(req_id, bool) and -2**63 <= req_id < 2**64):
                 req_id = None
-            frames = encode({**error_to_wire(exc), "id": req_id})
+            # A connection about to close says so, so the client does not pool it for its next call.
+            frames = encode({**error_to_wire(exc), "id": req_id, **({} if keep else {"closing": True})})
         write_message(conn, frames[0], frames[1:], secret=self._secret,
                       nonce=_NO_NONCE if auth is None else auth.nonce, seq=0 if auth is None else auth.seq)
         if self.after_reply is not None:
@@ -263,7 +264,7 @@ class BulkClient:
             reply = decode_control(control_frame)
             if reply.get("id") not in (p.req_id, None):
                 raise ProtocolError(f"{self.name}: a bulk reply answers request {reply.get('id')!r:.20}")
-            healthy = True
+            healthy = not reply.get("closing")  # the server drops this connection after the reply
         except StreamBroken as exc:
             raise self._unavailable(p.op, p.keys, str(exc)) from exc
         finally:
