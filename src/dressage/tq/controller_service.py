@@ -1,19 +1,15 @@
-"""The Controller over ZMQ: its server (with the Janitor), its remote twin, and its process entry point.
+"""The Controller over ZMQ: its server (with the Janitor) and its remote twin.
 
 ``RemoteController`` has the same methods as :class:`Controller`, so clients do not care where the
-directory lives. Run as ``python -m dressage.tq.controller_service --units JSON ...``; it prints
-``READY <address> <pid>`` once bound, probes its units (``LivenessMonitor``) and, with
-``$DRESSAGE_TQ_SECRET`` set, authenticates every frame. Leased placements, a put's only message to the
+directory lives. The process entry point is :mod:`dressage.tq.controller_main`; with
+``$DRESSAGE_TQ_SECRET`` set, every frame is authenticated. Leased placements, a put's only message to the
 Controller, go on a stream socket of its own (``ControllerServer.stream``) rather than ZMQ.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
-import sys
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -21,80 +17,18 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueueError
+from dressage.errors import ProtocolError, StorageUnitUnavailable
 from dressage.tq.controller import Controller, KeyState, UnitInfo
+from dressage.tq.controller_ops import LEASE_OPS, lease_op, opt_str, place_items, str_list, unit_from_wire
 from dressage.tq.janitor import Janitor
 from dressage.tq.bulk_rpc import BulkClient, BulkServer
 from dressage.tq.lease import SoonCommits
 from dressage.tq.transport import RpcClient, RpcServer
-from dressage.tq.wire import MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, text, text_list, uint
+from dressage.tq.wire import MAX_KEY_BYTES, text
 
-__all__ = ["ControllerServer", "RemoteController", "main"]
+__all__ = ["ControllerServer", "RemoteController"]
 
 log = logging.getLogger(__name__)
-
-
-def _str_list(value: Any, what: str) -> list[str]:
-    return text_list(value, what)
-
-
-def _opt_str(value: Any, what: str) -> str | None:
-    return text(value, what, optional=True)
-
-
-def _place_items(items: Any) -> list[tuple[str, int, str]]:
-    if not isinstance(items, list) or not 0 < len(items) <= MAX_KEYS:
-        raise ProtocolError(f"place needs a list of 1 to {MAX_KEYS} [key, nbytes, field] items")
-    checked = []
-    for item in items:
-        if not (isinstance(item, list) and len(item) == 3):
-            raise ProtocolError(f"bad place item {item!r:.100}")
-        checked.append((text(item[0], "key", max_len=MAX_KEY_BYTES, empty=False),
-                        uint(item[1], "nbytes", MAX_NBYTES), text(item[2], "field", max_len=MAX_KEY_BYTES)))
-    return checked
-
-
-_LEASE_OPS = ("lease", "place_leased", "return_lease", "requeue", "commits")
-
-
-def _apply_commits(ctl: Controller, commits: Any) -> None:
-    """Commits that rode on another message (``lease.SoonCommits``); one whose keys are gone is logged."""
-    if not isinstance(commits, list) or len(commits) > MAX_KEYS:
-        raise ProtocolError(f"'commits' must be a list of at most {MAX_KEYS} [keys, unit_id]")
-    checked = []
-    for item in commits:
-        if not (isinstance(item, list) and len(item) == 2):
-            raise ProtocolError(f"bad commit {item!r:.100}")
-        checked.append((_str_list(item[0], "keys"), _opt_str(item[1], "unit_id")))
-    for keys, unit_id in checked:
-        try:
-            ctl.commit_many(keys, unit_id=unit_id)
-        except TransferQueueError as exc:
-            log.info("late commit: %s", exc)
-
-
-def _lease_op(ctl: Controller, op: str, c: dict[str, Any]) -> dict[str, Any]:
-    """Placement leases (``tq/lease.py``) and the re-queueing of unit copies a refused write left."""
-    if op == "lease":
-        return {"grant": ctl.lease(uint(c.get("nbytes"), "nbytes", MAX_NBYTES),
-                                   node_id=_opt_str(c.get("node_id"), "node_id"),
-                                   returning=_opt_str(c.get("returning"), "returning"))}
-    if op == "commits":
-        _apply_commits(ctl, c.get("commits"))
-        return {}
-    if op == "place_leased":
-        if c.get("commits") is not None:  # first: a refused placement does not undo the puts before it
-            _apply_commits(ctl, c.get("commits"))
-        ctl.place_leased(text(c.get("lease"), "lease", max_len=MAX_KEY_BYTES),
-                         text(c.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False),
-                         _place_items(c.get("items")), batch=_opt_str(c.get("batch"), "batch"))
-        return {"states": ctl.unit_states()} if c.get("states") is True else {}
-    if op == "return_lease":
-        ctl.return_lease(text(c.get("lease"), "lease", max_len=MAX_KEY_BYTES))
-        return {}
-    ctl.requeue_deletions(text(c.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False),
-                          _str_list(c.get("keys"), "keys"))
-    return {}
 
 
 def _no_payload(nbytes: int) -> np.ndarray:
@@ -153,30 +87,30 @@ class ControllerServer:
             raise ProtocolError("controller requests carry no payload frames")
         ctl, op = self.controller, c["op"]
         if op == "place":
-            checked = _place_items(c.get("items"))
-            unit = ctl.place_many(checked, node_id=_opt_str(c.get("node_id"), "node_id"),
-                                  batch=_opt_str(c.get("batch"), "batch"))
+            checked = place_items(c.get("items"))
+            unit = ctl.place_many(checked, node_id=opt_str(c.get("node_id"), "node_id"),
+                                  batch=opt_str(c.get("batch"), "batch"))
             return {"unit_id": unit}, ()
-        if op in _LEASE_OPS:
-            reply = _lease_op(ctl, op, c)
+        if op in LEASE_OPS:
+            reply = lease_op(ctl, op, c)
             if op == "lease" and self.stream is not None:
                 reply["stream_port"] = self.stream.port
             return reply, ()
         if op == "commit":
-            ctl.commit_many(_str_list(c.get("keys"), "keys"), unit_id=_opt_str(c.get("unit_id"), "unit_id"))
+            ctl.commit_many(str_list(c.get("keys"), "keys"), unit_id=opt_str(c.get("unit_id"), "unit_id"))
             return {}, ()
         if op == "abort":
             unit_down = c.get("unit_down", False)
             if not isinstance(unit_down, bool):
                 raise ProtocolError("'unit_down' must be true or false")
-            ctl.abort_many(_str_list(c.get("keys"), "keys"), unit_down=unit_down)
+            ctl.abort_many(str_list(c.get("keys"), "keys"), unit_down=unit_down)
             return {}, ()
         if op == "consumed":
-            return {"n": ctl.mark_consumed(_str_list(c.get("keys"), "keys"))}, ()
+            return {"n": ctl.mark_consumed(str_list(c.get("keys"), "keys"))}, ()
         if op == "set_batch":
-            return {"n": ctl.set_batch(_str_list(c.get("keys"), "keys"), _opt_str(c.get("batch"), "batch"))}, ()
+            return {"n": ctl.set_batch(str_list(c.get("keys"), "keys"), opt_str(c.get("batch"), "batch"))}, ()
         if op == "delete":
-            return {"placement": ctl.delete(_str_list(c.get("keys"), "keys"))}, ()
+            return {"placement": ctl.delete(str_list(c.get("keys"), "keys"))}, ()
         if op == "clear":
             batch = text(c.get("batch"), "batch")
             return {"placement": ctl.clear(batch)}, ()
@@ -184,9 +118,9 @@ class ControllerServer:
             state = ctl.state(text(c.get("key"), "key", max_len=MAX_KEY_BYTES))
             return {"state": None if state is None else state.value}, ()
         if op == "where":
-            return {"where": ctl.where(_str_list(c.get("keys"), "keys"))}, ()
+            return {"where": ctl.where(str_list(c.get("keys"), "keys"))}, ()
         if op == "keys":
-            return {"keys": ctl.keys(_opt_str(c.get("batch"), "batch"))}, ()
+            return {"keys": ctl.keys(opt_str(c.get("batch"), "batch"))}, ()
         if op == "total_keys":
             return {"n": ctl.total_keys()}, ()
         if op == "stats":
@@ -194,21 +128,7 @@ class ControllerServer:
         if op == "units":
             return {"units": [u.to_wire() for u in ctl.units()]}, ()
         if op == "add_unit":
-            unit = c.get("unit")
-            if not isinstance(unit, dict) or set(unit) - {"unit_id", "node_id", "memory_budget", "address",
-                                                           "host_id", "shm_token", "heartbeat", "head"}:
-                raise ProtocolError(f"add_unit needs a unit description, got {unit!r:.100}")
-            if not isinstance(unit.get("head", False), bool):
-                raise ProtocolError(f"add_unit: head must be true or false, got {unit.get('head')!r:.40}")
-            text(unit.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False)
-            uint(unit.get("memory_budget", 0), "memory_budget", MAX_NBYTES)
-            for name in ("node_id", "address", "host_id", "shm_token", "heartbeat"):
-                text(unit.get(name), name, max_len=MAX_KEY_BYTES, optional=True)
-            try:
-                info = UnitInfo.from_wire(unit)  # type: ignore[arg-type]
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
-                raise ProtocolError(f"add_unit needs a unit description, got {unit!r:.100}") from exc
-            ctl.add_unit(info)
+            ctl.add_unit(unit_from_wire(c.get("unit")))
             return {}, ()
         if op == "unit_state":
             uid, state = text(c.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES), c.get("state")
@@ -424,62 +344,3 @@ class RemoteController:
         if stream is not None:
             stream.close()
         self._rpc.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    from dressage.tq.config import SECRET_ENV
-    from dressage.tq.liveness import LivenessMonitor
-    from dressage.tq.storage.remote import RemoteStorageUnit
-    from dressage.tq.storage.server import serve_until_signalled
-
-    p = argparse.ArgumentParser(prog="python -m dressage.tq.controller_service")
-    p.add_argument("--units", required=True,
-                   help="JSON list of UnitInfo wire dicts (with addresses); '-' reads it as one line from stdin")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--retention-s", type=float, default=None)
-    p.add_argument("--sweep-s", type=float, default=1.0)
-    p.add_argument("--timeout-s", type=float, default=30.0)
-    p.add_argument("--heartbeat-s", type=float, default=1.0)
-    p.add_argument("--dead-after-s", type=float, default=5.0)
-    p.add_argument("--strict-budget", action="store_true")
-    args = p.parse_args(argv)
-    secret = (os.environ.get(SECRET_ENV) or "").encode() or None
-    # '-': the launcher starts this process before its units are up, so the imports overlap their start.
-    raw = sys.stdin.readline() if args.units == "-" else args.units
-    try:
-        wires = json.loads(raw)
-        units = [UnitInfo.from_wire(u) for u in wires]
-    except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        p.error(f"--units: expected a JSON list of unit descriptions ({exc})")
-    controller = Controller(units, retention_s=args.retention_s, strict_budget=args.strict_budget)
-    handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address, node_id=u.node_id, timeout_s=args.timeout_s,
-                                            secret=secret)
-               for u in units if u.address}
-    for uid, h in handles.items():  # a janitor delete on a unit found dead ends at once
-        h.attach_liveness(lambda uid=uid: controller.dead_reason(uid))
-    janitor = Janitor(controller, handles.get, interval_s=args.sweep_s).start()
-    # Own sockets, to the units' heartbeat endpoints: neither a slow janitor delete nor a long client
-    # request delays a probe.
-    probes = {u.unit_id: RemoteStorageUnit(u.unit_id, u.heartbeat or u.address, timeout_s=args.dead_after_s,
-                                           secret=secret) for u in units if u.address}
-    monitor = LivenessMonitor(controller, probes, interval_s=args.heartbeat_s,
-                              dead_after_s=args.dead_after_s).start()
-    server = ControllerServer(controller, host=args.host, port=args.port, janitor=janitor, secret=secret)
-    server.start_stream()
-
-    def cleanup() -> None:
-        if server.stream is not None:
-            server.stream.stop()
-        monitor.stop()
-        for h in probes.values():
-            h.close()
-        janitor.stop()
-        for h in handles.values():
-            h.close()
-
-    return serve_until_signalled(server.rpc, cleanup, f"READY {server.address} {os.getpid()}")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -95,7 +95,7 @@ def controller_args(config: TransferQueueConfig, units: str) -> list[str]:
     unit descriptions, or ``-`` to hand it over on the process's stdin."""
     from dressage.tq.deployment import sweep_interval
 
-    args = ["dressage.tq.controller_service", "--units", units, "--host", config.host,
+    args = ["dressage.tq.controller_main", "--units", units, "--host", config.host,
             "--port", str(config.controller_port), "--sweep-s", str(sweep_interval(config)),
             "--timeout-s", str(config.request_timeout_s), "--heartbeat-s", str(config.heartbeat_interval_s),
             "--dead-after-s", str(config.unit_dead_after_s)]

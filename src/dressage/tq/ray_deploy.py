@@ -2,7 +2,7 @@
 
 Unit actors only start the ZMQ servers and report their addresses; payload bytes then move between
 clients and units over ZMQ, never through the Ray object store. The Controller needs no Ray: it runs as
-a child process of the driver, on the driver's node (``python -m dressage.tq.controller_service``), so
+a child process of the driver, on the driver's node (``python -m dressage.tq.controller_main``), so
 it carries neither a Ray worker's runtime nor its memory. Units go to the nodes other than the head
 when there are any (``head_storage_unit``). Works on a single-machine Ray, on a
 ``ray.cluster_utils.Cluster`` and on a real cluster (set ``host: 0.0.0.0`` and a secret there). The
