@@ -100,3 +100,24 @@ def test_bytes_held_per_session_are_linear_in_its_tokens():
     bound = 2 * 4 * total + 2 * 4 * responses + 10 * 4096
     quadratic = 2 * 4 * sum(st.seq_len for st in s.steps.values())
     assert held <= bound < quadratic
+
+
+def test_a_sealed_session_is_freed_without_the_cycle_collector():
+    """Once sealed, no step is in a reference cycle with its tape: dropping the session frees its
+    steps and token buffers at once, not at the next full garbage collection."""
+    import gc
+    import weakref
+
+    s, copies = _session(4, np.random.default_rng(3))
+    s.state = "finalized"
+    s.seal()
+    for st, (p, r) in zip(s.steps.values(), copies):  # the views still read the sealed buffer
+        assert np.array_equal(st.prompt_ids, p) and np.array_equal(st.response_ids, r)
+    buf = weakref.ref(s.steps[3]._tape.buf)
+    del st
+    gc.disable()
+    try:
+        del s
+        assert buf() is None
+    finally:
+        gc.enable()

@@ -21,6 +21,7 @@ from dressage.proxy.config import ProxyServerConfig
 from dressage.proxy.core import FinalizedSession, ProxyCore
 from dressage.proxy.engine_pool import EnginePool
 from dressage.proxy.engine_versions import read_versions, update_versions
+from dressage.proxy.heap import trim_heap
 from dressage.proxy.lifecycle import FinalizeLedger, InFlight
 from dressage.proxy.limits import CallLimits
 from dressage.proxy.pause import RolloutPause
@@ -60,6 +61,8 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
         self.responses = ResponseMemory()
         self.finalized: dict[str, FinalizedSession] = {}
         self.calls = self.failed_calls = self.replayed_turns = 0
+        self.heap_trims, self.heap_trim_s = 0, 0.0
+        """Trims after forgetting a batch of sessions, and the time they took."""
         self.limits = CallLimits(config)
         self.rids = RidFactory()
         """Engine rids: one length and shape, so SGLang's abort by rid prefix hits only the call meant."""
@@ -174,11 +177,20 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
         return [seg.to_summary() for seg in self._finalized(session_id, "segments exist").segments]
 
     def forget(self, session_ids: Iterable[str]) -> None:
-        """Drop finished sessions once their Samples were consumed."""
+        """Drop finished sessions once their Samples were consumed.
+
+        The heap pages they freed are then handed back to the OS (:func:`trim_heap`), so that what
+        a batch left behind does not stay mapped as free heap into the next.
+        """
+        forgotten = 0
         for sid in list(session_ids):
             self.finalized.pop(sid, None)
             self.core.forget(sid)
             self.forget_state(sid)
+            forgotten += 1
+        if forgotten:
+            self.heap_trim_s += trim_heap()
+            self.heap_trims += 1
 
     def forget_state(self, session_id: str) -> None:
         """Drop what the call path keeps per session (engine placement, turns, responses, weight versions,
@@ -205,6 +217,7 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
                 "weight_version": self.weight_version, "pause": self.pause.state(),
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves),
                 "evicted_sessions": self.keeper.evicted,
+                "heap_trims": self.heap_trims, "heap_trim_ms": round(self.heap_trim_s * 1e3, 3),
                 "tokenizer_cpu_s": round(float(getattr(self.tokenizer, "cpu_s", 0.0)), 6)}
 
     # ----------------------------------------------------- rollout, engines

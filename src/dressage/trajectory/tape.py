@@ -40,11 +40,17 @@ class Tape:
             _bind(step, self)
 
     def seal(self) -> None:
-        """Give back the slack kept for more turns (the lineage takes no more steps)."""
+        """Give back the slack kept for more turns (the lineage takes no more steps).
+
+        The tape then lets go of its steps: each step still views the tape, but the tape no longer
+        points back, so a forgotten session's steps and tokens are freed when the last reference
+        goes rather than waiting for a full garbage collection of the cycle.
+        """
         if self.buf.shape[0] > self.used:
             self.buf = self.buf[:self.used].copy()
             for step in self.steps:
                 _bind(step, self)
+        self.steps = []
 
     def extend(self, tokens: np.ndarray) -> None:
         end = self.used + int(tokens.shape[0])
