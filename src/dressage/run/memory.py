@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import threading
 
 import psutil
+
+from dressage.proxy.heap import trim_heap
 
 __all__ = ["PssSampler", "process_pss", "process_vitals"]
 
@@ -26,10 +27,7 @@ def release_free_memory() -> None:
     Without it glibc keeps freed arenas mapped and a flat workload looks like it grows.
     """
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: PSS then includes retained free pages
-        pass
+    trim_heap()  # not glibc: a no-op, and PSS then includes retained free pages
 
 
 def process_vitals(pid: int | None = None, *, settle: bool = True) -> dict[str, int]:
