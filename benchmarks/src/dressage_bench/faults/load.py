@@ -58,15 +58,18 @@ def _engine_wait_s(server_timing: str) -> float:
     raise RuntimeError(f"no engine entry in Server-Timing {server_timing!r}")
 
 
-async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: int,
-                              own: list[float]) -> tuple[list[float], list, int]:
-    """The agents' calls as plain JSON posts on the aiohttp pool the direct run's engine client uses;
-    ``own`` gets each call's latency less the engine wait the Proxy reports for it."""
+async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: int, own: list[float],
+                              pool: AiohttpTransport | None = None) -> tuple[list[float], list, int]:
+    """The agents' calls as plain JSON posts on the aiohttp pool the direct run's engine client uses
+    (``pool``, kept open by the caller across rounds, or one of this call's own); ``own`` gets each
+    call's latency less the engine wait the Proxy reports for it. The prompts come back per session,
+    in turn order, for the direct run to replay the same way."""
     lat: list[float] = []
-    prompts: list = []
+    prompts: list[list] = [[] for _ in range(sessions)]
     errors = 0
     gate = asyncio.Semaphore(concurrency)
-    pool = AiohttpTransport(concurrency)
+    owned = pool is None
+    pool = AiohttpTransport(concurrency) if pool is None else pool
     headers = {"content-type": "application/json"}
 
     async def post(path: str, body: dict) -> Any:
@@ -80,7 +83,7 @@ async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: 
             msgs = [{"role": "user", "content": f"Session {i}: list some primes."}]
             for _ in range(turns):
                 t0 = time.perf_counter()
-                prompts.append(list(msgs))
+                prompts[i].append(list(msgs))
                 resp, reply = await post(f"/sessions/{sid}/v1/chat/completions",
                                          {"model": "m", "messages": msgs, "max_tokens": 32})
                 if resp.status_code != 200:
@@ -94,7 +97,8 @@ async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: 
     try:
         await asyncio.gather(*(one(i) for i in range(sessions)))
     finally:
-        await pool.aclose()
+        if owned:
+            await pool.aclose()
     return lat, prompts, errors
 
 
@@ -130,16 +134,20 @@ async def _through_proxy(url: str, sessions: int, turns: int, concurrency: int) 
     return lat, prompts, errors
 
 
-async def _direct(engine_url: str, prompts: list[list[int]], concurrency: int) -> list[float]:
+async def _direct_on(client: SGLangClient, sessions: list[list[list[int]]], concurrency: int) -> list[float]:
+    """The Proxy run's calls straight to the engine, as it made them: each session's turns one after
+    the other, ``concurrency`` sessions at a time (not every prompt in one burst, whose queue would be
+    the engine's tail latency and no one's in the Proxy run)."""
     lat: list[float] = []
     gate = asyncio.Semaphore(concurrency)
-    async with SGLangClient(engine_url, timeout=120) as client:
-        async def one(ids: list[int]) -> None:
-            async with gate:
+
+    async def one(turns: list[list[int]]) -> None:
+        async with gate:
+            for ids in turns:
                 t0 = time.perf_counter()
                 await client.generate(ids, {"max_new_tokens": 32}, return_logprob=True, return_routed_experts=True)
                 lat.append(time.perf_counter() - t0)
-        await asyncio.gather(*(one(p) for p in prompts))
+    await asyncio.gather(*(one(t) for t in sessions))
     return lat
 
 
@@ -163,6 +171,16 @@ def _timed(tally: _Tally, served: Any, run: Callable[[], Any]) -> Any:
     return out
 
 
+async def _atimed(tally: _Tally, served: Any, run: Any) -> Any:
+    """:func:`_timed` for a coroutine, on the caller's event loop."""
+    t0, cpu0, drv0 = time.perf_counter(), _cpu_s(served), time.process_time()
+    out = await run
+    tally.wall_s += time.perf_counter() - t0
+    tally.cpu_s += _cpu_s(served) - cpu0
+    tally.driver_s += time.process_time() - drv0
+    return out
+
+
 @case("load")
 def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     """One untimed warm-up round through the Proxy and one straight to the engine, so neither side is
@@ -178,26 +196,39 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     conc, sessions, turns = cfg.load_sessions, cfg.load_sessions, cfg.load_turns
     tok = load_tokenizer("byte")
 
-    def rendered(messages: list) -> list:
-        return [tok.apply_chat_template(m, None, True) for m in messages]
+    def rendered(sessions_messages: list) -> list:
+        return [[tok.apply_chat_template(m, None, True) for m in turns_] for turns_ in sessions_messages]
 
     try:
         proxy = serve_process(["proxy", "serve", "--engine-url", engine.url,
                                "--use-rollout-routing-replay", "--enable-transfer-queue",
                                "--routed-experts-dtype", "uint8"])
-        cold, warm_messages, errors = asyncio.run(_through_proxy_lean(proxy.url, sessions, turns, conc, []))
-        asyncio.run(_direct(engine.url, rendered(warm_messages), conc))
         p, d = _Tally(), _Tally()
         own: list[float] = []
         tok_cpu = 0.0
-        for _ in range(cfg.load_rounds):
-            tok0 = _tokenizer_cpu_s(proxy)
-            lat, messages, errs = _timed(p, proxy, lambda: asyncio.run(
-                _through_proxy_lean(proxy.url, sessions, turns, conc, own)))
-            tok_cpu += _tokenizer_cpu_s(proxy) - tok0
-            p.lat += lat
-            errors += errs
-            d.lat += _timed(d, engine, lambda: asyncio.run(_direct(engine.url, rendered(messages), conc)))
+
+        async def rounds() -> tuple[list[float], int]:
+            """Warm-up and timed rounds on one event loop, so the driver's pool to the Proxy and the
+            direct run's engine client keep their connections from round to round (warm on both sides)."""
+            nonlocal tok_cpu
+            pool = AiohttpTransport(conc)
+            try:
+                async with SGLangClient(engine.url, timeout=120) as client:
+                    cold, warm_messages, errs = await _through_proxy_lean(proxy.url, sessions, turns, conc, [], pool)
+                    await _direct_on(client, rendered(warm_messages), conc)
+                    for _ in range(cfg.load_rounds):
+                        tok0 = _tokenizer_cpu_s(proxy)
+                        lat, messages, e = await _atimed(p, proxy, _through_proxy_lean(
+                            proxy.url, sessions, turns, conc, own, pool))
+                        tok_cpu += _tokenizer_cpu_s(proxy) - tok0
+                        p.lat += lat
+                        errs += e
+                        d.lat += await _atimed(d, engine, _direct_on(client, rendered(messages), conc))
+            finally:
+                await pool.aclose()
+            return cold, errs
+
+        cold, errors = asyncio.run(rounds())
         s = _Tally()
         lat_s, _, sdk_errors = _timed(s, proxy, lambda: asyncio.run(_through_proxy(proxy.url, sessions, turns, conc)))
         s.lat = lat_s
