@@ -12,9 +12,7 @@ from dressage.errors import IntegrityError, ProtocolError, StorageFullError, Sto
 from dressage.tq import shm
 from dressage.tq.bulk import StreamBroken
 from dressage.tq.integrity import checksum
-from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
-from dressage.tq.storage.server import StorageUnitServer
 
 pytestmark = pytest.mark.skipif(shm.host_id() is None, reason="no /dev/shm on this host")
 SECRET = b"s" * 32
@@ -25,17 +23,6 @@ def segments(token):
     """Segments in use (the free pool's ``-z`` files excluded)."""
     return [p for p in glob.glob(os.path.join(shm.SHM_DIR, f"dtq-{token}-*"))
             if not os.path.basename(p).startswith(f"dtq-{token}-z")]
-
-
-@pytest.fixture
-def served():
-    backend = MemoryStorageUnit("m0", memory_budget=8 << 20)
-    server = StorageUnitServer(backend, secret=SECRET).start()
-    remote = RemoteStorageUnit.describe("m0", server.address, timeout_s=5, secret=SECRET)
-    yield backend, server, remote
-    remote.close()
-    server.stop()
-    backend.close()
 
 
 def _r3(seed=0):

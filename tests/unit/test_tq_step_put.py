@@ -17,9 +17,7 @@ from dressage.tq.bulk import StreamBroken
 from dressage.tq.bulk_rpc import BulkClient
 from dressage.tq.controller import Controller, KeyState, UnitInfo
 from dressage.tq.controller_service import ControllerServer, RemoteController
-from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit, _checked_span
-from dressage.tq.storage.server import StorageUnitServer
 
 pytestmark = pytest.mark.skipif(shm.host_id() is None, reason="no /dev/shm on this host")
 SECRET = b"s" * 32
@@ -31,17 +29,6 @@ def segments(token):
     """Segments in use (the free pool's ``-z`` files excluded)."""
     return [p for p in glob.glob(os.path.join(shm.SHM_DIR, f"dtq-{token}-*"))
             if not os.path.basename(p).startswith(f"dtq-{token}-z")]
-
-
-@pytest.fixture
-def served():
-    backend = MemoryStorageUnit("m0", memory_budget=8 << 20)
-    server = StorageUnitServer(backend, secret=SECRET).start()
-    remote = RemoteStorageUnit.describe("m0", server.address, timeout_s=5, secret=SECRET)
-    yield backend, server, remote
-    remote.close()
-    server.stop()
-    backend.close()
 
 
 def _step(seed=0):

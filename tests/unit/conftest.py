@@ -1,0 +1,25 @@
+"""Fixtures shared by the unit tests of one area."""
+
+from __future__ import annotations
+
+import pytest
+
+from dressage.tq.storage import MemoryStorageUnit
+from dressage.tq.storage.remote import RemoteStorageUnit
+from dressage.tq.storage.server import StorageUnitServer
+
+SHM_SECRET = b"s" * 32
+
+
+@pytest.fixture
+def served():
+    """A memory StorageUnit served over its sockets with a secret (``SHM_SECRET``), and a handle of it
+    from this process: ``(backend, server, remote)``. On a host with /dev/shm the handle's puts take
+    the shared-memory path."""
+    backend = MemoryStorageUnit("m0", memory_budget=8 << 20)
+    server = StorageUnitServer(backend, secret=SHM_SECRET).start()
+    remote = RemoteStorageUnit.describe("m0", server.address, timeout_s=5, secret=SHM_SECRET)
+    yield backend, server, remote
+    remote.close()
+    server.stop()
+    backend.close()
