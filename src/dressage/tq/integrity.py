@@ -16,7 +16,7 @@ import xxhash
 from dressage.errors import IntegrityError
 
 __all__ = ["BLOCK_BYTES", "COPY_BYTES", "Checksums", "block_rows_for", "checksum", "copy_and_checksum",
-           "write_and_checksum", "verify_rows", "verify_blocks"]
+           "write_and_checksum", "block_span", "verify_rows", "verify_blocks"]
 
 # Small enough that a block just copied is still in cache when it is hashed, large enough that the
 # per-block Python cost (~1 us) stays under 1 % of hashing it.
@@ -121,12 +121,18 @@ def write_and_checksum(write: Callable[[memoryview, int], None], src: np.ndarray
     return Checksums(block_rows, np.array(digests, dtype=np.uint64))
 
 
+def block_span(start: int, stop: int, block_rows: int, rows: int) -> tuple[int, int, int, int]:
+    """The whole blocks that rows ``[start, stop)`` (non-empty) of a ``rows``-row blob touch: the first
+    and last block, and the rows ``[lo, hi)`` they cover."""
+    first, last = start // block_rows, (stop - 1) // block_rows
+    return first, last, first * block_rows, min((last + 1) * block_rows, rows)
+
+
 def verify_rows(blob: np.ndarray, sums: Checksums, start: int, stop: int, what: str) -> None:
     """Verify the blocks of a whole stored ``blob`` that rows ``[start, stop)`` touch."""
     if stop <= start:
         return
-    first, last = start // sums.block_rows, (stop - 1) // sums.block_rows
-    lo, hi = first * sums.block_rows, min((last + 1) * sums.block_rows, blob.shape[0])
+    first, _, lo, hi = block_span(start, stop, sums.block_rows, blob.shape[0])
     verify_blocks(blob[lo:hi], sums, first, what)
 
 

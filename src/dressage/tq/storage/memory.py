@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from dressage.errors import StorageFullError, TransferQueueError
-from dressage.tq.integrity import Checksums, checksum, copy_and_checksum, verify_rows
+from dressage.tq.integrity import Checksums, block_span, checksum, copy_and_checksum, verify_rows
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit
 from dressage.tq.wire import dtype_name
 
@@ -192,8 +192,7 @@ class MemoryStorageUnit(StorageUnit):
                 row_bytes = blob.nbytes // rows
                 check = None
                 if sums is not None:
-                    first, last = start // sums.block_rows, (stop - 1) // sums.block_rows
-                    lo, hi = first * sums.block_rows, min((last + 1) * sums.block_rows, rows)
+                    first, last, lo, hi = block_span(start, stop, sums.block_rows, rows)
                     check = [start - lo, hi - lo, sums.block_rows, first,
                              sums.digests[first:last + 1].astype("<u8").tobytes()]
                 out.append([dtype_name(blob.dtype), [stop - start, *blob.shape[1:]], where[0],
