@@ -31,7 +31,7 @@ try:
 except ImportError:
     _simd = None
 
-__all__ = ["b64decode_strict", "FAST_MIN_CHARS"]
+__all__ = ["b64decode_strict", "b64decode_quads", "FAST_MIN_CHARS"]
 
 FAST_MIN_CHARS = 12288
 """Shorter input goes straight to ``binascii`` (the array operations' fixed cost is larger)."""
@@ -105,3 +105,11 @@ def _simd_decode(data: str | bytes, raw: bytes, body: int) -> bytes | np.ndarray
     if len(out) != body // 4 * 3 + len(last) or out[body // 4 * 3:] != last:
         return binascii.a2b_base64(data, strict_mode=True)
     return np.frombuffer(out, dtype=np.uint8)  # read-only: a view of bytes
+
+
+def b64decode_quads(quads: bytes | bytearray | memoryview) -> bytes:
+    """Alphabet characters only (no padding), a multiple of four: their bytes, by ``pybase64`` where
+    its C extension is active; raises ``binascii.Error`` for anything else."""
+    if _simd is not None:
+        return _simd.b64decode(quads, validate=True)
+    return binascii.a2b_base64(quads, strict_mode=True)

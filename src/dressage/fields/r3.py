@@ -17,6 +17,7 @@ __all__ = [
     "r3_dtype",
     "r3_itemsize",
     "max_expert_id",
+    "check_row_bytes",
     "check_dtype_holds_experts",
     "encode_routed_experts",
     "decode_routed_experts",
@@ -42,6 +43,16 @@ def r3_dtype(name: str) -> np.dtype:
 
 def r3_itemsize(name: str) -> int:
     return r3_dtype(name).itemsize
+
+
+def check_row_bytes(nbytes: int, num_layers: int, topk: int, itemsize: int) -> None:
+    """:class:`FieldShapeError` unless ``nbytes`` of wire routing are whole ``[num_layers, topk]`` rows."""
+    per_row = num_layers * topk * itemsize
+    if nbytes % per_row:
+        raise FieldShapeError(
+            f"routed_experts has {nbytes} bytes, not a multiple of one row "
+            f"({num_layers} layers x {topk} top-k x {itemsize} bytes = {per_row})"
+        )
 
 
 def max_expert_id(name: str) -> int:

@@ -25,17 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dressage.errors import FieldShapeError
+from dressage.fields.b64 import b64decode_quads
 from dressage.fields.models import ModelSpec
-from dressage.fields.r3 import r3_dtype
-
-try:
-    import pybase64 as _simd
-
-    if "C extension active" not in _simd.get_version():
-        _simd = None
-except ImportError:
-    _simd = None
+from dressage.fields.r3 import check_row_bytes, max_expert_id, r3_dtype
 
 __all__ = ["RoutedExpertsSpec", "RoutedExpertsStream", "STREAM_WINDOW"]
 
@@ -66,17 +58,10 @@ class RoutedExpertsSpec:
 def _limits(storage_dtype: str, num_experts: int | None) -> tuple[np.dtype, int]:
     """The storage dtype and the largest id it takes (bounded by the expert count when given)."""
     dtype = r3_dtype(storage_dtype)
-    high = int(np.iinfo(dtype).max)
+    high = max_expert_id(storage_dtype)
     if num_experts is not None:
         high = min(high, int(num_experts) - 1)
     return dtype, high
-
-
-def _b64decode(quads: bytes | bytearray | memoryview) -> bytes:
-    """Alphabet characters only (no padding), a multiple of four: raises ``binascii.Error`` else."""
-    if _simd is not None:
-        return _simd.b64decode(quads, validate=True)
-    return binascii.a2b_base64(quads, strict_mode=True)
 
 
 class RoutedExpertsStream:
@@ -140,7 +125,7 @@ class RoutedExpertsStream:
         try:
             if self._pending.find(b"=", 0, n) != -1:
                 raise binascii.Error("padding before the end")
-            raw = _b64decode(part)
+            raw = b64decode_quads(part)
         except (binascii.Error, ValueError):
             part.release()
             self._give_up()
@@ -201,17 +186,11 @@ class RoutedExpertsStream:
         these arguments gives; ``decode_raw(raw, ...)`` is that path from the decoded bytes on."""
         if self._text is not None or not self._ended:
             raise RuntimeError("finish() needs a stream that ended without giving up")
-        item = 4
         if (self._raw is not None or dtype != "int32" or storage_dtype != self.spec.storage_dtype
                 or num_experts != self.spec.num_experts):
             return decode_raw(bytes(self.raw()), num_layers, topk, dtype, storage_dtype, num_experts)
-        size = len(self._ids) // self._dtype.itemsize * 4 + len(self._carry)
-        per_row = num_layers * topk * item
-        if size % per_row:
-            raise FieldShapeError(
-                f"routed_experts has {size} bytes, not a multiple of one row "
-                f"({num_layers} layers x {topk} top-k x {item} bytes = {per_row})"
-            )
+        wire_bytes = len(self._ids) // self._dtype.itemsize * 4 + len(self._carry)  # int32 on the wire
+        check_row_bytes(wire_bytes, num_layers, topk, 4)
         out = np.frombuffer(self._ids, dtype=self._dtype).reshape(-1, num_layers, topk)
         if self._dtype == np.int32:
             out.flags.writeable = False  # as the plain path's view of the decoded bytes

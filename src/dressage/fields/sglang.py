@@ -23,7 +23,7 @@ import numpy as np
 
 from dressage.errors import FieldShapeError, WireFormatError
 from dressage.fields.b64 import b64decode_strict
-from dressage.fields.r3 import encode_routed_experts
+from dressage.fields.r3 import check_row_bytes, encode_routed_experts
 from dressage.fields.r3_stream import RoutedExpertsSpec, RoutedExpertsStream
 
 __all__ = [
@@ -158,13 +158,7 @@ def decode_routed_experts_b64(data: str | bytes | RoutedExpertsStream, num_layer
 def _routed_from_raw(raw: Any, num_layers: int, topk: int, dtype: str, storage_dtype: str | None,
                      num_experts: int | None) -> np.ndarray:
     """The decoded wire bytes as ``[rows, num_layers, topk]`` (shape-checked, range-checked)."""
-    item = np.dtype(_WIRE_DTYPES[dtype]).itemsize
-    per_row = num_layers * topk * item
-    if len(raw) % per_row:
-        raise FieldShapeError(
-            f"routed_experts has {len(raw)} bytes, not a multiple of one row "
-            f"({num_layers} layers x {topk} top-k x {item} bytes = {per_row})"
-        )
+    check_row_bytes(len(raw), num_layers, topk, np.dtype(_WIRE_DTYPES[dtype]).itemsize)
     arr = np.frombuffer(raw, dtype=_WIRE_DTYPES[dtype]).reshape(-1, num_layers, topk)
     if storage_dtype is not None:
         return encode_routed_experts(arr, storage_dtype, num_experts=num_experts)
