@@ -9,8 +9,9 @@ or model gateway keeps a session on the worker that caches its prefix.
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from typing import Any, AsyncIterator, Mapping, Sequence
+from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
 
 from dressage.proxy.httpx_lean import httpx
 import numpy as np
@@ -70,10 +71,20 @@ class SGLangClient:
 
     # -- the boundary ------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _boundary(self, what: str, timeout: float | None) -> Iterator[None]:
+        """httpx's timeouts and transport failures as :class:`EngineTimeout` / :class:`EngineUnavailable`."""
+        try:
+            yield
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
     async def _request(self, method: str, path: str, *, json_body: Any = None,
                        timeout: float | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
         what = f"{method} {self.base_url}{path}"
-        try:
+        with self._boundary(what, timeout):
             if json_body is not None:
                 headers = {**(headers or {}), "content-type": "application/json"}
                 content = fastjson.dumps(json_body, numpy=True)
@@ -85,10 +96,6 @@ class SGLangClient:
                                                headers={**self._headers, **headers} if headers else self._headers)
             else:
                 resp = await self._http.request(method, path, content=content, headers=headers, timeout=limit)
-        except httpx.TimeoutException as exc:
-            raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({type(exc).__name__})") from exc
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
         self._check(resp, what)
         return resp
 
@@ -100,7 +107,7 @@ class SGLangClient:
         headers = {**(headers or {}), "content-type": "application/json"}
         content = fastjson.dumps(json_body, numpy=True)
         limit = self.timeout if timeout is None else timeout
-        try:
+        with self._boundary(what, timeout):
             if self._direct is not None:
                 resp, fed = await self._direct.send_into(method, self.base_url + path, content=content,
                                                          timeout_s=limit, headers={**self._headers, **headers},
@@ -113,10 +120,6 @@ class SGLangClient:
                             sink.feed(chunk)
                     else:
                         await resp.aread()
-        except httpx.TimeoutException as exc:
-            raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({type(exc).__name__})") from exc
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
         self._check(resp, what)
         return None if fed else resp
 
