@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -193,6 +194,15 @@ class BulkClient:
         self._nonce = os.urandom(16)
         self._seqs = itertools.count(1)
         self._closed = False
+
+    @classmethod
+    def beside(cls, zmq_address: str, port: Any, **kwargs: Any) -> "BulkClient | None":
+        """A client of the stream socket at ``port`` on the host a ZMQ address (``tcp://host:port``)
+        names, or None when a reply named no usable port (or the address no host)."""
+        host = urlsplit(zmq_address).hostname
+        if not host or not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            return None
+        return cls(host, port, **kwargs)
 
     def set_abort(self, abort: Callable[[], str | None] | None) -> None:
         self._abort = abort

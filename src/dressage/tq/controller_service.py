@@ -13,7 +13,6 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -184,14 +183,12 @@ class RemoteController:
 
     def _learn_stream(self, port: Any) -> None:
         """A reply named the Controller's stream port: leased placements go there from now on."""
-        host = urlsplit(self.address).hostname
-        if self._stream is not None or not host or not isinstance(port, int) or isinstance(port, bool) \
-                or not 0 < port < 65536:
+        if self._stream is not None or port is None:
             return
         with self._stream_lock:
             if self._stream is None and not self._closed:
-                self._stream = BulkClient(host, port, timeout_s=self._rpc.timeout_s, name=self._rpc.name,
-                                          secret=self._secret)
+                self._stream = BulkClient.beside(self.address, port, timeout_s=self._rpc.timeout_s,
+                                                 name=self._rpc.name, secret=self._secret)
 
     def place(self, key: str, nbytes: int, *, node_id: str | None = None, batch: str | None = None,
               field: str = "") -> str:

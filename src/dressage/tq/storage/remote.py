@@ -21,7 +21,6 @@ import secrets
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -112,11 +111,8 @@ class RemoteStorageUnit(StorageUnit):
         return self._bulk  # type: ignore[return-value]
 
     def _make_bulk(self, port: Any) -> BulkClient | None:
-        host = urlsplit(self.address).hostname
-        if not host or not isinstance(port, int) or not 0 < port < 65536:
-            return None
-        return BulkClient(host, port, timeout_s=self._rpc.timeout_s, name=self._rpc.name, secret=self._secret,
-                          abort=self._abort)
+        return BulkClient.beside(self.address, port, timeout_s=self._rpc.timeout_s, name=self._rpc.name,
+                                 secret=self._secret, abort=self._abort)
 
     @classmethod
     def describe(cls, unit_id: str, address: str, *, timeout_s: float = 30.0,
