@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -161,18 +161,9 @@ class _Tally:
     driver_s: float = 0.0
 
 
-def _timed(tally: _Tally, served: Any, run: Callable[[], Any]) -> Any:
-    """Run one round, adding its wall time, ``served``'s CPU time and the driver's to ``tally``."""
-    t0, cpu0, drv0 = time.perf_counter(), _cpu_s(served), time.process_time()
-    out = run()
-    tally.wall_s += time.perf_counter() - t0
-    tally.cpu_s += _cpu_s(served) - cpu0
-    tally.driver_s += time.process_time() - drv0
-    return out
-
-
 async def _atimed(tally: _Tally, served: Any, run: Any) -> Any:
-    """:func:`_timed` for a coroutine, on the caller's event loop."""
+    """Await one round (a coroutine), adding its wall time, ``served``'s CPU time and the driver's to
+    ``tally``."""
     t0, cpu0, drv0 = time.perf_counter(), _cpu_s(served), time.process_time()
     out = await run
     tally.wall_s += time.perf_counter() - t0
@@ -230,7 +221,7 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
 
         cold, errors = asyncio.run(rounds())
         s = _Tally()
-        lat_s, _, sdk_errors = _timed(s, proxy, lambda: asyncio.run(_through_proxy(proxy.url, sessions, turns, conc)))
+        lat_s, _, sdk_errors = asyncio.run(_atimed(s, proxy, _through_proxy(proxy.url, sessions, turns, conc)))
         s.lat = lat_s
         errors += sdk_errors
         per_call = 1000.0 / max(1, len(p.lat))
