@@ -23,3 +23,15 @@ def served():
     remote.close()
     server.stop()
     backend.close()
+
+
+@pytest.fixture
+def intruder(served):
+    """A handle of the ``served`` unit on its host (shared memory, stream socket) holding the wrong
+    secret."""
+    _, server, remote = served
+    d, _ = remote._rpc.call("describe")
+    handle = RemoteStorageUnit("m0", server.address, timeout_s=5, host_id=d["host_id"], shm_token=d["shm_token"],
+                               secret=b"w" * 32, bulk_port=d["bulk_port"])
+    yield handle
+    handle.close()

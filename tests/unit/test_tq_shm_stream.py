@@ -12,7 +12,6 @@ from dressage.errors import IntegrityError, ProtocolError, StorageFullError, Sto
 from dressage.tq import shm
 from dressage.tq.bulk import StreamBroken
 from dressage.tq.integrity import checksum
-from dressage.tq.storage.remote import RemoteStorageUnit
 
 pytestmark = pytest.mark.skipif(shm.host_id() is None, reason="no /dev/shm on this host")
 SECRET = b"s" * 32
@@ -97,16 +96,10 @@ def test_wrong_digests_are_an_integrity_error_on_read_never_data(served):
         remote.get("w")
 
 
-def test_a_put_with_the_wrong_secret_is_refused_and_leaves_no_segment(served):
+def test_a_put_with_the_wrong_secret_is_refused_and_leaves_no_segment(served, intruder):
     backend, server, remote = served
-    d, _ = remote._rpc.call("describe")
-    intruder = RemoteStorageUnit("m0", server.address, timeout_s=5, host_id=d["host_id"], shm_token=d["shm_token"],
-                                 secret=b"w" * 32, bulk_port=d["bulk_port"])
-    try:
-        with pytest.raises(ProtocolError):
-            intruder.put("evil", _r3())
-    finally:
-        intruder.close()
+    with pytest.raises(ProtocolError):
+        intruder.put("evil", _r3())
     assert not backend.exists("evil") and segments(server.shm.token) == []
     assert remote.stats()["rejected_frames"] >= 1
     remote.put("fine", _r3())  # the unit keeps serving

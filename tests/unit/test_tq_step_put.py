@@ -17,7 +17,7 @@ from dressage.tq.bulk import StreamBroken
 from dressage.tq.bulk_rpc import BulkClient
 from dressage.tq.controller import Controller, KeyState, UnitInfo
 from dressage.tq.controller_service import ControllerServer, RemoteController
-from dressage.tq.storage.remote import RemoteStorageUnit, _checked_span
+from dressage.tq.storage.remote import _checked_span
 
 pytestmark = pytest.mark.skipif(shm.host_id() is None, reason="no /dev/shm on this host")
 SECRET = b"s" * 32
@@ -111,16 +111,10 @@ def test_a_unit_that_dies_mid_put_stores_nothing_and_the_writer_removes_the_shar
     assert not backend.exists("lost") and not backend.exists("lost-lp") and segments(server.shm.token) == []
 
 
-def test_a_packed_put_with_the_wrong_secret_is_refused_and_leaves_no_segment(served):
+def test_a_packed_put_with_the_wrong_secret_is_refused_and_leaves_no_segment(served, intruder):
     backend, server, remote = served
-    d, _ = remote._rpc.call("describe")
-    intruder = RemoteStorageUnit("m0", server.address, timeout_s=5, host_id=d["host_id"], shm_token=d["shm_token"],
-                                 secret=b"w" * 32, bulk_port=d["bulk_port"])
-    try:
-        with pytest.raises(ProtocolError):
-            intruder.put_many([("evil", _step()[0]), ("evil-lp", _step()[1])])
-    finally:
-        intruder.close()
+    with pytest.raises(ProtocolError):
+        intruder.put_many([("evil", _step()[0]), ("evil-lp", _step()[1])])
     assert not backend.exists("evil-lp") and segments(server.shm.token) == []
 
 
