@@ -55,18 +55,11 @@ def _serve(port: int, body: bytes) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, handle_signals=False)
 
 
-def _hwm_kib() -> int:
+def _status_kib(field: str) -> int:
+    """A ``/proc/self/status`` memory line (``VmHWM``, ``VmRSS``) in KiB."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
-
-
-def _rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
 
@@ -88,14 +81,14 @@ async def _round(client, args, prompt_len: int, spec) -> tuple[float, float, flo
     gc.collect()  # the last round's tasks (and the arrays they hold as results) are cyclic garbage
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
-    rss0 = _rss_kib()
+    rss0 = _status_kib("VmRSS")
     tracemalloc.reset_peak()
     base, _ = tracemalloc.get_traced_memory()
     t0 = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(args.concurrency)))
     wall = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()
-    hwm = _hwm_kib()
+    hwm = _status_kib("VmHWM")
     shapes = [a.shape for a in held]
     held.clear()
     return (peak - base) / 2**20, (hwm - rss0) / 1024, wall, shapes
