@@ -59,17 +59,15 @@ def _engine_wait_s(server_timing: str) -> float:
 
 
 async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: int, own: list[float],
-                              pool: AiohttpTransport | None = None) -> tuple[list[float], list, int]:
-    """The agents' calls as plain JSON posts on the aiohttp pool the direct run's engine client uses
-    (``pool``, kept open by the caller across rounds, or one of this call's own); ``own`` gets each
+                              pool: AiohttpTransport) -> tuple[list[float], list, int]:
+    """The agents' calls as plain JSON posts on ``pool`` (the kind of pool the direct run's engine client
+    uses, kept open by the caller across rounds); ``own`` gets each
     call's latency less the engine wait the Proxy reports for it. The prompts come back per session,
     in turn order, for the direct run to replay the same way."""
     lat: list[float] = []
     prompts: list[list] = [[] for _ in range(sessions)]
     errors = 0
     gate = asyncio.Semaphore(concurrency)
-    owned = pool is None
-    pool = AiohttpTransport(concurrency) if pool is None else pool
     headers = {"content-type": "application/json"}
 
     async def post(path: str, body: dict) -> Any:
@@ -94,11 +92,7 @@ async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: 
                 message = {k: v for k, v in reply["choices"][0]["message"].items() if v is not None}
                 msgs = msgs + [message, {"role": "user", "content": "More."}]
             await post(f"/sessions/{sid}/finalize", {"reward": 1.0})
-    try:
-        await asyncio.gather(*(one(i) for i in range(sessions)))
-    finally:
-        if owned:
-            await pool.aclose()
+    await asyncio.gather(*(one(i) for i in range(sessions)))
     return lat, prompts, errors
 
 
