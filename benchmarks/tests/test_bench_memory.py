@@ -18,12 +18,13 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 DRESSAGE = [sys.executable, "-m", "dressage"]
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory, bench_command) -> dict:
+@pytest.fixture(scope="module", params=["process", "ray"])
+def report(request, tmp_path_factory, bench_command) -> dict:
+    """One small run per Proxy deployment: its own process drained over /trajectory/read, or a Ray actor."""
     out = tmp_path_factory.mktemp("bench_memory")
     path = out / "memory.json"
     cmd = [*DRESSAGE, "bench", "memory", "--preset", "small", "--dtypes", "uint8", "--json", str(path),
-           "--plot-dir", str(out / "plots"), "--no-progress"]
+           "--plot-dir", str(out / "plots"), "--no-progress", "--proxy-deployment", request.param]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ})
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "M_master (peak of the sum)" in proc.stdout
@@ -96,7 +97,7 @@ def test_each_release_leaves_no_state_behind_and_the_wall_is_reported(report):
     assert pair["wall_ratio"] == pytest.approx(on["wall_s"] / pair["without_tq"]["wall_s"], abs=1e-4)
     assert len(on["rollout_s"]) == len(on["rollouts"]) == report["bench_config"]["num_rollouts"]
     for r in on["rollouts"]:
-        assert set(r["phase_s"]) == {"rollout", "take_batch", "train", "release"}
+        assert set(r["phase_s"]) == {"rollout", "deliver", "take_batch", "train", "release"}
         after = r["after_release"]
         # Every key of the batch is gone from the directory and from every unit: nothing carries over.
         assert after["tq_units"] and all(u["keys"] == 0 and u["directory_keys"] == 0 and u["pending"] == 0
@@ -107,3 +108,6 @@ def test_each_release_leaves_no_state_behind_and_the_wall_is_reported(report):
     assert 0 < on["ray_actor_floor_bytes"] < on["idle"]["rollout_manager"] * 1.5
     rm = next(t for t in report["targets"] if t["name"] == "rollout_manager_ratio")
     assert rm["floor_bytes"] > 0 and rm["above_floor_value"] is not None
+    # The Ray actor floor is a floor of the Proxy only where the Proxy is a Ray actor.
+    proxy = next(t for t in report["targets"] if t["name"] == "proxy_ratio")
+    assert ("above_floor_value" in proxy) == (report["bench_config"]["proxy_deployment"] == "ray")

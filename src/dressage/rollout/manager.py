@@ -75,12 +75,18 @@ class RolloutManager:
         samples = samples_of_session(done.segments, reward=done.reward, metadata=done.metadata)
         for s in samples:
             _own_token_fields(s)
+        return self.add_samples(samples, sessions=1)
+
+    def add_samples(self, samples: Sequence[Sample], *, sessions: int) -> list[Sample]:
+        """Queue Samples built elsewhere (e.g. read over a Proxy's ``POST /trajectory/read``) from
+        ``sessions`` finalized sessions; each gets the next index, as :meth:`add_finalized` gives."""
+        samples = list(samples)
         with self._lock:
             for s in samples:
                 s.index = self._next_index
                 self._next_index += 1
             self._ready.extend(samples)
-            self.sessions_received += 1
+            self.sessions_received += sessions
             self.bytes_received += sum(sample_resident_nbytes(s) for s in samples)
         return samples
 

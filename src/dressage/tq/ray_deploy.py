@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 from typing import Any
 
@@ -44,12 +45,14 @@ def _ray() -> Any:
 
 
 def current_node_id() -> str | None:
-    """This process's Ray node id, or None outside Ray."""
-    try:
-        import ray
-    except ImportError:
-        return None
-    if not ray.is_initialized():
+    """This process's Ray node id, or None outside Ray.
+
+    A process Ray started (a worker, or a driver after ``ray.init``) has imported ``ray`` already;
+    any other process is outside Ray, and importing it only to learn that would cost a plain process
+    (a Proxy run as its own service) tens of MiB of modules.
+    """
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
         return None
     return ray.get_runtime_context().get_node_id()
 

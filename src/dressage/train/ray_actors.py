@@ -16,11 +16,13 @@ import ray
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
 from dressage.train.reader import TrainingReader, release_batch
+from dressage.train.remote import ProxyTrajectorySource
 from dressage.train.summary import summarise_shard
 
 __all__ = ["RolloutManagerActor", "TrainerActor", "RayBackend", "start_ray_backend"]
 
 _LARGE = ("rollout_log_probs", "rollout_routed_experts")
+_READ_TIMEOUT_S = 300.0  # one trajectory read: without TQ it carries a group's large fields
 
 
 class RolloutManagerActor:
@@ -34,7 +36,28 @@ class RolloutManagerActor:
         return os.getpid()
 
     def add(self, done: Any) -> int:
-        samples = self.rm.add_finalized(done)
+        """Queue one finalized session pushed by a Proxy in another Ray process (its sink)."""
+        return self._count(self.rm.add_finalized(done))
+
+    def read_proxy(self, proxy_url: str, *, max_groups: int = 1, token: str | None = None) -> int:
+        """Drain a Proxy's finalized trajectories through its trajectory-read interface and queue their
+        Samples; returns the sessions read.
+
+        This is how a RolloutManager takes trajectories from a Proxy that runs as its own service (no
+        Ray in it): ``POST /trajectory/read`` with ``format: samples`` and ``drain``, ``max_groups``
+        prompt groups a read (what one answer holds in memory on both sides), until none is left.
+        With TQ on, the Samples carry FieldRefs; the trainers restore them.
+        """
+        source = ProxyTrajectorySource(proxy_url, token=token, timeout_s=_READ_TIMEOUT_S)
+        sessions = 0
+        while True:
+            batch = source.read(drain=True, max_groups=max_groups)
+            if batch.trajectories == 0:
+                return sessions
+            self._count(self.rm.add_samples(batch.samples, sessions=batch.trajectories))
+            sessions += batch.trajectories
+
+    def _count(self, samples: list[Any]) -> int:
         for s in samples:
             for name, a in s.field_arrays().items():
                 self._held["large_fields" if name in _LARGE else "token_fields"] += int(a.nbytes)

@@ -55,6 +55,11 @@ def register(benches: argparse._SubParsersAction) -> None:
     c.add_argument("--unit-memory-budget", metavar="BYTES", help="in-memory budget of each StorageUnit")
     c.add_argument("--placement", choices=("spread", "local"),
                    help="spread: keys over every node's StorageUnit (default); local: the master's first")
+    c.add_argument("--proxy-deployment", choices=("process", "ray"),
+                   help="process: the Proxy outside Ray, drained over /trajectory/read (default); "
+                        "ray: a Ray actor pushing each finalized session to the RolloutManager")
+    c.add_argument("--read-groups", type=int, metavar="N",
+                   help="prompt groups per trajectory read, process deployment (default 1)")
     c.add_argument("--malloc-mmap-threshold", metavar="BYTES",
                    help="MALLOC_MMAP_THRESHOLD_ for the cluster's processes (default 128KiB; 0: glibc default)")
     c.add_argument("--interval-s", type=float, metavar="S", help="sampling period (default 0.15)")
@@ -71,7 +76,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
     out: dict[str, object] = {}
     for name in ("model", "num_rollouts", "rollout_batch_size", "n_samples_per_prompt", "max_turns", "max_tokens",
                  "mean_response_tokens", "tool_call_rate", "retry_rate", "concurrency", "dp_size", "seed",
-                 "placement", "interval_s"):
+                 "placement", "proxy_deployment", "read_groups", "interval_s"):
         value = getattr(args, name)
         if value is not None:
             out[name] = value

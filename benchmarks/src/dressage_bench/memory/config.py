@@ -16,6 +16,7 @@ from dressage.fields import R3_DTYPES, ModelSpec, check_dtype_holds_experts, get
 __all__ = ["MemoryBenchConfig", "PRESETS", "PLACEMENTS"]
 
 PLACEMENTS = ("spread", "local")
+PROXY_DEPLOYMENTS = ("process", "ray")
 GiB = 1 << 30
 
 
@@ -68,6 +69,12 @@ class MemoryBenchConfig:
     placement: str = "spread"
     """``spread``: the Proxy writes without node preference, so keys spread evenly over the StorageUnits
     (the seed's sharding); ``local``: it prefers the master's own StorageUnit."""
+    proxy_deployment: str = "process"
+    """``process``: the Proxy is its own process outside Ray and the RolloutManager drains finished
+    trajectories over its ``POST /trajectory/read`` (the seed's deployment); ``ray``: the Proxy is a Ray
+    actor that pushes each finalized session to the RolloutManager actor."""
+    read_groups: int = 1
+    """Prompt groups per trajectory read (process deployment): what one answer holds on both sides."""
     malloc_mmap_threshold: int = 128 * 1024
     """``MALLOC_MMAP_THRESHOLD_`` for every process of the cluster (0: glibc's dynamic default)."""
     interval_s: float = 0.15
@@ -101,6 +108,10 @@ class MemoryBenchConfig:
             raise ConfigError(f"--malloc-mmap-threshold must be 0..32 MiB in bytes, got {self.malloc_mmap_threshold!r}")
         _fraction("tool_call_rate", self.tool_call_rate)
         _fraction("retry_rate", self.retry_rate)
+        if self.proxy_deployment not in PROXY_DEPLOYMENTS:
+            raise ConfigError(f"--proxy-deployment must be one of {', '.join(PROXY_DEPLOYMENTS)}, "
+                              f"got {self.proxy_deployment!r}")
+        _positive_int("read_groups", self.read_groups)
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"--placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if isinstance(self.interval_s, bool) or not isinstance(self.interval_s, (int, float)) \

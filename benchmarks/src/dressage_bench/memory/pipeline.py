@@ -8,6 +8,7 @@ records every component's memory for the whole run; phase marks and logical size
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any, Callable
 from dressage.agents import AgentConfig, make_prompts, run_rollout
 from dressage_bench._ray import BenchCluster
 from dressage_bench.memory.actors import EngineActor, ProxyActor
+from dressage_bench.memory.proxy_process import ProxyProcess
 from dressage_bench.memory.floor import floor_actor, floor_pid
 from dressage_bench.memory.config import MemoryBenchConfig
 from dressage_bench.memory.sampler import ComponentSpec, MemorySampler, Timeline, plasma_file, raylet_pid
@@ -128,12 +130,30 @@ class _Plane:
         self.actors.append(self.floor)
         dp = DataPlaneConfig(model=cfg.model, use_rollout_routing_replay=True, enable_transfer_queue=with_tq,
                              routed_experts_dtype=dtype)
-        self.proxy = self._actor(ProxyActor, 0, dp, engine_url, self.rm, spec, cfg.placement == "spread")
-        self.proxy_url = _get(self.proxy.url.remote())
+        spread = cfg.placement == "spread"
+        if cfg.proxy_deployment == "ray":
+            self.proxy: Any = self._actor(ProxyActor, 0, dp, engine_url, self.rm, spec, spread)
+        else:
+            m = cfg.model
+            self.proxy = ProxyProcess({"model": dataclasses.asdict(m), "dtype": dtype, "engine_url": engine_url,
+                                       "tq_spec": spec, "spread": spread, "node_id": cluster.node_id(0)})
+        self.proxy_url = self.proxy_call("url")
         res = {cluster.node_resource(1): 0.01}
         self.trainers = [ray.remote(TrainerActor).options(num_cpus=0, resources=res).remote(spec, cfg.model) for _ in range(cfg.dp_size)]
         self.actors += self.trainers
         ray.get([t.__ray_ready__.remote() for t in self.trainers], timeout=_CALL_TIMEOUT_S)
+
+    def proxy_call(self, name: str, *args: Any) -> Any:
+        """Call the Proxy host's method ``name``: a Ray actor call, or a request to the Proxy process."""
+        if isinstance(self.proxy, ProxyProcess):
+            return getattr(self.proxy, name)(*args)
+        return _get(getattr(self.proxy, name).remote(*args))
+
+    def deliver(self) -> None:
+        """Hand the rollout's finalized sessions to the RolloutManager. A Ray actor Proxy pushed each one
+        as it finalized; from a Proxy process the RolloutManager drains them over ``/trajectory/read``."""
+        if isinstance(self.proxy, ProxyProcess):
+            _get(self.rm.read_proxy.remote(self.proxy_url, max_groups=self.cfg.read_groups))
 
     def _actor(self, cls: type, node: int, *args: Any) -> Any:
         actor = self.cluster.actor(cls, node, *args)
@@ -141,7 +161,7 @@ class _Plane:
         return actor
 
     def components(self) -> list[ComponentSpec]:
-        proxy_pid, rm_pid = _get([self.proxy.pid.remote(), self.rm.pid.remote()])
+        proxy_pid, rm_pid = self.proxy_call("pid"), _get(self.rm.pid.remote())
         specs = [ComponentSpec("proxy", (proxy_pid,)), ComponentSpec("rollout_manager", (rm_pid,)),
                  ComponentSpec("object_store", file=_node_store(self.cluster, 0)),
                  ComponentSpec("ray_actor_floor", (floor_pid(self.floor, _CALL_TIMEOUT_S),), in_metric=False)]
@@ -173,7 +193,7 @@ class _Plane:
 
     def state_sizes(self) -> dict[str, Any]:
         """What each stateful component still holds (after a release: what it keeps across batches)."""
-        out: dict[str, Any] = {"proxy": _get(self.proxy.state_sizes.remote())}
+        out: dict[str, Any] = {"proxy": self.proxy_call("state_sizes")}
         if self.tq is not None:
             keep = ("keys", "bytes", "held_bytes", "pooled_bytes", "shm_segments", "shm_bytes", "directory_keys",
                     "directory_bytes", "pending", "queued_deletes")
@@ -181,7 +201,7 @@ class _Plane:
         return out
 
     def rollout(self, rollout_id: int, n_prompts: int, n_samples: int, agent_cfg: AgentConfig) -> Any:
-        _get(self.proxy.set_rollout.remote(rollout_id))
+        self.proxy_call("set_rollout", rollout_id)
         prompts = make_prompts(n_prompts, seed=self.cfg.seed * 1000 + rollout_id)
         return asyncio.run(run_rollout(self.proxy_url, prompts, n_samples, agent_cfg,
                                        concurrency=self.cfg.concurrency))
@@ -198,12 +218,16 @@ class _Plane:
 
         if self.tq_client is not None:
             release_batch(self.tq_client, keys)  # once every rank has trained on the batch
-        _get(self.proxy.forget_finished.remote())
+        self.proxy_call("forget_finished")
 
     def close(self) -> None:
         import ray
 
+        if isinstance(self.proxy, ProxyProcess):
+            self.proxy.stop()
         for actor in (self.proxy, self.engine):
+            if isinstance(actor, ProxyProcess):
+                continue
             try:
                 ray.get(actor.stop.remote(), timeout=10)
             except Exception:  # already gone: the kill below is all that is left to do
@@ -262,6 +286,7 @@ def _warm_up(plane: _Plane, cfg: MemoryBenchConfig, sampler: MemorySampler) -> N
     sampler.mark("warm-up")
     rid = 10_000  # apart from the measured rollouts' ids
     plane.rollout(rid, 1, 1, _agent_config(cfg, max_turns=2))
+    plane.deliver()
     refs, keys, _, _ = plane.take_batch(rid)
     plane.train(refs)
     del refs
@@ -275,12 +300,15 @@ def _iteration(plane: _Plane, cfg: MemoryBenchConfig, i: int, run: PathRun, samp
     if rr.finalized == 0:
         raise DressageError(f"{run.path}/{run.dtype} rollout {i}: no agent session finalized "
                             f"({rr.errors_by_kind or 'no errors reported'})")
-    held = _get(plane.proxy.held.remote())
+    held = plane.proxy_call("held")
+    t_rolled = time.perf_counter()
+    sampler.mark(f"deliver {i}")
+    plane.deliver()
+    t_delivered = time.perf_counter()
     rm_held = _get(plane.rm.held.remote())
     _bump(run.logical, {"proxy_large_fields": held["large_fields"], "proxy_token_fields": held["token_fields"],
                         "rollout_manager_large_fields": rm_held["large_fields"],
                         "rollout_manager_token_fields": rm_held["token_fields"], **plane.unit_bytes()})
-    t_rolled = time.perf_counter()
     sampler.mark(f"batch {i}")
     refs, keys, rm_bytes, n_samples = plane.take_batch(i)
     t_taken = time.perf_counter()
@@ -299,7 +327,8 @@ def _iteration(plane: _Plane, cfg: MemoryBenchConfig, i: int, run: PathRun, samp
                "steps": held["steps"], "segments": sum(p["segments"] for p in parts),
                "tokens": sum(p["tokens"] for p in parts), "rollout_manager_bytes": rm_bytes,
                "tq_keys": len(keys), "digest": digest,
-               "phase_s": {"rollout": round(t_rolled - t_start, 3), "take_batch": round(t_taken - t_rolled, 3),
+               "phase_s": {"rollout": round(t_rolled - t_start, 3), "deliver": round(t_delivered - t_rolled, 3),
+                           "take_batch": round(t_taken - t_delivered, 3),
                            "train": round(t_trained - t_taken, 3), "release": round(t_released - t_trained, 3)},
                "load_avg": list(os.getloadavg()),
                "after_release": plane.state_sizes(),

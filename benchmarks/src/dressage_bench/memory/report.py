@@ -33,8 +33,10 @@ TARGETS = (
 )
 
 
-# Components that are one Ray actor process each: compared with the floor of such a process too.
-_ONE_RAY_ACTOR = ("rollout_manager", "proxy")
+def ray_actor_components(proxy_deployment: str) -> tuple[str, ...]:
+    """Components that are one Ray actor process each, compared with the floor of such a process too
+    (the Proxy only when it runs as a Ray actor)."""
+    return ("rollout_manager", "proxy") if proxy_deployment == "ray" else ("rollout_manager",)
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -104,7 +106,7 @@ def _capacity_config(cfg: MemoryBenchConfig, run: PathRun, dtype: str) -> dict[s
     }
 
 
-def _targets(pairs: Mapping[str, dict[str, Any]], dtype: str) -> list[dict[str, Any]]:
+def _targets(pairs: Mapping[str, dict[str, Any]], dtype: str, ray_actors: tuple[str, ...]) -> list[dict[str, Any]]:
     pair = pairs[dtype]
     out = []
     for name, comp, limit in TARGETS:
@@ -115,7 +117,7 @@ def _targets(pairs: Mapping[str, dict[str, Any]], dtype: str) -> list[dict[str, 
         row = {"name": name, "dtype": dtype, "value": value, "limit": limit,
                "met": value is not None and value <= limit, "above_idle_value": above,
                "above_idle_met": above is not None and above <= limit}
-        if comp in _ONE_RAY_ACTOR:
+        if comp in ray_actors:
             # The part of the figure above what any Ray actor process costs before it runs our code.
             floor = min(pair["without_tq"]["ray_actor_floor_bytes"], pair["with_tq"]["ray_actor_floor_bytes"])
             on, off = pair["with_tq"]["components"][comp], pair["without_tq"]["components"][comp]
@@ -151,7 +153,7 @@ def build_report(cfg: MemoryBenchConfig, runs: Mapping[tuple[str, str], PathRun]
         "config": _capacity_config(cfg, runs[(head, "with_tq")], head),
         "bench_config": cfg.to_dict(),
         "by_dtype": pairs,
-        "targets": _targets(pairs, head),
+        "targets": _targets(pairs, head, ray_actor_components(cfg.proxy_deployment)),
         "targets_note": targets_note(cfg.preset),
         "method": {
             "metric": "M_master = PSS(Proxy) + PSS(RolloutManager) + ObjectStore(master) + PSS(TQ Controller) + "
@@ -187,6 +189,10 @@ def format_table(report: Mapping[str, Any]) -> str:
              f"top-{m['topk']}, {m['num_experts']} experts), {cfg['rollout_batch_size']} x "
              f"{cfg['n_samples_per_prompt']} trajectories, context {cfg['context_length']}, "
              f"{cfg['num_rollouts']} rollouts, 2 simulated nodes, placement {cfg['placement']}"]
+    deployment = cfg.get("proxy_deployment", "ray")  # reports from before the setting ran it as a Ray actor
+    lines.append("  the Proxy: " + ("its own process outside Ray; the RolloutManager drains it over "
+                                    "/trajectory/read" if deployment == "process" else
+                                    "a Ray actor pushing each finalized session to the RolloutManager"))
     for dtype, pair in report["by_dtype"].items():
         a, b = pair["without_tq"], pair["with_tq"]
         lines += ["", f"R3 stored as {dtype}: peak PSS per component (above idle in brackets)",
@@ -209,7 +215,8 @@ def format_table(report: Mapping[str, Any]) -> str:
         lines.append(f"  wall: {a['wall_s']:.1f} s -> {b['wall_s']:.1f} s, ratio {pair['wall_ratio']}; rollouts "
                      f"{', '.join(f'{x:.1f}' for x in a['rollout_s'])} s -> "
                      f"{', '.join(f'{x:.1f}' for x in b['rollout_s'])} s")
-        lines.append(f"  a bare Ray actor process here (the floor of Proxy and RolloutManager): "
+        actors = " and ".join(LABELS[c] for c in reversed(ray_actor_components(deployment)))
+        lines.append(f"  a bare Ray actor process here (the floor of {actors}): "
                      f"{format_bytes(b['ray_actor_floor_bytes'])}")
     lines += ["", "M_master peaks", f"  {'dtype':<8}{'w/o TQ':>12}{'w/ TQ':>12}{'ratio':>9}"]
     for dtype, pair in report["by_dtype"].items():

@@ -1,0 +1,78 @@
+"""A RolloutManager that drains a Proxy over ``POST /trajectory/read`` (the Proxy as its own service)
+queues the same Samples as one the Proxy pushes each finalized session to, TQ off and on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dressage.agents import AgentConfig, make_prompts, run_rollout
+from dressage.fields import get_model
+from dressage.rollout import RolloutManager
+from dressage.rollout.manager import sample_ref_keys
+from dressage.train import TrainingReader, release_batch
+from dressage.train.digest import samples_digest
+from dressage.train.ray_actors import RolloutManagerActor
+
+MODEL = get_model("tiny-moe")
+N_PROMPTS, N_SAMPLES = 3, 2
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from dressage.engine.config import EngineConfig
+    from dressage.engine.server import EngineServer
+
+    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=3, tool_call_rate=0.5, mean_response_tokens=24))
+    srv.start_background()
+    yield srv
+    srv.stop()
+
+
+def _restored(manager: RolloutManager, client) -> tuple[list, set[str]]:
+    """The batch's Samples restored (not released) and the TQ keys they referenced."""
+    batch = manager.take_batch(0)
+    keys = sample_ref_keys(batch.samples)
+    for shard in batch.shards:
+        TrainingReader(client).restore(shard)
+    return batch.samples, keys
+
+
+@pytest.mark.parametrize("with_tq", [False, True], ids=["tq-off", "tq-on"])
+def test_drained_samples_are_the_pushed_samples(engine, tq, with_tq):
+    from dressage.dataplane import DataPlaneConfig
+    from dressage.proxy import Proxy
+    from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+
+    pushed = RolloutManager(dp_size=2)
+    proxy = Proxy.start(ProxyConfig(
+        data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=with_tq,
+                                   routed_experts_dtype="uint8"),
+        server=ProxyServerConfig(engine_urls=(engine.url,))), tq=tq if with_tq else None, sink=pushed)
+    try:
+        report = asyncio.run(run_rollout(proxy.url, make_prompts(N_PROMPTS, seed=2, max_background_words=0),
+                                         N_SAMPLES, AgentConfig(max_turns=3, seed=5), concurrency=3))
+        assert report.finalized == N_PROMPTS * N_SAMPLES
+        drained = RolloutManagerActor(dp_size=2)
+        assert drained.read_proxy(proxy.url, max_groups=1) == N_PROMPTS * N_SAMPLES
+        assert not proxy.service.finalized  # handed over: the Proxy forgot them
+        assert drained.read_proxy(proxy.url) == 0
+        held = drained.held()
+        if with_tq:  # only refs and token fields travelled; the large fields stayed in the StorageUnits
+            assert held["large_fields"] == 0 and held["token_fields"] > 0
+        else:
+            assert held["large_fields"] > 0
+        client = tq.client() if with_tq else None
+        ours, our_keys = _restored(drained.rm, client)
+        theirs, their_keys = _restored(pushed, client)
+        assert len(ours) == len(theirs) >= N_PROMPTS * N_SAMPLES
+        assert drained.rm.sessions_received == pushed.sessions_received == N_PROMPTS * N_SAMPLES
+        assert samples_digest(ours) == samples_digest(theirs)
+        assert sorted(s.index for s in ours) == list(range(len(ours)))
+        if with_tq:
+            assert our_keys == their_keys and our_keys
+            release_batch(client, sorted(our_keys))
+            assert sum(int(row["keys"]) for row in tq.stats().values()) == 0
+    finally:
+        proxy.shutdown()
