@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
+import msgpack
 import pytest
 
 from dressage.agents import AgentConfig, make_prompts, run_rollout
 from dressage.fields import get_model
+from dressage.proxy.sample_wire import sample_from_wire
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys
 from dressage.train import TrainingReader, release_batch
@@ -32,11 +35,13 @@ def engine():
 
 def _restored(manager: RolloutManager, client) -> tuple[list, set[str]]:
     """The batch's Samples restored (not released) and the TQ keys they referenced."""
-    batch = manager.take_batch(0)
-    keys = sample_ref_keys(batch.samples)
-    for shard in batch.shards:
-        TrainingReader(client).restore(shard)
-    return batch.samples, keys
+    return _restored_samples(manager.take_batch(0).samples, client)
+
+
+def _restored_samples(samples: list, client) -> tuple[list, set[str]]:
+    keys = sample_ref_keys(samples)
+    TrainingReader(client).restore(samples)
+    return samples, keys
 
 
 @pytest.mark.parametrize("with_tq", [False, True], ids=["tq-off", "tq-on"])
@@ -54,6 +59,17 @@ def test_drained_samples_are_the_pushed_samples(engine, tq, with_tq):
         report = asyncio.run(run_rollout(proxy.url, make_prompts(N_PROMPTS, seed=2, max_background_words=0),
                                          N_SAMPLES, AgentConfig(max_turns=3, seed=5), concurrency=3))
         assert report.finalized == N_PROMPTS * N_SAMPLES
+        # The same read as JSON (upstream's clients) and as msgpack (what read_proxy asks for) is one answer.
+        as_json = httpx.post(proxy.url + "/trajectory/read", json={"format": "samples"}, timeout=30)
+        as_msgpack = httpx.post(proxy.url + "/trajectory/read", json={"format": "samples"}, timeout=30,
+                                headers={"accept": "application/msgpack"})
+        assert as_json.headers["content-type"].startswith("application/json")
+        assert as_msgpack.headers["content-type"] == "application/msgpack"
+        from_json = [sample_from_wire(x) for t in as_json.json()["data"] for x in t["samples"]]
+        from_msgpack = [sample_from_wire(x) for t in msgpack.unpackb(as_msgpack.content)["data"] for x in t["samples"]]
+        assert len(from_json) == len(from_msgpack) > 0
+        if not with_tq:
+            assert len(as_msgpack.content) < 0.8 * len(as_json.content)  # raw bytes, not base64
         drained = RolloutManagerActor(dp_size=2)
         assert drained.read_proxy(proxy.url, max_groups=1) == N_PROMPTS * N_SAMPLES
         assert not proxy.service.finalized  # handed over: the Proxy forgot them
@@ -66,6 +82,9 @@ def test_drained_samples_are_the_pushed_samples(engine, tq, with_tq):
         client = tq.client() if with_tq else None
         ours, our_keys = _restored(drained.rm, client)
         theirs, their_keys = _restored(pushed, client)
+        restored_json, _ = _restored_samples(from_json, client)
+        restored_msgpack, _ = _restored_samples(from_msgpack, client)
+        assert samples_digest(restored_json) == samples_digest(restored_msgpack) == samples_digest(theirs)
         assert len(ours) == len(theirs) >= N_PROMPTS * N_SAMPLES
         assert drained.rm.sessions_received == pushed.sessions_received == N_PROMPTS * N_SAMPLES
         assert samples_digest(ours) == samples_digest(theirs)

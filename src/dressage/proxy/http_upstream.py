@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgpack
 from fastapi import APIRouter, Request, Response
 
 from dressage.proxy import fastjson
@@ -18,7 +19,9 @@ from dressage.proxy.schemas import DiscardRequest, FinalizeRequest, FinalizeSess
 from dressage.proxy.turns import identity_from_headers
 from dressage.proxy.upstream import discard_session, finalize_session, read_trajectories
 
-__all__ = ["upstream_router"]
+__all__ = ["upstream_router", "MSGPACK"]
+
+MSGPACK = "application/msgpack"
 
 
 def _json(value: Any) -> Response:
@@ -54,12 +57,17 @@ def upstream_router(service: Any) -> APIRouter:
         return discard_session(service, _session(request, body.session_id if body else None))
 
     @router.post("/trajectory/read")
-    async def trajectory_read(body: TrajectoryReadRequest | None = None) -> Response:
+    async def trajectory_read(request: Request, body: TrajectoryReadRequest | None = None) -> Response:
         body = body or TrajectoryReadRequest()
-        return _json(read_trajectories(service, trajectory_id=body.trajectory_id, session_id=body.session_id,
-                                       session_ids=body.session_ids, instance_id=body.instance_id,
-                                       max_groups=body.max_groups, segment_view=body.segment_view,
-                                       drain=body.drain, format=body.format))
+        # A reader that accepts msgpack gets the answer as msgpack, resident arrays as raw bytes.
+        binary = MSGPACK in request.headers.get("accept", "")
+        answer = read_trajectories(service, trajectory_id=body.trajectory_id, session_id=body.session_id,
+                                   session_ids=body.session_ids, instance_id=body.instance_id,
+                                   max_groups=body.max_groups, segment_view=body.segment_view,
+                                   drain=body.drain, format=body.format, binary=binary)
+        if binary:
+            return Response(msgpack.packb(answer, use_bin_type=True), media_type=MSGPACK)
+        return _json(answer)
 
     @router.get("/integration/capabilities")
     async def integration_capabilities() -> dict[str, Any]:

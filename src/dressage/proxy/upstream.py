@@ -91,13 +91,14 @@ def discard_session(service: Any, sid: str) -> dict[str, Any]:
 def read_trajectories(service: Any, *, trajectory_id: str | None = None, session_id: str | None = None,
                       session_ids: Sequence[str] | None = None, instance_id: str | None = None,
                       max_groups: int | None = None, segment_view: str | None = None,
-                      drain: bool = False, format: str = "segments") -> dict[str, Any]:
+                      drain: bool = False, format: str = "segments", binary: bool = False) -> dict[str, Any]:
     """``POST /trajectory/read`` in upstream's envelope (see :mod:`dressage.proxy.trajectory_read`).
 
     A named trajectory that is not finalized is an error: 404 when unknown (or drained), 409 when
     still active or aborted. ``format="samples"`` answers, per trajectory, its Samples in wire form
     (large fields as FieldRefs when TQ is on) with the TQ client spec in ``meta_info``: what a
-    trainer in another process needs (:mod:`dressage.train.remote`).
+    trainer in another process needs (:mod:`dressage.train.remote`); ``binary`` gives resident arrays
+    as bytes, for a msgpack answer.
     """
     selection = select_trajectories(service.finalized, trajectory_id=trajectory_id, session_id=session_id,
                                     session_ids=session_ids, instance_id=instance_id, max_groups=max_groups)
@@ -120,7 +121,7 @@ def read_trajectories(service: Any, *, trajectory_id: str | None = None, session
             return build_segments(service.core.session(done.session_id), segment_view)
     if format == "samples":
         data = [{"session_id": sid, "reward": service.finalized[sid].reward,
-                 "metadata": service.finalized[sid].metadata, "samples": samples_wire(service.finalized[sid])}
+                 "metadata": service.finalized[sid].metadata, "samples": samples_wire(service.finalized[sid], binary=binary)}
                 for sid in selection.session_ids]
         spec = service.tq_spec() if service.tq_spec is not None else None
         answer = {"success": bool(data), "mode": "samples", "data": data, "drained": bool(drain),

@@ -13,11 +13,15 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import msgpack
+
 from dressage.errors import ConfigError, ProxyConnectionError, ProxyStatusError, SampleWireError
 from dressage.proxy.sample_wire import sample_from_wire
 from dressage.trajectory import Sample
 
 __all__ = ["ProxyTrajectorySource", "TrajectoryBatch"]
+
+_MSGPACK = "application/msgpack"
 
 
 @dataclass(slots=True)
@@ -46,18 +50,25 @@ class ProxyTrajectorySource:
         self._spec: dict[str, Any] | None = None
 
     def _post(self, path: str, body: Mapping[str, Any]) -> Any:
-        headers = {"content-type": "application/json"}
+        # msgpack first: resident large fields (TQ off) come as raw bytes instead of base64 in JSON.
+        headers = {"content-type": "application/json", "accept": f"{_MSGPACK}, application/json"}
         if self.token:
             headers["authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 raw = resp.read()
+                kind = resp.headers.get("content-type", "")
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")
             raise ProxyStatusError(f"{self.url}{path}: HTTP {exc.code}: {detail}", status_code=exc.code) from None
         except (urllib.error.URLError, OSError) as exc:
             raise ProxyConnectionError(f"{self.url}{path}: {getattr(exc, 'reason', exc)}") from None
+        if kind.startswith(_MSGPACK):
+            try:
+                return msgpack.unpackb(raw, raw=False)
+            except (ValueError, msgpack.UnpackException) as exc:
+                raise SampleWireError(f"{self.url}{path}: answer is not msgpack ({exc})") from None
         try:
             return json.loads(raw)
         except ValueError as exc:
