@@ -7,7 +7,6 @@ import json
 import socket
 
 import httpx
-import pytest
 
 from dressage.agents import AgentConfig, make_prompts, run_rollout
 
@@ -22,17 +21,6 @@ def _model():
     from dressage.fields import get_model
 
     return get_model("tiny-moe")
-
-
-@pytest.fixture(scope="module")
-def engine():
-    from dressage.engine.config import EngineConfig
-    from dressage.engine.server import EngineServer
-
-    srv = EngineServer(EngineConfig(model=_model(), port=0, seed=3, tool_call_rate=0.5, mean_response_tokens=24))
-    srv.start_background()
-    yield srv
-    srv.stop()
 
 
 class _Proxy:

@@ -8,8 +8,6 @@ import numpy as np
 import openai
 import pytest
 
-from dressage.engine.config import EngineConfig
-from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy import Proxy
@@ -21,14 +19,6 @@ from dressage.train import samples_digest
 MODEL = get_model("tiny-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
                                             "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
-
-
-@pytest.fixture(scope="module")
-def engine():
-    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=3, tool_call_rate=0.5, mean_response_tokens=24))
-    srv.start_background()
-    yield srv
-    srv.stop()
 
 
 def _proxy(engine_url, *, tq=None, token=None, dtype="uint8", check_engine=True):

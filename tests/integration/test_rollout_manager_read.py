@@ -22,17 +22,6 @@ MODEL = get_model("tiny-moe")
 N_PROMPTS, N_SAMPLES = 3, 2
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from dressage.engine.config import EngineConfig
-    from dressage.engine.server import EngineServer
-
-    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=3, tool_call_rate=0.5, mean_response_tokens=24))
-    srv.start_background()
-    yield srv
-    srv.stop()
-
-
 def _restored(manager: RolloutManager, client) -> tuple[list, set[str]]:
     """The batch's Samples restored (not released) and the TQ keys they referenced."""
     return _restored_samples(manager.take_batch(0).samples, client)

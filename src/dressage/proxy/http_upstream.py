@@ -15,13 +15,12 @@ from fastapi import APIRouter, Request, Response
 from dressage.proxy import fastjson
 from dressage.errors import MissingSessionIdError
 from dressage.proxy.capabilities import capabilities
+from dressage.proxy.sample_wire import MSGPACK_MEDIA_TYPE
 from dressage.proxy.schemas import DiscardRequest, FinalizeRequest, FinalizeSessionRequest, TrajectoryReadRequest
 from dressage.proxy.turns import identity_from_headers
 from dressage.proxy.upstream import discard_session, finalize_session, read_trajectories
 
-__all__ = ["upstream_router", "MSGPACK"]
-
-MSGPACK = "application/msgpack"
+__all__ = ["upstream_router"]
 
 
 def _json(value: Any) -> Response:
@@ -60,13 +59,13 @@ def upstream_router(service: Any) -> APIRouter:
     async def trajectory_read(request: Request, body: TrajectoryReadRequest | None = None) -> Response:
         body = body or TrajectoryReadRequest()
         # A reader that accepts msgpack gets the answer as msgpack, resident arrays as raw bytes.
-        binary = MSGPACK in request.headers.get("accept", "")
+        binary = MSGPACK_MEDIA_TYPE in request.headers.get("accept", "")
         answer = read_trajectories(service, trajectory_id=body.trajectory_id, session_id=body.session_id,
                                    session_ids=body.session_ids, instance_id=body.instance_id,
                                    max_groups=body.max_groups, segment_view=body.segment_view,
                                    drain=body.drain, format=body.format, binary=binary)
         if binary:
-            return Response(msgpack.packb(answer, use_bin_type=True), media_type=MSGPACK)
+            return Response(msgpack.packb(answer, use_bin_type=True), media_type=MSGPACK_MEDIA_TYPE)
         return _json(answer)
 
     @router.get("/integration/capabilities")

@@ -22,9 +22,11 @@ from dressage.trajectory.pieces import Fill, Piece
 from dressage.trajectory.sample import samples_of_session
 from dressage.tq.refs import FieldRef
 
-__all__ = ["SAMPLE_WIRE_VERSION", "sample_to_wire", "sample_from_wire", "samples_wire"]
+__all__ = ["SAMPLE_WIRE_VERSION", "MSGPACK_MEDIA_TYPE", "sample_to_wire", "sample_from_wire", "samples_wire"]
 
 SAMPLE_WIRE_VERSION = 1
+# The media type of the binary form: a reader that accepts it gets arrays as bytes, not base64.
+MSGPACK_MEDIA_TYPE = "application/msgpack"
 _ARRAY_DTYPES = {"float32", "int32", "int16", "uint16", "uint8", "int8"}
 
 

@@ -121,7 +121,8 @@ def read_trajectories(service: Any, *, trajectory_id: str | None = None, session
             return build_segments(service.core.session(done.session_id), segment_view)
     if format == "samples":
         data = [{"session_id": sid, "reward": service.finalized[sid].reward,
-                 "metadata": service.finalized[sid].metadata, "samples": samples_wire(service.finalized[sid], binary=binary)}
+                 "metadata": service.finalized[sid].metadata,
+                 "samples": samples_wire(service.finalized[sid], binary=binary)}
                 for sid in selection.session_ids]
         spec = service.tq_spec() if service.tq_spec is not None else None
         answer = {"success": bool(data), "mode": "samples", "data": data, "drained": bool(drain),

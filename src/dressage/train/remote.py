@@ -16,12 +16,10 @@ from typing import Any, Mapping
 import msgpack
 
 from dressage.errors import ConfigError, ProxyConnectionError, ProxyStatusError, SampleWireError
-from dressage.proxy.sample_wire import sample_from_wire
+from dressage.proxy.sample_wire import MSGPACK_MEDIA_TYPE, sample_from_wire
 from dressage.trajectory import Sample
 
 __all__ = ["ProxyTrajectorySource", "TrajectoryBatch"]
-
-_MSGPACK = "application/msgpack"
 
 
 @dataclass(slots=True)
@@ -51,7 +49,7 @@ class ProxyTrajectorySource:
 
     def _post(self, path: str, body: Mapping[str, Any]) -> Any:
         # msgpack first: resident large fields (TQ off) come as raw bytes instead of base64 in JSON.
-        headers = {"content-type": "application/json", "accept": f"{_MSGPACK}, application/json"}
+        headers = {"content-type": "application/json", "accept": f"{MSGPACK_MEDIA_TYPE}, application/json"}
         if self.token:
             headers["authorization"] = f"Bearer {self.token}"
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers, method="POST")
@@ -64,7 +62,7 @@ class ProxyTrajectorySource:
             raise ProxyStatusError(f"{self.url}{path}: HTTP {exc.code}: {detail}", status_code=exc.code) from None
         except (urllib.error.URLError, OSError) as exc:
             raise ProxyConnectionError(f"{self.url}{path}: {getattr(exc, 'reason', exc)}") from None
-        if kind.startswith(_MSGPACK):
+        if kind.startswith(MSGPACK_MEDIA_TYPE):
             try:
                 return msgpack.unpackb(raw, raw=False)
             except (ValueError, msgpack.UnpackException) as exc:
