@@ -120,3 +120,14 @@ def test_malformed_binary_array_is_a_typed_error(mutate, needle):
     mutate(wire["rollout_log_probs"])
     with pytest.raises(SampleWireError, match=needle):
         sample_from_wire(wire)
+
+
+def test_binary_arrays_are_read_only_views_of_the_received_bytes():
+    import msgpack
+
+    wire = msgpack.unpackb(msgpack.packb(sample_to_wire(_samples(None, tq=False)[0], binary=True),
+                                         use_bin_type=True), raw=False)
+    raw = wire["rollout_routed_experts"]["data"]
+    back = sample_from_wire(wire)
+    r3 = back.rollout_routed_experts
+    assert not r3.flags.writeable and np.shares_memory(r3, np.frombuffer(raw, np.uint8))

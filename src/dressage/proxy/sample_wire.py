@@ -60,7 +60,10 @@ def _array_from_wire(obj: Any, what: str) -> np.ndarray:
     want = np.dtype(dtype).itemsize * math.prod(shape)
     if len(raw) != want:
         raise SampleWireError(f"{what}: {len(raw)} bytes for {dtype}{shape} (want {want})")
-    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+    # The bytes of a msgpack bin are this array's alone: a read-only view of them, as ray.get gives an
+    # array, saves a copy into fresh pages (a tenth of a second per 50 MiB here).
+    return array if "data" in obj else array.copy()
 
 
 def _int_list(obj: Any, what: str, dtype: Any) -> np.ndarray:
