@@ -134,8 +134,7 @@ class _Plane:
         if cfg.proxy_deployment == "ray":
             self.proxy: Any = self._actor(ProxyActor, 0, dp, engine_url, self.rm, spec, spread)
         else:
-            m = cfg.model
-            self.proxy = ProxyProcess({"model": dataclasses.asdict(m), "dtype": dtype, "engine_url": engine_url,
+            self.proxy = ProxyProcess({"model": dataclasses.asdict(cfg.model), "dtype": dtype, "engine_url": engine_url,
                                        "tq_spec": spec, "spread": spread, "node_id": cluster.node_id(0)})
         self.proxy_url = self.proxy_call("url")
         res = {cluster.node_resource(1): 0.01}
@@ -223,11 +222,12 @@ class _Plane:
     def close(self) -> None:
         import ray
 
+        hosted = [self.engine]
         if isinstance(self.proxy, ProxyProcess):
             self.proxy.stop()
-        for actor in (self.proxy, self.engine):
-            if isinstance(actor, ProxyProcess):
-                continue
+        else:
+            hosted.append(self.proxy)
+        for actor in hosted:
             try:
                 ray.get(actor.stop.remote(), timeout=10)
             except Exception:  # already gone: the kill below is all that is left to do
