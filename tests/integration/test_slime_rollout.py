@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from dressage.agents import make_prompts, run_rollout
 from dressage.agents.config import AgentConfig
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
-from dressage.errors import ConfigError
+from dressage.errors import ConfigError, TrajectoryError
 from dressage.fields import get_model
 from dressage.integrations import slime_rollout
 from dressage.integrations.slime import SlimeSample
@@ -34,16 +36,21 @@ class DataSource:
 
 
 @pytest.fixture(scope="module")
-def stack():
-    engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=12))
-    engine.start_background()
+def engine():
+    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=12))
+    srv.start_background()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(engine):
     manager = RolloutManager()
     proxy = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
                                     server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)),
                         sink=manager)
     yield proxy.url, manager
     proxy.shutdown()
-    engine.stop()
 
 
 def test_rollout_function_returns_slime_groups_with_restored_fields(stack):
@@ -86,3 +93,39 @@ def test_rollout_function_refuses_bad_inputs(stack):
         rollout(SimpleNamespace(rollout_batch_size=1), 0, DataSource([[{"role": "system", "content": "s"}]], 1))
     with pytest.raises(ConfigError, match="no Dressage rollout"):
         slime_rollout.generate_rollout(SimpleNamespace(rollout_batch_size=1), 0, DataSource(["x"], 1))
+
+
+@pytest.mark.parametrize("with_tq", [False, True], ids=["tq-off", "tq-on"])
+def test_rollout_function_drains_a_proxy_that_runs_as_its_own_service(engine, with_tq):
+    """No sink: the rollout function reads its Samples over POST /trajectory/read, and with TQ on restores
+    the large fields from the StorageUnits the Proxy names in its answers."""
+    from dressage.tq import TransferQueue
+
+    tq = TransferQueue.start({"deployment": "local", "num_storage_units": 1, "retention_s": None}) if with_tq else None
+    proxy = Proxy.start(ProxyConfig(
+        data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=with_tq,
+                                   routed_experts_dtype="uint8"),
+        server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)), tq=tq)
+    try:
+        rollout = slime_rollout.SlimeRollout(proxy_url=proxy.url, concurrency=4, read_groups=1,
+                                             agent_config=AgentConfig(max_turns=2, tools=False, max_tokens=16))
+        out = rollout(SimpleNamespace(rollout_batch_size=2), 3, DataSource(["Add 2 and 3.", "Name a colour."], 2))
+        groups = out.samples if hasattr(out, "samples") else out
+        assert rollout.last_report.finalized == 4 and len(groups) == 2
+        assert not proxy.service.finalized  # drained: the Proxy handed them over
+        for s in (s for g in groups for s in g):
+            assert len(s.rollout_log_probs) == s.response_length
+            r3 = np.asarray(s.rollout_routed_experts)
+            assert r3.dtype == np.int32 and r3.shape == (len(s.tokens) - 1, MODEL.num_layers, MODEL.topk)
+        if with_tq:  # the large fields came from the StorageUnit; its keys wait for the trainer's release
+            assert tq.client().total_keys() > 0
+        # A finalized session the agents did not run (another rollout's) is refused, not trained on.
+        stray = asyncio.run(run_rollout(proxy.url, make_prompts(1, seed=9), 1,
+                                        AgentConfig(max_turns=1, tools=False, max_tokens=8), concurrency=1))
+        assert stray.finalized == 1
+        with pytest.raises(TrajectoryError, match="read 5 finalized trajectories where the agents finalized 4"):
+            rollout(SimpleNamespace(rollout_batch_size=2), 4, DataSource(["Add 2 and 3.", "Name a colour."], 2))
+    finally:
+        proxy.shutdown()
+        if tq is not None:
+            tq.shutdown()

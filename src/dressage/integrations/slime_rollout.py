@@ -4,9 +4,11 @@ slime calls ``fn(args, rollout_id, data_source, evaluation=False)`` and reads
 ``RolloutFnTrainOutput(samples=list[list[Sample]], metrics)`` (or, from older code, the bare
 groups). :class:`SlimeRollout` takes ``args.rollout_batch_size`` prompt groups from
 ``data_source.get_samples``, runs ``len(group)`` agent sessions per prompt against the Proxy,
-takes the finalized sessions' Samples from the :class:`~dressage.rollout.RolloutManager` the
-Proxy delivers to (same process), restores their large fields and returns slime Samples
-grouped by prompt. Point slime at it with
+takes the finalized sessions' Samples, restores their large fields and returns slime Samples
+grouped by prompt. The Samples come from the :class:`~dressage.rollout.RolloutManager` the Proxy
+delivers to when it runs in this process (``manager``), else over the Proxy's trajectory-read
+interface (``POST /trajectory/read``, drained: the Proxy as its own service, as the seed deploys
+it), with a TransferQueue reader joined from the spec the Proxy sends when TQ is on. Point slime at it with
 ``--rollout-function-path dressage.integrations.slime_rollout.generate_rollout`` after
 :func:`install`-ing a configured :class:`SlimeRollout`.
 """
@@ -19,9 +21,13 @@ from typing import Any
 from dressage.agents.config import AgentConfig
 from dressage.agents.prompts import DEFAULT_SYSTEM, TaskPrompt
 from dressage.agents.rollout import run_rollout
-from dressage.errors import ConfigError
+from dressage.errors import ConfigError, TrajectoryError
 from dressage.fields.versions import VersionTable
 from dressage.integrations.slime import slime_sample_class, to_slime_groups
+from dressage.rollout import RolloutManager
+from dressage.rollout.manager import sample_ref_keys
+from dressage.train.reader import TrainingReader
+from dressage.train.remote import ProxyTrajectorySource, drain
 
 __all__ = ["SlimeRollout", "install", "generate_rollout", "prompt_of"]
 
@@ -50,15 +56,25 @@ def _train_output(groups: list[list[Any]], metrics: dict[str, Any]) -> Any:
 
 
 class SlimeRollout:
-    """Callable as slime's rollout function; ``manager`` is the Proxy's sink, ``reader`` a TrainingReader
-    (``None`` when every large field stays resident in the Proxy process)."""
+    """Callable as slime's rollout function.
 
-    def __init__(self, *, proxy_url: str, manager: Any, agent_config: AgentConfig, reader: Any = None,
-                 concurrency: int = 64, token: str | None = None, versions: VersionTable | None = None) -> None:
+    ``manager`` is the Proxy's sink when the Proxy runs in this process; ``None`` reads the finalized
+    trajectories from the Proxy at ``proxy_url`` instead (``admin_token`` when it has one,
+    ``read_groups`` prompt groups a read). ``reader`` is a TrainingReader (``None``: every large field
+    is resident, or, reading over HTTP, one joined to the TQ the Proxy names).
+    """
+
+    def __init__(self, *, proxy_url: str, manager: Any = None, agent_config: AgentConfig, reader: Any = None,
+                 concurrency: int = 64, token: str | None = None, versions: VersionTable | None = None,
+                 admin_token: str | None = None, read_groups: int = 8) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
             raise ConfigError(f"concurrency must be a positive integer, got {concurrency!r}")
+        if not isinstance(read_groups, int) or isinstance(read_groups, bool) or read_groups < 1:
+            raise ConfigError(f"read_groups must be a positive integer, got {read_groups!r}")
         self.proxy_url, self.manager, self.reader = proxy_url, manager, reader
         self.agent_config, self.concurrency, self.token, self.versions = agent_config, concurrency, token, versions
+        self.read_groups = read_groups
+        self._source = None if manager is not None else ProxyTrajectorySource(proxy_url, token=admin_token)
         self.last_report: Any = None
 
     def __call__(self, args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
@@ -76,8 +92,19 @@ class SlimeRollout:
                                          concurrency=self.concurrency, token=self.token,
                                          metadata={"rollout_id": int(rollout_id)}))
         self.last_report = report
-        batch = self.manager.take_batch(int(rollout_id))
-        samples = batch.samples if self.reader is None else self.reader.restore(batch.samples)
+        manager, reader = self.manager, self.reader
+        if self._source is not None:  # the Proxy is a service of its own: drain what this rollout finalized
+            manager = RolloutManager()
+            for read in drain(self._source, max_groups=self.read_groups):
+                manager.add_samples(read.samples, sessions=read.trajectories)
+            if manager.sessions_received != report.finalized:
+                raise TrajectoryError(f"{self.proxy_url}: read {manager.sessions_received} finalized trajectories "
+                                      f"where the agents finalized {report.finalized} (does another reader drain "
+                                      "this Proxy, or did sessions of another rollout wait in it?)")
+        batch = manager.take_batch(int(rollout_id))
+        if reader is None and self._source is not None and sample_ref_keys(batch.samples):
+            reader = TrainingReader(self._source.client())  # the TQ the Proxy named in its answers
+        samples = batch.samples if reader is None else reader.restore(batch.samples)
         groups = to_slime_groups(samples, versions=self.versions, cls=slime_sample_class(),
                                  labels=[getattr(g[0], "label", None) for g in source],
                                  prompts=[g[0].prompt for g in source])

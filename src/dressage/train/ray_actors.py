@@ -16,7 +16,7 @@ import ray
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
 from dressage.train.reader import TrainingReader, release_batch
-from dressage.train.remote import ProxyTrajectorySource
+from dressage.train.remote import ProxyTrajectorySource, drain
 from dressage.train.summary import summarise_shard
 
 __all__ = ["RolloutManagerActor", "TrainerActor", "RayBackend", "start_ray_backend"]
@@ -48,14 +48,12 @@ class RolloutManagerActor:
         prompt groups a read (what one answer holds in memory on both sides), until none is left.
         With TQ on, the Samples carry FieldRefs; the trainers restore them.
         """
-        source = ProxyTrajectorySource(proxy_url, token=token, timeout_s=_READ_TIMEOUT_S)
         sessions = 0
-        while True:
-            batch = source.read(drain=True, max_groups=max_groups)
-            if batch.trajectories == 0:
-                return sessions
+        for batch in drain(ProxyTrajectorySource(proxy_url, token=token, timeout_s=_READ_TIMEOUT_S),
+                           max_groups=max_groups):
             self._count(self.rm.add_samples(batch.samples, sessions=batch.trajectories))
             sessions += batch.trajectories
+        return sessions
 
     def _count(self, samples: list[Any]) -> int:
         for s in samples:

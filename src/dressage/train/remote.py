@@ -11,7 +11,7 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import msgpack
 
@@ -19,7 +19,7 @@ from dressage.errors import ConfigError, ProxyConnectionError, ProxyStatusError,
 from dressage.proxy.sample_wire import MSGPACK_MEDIA_TYPE, sample_from_wire
 from dressage.trajectory import Sample
 
-__all__ = ["ProxyTrajectorySource", "TrajectoryBatch"]
+__all__ = ["ProxyTrajectorySource", "TrajectoryBatch", "drain", "consume"]
 
 
 @dataclass(slots=True)
@@ -109,6 +109,16 @@ class ProxyTrajectorySource:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def drain(source: ProxyTrajectorySource, *, max_groups: int | None = None) -> Iterator[TrajectoryBatch]:
+    """The Proxy's finalized trajectories, handed over (drained) ``max_groups`` prompt groups a read
+    (what one answer holds in memory on both sides; None: all in one), until a read finds none."""
+    while True:
+        batch = source.read(drain=True, max_groups=max_groups)
+        if batch.trajectories == 0:
+            return
+        yield batch
 
 
 def consume(source: ProxyTrajectorySource, *, dp_size: int = 1, expect_sessions: int | None = None,
