@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -59,17 +60,23 @@ def engine():
     _stop(proc)
 
 
-def _rollout_then_train(engine_url, tmp_path, *, tq: bool):
+def _rollout_then_train(engine_url, tmp_path, *, tq: bool, spec_file=None, on_start=None):
+    """Proxy process (TQ off; on with a TQ it starts; or joined to ``spec_file``'s), agents, trainer
+    process: the trainer's report and what the Proxy still holds. ``on_start(pid)`` runs once it serves."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     args = ["proxy", "serve", "--engine-url", engine_url, "--port", str(port),
             "--use-rollout-routing-replay", "--routed-experts-dtype", "uint8"]
-    if tq:
+    if spec_file is not None:
+        args += ["--enable-transfer-queue", "--transfer-queue-spec", str(spec_file)]
+    elif tq:
         cfg = tmp_path / "tq.yaml"
         cfg.write_text("deployment: local\nnum_storage_units: 2\n")
         args += ["--enable-transfer-queue", "--transfer-queue-config", str(cfg)]
     proxy = _start(args, url)
     try:
+        if on_start is not None:
+            on_start(proxy.pid)
         report = asyncio.run(run_rollout(url, make_prompts(N_PROMPTS, seed=5), N_SAMPLES,
                                          AgentConfig(seed=11, max_turns=3), concurrency=3))
         assert report.errors == 0, report.errors_by_kind
@@ -99,3 +106,38 @@ def test_trainer_process_restores_refs_from_the_proxys_transfer_queue(engine, tm
     # Same agents, same engine seed: the trainer sees bit-identical Samples whichever path they took.
     assert with_tq["samples_digest"] == without_tq["samples_digest"]
     assert with_tq["large_field_bytes_restored"] == without_tq["large_field_bytes_restored"]
+
+
+def test_a_proxy_process_joins_a_running_transfer_queue_by_its_spec_and_loads_no_ray(engine, tmp_path):
+    """The seed's deployment: the TQ is started elsewhere (here by the test; on a cluster by the driver,
+    on Ray), the Proxy joins it from a spec file, so it needs no Ray, and the trainer joins it from the
+    spec the Proxy passes on. The TQ outlives the Proxy, and its keys are gone once the trainer is done."""
+    from dressage.tq import TransferQueue
+
+    tq = TransferQueue.start({"deployment": "local", "num_storage_units": 1, "retention_s": None})
+    try:
+        spec_file = tmp_path / "tq.json"
+        tq.write_client_spec(spec_file)
+        assert stat.S_IMODE(spec_file.stat().st_mode) == 0o600  # it carries the TQ's secret
+
+        def outside_ray(pid):
+            with open(f"/proc/{pid}/maps") as f:
+                assert "_raylet" not in f.read()
+
+        joined, left = _rollout_then_train(engine, tmp_path, tq=True, spec_file=spec_file, on_start=outside_ray)
+        assert joined["transfer_queue"] is True and joined["sessions"] == N_PROMPTS * N_SAMPLES
+        assert joined["tq_keys_read"] > 0 and joined["tq_keys_released"] == joined["tq_keys_read"]
+        assert left["trajectories"] == [] and tq.client().total_keys() == 0  # the TQ runs on, emptied
+        without_tq, _ = _rollout_then_train(engine, tmp_path, tq=False)
+        assert joined["samples_digest"] == without_tq["samples_digest"]
+    finally:
+        tq.shutdown()
+
+
+def test_a_spec_that_is_not_one_stops_the_proxy_with_its_name(engine, tmp_path):
+    bad = tmp_path / "tq.json"
+    bad.write_text('{"spec_version": 99}')
+    proc = subprocess.run([sys.executable, "-m", "dressage", "proxy", "serve", "--engine-url", engine,
+                           "--port", str(_free_port()), "--enable-transfer-queue", "--transfer-queue-spec", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "tq.json" in proc.stderr and "spec" in proc.stderr

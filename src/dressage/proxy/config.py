@@ -218,6 +218,9 @@ class ProxyConfig:
     transfer_queue: Any = None
     """TransferQueueConfig of the deployment to start when TQ is on; ``None``: the file
     ``data_plane.transfer_queue_config`` names, or the embedded defaults."""
+    transfer_queue_spec: str | None = field(default=None, metadata=flag(metavar="FILE"))
+    """Join the running TransferQueue whose client spec this file holds (``TransferQueue.write_client_spec``)
+    instead of starting one: the Proxy then needs no Ray, even for a TQ deployed on Ray."""
     journal: JournalConfig = field(default_factory=JournalConfig)
     """The step journal (off unless ``journal.path`` is set)."""
     tokenizer: str = field(default="byte", metadata=flag(metavar="NAME", aliases=("--tokenizer-path",)))
@@ -250,6 +253,14 @@ class ProxyConfig:
                 raise ConfigError(f"proxy.{key} must be a positive integer or unset, got {value!r}")
         if self.transfer_queue is not None and not self.data_plane.enable_transfer_queue:
             raise ConfigError("proxy.transfer_queue: set, but data_plane.enable_transfer_queue is off")
+        if self.transfer_queue_spec is not None:
+            if not isinstance(self.transfer_queue_spec, str) or not self.transfer_queue_spec:
+                raise ConfigError(f"proxy.transfer_queue_spec: expected a file path, got {self.transfer_queue_spec!r}")
+            if not self.data_plane.enable_transfer_queue:
+                raise ConfigError("--transfer-queue-spec: set, but --enable-transfer-queue is off")
+            if self.transfer_queue is not None or self.data_plane.transfer_queue_config is not None:
+                raise ConfigError("--transfer-queue-spec joins a running TransferQueue; it cannot go with "
+                                  "--transfer-queue-config, which starts one")
 
     def transfer_queue_config(self) -> Any:
         """The TransferQueueConfig to start (``None`` when TQ is off)."""

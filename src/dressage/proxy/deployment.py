@@ -70,9 +70,10 @@ class Proxy:
     """
 
     def __init__(self, config: ProxyConfig, service: ProxyService, server: Any, tq: Any, owns_tq: bool,
-                 recovery: Any) -> None:
+                 recovery: Any, owned_client: Any = None) -> None:
         self.config, self.service, self.server = config, service, server
         self.tq, self._owns_tq, self.recovery = tq, owns_tq, recovery
+        self._owned_client = owned_client  # the client of a TQ this Proxy joined by its spec
         self.engine_check: Any = None
         """What the start-up check against the engines settled (``None``: not checked)."""
 
@@ -83,7 +84,8 @@ class Proxy:
         """Assemble and start a Proxy; returns once its server accepts connections.
 
         With TQ on, the Proxy writes through ``tq_client``, else a client of ``tq`` (a started
-        :class:`dressage.tq.TransferQueue` the caller owns), else a deployment it starts from
+        :class:`dressage.tq.TransferQueue` the caller owns), else a client of the running TQ whose spec
+        ``config.transfer_queue_spec`` names, else a deployment it starts from
         ``config.transfer_queue_config()`` and stops at :meth:`shutdown`.
         """
         from dressage.proxy.http import ProxyServer
@@ -91,19 +93,28 @@ class Proxy:
         check = None
         if engine is None and not config.skip_engine_check:
             config, check = checked_config(config, keep_tokenizer=tokenizer is not None)
-        owns_tq = False
+        owns_tq, owned_client, joined = False, None, None
         if tq_client is None and config.data_plane.enable_transfer_queue:
-            if tq is None:
-                from dressage.tq import TransferQueue
+            if tq is None and config.transfer_queue_spec is not None:
+                from dressage.tq import TransferQueueClient
+                from dressage.tq.remote_client import load_client_spec
 
-                tq, owns_tq = TransferQueue.start(config.transfer_queue_config()), True
-            tq_client = tq.client()
+                joined = load_client_spec(config.transfer_queue_spec)
+                tq_client = owned_client = TransferQueueClient.connect(joined)
+            else:
+                if tq is None:
+                    from dressage.tq import TransferQueue
+
+                    tq, owns_tq = TransferQueue.start(config.transfer_queue_config()), True
+                tq_client = tq.client()
         server = None
         try:
             service, recovery = build_service(config, tq_client=tq_client, tokenizer=tokenizer, engine=engine,
                                               sink=sink, batch_tag=batch_tag)
             if tq is not None:
                 service.tq_spec = tq.client_spec  # a trainer process joins this TQ from a read's meta_info
+            elif joined is not None:
+                service.tq_spec = lambda: dict(joined)
             server = ProxyServer(service)
             server.start_background()
         except BaseException:
@@ -111,8 +122,10 @@ class Proxy:
                 server.stop()
             if owns_tq:
                 tq.shutdown()
+            if owned_client is not None:
+                owned_client.close()
             raise
-        proxy = cls(config, service, server, tq, owns_tq, recovery)
+        proxy = cls(config, service, server, tq, owns_tq, recovery, owned_client)
         proxy.engine_check = check
         return proxy
 
@@ -138,6 +151,9 @@ class Proxy:
     def shutdown(self) -> None:
         self.server.stop()
         self.core.close()  # steps still being written land before the TQ goes
+        if self._owned_client is not None:
+            self._owned_client.close()  # the joined TQ itself runs on: its owner stops it
+            self._owned_client = None
         if self._owns_tq and self.tq is not None:
             self.tq.shutdown()
             self._owns_tq = False

@@ -83,6 +83,13 @@ class TransferQueue:
         self._check_open()
         return self._deployment.client_spec()
 
+    def write_client_spec(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`client_spec` to ``path`` (JSON, mode 0600) for a process that joins later, e.g.
+        a Proxy run as its own service: ``dressage proxy serve --transfer-queue-spec path``."""
+        from dressage.tq.remote_client import write_client_spec
+
+        write_client_spec(self.client_spec(), path)
+
     @property
     def controller(self) -> Any:
         """The directory handle (in-process Controller or its remote twin)."""

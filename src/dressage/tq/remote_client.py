@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,7 +12,7 @@ from dressage.tq.controller import UnitInfo
 from dressage.tq.controller_service import RemoteController
 from dressage.tq.storage.remote import RemoteStorageUnit
 
-__all__ = ["SPEC_VERSION", "make_spec", "connect_spec"]
+__all__ = ["SPEC_VERSION", "make_spec", "connect_spec", "write_client_spec", "load_client_spec"]
 
 SPEC_VERSION = 1
 
@@ -52,3 +54,37 @@ def connect_spec(cls: Any, spec: Mapping[str, Any], *, node_id: str | None = Non
             shm_token=u.get("shm_token"), secret=secret)
     return cls(controller, units, node_id=node_id, on_full=str(spec.get("on_full", "spill")),
                full_wait_s=float(spec.get("full_wait_s", 30.0)), owns_handles=True, spec=dict(spec))
+
+
+def write_client_spec(spec: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
+    """Write a client spec as a JSON file only its owner can read (it carries the TQ's secret when the
+    TQ has one), replacing ``path`` at once, so a process that starts later joins with
+    :func:`load_client_spec` (``dressage proxy serve --transfer-queue-spec FILE``)."""
+    if not isinstance(spec, Mapping) or spec.get("spec_version") != SPEC_VERSION:
+        raise ConfigError(f"write_client_spec: not a TransferQueue client spec (spec_version {SPEC_VERSION})")
+    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(spec), f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_client_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The client spec :func:`write_client_spec` wrote; a missing, unreadable or foreign file is a
+    ConfigError that names it."""
+    try:
+        with open(path) as f:
+            spec = json.load(f)
+    except OSError as exc:
+        raise ConfigError(f"TransferQueue client spec {os.fspath(path)!r}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"TransferQueue client spec {os.fspath(path)!r} is not JSON: {exc}") from None
+    if not isinstance(spec, dict) or spec.get("spec_version") != SPEC_VERSION or not spec.get("controller"):
+        raise ConfigError(f"TransferQueue client spec {os.fspath(path)!r}: not a spec of version {SPEC_VERSION} "
+                          "(write it with TransferQueue.write_client_spec)")
+    return spec

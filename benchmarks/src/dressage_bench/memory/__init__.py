@@ -2,12 +2,27 @@
 
 The master node's trajectory data plane (Proxy, RolloutManager, object store, TQ Controller, local
 StorageUnit) measured by PSS on a timer, without TQ and with TQ, for each R3 storage dtype.
+
+The names below load on first use: the ``dressage`` command registers this benchmark's flags on every
+start (``dressage proxy serve`` too), and the runner imports Ray.
 """
 
-from dressage_bench.memory.bench import run_memory_bench
-from dressage_bench.memory.config import PRESETS, MemoryBenchConfig
-from dressage_bench.memory.pipeline import METRIC_COMPONENTS, PathRun, run_path
-from dressage_bench.memory.report import build_report, format_table, write_json
+from __future__ import annotations
 
-__all__ = ["MemoryBenchConfig", "PRESETS", "PathRun", "run_path", "METRIC_COMPONENTS", "run_memory_bench",
-           "build_report", "format_table", "write_json"]
+import importlib
+from typing import Any
+
+_EXPORTS = {"run_memory_bench": "dressage_bench.memory.bench", "MemoryBenchConfig": "dressage_bench.memory.config",
+            "PRESETS": "dressage_bench.memory.config", "METRIC_COMPONENTS": "dressage_bench.memory.pipeline",
+            "PathRun": "dressage_bench.memory.pipeline", "run_path": "dressage_bench.memory.pipeline",
+            "build_report": "dressage_bench.memory.report", "format_table": "dressage_bench.memory.report",
+            "write_json": "dressage_bench.memory.report"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dressage_bench.memory' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
