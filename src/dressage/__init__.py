@@ -8,8 +8,7 @@ Each layer's package has the rest (``dressage.fields``, ``dressage.trajectory``,
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dressage._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -32,14 +31,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dressage' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -7,8 +7,7 @@ only routes to it. See docs/architecture.md.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dressage._lazy import lazy_exports
 
 _EXPORTS = {"Proxy": "dressage.proxy.deployment", "build_service": "dressage.proxy.deployment",
             "ProxyConfig": "dressage.proxy.config", "ProxyServerConfig": "dressage.proxy.config",
@@ -18,8 +17,4 @@ _EXPORTS = {"Proxy": "dressage.proxy.deployment", "build_service": "dressage.pro
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dressage.proxy' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -9,8 +9,7 @@ start (``dressage proxy serve`` too), and the runner imports Ray.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from dressage._lazy import lazy_exports
 
 _EXPORTS = {"run_memory_bench": "dressage_bench.memory.bench", "MemoryBenchConfig": "dressage_bench.memory.config",
             "PRESETS": "dressage_bench.memory.config", "METRIC_COMPONENTS": "dressage_bench.memory.pipeline",
@@ -21,8 +20,4 @@ _EXPORTS = {"run_memory_bench": "dressage_bench.memory.bench", "MemoryBenchConfi
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dressage_bench.memory' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
