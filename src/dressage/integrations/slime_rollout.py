@@ -8,8 +8,8 @@ takes the finalized sessions' Samples, restores their large fields and returns s
 grouped by prompt. The Samples come from the :class:`~dressage.rollout.RolloutManager` the Proxy
 delivers to when it runs in this process (``manager``), else over the Proxy's trajectory-read
 interface (``POST /trajectory/read``, drained: the Proxy as its own service, as the seed deploys
-it), with a TransferQueue reader joined from the spec the Proxy sends when TQ is on. Point slime at it with
-``--rollout-function-path dressage.integrations.slime_rollout.generate_rollout`` after
+it), with a TransferQueue reader joined from the spec the Proxy sends when TQ is on. Point slime
+at it with ``--rollout-function-path dressage.integrations.slime_rollout.generate_rollout`` after
 :func:`install`-ing a configured :class:`SlimeRollout`.
 """
 
