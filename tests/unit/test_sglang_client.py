@@ -62,12 +62,15 @@ def test_http_errors_become_engine_errors_with_status(make, error, status):
     (httpx.ReadTimeout("slow"), EngineTimeout),
     (httpx.ConnectTimeout("slow"), EngineTimeout),
 ])
-def test_transport_errors_are_translated(exc, error):
+@pytest.mark.parametrize("streamed", [False, True], ids=["generate", "generate_stream"])
+def test_transport_errors_are_translated(exc, error, streamed):
     def handler(request):
         raise exc
 
     async def go():
         async with _client(handler) as c:
+            if streamed:
+                return [chunk async for chunk in c.generate_stream([1])]
             await c.generate([1])
 
     with pytest.raises(error) as info:

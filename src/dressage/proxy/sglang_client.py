@@ -221,7 +221,7 @@ class SGLangClient:
                                    routed_experts_start_len=routed_experts_start_len, rid=rid, stream=True,
                                    extra=extra)
         what = f"POST {self.base_url}/generate (stream)"
-        try:
+        with self._boundary(what, timeout):
             async with self._http.stream("POST", "/generate", content=fastjson.dumps(body, numpy=True),
                                          headers={"content-type": "application/json",
                                                   **(self._routing_headers(routing_key) or {})},
@@ -242,10 +242,6 @@ class SGLangClient:
                     if isinstance(chunk, dict) and "error" in chunk and "meta_info" not in chunk:
                         raise EngineRequestError(f"{what}: {chunk['error']}")
                     yield chunk
-        except httpx.TimeoutException as exc:
-            raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s") from exc
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
 
     # -- control -----------------------------------------------------------------------------------
 
