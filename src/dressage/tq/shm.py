@@ -1,9 +1,9 @@
 """Shared-memory fast path between processes on one host: payloads as files in /dev/shm.
 
 A writer on the unit's host writes the array into ``/dev/shm/dtq-<unit token>-<n>`` (hashing each block
-as it writes it) and sends only the name and the digests; the unit maps the file and keeps that mapping as the stored blob (no copy). A reader on the same host
-gets ``(name, offset)`` back and maps the rows read-only (no copy, no socket transfer). Only names with
-the unit's own prefix are ever opened.
+as it writes it) and sends only the name and the digests; the unit maps the file and keeps that mapping
+as the stored blob (no copy). A reader on the same host gets ``(name, offset)`` back and maps the rows
+read-only (no copy, no socket transfer). Only names with the unit's own prefix are ever opened.
 
 Segments are recycled: a file's size is a power-of-two class (>= the payload), and when the unit drops its
 last view of a blob it renames the file into its free pool instead of unlinking it, so the next put of
@@ -49,9 +49,6 @@ SHM_DIR = "/dev/shm"
 SHM_MIN_BYTES = 256 * 1024
 # Free (released) segments a unit keeps for reuse, in bytes; a release beyond this unlinks the file.
 SHM_POOL_BYTES = 1 << 30
-# madvise(MADV_POPULATE_READ) (Linux 5.14+; Python 3.11's mmap has no name for it): map a file's pages
-# into this process's page tables in one call instead of one fault per page on first read.
-_MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 _NAME = re.compile(r"^dtq-[0-9a-f]{16}-[0-9a-z]+$")
 _PAGE = mmap.PAGESIZE
 # Where the small fields of a put start in the segment of its first large one (see ``pack_offsets``).
@@ -272,13 +269,12 @@ class ShmRegistry:
         if not self.owns(name):
             raise ProtocolError(f"segment {name!r:.80} does not belong to this unit")
         path = _path(name)
-        spans, end = [], 0
-        for off, dtype, shape in sorted(parts, key=lambda p: p[0]):
+        end = 0
+        for i, (off, dtype, shape) in enumerate(sorted(parts, key=lambda p: p[0])):
             nbytes = dtype.itemsize * math.prod(shape)
-            if nbytes == 0 or off < end or off % dtype.itemsize or (not spans and off != 0):
+            if nbytes == 0 or off < end or off % dtype.itemsize or (i == 0 and off != 0):
                 remove_segment(name)
                 raise ProtocolError(f"segment {name}: parts must start at 0, be non-empty, aligned and not overlap")
-            spans.append(nbytes)
             end = off + nbytes
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)

@@ -83,7 +83,8 @@ class StorageUnitServer:
         self.shm = ShmRegistry(shm_token) if self.host_id else None
         self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret,
                              max_message_bytes=max_message_bytes)
-        self.rpc.after_reply = self._after_reply  # a put's checksums are hashed after its reply
+        # Checksums a put's writer did not compute are hashed after its reply, before the next request.
+        self.rpc.after_reply = getattr(backend, "seal", None)
         # Liveness probes get their own socket and thread: a ping queued behind a multi-GiB put would
         # make a busy unit look dead. A stopped or killed process answers neither.
         self.heartbeat = RpcServer(self._beat, host=host, port=0, name=f"unit {backend.unit_id} heartbeat",
@@ -93,13 +94,6 @@ class StorageUnitServer:
                                max_message_bytes=max_message_bytes, alloc=self._receive_buffer) if bulk else None
         if self.bulk is not None:
             self.bulk.after_reply = self.rpc.after_reply
-
-    def _after_reply(self) -> None:
-        """Work a put leaves for after its reply, before the next request is read: checksums of what
-        the writer did not hash."""
-        seal = getattr(self.backend, "seal", None)
-        if seal is not None:
-            seal()
 
     def _receive_buffer(self, nbytes: int) -> Any:
         """Where a streamed payload lands: with shared memory on, a segment of this unit from
