@@ -95,7 +95,7 @@ async def _round(client, args, prompt_len: int, spec) -> tuple[float, float, flo
 
 
 async def _main(args, port: int) -> dict:
-    from dressage.proxy.sglang_client import SGLangClient
+    from dressage.proxy.engines.sglang_client import SGLangClient
 
     spec = None
     if "routed_experts_spec" in inspect.signature(SGLangClient.generate).parameters:

@@ -12,11 +12,11 @@ from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ConfigError, SessionLimitError
 from dressage.fields import get_model
 from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.http import ProxyServer
+from dressage.proxy.recording.core import ProxyCore
+from dressage.proxy.http.app import ProxyServer
 from dressage.proxy.service import ProxyService
-from dressage.proxy.session_caps import SessionKeeper
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy.recording.session_caps import SessionKeeper
+from dressage.proxy.engines.sglang_client import SGLangClient
 from dressage.tokenizer import load_tokenizer
 from dressage_bench.faults.hostile import MODES, STREAM_MODES, HostileEngine
 

@@ -17,7 +17,7 @@ from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.proxy import Proxy
 from dressage.proxy.config import ProxyConfig, ProxyServerConfig
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy.engines.sglang_client import SGLangClient
 from dressage.tokenizer import load_tokenizer
 
 MODEL = get_model("tiny-moe")

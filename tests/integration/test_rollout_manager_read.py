@@ -11,7 +11,7 @@ import pytest
 
 from dressage.agents import AgentConfig, make_prompts, run_rollout
 from dressage.fields import get_model
-from dressage.proxy.sample_wire import sample_from_wire
+from dressage.trajectory.sample_wire import sample_from_wire
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys
 from dressage.train import TrainingReader, release_batch

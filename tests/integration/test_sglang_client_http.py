@@ -10,7 +10,7 @@ import pytest
 from dressage.engine import EngineConfig, EngineServer, model_from_preset
 from dressage.errors import EngineRequestError, EngineUnavailable
 from dressage.fields.sglang import decode_generate_response
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy.engines.sglang_client import SGLangClient
 from dressage.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()

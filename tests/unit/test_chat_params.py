@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from dressage.errors import UnsupportedParameterError
-from dressage.proxy.chat import QwenToolCallParser, assistant_message
-from dressage.proxy.chat_params import chat_messages, chat_options
-from dressage.proxy.chat_reply import cut_at_stop, openai_logprobs, visible_prefix
+from dressage.proxy.openai.chat.prompt import QwenToolCallParser, assistant_message
+from dressage.proxy.openai.chat.params import chat_messages, chat_options
+from dressage.proxy.openai.chat.reply import cut_at_stop, openai_logprobs, visible_prefix
 from dressage.proxy.schemas import ChatRequest
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}},

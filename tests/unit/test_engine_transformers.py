@@ -11,7 +11,7 @@ from dressage.engine.hf_backend import TransformersEngine, make_engine  # noqa: 
 from dressage.errors import ConfigError, FieldShapeError, TokenizerError  # noqa: E402
 from dressage.fields import get_model  # noqa: E402
 from dressage.fields.sglang import decode_routed_experts_b64  # noqa: E402
-from dressage.proxy.chat import QwenToolCallParser  # noqa: E402
+from dressage.proxy.openai.chat.prompt import QwenToolCallParser  # noqa: E402
 from dressage.tokenizer import load_tokenizer  # noqa: E402
 from dressage.train.moe import build_moe_model  # noqa: E402
 

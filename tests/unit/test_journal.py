@@ -5,8 +5,8 @@ import pytest
 
 from dressage.errors import ConfigError
 from dressage.dataplane import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.journal import Journal, JournalError
+from dressage.proxy.recording.core import ProxyCore
+from dressage.proxy.journal.log import Journal, JournalError
 from dressage.rollout import RolloutManager
 from dressage.trajectory import build_segments
 from dressage.tq import TransferQueue

@@ -11,9 +11,9 @@ import pytest
 
 from dressage.cli import main
 from dressage.proxy.config import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.journal import Journal, JournalEncodeError
-from dressage.proxy.wal import FILE_MAGIC, HEADER, Scan, _crc32c_py, crc32c
+from dressage.proxy.recording.core import ProxyCore
+from dressage.proxy.journal.log import Journal, JournalEncodeError
+from dressage.proxy.journal.wal import FILE_MAGIC, HEADER, Scan, _crc32c_py, crc32c
 from dressage.tq import TransferQueue
 from test_offload import MODEL, SCRIPT, _drive
 from trajgen import sglang_body

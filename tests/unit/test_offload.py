@@ -9,7 +9,7 @@ from dressage.errors import ConfigError, ExpertIdRangeError, SessionStateError, 
 from dressage.fields import ModelSpec
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import TransferWriteError
-from dressage.proxy.core import ProxyCore
+from dressage.proxy.recording.core import ProxyCore
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys
 from dressage.train import TrainingReader, release_batch, samples_digest
@@ -303,7 +303,7 @@ def test_rollout_manager_owns_token_fields_of_views():
     for smp in rm.take_batch(0).samples:
         assert smp.tokens.base is None
     # a Segment whose tokens are a view (as after Ray deserialisation) gets its own copy
-    from dressage.proxy.core import FinalizedSession
+    from dressage.proxy.recording.core import FinalizedSession
     from dressage.trajectory import build_segments
     segs = build_segments(s)
     backing = np.concatenate([segs[0].tokens, segs[0].tokens])

@@ -14,8 +14,8 @@ from fastapi.responses import StreamingResponse
 
 from dressage.errors import EngineRequestError, EngineTimeout, EngineUnavailable, WireFormatError
 from dressage.proxy import fastjson
-from dressage.proxy.aio_transport import AiohttpTransport
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy.engines.aio_transport import AiohttpTransport
+from dressage.proxy.engines.sglang_client import SGLangClient
 from dressage.serving import UvicornServer
 
 ANSWER = {"text": "hé", "output_ids": [5, 6], "meta_info": {"output_token_logprobs": [[-0.5, 5, None], [-1.25, 6, None]],

@@ -15,9 +15,9 @@ import numpy as np
 from dressage.fields import get_model
 from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
 from dressage.proxy.deployment import build_service
-from dressage.proxy.http import build_app
-from dressage.proxy.rids import RID_LENGTH
-from dressage.proxy.startup import engine_clients
+from dressage.proxy.http.app import build_app
+from dressage.proxy.engines.rids import RID_LENGTH
+from dressage.proxy.engines.startup import engine_clients
 from sglang_mock import MockSGLang, routing_row
 
 MODEL = get_model("tiny-moe")

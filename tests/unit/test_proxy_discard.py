@@ -6,7 +6,7 @@ import pytest
 from dressage.errors import SessionStateError, UnknownStepError
 from dressage.fields import ModelSpec
 from dressage.proxy.config import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
+from dressage.proxy.recording.core import ProxyCore
 from dressage.rollout import RolloutManager
 from trajgen import E, K, L, sglang_body
 

@@ -15,8 +15,8 @@ from dressage.fields import get_model
 from dressage.fields.versions import NAMED_BASE
 from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
 from dressage.proxy.deployment import build_service
-from dressage.proxy.http import build_app
-from dressage.proxy.startup import engine_clients
+from dressage.proxy.http.app import build_app
+from dressage.proxy.engines.startup import engine_clients
 from sglang_mock import MockSGLang
 
 MODEL = get_model("tiny-moe")

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from dressage.errors import UnknownStepError
-from dressage.proxy.fast_routes import FastRoutes
+from dressage.proxy.http.fast_routes import FastRoutes
 
 
 class FakeService:

@@ -42,7 +42,7 @@ def test_client_parses_the_engine_answer_and_keeps_the_typed_errors():
 
     from dressage.errors import WireFormatError
     from dressage.fields import decode_generate_response
-    from dressage.proxy.sglang_client import SGLangClient
+    from dressage.proxy.engines.sglang_client import SGLangClient
 
     sent: list[dict] = []
     answers = iter([b'{"output_ids": [5], "meta_info": {"output_token_logprobs": [[NaN, 5, null]],'

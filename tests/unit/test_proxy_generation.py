@@ -7,12 +7,12 @@ import pytest
 
 from dressage.fields import get_model
 from dressage.fields.sglang import encode_routed_experts_b64
-from dressage.proxy import generation
+from dressage.proxy.engines import generation
 from dressage.dataplane import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
+from dressage.proxy.recording.core import ProxyCore
 from dressage.errors import WeightVersionChangedError
-from dressage.proxy.generation import GenerationPlan, GenerationResult, run_generation
-from dressage.proxy.pause import RolloutPause
+from dressage.proxy.engines.generation import GenerationPlan, GenerationResult, run_generation
+from dressage.proxy.recording.pause import RolloutPause
 from dressage.trajectory import RouteDecision
 
 MODEL = get_model("tiny-moe")

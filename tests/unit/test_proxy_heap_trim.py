@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from dressage.proxy import heap, service as service_mod
+from dressage.proxy import service as service_mod
 
 
+
+from dressage.proxy.recording import heap
 def _service():
     from dressage.dataplane import DataPlaneConfig
     from dressage.fields import get_model

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import httpx
 from fastapi import FastAPI, Request
 
-from dressage.proxy.http import HotFirst, _install_guards
+from dressage.proxy.http.app import HotFirst, _install_guards
 from test_proxy_fast_routes import MSG, FakeService
 
 

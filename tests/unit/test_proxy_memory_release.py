@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from dressage.errors import SessionStateError
-from dressage.proxy import generation
+from dressage.proxy.engines import generation
 from dressage.trajectory import Session, build_segments
 
 _TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]

@@ -6,10 +6,10 @@ import pytest
 
 from dressage.errors import ConfigError, EngineUnavailable
 from dressage.errors import NoHealthyEngineError
-from dressage.proxy.pause import RolloutPause
-from dressage.proxy.engine_pool import EnginePool
+from dressage.proxy.recording.pause import RolloutPause
+from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.turns import TurnCache, identity_from_headers, instance_group
+from dressage.proxy.recording.turns import TurnCache, identity_from_headers, instance_group
 
 
 class FakeEngine:
@@ -207,7 +207,7 @@ def test_call_limits_clamp_to_the_context_budget_and_the_step_limit():
     from types import SimpleNamespace
 
     from dressage.errors import ContextOverflowError, StepLimitError
-    from dressage.proxy.limits import CallLimits
+    from dressage.proxy.recording.limits import CallLimits
 
     limits = CallLimits(ProxyServerConfig(context_window=100, max_output_tokens=30, max_steps_per_session=2,
                                           default_max_tokens=50))
@@ -226,7 +226,7 @@ def test_call_limits_clamp_to_the_context_budget_and_the_step_limit():
 
 def test_weight_versions_hold_a_session_to_one_version_unless_partial_rollout():
     from dressage.errors import WeightVersionChangedError
-    from dressage.proxy.weights import WeightVersions
+    from dressage.proxy.recording.weights import WeightVersions
 
     versions = WeightVersions()
     versions.check("s", [0])                             # no step yet: any version

@@ -3,7 +3,7 @@
 import asyncio
 import time
 
-from dressage.proxy import server_timing
+from dressage.proxy.engines import server_timing
 
 
 async def _call(seconds: float) -> None:

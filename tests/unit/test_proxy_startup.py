@@ -13,8 +13,8 @@ import pytest
 from dressage.errors import ConfigError, EngineMismatchError, EngineUnavailable
 from dressage.fields import get_model
 from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
-from dressage.proxy.router_client import RouterClient
-from dressage.proxy.startup import check_engine, engine_clients, fetch_engine_infos
+from dressage.proxy.engines.router_client import RouterClient
+from dressage.proxy.engines.startup import check_engine, engine_clients, fetch_engine_infos
 from sglang_mock import MockSGLang
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "sglang"

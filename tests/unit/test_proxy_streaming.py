@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from dressage.proxy.chat import QwenToolCallParser, ToolCallParser, effective_tools, same_message
+from dressage.proxy.openai.chat.prompt import QwenToolCallParser, ToolCallParser, effective_tools, same_message
 from dressage.errors import ChatTemplateError
-from dressage.proxy.streaming import ContentStream, replay_chunks
+from dressage.proxy.openai.streaming import ContentStream, replay_chunks
 
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"a": 1}}\n</tool_call>'
 REPLIES = [

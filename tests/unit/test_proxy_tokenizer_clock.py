@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dressage.proxy.tokenizer_clock import TimedTokenizer
+from dressage.proxy.recording.tokenizer_clock import TimedTokenizer
 from dressage.tokenizer import load_tokenizer
 
 

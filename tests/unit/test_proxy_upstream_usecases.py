@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from dressage.errors import ConfigError
-from dressage.proxy.lifecycle import FinalizeLedger, InFlight, count_turns
+from dressage.proxy.recording.lifecycle import FinalizeLedger, InFlight, count_turns
 from dressage.proxy.schemas import FinalizeSessionRequest, PauseRequest, ResumeRequest, TrajectoryReadRequest
-from dressage.proxy.trajectory_read import read_answer, select_trajectories
-from dressage.proxy.turn_scope import request_hash, turn_call_key, turn_of
+from dressage.proxy.upstream.read import read_answer, select_trajectories
+from dressage.proxy.recording.turn_scope import request_hash, turn_call_key, turn_of
 
 
 class Seg:
@@ -133,7 +133,7 @@ class _Engine:
 
 
 def test_pause_scoped_to_a_session_cuts_and_holds_only_that_session():
-    from dressage.proxy.pause import RolloutPause
+    from dressage.proxy.recording.pause import RolloutPause
 
     async def scenario():
         pause, engine = RolloutPause(0, abort_timeout_s=0.2, abort_retry_s=0.01), _Engine()

@@ -3,7 +3,7 @@
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from dressage.proxy.weights import codes_of
+from dressage.proxy.recording.weights import codes_of
 
 
 @settings(deadline=None)

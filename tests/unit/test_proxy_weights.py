@@ -7,7 +7,7 @@ import pytest
 
 from dressage.errors import ConfigError
 from dressage.fields import NAMED_BASE, VersionTable
-from dressage.proxy.weights import STEP_LABELS_KEY, WeightVersions
+from dressage.proxy.recording.weights import STEP_LABELS_KEY, WeightVersions
 from dressage.trajectory.sample import VERSION_LABELS_KEY, Sample
 
 

@@ -19,7 +19,7 @@ from dressage.fields import r3_stream
 from dressage.fields.r3_stream import RoutedExpertsSpec, RoutedExpertsStream
 from dressage.fields.sglang import decode_generate_response, decode_routed_experts_b64
 from dressage.proxy import fastjson
-from dressage.proxy.r3_body import PLACEHOLDER, GenerateBodyReader
+from dressage.proxy.engines.r3_body import PLACEHOLDER, GenerateBodyReader
 
 L, K, E = 3, 2, 8
 
@@ -301,7 +301,7 @@ import gzip  # noqa: E402
 import httpx  # noqa: E402
 
 from dressage.errors import EngineRequestError  # noqa: E402
-from dressage.proxy.sglang_client import SGLangClient  # noqa: E402
+from dressage.proxy.engines.sglang_client import SGLangClient  # noqa: E402
 
 
 class _Pieces(httpx.AsyncByteStream):

@@ -6,10 +6,10 @@ import json
 import pytest
 
 from dressage.errors import UnknownResponseError, UnsupportedParameterError
-from dressage.proxy.chat import QwenToolCallParser, assistant_message, same_message
-from dressage.proxy.responses import (ResponseMemory, ResponsesRequest, chat_body, chat_tool_choice, chat_tools,
+from dressage.proxy.openai.chat.prompt import QwenToolCallParser, assistant_message, same_message
+from dressage.proxy.openai.responses.protocol import (ResponseMemory, ResponsesRequest, chat_body, chat_tool_choice, chat_tools,
                                       conversation, input_messages, item_ids, output_items, response_object)
-from dressage.proxy.responses_stream import ResponseEvents, replay_events, stream_response
+from dressage.proxy.openai.responses.stream import ResponseEvents, replay_events, stream_response
 
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"a": 1}}\n</tool_call>'
 REPLIES = [

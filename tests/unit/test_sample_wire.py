@@ -8,10 +8,10 @@ import pytest
 from dressage.errors import SampleWireError
 from dressage.fields import ModelSpec
 from dressage.proxy.config import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
+from dressage.proxy.recording.core import ProxyCore
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys
-from dressage.proxy.sample_wire import sample_from_wire, sample_to_wire
+from dressage.trajectory.sample_wire import sample_from_wire, sample_to_wire
 from dressage.train import TrainingReader, samples_digest
 from dressage.tq import TransferQueue
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from dressage.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, WireFormatError
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy.engines.sglang_client import SGLangClient
 
 
 def _client(handler) -> SGLangClient:

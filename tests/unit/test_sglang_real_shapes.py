@@ -16,11 +16,11 @@ from dressage.errors import ConfigError, FieldShapeError
 from dressage.fields import NAMED_BASE, VersionTable, decode_generate_response, get_model
 from dressage.fields.sglang import encode_routed_experts_b64, is_queued_abort
 from dressage.proxy.config import DataPlaneConfig
-from dressage.proxy.core import ProxyCore
-from dressage.proxy.generation import GenerationPlan, GenerationResult, _StreamedAnswer, run_generation
-from dressage.proxy.model_shape import discover_model_spec, read_model_config, resolve_tokenizer
-from dressage.proxy.pause import RolloutPause
-from dressage.proxy.rids import RID_LENGTH, RidFactory, chunk_rid
+from dressage.proxy.recording.core import ProxyCore
+from dressage.proxy.engines.generation import GenerationPlan, GenerationResult, _StreamedAnswer, run_generation
+from dressage.proxy.engines.model_shape import discover_model_spec, read_model_config, resolve_tokenizer
+from dressage.proxy.recording.pause import RolloutPause
+from dressage.proxy.engines.rids import RID_LENGTH, RidFactory, chunk_rid
 from dressage.trajectory import RouteDecision
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "sglang"

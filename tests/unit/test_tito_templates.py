@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dressage.errors import TokenizerError
-from dressage.proxy.chat import QwenToolCallParser, assistant_message, build_chat_prompt
+from dressage.proxy.openai.chat.prompt import QwenToolCallParser, assistant_message, build_chat_prompt
 from dressage.tokenizer import ByteTokenizer, continuation, load_tokenizer
 from dressage.trajectory import Session
 

@@ -9,7 +9,8 @@ import pytest
 import zmq
 
 from dressage.errors import ConfigError, ProtocolError
-from dressage.tq import TransferQueue, TransferQueueClient, TransferQueueConfig, wire
+from dressage.tq import TransferQueue, TransferQueueClient, TransferQueueConfig
+from dressage.tq.transport import wire
 from dressage.tq.config import SECRET_ENV, is_loopback
 from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit

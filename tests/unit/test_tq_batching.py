@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dressage.errors import TransferQueueError
-from dressage.tq.batching import PutBatcher
+from dressage.tq.client.batching import PutBatcher
 
 
 class _Gated:

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from dressage.errors import ProtocolError, StorageUnitUnavailable
-from dressage.tq import bulk, wire
-from dressage.tq.bulk_rpc import BulkClient
+from dressage.tq.transport import bulk
+from dressage.tq.transport import wire
+from dressage.tq.transport.bulk_rpc import BulkClient
 from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer

@@ -14,7 +14,7 @@ import pytest
 from dressage.errors import ConfigError
 from dressage.proxy.config import DataPlaneConfig, ProxyConfig
 from dressage.tq import TransferQueue
-from dressage.tq.remote_client import SPEC_VERSION, load_client_spec, write_client_spec
+from dressage.tq.client.spec import SPEC_VERSION, load_client_spec, write_client_spec
 
 
 def test_a_written_spec_reads_back_and_only_its_owner_can_read_it(tmp_path):
@@ -59,7 +59,7 @@ def test_the_proxy_joins_a_spec_only_with_tq_on_and_never_also_starts_one():
 
 
 def test_a_process_outside_ray_learns_it_has_no_node_without_importing_ray():
-    code = ("import sys; from dressage.tq.ray_deploy import current_node_id; "
+    code = ("import sys; from dressage.tq.deploy.ray_actors import current_node_id; "
             "assert current_node_id() is None; assert 'ray' not in sys.modules, 'ray was imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from dressage.tq.controller import UnitInfo
-from dressage.tq.controller_service import RemoteController
-from dressage.tq.local import await_ready, launch_child, stop_children
+from dressage.tq.directory.controller import UnitInfo
+from dressage.tq.directory.service import RemoteController
+from dressage.tq.deploy.local import await_ready, launch_child, stop_children
 
-ARGS = ["dressage.tq.controller_main", "--units", "-", "--sweep-s", "0.2", "--heartbeat-s", "0.2",
+ARGS = ["dressage.tq.directory.main", "--units", "-", "--sweep-s", "0.2", "--heartbeat-s", "0.2",
         "--dead-after-s", "1.0"]
 
 

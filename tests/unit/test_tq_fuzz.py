@@ -13,9 +13,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dressage.errors import ProtocolError, RowRangeError
-from dressage.tq import FieldRef, wire
-from dressage.tq.controller import Controller, UnitInfo
-from dressage.tq.controller_service import ControllerServer, RemoteController
+from dressage.tq import FieldRef
+from dressage.tq.transport import wire
+from dressage.tq.directory.controller import Controller, UnitInfo
+from dressage.tq.directory.service import ControllerServer, RemoteController
 from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import HEARTBEAT_MAX_MESSAGE, StorageUnitServer

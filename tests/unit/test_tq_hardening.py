@@ -10,13 +10,13 @@ import pytest
 import zmq
 
 from dressage.errors import ProtocolError, TransferQueueError
-from dressage.tq import wire
-from dressage.tq.controller import Controller, UnitInfo
-from dressage.tq.controller_service import ControllerServer, RemoteController
+from dressage.tq.transport import wire
+from dressage.tq.directory.controller import Controller, UnitInfo
+from dressage.tq.directory.service import ControllerServer, RemoteController
 from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer
-from dressage.tq.transport import RpcClient, RpcServer
+from dressage.tq.transport.zmq import RpcClient, RpcServer
 
 SECRET = b"hardening-secret-0123456789"
 

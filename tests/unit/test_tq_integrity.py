@@ -10,7 +10,7 @@ import pytest
 from dressage.errors import IntegrityError
 from dressage.testing import corrupt_blob
 from dressage.tq import TransferQueue
-from dressage.tq.integrity import BLOCK_BYTES, checksum, copy_and_checksum, verify_rows
+from dressage.tq.storage.integrity import BLOCK_BYTES, checksum, copy_and_checksum, verify_rows
 from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dressage.tq.controller import Controller, UnitInfo
-from dressage.tq.janitor import Janitor
+from dressage.tq.directory.controller import Controller, UnitInfo
+from dressage.tq.directory.janitor import Janitor
 from dressage.tq.storage import MemoryStorageUnit
 
 

@@ -9,10 +9,10 @@ import pytest
 
 from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
 from dressage.tq import TransferQueue, TransferQueueClient
-from dressage.tq.controller import Controller, KeyState, UnitInfo
-from dressage.tq import lease as lease_mod
-from dressage.tq.lease import LEASE_MAX_BYTES, LEASE_PUT_MAX, LEASE_SHARE, LEASE_TTL_S
-from dressage.tq.liveness import VIEW_TTL_S
+from dressage.tq.directory.controller import Controller, KeyState, UnitInfo
+from dressage.tq.directory import lease as lease_mod
+from dressage.tq.directory.lease import LEASE_MAX_BYTES, LEASE_PUT_MAX, LEASE_SHARE, LEASE_TTL_S
+from dressage.tq.directory.liveness import VIEW_TTL_S
 
 MiB = 1 << 20
 
@@ -239,7 +239,7 @@ def test_an_owed_commit_is_sent_by_itself_when_no_put_follows(served):
 def test_a_late_commit_after_a_clear_leaves_nothing(served, monkeypatch, caplog):
     import logging
 
-    caplog.set_level(logging.INFO, logger="dressage.tq.controller_service")
+    caplog.set_level(logging.INFO, logger="dressage.tq.directory.service")
     tq, client = served
     monkeypatch.setattr(lease_mod, "COMMIT_SOON_S", 60.0)
     ref = client.put("logprobs", np.ones(8, np.float32), batch="b")

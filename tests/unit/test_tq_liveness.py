@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from dressage.errors import StorageUnitUnavailable
-from dressage.tq.client import TransferQueueClient
-from dressage.tq.controller import Controller, UnitInfo
-from dressage.tq.liveness import LivenessMonitor
+from dressage.tq.client.client import TransferQueueClient
+from dressage.tq.directory.controller import Controller, UnitInfo
+from dressage.tq.directory.liveness import LivenessMonitor
 from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer

@@ -16,7 +16,7 @@ import xxhash
 from dressage.errors import ConfigError, IntegrityError
 from dressage.testing import corrupt_blob
 from dressage.tq import TransferQueue, TransferQueueClient, TransferQueueConfig
-from dressage.tq.integrity import BLOCK_BYTES, checksum
+from dressage.tq.storage.integrity import BLOCK_BYTES, checksum
 from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit
 
 

@@ -54,7 +54,7 @@ def test_head_flag_crosses_the_controller_socket():
 
 def test_the_ray_deployment_finds_the_head_by_its_resource():
     pytest.importorskip("ray")
-    from dressage.tq.ray_deploy import _is_head
+    from dressage.tq.deploy.ray_actors import _is_head
 
     head = {"NodeID": "a", "Alive": True, "Resources": {"CPU": 1.0, "node:__internal_head__": 1.0}}
     worker = {"NodeID": "b", "Alive": True, "Resources": {"CPU": 1.0, "node:10.0.0.2": 1.0}}
@@ -65,7 +65,7 @@ def test_the_ray_deployment_puts_no_unit_on_the_head_while_other_nodes_exist():
     pytest.importorskip("ray")
     from dressage.tq.config import TransferQueueConfig
     from dressage.errors import ConfigError
-    from dressage.tq.ray_deploy import _unit_nodes
+    from dressage.tq.deploy.ray_actors import _unit_nodes
 
     head, w1, w2 = ({"NodeID": n} for n in ("h", "w1", "w2"))
     nodes = [head, w1, w2]

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dressage.tq import TransferQueue
-from dressage.tq import controller as controller_mod
-from dressage.tq.batching import PutBatcher
+from dressage.tq.directory import controller as controller_mod
+from dressage.tq.client.batching import PutBatcher
 from dressage.train import release_batch
 
 

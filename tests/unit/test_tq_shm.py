@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 from dressage.errors import KeyNotFoundError, ProtocolError
-from dressage.tq import TransferQueue, TransferQueueClient, shm, shm_pool, wire
+from dressage.tq import TransferQueue, TransferQueueClient
+from dressage.tq.transport import shm
+from dressage.tq.transport import shm_pool
+from dressage.tq.transport import wire
 from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer

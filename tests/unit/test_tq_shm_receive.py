@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from dressage.tq import shm
+from dressage.tq.transport import shm
 from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from dressage.errors import IntegrityError, ProtocolError, StorageFullError, StorageUnitUnavailable
-from dressage.tq import shm
-from dressage.tq.bulk import StreamBroken
-from dressage.tq.integrity import checksum
+from dressage.tq.transport import shm
+from dressage.tq.transport.bulk import StreamBroken
+from dressage.tq.storage.integrity import checksum
 
 pytestmark = pytest.mark.skipif(shm.host_id() is None, reason="no /dev/shm on this host")
 SECRET = b"s" * 32

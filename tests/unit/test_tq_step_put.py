@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from dressage.errors import IntegrityError, ProtocolError, StorageFullError, StorageUnitUnavailable
-from dressage.tq import TransferQueue, TransferQueueClient, shm
-from dressage.tq.bulk import StreamBroken
-from dressage.tq.bulk_rpc import BulkClient
-from dressage.tq.controller import Controller, KeyState, UnitInfo
-from dressage.tq.controller_service import ControllerServer, RemoteController
+from dressage.tq import TransferQueue, TransferQueueClient
+from dressage.tq.transport import shm
+from dressage.tq.transport.bulk import StreamBroken
+from dressage.tq.transport.bulk_rpc import BulkClient
+from dressage.tq.directory.controller import Controller, KeyState, UnitInfo
+from dressage.tq.directory.service import ControllerServer, RemoteController
 from dressage.tq.storage.remote import _checked_span
 
 pytestmark = pytest.mark.skipif(shm.host_id() is None, reason="no /dev/shm on this host")

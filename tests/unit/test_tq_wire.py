@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from dressage.errors import KeyNotFoundError, ProtocolError
-from dressage.tq import wire
+from dressage.tq.transport import wire
 from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer
@@ -102,8 +102,8 @@ def test_typed_errors_cross_the_wire(served):
 def test_controller_keeps_answering_while_one_client_never_reads_its_replies():
     import time
 
-    from dressage.tq.controller import Controller, UnitInfo
-    from dressage.tq.controller_service import ControllerServer, RemoteController
+    from dressage.tq.directory.controller import Controller, UnitInfo
+    from dressage.tq.directory.service import ControllerServer, RemoteController
 
     server = ControllerServer(Controller([UnitInfo("u0")])).start()
     hog = zmq.Context.instance().socket(zmq.DEALER)

@@ -9,7 +9,7 @@ import pytest
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ExpertIdRangeError, TransferQueueError, TransferWriteError
 from dressage.fields import ModelSpec
-from dressage.proxy.core import ProxyCore
+from dressage.proxy.recording.core import ProxyCore
 from trajgen import E, K, L, expected_r3, sglang_body
 
 MODEL = ModelSpec(name="test-moe", num_layers=L, topk=K, num_experts=E, vocab_size=256)
@@ -163,7 +163,7 @@ def test_write_behind_off_commits_before_returning(tq):
 
 
 def test_routing_from_normalize_is_not_range_checked_twice(tq, monkeypatch):
-    import dressage.proxy.core as core_mod
+    import dressage.proxy.recording.core as core_mod
 
     core = _core(tq.client())
     s = core.create_session()

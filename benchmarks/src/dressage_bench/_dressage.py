@@ -123,7 +123,7 @@ class _DressageWriter:
             # Simulated nodes share this machine's /dev/shm. A writer on a second host could not map
             # the unit's segments: this process reports another host identity, so its client writes
             # over the socket path, as that host's would, while the reader beside the unit maps them.
-            from dressage.tq import shm
+            from dressage.tq.transport import shm
 
             shm.host_id = lambda: "bench-writer-host"  # type: ignore[assignment]
         # node_id is where writes should land (the client prefers StorageUnits on that node).

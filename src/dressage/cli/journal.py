@@ -35,8 +35,8 @@ def register(proxy_subparsers: argparse._SubParsersAction) -> None:
 def check(path: str | os.PathLike[str]) -> dict:
     """The replay report of ``path`` as a dict (``ok``: replays to its end)."""
     from dressage.errors import JournalError
-    from dressage.proxy.journal import Journal
-    from dressage.proxy.wal import count_frames_after
+    from dressage.proxy.journal.log import Journal
+    from dressage.proxy.journal.wal import count_frames_after
 
     p = Path(path)
     if not p.is_file():
@@ -55,8 +55,8 @@ def check(path: str | os.PathLike[str]) -> dict:
 
 def repair(path: str | os.PathLike[str], *, compact: bool = False) -> dict:
     """Cut ``path`` to its intact prefix (and compact it); returns the check before and after."""
-    from dressage.proxy.journal import Journal
-    from dressage.proxy.wal import FILE_MAGIC
+    from dressage.proxy.journal.log import Journal
+    from dressage.proxy.journal.wal import FILE_MAGIC
 
     p = Path(path)
     before = check(p)

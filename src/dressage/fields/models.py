@@ -5,7 +5,7 @@ of layers whose routing R3 records. Presets count MoE layers, as the seed sizes 
 capture has a row for *every* hidden layer (dense ones stay zeros), so against a real engine the
 Proxy records ``hidden_layers = num_layers + dense_layers`` rows per token (GLM-5.2: 75 MoE +
 3 dense = 78), which it reads from the model's ``config.json`` (see
-:mod:`dressage.proxy.model_shape`).
+:mod:`dressage.proxy.engines.model_shape`).
 """
 
 from __future__ import annotations

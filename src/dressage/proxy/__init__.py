@@ -1,7 +1,7 @@
 """Proxy layer: the online side between agents and the inference engine.
 
 ``Proxy.start(ProxyConfig)`` (:mod:`dressage.proxy.deployment`) assembles one; the service
-(:mod:`dressage.proxy.service`) holds every use case and the HTTP module (:mod:`dressage.proxy.http`)
+(:mod:`dressage.proxy.service`) holds every use case and the HTTP module (:mod:`dressage.proxy.http.app`)
 only routes to it. See docs/architecture.md.
 """
 
@@ -12,7 +12,7 @@ from dressage._lazy import lazy_exports
 _EXPORTS = {"Proxy": "dressage.proxy.deployment", "build_service": "dressage.proxy.deployment",
             "ProxyConfig": "dressage.proxy.config", "ProxyServerConfig": "dressage.proxy.config",
             "JournalConfig": "dressage.proxy.config", "ProxyService": "dressage.proxy.service",
-            "ProxyServer": "dressage.proxy.http", "ProxyCore": "dressage.proxy.core"}
+            "ProxyServer": "dressage.proxy.http.app", "ProxyCore": "dressage.proxy.recording.core"}
 
 __all__ = list(_EXPORTS)
 

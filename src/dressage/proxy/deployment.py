@@ -14,7 +14,7 @@ import threading
 from typing import Any, Callable
 
 from dressage.proxy.config import ProxyConfig
-from dressage.proxy.core import FinalizedSession, ProxyCore
+from dressage.proxy.recording.core import FinalizedSession, ProxyCore
 from dressage.proxy.service import ProxyService
 
 __all__ = ["Proxy", "build_service", "checked_config"]
@@ -28,7 +28,7 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
     Returns the service and the journal's recovery report (``None`` without a journal). ``engine``
     overrides the clients made for ``config.server.engines``; ``tokenizer`` the one ``config`` names.
     """
-    from dressage.proxy.tokenizer_clock import TimedTokenizer
+    from dressage.proxy.recording.tokenizer_clock import TimedTokenizer
     from dressage.tokenizer import load_tokenizer
 
     tok = TimedTokenizer(tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer))
@@ -37,7 +37,7 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
     service = ProxyService(config.server, core, tok, engine)
     report = None
     if config.journal.path is not None:
-        from dressage.proxy.journal import Journal
+        from dressage.proxy.journal.log import Journal
 
         report = core.recover(config.journal.path)
         service.versions.restore(core.sessions.values())  # named versions keep their codes
@@ -51,8 +51,8 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
 
 def checked_config(config: ProxyConfig, *, keep_tokenizer: bool = False) -> tuple[ProxyConfig, Any]:
     """``config`` with the model shape and tokenizer its engines' model infos settle (see
-    :mod:`dressage.proxy.startup`); raises before anything is started when they do not fit."""
-    from dressage.proxy.startup import check_engine, fetch_engine_infos
+    :mod:`dressage.proxy.engines.startup`); raises before anything is started when they do not fit."""
+    from dressage.proxy.engines.startup import check_engine, fetch_engine_infos
 
     check = check_engine(config, fetch_engine_infos(config.server, wait_s=config.engine_wait_s))
     changes: dict[str, Any] = {}
@@ -88,7 +88,7 @@ class Proxy:
         ``config.transfer_queue_spec`` names, else a deployment it starts from
         ``config.transfer_queue_config()`` and stops at :meth:`shutdown`.
         """
-        from dressage.proxy.http import ProxyServer
+        from dressage.proxy.http.app import ProxyServer
 
         check = None
         if engine is None and not config.skip_engine_check:
@@ -97,7 +97,7 @@ class Proxy:
         if tq_client is None and config.data_plane.enable_transfer_queue:
             if tq is None and config.transfer_queue_spec is not None:
                 from dressage.tq import TransferQueueClient
-                from dressage.tq.remote_client import load_client_spec
+                from dressage.tq.client.spec import load_client_spec
 
                 joined = load_client_spec(config.transfer_queue_spec)
                 tq_client = owned_client = TransferQueueClient.connect(joined)

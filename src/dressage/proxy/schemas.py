@@ -31,7 +31,7 @@ class ChatMessage(_Body):
 
 class ChatRequest(_Body):
     """``POST /v1/chat/completions``; what the Proxy does with each parameter is in
-    :mod:`dressage.proxy.chat_params` (and the README's "Supported OpenAI parameters")."""
+    :mod:`dressage.proxy.openai.chat.params` (and the README's "Supported OpenAI parameters")."""
 
     # Keys not declared here are kept (``model_extra``) so that one which would change the output
     # can be refused by name instead of being dropped; see ``chat_params.NO_OP_PARAMS``.

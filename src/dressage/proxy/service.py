@@ -2,10 +2,10 @@
 
 :class:`ProxyService` owns the per-process state (ProxyCore, tokenizer, engine pool, pause state,
 turns, finalized trajectories) and answers each endpoint's question as plain values or a
-:class:`dressage.errors.DressageError`; :mod:`dressage.proxy.http` only maps them to HTTP. The
-model-call use cases (chat, token-level generate) are in :class:`dressage.proxy.calls.CallPath`,
-Responses in :class:`~dressage.proxy.responses_path.ResponsesPath`, text completions and the model
-lookup in :class:`~dressage.proxy.completions.CompletionsPath`.
+:class:`dressage.errors.DressageError`; :mod:`dressage.proxy.http.app` only maps them to HTTP. The
+model-call use cases (chat, token-level generate) are in :class:`dressage.proxy.openai.chat.serving.CallPath`,
+Responses in :class:`~dressage.proxy.openai.responses.serving.ResponsesPath`, text completions and the model
+lookup in :class:`~dressage.proxy.openai.completions.CompletionsPath`.
 """
 
 from __future__ import annotations
@@ -14,24 +14,24 @@ import asyncio
 from typing import Any, Iterable
 
 from dressage.errors import ConfigError, MissingSessionIdError, SessionStateError
-from dressage.proxy.calls import CallPath
-from dressage.proxy.chat import QwenToolCallParser, ToolCallParser
-from dressage.proxy.completions import CompletionsPath
+from dressage.proxy.openai.chat.serving import CallPath
+from dressage.proxy.openai.chat.prompt import QwenToolCallParser, ToolCallParser
+from dressage.proxy.openai.completions import CompletionsPath
 from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.core import FinalizedSession, ProxyCore
-from dressage.proxy.engine_pool import EnginePool
-from dressage.proxy.engine_versions import read_versions, update_versions
-from dressage.proxy.heap import trim_heap
-from dressage.proxy.lifecycle import FinalizeLedger, InFlight
-from dressage.proxy.limits import CallLimits
-from dressage.proxy.pause import RolloutPause
-from dressage.proxy.responses import ResponseMemory
-from dressage.proxy.responses_path import ResponsesPath
-from dressage.proxy.rids import RidFactory
-from dressage.proxy.session_caps import SessionKeeper
-from dressage.proxy.startup import engine_clients
-from dressage.proxy.turns import CallIdentity, TurnCache, checked_identity, instance_group
-from dressage.proxy.weights import WeightVersions
+from dressage.proxy.recording.core import FinalizedSession, ProxyCore
+from dressage.proxy.engines.pool import EnginePool
+from dressage.proxy.engines.versions import read_versions, update_versions
+from dressage.proxy.recording.heap import trim_heap
+from dressage.proxy.recording.lifecycle import FinalizeLedger, InFlight
+from dressage.proxy.recording.limits import CallLimits
+from dressage.proxy.recording.pause import RolloutPause
+from dressage.proxy.openai.responses.protocol import ResponseMemory
+from dressage.proxy.openai.responses.serving import ResponsesPath
+from dressage.proxy.engines.rids import RidFactory
+from dressage.proxy.recording.session_caps import SessionKeeper
+from dressage.proxy.engines.startup import engine_clients
+from dressage.proxy.recording.turns import CallIdentity, TurnCache, checked_identity, instance_group
+from dressage.proxy.recording.weights import WeightVersions
 
 __all__ = ["ProxyService"]
 
@@ -40,7 +40,7 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
     """Per-process state behind the HTTP module, and every use case of the Proxy.
 
     ``engine`` is an :class:`SGLangClient`, a list of them, an :class:`EnginePool`, or ``None``
-    (clients for ``config.engines`` are made here: :func:`dressage.proxy.startup.engine_clients`).
+    (clients for ``config.engines`` are made here: :func:`dressage.proxy.engines.startup.engine_clients`).
     """
 
     def __init__(self, config: ProxyServerConfig, core: ProxyCore, tokenizer: Any, engine: Any = None,

@@ -71,7 +71,7 @@ class RolloutManager:
         self.bytes_received = 0
 
     def add_finalized(self, done: Any) -> list[Sample]:
-        """Convert a :class:`~dressage.proxy.core.FinalizedSession` into Samples and queue them."""
+        """Convert a :class:`~dressage.proxy.recording.core.FinalizedSession` into Samples and queue them."""
         samples = samples_of_session(done.segments, reward=done.reward, metadata=done.metadata)
         for s in samples:
             _own_token_fields(s)

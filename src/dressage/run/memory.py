@@ -7,7 +7,7 @@ import threading
 
 import psutil
 
-from dressage.proxy.heap import trim_heap
+from dressage.proxy.recording.heap import trim_heap
 
 __all__ = ["PssSampler", "process_pss", "process_vitals"]
 

@@ -13,8 +13,8 @@ fit no live unit. The test calls ``close()`` on it when it has one. Checked, wit
 - stats: directory keys and bytes, pending writes, queued deletions, state per unit.
 
 Our own tests run it against the in-process :class:`~dressage.tq.Controller` and against the ZMQ
-service (:class:`~dressage.tq.controller_service.ControllerServer` reached through
-:class:`~dressage.tq.controller_service.RemoteController`); :func:`serve_controller` builds the latter.
+service (:class:`~dressage.tq.directory.service.ControllerServer` reached through
+:class:`~dressage.tq.directory.service.RemoteController`); :func:`serve_controller` builds the latter.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
-from dressage.tq.controller import Controller, KeyState, UnitInfo
+from dressage.tq.directory.controller import Controller, KeyState, UnitInfo
 
 __all__ = ["ControllerTests", "serve_controller"]
 
@@ -218,7 +218,7 @@ class _ServedController:
     """A RemoteController whose ``close`` also stops the ControllerServer thread behind it."""
 
     def __init__(self, controller: Controller, **server_options: Any) -> None:
-        from dressage.tq.controller_service import ControllerServer, RemoteController
+        from dressage.tq.directory.service import ControllerServer, RemoteController
 
         self.server = ControllerServer(controller, **server_options).start()
         self.remote = RemoteController(self.server.address, timeout_s=5, secret=server_options.get("secret"))

@@ -20,7 +20,7 @@ import numpy as np
 import zmq
 
 from dressage.errors import ProtocolError
-from dressage.tq import wire
+from dressage.tq.transport import wire
 
 __all__ = ["hostile_message", "decode_untyped", "fuzz_server", "FuzzReport", "KINDS"]
 

@@ -4,10 +4,10 @@
 ``.client()`` puts arrays and gets them back by reference. See docs/transferqueue.md.
 """
 
-from dressage.tq.client import ClientCounters, TransferQueueClient
+from dressage.tq.client.client import ClientCounters, TransferQueueClient
 from dressage.tq.config import TransferQueueConfig, load_config
-from dressage.tq.controller import Controller, KeyState, UnitInfo
-from dressage.tq.deployment import TransferQueue
+from dressage.tq.directory.controller import Controller, KeyState, UnitInfo
+from dressage.tq.deploy.transfer_queue import TransferQueue
 from dressage.tq.refs import FieldRef
 from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit, StorageUnit
 

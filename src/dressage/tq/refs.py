@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from dressage.errors import IntegrityError, ProtocolError, RowRangeError
-from dressage.tq.wire import dtype_name
+from dressage.tq.transport.wire import dtype_name
 
 __all__ = ["FieldRef", "WIRE_TAG"]
 

@@ -16,7 +16,7 @@ from typing import Any, Iterator, Mapping
 import msgpack
 
 from dressage.errors import ConfigError, ProxyConnectionError, ProxyStatusError, SampleWireError
-from dressage.proxy.sample_wire import MSGPACK_MEDIA_TYPE, sample_from_wire
+from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE, sample_from_wire
 from dressage.trajectory import Sample
 
 __all__ = ["ProxyTrajectorySource", "TrajectoryBatch", "drain", "consume"]

@@ -16,7 +16,7 @@ from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.config import JournalConfig, ProxyConfig, ProxyServerConfig
-from dressage.proxy.core import ProxyCore
+from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.deployment import Proxy
 from dressage.rollout import RolloutManager
 

@@ -219,10 +219,10 @@ def corrupted_blob(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
 
 @case("wire_fuzz")
 def wire_fuzz(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
-    from dressage.tq.controller_service import RemoteController
+    from dressage.tq.directory.service import RemoteController
     from dressage.tq.storage.remote import RemoteStorageUnit
     from dressage.tq.storage.server import HEARTBEAT_MAX_MESSAGE, UNIT_MAX_MESSAGE
-    from dressage.tq.transport import CONTROL_MAX_MESSAGE
+    from dressage.tq.transport.zmq import CONTROL_MAX_MESSAGE
     from dressage.testing.wirefuzz import fuzz_server
 
     secret = "faults-wire-fuzz-secret"

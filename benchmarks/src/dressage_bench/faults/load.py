@@ -30,8 +30,8 @@ import psutil
 from dressage_bench.faults._stack import serve_process
 from dressage_bench.faults.runner import FaultsConfig, case
 from dressage.proxy import fastjson
-from dressage.proxy.aio_transport import AiohttpTransport
-from dressage.proxy.sglang_client import SGLangClient
+from dressage.proxy.engines.aio_transport import AiohttpTransport
+from dressage.proxy.engines.sglang_client import SGLangClient
 from dressage.tokenizer import load_tokenizer
 
 

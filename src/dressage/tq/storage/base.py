@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dressage.errors import KeyNotFoundError, ProtocolError, RowRangeError, TransferQueueError
-from dressage.tq.wire import is_plain_dtype
+from dressage.tq.transport.wire import is_plain_dtype
 
 __all__ = ["StorageUnit", "BlobInfo", "RowRequest", "prepare_array"]
 
@@ -74,7 +74,7 @@ class StorageUnit(ABC):
     @abstractmethod
     def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Any = None) -> BlobInfo:
         """Store a prepared array under a new key; raise StorageFullError leaving nothing behind. ``sums``:
-        the blob's :class:`~dressage.tq.integrity.Checksums` when its writer computed them (a handed-over
+        the blob's :class:`~dressage.tq.storage.integrity.Checksums` when its writer computed them (a handed-over
         buffer, ``copy=False``), so the unit need not read the bytes to hash them."""
 
     @abstractmethod

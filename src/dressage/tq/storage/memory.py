@@ -4,7 +4,7 @@ Large buffers freed by ``delete`` are kept in a small pool and reused by later p
 fresh pages cost a page fault each (several times a memcpy), and RL steps write blobs of recurring sizes.
 A buffer is reused only when no reader still holds a view of it, and pooled bytes count against the
 budget (they are evicted before a put would push held bytes over it). Every blob carries per-row-block
-checksums (``tq/integrity.py``), computed while copying it in. ``get_many`` (what a unit server sends to
+checksums (``tq/storage/integrity.py``), computed while copying it in. ``get_many`` (what a unit server sends to
 other processes, and any direct read) verifies them on every read; ``read_local`` (the in-process client)
 skips that for blobs the unit copied into its own read-only memory unless ``verify_local_reads`` is set.
 Blobs it kept without copying (received frames, adopted shared-memory segments) are verified on every
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from dressage.errors import StorageFullError, TransferQueueError
-from dressage.tq.integrity import Checksums, block_span, checksum, copy_and_checksum, verify_rows
+from dressage.tq.storage.integrity import Checksums, block_span, checksum, copy_and_checksum, verify_rows
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit
-from dressage.tq.wire import dtype_name
+from dressage.tq.transport.wire import dtype_name
 
 __all__ = ["MemoryStorageUnit"]
 

@@ -2,9 +2,9 @@
 
 Each call is one round trip; put sends the array's buffer without copying it, get returns read-only
 arrays viewing the received bytes. Puts of 64 KiB and more and every get go over the unit's bulk stream
-(``tq/bulk.py``: payloads received in place, the unit's into its recycled blob buffers, ours into a
-:class:`~dressage.tq.bulk.RecvPool`); the rest over ZMQ. On the unit's own host, payloads of 256 KiB and more go through
-/dev/shm instead (see ``tq/shm.py``): one copy to write (hashed by block as it is written, the digests
+(``tq/transport/bulk.py``: payloads received in place, the unit's into its recycled blob buffers, ours into a
+:class:`~dressage.tq.transport.bulk.RecvPool`); the rest over ZMQ. On the unit's own host, payloads of 256 KiB and more go through
+/dev/shm instead (see ``tq/transport/shm.py``): one copy to write (hashed by block as it is written, the digests
 sent with the put so the unit never reads the segment to hash it), none to read; the segment names
 travel on the bulk stream too. A put's small fields ride in the tail of its first large field's
 segment when they fit its size class, and a get's rows of a segment are verified here, against the
@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 
 from dressage.errors import ProtocolError
-from dressage.tq import shm
-from dressage.tq.bulk_rpc import BulkClient
-from dressage.tq.integrity import Checksums, verify_blocks
+from dressage.tq.transport import shm
+from dressage.tq.transport.bulk_rpc import BulkClient
+from dressage.tq.storage.integrity import Checksums, verify_blocks
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit, prepare_array
-from dressage.tq.transport import RpcClient
-from dressage.tq.wire import MAX_KEYS, array_from_frame, check_dtype, dtype_name
+from dressage.tq.transport.zmq import RpcClient
+from dressage.tq.transport.wire import MAX_KEYS, array_from_frame, check_dtype, dtype_name
 
 __all__ = ["RemoteStorageUnit", "BULK_MIN_BYTES"]
 

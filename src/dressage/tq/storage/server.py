@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from dressage.errors import ProtocolError
-from dressage.tq.bulk_rpc import BulkServer
-from dressage.tq.integrity import Checksums, block_rows_for
-from dressage.tq.shm import SHM_MIN_BYTES, ShmRegistry, host_id
+from dressage.tq.transport.bulk_rpc import BulkServer
+from dressage.tq.storage.integrity import Checksums, block_rows_for
+from dressage.tq.transport.shm import SHM_MIN_BYTES, ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
-from dressage.tq.transport import RpcServer
-from dressage.tq.wire import (MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, array_from_frame, array_meta, check_dtype, text,
+from dressage.tq.transport.zmq import RpcServer
+from dressage.tq.transport.wire import (MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, array_from_frame, array_meta, check_dtype, text,
                               text_list, uint)
 
 __all__ = ["StorageUnitServer", "main"]

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dressage.errors import IntegrityError, StorageFullError
-from dressage.tq.integrity import Checksums, checksum, verify_blocks
+from dressage.tq.storage.integrity import Checksums, checksum, verify_blocks
 from dressage.tq.storage.base import BlobInfo
 from dressage.tq.storage.memory import MemoryStorageUnit
-from dressage.tq.wire import dtype_name
+from dressage.tq.transport.wire import dtype_name
 
 __all__ = ["SpillStorageUnit"]
 

@@ -1,0 +1,308 @@
+"""``SGLangClient``: the Proxy's async HTTP client for an SGLang (or built-in) engine.
+
+Speaks ``/generate``, ``/abort_request``, ``/health``, ``/model_info`` (``/get_model_info`` on
+older releases) and the weight-version calls; httpx errors are translated here, at the boundary,
+into :class:`~dressage.errors.EngineError` subclasses. ``api_key`` is sent as SGLang's
+``Authorization: Bearer`` key; a ``routing_key`` goes out as ``X-SMG-Routing-Key`` so a router
+or model gateway keeps a session on the worker that caches its prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
+
+from dressage.proxy.engines.httpx_lean import httpx
+import numpy as np
+
+from dressage.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, WireFormatError
+from dressage.fields.r3_stream import RoutedExpertsSpec
+from dressage.proxy import fastjson
+from dressage.proxy.engines.aio_transport import AiohttpTransport, aiohttp_available
+from dressage.proxy.engines.r3_body import GenerateBodyReader
+
+__all__ = ["SGLangClient", "ROUTING_KEY_HEADER"]
+
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:500] or resp.reason_phrase
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if "detail" in body:
+            return str(body["detail"])
+        if "message" in body:
+            return str(body["message"])
+    return str(body)[:500]
+
+
+class SGLangClient:
+    """One engine at ``base_url``; share it between concurrent calls, ``close()`` when done."""
+
+    def __init__(self, base_url: str, *, timeout: float = 600.0, max_connections: int = 1024,
+                 headers: Mapping[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 api_key: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = float(timeout)
+        headers = dict(headers or {})
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        self.api_key = api_key or None
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        if transport is None and aiohttp_available():
+            # aiohttp's pool: httpx's scans every connection per request (see aio_transport).
+            transport = AiohttpTransport(max_connections)
+        elif transport is None:
+            # Small requests must not wait for a delayed ACK (Nagle): ~40 ms per call otherwise.
+            transport = httpx.AsyncHTTPTransport(
+                limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        self._transport = transport
+        self._direct = transport if isinstance(transport, AiohttpTransport) else None
+        self._headers = headers
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout,
+                                       headers=headers, transport=transport)
+
+    # -- the boundary ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _boundary(self, what: str, timeout: float | None) -> Iterator[None]:
+        """httpx's timeouts and transport failures as :class:`EngineTimeout` / :class:`EngineUnavailable`."""
+        try:
+            yield
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({type(exc).__name__})") from exc
+        except httpx.TransportError as exc:
+            raise EngineUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+    async def _request(self, method: str, path: str, *, json_body: Any = None,
+                       timeout: float | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
+        what = f"{method} {self.base_url}{path}"
+        with self._boundary(what, timeout):
+            if json_body is not None:
+                headers = {**(headers or {}), "content-type": "application/json"}
+                content = fastjson.dumps(json_body, numpy=True)
+            else:
+                content = None
+            limit = self.timeout if timeout is None else timeout
+            if self._direct is not None:
+                resp = await self._direct.send(method, self.base_url + path, content=content, timeout_s=limit,
+                                               headers={**self._headers, **headers} if headers else self._headers)
+            else:
+                resp = await self._http.request(method, path, content=content, headers=headers, timeout=limit)
+        self._check(resp, what)
+        return resp
+
+    async def _request_into(self, method: str, path: str, *, json_body: Any, sink: Any, timeout: float | None = None,
+                            headers: Mapping[str, str] | None = None) -> httpx.Response | None:
+        """:meth:`_request` with the answer's body fed to ``sink`` as it arrives: ``None`` when it was,
+        else the response read whole (a compressed body), for :meth:`_json`. The same errors."""
+        what = f"{method} {self.base_url}{path}"
+        headers = {**(headers or {}), "content-type": "application/json"}
+        content = fastjson.dumps(json_body, numpy=True)
+        limit = self.timeout if timeout is None else timeout
+        with self._boundary(what, timeout):
+            if self._direct is not None:
+                resp, fed = await self._direct.send_into(method, self.base_url + path, content=content,
+                                                         timeout_s=limit, headers={**self._headers, **headers},
+                                                         sink=sink)
+            else:
+                async with self._http.stream(method, path, content=content, headers=headers, timeout=limit) as resp:
+                    fed = resp.status_code < 400
+                    if fed:
+                        async for chunk in resp.aiter_bytes():
+                            sink.feed(chunk)
+                    else:
+                        await resp.aread()
+        self._check(resp, what)
+        return None if fed else resp
+
+    @staticmethod
+    def _check(resp: httpx.Response, what: str) -> None:
+        if resp.status_code >= 500:
+            raise EngineUnavailable(f"{what}: HTTP {resp.status_code}: {_error_message(resp)}",
+                                    status_code=resp.status_code)
+        if resp.status_code >= 400:
+            raise EngineRequestError(f"{what}: HTTP {resp.status_code}: {_error_message(resp)}",
+                                     status_code=resp.status_code)
+
+    @staticmethod
+    def _json(resp: httpx.Response, what: str) -> Any:
+        try:
+            out = fastjson.loads(resp.content)
+        except (ValueError, RecursionError) as exc:
+            raise WireFormatError(f"{what}: the answer is not JSON: {resp.text[:200]!r}") from exc
+        # httpx links a Response and its stream both ways, so a read body (MiBs of base64 R3 per call)
+        # would wait for the cyclic GC; replacing the spent stream lets it go with the last reference.
+        resp.stream = httpx.ByteStream(b"")
+        return out
+
+    # -- /generate ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _generate_body(input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None, *,
+                       return_logprob: bool, return_routed_experts: bool, routed_experts_start_len: int,
+                       rid: str | None, stream: bool, extra: Mapping[str, Any]) -> dict[str, Any]:
+        if isinstance(input_ids, np.ndarray) and input_ids.dtype.kind in "iu" and input_ids.ndim == 1:
+            ids: Any = np.ascontiguousarray(input_ids)  # written by the JSON encoder as it is: no list of ints
+        else:
+            ids = [int(t) for t in input_ids]
+        body: dict[str, Any] = {"input_ids": ids,
+                                "sampling_params": dict(sampling_params or {}),
+                                "return_logprob": bool(return_logprob)}
+        if return_routed_experts:
+            body["return_routed_experts"] = True
+            body["routed_experts_start_len"] = int(routed_experts_start_len)
+        if rid is not None:
+            body["rid"] = rid
+        if stream:
+            body["stream"] = True
+        body.update(extra)
+        return body
+
+    @staticmethod
+    def _routing_headers(routing_key: str | None) -> dict[str, str] | None:
+        return None if routing_key is None else {ROUTING_KEY_HEADER: str(routing_key)}
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
+                       return_logprob: bool = True, return_routed_experts: bool = False,
+                       routed_experts_start_len: int = 0, rid: str | None = None,
+                       timeout: float | None = None, routing_key: str | None = None,
+                       routed_experts_spec: RoutedExpertsSpec | None = None, **extra: Any) -> dict[str, Any]:
+        """``POST /generate`` for one prompt; the engine's JSON answer (``text``, ``output_ids``, ``meta_info``).
+
+        ``extra`` keys (e.g. ``logprob_start_len``) go into the body unchanged. Raises
+        :class:`EngineUnavailable`, :class:`EngineTimeout`, :class:`EngineRequestError` or
+        :class:`WireFormatError`.
+
+        With ``return_routed_experts`` and a ``routed_experts_spec`` the body is read as it arrives and
+        its ``meta_info.routed_experts`` string decoded on the fly into that spec's storage dtype
+        (:mod:`dressage.proxy.engines.r3_body`): the answer's ``meta_info.routed_experts`` is then a
+        :class:`~dressage.fields.r3_stream.RoutedExpertsStream`, which
+        :func:`~dressage.fields.sglang.decode_routed_experts_b64` (and ``decode_generate_response``)
+        take in place of the string, with the same result and errors. Any answer it cannot take
+        that way keeps its string.
+        """
+        body = self._generate_body(input_ids, sampling_params, return_logprob=return_logprob,
+                                   return_routed_experts=return_routed_experts,
+                                   routed_experts_start_len=routed_experts_start_len, rid=rid, stream=False,
+                                   extra=extra)
+        if return_routed_experts and routed_experts_spec is not None:
+            reader = GenerateBodyReader(routed_experts_spec)
+            resp = await self._request_into("POST", "/generate", json_body=body, sink=reader, timeout=timeout,
+                                            headers=self._routing_headers(routing_key))
+            out = reader.result("POST /generate") if resp is None else self._json(resp, "POST /generate")
+        else:
+            resp = await self._request("POST", "/generate", json_body=body, timeout=timeout,
+                                       headers=self._routing_headers(routing_key))
+            out = self._json(resp, "POST /generate")
+        if not isinstance(out, dict):
+            raise WireFormatError(f"POST /generate: expected one JSON object, got {type(out).__name__}")
+        return out
+
+    async def generate_stream(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
+                              return_logprob: bool = True, return_routed_experts: bool = False,
+                              routed_experts_start_len: int = 0, rid: str | None = None,
+                              timeout: float | None = None, routing_key: str | None = None,
+                              routed_experts_spec: RoutedExpertsSpec | None = None,
+                              **extra: Any) -> AsyncIterator[dict[str, Any]]:
+        """``POST /generate`` with ``stream``: yields each server-sent chunk until ``[DONE]``.
+
+        ``routed_experts_spec`` is accepted for symmetry with :meth:`generate` and not used: each
+        chunk is parsed whole (the last one carries the routing string)."""
+        body = self._generate_body(input_ids, sampling_params, return_logprob=return_logprob,
+                                   return_routed_experts=return_routed_experts,
+                                   routed_experts_start_len=routed_experts_start_len, rid=rid, stream=True,
+                                   extra=extra)
+        what = f"POST {self.base_url}/generate (stream)"
+        with self._boundary(what, timeout):
+            async with self._http.stream("POST", "/generate", content=fastjson.dumps(body, numpy=True),
+                                         headers={"content-type": "application/json",
+                                                  **(self._routing_headers(routing_key) or {})},
+                                         timeout=self.timeout if timeout is None else timeout) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    self._check(resp, what)
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[len("data:"):].strip()
+                    if data == "[DONE]":
+                        return
+                    try:
+                        chunk = fastjson.loads(data)
+                    except (ValueError, RecursionError) as exc:
+                        raise WireFormatError(f"{what}: a chunk is not JSON: {data[:200]!r}") from exc
+                    if isinstance(chunk, dict) and "error" in chunk and "meta_info" not in chunk:
+                        raise EngineRequestError(f"{what}: {chunk['error']}")
+                    yield chunk
+
+    # -- control -----------------------------------------------------------------------------------
+
+    async def abort(self, rid: str | None = None, *, abort_all: bool = False, timeout: float = 30.0) -> None:
+        """``POST /abort_request``: the aborted generation answers with its partial output.
+
+        SGLang aborts every request whose rid starts with ``rid``, so an empty rid would stop
+        them all: it is refused unless ``abort_all`` says so.
+        """
+        if not rid and not abort_all:
+            raise ValueError("abort needs a non-empty rid or abort_all=True")
+        await self._request("POST", "/abort_request", json_body={"rid": rid or "", "abort_all": abort_all},
+                            timeout=timeout)
+
+    async def health(self, timeout: float = 5.0) -> bool:
+        """Whether ``GET /health`` answers 200 within ``timeout``."""
+        try:
+            await self._request("GET", "/health", timeout=timeout)
+        except EngineError:
+            return False
+        return True
+
+    async def model_info(self, timeout: float = 30.0) -> dict[str, Any]:
+        """``GET /model_info``, or ``GET /get_model_info`` from releases that lack the former."""
+        try:
+            resp = await self._request("GET", "/model_info", timeout=timeout)
+            path = "/model_info"
+        except EngineRequestError as exc:
+            if exc.status_code not in (404, 405):
+                raise
+            resp, path = await self._request("GET", "/get_model_info", timeout=timeout), "/get_model_info"
+        out = self._json(resp, f"GET {path}")
+        if not isinstance(out, dict):
+            raise WireFormatError(f"GET {path}: expected a JSON object, got {type(out).__name__}")
+        return out
+
+    async def get_weight_version(self, timeout: float = 30.0) -> str:
+        """``GET /get_weight_version``: the engine's current ``weight_version``."""
+        out = self._json(await self._request("GET", "/get_weight_version", timeout=timeout),
+                         "GET /get_weight_version")
+        version = out.get("weight_version") if isinstance(out, dict) else None
+        if isinstance(version, bool) or not isinstance(version, (str, int)) or not str(version).strip():
+            raise WireFormatError(f"GET /get_weight_version: no weight_version in {out!r}")
+        return str(version)
+
+    async def server_info(self, timeout: float = 30.0) -> dict[str, Any]:
+        """``GET /get_server_info``."""
+        return self._json(await self._request("GET", "/get_server_info", timeout=timeout), "GET /get_server_info")
+
+    async def update_weight_version(self, new_version: str, *, abort_all_requests: bool = False,
+                                    timeout: float = 30.0) -> dict[str, Any]:
+        """``POST /update_weight_version`` (the version then reported in ``meta_info.weight_version``)."""
+        resp = await self._request("POST", "/update_weight_version", timeout=timeout,
+                                   json_body={"new_version": new_version, "abort_all_requests": abort_all_requests})
+        return self._json(resp, "POST /update_weight_version")
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "SGLangClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

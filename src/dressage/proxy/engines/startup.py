@@ -1,0 +1,160 @@
+"""The engines a Proxy talks to, and the start-up check against what they serve.
+
+:func:`engine_clients` makes one client per configured engine (a :class:`RouterClient` behind
+``--router``, the engine API key on every call). :func:`check_engine` compares each engine's model
+info (``/model_info`` or ``/get_model_info``, plus the model's ``config.json`` when the Proxy can
+read it) with the Proxy's ``--model`` and tokenizer before anything is served:
+
+- **Shape** (only with R3 on: R3 rows are decoded with it): layers, top-k and experts the engine
+  tells must fit the preset. A preset's layer count may be its MoE layers or every hidden layer
+  (SGLang sends a row for each, dense ones included); when the engine sends every hidden layer
+  the Proxy decodes that many rows. ``--num-layers`` / ``--topk`` / ``--num-experts`` override.
+- **Tokenizer**: a Proxy on the byte tokenizer refuses an engine that serves a real model, or
+  takes the engine's ``tokenizer_path`` with ``--tokenizer-from-engine``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from dressage.errors import EngineError, EngineMismatchError, EngineUnavailable
+from dressage.fields.models import ModelSpec
+from dressage.proxy.engines.model_shape import ShapeSource, discover_model_spec, read_model_config, resolve_tokenizer, \
+    shape_from_config
+from dressage.proxy.engines.router_client import RouterClient
+from dressage.proxy.engines.sglang_client import SGLangClient
+
+__all__ = ["engine_clients", "fetch_engine_infos", "check_engine", "EngineCheck"]
+
+INFO_TIMEOUT_S = 30.0
+
+
+def engine_clients(server: Any, *, transport: Any = None) -> list[SGLangClient]:
+    """One client per engine URL of ``server`` (a ProxyServerConfig)."""
+    cls = RouterClient if server.router else SGLangClient
+    kw = {} if transport is None else {"transport": transport}
+    return [cls(url, timeout=server.request_timeout_s, api_key=server.engine_api_key, **kw) for url in server.engines]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCheck:
+    """What the check settled: the model spec R3 is decoded with, where its numbers came from,
+    and the tokenizer to load."""
+
+    model: ModelSpec
+    source: ShapeSource | None
+    """``None`` when the shape was not checked (R3 off and no overrides)."""
+    tokenizer: str
+
+    def describe(self) -> str:
+        m = self.model
+        where = "" if self.source is None else " from " + ", ".join(
+            f"{k}: {v}" for k, v in self.source.to_dict().items())
+        return f"model {m.name} ({m.num_layers} R3 layers, top-{m.topk} of {m.num_experts}{where}), tokenizer {self.tokenizer}"
+
+
+def fetch_engine_infos(server: Any, *, transport: Any = None, timeout_s: float = INFO_TIMEOUT_S,
+                       wait_s: float = 0.0, retry_s: float = 0.5) -> list[dict[str, Any]]:
+    """Each engine's model info, asked on a private loop (the Proxy's own loop is not running yet).
+
+    An engine that cannot be reached (or answers 5xx) is asked again for up to ``wait_s``: it may
+    still be loading. Raises :class:`EngineUnavailable` naming the engine and the cause when one
+    does not answer.
+    """
+    async def info_of(client: SGLangClient) -> dict[str, Any]:
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            try:
+                return await client.model_info(timeout=timeout_s)
+            except EngineUnavailable:
+                if asyncio.get_running_loop().time() + retry_s > deadline:
+                    raise
+                await asyncio.sleep(retry_s)
+
+    async def ask() -> list[dict[str, Any]]:
+        out = []
+        for url in server.engines:
+            # The model info comes from a worker; a router forwards it.
+            client = SGLangClient(url, timeout=timeout_s, api_key=server.engine_api_key,
+                                  **({} if transport is None else {"transport": transport}))
+            try:
+                out.append(await info_of(client))
+            except EngineError as exc:
+                raise EngineUnavailable(
+                    f"the engine at {url} did not answer its model info: {exc}. Start the engine first (or point "
+                    "--engine-url at it), or pass --skip-engine-check to start without this check") from exc
+            finally:
+                await client.close()
+        return out
+
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = asyncio.run(ask())
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=run, name="dressage-engine-check", daemon=True)
+    worker.start()
+    worker.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _engine_shape(info: Mapping[str, Any]) -> dict[str, int]:
+    shape = shape_from_config(read_model_config(info.get("model_path")) or {})
+    shape.update(shape_from_config(info))  # what the engine itself says wins over its config.json
+    return shape
+
+
+def _compare(url: str, info: Mapping[str, Any], preset: ModelSpec, shape: Mapping[str, int],
+             overridden: set[str]) -> list[str]:
+    wrong = []
+    layers = shape.get("num_layers")
+    if "num_layers" not in overridden and layers is not None and layers not in (preset.num_layers, preset.hidden_layers):
+        counted = f"{preset.num_layers}" if not preset.dense_layers else \
+            f"{preset.num_layers} MoE + {preset.dense_layers} dense = {preset.hidden_layers}"
+        wrong.append(f"layers {layers} (the model's) vs {counted} (the preset's)")
+    for key in ("topk", "num_experts"):
+        if key not in overridden and key in shape and shape[key] != getattr(preset, key):
+            wrong.append(f"{key} {shape[key]} (the model's) vs {getattr(preset, key)} (the preset's)")
+    return wrong
+
+
+def check_engine(config: Any, infos: Sequence[Mapping[str, Any]], urls: Sequence[str] | None = None) -> EngineCheck:
+    """Check a ProxyConfig against its engines' model infos (one per engine, in order)."""
+    urls = list(urls if urls is not None else config.server.engines)
+    dp = config.data_plane
+    preset = dp.model
+    overrides = {"num_layers": config.num_layers, "topk": config.topk, "num_experts": config.num_experts}
+    overridden = {k for k, v in overrides.items() if v is not None}
+    tokenizers = {resolve_tokenizer(config.tokenizer, info, from_engine=config.tokenizer_from_engine)
+                  for info in infos}
+    if len(tokenizers) > 1:
+        raise EngineMismatchError(f"the engines name different tokenizers {sorted(tokenizers)}; give --tokenizer")
+    tokenizer = tokenizers.pop() if tokenizers else config.tokenizer
+    if not dp.use_rollout_routing_replay and not overridden:
+        return EngineCheck(preset, None, tokenizer)
+    model, source = preset, None
+    for url, info in zip(urls, infos):
+        shape = _engine_shape(info)
+        wrong = _compare(url, info, preset, shape, overridden)
+        if wrong:
+            raise EngineMismatchError(
+                f"the engine at {url} serves {info.get('model_path')!r}, whose shape does not fit the Proxy's "
+                f"--model {preset.name}: {'; '.join(wrong)}. Pass the --model preset of that model, or "
+                "--num-layers / --topk / --num-experts to give its shape")
+        spec, src = discover_model_spec(info, config=read_model_config(info.get("model_path")) or {}, preset=preset,
+                                        name=preset.name, **overrides)
+        if not overridden and spec.num_layers == preset.num_layers:
+            spec = preset  # the engine sends the preset's rows: keep the preset as it is
+        if model is not preset and (spec.num_layers, spec.topk, spec.num_experts) != \
+                (model.num_layers, model.topk, model.num_experts):
+            raise EngineMismatchError(f"the engines serve different model shapes: {model} and {spec} ({url})")
+        model, source = spec, src
+    return EngineCheck(model, source, tokenizer)

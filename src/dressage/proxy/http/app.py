@@ -1,0 +1,180 @@
+"""The Proxy's HTTP module: thin FastAPI routes over :class:`dressage.proxy.service.ProxyService`.
+
+Each route parses its body (pydantic schemas), calls one service use case and returns its
+value as JSON; the hot ones (session create, chat, generate, finalize) are answered by
+:class:`dressage.proxy.http.fast_routes.FastRoutes` in front of the router, with the same schemas. A :class:`dressage.errors.DressageError` becomes an OpenAI-style error with the
+status and type the class carries (``http_status``, ``openai_type``). Agents use
+``/sessions/{id}/v1`` as an OpenAI base URL, or ``/v1`` with session headers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.errors import ServerErrorMiddleware
+
+from dressage.proxy import fastjson
+from dressage.errors import DressageError
+from dressage.proxy.http.fast_routes import FastRoutes, dressage_error_response
+from dressage.proxy.http.guard import RequestGuard
+from dressage.proxy.http.upstream_routes import upstream_router
+from dressage.proxy.http.openai_routes import openai_router
+from dressage.proxy.http.rollout_routes import rollout_router
+from dressage.proxy.schemas import ChatRequest, CreateSession, GenerateRequest
+from dressage.proxy.openai.streaming import error_body
+from dressage.proxy.recording.turn_scope import identity_of
+from dressage.serving import ConnectionLimits, UvicornServer
+
+__all__ = ["build_app", "HotFirst", "ProxyServer", "status_for"]
+
+
+def status_for(exc: DressageError) -> tuple[int, str]:
+    """HTTP status and OpenAI error type of a Dressage error (the class attributes)."""
+    return exc.http_status, exc.openai_type
+
+
+def _json(value: Any) -> Response:
+    # orjson (see fastjson) writes long token lists many times faster than pydantic or the stdlib.
+    return Response(fastjson.dumps(value), media_type="application/json")
+
+
+def _guard_kwargs(service: Any) -> dict[str, Any]:
+    cfg = service.config
+    return {"agent_token": cfg.api_token, "admin_token": cfg.admin_token, "max_body_bytes": cfg.max_body_bytes}
+
+
+def _install_guards(app: FastAPI, service: Any) -> None:
+    # The hot routes, served without FastAPI's routing (dressage.proxy.http.fast_routes), behind the guard.
+    app.add_middleware(FastRoutes, service=service)
+    # Tokens, the received-bytes body limit and the JSON value check: see dressage.proxy.http.guard.
+    app.add_middleware(RequestGuard, **_guard_kwargs(service))
+
+    @app.exception_handler(DressageError)
+    async def dressage_error(request: Request, exc: DressageError):
+        return dressage_error_response(service, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            detail = (first.get("ctx") or {}).get("error", first.get("msg"))
+            return JSONResponse(error_body(f"malformed JSON: {detail}", "invalid_request_error"), 400)
+        if tuple(first.get("loc", ())) == ("body",):
+            return JSONResponse(error_body("request body must be a JSON object", "invalid_request_error"), 400)
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        param = ".".join(loc) or None
+        msg = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
+                        for e in errors[:5])
+        # A key a strict (control) body does not know is a bad request, not a bad value.
+        unknown = any(e.get("type") == "extra_forbidden" for e in errors)
+        return JSONResponse(error_body(msg, "invalid_request_error", param=param), 400 if unknown else 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code)
+
+
+def build_app(service: Any) -> FastAPI:
+    """The FastAPI app: one route per use case of ``service``."""
+    app = FastAPI(title="Dressage Proxy", version="0.1.0")
+    _install_guards(app, service)
+    app.include_router(upstream_router(service))
+
+    async def answer(session_id: str, request: Request, body: ChatRequest) -> Response:
+        out = await service.open_chat(session_id, body, turn_id=identity_of(request.headers, body).turn_id)
+        if isinstance(out, dict):
+            return _json(out)
+        return StreamingResponse(out, media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return service.health()
+
+    @app.post("/sessions")
+    async def create_session(request: Request, body: CreateSession | None = None) -> dict[str, Any]:
+        return service.create_session(body.metadata if body else None, str(request.base_url))
+
+    @app.post("/sessions/{session_id}/v1/chat/completions")
+    async def chat(session_id: str, request: Request, body: ChatRequest) -> Response:
+        return await answer(session_id, request, body)
+
+    @app.post("/v1/chat/completions")
+    async def chat_by_headers(request: Request, body: ChatRequest) -> Response:
+        return await answer(service.header_session(identity_of(request.headers, body)), request, body)
+
+    @app.get("/v1/models")
+    async def all_models() -> dict[str, Any]:
+        return service.models()
+
+    @app.get("/sessions/{session_id}/v1/models")
+    async def models(session_id: str) -> dict[str, Any]:
+        return service.models(session_id)
+
+    @app.post("/sessions/{session_id}/generate")
+    async def generate(session_id: str, body: GenerateRequest) -> dict[str, Any]:
+        return await service.generate_tokens(session_id, body)
+
+    @app.post("/sessions/{session_id}/abort")
+    async def abort(session_id: str) -> dict[str, Any]:
+        return service.abort(session_id)
+
+    @app.get("/sessions/{session_id}/segments")
+    async def segments(session_id: str) -> Response:
+        return _json(service.segments(session_id))
+
+    @app.get("/trajectory/stats")
+    async def trajectory_stats() -> dict[str, Any]:
+        return service.stats()
+
+    @app.get("/v1/engines")
+    async def engines() -> dict[str, Any]:
+        return await service.engine_state()
+
+    app.include_router(openai_router(service))
+
+    @app.get("/sessions/{session_id}")
+    async def session_info(session_id: str) -> dict[str, Any]:
+        return service.session_info(session_id)
+
+    app.include_router(rollout_router(service))
+    return app
+
+
+class HotFirst:
+    """The ASGI app the Proxy serves: :func:`build_app`'s, with its hot routes reached first.
+
+    A request for a hot route (:class:`FastRoutes`) goes straight through the same guard and the
+    same :class:`FastRoutes`, behind the same 500 answer for a crash (Starlette's
+    ``ServerErrorMiddleware``), without FastAPI's and Starlette's layers in front of them (their
+    telemetry check, app scope and body-limit wrappers: ~5 % of a profile of the event loop). Every
+    other request, and every one that :class:`FastRoutes` hands on (it does not parse or
+    validate), goes to the FastAPI app, which answers it as it always did.
+    """
+
+    def __init__(self, app: FastAPI, service: Any) -> None:
+        self.app = app
+        self._fast = FastRoutes(app, service=service)
+        self._hot = ServerErrorMiddleware(RequestGuard(self._fast, **_guard_kwargs(service)), debug=app.debug)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not self.app.root_path and self._fast.route(scope) is not None:
+            await self._hot(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+
+class ProxyServer(UvicornServer):
+    """The Proxy app under uvicorn; ``start_background()`` for tests and in-process use."""
+
+    def __init__(self, service: Any) -> None:
+        self.service = service
+        cfg = service.config
+        limits = ConnectionLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
+                                  keep_alive_s=cfg.keep_alive_timeout_s, max_header_bytes=cfg.max_header_bytes)
+        super().__init__(HotFirst(build_app(service), service), host=cfg.host, port=cfg.port, name="proxy",
+                         limits=limits)

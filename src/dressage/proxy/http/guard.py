@@ -1,0 +1,198 @@
+"""The Proxy's request guard: an ASGI middleware in front of every route.
+
+Before a route runs it checks, in this order:
+
+- **tokens**: ``/health`` is open; admin endpoints (:data:`ADMIN_PREFIXES`: trajectory read and
+  drain, pause / resume, discard, engines) need the admin token; every other endpoint takes the
+  agent token or the admin token. With only one token configured it opens everything (the
+  single-token setup). A missing or wrong token is 401, an agent token on an admin endpoint 403.
+- **body size on the bytes received**: a declared ``Content-Length`` over the limit is refused at
+  once, and the bytes of any body (chunked ones too) are counted as they arrive: 413 as soon as
+  the count passes ``max_body_bytes``, without buffering the rest.
+- **values nothing downstream can store**: a JSON body with a lone UTF-16 surrogate (``"\\ud800"``,
+  not encodable as UTF-8) or a non-finite number (``NaN``, ``Infinity``, ``1e999``) is 400
+  ``invalid_value``. Bodies are scanned with one regular expression; only a body that may hold
+  such a value is parsed (strictly) a second time.
+
+Each refusal is a :class:`dressage.errors.RequestRejected` answered in the OpenAI error form.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from typing import Any, Awaitable, Callable
+
+from dressage.errors import (AuthenticationError, BodyTooLargeError, InputValueError, PermissionDeniedError,
+                             RequestRejected)
+from dressage.proxy.openai.streaming import error_payload
+
+__all__ = ["RequestGuard", "ADMIN_PREFIXES", "is_admin_path", "check_json_values"]
+
+ADMIN_PREFIXES = ("/trajectory/", "/v1/rollout/", "/v1/engines", "/engines", "/session/discard", "/admin/",
+                  "/v1/weights", "/update_weight")
+"""Path prefixes of the trainer's (admin) endpoints; a session's own ``/sessions/{id}/discard`` too."""
+
+OPEN_PATHS = ("/health",)
+
+_SUSPECT = re.compile(rb"\\u[dD][89a-fA-F]|NaN|Infinity|[eE]\+?[0-9]{3}|[0-9]{300}")
+_BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def is_admin_path(path: str) -> bool:
+    """Whether ``path`` is a trainer (admin) endpoint."""
+    if path.startswith(ADMIN_PREFIXES):
+        return True
+    return path.startswith("/sessions/") and path.rstrip("/").endswith("/discard")
+
+
+def _reject_constant(name: str) -> Any:
+    raise InputValueError(f"request body: {name} is not a JSON number (non-finite values are refused)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise InputValueError(f"request body: the number {text[:40]} overflows a 64-bit float")
+    return value
+
+
+def check_json_values(body: bytes) -> None:
+    """Raise :class:`InputValueError` when ``body`` (JSON) holds a lone surrogate or a non-finite number.
+
+    Malformed JSON passes: the route's own parser reports it.
+    """
+    if not _SUSPECT.search(body):
+        return
+    try:
+        value = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+    except InputValueError:
+        raise
+    except (ValueError, RecursionError):
+        return
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputValueError("request body: a string holds a lone UTF-16 surrogate "
+                              f"({exc.object[exc.start:exc.end].encode('unicode_escape').decode()}), which is "
+                              "not valid Unicode text") from None
+
+
+def _bearer(scope: Scope) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            text = value.decode("latin-1")
+            return text[7:].strip() if text[:7].lower() == "bearer " else ""
+    return ""
+
+
+def _same(given: str, token: str | None) -> bool:
+    return token is not None and hmac.compare_digest(given.encode("utf-8", "replace"), token.encode("utf-8"))
+
+
+class RequestGuard:
+    """``app`` behind token checks, a received-bytes body limit and the JSON value check.
+
+    ``on_reject(exc)`` is told of every refusal (the service counts them as failed calls).
+    """
+
+    def __init__(self, app: Any, *, agent_token: str | None, admin_token: str | None, max_body_bytes: int,
+                 on_reject: Callable[[RequestRejected], None] | None = None) -> None:
+        self.app = app
+        self.agent_token, self.admin_token = agent_token, admin_token
+        self.limit = int(max_body_bytes)
+        self.on_reject = on_reject
+
+    def authorize(self, scope: Scope) -> None:
+        path = scope.get("path", "")
+        if path in OPEN_PATHS or (self.agent_token is None and self.admin_token is None):
+            return
+        given = _bearer(scope)
+        admin = is_admin_path(path)
+        if self.admin_token is None:  # one token for everything
+            if not _same(given, self.agent_token):
+                raise AuthenticationError("missing or wrong bearer token")
+            return
+        if _same(given, self.admin_token):
+            return
+        if admin:
+            if _same(given, self.agent_token):
+                raise PermissionDeniedError(f"{path} is a trainer endpoint: it needs the admin token")
+            raise AuthenticationError("missing or wrong bearer token (this endpoint needs the admin token)")
+        if self.agent_token is not None and not _same(given, self.agent_token):
+            raise AuthenticationError("missing or wrong bearer token")
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                if not value.isdigit():
+                    raise RequestRejected(f"Content-Length {value[:40].decode('latin-1')!r} is not a number")
+                if int(value) > self.limit:
+                    raise BodyTooLargeError(f"request body over {self.limit} bytes")
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                raise BodyTooLargeError(f"request body over {self.limit} bytes")
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            self.authorize(scope)
+            if scope.get("method") not in _BODY_METHODS:
+                await self.app(scope, receive, send)
+                return
+            body = await self._read_body(scope, receive)
+            check_json_values(body)
+        except _Disconnected:
+            return
+        except RequestRejected as exc:
+            if self.on_reject is not None:
+                self.on_reject(exc)
+            await _answer(send, exc)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+
+class _Disconnected(Exception):
+    pass
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # after the body: the disconnect, whenever it comes
+
+    return replay
+
+
+async def _answer(send: Send, exc: RequestRejected) -> None:
+    data = json.dumps(error_payload(exc)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+               (b"x-should-retry", b"false")]
+    if isinstance(exc, BodyTooLargeError):
+        headers.append((b"connection", b"close"))  # the rest of the body is not read
+    if isinstance(exc, AuthenticationError):
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": exc.http_status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})

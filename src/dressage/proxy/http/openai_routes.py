@@ -1,0 +1,66 @@
+"""HTTP routes of the OpenAI endpoints beyond chat: Responses, text completions, one model.
+
+Each is served on a session's base URL (``/sessions/{id}/v1/...``) and on ``/v1/...`` with the
+session in headers, like chat completions. Errors are the app's (``DressageError`` -> OpenAI
+error object with the class's status).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+
+from dressage.proxy import fastjson
+from dressage.proxy.openai.completions import CompletionRequest
+from dressage.proxy.openai.responses.protocol import ResponsesRequest
+from dressage.proxy.recording.turn_scope import identity_of
+
+__all__ = ["openai_router"]
+
+_SSE_HEADERS = {"cache-control": "no-cache"}
+
+
+def _answer(out: Any) -> Response:
+    if isinstance(out, dict):
+        return Response(fastjson.dumps(out), media_type="application/json")
+    return StreamingResponse(out, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+def openai_router(service: Any) -> APIRouter:
+    """The routes, bound to ``service`` (a :class:`dressage.proxy.service.ProxyService`)."""
+    router = APIRouter()
+
+    def by_headers(request: Request, body: Any) -> str:
+        return service.header_session(identity_of(request.headers, body))
+
+    async def respond(session_id: str, request: Request, body: ResponsesRequest) -> Response:
+        turn_id = identity_of(request.headers, body).turn_id
+        return _answer(await service.open_response(session_id, body, turn_id=turn_id))
+
+    @router.post("/sessions/{session_id}/v1/responses")
+    async def responses(session_id: str, request: Request, body: ResponsesRequest) -> Response:
+        return await respond(session_id, request, body)
+
+    @router.post("/v1/responses")
+    async def responses_by_headers(request: Request, body: ResponsesRequest) -> Response:
+        return await respond(by_headers(request, body), request, body)
+
+    @router.post("/sessions/{session_id}/v1/completions")
+    async def completions(session_id: str, body: CompletionRequest) -> Response:
+        return _answer(await service.open_completion(session_id, body))
+
+    @router.post("/v1/completions")
+    async def completions_by_headers(request: Request, body: CompletionRequest) -> Response:
+        return _answer(await service.open_completion(by_headers(request, body), body))
+
+    @router.get("/sessions/{session_id}/v1/models/{model_id:path}")
+    async def session_model(session_id: str, model_id: str) -> dict[str, Any]:
+        return service.model(model_id, session_id)
+
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        return service.model(model_id)
+
+    return router

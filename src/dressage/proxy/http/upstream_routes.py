@@ -1,0 +1,81 @@
+"""The routes upstream Dressage's clients call: finalize, discard, trajectory read, capabilities.
+
+Bodies are strict (an unknown key is a 400: these calls change what is trained on); the session
+may be named in the body or by the ``X-Session-Id`` / ``X-SMG-Routing-Key`` header. The use cases
+are in :mod:`dressage.proxy.upstream.use_cases`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+from fastapi import APIRouter, Request, Response
+
+from dressage.proxy import fastjson
+from dressage.errors import MissingSessionIdError
+from dressage.proxy.http.capabilities import capabilities
+from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE
+from dressage.proxy.schemas import DiscardRequest, FinalizeRequest, FinalizeSessionRequest, TrajectoryReadRequest
+from dressage.proxy.recording.turns import identity_from_headers
+from dressage.proxy.upstream.use_cases import discard_session, finalize_session, read_trajectories
+
+__all__ = ["upstream_router"]
+
+
+def _json(value: Any) -> Response:
+    return Response(fastjson.dumps(value), media_type="application/json")
+
+
+def _session(request: Request, given: str | None) -> str:
+    sid = given or identity_from_headers(request.headers).session_id
+    if not sid:
+        raise MissingSessionIdError("give session_id in the body or an X-Session-Id header")
+    return sid
+
+
+def upstream_router(service: Any) -> APIRouter:
+    """The routes over ``service`` (a :class:`dressage.proxy.service.ProxyService`)."""
+    router = APIRouter()
+
+    async def finalize(sid: str, body: FinalizeRequest | None) -> dict[str, Any]:
+        body = body or FinalizeRequest()
+        return await finalize_session(service, sid, reward=body.reward, instance_id=body.instance_id,
+                                      label=body.label, wait_s=body.wait_s)
+
+    @router.post("/session/finalize")
+    async def finalize_by_body(request: Request, body: FinalizeSessionRequest | None = None) -> dict[str, Any]:
+        return await finalize(_session(request, body.session_id if body else None), body)
+
+    @router.post("/sessions/{session_id}/finalize")
+    async def finalize_by_path(session_id: str, body: FinalizeRequest | None = None) -> dict[str, Any]:
+        return await finalize(session_id, body)
+
+    @router.post("/session/discard")
+    async def discard(request: Request, body: DiscardRequest | None = None) -> dict[str, Any]:
+        return discard_session(service, _session(request, body.session_id if body else None))
+
+    @router.post("/trajectory/read")
+    async def trajectory_read(request: Request, body: TrajectoryReadRequest | None = None) -> Response:
+        body = body or TrajectoryReadRequest()
+        # A reader that accepts msgpack gets the answer as msgpack, resident arrays as raw bytes.
+        binary = MSGPACK_MEDIA_TYPE in request.headers.get("accept", "")
+        answer = read_trajectories(service, trajectory_id=body.trajectory_id, session_id=body.session_id,
+                                   session_ids=body.session_ids, instance_id=body.instance_id,
+                                   max_groups=body.max_groups, segment_view=body.segment_view,
+                                   drain=body.drain, format=body.format, binary=binary)
+        if binary:
+            return Response(msgpack.packb(answer, use_bin_type=True), media_type=MSGPACK_MEDIA_TYPE)
+        return _json(answer)
+
+    @router.get("/integration/capabilities")
+    async def integration_capabilities() -> dict[str, Any]:
+        cfg, dp = service.config, service.core.config
+        return capabilities(partial_rollout=cfg.partial_rollout, rollout_routing_replay=dp.use_rollout_routing_replay,
+                            transfer_queue=dp.enable_transfer_queue, segment_view=dp.segment_view,
+                            engines=len(service.engines.members), router=service.router,
+                            model={"name": dp.model.name, "num_layers": dp.model.num_layers, "topk": dp.model.topk,
+                                   "num_experts": dp.model.num_experts, "served_model_name": cfg.served_model_name},
+                            finalize_wait_s=cfg.finalize_wait_s)
+
+    return router

@@ -1,0 +1,1 @@
+"""The Proxy journal: a write-ahead log of its sessions (framing, record codec) replayed on restart."""

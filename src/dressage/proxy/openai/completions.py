@@ -1,0 +1,199 @@
+"""Legacy text completions (``POST /v1/completions``) and the model object (``GET /v1/models/{id}``).
+
+A text completion is a token-level call of its session, like ``/generate``: the prompt (a string,
+tokenized without a chat template, or token ids) goes to the engine as it is and the reply is
+recorded as one StepRecord. A stop string ends the returned text (it is not part of it) as
+OpenAI answers; the recorded tokens are those the engine produced.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any, AsyncIterator, Optional, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from dressage.errors import DressageError, ModelNotFoundError, UnsupportedParameterError
+from dressage.proxy.openai.chat.params import _logit_bias
+from dressage.proxy.openai.chat.reply import cut_at_stop, visible_prefix
+from dressage.proxy.openai.streaming import DONE, KEEPALIVE, error_payload, sse
+
+__all__ = ["CompletionRequest", "CompletionsPath"]
+
+OPENAI_DEFAULT_MAX_TOKENS = 16
+"""``max_tokens`` of a text completion that leaves it out (OpenAI's documented default)."""
+
+
+class CompletionRequest(BaseModel):
+    """``POST /v1/completions`` body; fields not listed (``user``, ...) are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    stop: Optional[Union[str, list[str]]] = None
+    seed: Optional[int] = None
+    stream: bool = False
+    stream_options: Optional[dict[str, Any]] = None
+    logprobs: Optional[int] = Field(default=None, ge=0, le=5)
+    """Alternatives per token (OpenAI allows up to 5); each token's own logprob comes with any value."""
+    n: int = Field(default=1, ge=1)
+    best_of: Optional[int] = Field(default=None, ge=1)
+    echo: bool = False
+    suffix: Optional[str] = None
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[str, float]] = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: Any) -> Any:
+        if isinstance(v, list) and not v:
+            raise ValueError("prompt must not be empty")
+        if isinstance(v, list) and isinstance(v[0], int) and any(t < 0 or t > 2**31 - 1 for t in v):
+            raise ValueError("token ids must be in 0..2**31-1")
+        return v
+
+
+def _one_prompt(prompt: Any) -> Union[str, list[int]]:
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return prompt
+    if len(prompt) != 1:
+        raise UnsupportedParameterError("prompt", f"holds {len(prompt)} prompts; send one prompt per request "
+                                                  f"(each call is one step of its session)")
+    return prompt[0]
+
+
+class CompletionsPath:
+    """Text completions and the model lookup; :class:`ProxyService` provides state and the call path."""
+
+    def model(self, model_id: str, session_id: str | None = None) -> dict[str, Any]:
+        """``/v1/models/{id}``: the served model, or a 404 for any other id."""
+        if session_id is not None:
+            self.core.session(session_id)
+        if model_id != self.config.served_model_name:
+            raise ModelNotFoundError(f"model {model_id!r} does not exist here; this Proxy serves "
+                                     f"{self.config.served_model_name!r}")
+        return {"id": model_id, "object": "model", "created": 0, "owned_by": "dressage"}
+
+    def _completion_sampling(self, req: CompletionRequest, prompt_len: int) -> tuple[dict[str, Any], list[str]]:
+        refused = [(req.n > 1, "n", "one sample per text completion (chat completions take n)"),
+                   ((req.best_of or 1) > 1, "best_of", "not supported"), (req.echo, "echo", "not supported"),
+                   (req.suffix is not None, "suffix", "not supported")]
+        for bad, name, why in refused:
+            if bad:
+                raise UnsupportedParameterError(name, why)
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        if len(stops) > 4 or not all(stops):
+            raise UnsupportedParameterError("stop", "at most 4 stop sequences, none empty")
+        sp: dict[str, Any] = {"max_new_tokens": self.limits.max_new_tokens(req.max_tokens or OPENAI_DEFAULT_MAX_TOKENS,
+                                                                          prompt_len),
+                              "stop_token_ids": list(self.tokenizer.stop_token_ids)}
+        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+            if getattr(req, name) is not None:
+                sp[name] = getattr(req, name)
+        if req.logit_bias:
+            sp["logit_bias"] = _logit_bias(req.logit_bias)
+        if stops:
+            sp["stop"] = stops
+        if req.seed is not None:
+            sp["sampling_seed"] = req.seed
+        return sp, stops
+
+    def _prepare_completion(self, session_id: str, req: CompletionRequest) -> tuple[Any, str, list[str]]:
+        self._check_call(session_id)
+        prompt = _one_prompt(req.prompt)
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise UnsupportedParameterError("prompt", "the prompt has no tokens")
+        prompt_ids = np.asarray(ids, dtype=np.int32)
+        sp, stops = self._completion_sampling(req, len(prompt_ids))
+        plan, url = self._plan(session_id, prompt_ids, sp, stream=req.stream)
+        if req.logprobs:
+            plan.params["top_logprobs_num"] = req.logprobs
+        return plan, url, stops
+
+    def _logprobs(self, ids: list[int], result: Any, text: str, stopped: bool, want: int) -> dict[str, Any]:
+        """OpenAI's legacy ``logprobs``: tokens, their logprobs and offsets, ``want`` alternatives each."""
+        decode = self.tokenizer.decode
+        tokens = [decode([t]) for t in ids]
+        values = [float(x) for x in result.logprobs] if result.logprobs is not None else [None] * len(ids)
+        offsets, pos = [], 0
+        for tok in tokens:
+            offsets.append(pos)
+            pos += len(tok)
+        keep = sum(1 for o in offsets if o < len(text)) if stopped else len(ids)  # not the stop sequence's tokens
+        top = None
+        if want:
+            alts = result.top_logprobs or [[] for _ in ids]
+            top = [{decode([int(a[1])]): float(a[0]) for a in (alts[i] or [])[:want]} for i in range(keep)]
+        return {"tokens": tokens[:keep], "token_logprobs": values[:keep], "text_offset": offsets[:keep],
+                "top_logprobs": top}
+
+    async def _record_completion(self, session_id: str, plan: Any, url: str, result: Any, stops: list[str],
+                                 req: CompletionRequest, completion_id: str, created: int) -> dict[str, Any]:
+        step = await self._record(session_id, plan, result, url, metadata={"finish_reason": result.finish_reason})
+        ids = step.response_ids.tolist()
+        text, stopped = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), stops)
+        finish = "length" if result.finish_reason == "length" and not stopped else "stop"
+        choice = {"index": 0, "text": text, "finish_reason": finish,
+                  "logprobs": None if req.logprobs is None else self._logprobs(ids, result, text, stopped,
+                                                                              req.logprobs)}
+        return {"id": completion_id, "object": "text_completion", "created": created,
+                "model": self.config.served_model_name, "choices": [choice],
+                "usage": {"prompt_tokens": step.prompt_len, "completion_tokens": step.response_len,
+                          "total_tokens": step.seq_len}}
+
+    async def open_completion(self, session_id: str, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
+        """A text completion (dict) or, for ``stream``, its SSE stream; every 4xx is raised before generation."""
+        plan, url, stops = self._prepare_completion(session_id, req)
+        completion_id, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
+        if req.stream:
+            return self._stream_completion(session_id, plan, url, stops, req, completion_id, created)
+        self.in_flight.enter(session_id)
+        try:
+            result = await self._final(plan)
+            return await self._record_completion(session_id, plan, url, result, stops, req, completion_id, created)
+        finally:
+            self.in_flight.exit(session_id)
+
+    async def _stream_completion(self, session_id: str, plan: Any, url: str, stops: list[str], req: CompletionRequest,
+                                 completion_id: str, created: int) -> AsyncIterator[bytes]:
+        base = {"id": completion_id, "object": "text_completion", "created": created,
+                "model": self.config.served_model_name}
+
+        def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> bytes:
+            return sse({**base, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]})
+
+        sent = ""
+        result = None
+        self.in_flight.enter(session_id)
+        try:
+            async for event in self._generate(plan):
+                if event is None:
+                    yield KEEPALIVE
+                elif isinstance(event, str):
+                    text = visible_prefix(event, stops).rstrip("\ufffd")
+                    if len(text) > len(sent) and text.startswith(sent):
+                        yield chunk(text[len(sent):])
+                        sent = text
+                else:
+                    result = event
+            done = await self._record_completion(session_id, plan, url, result, stops, req, completion_id, created)
+        except DressageError as exc:
+            self.failed_calls += 1
+            yield sse(error_payload(exc))
+            return
+        finally:
+            self.in_flight.exit(session_id)
+        choice = done["choices"][0]
+        final = choice["text"]
+        yield chunk(final[len(sent):] if final.startswith(sent) else "", choice["finish_reason"], choice["logprobs"])
+        if req.stream_options and req.stream_options.get("include_usage"):
+            yield sse({**base, "choices": [], "usage": done["usage"]})
+        yield DONE

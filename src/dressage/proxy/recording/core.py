@@ -1,0 +1,400 @@
+"""Proxy core: SGLang responses -> StepRecords, with the TQ write and local commit as one region.
+
+The service (``dressage.proxy.service``) calls this; so can any embedding. Online decisions
+(routing, versions) and Segment construction at finalize read nothing from TransferQueue.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from dressage.errors import DressageError, FieldShapeError, SessionStateError, TransferWriteError, UnknownStepError
+from dressage.fields import GenerateOutput, RoutedExpertsSpec, decode_generate_response, encode_routed_experts, r3_dtype
+from dressage.dataplane import DataPlaneConfig
+from dressage.proxy.recording.weights import step_labels
+from dressage.proxy.recording.write_behind import PendingStep, WriteBehindCore, done_step
+from dressage.trajectory import Boundary, RouteDecision, Segment, Session, StepRecord, build_segments
+from dressage.trajectory.sample import VERSION_LABELS_KEY
+
+__all__ = ["ProxyCore", "FinalizedSession"]
+
+
+@dataclass(slots=True)
+class FinalizedSession:
+    """What finalize hands to the RolloutManager: lightweight Segments plus session metadata."""
+
+    session_id: str
+    segments: list[Segment]
+    reward: float | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    released_refs: list[Any] = field(default_factory=list)
+    """Refs of steps no Segment uses (dropped retry orphans): deleted from TQ at finalize."""
+
+
+class ProxyCore(WriteBehindCore):
+    """Sessions of one Proxy and the commit region that records their steps.
+
+    ``tq`` is a TransferQueue client (``put_async`` / ``delete``) and is required when
+    ``config.enable_transfer_queue``. ``sink`` receives each :class:`FinalizedSession`.
+    """
+
+    def __init__(self, config: DataPlaneConfig, tq: Any = None, *, sink: Callable[[FinalizedSession], None] | None = None,
+                 decode: Callable[[np.ndarray], str] | None = None, special_ids: Sequence[int] = (),
+                 batch_tag: Callable[[], str | None] | None = None, journal: Any = None,
+                 write_behind: bool = True) -> None:
+        if config.enable_transfer_queue and tq is None:
+            raise TransferWriteError("TransferQueue is enabled but no TransferQueue client was given")
+        self.config = config
+        self.tq = tq
+        self.sink = sink
+        self._decode = decode
+        self._special_ids = tuple(special_ids)
+        self._batch_tag = batch_tag or (lambda: None)
+        self.journal = journal
+        self.write_behind = write_behind
+        """:meth:`begin_step` answers before the TQ write lands (see :mod:`dressage.proxy.recording.write_behind`)."""
+        self._behind = None
+        # Keys stay unique across restarts of a Proxy that recovered its sessions from a journal.
+        self._epoch = secrets.token_hex(3)
+        self.sessions: dict[str, Session] = {}
+        self._lock = threading.RLock()
+        self._calls: dict[str, int] = {}
+        # Aborted and discarded sessions leave memory; their ids are remembered (bounded) so a
+        # late call gets "session is aborted" rather than "unknown session".
+        self._gone: OrderedDict[str, str] = OrderedDict()
+        self.gone_capacity = 100_000
+
+    # ----------------------------------------------------------------- sessions
+    def create_session(self, metadata: Mapping[str, Any] | None = None, session_id: str | None = None) -> Session:
+        sid = session_id or secrets.token_urlsafe(18)  # unguessable: the id is the session's capability
+        with self._lock:
+            if sid in self.sessions or sid in self._gone:
+                raise SessionStateError(f"session {sid} already exists"
+                                        + (f" and is {self._gone[sid]}" if sid in self._gone else ""))
+            session = Session(sid, metadata=dict(metadata or {}), r3_shape=self.config.r3_shape,
+                              decode=self._decode, special_ids=self._special_ids)
+            if self.journal is not None:
+                self.journal.session_created(session)
+            self.sessions[sid] = session
+            self._calls[sid] = 0
+        return session
+
+    def session(self, session_id: str) -> Session:
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            gone = self._gone.get(session_id)
+            if gone is not None:
+                raise SessionStateError(f"session {session_id} is {gone}") from None
+            raise UnknownStepError(f"unknown session {session_id!r}") from None
+
+    def state_of(self, session_id: str) -> str | None:
+        """``active`` / ``finalized`` (in memory), ``aborted`` / ``discarded`` (gone), or ``None``."""
+        s = self.sessions.get(session_id)
+        return s.state if s is not None else self._gone.get(session_id)
+
+    def _bury(self, session_id: str, state: str) -> None:
+        """Drop a session from memory, remembering only that it is ``state``."""
+        with self._lock:
+            if self.sessions.pop(session_id, None) is not None and self.journal is not None:
+                self.journal.forgotten(session_id)
+            self._calls.pop(session_id, None)
+            self._gone[session_id] = state
+            self._gone.move_to_end(session_id)
+            while len(self._gone) > self.gone_capacity:
+                self._gone.popitem(last=False)
+
+    def active_session(self, session_id: str) -> Session:
+        s = self.session(session_id)
+        if s.state != "active":
+            raise SessionStateError(f"session {session_id} is {s.state}")
+        return s
+
+    # ------------------------------------------------------------------ calls
+    def plan(self, session_id: str, prompt_ids: Any, *, tools: Any = None, boundary_reason: str | None = None,
+             engine_moved: bool = False) -> RouteDecision:
+        """The one Segment-boundary decision of a call, made before it goes to the engine.
+
+        Where the step attaches (create / append / branch, which sets ``routed_experts_start_len``):
+        a new Segment when the chat prompt is no exact extension (``boundary_reason``) or when the
+        session's engine left the pool (``engine_moved``: the new engine recomputes the prefix, so
+        one Segment's routing all comes from one engine); otherwise the session's prefix match.
+        """
+        self._settle(session_id)  # route against every step already answered
+        session = self.active_session(session_id)
+        if boundary_reason is not None:
+            return RouteDecision("create", None, 0, Boundary(boundary_reason))
+        decision = session.route(prompt_ids, tools=tools)
+        if engine_moved and decision.parent_id is not None:
+            parent = session.step(decision.parent_id)
+            return RouteDecision("create", None, 0, Boundary("engine_failover", matched_tokens=parent.seq_len,
+                                                             candidate_step=parent.step_id))
+        return decision
+
+    def generate_params(self, decision: RouteDecision) -> dict[str, Any]:
+        """The SGLang ``/generate`` flags this call needs."""
+        params: dict[str, Any] = {"return_logprob": True}
+        if self.config.use_rollout_routing_replay:
+            params["return_routed_experts"] = True
+            params["routed_experts_start_len"] = int(decision.routed_experts_start)
+        return params
+
+    @property
+    def routed_experts_spec(self) -> RoutedExpertsSpec | None:
+        """What :meth:`normalize` decodes R3 into, for the engine client's decode as the body arrives."""
+        c = self.config
+        return RoutedExpertsSpec.of(c.model, c.routed_experts_dtype) if c.use_rollout_routing_replay else None
+
+    def normalize(self, body: Mapping[str, Any], *, prompt_len: int, decision: RouteDecision) -> GenerateOutput:
+        """Decode one ``/generate`` JSON body for this call (validates every length; R3 comes out
+        range-checked in the storage dtype)."""
+        m = self.config.model
+        return decode_generate_response(
+            body, prompt_len=prompt_len, routed_experts_start_len=decision.routed_experts_start,
+            num_layers=m.num_layers, topk=m.topk, want_logprobs=True,
+            want_routed_experts=self.config.use_rollout_routing_replay,
+            routed_experts_dtype=self.config.routed_experts_dtype, num_experts=m.num_experts)
+
+    def ingest(self, session_id: str, decision: RouteDecision, body: Mapping[str, Any], *, prompt_ids: Any,
+               version: int = 0, **step_kwargs: Any) -> StepRecord:
+        """Normalise an engine response and record it as one StepRecord."""
+        prompt = np.asarray(prompt_ids, dtype=np.int32)
+        out = self.normalize(body, prompt_len=len(prompt), decision=decision)
+        return self.record_step(session_id, decision, prompt_ids=prompt, response_ids=out.output_ids,
+                                logprobs=out.logprobs, routed_experts=out.routed_experts,
+                                token_versions=version, **step_kwargs)
+
+    def record_step(self, session_id: str, decision: RouteDecision, *, prompt_ids: Any, response_ids: Any,
+                    logprobs: Any, routed_experts: Any = None, token_versions: Any = 0,
+                    **step_kwargs: Any) -> StepRecord:
+        """The commit region: encode, write offloaded fields to TQ, commit locally.
+
+        Expert ids are range-checked for the storage dtype before any byte is written. If the TQ
+        write fails nothing is committed; if the local commit fails the keys already written
+        are deleted, so neither side keeps half a step.
+        """
+        session, response, fields = self._encode(session_id, response_ids, logprobs, routed_experts)
+        refs = self._write_offloaded(session_id, fields, expected_rows=len(response))
+        return self._commit(session, decision, fields, refs, prompt_ids=prompt_ids, response_ids=response,
+                            token_versions=token_versions, **step_kwargs)
+
+    def begin_step(self, session_id: str, decision: RouteDecision, *, prompt_ids: Any, response_ids: Any,
+                   logprobs: Any, routed_experts: Any = None, token_versions: Any = 0,
+                   routed_experts_checked: bool = False, **step_kwargs: Any) -> PendingStep:
+        """The commit region, write-behind: validate and encode now, write and commit in the background.
+
+        Every error a synchronous :meth:`record_step` raises before its write is raised here, with
+        nothing written. The offloaded fields then go to the batcher; the step joins the session
+        (journal first) once its keys are committed, and a failed write records nothing. Without
+        offloaded fields, or with ``write_behind`` off, this is :meth:`record_step`, already done.
+        ``routed_experts_checked``: the routing came out of :meth:`normalize` (range-checked into the
+        storage dtype there), so an array already in that dtype is not checked again.
+        """
+        session, response, fields = self._encode(session_id, response_ids, logprobs, routed_experts,
+                                                 checked=routed_experts_checked)
+        names = self._offloaded_names(fields, expected_rows=len(response))
+        kwargs = dict(step_kwargs, prompt_ids=prompt_ids, response_ids=response, token_versions=token_versions)
+        if not names or not self.write_behind:
+            refs = self._write_offloaded(session_id, fields, expected_rows=len(response))
+            return done_step(self._commit(session, decision, fields, refs, **kwargs))
+        with self._lock:
+            preview = session.prepare_step(decision, logprobs=fields["logprobs"],
+                                           routed_experts=fields.get("routed_experts"), **kwargs)
+        behind = self._write_behind()
+        items = [(n, np.ascontiguousarray(fields[n])) for n in names]
+        done = behind.submit(session_id, items, self._keys(session_id, names), self._batch_tag(),
+                             lambda refs: self._commit(session, decision, fields, refs, **kwargs))
+        return PendingStep(preview, done)
+
+    def _encode(self, session_id: str, response_ids: Any, logprobs: Any, routed_experts: Any, *,
+                checked: bool = False) -> tuple[Session, np.ndarray, dict[str, Any]]:
+        session = self.active_session(session_id)
+        response = np.asarray(response_ids, dtype=np.int32)
+        fields: dict[str, Any] = {"logprobs": None if logprobs is None else np.asarray(logprobs, dtype=np.float32)}
+        if checked and isinstance(routed_experts, np.ndarray) and routed_experts.ndim == 3 \
+                and routed_experts.dtype == r3_dtype(self.config.routed_experts_dtype):
+            fields["routed_experts"] = routed_experts  # normalize() range-checked it into this dtype
+        elif routed_experts is not None:
+            fields["routed_experts"] = encode_routed_experts(
+                routed_experts, self.config.routed_experts_dtype, num_experts=self.config.model.num_experts)
+        elif self.config.use_rollout_routing_replay:
+            fields["routed_experts"] = None
+        return session, response, fields
+
+    def _commit(self, session: Session, decision: RouteDecision, fields: dict[str, Any], refs: dict[str, Any],
+                **kwargs: Any) -> StepRecord:
+        values = dict(fields)
+        values.update(refs)
+        try:
+            with self._lock:
+                rec = session.prepare_step(decision, logprobs=values["logprobs"],
+                                           routed_experts=values.get("routed_experts"), **kwargs)
+                if self.journal is not None:
+                    self.journal.step(session.session_id, decision, rec, session)  # durable before it is visible
+                return session.insert_step(rec)
+        except BaseException:
+            self._delete_quietly(list(refs.values()))
+            raise
+
+    def _offloaded_names(self, fields: dict[str, Any], *, expected_rows: int) -> list[str]:
+        names = [n for n in self.config.offloaded if fields.get(n) is not None]
+        lp = fields.get("logprobs")
+        if names and lp is not None and lp.shape != (expected_rows,):
+            # Fail before writing: the local commit would reject it anyway.
+            raise FieldShapeError(f"logprobs vs {expected_rows} response tokens: {lp.shape[0]} rows")
+        return names
+
+    def _keys(self, session_id: str, names: list[str]) -> list[str]:
+        with self._lock:
+            call = self._calls[session_id]
+            self._calls[session_id] = call + 1
+        return [f"{session_id}/{self._epoch}.{call}/{n}" for n in names]
+
+    def _write_offloaded(self, session_id: str, fields: dict[str, Any], *, expected_rows: int) -> dict[str, Any]:
+        names = self._offloaded_names(fields, expected_rows=expected_rows)
+        if not names:
+            return {}
+        batch = self._batch_tag()
+        keys = self._keys(session_id, names)
+        try:
+            # One placement, one unit round trip and one commit for the step's fields: all or nothing.
+            refs = self.tq.put_many([(n, np.ascontiguousarray(fields[n])) for n in names], batch=batch, keys=keys)
+        except DressageError as exc:
+            raise TransferWriteError(f"session {session_id}: TransferQueue write failed: {exc}") from exc
+        return dict(zip(names, refs))
+
+    def _delete_quietly(self, refs: list[Any]) -> None:
+        if refs and self.tq is not None:
+            try:
+                self.tq.delete(refs)
+            except DressageError:
+                pass  # the unit is gone; retention clears what it held
+
+    def held_bytes(self) -> dict[str, int]:
+        """What this Proxy's StepRecords hold themselves: large-field arrays (refs count zero) and
+        token fields, in bytes, and the number of steps."""
+        large = tokens = steps = 0
+        tapes: dict[int, int] = {}  # the steps of a lineage share one token buffer: count it once
+        for s in list(self.sessions.values()):
+            for st in list(s.steps.values()):
+                steps += 1
+                large += sum(v.nbytes for v in (st.logprobs, st.routed_experts) if isinstance(v, np.ndarray))
+                tokens += st.token_versions.nbytes
+                if st._tape is not None:
+                    tapes[id(st._tape)] = st._tape.buf.nbytes
+                else:
+                    tokens += st.prompt_ids.nbytes + st.response_ids.nbytes
+        tokens += sum(tapes.values())
+        return {"large_fields": large, "token_fields": tokens, "steps": steps}
+
+    # --------------------------------------------------------------- lifecycle
+    def finalize(self, session_id: str, reward: float | None = None) -> FinalizedSession:
+        """Finalize, build Segments (no TQ reads), release refs no Segment uses, hand to the sink."""
+        self._settle(session_id)  # every step already answered is in the session first
+        with self._lock:
+            session = self.session(session_id)
+            session.finalize(reward)
+            if self.journal is not None:
+                self.journal.finalized(session_id, session.reward)
+        return self._deliver(session)
+
+    def _deliver(self, session: Session) -> FinalizedSession:
+        session_id = session.session_id
+        session.seal()  # chat histories and tool schemas are for routing calls; none come any more
+        segments = build_segments(session, self.config.segment_view,
+                                  drop_retry_orphans=self.config.drop_retry_orphans,
+                                  shared_prefix_loss=self.config.shared_prefix_loss)
+        used = {id(p.value) for seg in segments for pieces in seg.large.values() for p in pieces
+                if hasattr(p, "value")}
+        unused = [r for r in session.large_field_refs() if id(r) not in used]
+        self._delete_quietly(unused)
+        metadata = dict(session.metadata)
+        labels = {code: label for st in session.steps.values() for code, label in step_labels(st.metadata).items()}
+        if labels:  # the engine's names of the session's named versions, for Sample.weight_versions
+            metadata[VERSION_LABELS_KEY] = labels
+        done = FinalizedSession(session_id, segments, session.reward, metadata, unused)
+        if self.sink is not None:
+            self.sink(done)
+        return done
+
+    def abort(self, session_id: str, reason: str = "aborted") -> int:
+        """Abort a session, delete its TQ keys and forget it; returns how many refs were released."""
+        with self._lock:
+            session = self.session(session_id)
+            session.abort(reason)
+            if self.journal is not None:
+                self.journal.aborted(session_id, reason)
+        refs = session.large_field_refs()
+        self._delete_quietly(refs)
+        self._bury(session_id, "aborted")
+        return len(refs)
+
+    def discard(self, session_id: str) -> dict[str, Any]:
+        """Drop a session, active or finalized, and every TQ key it holds; a repeat is a no-op.
+
+        A finalized session's Samples are withdrawn from the sink too (``sink.discard``), so
+        nothing trains on keys that are gone.
+        """
+        with self._lock:
+            gone = self._gone.get(session_id)
+            if session_id not in self.sessions and gone is not None:
+                return {"session_id": session_id, "state": gone, "was": gone, "released_refs": 0, "samples": 0}
+            session = self.session(session_id)
+            was = session.state
+            if was == "active":
+                session.abort("discarded")
+                if self.journal is not None:
+                    self.journal.aborted(session_id, "discarded")
+        refs = session.large_field_refs()
+        self._delete_quietly(refs)
+        withdrawn = 0
+        if was == "finalized" and hasattr(self.sink, "discard"):
+            withdrawn = int(self.sink.discard(session_id) or 0)
+        self._bury(session_id, "discarded")
+        return {"session_id": session_id, "state": "discarded", "was": was, "released_refs": len(refs),
+                "samples": withdrawn}
+
+    def drop_unused(self, session_id: str) -> bool:
+        """Forget an active session that recorded nothing (its first call failed), as if never created."""
+        with self._lock:
+            s = self.sessions.get(session_id)
+            if s is None or s.state != "active" or s.steps:
+                return False
+            del self.sessions[session_id]
+            if self.journal is not None:
+                self.journal.forgotten(session_id)
+            self._calls.pop(session_id, None)
+        return True
+
+    def forget(self, session_id: str) -> None:
+        """Drop a finished session from memory (its Segments live on in the RolloutManager)."""
+        with self._lock:
+            s = self.sessions.get(session_id)
+            if s is not None and s.state == "active":
+                raise SessionStateError(f"session {session_id} is still active")
+            if self.sessions.pop(session_id, None) is not None and self.journal is not None:
+                self.journal.forgotten(session_id)
+            self._calls.pop(session_id, None)
+
+    def recover(self, path: Any) -> Any:
+        """Replay a journal into this (empty) core: active sessions resume, finalized ones are
+        delivered to the sink again (their Samples were not consumed yet), aborted ones are only
+        remembered as aborted."""
+        from dressage.proxy.journal.log import Journal
+
+        sessions, report = Journal.replay(path, decode=self._decode, special_ids=self._special_ids)
+        with self._lock:
+            for sid, s in sessions.items():
+                if s.state == "aborted":
+                    self._gone[sid] = "aborted"  # its keys were released when it was aborted
+                    continue
+                self.sessions[sid] = s
+                self._calls[sid] = 0
+        report.delivered = [self._deliver(self.sessions[sid]) for sid in report.finalized]
+        return report

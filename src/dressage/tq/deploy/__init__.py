@@ -1,0 +1,2 @@
+"""Bringing a TransferQueue up and down: embedded in this process, as local processes, or as Ray actors
+(one StorageUnit per node)."""

@@ -1,0 +1,295 @@
+"""``ray`` deployment: one StorageUnit per node as Ray actors placed by node id, and the Controller.
+
+Unit actors only start the ZMQ servers and report their addresses; payload bytes then move between
+clients and units over ZMQ, never through the Ray object store. The Controller needs no Ray: it runs as
+a child process of the driver, on the driver's node (``python -m dressage.tq.directory.main``), so
+it carries neither a Ray worker's runtime nor its memory. Units go to the nodes other than the head
+when there are any (``head_storage_unit``). Works on a single-machine Ray, on a
+``ray.cluster_utils.Cluster`` and on a real cluster (set ``host: 0.0.0.0`` and a secret there). The
+Controller probes the units; the driver also watches the unit actors and reports a dead one to the
+Controller at once (``_ActorWatcher``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+from typing import Any
+
+from dressage.errors import ConfigError, StorageUnitUnavailable
+from dressage.tq.client.client import TransferQueueClient
+from dressage.tq.config import TransferQueueConfig
+from dressage.tq.directory.controller import UnitInfo
+from dressage.tq.directory.service import RemoteController
+from dressage.tq.deploy.local import await_ready, controller_args, launch_child, stop_children
+from dressage.tq.client.spec import make_spec
+from dressage.tq.storage import StorageUnit
+from dressage.tq.storage.remote import RemoteStorageUnit
+
+__all__ = ["RayDeployment", "current_node_id"]
+
+log = logging.getLogger(__name__)
+
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "*")
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError("transfer_queue.deployment: 'ray' needs the ray package (pip install 'dressage[ray]')") from exc
+    return ray
+
+
+def current_node_id() -> str | None:
+    """This process's Ray node id, or None outside Ray.
+
+    A process Ray started (a worker, or a driver after ``ray.init``) has imported ``ray`` already;
+    any other process is outside Ray, and importing it only to learn that would cost a plain process
+    (a Proxy run as its own service) tens of MiB of modules.
+    """
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
+
+
+def _advertised(host: str) -> str:
+    if host in _WILDCARD_HOSTS:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    return host
+
+
+class _UnitActor:
+    """Runs a StorageUnit server in the actor's process; the actor itself carries no payload."""
+
+    def __init__(self, unit_id: str, memory_budget: int, on_full: str, spill_dir: str | None, host: str,
+                 port: int, shared_memory: bool, secret: bytes | None = None, checksums: bool = True) -> None:
+        import ray
+
+        from dressage.tq.storage import make_storage_unit
+        from dressage.tq.storage.server import StorageUnitServer
+
+        node_id = ray.get_runtime_context().get_node_id()
+        self.backend = make_storage_unit(unit_id, node_id=node_id, memory_budget=memory_budget,
+                                         on_full=on_full, spill_dir=spill_dir, checksums=checksums)
+        self.server = StorageUnitServer(self.backend, host=host, port=port, shared_memory=shared_memory,
+                                        secret=secret).start()
+        self.info = {"unit_id": unit_id, "node_id": node_id, "memory_budget": memory_budget,
+                     "address": f"tcp://{_advertised(host)}:{self.server.rpc.port}", "pid": os.getpid(),
+                     "host_id": self.server.host_id,
+                     "shm_token": self.server.shm.token if self.server.shm else None,
+                     "heartbeat": f"tcp://{_advertised(host)}:{self.server.heartbeat.port}"}
+
+    def describe(self) -> dict[str, Any]:
+        return self.info
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.backend.close()
+
+
+def _is_head(node: dict[str, Any]) -> bool:
+    """Whether a ``ray.nodes()`` entry is the head node (Ray gives it the ``node:__internal_head__`` resource)."""
+    return bool(node.get("IsHead")) or "node:__internal_head__" in (node.get("Resources") or {})
+
+
+def _unit_nodes(nodes: list[dict[str, Any]], heads: set[str], head_units: bool) -> list[dict[str, Any]]:
+    """The nodes StorageUnits go to, in order: every node, or (``head_units`` false) the nodes other
+    than the head whenever there are any, so the head holds no payload and runs no unit process."""
+    others = [n for n in nodes if n["NodeID"] not in heads]
+    return nodes if head_units or not others else others
+
+
+class _ActorWatcher:
+    """Keeps one ``describe`` call in flight per unit actor; a RayActorError means the actor died."""
+
+    def __init__(self, actors: dict[str, Any], controller: Any, interval_s: float) -> None:
+        self._actors = actors
+        self._controller = controller
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tq-actor-watch", daemon=True)
+
+    def start(self) -> "_ActorWatcher":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        ray = _ray()
+        pending: dict[str, Any] = {}
+        dead: set[str] = set()
+        while not self._stop.is_set():
+            try:
+                for uid, actor in self._actors.items():
+                    if uid not in dead and uid not in pending:
+                        pending[uid] = actor.describe.remote()
+                if not pending:
+                    self._stop.wait(self._interval)
+                    continue
+                # A stopped actor just stays pending here; the Controller's probes time it out.
+                ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=self._interval)
+                for uid, ref in list(pending.items()):
+                    if ref not in ready:
+                        continue
+                    del pending[uid]
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayActorError as exc:
+                        dead.add(uid)
+                        self._controller.mark_unit_dead(uid, f"Ray actor died: {type(exc).__name__}")
+                self._stop.wait(self._interval)
+            except Exception as exc:  # Ray shutting down, or the Controller gone; stop quietly
+                if not self._stop.is_set():
+                    log.debug("actor watcher: %s", exc)
+                    self._stop.wait(self._interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self._controller.close()
+
+
+class RayDeployment:
+    def __init__(self, config: TransferQueueConfig) -> None:
+        ray = _ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self.config = config
+        from dressage.tq.secret import DeploymentSecret
+
+        self._secret = DeploymentSecret(config)
+        secret = self._secret.value
+        self.secret_file = self._secret.path
+        self._watcher: _ActorWatcher | None = None
+        self._started_ray = False
+        if not ray.is_initialized():
+            ray.init(address=config.ray_address, include_dashboard=False)
+            self._started_ray = True
+        self._actors: list[Any] = []
+        self._pids: dict[str, int] = {}
+        try:
+            nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: not _is_head(n))
+            if not nodes:
+                raise StorageUnitUnavailable("the Ray cluster has no alive nodes")
+            here = ray.get_runtime_context().get_node_id()
+            heads = {n["NodeID"] for n in nodes if _is_head(n)} or {here}  # else the Controller's node
+            hosts = _unit_nodes(nodes, heads, config.head_storage_unit)
+            count = config.num_storage_units or len(hosts)
+            unit_cls = ray.remote(num_cpus=0)(_UnitActor)
+            actors = []
+            for i in range(count):
+                node = hosts[i % len(hosts)]["NodeID"]
+                port = config.unit_base_port + i if config.unit_base_port else 0
+                actor = unit_cls.options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+                ).remote(f"unit{i}", config.budget_bytes, config.on_full, config.spill_dir, config.host, port,
+                         config.shared_memory, secret, config.checksums)
+                actors.append(actor)
+                self._actors.append(actor)
+            # The Controller is a plain child process of this driver, on its node: it needs neither Ray
+            # nor numpy's arrays, so it costs a third of a Ray actor's memory. It starts now, so its
+            # imports overlap the units' start, and reads the units from its stdin once they are up.
+            self._controller_proc = launch_child(controller_args(config, "-"), secret, stdin=True)
+            described = self._wait([a.describe.remote() for a in actors], "StorageUnit actors")
+            # Units on the head node are the placement's last resort once other nodes have units.
+            spread = len({d["node_id"] for d in described}) > 1
+            self._infos = [UnitInfo(d["unit_id"], d["node_id"], int(d["memory_budget"]), d["address"],
+                                    host_id=d.get("host_id"), shm_token=d.get("shm_token"),
+                                    heartbeat=d.get("heartbeat"), head=spread and d["node_id"] in heads)
+                           for d in described]
+            self._pids.update({d["unit_id"]: int(d["pid"]) for d in described})
+            address = self._start_controller([u.to_wire() for u in self._infos])
+            self.controller = RemoteController(address, timeout_s=config.request_timeout_s, secret=secret)
+            self._unit_actors = {d["unit_id"]: a for d, a in zip(described, actors)}
+            self._watcher = _ActorWatcher(
+                self._unit_actors, RemoteController(address, timeout_s=2.0, secret=secret),
+                interval_s=min(config.heartbeat_interval_s, 0.5)).start()
+        except BaseException:
+            self.shutdown()
+            raise
+        self._units = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address or "", node_id=u.node_id,
+                                                    memory_budget=u.memory_budget,
+                                                    timeout_s=config.request_timeout_s,
+                                                    supports_spill=config.on_full == "spill",
+                                                    host_id=u.host_id, shm_token=u.shm_token, secret=secret)
+                       for u in self._infos}
+        self._spec = make_spec(address, self._infos, supports_spill=config.on_full == "spill",
+                               timeout_s=config.request_timeout_s, on_full=config.on_full,
+                               full_wait_s=config.full_wait_s, secret=secret)
+        self._spec["deployment"] = "ray"
+
+    def _start_controller(self, units: list[dict[str, Any]]) -> str:
+        """Hand the units to the Controller process, wait for its READY line; its advertised address."""
+        proc = self._controller_proc
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write((json.dumps(units) + "\n").encode())
+            proc.stdin.close()
+        except OSError:  # it exited already: await_ready reports how
+            pass
+        _, address = await_ready(proc, "Controller", self.config.startup_timeout_s)
+        self._pids["controller"] = proc.pid
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        return f"tcp://{_advertised(host)}:{port}"
+
+    def _wait(self, refs: list[Any], what: str) -> list[Any]:
+        ray = _ray()
+        try:
+            return ray.get(refs, timeout=self.config.startup_timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise StorageUnitUnavailable(f"{what} did not start within {self.config.startup_timeout_s:g} s") from exc
+        except ray.exceptions.RayError as exc:
+            raise StorageUnitUnavailable(f"{what} failed to start: {exc}") from exc
+
+    def client(self, node_id: str | None) -> TransferQueueClient:
+        return TransferQueueClient(self.controller, self._units, node_id=node_id or current_node_id(),
+                                   on_full=self.config.on_full, full_wait_s=self.config.full_wait_s)
+
+    def client_spec(self) -> dict[str, Any]:
+        return dict(self._spec)
+
+    def unit_handles(self) -> dict[str, StorageUnit]:
+        return dict(self._units)
+
+    def unit_nodes(self) -> dict[str, str | None]:
+        return {u.unit_id: u.node_id for u in self._infos}
+
+    def processes(self) -> dict[str, int]:
+        return dict(self._pids)
+
+    def run_janitor(self) -> int:
+        return self.controller.run_janitor()
+
+    def shutdown(self) -> None:
+        ray = _ray()
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None:
+            watcher.stop()
+        for handle in getattr(self, "_units", {}).values():
+            handle.close()
+        controller = getattr(self, "controller", None)
+        if controller is not None:
+            controller.close()
+        proc = getattr(self, "_controller_proc", None)
+        if proc is not None:
+            stop_children([proc])
+        if ray.is_initialized():
+            stops = [a.stop.remote() for a in self._actors]
+            try:
+                ray.get(stops, timeout=10)
+            except Exception:  # an actor that is already gone needs no stopping
+                pass
+            for actor in self._actors:
+                ray.kill(actor)
+        self._actors.clear()
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+        self._secret.remove()

@@ -1,0 +1,390 @@
+"""The TransferQueue Controller: a directory of keys, never a holder of payload bytes.
+
+It knows where each key lives, its size, when it was written, its batch and its state, whether each
+StorageUnit is live or dead, places new keys (live units only: writer's node first, then most free
+capacity) and queues deletions. Every method is a short in-memory operation under one lock, so no client,
+however slow, can stall the others; unit I/O happens in the ``Janitor`` and liveness threads or in
+clients, never inside a Controller call.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
+from dressage.tq.directory.lease import LeaseDesk
+
+__all__ = ["Controller", "KeyState", "UnitInfo", "UnitState"]
+
+log = logging.getLogger(__name__)
+_TOMBSTONES = 100_000  # how many cleared keys the directory remembers, for ``state()``
+UNIT_DOWN_S = 10.0    # a unit a writer found unavailable gets no new keys for this long
+
+
+class KeyState(str, enum.Enum):
+    PENDING = "pending"      # placed, payload in flight to the unit
+    WRITTEN = "written"      # durable in its unit
+    CONSUMED = "consumed"    # read by a trainer at least once
+    CLEARED = "cleared"      # removed (or queued for removal) from its unit
+
+
+class UnitState(str, enum.Enum):
+    LIVE = "live"    # answering (or never found otherwise)
+    DEAD = "dead"    # its process exited, its actor died, or it answered no probe for unit_dead_after_s
+
+
+@dataclass(slots=True)
+class _Liveness:
+    state: UnitState
+    since: float
+    reason: str = ""
+    last_seen: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnitInfo:
+    """A StorageUnit as the directory sees it: ``address`` its ZMQ endpoint, ``host_id`` / ``shm_token``
+    for shared memory on its host, ``heartbeat`` the liveness probes' own endpoint (never delayed)."""
+
+    unit_id: str
+    node_id: str | None = None
+    memory_budget: int = 4 << 30
+    address: str | None = None
+    host_id: str | None = None
+    shm_token: str | None = None
+    heartbeat: str | None = None
+    head: bool = False
+    """On the cluster's head node: it takes payload only when no unit elsewhere can (see ``_choose``)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"unit_id": self.unit_id, "node_id": self.node_id, "memory_budget": self.memory_budget,
+                "address": self.address, "host_id": self.host_id, "shm_token": self.shm_token,
+                "heartbeat": self.heartbeat, "head": self.head}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> "UnitInfo":
+        return cls(unit_id=str(obj["unit_id"]), node_id=obj.get("node_id"),
+                   memory_budget=int(obj.get("memory_budget", 4 << 30)), address=obj.get("address"),
+                   host_id=obj.get("host_id"), shm_token=obj.get("shm_token"), heartbeat=obj.get("heartbeat"),
+                   head=bool(obj.get("head", False)))
+
+
+@dataclass(slots=True)
+class _Entry:
+    unit_id: str
+    nbytes: int
+    batch: str | None
+    field: str
+    state: KeyState
+    written_at: float
+    touched_at: float
+
+
+class Controller(LeaseDesk):
+    """Thread-safe key directory (placement leases: ``tq/directory/lease.py``). ``clock`` is injectable."""
+
+    def __init__(self, units: Sequence[UnitInfo] = (), *, retention_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic, strict_budget: bool = False) -> None:
+        """``strict_budget``: refuse to place keys that fit no live unit's budget (StorageFullError),
+        so with ``on_full: wait|error`` a writer learns it must wait before it sends any payload."""
+        self._lock = threading.Lock()
+        self._units: dict[str, UnitInfo] = {}
+        self._used: dict[str, int] = {}
+        self._count: dict[str, int] = {}
+        self._entries: dict[str, _Entry] = {}
+        self._tombstones: OrderedDict[str, str] = OrderedDict()
+        self._to_delete: dict[str, set[str]] = {}
+        self._retention_s = retention_s
+        self._clock = clock
+        self._cleared_total = 0
+        self._down_until: dict[str, float] = {}
+        self._live: dict[str, _Liveness] = {}
+        self._strict = strict_budget
+        self._init_leases()
+        for u in units:
+            self.add_unit(u)
+
+    # -- units ---------------------------------------------------------------------------------
+    def add_unit(self, unit: UnitInfo) -> None:
+        with self._lock:
+            self._units[unit.unit_id] = unit
+            self._used.setdefault(unit.unit_id, 0)
+            self._count.setdefault(unit.unit_id, 0)
+            self._live.setdefault(unit.unit_id, _Liveness(UnitState.LIVE, self._clock()))
+
+    # -- liveness ------------------------------------------------------------------------------
+    def mark_unit_dead(self, unit_id: str, reason: str) -> bool:
+        """Mark a unit dead (no new keys; clients fail its reads at once). True if it was live."""
+        with self._lock:
+            live = self._live.get(unit_id)
+            if live is None:
+                return False
+            if live.state is UnitState.DEAD:
+                return False
+            self._live[unit_id] = _Liveness(UnitState.DEAD, self._clock(), str(reason), live.last_seen)
+            self._end_unit_leases(unit_id)
+        log.warning("StorageUnit %s marked dead: %s", unit_id, reason)
+        return True
+
+    def mark_unit_live(self, unit_id: str) -> bool:
+        """A unit answered: record it, and bring it back if it was dead. True if it was dead."""
+        with self._lock:
+            live = self._live.get(unit_id)
+            if live is None:
+                return False
+            now = self._clock()
+            live.last_seen = now
+            if live.state is UnitState.LIVE:
+                return False
+            self._live[unit_id] = _Liveness(UnitState.LIVE, now, f"answered again after: {live.reason}", now)
+            self._down_until.pop(unit_id, None)
+        log.warning("StorageUnit %s is live again", unit_id)
+        return True
+
+    def unit_states(self) -> dict[str, dict[str, Any]]:
+        """``{unit_id: {"state", "for_s", "reason", "seen_s_ago"}}``: what clients check before a read."""
+        with self._lock:
+            now = self._clock()
+            return {uid: {"state": lv.state.value, "for_s": round(now - lv.since, 3), "reason": lv.reason,
+                          "seen_s_ago": None if lv.last_seen is None else round(now - lv.last_seen, 3)}
+                    for uid, lv in self._live.items()}
+
+    def dead_reason(self, unit_id: str) -> str | None:
+        """Why the unit is dead, or None while it is live (the check in-process handles attach)."""
+        with self._lock:
+            lv = self._live.get(unit_id)
+            if lv is None or lv.state is UnitState.LIVE:
+                return None
+            return f"marked dead {self._clock() - lv.since:.1f} s ago: {lv.reason}"
+
+    def _is_live(self, unit_id: str) -> bool:
+        lv = self._live.get(unit_id)
+        return lv is None or lv.state is UnitState.LIVE
+
+    def units(self) -> list[UnitInfo]:
+        with self._lock:
+            return list(self._units.values())
+
+    # -- write path ----------------------------------------------------------------------------
+    def place(self, key: str, nbytes: int, *, node_id: str | None = None, batch: str | None = None,
+              field: str = "") -> str:
+        """Reserve ``nbytes`` for a new key and return the unit that should store it."""
+        return self.place_many([(key, nbytes, field)], node_id=node_id, batch=batch)
+
+    def place_many(self, items: Sequence[tuple[str, int, str]], *, node_id: str | None = None,
+                   batch: str | None = None) -> str:
+        """Reserve space for new keys ``(key, nbytes, field)`` on one unit (one write round trip) and
+        return that unit. Keys are write-once: a known key is an error and nothing is reserved."""
+        with self._lock:
+            if not self._units:
+                raise StorageFullError("the TransferQueue has no StorageUnits")
+            self._check_new_keys(items, "place_many")
+            unit_id = self._choose(sum(int(n) for _, n, _ in items), node_id)
+            self._record_pending(unit_id, items, batch)
+            return unit_id
+
+    def _candidates(self, nbytes: int, node_id: str | None) -> tuple[list[str], list[str], list[str]]:
+        """The units of the first pool where ``nbytes`` fit, the last pool, and every unit usable now."""
+        now = self._clock()
+        self._sweep_leases(now)
+        live = [u for u in self._units if self._is_live(u)]
+        if not live:
+            raise StorageUnitUnavailable(
+                "no live StorageUnit to place keys on: " + "; ".join(
+                    f"{u} dead ({self._live[u].reason})" for u in self._units))
+        up = [u for u in live if self._down_until.get(u, 0.0) <= now]
+        everyone = up or live  # if every live unit failed a writer lately, let the writer find out again
+        # Payload stays off the head node (it runs the Controller, the Proxy, the RolloutManager) while
+        # a unit elsewhere has room, even for a writer on the head: its unit is the last resort.
+        off_head = [u for u in everyone if not self._units[u].head]
+        local = [u for u in off_head if node_id is not None and self._units[u].node_id == node_id]
+        for pool in (local, off_head, everyone):
+            fitting = [u for u in pool if self._free(u) >= nbytes]
+            if fitting:
+                return fitting, pool, everyone
+        return [], local or off_head or everyone, everyone
+
+    def _choose(self, nbytes: int, node_id: str | None) -> str:
+        if len(self._units) == 1 and not self._leases:  # one unit (embedded): no pool to search
+            uid = next(iter(self._units))
+            if self._live[uid].state is UnitState.LIVE and (not self._strict or self._free(uid) >= nbytes):
+                return uid
+        fitting, last, everyone = self._candidates(nbytes, node_id)
+        if fitting:
+            # Most free bytes, then fewest keys: equal units fill evenly.
+            return max(fitting, key=lambda u: (self._free(u), -self._count[u]))
+        if self._strict:
+            # Sending the payload would only be refused: the writer waits (or fails) without sending it.
+            raise StorageFullError(
+                f"every live StorageUnit is full: {nbytes} bytes fit none of "
+                + ", ".join(f"{u} ({self._free(u)} of {self._units[u].memory_budget} bytes free)" for u in everyone))
+        # Nobody has room: the unit with most room spills, waits or refuses, per its policy.
+        return max(last, key=lambda u: (self._free(u), -self._count[u]))
+
+    def commit(self, key: str) -> None:
+        """The payload is durable in its unit."""
+        self.commit_many([key])
+
+    def commit_many(self, keys: Iterable[str], *, unit_id: str | None = None) -> None:
+        """Mark placed keys durable. A key the directory no longer holds (cleared or expired while its
+        payload was in flight) raises; with ``unit_id`` given its unit copy is also queued for deletion,
+        so a commit that nobody waits for can never leave an orphan behind."""
+        missing = []
+        with self._lock:
+            now = self._clock()
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is None:
+                    missing.append(key)
+                    if unit_id is not None:
+                        self._to_delete.setdefault(unit_id, set()).add(key)
+                    continue
+                if entry.state is KeyState.PENDING:  # never move a consumed key back
+                    entry.state = KeyState.WRITTEN
+                entry.touched_at = now
+        if missing:
+            raise TransferQueueError(
+                f"commit of {len(missing)} key(s) that were cleared or expired while being written: "
+                f"{', '.join(map(repr, missing[:8]))}"
+            )
+
+    def abort(self, key: str, *, unit_down: bool = False) -> None:
+        """Forget a key whose write failed; the unit copy (if any) is queued for deletion.
+        ``unit_down`` says the unit did not answer: it gets no new keys for ``UNIT_DOWN_S``."""
+        self.abort_many([key], unit_down=unit_down)
+
+    def abort_many(self, keys: Iterable[str], *, unit_down: bool = False) -> None:
+        with self._lock:
+            for key in keys:
+                entry = self._entries.get(key)
+                if unit_down and entry is not None:
+                    self._down_until[entry.unit_id] = self._clock() + UNIT_DOWN_S
+                self._remove(key)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def mark_consumed(self, keys: Iterable[str]) -> int:
+        now, n = self._clock(), 0
+        with self._lock:
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    entry.state = KeyState.CONSUMED
+                    entry.touched_at = now
+                    n += 1
+        return n
+
+    def set_batch(self, keys: Iterable[str], batch: str | None) -> int:
+        n = 0
+        with self._lock:
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    entry.batch = batch
+                    n += 1
+        return n
+
+    def delete(self, keys: Iterable[str]) -> dict[str, list[str]]:
+        """Drop keys from the directory; returns ``{unit_id: keys}`` the caller should delete there."""
+        out: dict[str, list[str]] = {}
+        with self._lock:
+            for key in keys:
+                unit_id = self._remove(key)
+                if unit_id is not None:
+                    out.setdefault(unit_id, []).append(key)
+        return out
+
+    def clear(self, batch: str) -> dict[str, list[str]]:
+        """Drop every key of ``batch``; returns ``{unit_id: keys}`` as :meth:`delete` does."""
+        with self._lock:
+            keys = [k for k, e in self._entries.items() if e.batch == batch]
+        return self.delete(keys)
+
+    def expire(self) -> dict[str, list[str]]:
+        """Retention sweep: drop keys untouched (not written, read or committed) for ``retention_s``."""
+        if self._retention_s is None:
+            return {}
+        deadline = self._clock() - self._retention_s
+        with self._lock:
+            keys = [k for k, e in self._entries.items() if e.touched_at < deadline]
+        if keys:
+            log.info("retention: clearing %d key(s) untouched for %.1f s", len(keys), self._retention_s)
+        return self.delete(keys)
+
+    def _remove(self, key: str) -> str | None:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        self._used[entry.unit_id] -= entry.nbytes
+        self._count[entry.unit_id] -= 1
+        self._to_delete.setdefault(entry.unit_id, set()).add(key)
+        self._tombstones[key] = entry.unit_id
+        if len(self._tombstones) > _TOMBSTONES:
+            self._tombstones.popitem(last=False)
+        self._cleared_total += 1
+        return entry.unit_id
+
+    def take_deletions(self) -> dict[str, list[str]]:
+        """Hand the queued unit deletions to the janitor (deletes are idempotent, so repeats are safe)."""
+        with self._lock:
+            out: dict[str, list[str]] = {}
+            kept: dict[str, set[str]] = {}
+            for unit_id, keys in self._to_delete.items():
+                if not self._is_live(unit_id):
+                    kept[unit_id] = keys  # deleting on a dead unit would only time out; kept for its return
+                    continue
+                # A key written again after its abort is live: deleting it now would lose data.
+                dead = sorted(k for k in keys if not (k in self._entries and self._entries[k].unit_id == unit_id))
+                if dead:
+                    out[unit_id] = dead
+            self._to_delete = kept
+        return out
+
+    def requeue_deletions(self, unit_id: str, keys: Iterable[str]) -> None:
+        with self._lock:
+            self._to_delete.setdefault(unit_id, set()).update(keys)
+
+    # -- queries -------------------------------------------------------------------------------
+    def state(self, key: str) -> KeyState | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                return entry.state
+            return KeyState.CLEARED if key in self._tombstones else None
+
+    def where(self, keys: Iterable[str]) -> dict[str, str]:
+        """``{key: unit_id}`` for keys the directory holds."""
+        with self._lock:
+            return {k: self._entries[k].unit_id for k in keys if k in self._entries}
+
+    def keys(self, batch: str | None = None) -> list[str]:
+        with self._lock:
+            return [k for k, e in self._entries.items() if batch is None or e.batch == batch]
+
+    def total_keys(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per unit: liveness state, keys and bytes in the directory, pending writes, queued deletions."""
+        with self._lock:
+            pending: dict[str, int] = {}
+            for e in self._entries.values():
+                if e.state is KeyState.PENDING:
+                    pending[e.unit_id] = pending.get(e.unit_id, 0) + 1
+            now = self._clock()
+            return {
+                uid: {"node_id": u.node_id, "directory_keys": self._count[uid],
+                      "state": self._live[uid].state.value, "state_for_s": round(now - self._live[uid].since, 3),
+                      "state_reason": self._live[uid].reason,
+                      "placement_paused": self._down_until.get(uid, 0.0) > self._clock(),
+                      "directory_bytes": self._used[uid], "pending": pending.get(uid, 0),
+                      "queued_deletes": len(self._to_delete.get(uid, ())), **self._lease_stats(uid)}
+                for uid, u in self._units.items()
+            }

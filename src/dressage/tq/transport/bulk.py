@@ -1,0 +1,315 @@
+"""The bulk stream of a StorageUnit: put and get over a plain TCP connection, payloads received in place.
+
+A ZMQ message is allocated by libzmq per frame and handed over as-is, so every large receive lands in
+fresh pages (on this kind of VM first-touch memory runs near 0.4 GB/s, slower than the socket). On the
+bulk stream the receiver reads each payload with ``recv_into`` straight into a buffer it chose: the
+unit into its own recycled blob buffers (the stored blob *is* the receive buffer), a client into a
+:class:`RecvPool`. Everything else (placement, liveness, deletes, small puts) stays on ZMQ.
+
+One connection carries one request, then its reply, at a time. A message is::
+
+    "DQB1" | control length u32 | payload count u32 | [auth head, 48 bytes]
+    | payload lengths (u64 each) | control (version byte + msgpack) | payloads | [tag, 16 bytes]
+
+With a secret, the tag is ``wire.FrameMac`` over ``[control, *payloads]`` exactly as ``wire.sign`` tags a
+ZMQ message, under its own key label (a message tagged for one socket never opens on the other), and
+computed piece by piece as bytes go out or come in, while each piece is still in cache. The receiver
+checks the tag, then the replay window, before it reads the control map: nothing is stored from a
+message that fails either, or that ends early. Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from dressage.tq.transport.wire import AUTH_HEAD_BYTES, MAC_BYTES, MAX_KEYS, Auth, FrameMac, auth_head, parse_head
+from dressage.errors import ProtocolError
+
+__all__ = ["MAGIC", "CHUNK_BYTES", "READ_AHEAD", "STREAM_LABEL", "StreamBroken", "StreamClosed", "RecvPool",
+           "Conn", "read_message", "write_message", "tune", "shared_pool"]
+
+MAGIC = b"DQB1"
+STREAM_LABEL = b"dressage-tq-stream-key\x00"
+_PREFIX = struct.Struct("<4sII")
+_MAX_CONTROL = 16 * 1024 * 1024
+# Bytes moved per recv/send call and MAC update: large enough to keep syscalls rare, small enough
+# (against a 2 MiB L2) that the tag reads each piece while it is still in cache.
+CHUNK_BYTES = 1 << 20
+_SMALL = 256 * 1024          # a message up to this size goes out as one buffer, in one send
+READ_AHEAD = 64 * 1024       # reads smaller than this go through a Conn's read-ahead buffer
+_SOCK_BUF = 4 << 20          # kernel socket buffers (capped by net.core.[rw]mem_max)
+POLL_S = 0.1                 # how often a blocked read or write looks at its deadline and abort check
+_NO_NONCE = bytes(16)
+
+
+class StreamBroken(Exception):
+    """The connection failed or stalled mid-message: it is out of step and must be closed."""
+
+    def __init__(self, message: str, *, at_start: bool = False) -> None:
+        super().__init__(message)
+        self.at_start = at_start
+
+
+class StreamClosed(StreamBroken):
+    """The peer closed the connection between messages (not an error)."""
+
+
+def tune(sock: socket.socket) -> None:
+    """No Nagle delay on the small control writes; large kernel buffers for the payloads."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
+        except OSError:
+            pass
+    sock.settimeout(POLL_S)
+
+
+class Conn:
+    """A connected socket and the rule for how long it may wait: ``patience(quiet_s)`` is called
+    whenever a read or write has waited ``POLL_S`` without progress and raises StreamBroken to give up.
+
+    Reads under ``READ_AHEAD`` bytes go through a small buffer filled with whatever the socket holds, so
+    a message's header fields, small payloads and tag cost one system call together rather than one
+    each (each call also hands the GIL back and forth); larger payloads are received straight into
+    their destination. A Conn lives as long as its socket: read-ahead bytes are never lost."""
+
+    __slots__ = ("sock", "patience", "_ahead", "_lo", "_hi")
+
+    def __init__(self, sock: socket.socket, patience: Callable[[float], None]) -> None:
+        self.sock = sock
+        self.patience = patience
+        self._ahead = bytearray(READ_AHEAD)
+        self._lo = self._hi = 0
+
+    def _recv(self, mv: memoryview, got: int, n: int, wait: Callable[[float], None], last: float) -> int:
+        while True:
+            try:
+                k = self.sock.recv_into(mv)
+            except socket.timeout:
+                wait(time.monotonic() - last)
+                continue
+            except OSError as exc:
+                raise StreamBroken(f"receive failed: {exc}") from exc
+            if not k:
+                raise StreamBroken(f"connection closed after {got} of {n} bytes", at_start=got == 0)
+            return k
+
+    def recv_into(self, mv: memoryview, mac: FrameMac | None = None,
+                  patience: Callable[[float], None] | None = None) -> None:
+        wait = patience or self.patience
+        got, n, last = 0, len(mv), time.monotonic()
+        while got < n:
+            if self._lo == self._hi and n - got < READ_AHEAD:
+                self._lo, self._hi = 0, self._recv(memoryview(self._ahead), got, n, wait, last)
+            if self._lo < self._hi:
+                k = min(n - got, self._hi - self._lo)
+                mv[got:got + k] = self._ahead[self._lo:self._lo + k]
+                self._lo += k
+            else:
+                k = self._recv(mv[got:got + CHUNK_BYTES], got, n, wait, last)
+            if mac is not None:
+                mac.update(mv[got:got + k])
+            got += k
+            last = time.monotonic()
+
+    def recv_bytes(self, n: int, mac: FrameMac | None = None,
+                   patience: Callable[[float], None] | None = None) -> bytes:
+        buf = bytearray(n)
+        self.recv_into(memoryview(buf), mac, patience)
+        return bytes(buf)
+
+    def send(self, mv: memoryview, mac: FrameMac | None = None) -> None:
+        for lo in range(0, len(mv), CHUNK_BYTES):
+            piece = mv[lo:lo + CHUNK_BYTES]
+            if mac is not None:
+                mac.update(piece)
+            sent, last = 0, time.monotonic()
+            while sent < len(piece):
+                try:
+                    sent += self.sock.send(piece[sent:])
+                    last = time.monotonic()
+                except socket.timeout:
+                    self.patience(time.monotonic() - last)
+                except OSError as exc:
+                    raise StreamBroken(f"send failed: {exc}") from exc
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _bytes_of(payload: Any) -> memoryview:
+    mv = memoryview(payload)
+    if mv.nbytes == 0:  # a memoryview with a zero in its shape cannot be cast
+        return memoryview(b"")
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
+def write_message(conn: Conn, control_frame: bytes, payloads: Sequence[Any], *, secret: bytes | None,
+                  nonce: bytes = _NO_NONCE, seq: int = 0) -> None:
+    """Send one message (``control_frame`` is ``wire.encode``'s first frame)."""
+    views = [_bytes_of(p) for p in payloads]
+    head = auth_head(nonce, seq) if secret is not None else b""
+    mac = FrameMac(secret, head, STREAM_LABEL) if secret is not None else None
+    prelude = b"".join((_PREFIX.pack(MAGIC, len(control_frame), len(views)), head,
+                        struct.pack(f"<{len(views)}Q", *(len(v) for v in views)), control_frame))
+    if mac is not None:
+        mac.frame(len(control_frame))
+        mac.update(control_frame)
+    total = len(prelude) + sum(len(v) for v in views)
+    if total <= _SMALL:  # one write: a small request or reply costs one syscall
+        parts = [prelude]
+        for v in views:
+            if mac is not None:
+                mac.frame(len(v))
+                mac.update(v)
+            parts.append(v)
+        if mac is not None:
+            parts.append(mac.finalize())
+        conn.send(memoryview(b"".join(parts)))
+        return
+    conn.send(memoryview(prelude))
+    for v in views:
+        if mac is not None:
+            mac.frame(len(v))
+        conn.send(v, mac)
+    if mac is not None:
+        conn.send(memoryview(mac.finalize()))
+
+
+def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.ndarray], max_bytes: int,
+                 first: Callable[[float], None] | None = None) -> tuple[bytes, list[np.ndarray], Auth | None]:
+    """Receive one message: its control frame, its payloads (each in a buffer from ``alloc``) and,
+    with a secret, who sent it. ProtocolError when its tag does not match (the stream stays in step);
+    StreamBroken, or ProtocolError with ``broken = True``, when the stream cannot be read on."""
+    try:
+        prefix = conn.recv_bytes(_PREFIX.size, patience=first)
+    except StreamBroken as exc:
+        if exc.at_start:
+            raise StreamClosed(str(exc)) from exc
+        raise
+    magic, n_control, n_payloads = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise _broken(f"bulk stream: bad magic {magic!r:.20} (not a TransferQueue bulk message)")
+    if not 2 <= n_control <= _MAX_CONTROL:
+        raise _broken(f"bulk stream: control frame of {n_control} bytes is out of bounds")
+    if n_payloads > MAX_KEYS:
+        raise _broken(f"bulk stream: {n_payloads} payloads exceed {MAX_KEYS}")
+    head = conn.recv_bytes(AUTH_HEAD_BYTES) if secret is not None else b""
+    sizes = struct.unpack(f"<{n_payloads}Q", conn.recv_bytes(8 * n_payloads))
+    if sum(sizes) > max_bytes:
+        raise _broken(f"bulk stream: message of {sum(sizes)} bytes exceeds this socket's {max_bytes}")
+    mac = FrameMac(secret, head, STREAM_LABEL) if secret is not None else None
+    if mac is not None:
+        mac.frame(n_control)
+    control = conn.recv_bytes(n_control, mac)
+    payloads: list[np.ndarray] = []
+    try:
+        for size in sizes:
+            payloads.append(alloc(size))
+            if mac is not None:
+                mac.frame(size)
+            conn.recv_into(memoryview(payloads[-1]), mac)
+        if mac is None:
+            return control, payloads, None
+        tag = conn.recv_bytes(MAC_BYTES)
+        if not hmac.compare_digest(mac.finalize(), tag):
+            raise ProtocolError("unauthenticated frame rejected: the MAC does not match (wrong or no secret)")
+    except BaseException:
+        # The error's traceback keeps this frame: the buffers (shared-memory segments, pooled memory)
+        # must not live on with it.
+        payloads.clear()
+        raise
+    return control, payloads, parse_head(head)
+
+
+def _broken(message: str) -> ProtocolError:
+    exc = ProtocolError(message)
+    exc.broken = True  # type: ignore[attr-defined]
+    return exc
+
+
+class RecvPool:
+    """Receive buffers of 1 MiB and more, reused once nobody holds a view of them.
+
+    ``take(n)`` returns a writable uint8 view of ``n`` bytes whose base is a pooled buffer; arrays
+    built on it (``wire.array_from_frame``) keep that buffer as their base, so while any of them lives
+    the buffer is not handed out again. Buffers come in size classes of 1/16 of a power of two (at most
+    12.5 % slack), at most ``cap_bytes`` of them; one idle for ``idle_s`` is dropped.
+    """
+
+    MIN_BYTES = 1 << 20
+
+    def __init__(self, cap_bytes: int = 1 << 30, idle_s: float = 30.0) -> None:
+        self.cap_bytes = int(cap_bytes)
+        self.idle_s = idle_s
+        self._classes: dict[int, list[list[Any]]] = {}  # class size -> [[buffer, last used]]
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.reused = 0
+
+    @staticmethod
+    def size_class(n: int) -> int:
+        step = max(1, (1 << (n - 1).bit_length()) >> 4)
+        return -(-n // step) * step
+
+    def _free(self, entry: list[Any]) -> bool:
+        # References: the entry list, the argument; any more is a live view.
+        return sys.getrefcount(entry[0]) <= 2
+
+    def take(self, n: int) -> np.ndarray:
+        if n < self.MIN_BYTES:
+            return np.empty(n, dtype=np.uint8)
+        size = self.size_class(n)
+        now = time.monotonic()
+        with self._lock:
+            self._trim(now)
+            for entry in self._classes.get(size, ()):
+                if self._free(entry):
+                    entry[1] = now
+                    self.reused += 1
+                    return entry[0][:n]
+            if self._bytes + size > self.cap_bytes:
+                return np.empty(n, dtype=np.uint8)
+            buf = np.empty(size, dtype=np.uint8)
+            self._classes.setdefault(size, []).append([buf, now])
+            self._bytes += size
+        return buf[:n]
+
+    def _trim(self, now: float) -> None:
+        for size, entries in list(self._classes.items()):
+            keep = [e for e in entries if now - e[1] < self.idle_s or not self._free(e)]
+            self._bytes -= size * (len(entries) - len(keep))
+            if keep:
+                self._classes[size] = keep
+            else:
+                del self._classes[size]
+
+    @property
+    def pooled_bytes(self) -> int:
+        return self._bytes
+
+
+_shared: RecvPool | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_pool() -> RecvPool:
+    """The process's receive pool, shared by every unit handle (one cap for the whole process)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = RecvPool()
+        return _shared
