@@ -271,6 +271,26 @@ def test_prepared_step_is_refused_once_the_session_moved_on():
     assert len(s.steps) == 2
 
 
+def test_rebased_record_attaches_where_the_session_stands_now():
+    s = new_session()
+    call(s, SYS, [30])
+    p = ids(SYS, [30], TOOL)
+    d = s.route(p)
+    r3 = expected_r3(ids(p, [40]), start=d.routed_experts_start)
+    rec = s.prepare_step(d, prompt_ids=p, response_ids=[40], logprobs=[0.0], routed_experts=r3)
+    assert s.rebase(rec) is rec                                 # nothing moved: the record itself
+    assert (rec.step_id, rec.lineage_id, rec.branch_from) == (1, 0, None)
+    call(s, p, [41])                                            # another call got in first
+    stored = np.zeros(r3.shape, np.uint8)                       # stands for the stored rows
+    placed = s.rebase(rec, routed_experts=stored)
+    assert (placed.step_id, placed.lineage_id, placed.branch_from) == (2, 1, 0)   # the append is a branch now
+    assert placed.routed_experts is stored and placed.parent_id == 0 and placed.metadata is not rec.metadata
+    assert (rec.step_id, rec.lineage_id, rec.branch_from) == (1, 0, None) and rec.routed_experts is r3
+    s.insert_step(placed)
+    assert [st.branch_from for st in s.steps.values()] == [None, None, 0]
+    assert s.children[0] == [1, 2]
+
+
 def test_dropped_reply_is_trained_once_and_labelled_branch():
     # [user] -> R0; [user, R0, user x] -> R1; [user, R0, user x, user y] -> R2 (R1 dropped, as an
     # agent does after a format error): R0 is shared context for the third call.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Literal
 
 import numpy as np
@@ -243,24 +243,50 @@ class Session:
 
         # Every check passed. The kind is re-derived now, as another call may have extended the
         # parent since the decision was made.
-        step_id = len(self.steps)
+        parent_id = None if parent is None else parent.step_id
+        step_id, lineage, branch_from = self._attach(parent_id)
+        boundary = None
         if parent is None:
-            lineage, branch_from = self._next_lineage, None
             boundary = decision.boundary or Boundary(boundary_reason or "new_session")
             if boundary_reason:
                 boundary = Boundary(boundary_reason, boundary.drift, boundary.matched_tokens, boundary.candidate_step)
-        elif self.children.get(parent.step_id):
-            lineage, branch_from, boundary = self._next_lineage, parent.step_id, None
-        else:
-            lineage, branch_from, boundary = parent.lineage_id, None, None
         now = time.time()
         return StepRecord(
             step_id=step_id, prompt_ids=prompt, response_ids=response, logprobs=logprobs,
             routed_experts=routed_experts, routed_experts_start=start if self.r3_shape else 0,
-            token_versions=versions, parent_id=None if parent is None else parent.step_id,
+            token_versions=versions, parent_id=parent_id,
             lineage_id=lineage, branch_from=branch_from, boundary=boundary, messages=messages,
             tools=tools, created_at=created_at or now, finished_at=now, metadata=dict(metadata or {}),
         )
+
+    def _attach(self, parent_id: int | None) -> tuple[int, int, int | None]:
+        """Step id, lineage and branch point of a step under ``parent_id`` inserted now: a root or a
+        second child starts a lineage (the second child branching from its parent), a first child
+        continues its parent's."""
+        if parent_id is None:
+            return len(self.steps), self._next_lineage, None
+        if self.children.get(parent_id):
+            return len(self.steps), self._next_lineage, parent_id
+        return len(self.steps), self.steps[parent_id].lineage_id, None
+
+    def rebase(self, rec: StepRecord, **fields: Any) -> StepRecord:
+        """``rec`` (from :meth:`prepare_step`) placed on the session as it stands now, with ``fields``
+        (large fields by reference, say) in place of its own, ready for :meth:`insert_step`.
+
+        Nothing is validated again, as nothing validated can have changed: an active session never
+        drops a step and a step's ids never change, and ``fields`` are the stored rows of the values
+        they replace. Only where the record attaches can change, when another call of the session
+        was inserted since it was prepared: its step id, and an append whose parent got a child
+        meanwhile becomes a branch. Returns ``rec`` itself when nothing differs, else a copy, so a
+        record already handed out stays as it was validated.
+        """
+        step_id, lineage, branch_from = self._attach(rec.parent_id)
+        changes = {name: value for name, value in fields.items() if getattr(rec, name) is not value}
+        if (step_id, lineage, branch_from) != (rec.step_id, rec.lineage_id, rec.branch_from):
+            changes.update(step_id=step_id, lineage_id=lineage, branch_from=branch_from)
+        if not changes:
+            return rec
+        return replace(rec, metadata=dict(rec.metadata), **changes)  # the copy's metadata is its own
 
     def insert_step(self, rec: StepRecord) -> StepRecord:
         """Add a record from :meth:`prepare_step`; refuses one the session has moved past."""
