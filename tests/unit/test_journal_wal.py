@@ -317,8 +317,8 @@ def test_a_journal_past_msgpack_default_buffer_replays(tmp_path):
     n = 14_000_000                                             # 56 MB ids + 56 MB logprobs in one record
     prompt = np.asarray([1, 2, 3], np.int32)
     resp = np.full(n, 5, np.int32)
-    core.record_step(s.session_id, core.plan(s.session_id, prompt), prompt_ids=prompt, response_ids=resp,
-                     logprobs=np.linspace(-1, 0, n, dtype=np.float32))
+    core.begin_step(s.session_id, core.plan(s.session_id, prompt), prompt_ids=prompt, response_ids=resp,
+                    logprobs=np.linspace(-1, 0, n, dtype=np.float32)).result()
     core.finalize(s.session_id, 1.0)
     del resp
     core.journal.close()

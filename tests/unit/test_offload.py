@@ -1,4 +1,7 @@
-"""Field offload end to end: Proxy core -> TQ refs -> Segments -> DP shards -> restored slime fields."""
+"""Field offload end to end: Proxy core -> TQ refs -> Segments -> DP shards -> restored slime fields.
+
+Every step is recorded through ``ProxyCore.begin_step`` (``ingest`` waits for its future), the commit
+region the Proxy's calls use, with the TQ write behind the answer unless a test turns it off."""
 
 import numpy as np
 import pytest
@@ -51,6 +54,7 @@ def _pipeline(scripts, config, tq=None, dp=2):
     core = ProxyCore(config, client, sink=rm, batch_tag=lambda: "rollout-0")
     for g, script in enumerate(scripts):
         _drive(core, script, group=g)
+    core.close()  # every step is committed already; this stops the write-behind thread
     batch = rm.take_batch(0)
     keys = sample_ref_keys(batch.samples)
     rm_bytes = batch.resident_nbytes
@@ -131,9 +135,10 @@ def test_shared_step_is_stored_once_and_read_once_per_shard(tq):
     assert client.counters.refs_requested == 2 * len(s.steps)
 
 
-def test_failed_local_commit_deletes_tq_keys(tq, monkeypatch):
+@pytest.mark.parametrize("write_behind", [True, False])
+def test_failed_local_commit_deletes_tq_keys(tq, monkeypatch, write_behind):
     client = tq.client()
-    core = ProxyCore(_config(True), client)
+    core = ProxyCore(_config(True), client, write_behind=write_behind)
     s = core.create_session()
     prompt = np.asarray([1, 2, 3], np.int32)
     d = core.plan(s.session_id, prompt)
@@ -149,9 +154,10 @@ def test_failed_local_commit_deletes_tq_keys(tq, monkeypatch):
     assert all(st_["keys"] == 0 for st_ in tq.stats().values())
 
 
-def test_commit_after_finalize_meanwhile_deletes_keys(tq):
+@pytest.mark.parametrize("write_behind", [True, False])
+def test_commit_after_finalize_meanwhile_deletes_keys(tq, write_behind):
     client = tq.client()
-    core = ProxyCore(_config(True), client)
+    core = ProxyCore(_config(True), client, write_behind=write_behind)
     s = core.create_session()
     prompt = np.asarray([1, 2, 3], np.int32)
     d = core.plan(s.session_id, prompt)
@@ -188,9 +194,10 @@ class _FailingClient:
         return self.inner.delete(refs)
 
 
-def test_tq_write_failure_leaves_session_unchanged(tq):
+@pytest.mark.parametrize("write_behind", [True, False])
+def test_tq_write_failure_leaves_session_unchanged(tq, write_behind):
     client = _FailingClient(tq.client(), fail_on=1)
-    core = ProxyCore(_config(True), client)
+    core = ProxyCore(_config(True), client, write_behind=write_behind)
     s = core.create_session()
     prompt = np.asarray([1, 2, 3], np.int32)
     d = core.plan(s.session_id, prompt)

@@ -31,9 +31,9 @@ def _samples(client, *, tq: bool):
             d = proxy.plan(s.session_id, prompt)
             resp = rng.integers(10, 50, size=3).astype(np.int32)
             rows = len(prompt) + len(resp) - 1 - d.routed_experts_start
-            proxy.record_step(s.session_id, d, prompt_ids=prompt, response_ids=resp,
-                              logprobs=-rng.random(3).astype(np.float32),
-                              routed_experts=rng.integers(0, 16, size=(rows, 3, 2)).astype(np.int32))
+            proxy.begin_step(s.session_id, d, prompt_ids=prompt, response_ids=resp,
+                             logprobs=-rng.random(3).astype(np.float32),
+                             routed_experts=rng.integers(0, 16, size=(rows, 3, 2)).astype(np.int32)).result()
             prompt = np.concatenate([prompt, resp, np.array([2, 3], dtype=np.int32)])
         proxy.finalize(s.session_id, reward=float(g))
     return manager.take_batch(0).samples

@@ -34,10 +34,10 @@ class _Gated:
         return self.inner.delete(refs)
 
 
-def _core(client, dtype="uint8"):
+def _core(client, dtype="uint8", **kw):
     cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=True,
                           routed_experts_dtype=dtype)
-    return ProxyCore(cfg, client)
+    return ProxyCore(cfg, client, **kw)
 
 
 def _begin(core, sid, prompt, response, salt=1):
@@ -74,11 +74,11 @@ def test_failed_write_behind_records_nothing_and_the_session_goes_on(tq):
     with pytest.raises(TransferWriteError, match="did not answer"):
         pending.result(10)
     assert len(s.steps) == 0 and s.state == "active" and tq.total_keys() == 0
-    assert core._behind.failures == 1 and core._behind.pending() == 0
+    assert core.write_behind.failures == 1 and core.write_behind.pending() == 0
     # the next call routes against what was recorded (nothing): a new root, stored whole
     ok = _begin(core, s.session_id, [1, 2, 3], [40, 41]).result(10)
     assert ok.parent_id is None and len(s.steps) == 1 and tq.total_keys() == 2
-    assert core._behind.failures == 1 and core._behind.committed == 1
+    assert core.write_behind.failures == 1 and core.write_behind.committed == 1
 
 
 def test_next_call_and_finalize_wait_for_the_write_under_way(tq):
@@ -99,6 +99,39 @@ def test_next_call_and_finalize_wait_for_the_write_under_way(tq):
     assert third.future.done() and len(s.steps) == 3
     assert [seg.step_ids for seg in done.segments] == [(0, 1, 2)]  # one lineage, all three steps
     np.testing.assert_array_equal(done.segments[0].tokens, s.steps[2].full_ids)
+
+
+def test_each_call_is_validated_once_and_placed_where_the_session_stands_at_commit(tq, monkeypatch):
+    client = _Gated(tq.client())
+    core = _core(client)
+    s = core.create_session()
+    first = _begin(core, s.session_id, [1, 2, 3], [40, 41]).result(10)
+    prepared = []
+    real = s.prepare_step
+    monkeypatch.setattr(s, "prepare_step", lambda *a, **kw: prepared.append(1) or real(*a, **kw))
+    # Two concurrent calls of the session, both routed as an append to step 0 before either commits.
+    p1, p2 = (np.concatenate([first.full_ids, tail]).astype(np.int32) for tail in ([7], [8, 9]))
+    d1, d2 = core.plan(s.session_id, p1), core.plan(s.session_id, p2)
+    assert (d1.kind, d1.parent_id) == (d2.kind, d2.parent_id) == ("append", 0)
+    client.gate.clear()
+    pending = []
+    for prompt, d, resp in ((p1, d1, [50]), (p2, d2, [60, 61])):
+        out = core.normalize(sglang_body(prompt, resp, start=d.routed_experts_start), prompt_len=len(prompt),
+                             decision=d)
+        pending.append(core.begin_step(s.session_id, d, prompt_ids=prompt, response_ids=out.output_ids,
+                                       logprobs=out.logprobs, routed_experts=out.routed_experts,
+                                       routed_experts_checked=True))
+    assert prepared == [1, 1] and len(s.steps) == 1            # validated as each call ended, nothing in yet
+    assert [p.preview.step_id for p in pending] == [1, 1]       # each as if it were the next step
+    client.gate.set()
+    a, b = (p.result(10) for p in pending)
+    assert prepared == [1, 1]                                   # the commit validated nothing again
+    assert (a.step_id, a.lineage_id, a.branch_from) == (1, 0, None)
+    assert (b.step_id, b.lineage_id, b.branch_from) == (2, 1, 0)  # the second append became a branch
+    assert s.steps[2] is b and s.children[0] == [1, 2]
+    assert isinstance(pending[1].preview.routed_experts, np.ndarray) and pending[1].preview.step_id == 1
+    assert not isinstance(b.routed_experts, np.ndarray)         # the committed step holds refs
+    np.testing.assert_array_equal(tq.client().get(b.routed_experts), pending[1].preview.routed_experts)
 
 
 def test_settled_awaits_without_blocking_the_loop(tq):
@@ -138,7 +171,7 @@ def test_bad_ids_fail_before_anything_is_queued(tq):
     with pytest.raises(ExpertIdRangeError, match="300"):
         core.begin_step(s.session_id, d, prompt_ids=prompt, response_ids=[40, 41],
                         logprobs=np.zeros(2, np.float32), routed_experts=rows)
-    assert client.n == 0 and core._behind is None and len(s.steps) == 0
+    assert client.n == 0 and core.write_behind.batcher is None and len(s.steps) == 0
 
 
 def test_close_lands_every_queued_step(tq):
@@ -155,11 +188,11 @@ def test_close_lands_every_queued_step(tq):
 
 
 def test_write_behind_off_commits_before_returning(tq):
-    core = _core(tq.client())
-    core.write_behind = False
+    core = _core(tq.client(), write_behind=False)
+    assert not core.writes_behind
     s = core.create_session()
     pending = _begin(core, s.session_id, [1, 2, 3], [40])
-    assert pending.future.done() and len(s.steps) == 1 and core._behind is None
+    assert pending.future.done() and len(s.steps) == 1 and core.write_behind.batcher is None
 
 
 def test_routing_from_normalize_is_not_range_checked_twice(tq, monkeypatch):

@@ -71,13 +71,13 @@ class ProxyHost:
     def state_sizes(self) -> dict[str, int]:
         """Sizes of the Proxy's per-session state and of its write-behind (what it keeps across batches)."""
         core = self.core
-        behind = getattr(core, "_behind", None)
+        behind = core.write_behind
         out = {"sessions": len(core.sessions), "calls": len(getattr(core, "_calls", {})),
                "gone": len(getattr(core, "_gone", {})), "finalized": len(getattr(self.service, "finalized", {})),
                "gc_objects": len(gc.get_objects()),
                "heap_trims": getattr(self.service, "heap_trims", 0),
                "heap_trim_ms": round(getattr(self.service, "heap_trim_s", 0.0) * 1e3, 3)}
-        if behind is not None:
+        if behind.batcher is not None:
             out.update(write_behind_pending=behind.pending(), write_behind_failures=behind.failures,
                        put_rounds=behind.batcher.rounds, put_steps=behind.batcher.steps)
         return out

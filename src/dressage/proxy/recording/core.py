@@ -1,4 +1,4 @@
-"""Proxy core: SGLang responses -> StepRecords, with the TQ write and local commit as one region.
+"""Proxy core: SGLang responses -> StepRecords, through one commit region (:meth:`ProxyCore.begin_step`).
 
 The service (``dressage.proxy.service``) calls this; so can any embedding. Online decisions
 (routing, versions) and Segment construction at finalize read nothing from TransferQueue.
@@ -14,11 +14,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from dressage.errors import DressageError, FieldShapeError, SessionStateError, TransferWriteError, UnknownStepError
+from dressage.errors import DressageError, SessionStateError, TransferWriteError, UnknownStepError
 from dressage.fields import GenerateOutput, RoutedExpertsSpec, decode_generate_response, encode_routed_experts, r3_dtype
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.recording.weights import step_labels
-from dressage.proxy.recording.write_behind import PendingStep, WriteBehindCore, done_step
+from dressage.proxy.recording.write_behind import PendingStep, WriteBehind, done_step
 from dressage.trajectory import Boundary, RouteDecision, Segment, Session, StepRecord, build_segments
 from dressage.trajectory.sample import VERSION_LABELS_KEY
 
@@ -37,11 +37,13 @@ class FinalizedSession:
     """Refs of steps no Segment uses (dropped retry orphans): deleted from TQ at finalize."""
 
 
-class ProxyCore(WriteBehindCore):
+class ProxyCore:
     """Sessions of one Proxy and the commit region that records their steps.
 
-    ``tq`` is a TransferQueue client (``put_async`` / ``delete``) and is required when
+    ``tq`` is a TransferQueue client (``put_many`` / ``delete``) and is required when
     ``config.enable_transfer_queue``. ``sink`` receives each :class:`FinalizedSession`.
+    ``write_behind``: :meth:`begin_step` answers before the TQ write lands (see
+    :mod:`dressage.proxy.recording.write_behind`).
     """
 
     def __init__(self, config: DataPlaneConfig, tq: Any = None, *, sink: Callable[[FinalizedSession], None] | None = None,
@@ -57,9 +59,7 @@ class ProxyCore(WriteBehindCore):
         self._special_ids = tuple(special_ids)
         self._batch_tag = batch_tag or (lambda: None)
         self.journal = journal
-        self.write_behind = write_behind
-        """:meth:`begin_step` answers before the TQ write lands (see :mod:`dressage.proxy.recording.write_behind`)."""
-        self._behind = None
+        self.write_behind = WriteBehind(tq, enabled=write_behind)
         # Keys stay unique across restarts of a Proxy that recovered its sessions from a journal.
         self._epoch = secrets.token_hex(3)
         self.sessions: dict[str, Session] = {}
@@ -163,59 +163,49 @@ class ProxyCore(WriteBehindCore):
 
     def ingest(self, session_id: str, decision: RouteDecision, body: Mapping[str, Any], *, prompt_ids: Any,
                version: int = 0, **step_kwargs: Any) -> StepRecord:
-        """Normalise an engine response and record it as one StepRecord."""
+        """Normalise an engine response and record it through :meth:`begin_step`, waiting for the commit."""
         prompt = np.asarray(prompt_ids, dtype=np.int32)
         out = self.normalize(body, prompt_len=len(prompt), decision=decision)
-        return self.record_step(session_id, decision, prompt_ids=prompt, response_ids=out.output_ids,
-                                logprobs=out.logprobs, routed_experts=out.routed_experts,
-                                token_versions=version, **step_kwargs)
+        return self.begin_step(session_id, decision, prompt_ids=prompt, response_ids=out.output_ids,
+                               logprobs=out.logprobs, routed_experts=out.routed_experts, token_versions=version,
+                               routed_experts_checked=True, **step_kwargs).result()
 
-    def record_step(self, session_id: str, decision: RouteDecision, *, prompt_ids: Any, response_ids: Any,
-                    logprobs: Any, routed_experts: Any = None, token_versions: Any = 0,
-                    **step_kwargs: Any) -> StepRecord:
-        """The commit region: encode, write offloaded fields to TQ, commit locally.
-
-        Expert ids are range-checked for the storage dtype before any byte is written. If the TQ
-        write fails nothing is committed; if the local commit fails the keys already written
-        are deleted, so neither side keeps half a step.
-        """
-        session, response, fields = self._encode(session_id, response_ids, logprobs, routed_experts)
-        refs = self._write_offloaded(session_id, fields, expected_rows=len(response))
-        return self._commit(session, decision, fields, refs, prompt_ids=prompt_ids, response_ids=response,
-                            token_versions=token_versions, **step_kwargs)
+    @property
+    def writes_behind(self) -> bool:
+        """Whether :meth:`begin_step` returns before the step's TQ write (offloaded fields, write-behind on)."""
+        return self.write_behind.enabled and bool(self.config.offloaded)
 
     def begin_step(self, session_id: str, decision: RouteDecision, *, prompt_ids: Any, response_ids: Any,
                    logprobs: Any, routed_experts: Any = None, token_versions: Any = 0,
                    routed_experts_checked: bool = False, **step_kwargs: Any) -> PendingStep:
-        """The commit region, write-behind: validate and encode now, write and commit in the background.
+        """The commit region: validate and encode now, write offloaded fields to TQ, commit locally.
 
-        Every error a synchronous :meth:`record_step` raises before its write is raised here, with
-        nothing written. The offloaded fields then go to the batcher; the step joins the session
-        (journal first) once its keys are committed, and a failed write records nothing. Without
-        offloaded fields, or with ``write_behind`` off, this is :meth:`record_step`, already done.
+        Every error that can refuse the step (the expert-id range check for the storage dtype
+        included) is raised here, before any byte is written. The offloaded fields then go to
+        :attr:`write_behind`: behind the answer (the returned step's future resolves once the step
+        is committed) or, with write-behind off, before this returns. The step joins the session
+        (journal first) only once its keys are committed: if the TQ write fails nothing is
+        committed, and if the local commit fails the keys already written are deleted, so neither
+        side keeps half a step. Without offloaded fields the step is committed before this returns.
         ``routed_experts_checked``: the routing came out of :meth:`normalize` (range-checked into the
         storage dtype there), so an array already in that dtype is not checked again.
         """
-        session, response, fields = self._encode(session_id, response_ids, logprobs, routed_experts,
-                                                 checked=routed_experts_checked)
-        names = self._offloaded_names(fields, expected_rows=len(response))
-        kwargs = dict(step_kwargs, prompt_ids=prompt_ids, response_ids=response, token_versions=token_versions)
-        if not names or not self.write_behind:
-            refs = self._write_offloaded(session_id, fields, expected_rows=len(response))
-            return done_step(self._commit(session, decision, fields, refs, **kwargs))
-        with self._lock:
-            preview = session.prepare_step(decision, logprobs=fields["logprobs"],
-                                           routed_experts=fields.get("routed_experts"), **kwargs)
-        behind = self._write_behind()
-        items = [(n, np.ascontiguousarray(fields[n])) for n in names]
-        done = behind.submit(session_id, items, self._keys(session_id, names), self._batch_tag(),
-                             lambda refs: self._commit(session, decision, fields, refs, **kwargs))
-        return PendingStep(preview, done)
-
-    def _encode(self, session_id: str, response_ids: Any, logprobs: Any, routed_experts: Any, *,
-                checked: bool = False) -> tuple[Session, np.ndarray, dict[str, Any]]:
         session = self.active_session(session_id)
         response = np.asarray(response_ids, dtype=np.int32)
+        fields = self._encode(logprobs, routed_experts, checked=routed_experts_checked)
+        names = self._offloaded_names(fields)
+        with self._lock:
+            # The one validation of the step; the commit only places it (see Session.rebase).
+            rec = session.prepare_step(decision, prompt_ids=prompt_ids, response_ids=response,
+                                       token_versions=token_versions, **fields, **step_kwargs)
+        if not names:
+            return done_step(self._commit(session, decision, rec, {}))
+        items = [(n, np.ascontiguousarray(fields[n])) for n in names]
+        return self.write_behind.submit(session_id, rec, items, self._keys(session_id, names), self._batch_tag(),
+                                        lambda refs: self._commit(session, decision, rec, refs))
+
+    def _encode(self, logprobs: Any, routed_experts: Any, *, checked: bool) -> dict[str, Any]:
+        """The large fields as stored: float32 logprobs, and R3 range-checked in the storage dtype."""
         fields: dict[str, Any] = {"logprobs": None if logprobs is None else np.asarray(logprobs, dtype=np.float32)}
         if checked and isinstance(routed_experts, np.ndarray) and routed_experts.ndim == 3 \
                 and routed_experts.dtype == r3_dtype(self.config.routed_experts_dtype):
@@ -225,16 +215,13 @@ class ProxyCore(WriteBehindCore):
                 routed_experts, self.config.routed_experts_dtype, num_experts=self.config.model.num_experts)
         elif self.config.use_rollout_routing_replay:
             fields["routed_experts"] = None
-        return session, response, fields
+        return fields
 
-    def _commit(self, session: Session, decision: RouteDecision, fields: dict[str, Any], refs: dict[str, Any],
-                **kwargs: Any) -> StepRecord:
-        values = dict(fields)
-        values.update(refs)
+    def _commit(self, session: Session, decision: RouteDecision, rec: StepRecord, refs: dict[str, Any]) -> StepRecord:
+        """Record a validated step whose offloaded fields are stored under ``refs`` (journal first)."""
         try:
             with self._lock:
-                rec = session.prepare_step(decision, logprobs=values["logprobs"],
-                                           routed_experts=values.get("routed_experts"), **kwargs)
+                rec = session.rebase(rec, **refs)
                 if self.journal is not None:
                     self.journal.step(session.session_id, decision, rec, session)  # durable before it is visible
                 return session.insert_step(rec)
@@ -242,32 +229,14 @@ class ProxyCore(WriteBehindCore):
             self._delete_quietly(list(refs.values()))
             raise
 
-    def _offloaded_names(self, fields: dict[str, Any], *, expected_rows: int) -> list[str]:
-        names = [n for n in self.config.offloaded if fields.get(n) is not None]
-        lp = fields.get("logprobs")
-        if names and lp is not None and lp.shape != (expected_rows,):
-            # Fail before writing: the local commit would reject it anyway.
-            raise FieldShapeError(f"logprobs vs {expected_rows} response tokens: {lp.shape[0]} rows")
-        return names
+    def _offloaded_names(self, fields: dict[str, Any]) -> list[str]:
+        return [n for n in self.config.offloaded if fields.get(n) is not None]
 
     def _keys(self, session_id: str, names: list[str]) -> list[str]:
         with self._lock:
             call = self._calls[session_id]
             self._calls[session_id] = call + 1
         return [f"{session_id}/{self._epoch}.{call}/{n}" for n in names]
-
-    def _write_offloaded(self, session_id: str, fields: dict[str, Any], *, expected_rows: int) -> dict[str, Any]:
-        names = self._offloaded_names(fields, expected_rows=expected_rows)
-        if not names:
-            return {}
-        batch = self._batch_tag()
-        keys = self._keys(session_id, names)
-        try:
-            # One placement, one unit round trip and one commit for the step's fields: all or nothing.
-            refs = self.tq.put_many([(n, np.ascontiguousarray(fields[n])) for n in names], batch=batch, keys=keys)
-        except DressageError as exc:
-            raise TransferWriteError(f"session {session_id}: TransferQueue write failed: {exc}") from exc
-        return dict(zip(names, refs))
 
     def _delete_quietly(self, refs: list[Any]) -> None:
         if refs and self.tq is not None:
@@ -292,6 +261,17 @@ class ProxyCore(WriteBehindCore):
                     tokens += st.prompt_ids.nbytes + st.response_ids.nbytes
         tokens += sum(tapes.values())
         return {"large_fields": large, "token_fields": tokens, "steps": steps}
+
+    async def settled(self, session_id: str) -> None:
+        """Wait (without blocking the loop) for the session's steps still being written."""
+        await self.write_behind.settled(session_id)
+
+    def _settle(self, session_id: str) -> None:
+        self.write_behind.wait(session_id)
+
+    def close(self) -> None:
+        """Write and commit every step still under way (the Proxy calls this when it stops)."""
+        self.write_behind.close()
 
     # --------------------------------------------------------------- lifecycle
     def finalize(self, session_id: str, reward: float | None = None) -> FinalizedSession:

@@ -1,12 +1,13 @@
-"""Write-behind for the commit region: a call's answer does not wait for its TransferQueue write.
+"""How a step's offloaded fields reach TransferQueue before its commit: behind the answer, or before it.
 
-``ProxyCore.begin_step`` validates and encodes a step at once (every error is raised there, nothing
-written), hands its offloaded fields to a :class:`dressage.tq.client.batching.PutBatcher` and returns a
-:class:`PendingStep`: the validated record (what the answer reports) and a future that resolves once
-the keys are committed and the step is in the session. Until then the step is invisible: the
-session's next call waits for it before it is routed (:meth:`WriteBehind.settled`), and so does
-finalize. A write that fails records nothing, exactly as a synchronous one; it is counted and logged,
-and the session goes on from its last recorded step.
+``ProxyCore.begin_step`` validates a step at once (every error is raised there, nothing written) and
+hands its offloaded fields and its commit to :class:`WriteBehind`. On (the default), the fields go to a
+:class:`dressage.tq.client.batching.PutBatcher` and the call gets a :class:`PendingStep` at once: the
+validated record (what the answer reports) and a future that resolves once the keys are committed and
+the step is in the session. Until then the step is invisible: the session's next call waits for it
+before it is routed (:meth:`WriteBehind.settled`), and so does finalize. A write that fails records
+nothing; it is counted and logged, and the session goes on from its last recorded step. Off, the write
+and the commit run before :meth:`WriteBehind.submit` returns, and their errors are raised there.
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ from dressage.errors import DressageError, TransferWriteError
 from dressage.tq.client.batching import PutBatcher
 from dressage.trajectory import StepRecord
 
-__all__ = ["PendingStep", "WriteBehind", "WriteBehindCore"]
+__all__ = ["PendingStep", "WriteBehind", "done_step"]
 
 log = logging.getLogger(__name__)
+
+Commit = Callable[[dict[str, Any]], StepRecord]
+"""Records a step once its fields are stored, given ``{field: FieldRef}``; deletes those keys itself
+if it cannot."""
 
 
 @dataclass(slots=True)
@@ -42,26 +47,55 @@ class PendingStep:
 
 
 def done_step(step: StepRecord) -> PendingStep:
+    """A step already committed, as a :class:`PendingStep`."""
     fut: Future = Future()
     fut.set_result(step)
     return PendingStep(step, fut)
 
 
-class WriteBehind:
-    """The commits of one ProxyCore still under way, per session, and the batcher they go through."""
+def _write_failed(session_id: str, exc: BaseException) -> BaseException:
+    """A failed write as the caller sees it: the client's own errors become :class:`TransferWriteError`
+    (the client leaves nothing of a failed put behind, so nothing of the step was stored)."""
+    if not isinstance(exc, DressageError) or isinstance(exc, TransferWriteError):
+        return exc
+    error = TransferWriteError(f"session {session_id}: TransferQueue write failed: {exc}")
+    error.__cause__ = exc
+    return error
 
-    def __init__(self, tq: Any, **batcher: Any) -> None:
-        self.batcher = PutBatcher(tq, **batcher)
+
+class WriteBehind:
+    """The TransferQueue writes of one ProxyCore's steps, and the commits still under way per session.
+
+    ``enabled``: whether :meth:`submit` returns before the write lands; it is off without a client.
+    ``batcher`` options go to the :class:`PutBatcher`, started on the first write behind an answer.
+    """
+
+    def __init__(self, tq: Any, *, enabled: bool = True, **batcher: Any) -> None:
+        self.tq = tq
+        self.enabled = bool(enabled) and tq is not None
+        self.batcher: PutBatcher | None = None
+        self._batcher_options = batcher
         self._pending: dict[str, set[Future]] = {}
         self._lock = threading.Lock()
         self.failures = 0
         """Steps whose write failed after their call had answered (nothing of them was recorded)."""
         self.committed = 0
+        """Steps committed behind their answer."""
 
-    def submit(self, session_id: str, items: list[tuple[str, Any]], keys: list[str], batch: str | None,
-               commit: Callable[[dict[str, Any]], StepRecord]) -> "Future[StepRecord]":
-        """Queue one step's write; once it lands, ``commit({field: ref})`` records the step (and
-        deletes the keys itself if it cannot). The returned future holds the committed record."""
+    def submit(self, session_id: str, preview: StepRecord, items: list[tuple[str, Any]], keys: list[str],
+               batch: str | None, commit: Commit) -> PendingStep:
+        """Write one step's fields (``keys`` one per item), then ``commit({field: ref})`` records it.
+
+        On, the write is queued and this returns at once; the step's future holds the committed record
+        or the error that kept it out. Off, the write and the commit are done when this returns (or
+        have raised, leaving nothing recorded).
+        """
+        if not self.enabled:
+            try:
+                refs = self.tq.put_many(items, batch=batch, keys=keys)
+            except BaseException as exc:
+                raise _write_failed(session_id, exc)
+            return done_step(commit(dict(zip((n for n, _ in items), refs))))
         names = [n for n, _ in items]
         done: Future = Future()
 
@@ -69,22 +103,25 @@ class WriteBehind:
             try:
                 refs = dict(zip(names, put.result()))
             except BaseException as exc:  # noqa: BLE001 - reported through the step's future
-                error = exc
-                if isinstance(exc, DressageError) and not isinstance(exc, TransferWriteError):
-                    error = TransferWriteError(f"session {session_id}: TransferQueue write failed: {exc}")
-                done.set_exception(error)
+                done.set_exception(_write_failed(session_id, exc))
                 return
             try:
                 done.set_result(commit(refs))
             except BaseException as exc:  # noqa: BLE001 - the commit deleted its keys already
                 done.set_exception(exc)
 
-        put = self.batcher.submit(items, keys=keys, batch=batch)  # raises (nothing queued) when closed
-        self.track(session_id, done)
+        put = self._batcher().submit(items, keys=keys, batch=batch)  # raises (nothing queued) when closed
+        self._track(session_id, done)
         put.add_done_callback(land)
-        return done
+        return PendingStep(preview, done)
 
-    def track(self, session_id: str, future: Future) -> None:
+    def _batcher(self) -> PutBatcher:
+        with self._lock:
+            if self.batcher is None:
+                self.batcher = PutBatcher(self.tq, **self._batcher_options)
+            return self.batcher
+
+    def _track(self, session_id: str, future: Future) -> None:
         with self._lock:
             self._pending.setdefault(session_id, set()).add(future)
         future.add_done_callback(lambda f: self._done(session_id, f))
@@ -121,47 +158,15 @@ class WriteBehind:
                 pass
 
     async def settled(self, session_id: str) -> None:
-        """Await the session's steps under way (the next call routes against what they recorded)."""
+        """Await the session's steps under way without blocking the loop (the next call routes
+        against what they recorded)."""
         futures = self.futures(session_id)
         if futures:
             await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
 
     def close(self) -> None:
         """Send and commit what is queued, then stop the writer thread."""
-        self.batcher.close()
-
-
-class WriteBehindCore:
-    """The write-behind side of :class:`dressage.proxy.recording.core.ProxyCore` (its ``tq``, ``config``,
-    ``write_behind``, ``_behind`` and ``_lock``): the batcher, made on first use, and the waits on it."""
-
-    tq: Any
-    config: Any
-    write_behind: bool
-    _behind: WriteBehind | None
-    _lock: Any
-
-    @property
-    def writes_behind(self) -> bool:
-        """Whether :meth:`begin_step` returns before the step's TQ write (offloaded fields, write-behind on)."""
-        return self.write_behind and self.tq is not None and bool(self.config.offloaded)
-
-    def _write_behind(self) -> WriteBehind:
         with self._lock:
-            if self._behind is None:
-                self._behind = WriteBehind(self.tq)
-            return self._behind
-
-    async def settled(self, session_id: str) -> None:
-        """Wait (without blocking the loop) for the session's steps still being written."""
-        if self._behind is not None:
-            await self._behind.settled(session_id)
-
-    def _settle(self, session_id: str) -> None:
-        if self._behind is not None:
-            self._behind.wait(session_id)
-
-    def close(self) -> None:
-        """Write and commit every step still under way (the Proxy calls this when it stops)."""
-        if self._behind is not None:
-            self._behind.close()
+            batcher = self.batcher
+        if batcher is not None:
+            batcher.close()
