@@ -233,6 +233,22 @@ def test_compact_dtype_works_with_tq_off_and_shrinks_proxy_r3():
     assert all(st_.routed_experts.dtype == np.uint8 for st_ in s.steps.values())
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "int32"])
+def test_routed_experts_dtype_is_one_choice_for_decode_and_commit(dtype):
+    core = ProxyCore(_config(False, dtype=dtype), None)
+    assert core.routed_experts_spec.storage_dtype == dtype
+    s = core.create_session()
+    prompt = np.asarray([1, 2, 3], np.int32)
+    d = core.plan(s.session_id, prompt)
+    out = core.normalize(sglang_body(prompt, [40, 41], start=0), prompt_len=3, decision=d)
+    assert out.routed_experts.dtype == np.dtype(dtype)          # the engine's routing, decoded
+    rows = expected_r3(np.asarray([1, 2, 3, 40, 41])).astype(np.int64)
+    step = core.begin_step(s.session_id, d, prompt_ids=prompt, response_ids=[40, 41],
+                           logprobs=out.logprobs, routed_experts=rows).result()
+    assert step.routed_experts.dtype == np.dtype(dtype)         # a direct caller's routing, stored
+    np.testing.assert_array_equal(step.routed_experts, out.routed_experts)
+
+
 def test_flag_checks():
     with pytest.raises(ConfigError, match="--use-rollout-routing-replay"):
         DataPlaneConfig(model=MODEL, enable_transfer_queue=True, transfer_params=("routed_experts",))

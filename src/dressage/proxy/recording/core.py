@@ -37,6 +37,37 @@ class FinalizedSession:
     """Refs of steps no Segment uses (dropped retry orphans): deleted from TQ at finalize."""
 
 
+@dataclass(frozen=True, slots=True)
+class RoutedExpertsCodec:
+    """The R3 storage of one ProxyCore (``--routed-experts-dtype``): what :meth:`ProxyCore.normalize`
+    decodes the engine's routing into and what a step's routing is range-checked and stored as."""
+
+    spec: RoutedExpertsSpec
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, config: DataPlaneConfig) -> "RoutedExpertsCodec | None":
+        """The codec of ``config``; ``None`` with Rollout Routing Replay off."""
+        if not config.use_rollout_routing_replay:
+            return None
+        spec = RoutedExpertsSpec.of(config.model, config.routed_experts_dtype)
+        return cls(spec, r3_dtype(spec.storage_dtype))
+
+    def decode_options(self) -> dict[str, Any]:
+        """The routing options of :func:`dressage.fields.decode_generate_response`."""
+        s = self.spec
+        return {"want_routed_experts": True, "num_layers": s.num_layers, "topk": s.topk,
+                "routed_experts_dtype": s.storage_dtype, "num_experts": s.num_experts}
+
+    def encode(self, ids: Any, *, checked: bool = False) -> np.ndarray:
+        """``ids`` in the storage dtype, range-checked. ``checked``: the routing came out of
+        :meth:`ProxyCore.normalize` (range-checked into the storage dtype there), so an array
+        already in that dtype is taken as it is."""
+        if checked and isinstance(ids, np.ndarray) and ids.ndim == 3 and ids.dtype == self.dtype:
+            return ids
+        return encode_routed_experts(ids, self.spec.storage_dtype, num_experts=self.spec.num_experts)
+
+
 class ProxyCore:
     """Sessions of one Proxy and the commit region that records their steps.
 
@@ -60,6 +91,7 @@ class ProxyCore:
         self._batch_tag = batch_tag or (lambda: None)
         self.journal = journal
         self.write_behind = WriteBehind(tq, enabled=write_behind)
+        self._r3 = RoutedExpertsCodec.of(config)
         # Keys stay unique across restarts of a Proxy that recovered its sessions from a journal.
         self._epoch = secrets.token_hex(3)
         self.sessions: dict[str, Session] = {}
@@ -148,18 +180,14 @@ class ProxyCore:
     @property
     def routed_experts_spec(self) -> RoutedExpertsSpec | None:
         """What :meth:`normalize` decodes R3 into, for the engine client's decode as the body arrives."""
-        c = self.config
-        return RoutedExpertsSpec.of(c.model, c.routed_experts_dtype) if c.use_rollout_routing_replay else None
+        return None if self._r3 is None else self._r3.spec
 
     def normalize(self, body: Mapping[str, Any], *, prompt_len: int, decision: RouteDecision) -> GenerateOutput:
         """Decode one ``/generate`` JSON body for this call (validates every length; R3 comes out
         range-checked in the storage dtype)."""
-        m = self.config.model
-        return decode_generate_response(
-            body, prompt_len=prompt_len, routed_experts_start_len=decision.routed_experts_start,
-            num_layers=m.num_layers, topk=m.topk, want_logprobs=True,
-            want_routed_experts=self.config.use_rollout_routing_replay,
-            routed_experts_dtype=self.config.routed_experts_dtype, num_experts=m.num_experts)
+        routing = {} if self._r3 is None else self._r3.decode_options()
+        return decode_generate_response(body, prompt_len=prompt_len, want_logprobs=True,
+                                        routed_experts_start_len=decision.routed_experts_start, **routing)
 
     def ingest(self, session_id: str, decision: RouteDecision, body: Mapping[str, Any], *, prompt_ids: Any,
                version: int = 0, **step_kwargs: Any) -> StepRecord:
@@ -207,14 +235,11 @@ class ProxyCore:
     def _encode(self, logprobs: Any, routed_experts: Any, *, checked: bool) -> dict[str, Any]:
         """The large fields as stored: float32 logprobs, and R3 range-checked in the storage dtype."""
         fields: dict[str, Any] = {"logprobs": None if logprobs is None else np.asarray(logprobs, dtype=np.float32)}
-        if checked and isinstance(routed_experts, np.ndarray) and routed_experts.ndim == 3 \
-                and routed_experts.dtype == r3_dtype(self.config.routed_experts_dtype):
-            fields["routed_experts"] = routed_experts  # normalize() range-checked it into this dtype
+        if self._r3 is not None:
+            fields["routed_experts"] = None if routed_experts is None else self._r3.encode(routed_experts,
+                                                                                           checked=checked)
         elif routed_experts is not None:
-            fields["routed_experts"] = encode_routed_experts(
-                routed_experts, self.config.routed_experts_dtype, num_experts=self.config.model.num_experts)
-        elif self.config.use_rollout_routing_replay:
-            fields["routed_experts"] = None
+            fields["routed_experts"] = routed_experts  # the session refuses it: Routing Replay is off
         return fields
 
     def _commit(self, session: Session, decision: RouteDecision, rec: StepRecord, refs: dict[str, Any]) -> StepRecord:
