@@ -30,7 +30,7 @@ from dressage.proxy.openai.streaming import error_body
 from dressage.proxy.recording.turn_scope import identity_of
 from dressage.serving import ConnectionLimits, UvicornServer
 
-__all__ = ["build_app", "HotFirst", "ProxyServer", "status_for"]
+__all__ = ["build_app", "fastapi_app", "HotFirst", "ProxyServer", "status_for"]
 
 
 def status_for(exc: DressageError) -> tuple[int, str]:
@@ -49,8 +49,6 @@ def _guard_kwargs(service: Any) -> dict[str, Any]:
 
 
 def _install_guards(app: FastAPI, service: Any) -> None:
-    # The hot routes, served without FastAPI's routing (dressage.proxy.http.fast_routes), behind the guard.
-    app.add_middleware(FastRoutes, service=service)
     # Tokens, the received-bytes body limit and the JSON value check: see dressage.proxy.http.guard.
     app.add_middleware(RequestGuard, **_guard_kwargs(service))
 
@@ -80,7 +78,12 @@ def _install_guards(app: FastAPI, service: Any) -> None:
         return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code)
 
 
-def build_app(service: Any) -> FastAPI:
+def build_app(service: Any) -> "HotFirst":
+    """The ASGI app a Proxy serves: :func:`fastapi_app`'s routes, its hot ones reached first."""
+    return HotFirst(fastapi_app(service), service)
+
+
+def fastapi_app(service: Any) -> FastAPI:
     """The FastAPI app: one route per use case of ``service``."""
     app = FastAPI(title="Dressage Proxy", version="0.1.0")
     _install_guards(app, service)
@@ -178,5 +181,5 @@ class ProxyServer(UvicornServer):
         cfg = service.config
         limits = ConnectionLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
                                   keep_alive_s=cfg.keep_alive_timeout_s, max_header_bytes=cfg.max_header_bytes)
-        super().__init__(HotFirst(build_app(service), service), host=cfg.host, port=cfg.port, name="proxy",
+        super().__init__(build_app(service), host=cfg.host, port=cfg.port, name="proxy",
                          limits=limits)
