@@ -15,7 +15,8 @@ from dressage.errors import ConfigError, SessionStateError, UnknownStepError
 from dressage.proxy.config import ProxyServerConfig
 from dressage.proxy.recording.core import FinalizedSession, ProxyCore
 from dressage.proxy.recording.heap import trim_heap
-from dressage.proxy.recording.lifecycle import FinalizeLedger, InFlight, count_turns
+from dressage.proxy.recording.lifecycle import InFlight
+from dressage.proxy.upstream.ledger import FinalizeLedger, count_turns
 from dressage.proxy.recording.session_book import SessionBook
 from dressage.proxy.recording.turns import instance_group
 from dressage.proxy.upstream.read import read_answer, select_trajectories
