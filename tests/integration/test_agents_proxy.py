@@ -77,7 +77,7 @@ def test_rollout_runs_tools_retries_and_compressions_through_the_real_proxy(engi
 
         reasons, multi_segment = set(), 0
         for r in report.results:
-            done = proxy.service.finalized[r.session_id]
+            done = proxy.service.trajectories.finalized[r.session_id]
             assert done.reward == r.reward and 0.0 <= r.reward <= 1.0
             assert done.metadata["group_index"] == r.group_index
             assert done.metadata["sample_index"] == r.sample_index

@@ -363,7 +363,7 @@ def test_two_engines_keep_sessions_sticky_and_move_them_when_one_fails():
         assert p.steps(sid)[2].metadata["engine"] == e1.url
         fin = httpx.post(p.url + "/session/finalize", json={"session_id": sid}).json()
         assert fin["segments"] == 2
-        segs = p.service.finalized[sid].segments
+        segs = p.service.trajectories.finalized[sid].segments
         assert [s.boundary_reason for s in segs] == ["new_session", "engine_failover"]
         np.testing.assert_array_equal(segs[1].tokens[:len(segs[0].tokens)], segs[0].tokens)
     finally:
@@ -381,7 +381,7 @@ def test_concurrent_retries_of_one_turn_generate_and_record_once(slow_engine):
             return await asyncio.gather(client.chat.completions.create(**kw), _streamed(client, **kw))
 
         first, (streamed, finish, usage, _) = asyncio.run(both())
-        assert p.service.calls == 1 and len(p.steps("dup")) == 1      # the retry waited for the first
+        assert p.service.book.calls == 1 and len(p.steps("dup")) == 1      # the retry waited for the first
         assert streamed["content"].strip() == first.choices[0].message.content.strip()
         assert usage.completion_tokens == first.usage.completion_tokens == 20 and finish == "length"
     finally:

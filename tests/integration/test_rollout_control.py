@@ -78,7 +78,7 @@ def test_engine_versions_stamp_tokens_and_resume_is_the_fallback(engine):
         read = h.post(url + "/trajectory/read", json={"session_id": sid, "format": "samples"}).json()
         meta = read["data"][0]["samples"][0]["metadata"]
         assert meta["weight_version_labels"] == {str(step7): "rl-step-7"}
-        done = proxy.service.finalized[sid]
+        done = proxy.service.trajectories.finalized[sid]
         samples = samples_of_session(done.segments, reward=done.reward, metadata=done.metadata)
         assert [v for s in samples for v in s.weight_versions] == ["0", "3", "rl-step-7"]
 

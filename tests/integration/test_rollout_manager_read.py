@@ -61,7 +61,7 @@ def test_drained_samples_are_the_pushed_samples(engine, tq, with_tq):
             assert len(as_msgpack.content) < 0.8 * len(as_json.content)  # raw bytes, not base64
         drained = RolloutManagerActor(dp_size=2)
         assert drained.read_proxy(proxy.url, max_groups=1) == N_PROMPTS * N_SAMPLES
-        assert not proxy.service.finalized  # handed over: the Proxy forgot them
+        assert not proxy.service.trajectories.finalized  # handed over: the Proxy forgot them
         assert drained.read_proxy(proxy.url) == 0
         held = drained.held()
         if with_tq:  # only refs and token fields travelled; the large fields stayed in the StorageUnits

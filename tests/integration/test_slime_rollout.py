@@ -112,7 +112,7 @@ def test_rollout_function_drains_a_proxy_that_runs_as_its_own_service(engine, wi
         out = rollout(SimpleNamespace(rollout_batch_size=2), 3, DataSource(["Add 2 and 3.", "Name a colour."], 2))
         groups = out.samples if hasattr(out, "samples") else out
         assert rollout.last_report.finalized == 4 and len(groups) == 2
-        assert not proxy.service.finalized  # drained: the Proxy handed them over
+        assert not proxy.service.trajectories.finalized  # drained: the Proxy handed them over
         for s in (s for g in groups for s in g):
             assert len(s.rollout_log_probs) == s.response_length
             r3 = np.asarray(s.rollout_routed_experts)

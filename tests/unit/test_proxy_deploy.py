@@ -158,9 +158,26 @@ def test_a_turn_scope_holds_several_calls_and_a_true_duplicate_replays_once():
         assert again == first and second["id"] != first["id"] and streamed.status_code == 200
         assert "data: [DONE]" in streamed.text
         assert (await chat(h, "s", "next", turn="t2")).status_code == 200
-        assert len(mock.calls("/generate")) == 3 and service.replayed_turns == 2
+        assert len(mock.calls("/generate")) == 3 and service.book.replayed_turns == 2
         fin = (await h.post("/session/finalize", json={"session_id": "s"})).json()
         assert (fin["num_steps"], fin["num_turns"]) == (3, 2)
+
+    asyncio.run(go())
+
+
+def test_each_weight_version_rule_is_checked_once_per_call():
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock, partial=False)
+        seen: list = []
+        for name in ("check_current", "check_generated"):
+            real = getattr(service.versions, name)
+            setattr(service.versions, name, lambda *a, _n=name, _f=real: seen.append(_n) or _f(*a))
+        assert (await chat(h, "s", "one")).status_code == 200
+        assert (await chat(h, "s", "two", n=3)).status_code == 200
+        r = await h.post("/sessions/s/generate", json={"input_ids": [1, 2, 3]})
+        assert r.status_code == 200 and len(steps(service, "s")) == 5
+        assert seen == ["check_current", "check_generated"] * 3
 
     asyncio.run(go())
 
@@ -176,7 +193,7 @@ def test_finalize_twice_answers_the_same_and_takes_instance_and_label():
         assert again.status_code == 200 and again.json() == first
         assert (first["instance_id"], first["label"], first["num_steps"], first["num_segments"]) == \
             ("prompt-7", {"answer": 42}, 1, 1)
-        assert service.finalized["s"].metadata["label"] == {"answer": 42}
+        assert service.trajectories.finalized["s"].metadata["label"] == {"answer": 42}
         bad = await h.post("/session/finalize", json={"session_id": "s", "trajectory_build_mode": "concat"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "trajectory_build_mode"
         assert (await h.post("/session/finalize", json={})).json()["error"]["code"] == "missing_session_id"
@@ -213,7 +230,7 @@ def test_finalize_during_an_in_flight_call_waits_so_the_last_call_is_recorded():
         assert cut["num_steps"] == 1 and cut["in_flight_done"] is False
         mock.release()
         assert (await late).status_code == 409
-        assert len(service.finalized["u"].segments[0].step_ids) == 1
+        assert len(service.trajectories.finalized["u"].segments[0].step_ids) == 1
 
     asyncio.run(go())
 
@@ -244,8 +261,8 @@ def test_discard_drops_active_finalized_and_aborted_sessions_and_their_keys():
             assert again["released_refs"] == 0 and again["state"] == "discarded"
             assert (await h.post("/session/discard", json={"session_id": "abo"})).json()["state"] == "aborted"
             assert tq.total_keys() == 2 and rm.num_ready == 1
-            assert set(service.core.sessions) == {"keep"} and set(service.finalized) == {"keep"}
-            assert service.ledger.get("fin") is None and len(service.turns) == 1
+            assert set(service.core.sessions) == {"keep"} and set(service.trajectories.finalized) == {"keep"}
+            assert service.trajectories.ledger.get("fin") is None and len(service.turns) == 1
             late = await chat(h, "act", "more")
             assert late.status_code == 409 and "discarded" in late.json()["error"]["message"]
             assert (await h.post("/session/discard", json={"session_id": "act", "force": True})).status_code == 400

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+from types import SimpleNamespace
+
 import httpx
 import pytest
 
@@ -14,8 +16,11 @@ from dressage.proxy.http.fast_routes import FastRoutes
 
 
 class FakeService:
+    """The service's face the hot routes use: sessions, ``chat`` (its serving object) and ``book``."""
+
     def __init__(self) -> None:
-        self.failed_calls = 0
+        self.book = SimpleNamespace(failed_calls=0)
+        self.chat = SimpleNamespace(open=self.open_chat, generate_tokens=self.generate_tokens)
         self.calls: list[tuple] = []
 
     def create_session(self, metadata, base_url):
@@ -160,4 +165,4 @@ def test_a_service_error_is_the_apps_error_answer():
     assert r.headers["x-should-retry"] == "false"
     assert r.json()["error"]["message"] == "unknown session 'gone'"
     assert r.json()["error"]["type"] == UnknownStepError.openai_type
-    assert service.failed_calls == 1 and app.seen == []
+    assert service.book.failed_calls == 1 and app.seen == []

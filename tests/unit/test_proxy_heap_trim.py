@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dressage.proxy import service as service_mod
+from dressage.proxy.upstream import trajectories as trajectories_mod
 
 
 
@@ -28,17 +28,17 @@ def test_trim_heap_reports_its_time():
 
 def test_forgetting_a_batch_trims_once_and_an_empty_forget_does_not(monkeypatch):
     calls = []
-    monkeypatch.setattr(service_mod, "trim_heap", lambda: calls.append(1) or 0.001)
+    monkeypatch.setattr(trajectories_mod, "trim_heap", lambda: calls.append(1) or 0.001)
     svc = _service()
     sids = []
     for _ in range(3):
         s = svc.core.create_session({})
         svc.core.sessions[s.session_id].add_step(np.arange(5, dtype=np.int32), np.arange(3, dtype=np.int32),
                                                      logprobs=np.zeros(3, np.float32))
-        svc.finalize(s.session_id, 1.0)
+        svc.trajectories.finalize(s.session_id, 1.0)
         sids.append(s.session_id)
-    svc.forget(sids)
-    assert not svc.core.sessions and not svc.finalized
+    svc.trajectories.forget(sids)
+    assert not svc.core.sessions and not svc.trajectories.finalized
     assert len(calls) == 1 and svc.stats()["heap_trims"] == 1 and svc.stats()["heap_trim_ms"] == 1.0
-    svc.forget([])
+    svc.trajectories.forget([])
     assert len(calls) == 1

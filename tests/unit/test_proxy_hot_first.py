@@ -1,15 +1,23 @@
 """``HotFirst``: the served app answers hot routes through the guard and FastRoutes before FastAPI's
-layers, and gives everything else (and what FastRoutes refuses) to the FastAPI app unchanged."""
+layers, and gives everything else (and what FastRoutes refuses) to the FastAPI app unchanged; a hot
+route answers the same through that fast path as through the FastAPI app's own route."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from types import SimpleNamespace
 
 import httpx
 from fastapi import FastAPI, Request
 
-from dressage.proxy.http.app import HotFirst, _install_guards
+from dressage.fields import get_model
+from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.deployment import build_service
+from dressage.proxy.engines.startup import engine_clients
+from dressage.proxy.http.app import HotFirst, _install_guards, build_app, fastapi_app
+from sglang_mock import MockSGLang
 from test_proxy_fast_routes import MSG, FakeService
 
 
@@ -21,7 +29,7 @@ def _served(token=None, crash=False):
             raise RuntimeError("boom")
         service.create_session = create_session
     app = FastAPI()
-    _install_guards(app, service)  # the same guard and FastRoutes inside the app, as build_app has them
+    _install_guards(app, service)  # the same guard and error handlers as fastapi_app installs
     seen: list = []
 
     @app.api_route("/{rest:path}", methods=["GET", "POST"])
@@ -92,3 +100,57 @@ def test_the_guard_still_refuses_first_and_a_crash_is_a_500():
     front, service, seen, entered = _served(crash=True)
     r = _run(front, lambda c: c.post("/sessions", json={}))
     assert r.status_code == 500 and r.text == "Internal Server Error" and entered == []
+
+
+def _hot_calls_of(fast: bool):
+    """The hot routes' answers from a Proxy over a mock SGLang: through the served app's fast path
+    (``fast``; nothing may enter the FastAPI app) or through the FastAPI app's own routes."""
+    mock = MockSGLang()
+    cfg = ProxyServerConfig(engine_url=mock.workers[0], request_timeout_s=20)
+    service, _ = build_service(ProxyConfig(data_plane=DataPlaneConfig(model=get_model("tiny-moe")), server=cfg),
+                               engine=engine_clients(cfg, transport=mock.transport()))
+    entered: list = []
+    if fast:
+        app = build_app(service)
+        inner = app.app
+
+        async def counting(scope, receive, send):
+            entered.append(scope["path"])
+            await inner(scope, receive, send)
+
+        app.app = _Counted(inner, counting)
+    else:
+        app = fastapi_app(service)
+    msg = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
+
+    async def calls(c):
+        return [await c.post("/sessions", json={"metadata": {"k": 1}}),
+                await c.post("/v1/chat/completions", json=msg, headers={"x-session-id": "s1", "x-turn-id": "t1"}),
+                await c.post("/sessions/s1/v1/chat/completions", json={**msg, "n": 2}),
+                await c.post("/sessions/s1/generate", json={"input_ids": [1, 2, 3]}),
+                await c.post("/sessions/nobody/v1/chat/completions", json=msg),
+                await c.post("/sessions/s1/finalize", json={"reward": 1.0})]
+
+    rs = _run(app, calls)
+    assert entered == []
+    return [(r.status_code, r.headers["content-type"], r.json()) for r in rs], service.stats()
+
+
+def _same_but_ids(answer):
+    """An answer with the per-call random ids and clock values taken out."""
+    status, kind, body = answer
+    text = json.dumps(body, sort_keys=True)
+    if "base_url" in body:  # a created session: its id is random
+        text = text.replace(body["session_id"], "<sid>")
+    text = re.sub(r"(chatcmpl|call)[-_][0-9a-f]+", "<id>", text)
+    return status, kind, re.sub(r'"created": ?[0-9]+', '"created": 0', text)
+
+
+def test_a_hot_route_answers_the_same_through_the_fast_path_as_through_its_fastapi_route():
+    fast, fast_stats = _hot_calls_of(True)
+    routed, routed_stats = _hot_calls_of(False)
+    assert [a[0] for a in fast] == [200, 200, 200, 200, 404, 200]
+    assert [_same_but_ids(a) for a in fast] == [_same_but_ids(a) for a in routed]
+    keys = ("sessions", "steps", "response_tokens", "calls", "failed_calls", "unread_trajectories")
+    assert {k: fast_stats[k] for k in keys} == {k: routed_stats[k] for k in keys}
+    assert fast_stats["steps"] == 4 and fast_stats["failed_calls"] == 1

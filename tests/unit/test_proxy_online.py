@@ -2,6 +2,7 @@
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from dressage.errors import ConfigError, EngineUnavailable
@@ -241,3 +242,23 @@ def test_weight_versions_hold_a_session_to_one_version_unless_partial_rollout():
     relaxed = WeightVersions(partial_rollout=True)
     relaxed.recorded("s", 0)
     relaxed.check("s", [0, 1, 2])                         # partial rollout: versions may change
+
+
+def test_a_calls_generated_versions_are_checked_once_for_all_its_samples():
+    from dressage.errors import WeightVersionChangedError
+    from dressage.proxy.recording.weights import WeightVersions
+
+    versions = WeightVersions()
+    # A session's first call: its first sample pins the version, so a sibling of another version
+    # fails the call before either is recorded.
+    with pytest.raises(WeightVersionChangedError):
+        versions.check_generated("s", [np.array([0, 0], np.int32), np.array([1, 1], np.int32)])
+    versions.check_generated("s", [np.array([0, 0], np.int32), np.array([0], np.int32)])
+    versions.recorded("s", 0)
+    versions.check_current("s")                           # the policy has not moved: a new call may start
+    versions.set(2)
+    with pytest.raises(WeightVersionChangedError):
+        versions.check_current("s")                       # before the engine request
+    with pytest.raises(WeightVersionChangedError):
+        versions.check_generated("s", [np.array([0, 2], np.int32)])  # tokens cut across an update
+    WeightVersions(partial_rollout=True).check_generated("s", [np.array([0], np.int32), np.array([3], np.int32)])

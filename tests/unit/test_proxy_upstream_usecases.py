@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from dressage.errors import ConfigError
-from dressage.proxy.recording.lifecycle import FinalizeLedger, InFlight, count_turns
+from dressage.proxy.recording.lifecycle import InFlight
+from dressage.proxy.upstream.ledger import FinalizeLedger, count_turns
 from dressage.proxy.schemas import FinalizeSessionRequest, PauseRequest, ResumeRequest, TrajectoryReadRequest
 from dressage.proxy.upstream.read import read_answer, select_trajectories
 from dressage.proxy.recording.turn_scope import request_hash, turn_call_key, turn_of

@@ -22,11 +22,13 @@ __all__ = ["Proxy", "build_service", "checked_config"]
 
 def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any = None, engine: Any = None,
                   sink: Callable[[FinalizedSession], None] | None = None,
-                  batch_tag: Callable[[], str | None] | None = None) -> tuple[ProxyService, Any]:
+                  batch_tag: Callable[[], str | None] | None = None,
+                  tq_spec: Callable[[], dict[str, Any]] | None = None) -> tuple[ProxyService, Any]:
     """ProxyCore (journal replayed into it, then journalling) and the service over it.
 
     Returns the service and the journal's recovery report (``None`` without a journal). ``engine``
-    overrides the clients made for ``config.server.engines``; ``tokenizer`` the one ``config`` names.
+    overrides the clients made for ``config.server.engines``; ``tokenizer`` the one ``config`` names;
+    ``tq_spec()`` is the TransferQueue client spec a read's ``meta_info`` hands a trainer.
     """
     from dressage.proxy.recording.tokenizer_clock import TimedTokenizer
     from dressage.tokenizer import load_tokenizer
@@ -34,18 +36,8 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
     tok = TimedTokenizer(tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer))
     core = ProxyCore(config.data_plane, tq_client, sink=sink, decode=tok.decode, special_ids=tok.special_token_ids,
                      batch_tag=batch_tag)
-    service = ProxyService(config.server, core, tok, engine)
-    report = None
-    if config.journal.path is not None:
-        from dressage.proxy.journal.log import Journal
-
-        report = core.recover(config.journal.path)
-        service.versions.restore(core.sessions.values())  # named versions keep their codes
-        for done in report.delivered:
-            service.finalized[done.session_id] = done
-        # Appends start where replay stopped: a record the replay refused is cut (and set aside) too.
-        core.journal = Journal(config.journal.path, fsync=config.journal.fsync, intact_bytes=report.intact_bytes)
-        service.keeper.adopt()  # resumed sessions expire like any other
+    service = ProxyService(config.server, core, tok, engine, tq_spec=tq_spec)
+    report = service.recover(config.journal) if config.journal.path is not None else None
     return service, report
 
 
@@ -107,14 +99,12 @@ class Proxy:
 
                     tq, owns_tq = TransferQueue.start(config.transfer_queue_config()), True
                 tq_client = tq.client()
+        # A trainer process joins this TQ from a read's meta_info.
+        tq_spec = tq.client_spec if tq is not None else (lambda: dict(joined)) if joined is not None else None
         server = None
         try:
             service, recovery = build_service(config, tq_client=tq_client, tokenizer=tokenizer, engine=engine,
-                                              sink=sink, batch_tag=batch_tag)
-            if tq is not None:
-                service.tq_spec = tq.client_spec  # a trainer process joins this TQ from a read's meta_info
-            elif joined is not None:
-                service.tq_spec = lambda: dict(joined)
+                                              sink=sink, batch_tag=batch_tag, tq_spec=tq_spec)
             server = ProxyServer(service)
             server.start_background()
         except BaseException:

@@ -1,52 +1,54 @@
-"""The Proxy service: every use case of the Proxy, with no HTTP in it.
+"""The Proxy service: the composition root of a Proxy's use cases, with no HTTP in it.
 
-:class:`ProxyService` owns the per-process state (ProxyCore, tokenizer, engine pool, pause state,
-turns, finalized trajectories) and answers each endpoint's question as plain values or a
-:class:`dressage.errors.DressageError`; :mod:`dressage.proxy.http.app` only maps them to HTTP. The
-model-call use cases (chat, token-level generate) are in :class:`dressage.proxy.openai.chat.serving.CallPath`,
-Responses in :class:`~dressage.proxy.openai.responses.serving.ResponsesPath`, text completions and the model
-lookup in :class:`~dressage.proxy.openai.completions.CompletionsPath`.
+:class:`ProxyService` builds the per-process collaborators (ProxyCore, tokenizer, engine pool, pause,
+weight versions, turns, limits, rids, in-flight calls, the session book) and hands them to one
+serving object per endpoint (``chat``, ``responses``, ``completions``, ``models``) and to the
+trajectory use cases (``trajectories``); it answers only the cross-cutting use cases itself (health,
+sessions, stats, pause / resume, engines). :mod:`dressage.proxy.http.app` maps all of them to HTTP.
 """
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Iterable
+from typing import Any, Callable
 
-from dressage.errors import ConfigError, MissingSessionIdError, SessionStateError
-from dressage.proxy.openai.chat.serving import CallPath
-from dressage.proxy.openai.chat.prompt import QwenToolCallParser, ToolCallParser
-from dressage.proxy.openai.completions import CompletionsPath
-from dressage.proxy.config import ProxyServerConfig
-from dressage.proxy.recording.core import FinalizedSession, ProxyCore
+from dressage.errors import ConfigError
+from dressage.proxy.config import JournalConfig, ProxyServerConfig
 from dressage.proxy.engines.pool import EnginePool
+from dressage.proxy.engines.rids import RidFactory
+from dressage.proxy.engines.startup import engine_clients
 from dressage.proxy.engines.versions import read_versions, update_versions
-from dressage.proxy.recording.heap import trim_heap
-from dressage.proxy.recording.lifecycle import FinalizeLedger, InFlight
+from dressage.proxy.openai.chat.prompt import QwenToolCallParser, ToolCallParser
+from dressage.proxy.openai.chat.samples import ChatSampler
+from dressage.proxy.openai.chat.serving import ChatServing
+from dressage.proxy.openai.completions import CompletionsServing
+from dressage.proxy.openai.model_calls import ModelCalls
+from dressage.proxy.openai.models import ModelsServing
+from dressage.proxy.openai.responses.protocol import ResponseMemory
+from dressage.proxy.openai.responses.serving import ResponsesServing
+from dressage.proxy.recording.core import ProxyCore
+from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.recording.limits import CallLimits
 from dressage.proxy.recording.pause import RolloutPause
-from dressage.proxy.openai.responses.protocol import ResponseMemory
-from dressage.proxy.openai.responses.serving import ResponsesPath
-from dressage.proxy.engines.rids import RidFactory
-from dressage.proxy.recording.session_caps import SessionKeeper
-from dressage.proxy.engines.startup import engine_clients
-from dressage.proxy.recording.turns import CallIdentity, TurnCache, checked_identity, instance_group
+from dressage.proxy.recording.session_book import SessionBook
+from dressage.proxy.recording.turns import CallIdentity, TurnCache
 from dressage.proxy.recording.weights import WeightVersions
+from dressage.proxy.upstream.trajectories import Trajectories
 
 __all__ = ["ProxyService"]
 
 
-class ProxyService(CallPath, ResponsesPath, CompletionsPath):
-    """Per-process state behind the HTTP module, and every use case of the Proxy.
+class ProxyService:
+    """A Proxy's collaborators and serving objects, and its cross-cutting use cases.
 
     ``engine`` is an :class:`SGLangClient`, a list of them, an :class:`EnginePool`, or ``None``
     (clients for ``config.engines`` are made here: :func:`dressage.proxy.engines.startup.engine_clients`).
+    ``tq_spec()`` gives the TransferQueue client spec a trainer in another process joins (``None``: none).
     """
 
     def __init__(self, config: ProxyServerConfig, core: ProxyCore, tokenizer: Any, engine: Any = None,
-                 *, parser: ToolCallParser | None = None) -> None:
+                 *, parser: ToolCallParser | None = None,
+                 tq_spec: Callable[[], dict[str, Any]] | None = None) -> None:
         self.config, self.core, self.tokenizer = config, core, tokenizer
-        self.tq_spec: Any = None  # () -> TQ client spec, set by Proxy.start when it has a deployment
         if isinstance(engine, EnginePool):
             self.engines = engine
         else:
@@ -58,26 +60,45 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
         self.versions = WeightVersions(partial_rollout=config.partial_rollout)
         self.pause = RolloutPause(self.versions)
         self.turns = TurnCache(config.max_cached_turns)
-        self.responses = ResponseMemory()
-        self.finalized: dict[str, FinalizedSession] = {}
-        self.calls = self.failed_calls = self.replayed_turns = 0
-        self.heap_trims, self.heap_trim_s = 0, 0.0
-        """Trims after forgetting a batch of sessions, and the time they took."""
         self.limits = CallLimits(config)
         self.rids = RidFactory()
         """Engine rids: one length and shape, so SGLang's abort by rid prefix hits only the call meant."""
         self.in_flight = InFlight()
         """Model calls running per session (finalize waits for them)."""
-        self.ledger = FinalizeLedger()
-        """Answers of finalizes, so that a repeat answers the same."""
-        self.finalizing: dict[str, asyncio.Future] = {}
-        """Finalizes under way (a concurrent repeat waits for the same answer)."""
-        self.keeper = SessionKeeper(core, timeout_s=config.session_timeout_s, max_sessions=config.max_sessions,
-                                    busy=self.in_flight.running, on_evict=self.forget_state)
-        """Idle eviction and the cap on live sessions."""
-        self._fresh: set[str] = set()
-        """Sessions a header call created whose first call has not recorded yet (dropped if it fails)."""
-        self._tasks: set[asyncio.Task] = set()
+        memory = ResponseMemory()
+        self.book = SessionBook(core, self.in_flight, timeout_s=config.session_timeout_s,
+                                max_sessions=config.max_sessions,
+                                forgetters=(self.engines.forget, self.turns.forget_session, memory.forget,
+                                            self.versions.forget))
+        """Header-created sessions, per-session forgetting and the call counters, shared by every endpoint."""
+        self.keeper = self.book.keeper
+        calls = ModelCalls(config, core, tokenizer, engines=self.engines, pause=self.pause, versions=self.versions,
+                           limits=self.limits, rids=self.rids, in_flight=self.in_flight, book=self.book)
+        self.chat = ChatServing(config, core, tokenizer, calls=calls,
+                                sampler=ChatSampler(config, calls, self.parser), turns=self.turns,
+                                limits=self.limits, in_flight=self.in_flight, book=self.book)
+        self.responses = ResponsesServing(config, core, chat=self.chat, memory=memory, parser=self.parser,
+                                          turns=self.turns, book=self.book)
+        self.completions = CompletionsServing(config, tokenizer, calls=calls, limits=self.limits,
+                                              in_flight=self.in_flight, book=self.book)
+        self.models = ModelsServing(config, core)
+        self.trajectories = Trajectories(config, core, in_flight=self.in_flight, book=self.book, stats=self.stats,
+                                         tq_spec=tq_spec)
+
+    def recover(self, journal: JournalConfig) -> Any:
+        """Replay ``journal`` into the (empty) core, take back what it held, then journal from there on.
+
+        Returns the journal's recovery report.
+        """
+        from dressage.proxy.journal.log import Journal
+
+        report = self.core.recover(journal.path)
+        self.versions.restore(self.core.sessions.values())  # named versions keep their codes
+        self.trajectories.adopt(report.delivered)
+        # Appends start where replay stopped: a record the replay refused is cut (and set aside) too.
+        self.core.journal = Journal(journal.path, fsync=journal.fsync, intact_bytes=report.intact_bytes)
+        self.keeper.adopt()  # resumed sessions expire like any other
+        return report
 
     @property
     def weight_version(self) -> int:
@@ -93,114 +114,25 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
         """Whether the engine is a router whose workers take the control calls."""
         return bool(getattr(self.engine, "is_router", False))
 
-    def group_of(self, instance_id: Any) -> int:
-        """The integer prompt-group index of ``instance_id``."""
-        return instance_group(instance_id)
-
+    # ---------------------------------------------------------- sessions
     def session_url(self, base: str, session_id: str) -> str:
         return f"{base.rstrip('/')}/sessions/{session_id}/v1"
 
     def header_session(self, ident: CallIdentity) -> str:
         """The session a header-identified call belongs to, created by its first call."""
-        if not ident.session_id:
-            raise MissingSessionIdError("send the session in an X-Session-Id (or X-SMG-Routing-Key) header, "
-                                        "or use a session's base URL /sessions/{id}/v1")
-        sid = checked_identity(ident).session_id
-        if sid not in self.core.sessions:
-            meta: dict[str, Any] = {"session_source": "headers"}
-            if ident.instance_id is not None:
-                meta.update(instance_id=ident.instance_id, group_index=self.group_of(ident.instance_id))
-            self.keeper.admit()
-            try:
-                self.core.create_session(meta, session_id=sid)
-            except SessionStateError:
-                return sid  # a concurrent first call created it
-            self.keeper.touch(sid)
-            self._fresh.add(sid)
-        return sid
+        return self.book.header_session(ident)
 
-    def drop_if_unused(self, session_id: str, *, own_calls: int = 0) -> None:
-        """A header-created session whose first call failed is dropped: a failed call leaves nothing.
-
-        ``own_calls``: calls of the caller itself still counted in flight (no other may be running).
-        """
-        if session_id in self._fresh and self.in_flight.running(session_id) <= own_calls:
-            self._fresh.discard(session_id)
-            if self.core.drop_unused(session_id):
-                self.forget_state(session_id)
-
-    # ---------------------------------------------------------- sessions
     def health(self) -> dict[str, Any]:
         return {"status": "ok", "sessions": len(self.core.sessions), "weight_version": self.weight_version}
 
     def create_session(self, metadata: dict[str, Any] | None, base_url: str) -> dict[str, Any]:
-        self.keeper.admit()
-        s = self.core.create_session(metadata)
-        self.keeper.touch(s.session_id)
+        s = self.book.create(metadata)
         return {"session_id": s.session_id, "base_url": self.session_url(base_url, s.session_id)}
 
     def session_info(self, session_id: str) -> dict[str, Any]:
         s = self.core.session(session_id)
         return {"session_id": s.session_id, "state": s.state, "steps": len(s.steps),
                 "lineages": len({st.lineage_id for st in s.steps.values()}), "metadata": s.metadata}
-
-    def models(self, session_id: str | None = None) -> dict[str, Any]:
-        """``/v1/models``: the one served model (a session's base URL checks the session exists)."""
-        if session_id is not None:
-            self.core.session(session_id)
-        return {"object": "list", "data": [{"id": self.config.served_model_name, "object": "model",
-                                            "owned_by": "dressage"}]}
-
-    # --------------------------------------------------------- lifecycle
-    def finalize(self, session_id: str, reward: float | None) -> FinalizedSession:
-        done = self.core.finalize(session_id, reward)
-        self.keeper.release(session_id)
-        self.finalized[session_id] = done
-        return done
-
-    def abort(self, session_id: str) -> dict[str, Any]:
-        """Abort a session: its TQ keys are deleted, nothing more may be recorded, it leaves memory."""
-        released = self.core.abort(session_id)
-        self.finalized.pop(session_id, None)
-        self.forget_state(session_id)
-        return {"session_id": session_id, "state": "aborted", "released_refs": released}
-
-    def _finalized(self, session_id: str, what: str) -> FinalizedSession:
-        done = self.finalized.get(session_id)
-        if done is None:
-            s = self.core.session(session_id)  # 404 when unknown
-            raise SessionStateError(f"session {session_id} is {s.state}; {what} after finalize")
-        return done
-
-    def segments(self, session_id: str) -> list[dict[str, Any]]:
-        """Summaries of a finalized session's Segments."""
-        return [seg.to_summary() for seg in self._finalized(session_id, "segments exist").segments]
-
-    def forget(self, session_ids: Iterable[str]) -> None:
-        """Drop finished sessions once their Samples were consumed.
-
-        The heap pages they freed are then handed back to the OS (:func:`trim_heap`), so that what
-        a batch left behind does not stay mapped as free heap into the next.
-        """
-        forgotten = 0
-        for sid in list(session_ids):
-            self.finalized.pop(sid, None)
-            self.core.forget(sid)
-            self.forget_state(sid)
-            forgotten += 1
-        if forgotten:
-            self.heap_trim_s += trim_heap()
-            self.heap_trims += 1
-
-    def forget_state(self, session_id: str) -> None:
-        """Drop what the call path keeps per session (engine placement, turns, responses, weight versions,
-        idle clock)."""
-        self.engines.forget(session_id)
-        self.turns.forget_session(session_id)
-        self.responses.forget(session_id)
-        self.versions.forget(session_id)
-        self.keeper.release(session_id)
-        self._fresh.discard(session_id)
 
     def stats(self) -> dict[str, Any]:
         """Counters for ``GET /trajectory/stats``."""
@@ -210,14 +142,15 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
             states[s.state] = states.get(s.state, 0) + 1
             steps += len(s.steps)
             tokens += sum(st.response_len for st in s.steps.values())
+        book, done = self.book, self.trajectories
         return {"sessions": states, "steps": steps, "response_tokens": tokens,
-                "unread_trajectories": len(self.finalized),
-                "unread_segments": sum(len(d.segments) for d in self.finalized.values()),
-                "calls": self.calls, "failed_calls": self.failed_calls, "replayed_turns": self.replayed_turns,
+                "unread_trajectories": len(done.finalized),
+                "unread_segments": sum(len(d.segments) for d in done.finalized.values()),
+                "calls": book.calls, "failed_calls": book.failed_calls, "replayed_turns": book.replayed_turns,
                 "weight_version": self.weight_version, "pause": self.pause.state(),
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves),
                 "evicted_sessions": self.keeper.evicted,
-                "heap_trims": self.heap_trims, "heap_trim_ms": round(self.heap_trim_s * 1e3, 3),
+                "heap_trims": done.heap_trims, "heap_trim_ms": round(done.heap_trim_s * 1e3, 3),
                 "tokenizer_cpu_s": round(float(getattr(self.tokenizer, "cpu_s", 0.0)), 6)}
 
     # ----------------------------------------------------- rollout, engines

@@ -141,7 +141,7 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
                 report.replay = merge_replay(report.replay, out["replay"])
             finished = [sid for sid, s in core.sessions.items() if s.state != "active"]
             report.sessions += len(finished)
-            service.forget(finished)
+            service.trajectories.forget(finished)
             keys_left = tq.total_keys() if tq is not None else 0
             report.rollouts.append({"rollout": i, "sessions": len(finished), "segments": out["segments"],
                                     "digest": out["digest"], "tq_keys_left": keys_left,

@@ -70,13 +70,12 @@ class ProxyHost:
 
     def state_sizes(self) -> dict[str, int]:
         """Sizes of the Proxy's per-session state and of its write-behind (what it keeps across batches)."""
-        core = self.core
+        core, done = self.core, self.service.trajectories
         behind = core.write_behind
         out = {"sessions": len(core.sessions), "calls": len(getattr(core, "_calls", {})),
-               "gone": len(getattr(core, "_gone", {})), "finalized": len(getattr(self.service, "finalized", {})),
+               "gone": len(getattr(core, "_gone", {})), "finalized": len(done.finalized),
                "gc_objects": len(gc.get_objects()),
-               "heap_trims": getattr(self.service, "heap_trims", 0),
-               "heap_trim_ms": round(getattr(self.service, "heap_trim_s", 0.0) * 1e3, 3)}
+               "heap_trims": done.heap_trims, "heap_trim_ms": round(done.heap_trim_s * 1e3, 3)}
         if behind.batcher is not None:
             out.update(write_behind_pending=behind.pending(), write_behind_failures=behind.failures,
                        put_rounds=behind.batcher.rounds, put_steps=behind.batcher.steps)
@@ -85,7 +84,7 @@ class ProxyHost:
     def forget_finished(self) -> int:
         """Drop finished sessions once the trainer consumed their Samples."""
         done = [sid for sid, s in self.core.sessions.items() if s.state != "active"]
-        self.service.forget(done)
+        self.service.trajectories.forget(done)
         return len(done)
 
     def stop(self) -> None:

@@ -1,10 +1,11 @@
 """The Proxy's HTTP module: thin FastAPI routes over :class:`dressage.proxy.service.ProxyService`.
 
-Each route parses its body (pydantic schemas), calls one service use case and returns its
-value as JSON; the hot ones (session create, chat, generate, finalize) are answered by
-:class:`dressage.proxy.http.fast_routes.FastRoutes` in front of the router, with the same schemas. A :class:`dressage.errors.DressageError` becomes an OpenAI-style error with the
-status and type the class carries (``http_status``, ``openai_type``). Agents use
-``/sessions/{id}/v1`` as an OpenAI base URL, or ``/v1`` with session headers.
+Each route parses its body (pydantic schemas), looks up the serving object of its endpoint on the
+service and calls one method, and returns its value as JSON. The hot routes (session create, chat,
+generate, finalize) are reached first through :class:`dressage.proxy.http.fast_routes.FastRoutes`
+(:class:`HotFirst`), with the same schemas and calls. A :class:`dressage.errors.DressageError` becomes an
+OpenAI-style error with the status and type the class carries (``http_status``, ``openai_type``).
+Agents use ``/sessions/{id}/v1`` as an OpenAI base URL, or ``/v1`` with session headers.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dressage.proxy.openai.streaming import error_body
 from dressage.proxy.recording.turn_scope import identity_of
 from dressage.serving import ConnectionLimits, UvicornServer
 
-__all__ = ["build_app", "HotFirst", "ProxyServer", "status_for"]
+__all__ = ["build_app", "fastapi_app", "HotFirst", "ProxyServer", "status_for"]
 
 
 def status_for(exc: DressageError) -> tuple[int, str]:
@@ -48,14 +49,12 @@ def _guard_kwargs(service: Any) -> dict[str, Any]:
 
 
 def _install_guards(app: FastAPI, service: Any) -> None:
-    # The hot routes, served without FastAPI's routing (dressage.proxy.http.fast_routes), behind the guard.
-    app.add_middleware(FastRoutes, service=service)
     # Tokens, the received-bytes body limit and the JSON value check: see dressage.proxy.http.guard.
     app.add_middleware(RequestGuard, **_guard_kwargs(service))
 
     @app.exception_handler(DressageError)
     async def dressage_error(request: Request, exc: DressageError):
-        return dressage_error_response(service, exc)
+        return dressage_error_response(service.book, exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
@@ -79,14 +78,19 @@ def _install_guards(app: FastAPI, service: Any) -> None:
         return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code)
 
 
-def build_app(service: Any) -> FastAPI:
+def build_app(service: Any) -> "HotFirst":
+    """The ASGI app a Proxy serves: :func:`fastapi_app`'s routes, its hot ones reached first."""
+    return HotFirst(fastapi_app(service), service)
+
+
+def fastapi_app(service: Any) -> FastAPI:
     """The FastAPI app: one route per use case of ``service``."""
     app = FastAPI(title="Dressage Proxy", version="0.1.0")
     _install_guards(app, service)
     app.include_router(upstream_router(service))
 
     async def answer(session_id: str, request: Request, body: ChatRequest) -> Response:
-        out = await service.open_chat(session_id, body, turn_id=identity_of(request.headers, body).turn_id)
+        out = await service.chat.open(session_id, body, turn_id=identity_of(request.headers, body).turn_id)
         if isinstance(out, dict):
             return _json(out)
         return StreamingResponse(out, media_type="text/event-stream", headers={"cache-control": "no-cache"})
@@ -109,23 +113,23 @@ def build_app(service: Any) -> FastAPI:
 
     @app.get("/v1/models")
     async def all_models() -> dict[str, Any]:
-        return service.models()
+        return service.models.list()
 
     @app.get("/sessions/{session_id}/v1/models")
     async def models(session_id: str) -> dict[str, Any]:
-        return service.models(session_id)
+        return service.models.list(session_id)
 
     @app.post("/sessions/{session_id}/generate")
     async def generate(session_id: str, body: GenerateRequest) -> dict[str, Any]:
-        return await service.generate_tokens(session_id, body)
+        return await service.chat.generate_tokens(session_id, body)
 
     @app.post("/sessions/{session_id}/abort")
     async def abort(session_id: str) -> dict[str, Any]:
-        return service.abort(session_id)
+        return service.trajectories.abort(session_id)
 
     @app.get("/sessions/{session_id}/segments")
     async def segments(session_id: str) -> Response:
-        return _json(service.segments(session_id))
+        return _json(service.trajectories.segments(session_id))
 
     @app.get("/trajectory/stats")
     async def trajectory_stats() -> dict[str, Any]:
@@ -146,14 +150,15 @@ def build_app(service: Any) -> FastAPI:
 
 
 class HotFirst:
-    """The ASGI app the Proxy serves: :func:`build_app`'s, with its hot routes reached first.
+    """The ASGI app the Proxy serves: :func:`fastapi_app`'s, with its hot routes reached first.
 
-    A request for a hot route (:class:`FastRoutes`) goes straight through the same guard and the
-    same :class:`FastRoutes`, behind the same 500 answer for a crash (Starlette's
-    ``ServerErrorMiddleware``), without FastAPI's and Starlette's layers in front of them (their
-    telemetry check, app scope and body-limit wrappers: ~5 % of a profile of the event loop). Every
-    other request, and every one that :class:`FastRoutes` hands on (it does not parse or
-    validate), goes to the FastAPI app, which answers it as it always did.
+    A request for a hot route (:class:`FastRoutes`, installed here and nowhere else) goes through
+    the same guard as the app's and :class:`FastRoutes`, behind the same 500 answer for a crash
+    (Starlette's ``ServerErrorMiddleware``), without FastAPI's and Starlette's layers in front of
+    them (their telemetry check, app scope and body-limit wrappers: ~5 % of a profile of the event
+    loop). Every other request, one under a mounted root path, and every one that
+    :class:`FastRoutes` hands on (it does not parse or validate) goes to the FastAPI app, whose own
+    routes for the same paths give the same answers.
     """
 
     def __init__(self, app: FastAPI, service: Any) -> None:
@@ -176,5 +181,5 @@ class ProxyServer(UvicornServer):
         cfg = service.config
         limits = ConnectionLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
                                   keep_alive_s=cfg.keep_alive_timeout_s, max_header_bytes=cfg.max_header_bytes)
-        super().__init__(HotFirst(build_app(service), service), host=cfg.host, port=cfg.port, name="proxy",
+        super().__init__(build_app(service), host=cfg.host, port=cfg.port, name="proxy",
                          limits=limits)

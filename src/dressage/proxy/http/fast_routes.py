@@ -1,4 +1,4 @@
-"""The Proxy's hot routes as plain ASGI, in front of the FastAPI router.
+"""The Proxy's hot routes as plain ASGI, in front of the FastAPI app (:class:`dressage.proxy.http.app.HotFirst`).
 
 Every agent call goes through a few routes: ``POST /sessions``, chat completions (on a session's
 base URL and on ``/v1`` with session headers), ``/sessions/{id}/generate`` and
@@ -29,7 +29,6 @@ from dressage.proxy.engines import server_timing
 from dressage.proxy.schemas import ChatRequest, CreateSession, FinalizeRequest, GenerateRequest
 from dressage.proxy.openai.streaming import error_payload
 from dressage.proxy.recording.turn_scope import identity_of
-from dressage.proxy.upstream.use_cases import finalize_session
 
 __all__ = ["FastRoutes", "dressage_error_response"]
 
@@ -44,9 +43,9 @@ _REFUSED = object()
 """Not for the fast path: the FastAPI app answers (and words the error)."""
 
 
-def dressage_error_response(service: Any, exc: DressageError) -> Response:
-    """The OpenAI-style error answer of ``exc``; counts a failed call on ``service``."""
-    service.failed_calls += 1
+def dressage_error_response(book: Any, exc: DressageError) -> Response:
+    """The OpenAI-style error answer of ``exc``; counts a failed call in ``book`` (the session book)."""
+    book.failed_calls += 1
     # A 4xx here is final (a retry gets the same answer): tell OpenAI clients not to retry it.
     headers = {"x-should-retry": "false"} if exc.http_status < 500 else None
     return JSONResponse(error_payload(exc), exc.http_status, headers=headers)
@@ -143,7 +142,7 @@ class FastRoutes:
         try:
             response = await self._answer(kind, session_id, scope, req)
         except DressageError as exc:
-            response = dressage_error_response(self.service, exc)
+            response = dressage_error_response(self.service.book, exc)
         await response(scope, receive, send)
 
     async def _answer(self, kind: str, session_id: str | None, scope: Scope, req: Any) -> Response:
@@ -153,7 +152,7 @@ class FastRoutes:
             if session_id is None:
                 session_id = service.header_session(identity_of(headers, req))
             tally = server_timing.start()
-            out = await service.open_chat(session_id, req, turn_id=identity_of(headers, req).turn_id)
+            out = await service.chat.open(session_id, req, turn_id=identity_of(headers, req).turn_id)
             if isinstance(out, dict):
                 return _json(out, tally)
             return StreamingResponse(out, media_type="text/event-stream", headers=_SSE_HEADERS)
@@ -161,7 +160,8 @@ class FastRoutes:
             return _json(service.create_session(req.metadata if req else None, str(Request(scope).base_url)))
         if kind == "generate":
             tally = server_timing.start()
-            return _json(await service.generate_tokens(session_id, req), tally)
+            return _json(await service.chat.generate_tokens(session_id, req), tally)
         req = req or FinalizeRequest()
-        return _json(await finalize_session(service, session_id, reward=req.reward, instance_id=req.instance_id,
-                                            label=req.label, wait_s=req.wait_s))
+        return _json(await service.trajectories.finalize_session(session_id, reward=req.reward,
+                                                                 instance_id=req.instance_id, label=req.label,
+                                                                 wait_s=req.wait_s))

@@ -37,7 +37,7 @@ def openai_router(service: Any) -> APIRouter:
 
     async def respond(session_id: str, request: Request, body: ResponsesRequest) -> Response:
         turn_id = identity_of(request.headers, body).turn_id
-        return _answer(await service.open_response(session_id, body, turn_id=turn_id))
+        return _answer(await service.responses.open(session_id, body, turn_id=turn_id))
 
     @router.post("/sessions/{session_id}/v1/responses")
     async def responses(session_id: str, request: Request, body: ResponsesRequest) -> Response:
@@ -49,18 +49,18 @@ def openai_router(service: Any) -> APIRouter:
 
     @router.post("/sessions/{session_id}/v1/completions")
     async def completions(session_id: str, body: CompletionRequest) -> Response:
-        return _answer(await service.open_completion(session_id, body))
+        return _answer(await service.completions.open(session_id, body))
 
     @router.post("/v1/completions")
     async def completions_by_headers(request: Request, body: CompletionRequest) -> Response:
-        return _answer(await service.open_completion(by_headers(request, body), body))
+        return _answer(await service.completions.open(by_headers(request, body), body))
 
     @router.get("/sessions/{session_id}/v1/models/{model_id:path}")
     async def session_model(session_id: str, model_id: str) -> dict[str, Any]:
-        return service.model(model_id, session_id)
+        return service.models.retrieve(model_id, session_id)
 
     @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:
-        return service.model(model_id)
+        return service.models.retrieve(model_id)
 
     return router

@@ -2,7 +2,7 @@
 
 Bodies are strict (an unknown key is a 400: these calls change what is trained on); the session
 may be named in the body or by the ``X-Session-Id`` / ``X-SMG-Routing-Key`` header. The use cases
-are in :mod:`dressage.proxy.upstream.use_cases`.
+are ``service.trajectories`` (:class:`dressage.proxy.upstream.trajectories.Trajectories`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from dressage.proxy.http.capabilities import capabilities
 from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE
 from dressage.proxy.schemas import DiscardRequest, FinalizeRequest, FinalizeSessionRequest, TrajectoryReadRequest
 from dressage.proxy.recording.turns import identity_from_headers
-from dressage.proxy.upstream.use_cases import discard_session, finalize_session, read_trajectories
 
 __all__ = ["upstream_router"]
 
@@ -40,8 +39,8 @@ def upstream_router(service: Any) -> APIRouter:
 
     async def finalize(sid: str, body: FinalizeRequest | None) -> dict[str, Any]:
         body = body or FinalizeRequest()
-        return await finalize_session(service, sid, reward=body.reward, instance_id=body.instance_id,
-                                      label=body.label, wait_s=body.wait_s)
+        return await service.trajectories.finalize_session(sid, reward=body.reward, instance_id=body.instance_id,
+                                                           label=body.label, wait_s=body.wait_s)
 
     @router.post("/session/finalize")
     async def finalize_by_body(request: Request, body: FinalizeSessionRequest | None = None) -> dict[str, Any]:
@@ -53,17 +52,17 @@ def upstream_router(service: Any) -> APIRouter:
 
     @router.post("/session/discard")
     async def discard(request: Request, body: DiscardRequest | None = None) -> dict[str, Any]:
-        return discard_session(service, _session(request, body.session_id if body else None))
+        return service.trajectories.discard(_session(request, body.session_id if body else None))
 
     @router.post("/trajectory/read")
     async def trajectory_read(request: Request, body: TrajectoryReadRequest | None = None) -> Response:
         body = body or TrajectoryReadRequest()
         # A reader that accepts msgpack gets the answer as msgpack, resident arrays as raw bytes.
         binary = MSGPACK_MEDIA_TYPE in request.headers.get("accept", "")
-        answer = read_trajectories(service, trajectory_id=body.trajectory_id, session_id=body.session_id,
-                                   session_ids=body.session_ids, instance_id=body.instance_id,
-                                   max_groups=body.max_groups, segment_view=body.segment_view,
-                                   drain=body.drain, format=body.format, binary=binary)
+        answer = service.trajectories.read(trajectory_id=body.trajectory_id, session_id=body.session_id,
+                                           session_ids=body.session_ids, instance_id=body.instance_id,
+                                           max_groups=body.max_groups, segment_view=body.segment_view,
+                                           drain=body.drain, format=body.format, binary=binary)
         if binary:
             return Response(msgpack.packb(answer, use_bin_type=True), media_type=MSGPACK_MEDIA_TYPE)
         return _json(answer)

@@ -1,4 +1,4 @@
-"""Legacy text completions (``POST /v1/completions``) and the model object (``GET /v1/models/{id}``).
+"""Legacy text completions (``POST /v1/completions``).
 
 A text completion is a token-level call of its session, like ``/generate``: the prompt (a string,
 tokenized without a chat template, or token ids) goes to the engine as it is and the reply is
@@ -15,12 +15,17 @@ from typing import Any, AsyncIterator, Optional, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dressage.errors import DressageError, ModelNotFoundError, UnsupportedParameterError
+from dressage.errors import DressageError, UnsupportedParameterError
+from dressage.proxy.config import ProxyServerConfig
 from dressage.proxy.openai.chat.params import _logit_bias
 from dressage.proxy.openai.chat.reply import cut_at_stop, visible_prefix
+from dressage.proxy.openai.model_calls import ModelCalls
 from dressage.proxy.openai.streaming import DONE, KEEPALIVE, error_payload, sse
+from dressage.proxy.recording.lifecycle import InFlight
+from dressage.proxy.recording.limits import CallLimits
+from dressage.proxy.recording.session_book import SessionBook
 
-__all__ = ["CompletionRequest", "CompletionsPath"]
+__all__ = ["CompletionRequest", "CompletionsServing"]
 
 OPENAI_DEFAULT_MAX_TOKENS = 16
 """``max_tokens`` of a text completion that leaves it out (OpenAI's documented default)."""
@@ -69,17 +74,13 @@ def _one_prompt(prompt: Any) -> Union[str, list[int]]:
     return prompt[0]
 
 
-class CompletionsPath:
-    """Text completions and the model lookup; :class:`ProxyService` provides state and the call path."""
+class CompletionsServing:
+    """The text-completion use case of one Proxy: a token-level call through ``calls``."""
 
-    def model(self, model_id: str, session_id: str | None = None) -> dict[str, Any]:
-        """``/v1/models/{id}``: the served model, or a 404 for any other id."""
-        if session_id is not None:
-            self.core.session(session_id)
-        if model_id != self.config.served_model_name:
-            raise ModelNotFoundError(f"model {model_id!r} does not exist here; this Proxy serves "
-                                     f"{self.config.served_model_name!r}")
-        return {"id": model_id, "object": "model", "created": 0, "owned_by": "dressage"}
+    def __init__(self, config: ProxyServerConfig, tokenizer: Any, *, calls: ModelCalls, limits: CallLimits,
+                 in_flight: InFlight, book: SessionBook) -> None:
+        self.config, self.tokenizer = config, tokenizer
+        self.calls, self.limits, self.in_flight, self.book = calls, limits, in_flight, book
 
     def _completion_sampling(self, req: CompletionRequest, prompt_len: int) -> tuple[dict[str, Any], list[str]]:
         refused = [(req.n > 1, "n", "one sample per text completion (chat completions take n)"),
@@ -106,14 +107,14 @@ class CompletionsPath:
         return sp, stops
 
     def _prepare_completion(self, session_id: str, req: CompletionRequest) -> tuple[Any, str, list[str]]:
-        self._check_call(session_id)
+        self.calls.admit(session_id)
         prompt = _one_prompt(req.prompt)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise UnsupportedParameterError("prompt", "the prompt has no tokens")
         prompt_ids = np.asarray(ids, dtype=np.int32)
         sp, stops = self._completion_sampling(req, len(prompt_ids))
-        plan, url = self._plan(session_id, prompt_ids, sp, stream=req.stream)
+        plan, url = self.calls.plan(session_id, prompt_ids, sp, stream=req.stream)
         if req.logprobs:
             plan.params["top_logprobs_num"] = req.logprobs
         return plan, url, stops
@@ -137,7 +138,8 @@ class CompletionsPath:
 
     async def _record_completion(self, session_id: str, plan: Any, url: str, result: Any, stops: list[str],
                                  req: CompletionRequest, completion_id: str, created: int) -> dict[str, Any]:
-        step = await self._record(session_id, plan, result, url, metadata={"finish_reason": result.finish_reason})
+        self.calls.check_generated(session_id, [result])
+        step = await self.calls.record(session_id, plan, result, url, metadata={"finish_reason": result.finish_reason})
         ids = step.response_ids.tolist()
         text, stopped = cut_at_stop(self.tokenizer.decode(ids, skip_special_tokens=True), stops)
         finish = "length" if result.finish_reason == "length" and not stopped else "stop"
@@ -149,7 +151,7 @@ class CompletionsPath:
                 "usage": {"prompt_tokens": step.prompt_len, "completion_tokens": step.response_len,
                           "total_tokens": step.seq_len}}
 
-    async def open_completion(self, session_id: str, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
+    async def open(self, session_id: str, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
         """A text completion (dict) or, for ``stream``, its SSE stream; every 4xx is raised before generation."""
         plan, url, stops = self._prepare_completion(session_id, req)
         completion_id, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
@@ -157,7 +159,7 @@ class CompletionsPath:
             return self._stream_completion(session_id, plan, url, stops, req, completion_id, created)
         self.in_flight.enter(session_id)
         try:
-            result = await self._final(plan)
+            result = await self.calls.final(plan)
             return await self._record_completion(session_id, plan, url, result, stops, req, completion_id, created)
         finally:
             self.in_flight.exit(session_id)
@@ -174,7 +176,7 @@ class CompletionsPath:
         result = None
         self.in_flight.enter(session_id)
         try:
-            async for event in self._generate(plan):
+            async for event in self.calls.generate(plan):
                 if event is None:
                     yield KEEPALIVE
                 elif isinstance(event, str):
@@ -186,7 +188,7 @@ class CompletionsPath:
                     result = event
             done = await self._record_completion(session_id, plan, url, result, stops, req, completion_id, created)
         except DressageError as exc:
-            self.failed_calls += 1
+            self.book.failed_calls += 1
             yield sse(error_payload(exc))
             return
         finally:

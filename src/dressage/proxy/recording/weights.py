@@ -13,12 +13,13 @@
   Each recorded step keeps the engine strings of its named codes in its metadata
   (``weight_versions``), so a journal replay rebuilds the same table (:meth:`restore`) and a
   Sample's ``weight_versions`` lists the engine's strings as they were sent.
-- With partial rollout off, a session keeps the version of its first step (:meth:`check`).
+- With partial rollout off, a session keeps the version of its first step: checked before a call
+  (:meth:`check_current`) and on its generated tokens (:meth:`check_generated`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -93,17 +94,44 @@ class WeightVersions:
                 self.recorded(session.session_id, int(steps[0].token_versions[0]))
 
     # ------------------------------------------------------------ per-session rule
+    # With partial rollout off a call meets the rule twice, and the two checks are different facts:
+    # :meth:`check_current` before the engine request (a session pinned to an older version takes no
+    # new call once the policy moved on), :meth:`check_generated` once the tokens are back (a pause
+    # and resume may have changed the version while the call ran, and siblings of one call must agree).
     def check(self, session_id: str, codes: Iterable[int]) -> None:
         """Tokens of ``codes`` may join the session (always true with partial rollout)."""
         first = self._pins.get(session_id)
         if self.partial_rollout or first is None:
             return
+        self._refuse_other(session_id, first, codes)
+
+    def _refuse_other(self, session_id: str, first: int, codes: Iterable[int]) -> None:
         for v in codes:
             if int(v) != first:
                 raise WeightVersionChangedError(
                     f"session {session_id} started under weight version {self.table.label(first)} and the "
                     f"policy is now at version {self.table.label(int(v))}; with partial rollout off a "
                     "trajectory keeps one version (finalize it, or start the Proxy with --partial-rollout)")
+
+    def check_current(self, session_id: str) -> None:
+        """A new call of the session may start under the current version."""
+        self.check(session_id, (self.current,))
+
+    def check_generated(self, session_id: str, responses: Sequence[Any]) -> None:
+        """The token versions of a call's responses (one per sample) may all join the session.
+
+        A session with no step yet is pinned by the first response's first token, as
+        :meth:`recorded` will pin it; every later sibling is held to that version.
+        """
+        if self.partial_rollout or not responses:
+            return
+        if session_id not in self._pins:
+            pin = int(np.asarray(responses[0]).flat[0])
+            for tv in responses[1:]:
+                self._refuse_other(session_id, pin, codes_of(tv))
+            return
+        for tv in responses:
+            self.check(session_id, codes_of(tv))
 
     def recorded(self, session_id: str, first_code: int) -> None:
         self._pins.setdefault(session_id, int(first_code))

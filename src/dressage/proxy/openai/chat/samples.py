@@ -1,8 +1,8 @@
 """The samples of one chat call: drawn (again, under a tool rule), cut at stop sequences, parsed,
 recorded as steps and answered as one chat completion with a choice per sample.
 
-:class:`ChatSampling` is the part of :class:`dressage.proxy.openai.chat.serving.CallPath` that turns engine
-results into choices; ``n`` samples are ``n`` engine calls of one prompt, each its own step.
+:class:`ChatSampler` is a collaborator of :class:`dressage.proxy.openai.chat.serving.ChatServing`
+that turns engine results into choices; ``n`` samples are ``n`` engine calls of one prompt, each its own step.
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from dressage.errors import ReplyConstraintError
-from dressage.proxy.openai.chat.prompt import assistant_message
+from dressage.proxy.openai.chat.prompt import ToolCallParser, assistant_message
 from dressage.proxy.openai.chat.reply import cut_at_stop, openai_logprobs, visible_prefix
 from dressage.proxy.engines.generation import GenerationPlan, GenerationResult
 from dressage.proxy.recording.turn_scope import turn_of
-from dressage.proxy.recording.weights import codes_of
 
 if TYPE_CHECKING:
+    from dressage.proxy.config import ProxyServerConfig
     from dressage.proxy.openai.chat.serving import ChatCall
+    from dressage.proxy.openai.model_calls import ModelCalls
 
-__all__ = ["ChatSample", "ChatSampling", "TOOL_RULE_ATTEMPTS", "seeded", "visible"]
+__all__ = ["ChatSample", "ChatSampler", "TOOL_RULE_ATTEMPTS", "seeded", "visible"]
 
 TOOL_RULE_ATTEMPTS = 4
 """Replies drawn per sample before a call under ``tool_choice`` "required" / a named function /
@@ -43,39 +44,45 @@ class ChatSample:
     """Replies sampled before this one and refused by the call's tool rules (not recorded)."""
 
 
-class ChatSampling:
-    """Sampling, checking and recording the replies of a chat call (a mixin of ``CallPath``)."""
+class ChatSampler:
+    """Sampling, checking and recording the replies of a chat call.
 
-    def _reply(self, call: "ChatCall", index: int, plan: GenerationPlan, result: GenerationResult,
-               refused: int = 0) -> ChatSample:
+    ``calls`` runs and records each sample; ``parser`` reads tool calls out of reply texts.
+    """
+
+    def __init__(self, config: "ProxyServerConfig", calls: "ModelCalls", parser: ToolCallParser) -> None:
+        self.config, self.calls, self.parser = config, calls, parser
+
+    def reply(self, call: "ChatCall", index: int, plan: GenerationPlan, result: GenerationResult,
+              refused: int = 0) -> ChatSample:
         """The reply's text cut at a stop sequence, parsed into the assistant message."""
-        text = self._decode(result.response_ids.tolist())
+        text = self.calls.decode(result.response_ids.tolist())
         text, stopped = cut_at_stop(text, call.options.stops)
         prefix = f"call_{call.completion_id[-10:]}" + (f"_{index}" if index else "")
         message = assistant_message(self.parser, text, call_id_prefix=prefix,
                                     tool_calls=call.options.tool_mode != "none")
         return ChatSample(index, plan, result, message, stopped, refused)
 
-    async def _sample(self, call: "ChatCall", index: int) -> ChatSample:
+    async def sample(self, call: "ChatCall", index: int) -> ChatSample:
         """One sample; under a tool rule, drawn again (new seed) until a reply keeps it."""
         plan, opts = call.plans[index], call.options
         attempts = TOOL_RULE_ATTEMPTS if opts.constrained else 1
         reason = None
         for attempt in range(attempts):
             if attempt:
-                plan = dataclasses.replace(plan, rid=self._next_rid(call.session_id),
+                plan = dataclasses.replace(plan, rid=self.calls.next_rid(call.session_id),
                                            sampling=seeded(plan.sampling, opts.sample_seed(index, attempt)))
-            sample = self._reply(call, index, plan, await self._final(plan), attempt)
+            sample = self.reply(call, index, plan, await self.calls.final(plan), attempt)
             reason = opts.violation(sample.message)
             if reason is None:
                 return sample
         raise ReplyConstraintError(f"{attempts} sampled replies broke the call's tool rule (last: {reason}); "
                                    "none was recorded")
 
-    async def _samples(self, call: "ChatCall") -> list[ChatSample]:
+    async def samples(self, call: "ChatCall") -> list[ChatSample]:
         if len(call.plans) == 1:
-            return [await self._sample(call, 0)]
-        tasks = [asyncio.ensure_future(self._sample(call, i)) for i in range(len(call.plans))]
+            return [await self.sample(call, 0)]
+        tasks = [asyncio.ensure_future(self.sample(call, i)) for i in range(len(call.plans))]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
@@ -83,11 +90,11 @@ class ChatSampling:
                 t.cancel()
             raise
 
-    async def _commit(self, call: "ChatCall", samples: list[ChatSample]) -> dict[str, Any]:
+    async def commit(self, call: "ChatCall", samples: list[ChatSample]) -> dict[str, Any]:
         """Record each sample as its own step (siblings when ``n > 1``) and answer the completion."""
+        # Every sample may join the session, or none is recorded.
+        self.calls.check_generated(call.session_id, [s.result for s in samples])
         choices, steps = [], []
-        for s in samples:  # every sample may join the session, or none is recorded
-            self.versions.check(call.session_id, codes_of(s.result.token_versions))
         for s in samples:
             meta: dict[str, Any] = {"assistant_message": s.message, "finish_reason": s.result.finish_reason}
             if call.options.n > 1:
@@ -96,15 +103,16 @@ class ChatSampling:
                 meta["refused_replies"] = s.refused
             if call.turn_id is not None:
                 meta["turn_id"] = turn_of(call.turn_id)  # finalize counts turns by it
-            step = await self._record(call.session_id, s.plan, s.result, call.engine_url, messages=call.messages,
-                                      tools=call.tools, boundary_reason=call.prompt.boundary_reason, metadata=meta)
+            step = await self.calls.record(call.session_id, s.plan, s.result, call.engine_url,
+                                           messages=call.messages, tools=call.tools,
+                                           boundary_reason=call.prompt.boundary_reason, metadata=meta)
             steps.append(step)
             finish_reason = "tool_calls" if s.message.get("tool_calls") else (
                 "length" if s.result.finish_reason == "length" and not s.stopped else "stop")
             logprobs = None
             if call.options.logprobs:
                 logprobs = openai_logprobs(s.result.response_ids, s.result.logprobs, s.result.top_logprobs,
-                                           self._token_text, call.options.top_logprobs)
+                                           self.calls.token_text, call.options.top_logprobs)
             choices.append({"index": s.index, "message": s.message, "finish_reason": finish_reason,
                             "logprobs": logprobs})
         completion = sum(st.response_len for st in steps)
@@ -114,9 +122,6 @@ class ChatSampling:
             "usage": {"prompt_tokens": steps[0].prompt_len, "completion_tokens": completion,
                       "total_tokens": steps[0].prompt_len + completion},
         }
-
-    def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
 
 
 def seeded(sampling: dict[str, Any], seed: int | None) -> dict[str, Any]:

@@ -1,9 +1,9 @@
-"""The Responses use case of the Proxy service: a Responses call taken down the chat call path.
+"""``POST /v1/responses``: a Responses call taken down the chat call path.
 
-:class:`ResponsesPath` turns the request into the equivalent chat request
-(:mod:`dressage.proxy.openai.responses.protocol`), plans and records it with the chat path of
-:class:`dressage.proxy.openai.chat.serving.CallPath` (same prompt, same StepRecord) and answers a Response, or
-its event stream. Responses it produced are kept in ``self.responses`` (a
+:class:`ResponsesServing` turns the request into the equivalent chat request
+(:mod:`dressage.proxy.openai.responses.protocol`), plans and records it with
+:class:`dressage.proxy.openai.chat.serving.ChatServing` (same prompt, same StepRecord) and answers a
+Response, or its event stream. Responses it produced are kept in ``memory`` (a
 :class:`~dressage.proxy.openai.responses.protocol.ResponseMemory`) for ``previous_response_id``.
 """
 
@@ -15,13 +15,20 @@ from typing import Any, AsyncIterator
 from pydantic import ValidationError
 
 from dressage.errors import DressageError, UnsupportedParameterError
-from dressage.proxy.openai.responses.protocol import ResponsesRequest, chat_body, conversation, item_ids, response_object
+from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.openai.chat.prompt import ToolCallParser
+from dressage.proxy.openai.chat.serving import ChatCall, ChatServing
+from dressage.proxy.openai.responses.protocol import (ResponseMemory, ResponsesRequest, chat_body, conversation,
+                                                      item_ids, response_object)
 from dressage.proxy.openai.responses.stream import ResponseEvents, replay_events, stream_response
 from dressage.proxy.schemas import ChatRequest
 from dressage.proxy.openai.streaming import aiter_frames
+from dressage.proxy.recording.core import ProxyCore
+from dressage.proxy.recording.session_book import SessionBook
 from dressage.proxy.recording.turn_scope import turn_call_key
+from dressage.proxy.recording.turns import TurnCache
 
-__all__ = ["ResponsesPath"]
+__all__ = ["ResponsesServing"]
 
 
 def _invalid(exc: ValidationError) -> UnsupportedParameterError:
@@ -31,12 +38,20 @@ def _invalid(exc: ValidationError) -> UnsupportedParameterError:
     return UnsupportedParameterError(where or "body", f"the request has no valid chat equivalent ({why})")
 
 
-class ResponsesPath:
-    """``POST /v1/responses``; :class:`ProxyService` provides the state and the chat path."""
+class ResponsesServing:
+    """The Responses use case of one Proxy, over its chat serving object.
+
+    ``memory`` keeps the conversations of stored Responses; ``turns`` and ``book`` are the chat path's.
+    """
+
+    def __init__(self, config: ProxyServerConfig, core: ProxyCore, *, chat: ChatServing, memory: ResponseMemory,
+                 parser: ToolCallParser, turns: TurnCache, book: SessionBook) -> None:
+        self.config, self.core, self.chat = config, core, chat
+        self.memory, self.parser, self.turns, self.book = memory, parser, turns, book
 
     def _chat_of_response(self, session_id: str, req: ResponsesRequest) -> tuple[ChatRequest, list[dict[str, Any]], int]:
         self.core.session(session_id)  # an unknown session is a 404 before anything else
-        history = self.responses.recall(session_id, req.previous_response_id) if req.previous_response_id else []
+        history = self.memory.recall(session_id, req.previous_response_id) if req.previous_response_id else []
         messages, n_instructions = conversation(req, history)
         if not messages:
             raise UnsupportedParameterError("input", "the request has no input (give input, instructions or "
@@ -54,33 +69,33 @@ class ResponsesPath:
                                    model=completion["model"], keep_message=keep_message)
         if req.store is not False:
             reply = completion["choices"][0]["message"]
-            self.responses.remember(session_id, response["id"], [*messages[n_instructions:], reply])
+            self.memory.remember(session_id, response["id"], [*messages[n_instructions:], reply])
         return response
 
-    async def open_response(self, session_id: str, req: ResponsesRequest, *,
+    async def open(self, session_id: str, req: ResponsesRequest, *,
                             turn_id: str | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
         """A Response (dict) or, for ``stream``, its event stream; every 4xx is raised before generation."""
         chat, messages, n_instructions = self._chat_of_response(session_id, req)
         if not req.stream:
-            completion = await self.open_chat(session_id, chat, turn_id=turn_id)
+            completion = await self.chat.open(session_id, chat, turn_id=turn_id)
             return self._responded(session_id, req, completion, messages, n_instructions)
         if turn_id is not None:
-            turn_id = turn_call_key(turn_id, chat.model_dump(exclude_none=True))  # the key open_chat uses
+            turn_id = turn_call_key(turn_id, chat.model_dump(exclude_none=True))  # the key ChatServing.open uses
             pending = self.turns.get(session_id, turn_id)
             if pending is not None and not pending.cancelled():
-                self.replayed_turns += 1
+                self.book.replayed_turns += 1
                 completion = await asyncio.shield(pending)
                 return aiter_frames(replay_events(self._responded(session_id, req, completion, messages, n_instructions)))
-        call = self.prepare_chat(session_id, chat, turn_id=turn_id)
+        call = self.chat.prepare(session_id, chat, turn_id=turn_id)
         return self._stream_response(call, req, messages, n_instructions)
 
-    async def _stream_response(self, call: Any, req: ResponsesRequest, messages: list[dict[str, Any]],
+    async def _stream_response(self, call: ChatCall, req: ResponsesRequest, messages: list[dict[str, Any]],
                                n_instructions: int) -> AsyncIterator[bytes]:
         sid = call.session_id
         if call.turn_id is not None:
             pending = self.turns.get(sid, call.turn_id)
             if pending is not None:  # a concurrent retry of this turn started first
-                self.replayed_turns += 1
+                self.book.replayed_turns += 1
                 completion = await asyncio.shield(pending)
                 for frame in replay_events(self._responded(sid, req, completion, messages, n_instructions)):
                     yield frame
@@ -98,14 +113,14 @@ class ResponsesPath:
         model = self.config.served_model_name
         ev = ResponseEvents()
         skeleton = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model)
-        try:  # _reply_events counts the call in flight until its commit is done
+        try:  # reply_events counts the call in flight until its commit is done
             async for frame in stream_response(ev, skeleton, item_ids(call.completion_id), self.parser,
-                                               self._reply_events(call, began), finish):
+                                               self.chat.reply_events(call, began), finish):
                 yield frame
         except DressageError as exc:
             if call.turn_id is not None and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
-            self.failed_calls += 1
+            self.book.failed_calls += 1
             error = {"code": exc.code or type(exc).__name__, "message": str(exc), "type": exc.openai_type}
             failed = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model,
                                      error=error)

@@ -1,0 +1,206 @@
+"""Finalized trajectories and the use cases over them: finalize, abort, discard, read, forget.
+
+:class:`Trajectories` owns what a Proxy keeps between a session's finalize and the trainer's read
+(finalized sessions in finalize order, the finalize ledger, finalizes under way). The routes
+upstream Dressage's clients call (``/session/finalize``, ``/session/discard``, ``/trajectory/read``)
+only parse bodies and call it; read selection and its envelope are :mod:`dressage.proxy.upstream.read`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Iterable, Sequence
+
+from dressage.errors import ConfigError, SessionStateError, UnknownStepError
+from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.recording.core import FinalizedSession, ProxyCore
+from dressage.proxy.recording.heap import trim_heap
+from dressage.proxy.recording.lifecycle import InFlight
+from dressage.proxy.upstream.ledger import FinalizeLedger, count_turns
+from dressage.proxy.recording.session_book import SessionBook
+from dressage.proxy.recording.turns import instance_group
+from dressage.proxy.upstream.read import read_answer, select_trajectories
+from dressage.trajectory import build_segments
+from dressage.trajectory.sample_wire import samples_wire
+
+__all__ = ["Trajectories", "DEFAULT_FINALIZE_WAIT_S"]
+
+DEFAULT_FINALIZE_WAIT_S = 30.0
+
+
+class Trajectories:
+    """The finalized trajectories of one Proxy and every use case that finalizes, reads or drops them.
+
+    ``in_flight``: finalize waits (bounded) for the session's running calls; ``book``: per-session
+    state to drop; ``stats()``: the counters a read's ``meta_info`` carries; ``tq_spec()``: the
+    TransferQueue client spec a trainer in another process joins (``None`` without one).
+    """
+
+    def __init__(self, config: ProxyServerConfig, core: ProxyCore, *, in_flight: InFlight, book: SessionBook,
+                 stats: Callable[[], dict[str, Any]], tq_spec: Callable[[], dict[str, Any]] | None = None) -> None:
+        self.config, self.core, self.in_flight, self.book = config, core, in_flight, book
+        self._stats, self._tq_spec = stats, tq_spec
+        self.finalized: dict[str, FinalizedSession] = {}
+        """Finalized sessions not read and drained yet, in finalize order."""
+        self.ledger = FinalizeLedger()
+        """Answers of finalizes, so that a repeat answers the same."""
+        self.finalizing: dict[str, asyncio.Future] = {}
+        """Finalizes under way (a concurrent repeat waits for the same answer)."""
+        self.heap_trims, self.heap_trim_s = 0, 0.0
+        """Trims after forgetting a batch of sessions, and the time they took."""
+
+    def adopt(self, delivered: Iterable[FinalizedSession]) -> None:
+        """Take back trajectories a journal replay found finalized and not yet read."""
+        for done in delivered:
+            self.finalized[done.session_id] = done
+
+    # ------------------------------------------------------------ finalize, abort
+    def finalize(self, session_id: str, reward: float | None) -> FinalizedSession:
+        """Cut the session's Segments now (no wait, no ledger: :meth:`finalize_session` is the client's)."""
+        done = self.core.finalize(session_id, reward)
+        self.book.keeper.release(session_id)
+        self.finalized[session_id] = done
+        return done
+
+    def abort(self, session_id: str) -> dict[str, Any]:
+        """Abort a session: its TQ keys are deleted, nothing more may be recorded, it leaves memory."""
+        released = self.core.abort(session_id)
+        self.finalized.pop(session_id, None)
+        self.book.forget_state(session_id)
+        return {"session_id": session_id, "state": "aborted", "released_refs": released}
+
+    def segments(self, session_id: str) -> list[dict[str, Any]]:
+        """Summaries of a finalized session's Segments."""
+        done = self.finalized.get(session_id)
+        if done is None:
+            s = self.core.session(session_id)  # 404 when unknown
+            raise SessionStateError(f"session {session_id} is {s.state}; segments exist after finalize")
+        return [seg.to_summary() for seg in done.segments]
+
+    def forget(self, session_ids: Iterable[str]) -> None:
+        """Drop finished sessions once their Samples were consumed.
+
+        The heap pages they freed are then handed back to the OS (:func:`trim_heap`), so that what
+        a batch left behind does not stay mapped as free heap into the next.
+        """
+        forgotten = 0
+        for sid in list(session_ids):
+            self.finalized.pop(sid, None)
+            self.core.forget(sid)
+            self.book.forget_state(sid)
+            forgotten += 1
+        if forgotten:
+            self.heap_trim_s += trim_heap()
+            self.heap_trims += 1
+
+    # ------------------------------------------------------------ upstream's clients
+    def _answer(self, sid: str, done: Any, session: Any, waited: bool) -> dict[str, Any]:
+        meta = done.metadata
+        return {"success": True, "session_id": sid, "trajectory_id": sid, "instance_id": meta.get("instance_id"),
+                "label": meta.get("label"), "reward": done.reward, "num_steps": len(session.steps),
+                "num_turns": count_turns(session.steps.values()), "num_segments": len(done.segments),
+                "segments": len(done.segments), "in_flight_done": waited,
+                "segment_view": self.core.config.segment_view}
+
+    async def finalize_session(self, sid: str, *, reward: float | None = None, instance_id: str | None = None,
+                               label: Any = None, wait_s: float | None = None) -> dict[str, Any]:
+        """Finalize once: wait (bounded) for the session's calls in flight, record ``instance_id`` /
+        ``label``, build Segments. A repeat, or a finalize that arrives while one runs, answers what
+        the first finalize answered."""
+        prior = self.ledger.get(sid)
+        if prior is not None:
+            return prior
+        running = self.finalizing.get(sid)
+        if running is not None:
+            return await asyncio.shield(running)
+        self.core.session(sid)  # 404 for an unknown session, 409 for an aborted one
+        fut = self.finalizing[sid] = asyncio.get_running_loop().create_future()
+        try:
+            answer = await self._finalize_once(sid, reward, instance_id, label, wait_s)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                fut.set_exception(exc)
+                fut.exception()  # those who wait re-raise it; nobody else has to look
+            else:
+                fut.cancel()
+            raise
+        finally:
+            self.finalizing.pop(sid, None)
+        fut.set_result(answer)
+        return answer
+
+    async def _finalize_once(self, sid: str, reward: float | None, instance_id: str | None, label: Any,
+                             wait_s: float | None) -> dict[str, Any]:
+        limit = getattr(self.config, "finalize_wait_s", DEFAULT_FINALIZE_WAIT_S) if wait_s is None else wait_s
+        waited = await self.in_flight.wait_idle(sid, limit)
+        session = self.core.session(sid)
+        done = self.finalized.get(sid)
+        if session.state == "finalized" and done is not None:
+            answer = self._answer(sid, done, session, waited)  # finalized before a restart (journal)
+            self.ledger.put(sid, answer)
+            return answer
+        if session.state == "active":
+            if instance_id is not None:
+                session.metadata["instance_id"] = str(instance_id)
+                session.metadata["group_index"] = instance_group(instance_id)
+            if label is not None:
+                session.metadata["label"] = label
+        done = await asyncio.to_thread(self.finalize, sid, reward)
+        answer = self._answer(sid, done, self.core.session(sid), waited)
+        self.ledger.put(sid, answer)
+        return answer
+
+    def discard(self, sid: str) -> dict[str, Any]:
+        """Drop a session (active or finalized) and its TransferQueue keys; a repeat is a no-op."""
+        out = self.core.discard(sid)
+        self.finalized.pop(sid, None)
+        self.ledger.drop(sid)
+        self.book.forget_state(sid)
+        return {"success": True, **out}
+
+    def read(self, *, trajectory_id: str | None = None, session_id: str | None = None,
+             session_ids: Sequence[str] | None = None, instance_id: str | None = None,
+             max_groups: int | None = None, segment_view: str | None = None,
+             drain: bool = False, format: str = "segments", binary: bool = False) -> dict[str, Any]:
+        """``POST /trajectory/read`` in upstream's envelope (see :mod:`dressage.proxy.upstream.read`).
+
+        A named trajectory that is not finalized is an error: 404 when unknown (or drained), 409 when
+        still active or aborted. ``format="samples"`` answers, per trajectory, its Samples in wire form
+        (large fields as FieldRefs when TQ is on) with the TQ client spec in ``meta_info``: what a
+        trainer in another process needs (:mod:`dressage.train.remote`); ``binary`` gives resident arrays
+        as bytes, for a msgpack answer.
+        """
+        selection = select_trajectories(self.finalized, trajectory_id=trajectory_id, session_id=session_id,
+                                        session_ids=session_ids, instance_id=instance_id, max_groups=max_groups)
+        for sid in selection.missing:
+            state = self.core.state_of(sid)
+            if state is None:
+                raise UnknownStepError(f"unknown trajectory {sid!r} (never finalized here, or already drained)")
+            raise SessionStateError(f"session {sid} is {state}; its trajectory exists after finalize")
+        cfg = self.core.config
+        segments_of = None
+        if segment_view is not None and segment_view != cfg.segment_view:
+            if format == "samples":
+                raise ConfigError("segment_view: Samples are built with the Proxy's --segment-view at finalize; "
+                                  "read them without segment_view")
+            if cfg.drop_retry_orphans:
+                raise ConfigError("segment_view differs from the Proxy's --segment-view, and retry orphans were "
+                                  "dropped (their keys released) at finalize: read with the Proxy's view")
+
+            def segments_of(done: Any) -> list[Any]:
+                return build_segments(self.core.session(done.session_id), segment_view)
+        if format == "samples":
+            data = [{"session_id": sid, "reward": self.finalized[sid].reward,
+                     "metadata": self.finalized[sid].metadata,
+                     "samples": samples_wire(self.finalized[sid], binary=binary)}
+                    for sid in selection.session_ids]
+            spec = self._tq_spec() if self._tq_spec is not None else None
+            answer = {"success": bool(data), "mode": "samples", "data": data, "drained": bool(drain),
+                      "meta_info": {"trajectories": len(data), "groups": len(selection.groups),
+                                    "transfer_queue": spec, "selection": selection.mode}}
+        else:
+            answer = read_answer(selection, self.finalized, drained=drain, stats=self._stats(),
+                                 segments_of=segments_of)
+        if drain:
+            self.forget(selection.session_ids)
+        return answer
