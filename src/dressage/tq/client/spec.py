@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dressage.errors import ConfigError
+from dressage.tq.client.node import current_node_id
 from dressage.tq.directory.controller import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.storage.remote import RemoteStorageUnit
@@ -40,8 +41,6 @@ def connect_spec(cls: Any, spec: Mapping[str, Any], *, node_id: str | None = Non
     timeout = float(spec.get("request_timeout_s", 30.0))
     secret = str(spec["auth_secret"]).encode() if spec.get("auth_secret") else None
     if node_id is None and spec.get("deployment") == "ray":
-        from dressage.tq.deploy.ray_actors import current_node_id
-
         node_id = current_node_id()  # a writer inside a Ray actor prefers its own node's unit
     controller = RemoteController(str(spec["controller"]), timeout_s=timeout, secret=secret)
     units = {}
