@@ -35,7 +35,9 @@ def make_spec(controller_address: str, units: list[UnitInfo], *, supports_spill:
     return spec
 
 
-def connect_spec(cls: Any, spec: Mapping[str, Any], *, node_id: str | None = None) -> Any:
+def connect_spec(cls: Any, spec: Mapping[str, Any], *, node_id: str | None = None, **client_options: Any) -> Any:
+    """A ``cls`` (TransferQueueClient) over ZMQ handles of the spec's Controller and units;
+    ``client_options`` go to its constructor."""
     if not isinstance(spec, Mapping) or spec.get("spec_version") != SPEC_VERSION:
         raise ConfigError(f"transfer_queue client spec: expected spec_version {SPEC_VERSION}, got {spec!r:.200}")
     timeout = float(spec.get("request_timeout_s", 30.0))
@@ -52,7 +54,8 @@ def connect_spec(cls: Any, spec: Mapping[str, Any], *, node_id: str | None = Non
             timeout_s=timeout, supports_spill=bool(u.get("supports_spill")), host_id=u.get("host_id"),
             shm_token=u.get("shm_token"), secret=secret)
     return cls(controller, units, node_id=node_id, on_full=str(spec.get("on_full", "spill")),
-               full_wait_s=float(spec.get("full_wait_s", 30.0)), owns_handles=True, spec=dict(spec))
+               full_wait_s=float(spec.get("full_wait_s", 30.0)), owns_handles=True, spec=dict(spec),
+               **client_options)
 
 
 def write_client_spec(spec: Mapping[str, Any], path: str | os.PathLike[str]) -> None:

@@ -87,8 +87,9 @@ class _Entry:
     touched_at: float
 
 
-class Controller(LeaseDesk):
-    """Thread-safe key directory (placement leases: ``tq/directory/lease.py``). ``clock`` is injectable."""
+class Controller:
+    """Thread-safe key directory; its placement leases are booked by a ``LeaseDesk`` (``tq/directory/lease.py``).
+    ``clock`` is injectable."""
 
     def __init__(self, units: Sequence[UnitInfo] = (), *, retention_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic, strict_budget: bool = False) -> None:
@@ -107,7 +108,7 @@ class Controller(LeaseDesk):
         self._down_until: dict[str, float] = {}
         self._live: dict[str, _Liveness] = {}
         self._strict = strict_budget
-        self._init_leases()
+        self._leases = LeaseDesk()  # used under self._lock only
         for u in units:
             self.add_unit(u)
 
@@ -129,7 +130,7 @@ class Controller(LeaseDesk):
             if live.state is UnitState.DEAD:
                 return False
             self._live[unit_id] = _Liveness(UnitState.DEAD, self._clock(), str(reason), live.last_seen)
-            self._end_unit_leases(unit_id)
+            self._leases.end_unit(unit_id)
         log.warning("StorageUnit %s marked dead: %s", unit_id, reason)
         return True
 
@@ -193,7 +194,7 @@ class Controller(LeaseDesk):
     def _candidates(self, nbytes: int, node_id: str | None) -> tuple[list[str], list[str], list[str]]:
         """The units of the first pool where ``nbytes`` fit, the last pool, and every unit usable now."""
         now = self._clock()
-        self._sweep_leases(now)
+        self._leases.sweep(now)
         live = [u for u in self._units if self._is_live(u)]
         if not live:
             raise StorageUnitUnavailable(
@@ -227,6 +228,69 @@ class Controller(LeaseDesk):
                 + ", ".join(f"{u} ({self._free(u)} of {self._units[u].memory_budget} bytes free)" for u in everyone))
         # Nobody has room: the unit with most room spills, waits or refuses, per its policy.
         return max(last, key=lambda u: (self._free(u), -self._count[u]))
+
+    def _free(self, unit_id: str) -> int:
+        return self._units[unit_id].memory_budget - self._used[unit_id] - self._leases.leased(unit_id)
+
+    def _check_new_keys(self, items: Sequence[tuple[str, int, str]], what: str) -> None:
+        """Keys are write-once: a repeated or known key is an error before anything is recorded."""
+        keys = [k for k, _, _ in items]
+        if len(set(keys)) != len(keys):
+            raise TransferQueueError(f"{what} got the same key twice")
+        for key in keys:
+            if key in self._entries:
+                raise TransferQueueError(f"key {key!r} already exists; keys are write-once")
+
+    def _record_pending(self, unit_id: str, items: Sequence[tuple[str, int, str]], batch: str | None) -> None:
+        """New keys ``(key, nbytes, field)`` as pending on ``unit_id``, their bytes charged to it."""
+        now = self._clock()
+        for key, nbytes, field in items:
+            self._entries[key] = _Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
+            self._used[unit_id] += int(nbytes)
+            self._count[unit_id] += 1
+            self._tombstones.pop(key, None)
+
+    # -- placement leases (the protocol: tq/directory/lease.py) --------------------------------
+    def lease(self, nbytes: int, *, node_id: str | None = None, returning: str | None = None) -> dict[str, Any] | None:
+        """Set capacity aside for a writer's next puts (at least ``nbytes`` on each unit), ending the
+        lease ``returning`` first. ``{"lease", "parts": {unit_id: bytes}, "ttl_s"}``, or None when no
+        live unit has room (the writer places each put then, and learns why from that)."""
+        with self._lock:
+            if returning is not None:
+                self._leases.end(returning)
+            if not self._units:
+                return None
+            nbytes = int(nbytes)
+            try:
+                fitting, _, _ = self._candidates(nbytes, node_id)
+            except StorageUnitUnavailable:
+                return None
+            if not fitting:
+                return None
+            return self._leases.grant(fitting, nbytes, self._free, self._clock())
+
+    def return_lease(self, lease_id: str) -> None:
+        """The writer is done with the lease: its rest is free again."""
+        with self._lock:
+            self._leases.end(lease_id)
+
+    def place_leased(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
+                     batch: str | None = None) -> None:
+        """Record new keys ``(key, nbytes, field)`` as pending on the lease's unit, their bytes taken from
+        the lease (once it is used up or gone, charged to the unit as ``place_many`` does). Keys are
+        write-once; a dead unit is StorageUnitUnavailable; nothing is recorded when anything is refused."""
+        with self._lock:
+            if unit_id not in self._units:
+                raise TransferQueueError(f"place_leased: unknown StorageUnit {unit_id!r}")
+            if not self._is_live(unit_id):
+                raise StorageUnitUnavailable(f"StorageUnit {unit_id} is dead; its leases ended")
+            self._check_new_keys(items, "place_leased")
+            total = sum(int(n) for _, n, _ in items)
+            covered = min(self._leases.left(lease_id, unit_id), total)
+            if self._strict and total - covered > self._free(unit_id):
+                raise StorageFullError(f"StorageUnit {unit_id} is full and the lease for these keys is used up")
+            self._leases.take(lease_id, unit_id, covered)
+            self._record_pending(unit_id, items, batch)
 
     def commit(self, key: str) -> None:
         """The payload is durable in its unit."""
@@ -385,6 +449,6 @@ class Controller(LeaseDesk):
                       "state_reason": self._live[uid].reason,
                       "placement_paused": self._down_until.get(uid, 0.0) > self._clock(),
                       "directory_bytes": self._used[uid], "pending": pending.get(uid, 0),
-                      "queued_deletes": len(self._to_delete.get(uid, ())), **self._lease_stats(uid)}
+                      "queued_deletes": len(self._to_delete.get(uid, ())), **self._leases.stats(uid, now)}
                 for uid, u in self._units.items()
             }
