@@ -6,7 +6,6 @@ The deployment ``config.deployment`` names (``embedded``, ``local``, ``ray``: on
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from typing import Any, Mapping
@@ -20,8 +19,6 @@ from dressage.tq.directory.controller import UnitInfo
 from dressage.tq.storage import StorageUnit
 
 __all__ = ["TransferQueue", "start_deployment"]
-
-log = logging.getLogger(__name__)
 
 
 def start_deployment(config: TransferQueueConfig) -> Deployment:

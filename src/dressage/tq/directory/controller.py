@@ -9,16 +9,15 @@ clients, never inside a Controller call.
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
+from dressage.tq.directory.entries import Entry, KeyState, Liveness, UnitInfo, UnitState
 from dressage.tq.directory.lease import LeaseDesk
 
 __all__ = ["Controller", "KeyState", "UnitInfo", "UnitState"]
@@ -26,65 +25,6 @@ __all__ = ["Controller", "KeyState", "UnitInfo", "UnitState"]
 log = logging.getLogger(__name__)
 _TOMBSTONES = 100_000  # how many cleared keys the directory remembers, for ``state()``
 UNIT_DOWN_S = 10.0    # a unit a writer found unavailable gets no new keys for this long
-
-
-class KeyState(str, enum.Enum):
-    PENDING = "pending"      # placed, payload in flight to the unit
-    WRITTEN = "written"      # durable in its unit
-    CONSUMED = "consumed"    # read by a trainer at least once
-    CLEARED = "cleared"      # removed (or queued for removal) from its unit
-
-
-class UnitState(str, enum.Enum):
-    LIVE = "live"    # answering (or never found otherwise)
-    DEAD = "dead"    # its process exited, its actor died, or it answered no probe for unit_dead_after_s
-
-
-@dataclass(slots=True)
-class _Liveness:
-    state: UnitState
-    since: float
-    reason: str = ""
-    last_seen: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class UnitInfo:
-    """A StorageUnit as the directory sees it: ``address`` its ZMQ endpoint, ``host_id`` / ``shm_token``
-    for shared memory on its host, ``heartbeat`` the liveness probes' own endpoint (never delayed)."""
-
-    unit_id: str
-    node_id: str | None = None
-    memory_budget: int = 4 << 30
-    address: str | None = None
-    host_id: str | None = None
-    shm_token: str | None = None
-    heartbeat: str | None = None
-    head: bool = False
-    """On the cluster's head node: it takes payload only when no unit elsewhere can (see ``_choose``)."""
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"unit_id": self.unit_id, "node_id": self.node_id, "memory_budget": self.memory_budget,
-                "address": self.address, "host_id": self.host_id, "shm_token": self.shm_token,
-                "heartbeat": self.heartbeat, "head": self.head}
-
-    @classmethod
-    def from_wire(cls, obj: dict[str, Any]) -> "UnitInfo":
-        return cls(unit_id=str(obj["unit_id"]), node_id=obj.get("node_id"),
-                   memory_budget=int(obj.get("memory_budget", 4 << 30)), address=obj.get("address"),
-                   host_id=obj.get("host_id"), shm_token=obj.get("shm_token"), heartbeat=obj.get("heartbeat"),
-                   head=bool(obj.get("head", False)))
-
-
-@dataclass(slots=True)
-class _Entry:
-    unit_id: str
-    nbytes: int
-    batch: str | None
-    field: str
-    state: KeyState
-    written_at: float
-    touched_at: float
 
 
 class Controller:
@@ -99,14 +39,14 @@ class Controller:
         self._units: dict[str, UnitInfo] = {}
         self._used: dict[str, int] = {}
         self._count: dict[str, int] = {}
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, Entry] = {}
         self._tombstones: OrderedDict[str, str] = OrderedDict()
         self._to_delete: dict[str, set[str]] = {}
         self._retention_s = retention_s
         self._clock = clock
         self._cleared_total = 0
         self._down_until: dict[str, float] = {}
-        self._live: dict[str, _Liveness] = {}
+        self._live: dict[str, Liveness] = {}
         self._strict = strict_budget
         self._leases = LeaseDesk()  # used under self._lock only
         for u in units:
@@ -118,7 +58,7 @@ class Controller:
             self._units[unit.unit_id] = unit
             self._used.setdefault(unit.unit_id, 0)
             self._count.setdefault(unit.unit_id, 0)
-            self._live.setdefault(unit.unit_id, _Liveness(UnitState.LIVE, self._clock()))
+            self._live.setdefault(unit.unit_id, Liveness(UnitState.LIVE, self._clock()))
 
     # -- liveness ------------------------------------------------------------------------------
     def mark_unit_dead(self, unit_id: str, reason: str) -> bool:
@@ -129,7 +69,7 @@ class Controller:
                 return False
             if live.state is UnitState.DEAD:
                 return False
-            self._live[unit_id] = _Liveness(UnitState.DEAD, self._clock(), str(reason), live.last_seen)
+            self._live[unit_id] = Liveness(UnitState.DEAD, self._clock(), str(reason), live.last_seen)
             self._leases.end_unit(unit_id)
         log.warning("StorageUnit %s marked dead: %s", unit_id, reason)
         return True
@@ -144,7 +84,7 @@ class Controller:
             live.last_seen = now
             if live.state is UnitState.LIVE:
                 return False
-            self._live[unit_id] = _Liveness(UnitState.LIVE, now, f"answered again after: {live.reason}", now)
+            self._live[unit_id] = Liveness(UnitState.LIVE, now, f"answered again after: {live.reason}", now)
             self._down_until.pop(unit_id, None)
         log.warning("StorageUnit %s is live again", unit_id)
         return True
@@ -245,7 +185,7 @@ class Controller:
         """New keys ``(key, nbytes, field)`` as pending on ``unit_id``, their bytes charged to it."""
         now = self._clock()
         for key, nbytes, field in items:
-            self._entries[key] = _Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
+            self._entries[key] = Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
             self._used[unit_id] += int(nbytes)
             self._count[unit_id] += 1
             self._tombstones.pop(key, None)
