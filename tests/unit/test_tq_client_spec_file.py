@@ -59,7 +59,7 @@ def test_the_proxy_joins_a_spec_only_with_tq_on_and_never_also_starts_one():
 
 
 def test_a_process_outside_ray_learns_it_has_no_node_without_importing_ray():
-    code = ("import sys; from dressage.tq.deploy.ray_actors import current_node_id; "
+    code = ("import sys; from dressage.tq.client.node import current_node_id; "
             "assert current_node_id() is None; assert 'ray' not in sys.modules, 'ray was imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,7 @@ import pytest
 
 from dressage.tq.directory.controller import UnitInfo
 from dressage.tq.directory.service import RemoteController
-from dressage.tq.deploy.local import await_ready, launch_child, stop_children
+from dressage.tq.deploy.children import await_ready, launch_child, stop_children
 
 ARGS = ["dressage.tq.directory.main", "--units", "-", "--sweep-s", "0.2", "--heartbeat-s", "0.2",
         "--dead-after-s", "1.0"]

@@ -18,7 +18,7 @@ from dressage.tq.refs import FieldRef
 def test_an_embedded_put_and_get_take_the_in_process_path_with_the_same_refs_and_counters():
     with TransferQueue.start({"retention_s": None}) as tq:
         client = tq.client()
-        assert client._local is not None
+        assert client._inproc is not None
         a = np.arange(600, dtype=np.float32).reshape(200, 3)
         ref = client.put("logprobs", a, batch="s1")
         assert ref == FieldRef(key=ref.key, unit_id="unit0", field="logprobs", dtype="float32", shape=(200, 3),

@@ -147,7 +147,7 @@ def test_small_puts_share_one_lease_spread_over_the_units_and_leave_zero_keys(se
     refs = [client.put("logprobs", np.full(1024, i, dtype=np.float32), batch="b") for i in range(10)]
     refs += client.put_many([("routed_experts", np.ones((64, 8), np.uint8)), ("logprobs", np.ones(64, np.float32))],
                             batch="b")
-    assert client._leases.granted == 1  # one Controller round trip set aside the room for all of them
+    assert client._fast_write.granted == 1  # one Controller round trip set aside the room for all of them
     assert {r.unit_id for r in refs[:10]} == {"unit0", "unit1"}  # equal units fill evenly
     assert [int(a[0]) for a in client.get_many(refs[:10])] == list(range(10))
     stats = ctl_.stats()
@@ -164,14 +164,14 @@ def test_small_puts_share_one_lease_spread_over_the_units_and_leave_zero_keys(se
 def test_large_puts_are_placed_each_without_a_lease(served):
     _, client = served
     client.put("routed_experts", np.ones(LEASE_PUT_MAX + 1, dtype=np.uint8))
-    assert client._leases.granted == 0
+    assert client._fast_write.granted == 0
 
 
 def test_a_key_refused_by_the_directory_fails_the_put_and_its_unit_copy_is_deleted(served):
     tq, client = served
     first = client.put("logprobs", np.ones(8, np.float32), key="same")
     target = next(u for u in client.unit_ids if u != first.unit_id)
-    holder = client._leases
+    holder = client._fast_write
     holder._held.left = {target: holder._held.left[target]}  # the next put goes to the other unit
     with pytest.raises(TransferQueueError, match="write-once"):
         client.put("logprobs", np.zeros(8, np.float32), key="same")
@@ -195,7 +195,7 @@ def test_a_failed_write_on_a_lease_records_nothing_and_returns_the_lease(served,
         with pytest.raises(StorageUnitUnavailable):
             client.put("logprobs", np.ones(8, np.float32), key=f"lost{attempt}")
         assert tq.controller.total_keys() == before and tq.controller.where([f"lost{attempt}"]) == {}
-    assert client._leases._held is None and client._leases.granted == 1
+    assert client._fast_write._held is None and client._fast_write.granted == 1
     assert eventually(lambda: all(s["leased_bytes"] == 0 and s["leases"] == 0
                                   for s in tq.controller.stats().values()))
 
@@ -209,7 +209,7 @@ def test_a_dead_units_part_of_the_lease_is_not_used(served):
     # The first put learns of the death from its placement's reply (which refreshes the stale view):
     # placed again the regular way, on the live unit. Then the lease's other part goes on serving.
     assert {r.unit_id for r in refs} == {"unit0"}
-    assert client._leases.granted == 1 and set(client._leases._held.left) == {"unit0"}
+    assert client._fast_write.granted == 1 and set(client._fast_write._held.left) == {"unit0"}
     assert client.dead_units() == {"unit1": client.dead_units()["unit1"]}
     assert tq.controller.stats()["unit1"]["leased_bytes"] == 0
     tq.controller.mark_unit_live("unit1")

@@ -201,7 +201,7 @@ def test_a_placement_stream_that_breaks_mid_put_places_the_put_the_regular_way()
         try:
             client.put("logprobs", np.ones(8, np.float32))  # the lease (and the stream port) first
             assert client._controller._stream is not None
-            server = next(s for s in tq._deployment._servers._servers if isinstance(s, ControllerServer))
+            server = next(s for s in tq._deployment.servers.servers if isinstance(s, ControllerServer))
 
             def dies(control, frames):
                 raise StreamBroken("the controller died")

@@ -4,7 +4,9 @@ The same class serves every deployment: it holds a directory handle (the in-proc
 remote one) and one StorageUnit handle per unit (in-process backends or ZMQ remotes). Reads go straight
 to units using the unit id inside each FieldRef; the Controller is only asked where to write, what to
 clear, and (through a cached ``LivenessView``) which units are dead, so reads of a dead unit's keys fail at
-once and a put whose unit died is placed again on a live one.
+once and a put whose unit died is placed again on a live one. Every put takes one path (prepare, write,
+commit); the write is a strategy (``tq/client/writes.py``): in-process or leased when the deployment
+allows, else placed.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,22 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from dressage.errors import (
-    KeyNotFoundError,
-    StorageFullError,
-    StorageUnitUnavailable,
-    TransferQueueError,
-)
-from dressage.tq.client.inproc import LocalPath
-from dressage.tq.directory.lease import LeaseHolder
+from dressage.errors import StorageUnitUnavailable, TransferQueueError
+from dressage.tq.client.inproc import InProcess
+from dressage.tq.client.leases import LeasedWrite
+from dressage.tq.client.writes import FastWrite, PendingPut, PlacedWrite, abort_quietly, unit_of
 from dressage.tq.directory.liveness import LivenessView
 from dressage.tq.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit, prepare_array
 from dressage.tq.transport.wire import dtype_name
 
 __all__ = ["TransferQueueClient", "ClientCounters"]
-
-_FULL_BACKOFF_S = (0.005, 0.2)  # first and largest sleep between retries of a full unit (on_full: wait)
 
 
 @dataclass(slots=True)
@@ -62,18 +57,17 @@ class TransferQueueClient:
     """Writes fields to StorageUnits and reads them back by FieldRef. Thread-safe.
 
     ``get_many`` results are read-only arrays (views of the unit's memory when it is in-process, of the
-    received frames otherwise); pass ``copy=True`` for writable arrays.
+    received frames otherwise); pass ``copy=True`` for writable arrays. ``fast_writes=False`` writes every
+    put the plain placed way (the fast cases store and answer the same; this is for comparing them).
     """
 
     def __init__(self, controller: Any, units: Mapping[str, StorageUnit], *, node_id: str | None = None,
                  on_full: str = "spill", full_wait_s: float = 30.0, owns_handles: bool = False,
-                 spec: dict[str, Any] | None = None) -> None:
+                 spec: dict[str, Any] | None = None, fast_writes: bool = True) -> None:
         self._controller = controller
         self._remote_controller = bool(getattr(controller, "remote", False))
         self._units = dict(units)
         self.node_id = node_id
-        self._on_full = on_full
-        self._full_wait_s = float(full_wait_s)
         self._owns_handles = owns_handles
         self._spec = spec
         self._lock = threading.Lock()
@@ -84,20 +78,26 @@ class TransferQueueClient:
         self._key_prefix = uuid.uuid4().hex[:16]
         self._key_seq = itertools.count()
         self._liveness = LivenessView(controller) if hasattr(controller, "unit_states") else None
-        self._local = LocalPath.for_client(self, controller, self._units, node_id)  # None: no in-process path
+        self._inproc = InProcess.for_client(controller, self._units, node_id)  # None: units not in this process
         if self._liveness is not None:
             for uid, unit in self._units.items():
                 attach = getattr(unit, "attach_liveness", None)
                 if attach is not None:
                     attach(self._liveness.checker(uid))
-        self._leases = LeaseHolder.for_client(controller, node_id, self._liveness)  # small puts (tq/directory/lease.py)
+        self._placed = PlacedWrite(controller, self._units, node_id=node_id, on_full=on_full,
+                                   full_wait_s=full_wait_s, count=self._bump)
+        self._fast_write: FastWrite | None = None
+        if fast_writes:
+            self._fast_write = self._inproc or LeasedWrite.for_client(controller, self._units, node_id,
+                                                                      self._liveness)
 
     @classmethod
-    def connect(cls, spec: Mapping[str, Any], *, node_id: str | None = None) -> "TransferQueueClient":
+    def connect(cls, spec: Mapping[str, Any], *, node_id: str | None = None,
+                fast_writes: bool = True) -> "TransferQueueClient":
         """A client in another process (a trainer reader, a Ray actor) from ``TransferQueue.client_spec()``."""
         from dressage.tq.client.spec import connect_spec  # ZMQ only when needed
 
-        return connect_spec(cls, spec, node_id=node_id)
+        return connect_spec(cls, spec, node_id=node_id, fast_writes=fast_writes)
 
     # -- write ---------------------------------------------------------------------------------
     def put(self, field: str, array: np.ndarray, *, batch: str | None = None, key: str | None = None) -> FieldRef:
@@ -106,93 +106,71 @@ class TransferQueueClient:
         On any failure nothing stays behind: the directory entry is dropped and the unit copy, if one was
         made, is queued for deletion.
         """
-        self._check_open()
-        ref = None if self._local is None else self._local.put(field, array, batch, key)
-        return ref or self.put_many([(field, array)], batch=batch, keys=None if key is None else [key])[0]
+        return self.put_many([(field, array)], batch=batch, keys=None if key is None else [key])[0]
 
     def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, batch: str | None = None,
                  keys: Sequence[str] | None = None) -> list[FieldRef]:
         """Store several ``(field, array)`` items of one step on one unit: place, unit write, commit (on a
         lease the placement overlaps the write and nobody waits for the commit). All or nothing."""
         self._check_open()
+        put = self._prepare(items, batch, keys)
+        if put is None:
+            return []
+        fast = self._fast_write
+        unit_id = fast.write(put) if fast is not None else None
+        rides = unit_id is not None and fast.commit_rides  # type: ignore[union-attr]
+        if unit_id is None:
+            unit_id = self._placed.write(put)
+        self._commit(put, unit_id, rides)
+        with self._lock:
+            self._counters.puts += len(put.arrays)
+            self._counters.bytes_written += put.nbytes
+        # The arrays were prepared (plain dtype, at least one axis): their metadata needs no re-check.
+        return [FieldRef.of_stored(k, unit_id, f, dtype_name(a.dtype), a.shape, batch)
+                for k, a, f in zip(put.keys, put.arrays, put.fields)]
+
+    def _prepare(self, items: Sequence[tuple[str, np.ndarray]], batch: str | None,
+                 keys: Sequence[str] | None) -> PendingPut | None:
+        """The put checked and its arrays prepared, before anything is sent; None for no items."""
         if batch is not None and not isinstance(batch, str):
             raise TransferQueueError(f"batch must be a string or None, got {batch!r}")
         if not items:
-            return []
+            return None
         if keys is not None and len(keys) != len(items):
             raise TransferQueueError(f"put_many got {len(items)} items but {len(keys)} keys")
-        fields, arrays = [], []
+        fields, arrays, private = [], [], []
         for field, array in items:
             if not isinstance(field, str) or not field:
                 raise TransferQueueError(f"field must be a non-empty string, got {field!r}")
             fields.append(field)
-            arrays.append(prepare_array(array, copy=False))
+            data = prepare_array(array, copy=False)
+            arrays.append(data)
+            private.append(data is not array)
         names = [self._new_key() for _ in items] if keys is None else list(keys)
         for key in names:
             if not isinstance(key, str) or not key:
                 raise TransferQueueError(f"key must be a non-empty string, got {key!r}")
         placing = [(k, a.nbytes, f) for k, a, f in zip(names, arrays, fields)]
-        unit_id = self._leases.put(self, names, arrays, placing, batch) if self._leases is not None else None
-        leased = unit_id is not None
-        deadline = time.monotonic() + self._full_wait_s
-        sleep = _FULL_BACKOFF_S[0]
-        lost_units: list[str] = []
-        while not leased:
-            unit_id = None
-            try:
-                unit_id = self._controller.place_many(placing, node_id=self.node_id, batch=batch)
-                self._unit(unit_id).put_many(list(zip(names, arrays)), copy=True)
-            except StorageFullError:
-                if unit_id is not None:
-                    self._abort_quietly(names)
-                if self._on_full != "wait" or time.monotonic() + sleep > deadline:
-                    raise
-                with self._lock:
-                    self._counters.full_waits += 1
-                time.sleep(sleep)  # space appears when a trainer clears a batch
-                sleep = min(sleep * 2, _FULL_BACKOFF_S[1])
-                continue
-            except StorageUnitUnavailable:
-                if unit_id is None:
-                    raise  # the directory itself, or no live unit at all
-                self._abort_quietly(names, unit_down=True)  # later puts go to other units
-                lost_units.append(unit_id)
-                # Nothing was acknowledged yet: try a live unit this put has not tried, once each.
-                if len(lost_units) >= len(self._units):
-                    raise
-                with self._lock:
-                    self._counters.replaced_puts += 1
-                continue
-            except BaseException:
-                if unit_id is not None:
-                    self._abort_quietly(names)
-                raise
-            break
+        return PendingPut(names, fields, arrays, private, batch, placing)
+
+    def _commit(self, put: PendingPut, unit_id: str, rides: bool) -> None:
         try:
             if self._remote_controller:
                 # Durable in the unit is what put promises; the directory learns it without a round trip.
-                soon = {"soon": True} if leased else {}  # a leased put's commit rides on the next placement
-                self._controller.commit_many(names, unit_id=unit_id, wait=False, **soon)
+                soon = {"soon": True} if rides else {}  # a leased put's commit rides on the next placement
+                self._controller.commit_many(put.keys, unit_id=unit_id, wait=False, **soon)
             else:
-                self._controller.commit_many(names, unit_id=unit_id)
+                self._controller.commit_many(put.keys, unit_id=unit_id)
         except BaseException:
-            self._abort_quietly(names)
+            abort_quietly(self._controller, put.keys)
             raise
-        with self._lock:
-            self._counters.puts += len(arrays)
-            self._counters.bytes_written += sum(n for _, n, _ in placing)
-        # The arrays were prepared above (plain dtype, at least one axis): their metadata needs no re-check.
-        return [FieldRef.of_stored(k, unit_id, f, dtype_name(a.dtype), a.shape, batch)
-                for k, a, f in zip(names, arrays, fields)]
 
     def _new_key(self) -> str:
         return f"{self._key_prefix}-{next(self._key_seq):x}"
 
-    def _abort_quietly(self, keys: list[str], *, unit_down: bool = False) -> None:
-        try:
-            self._controller.abort_many(keys, unit_down=unit_down)
-        except Exception:  # the original error is the one worth raising; retention cleans up
-            pass
+    def _bump(self, counter: str) -> None:
+        with self._lock:
+            setattr(self._counters, counter, getattr(self._counters, counter) + 1)
 
     def put_async(self, field: str, array: np.ndarray, *, batch: str | None = None,
                   key: str | None = None) -> "Future[FieldRef]":
@@ -219,10 +197,13 @@ class TransferQueueClient:
         only each ref's rows cross the wire. ``consume=True`` marks the keys consumed."""
         self._check_open()
         refs = list(refs)
-        if len(refs) == 1 and self._local is not None:
-            out = self._local.get(refs[0], copy, consume)
-            if out is not None:
-                return out
+        if len(refs) == 1 and self._inproc is not None:
+            arr = self._inproc.read(refs[0])
+            if arr is not None:
+                self._count_reads(refs=1, requests=1, rows=arr.shape[0], nbytes=arr.nbytes)
+                if consume:
+                    self._controller.mark_consumed({refs[0].key})
+                return [np.array(arr, copy=True) if copy else arr]
         per_unit: dict[str, list[tuple[str, int, int]]] = {}
         seen: dict[tuple[str, str, int, int], tuple[str, int]] = {}
         slots: list[tuple[str, int]] = []
@@ -258,16 +239,19 @@ class TransferQueueClient:
             for a in arrays:
                 rows += a.shape[0]
                 nbytes += a.nbytes
-        with self._lock:
-            c = self._counters
-            c.get_calls += 1
-            c.refs_requested += len(refs)
-            c.get_requests += len(per_unit)
-            c.rows_read += rows
-            c.bytes_read += nbytes
+        self._count_reads(refs=len(refs), requests=len(per_unit), rows=rows, nbytes=nbytes)
         if consume and refs:
             self._controller.mark_consumed({r.key for r in refs})
         return out
+
+    def _count_reads(self, *, refs: int, requests: int, rows: int, nbytes: int) -> None:
+        with self._lock:
+            c = self._counters
+            c.get_calls += 1
+            c.refs_requested += refs
+            c.get_requests += requests
+            c.rows_read += rows
+            c.bytes_read += nbytes
 
     def _read_units(self, per_unit: dict[str, list[tuple[str, int, int]]]) -> dict[str, list[np.ndarray]]:
         units = self._units
@@ -358,10 +342,7 @@ class TransferQueueClient:
         return {u: why for u in self._units if (why := self._liveness.reason(u))}
 
     def _unit(self, unit_id: str) -> StorageUnit:
-        try:
-            return self._units[unit_id]
-        except KeyError:
-            raise KeyNotFoundError(f"StorageUnit {unit_id!r} is not part of this TransferQueue") from None
+        return unit_of(self._units, unit_id)
 
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -379,8 +360,8 @@ class TransferQueueClient:
         self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        if self._leases is not None:
-            self._leases.close()
+        if self._fast_write is not None:
+            self._fast_write.close()
         if self._owns_handles:
             for unit in self._units.values():
                 unit.close()

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dressage.errors import ConfigError
+from dressage.tq.client.node import current_node_id
 from dressage.tq.directory.controller import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.storage.remote import RemoteStorageUnit
@@ -34,14 +35,14 @@ def make_spec(controller_address: str, units: list[UnitInfo], *, supports_spill:
     return spec
 
 
-def connect_spec(cls: Any, spec: Mapping[str, Any], *, node_id: str | None = None) -> Any:
+def connect_spec(cls: Any, spec: Mapping[str, Any], *, node_id: str | None = None, **client_options: Any) -> Any:
+    """A ``cls`` (TransferQueueClient) over ZMQ handles of the spec's Controller and units;
+    ``client_options`` go to its constructor."""
     if not isinstance(spec, Mapping) or spec.get("spec_version") != SPEC_VERSION:
         raise ConfigError(f"transfer_queue client spec: expected spec_version {SPEC_VERSION}, got {spec!r:.200}")
     timeout = float(spec.get("request_timeout_s", 30.0))
     secret = str(spec["auth_secret"]).encode() if spec.get("auth_secret") else None
     if node_id is None and spec.get("deployment") == "ray":
-        from dressage.tq.deploy.ray_actors import current_node_id
-
         node_id = current_node_id()  # a writer inside a Ray actor prefers its own node's unit
     controller = RemoteController(str(spec["controller"]), timeout_s=timeout, secret=secret)
     units = {}
@@ -53,7 +54,8 @@ def connect_spec(cls: Any, spec: Mapping[str, Any], *, node_id: str | None = Non
             timeout_s=timeout, supports_spill=bool(u.get("supports_spill")), host_id=u.get("host_id"),
             shm_token=u.get("shm_token"), secret=secret)
     return cls(controller, units, node_id=node_id, on_full=str(spec.get("on_full", "spill")),
-               full_wait_s=float(spec.get("full_wait_s", 30.0)), owns_handles=True, spec=dict(spec))
+               full_wait_s=float(spec.get("full_wait_s", 30.0)), owns_handles=True, spec=dict(spec),
+               **client_options)
 
 
 def write_client_spec(spec: Mapping[str, Any], path: str | os.PathLike[str]) -> None:

@@ -15,17 +15,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import threading
 from typing import Any
 
 from dressage.errors import ConfigError, StorageUnitUnavailable
 from dressage.tq.client.client import TransferQueueClient
+from dressage.tq.client.node import current_node_id
+from dressage.tq.client.spec import make_spec
 from dressage.tq.config import TransferQueueConfig
+from dressage.tq.deploy.children import await_ready, controller_args, launch_child, stop_children
 from dressage.tq.directory.controller import UnitInfo
 from dressage.tq.directory.service import RemoteController
-from dressage.tq.deploy.local import await_ready, controller_args, launch_child, stop_children
-from dressage.tq.client.spec import make_spec
+from dressage.tq.secret import DeploymentSecret
 from dressage.tq.storage import StorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 
@@ -42,19 +43,6 @@ def _ray() -> Any:
     except ImportError as exc:
         raise ConfigError("transfer_queue.deployment: 'ray' needs the ray package (pip install 'dressage[ray]')") from exc
     return ray
-
-
-def current_node_id() -> str | None:
-    """This process's Ray node id, or None outside Ray.
-
-    A process Ray started (a worker, or a driver after ``ray.init``) has imported ``ray`` already;
-    any other process is outside Ray, and importing it only to learn that would cost a plain process
-    (a Proxy run as its own service) tens of MiB of modules.
-    """
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return None
-    return ray.get_runtime_context().get_node_id()
 
 
 def _advertised(host: str) -> str:
@@ -157,13 +145,13 @@ class _ActorWatcher:
 
 
 class RayDeployment:
+    """One StorageUnit actor per node and the Controller as a child process of this driver."""
+
     def __init__(self, config: TransferQueueConfig) -> None:
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.config = config
-        from dressage.tq.secret import DeploymentSecret
-
         self._secret = DeploymentSecret(config)
         secret = self._secret.value
         self.secret_file = self._secret.path
@@ -248,6 +236,7 @@ class RayDeployment:
         except ray.exceptions.RayError as exc:
             raise StorageUnitUnavailable(f"{what} failed to start: {exc}") from exc
 
+    # docstrings inherited from tq/deploy/base.py:Deployment
     def client(self, node_id: str | None) -> TransferQueueClient:
         return TransferQueueClient(self.controller, self._units, node_id=node_id or current_node_id(),
                                    on_full=self.config.on_full, full_wait_s=self.config.full_wait_s)

@@ -1,13 +1,11 @@
-"""TransferQueue.start(config): bring up a Controller and StorageUnits, hand out clients, shut down.
+"""TransferQueue.start(config): bring up a deployment, hand out clients, shut down.
 
-``embedded`` keeps everything in this process (ZMQ servers start only if ``client_spec()`` is asked for,
-so other processes can join); ``local`` runs the Controller and each StorageUnit as processes on this host;
-``ray`` runs them as Ray actors, one StorageUnit per node. Clients look the same in all three.
+The deployment ``config.deployment`` names (``embedded``, ``local``, ``ray``: one module each under
+``tq/deploy/``) is reached only through the ``Deployment`` protocol; clients look the same in all three.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from typing import Any, Mapping
@@ -15,27 +13,32 @@ from typing import Any, Mapping
 from dressage.errors import StorageUnitUnavailable, TransferQueueError
 from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.config import TransferQueueConfig, load_config
-from dressage.tq.directory.controller import Controller, UnitInfo
-from dressage.tq.directory.janitor import Janitor
-from dressage.tq.storage import StorageUnit, make_storage_unit
+from dressage.tq.deploy.base import Deployment
+from dressage.tq.deploy.embedded import EmbeddedDeployment
+from dressage.tq.directory.controller import UnitInfo
+from dressage.tq.storage import StorageUnit
 
-__all__ = ["TransferQueue", "sweep_interval"]
-
-log = logging.getLogger(__name__)
-SPEC_VERSION = 1
+__all__ = ["TransferQueue", "start_deployment"]
 
 
-def sweep_interval(config: TransferQueueConfig) -> float:
-    """How often the janitor runs: often enough for retention and queued deletes, never busy."""
-    if config.retention_s is None:
-        return 1.0
-    return min(max(config.retention_s / 10.0, 0.05), 5.0)
+def start_deployment(config: TransferQueueConfig) -> Deployment:
+    """The deployment ``config.deployment`` names, started."""
+    if config.deployment == "embedded":
+        return EmbeddedDeployment(config)
+    # Imported when chosen: ``local`` brings ZMQ, ``ray`` brings Ray.
+    if config.deployment == "local":
+        from dressage.tq.deploy.local import LocalDeployment
+
+        return LocalDeployment(config)
+    from dressage.tq.deploy.ray_actors import RayDeployment
+
+    return RayDeployment(config)
 
 
 class TransferQueue:
     """A running TransferQueue deployment. Use as a context manager or call :meth:`shutdown`."""
 
-    def __init__(self, config: TransferQueueConfig, deployment: Any) -> None:
+    def __init__(self, config: TransferQueueConfig, deployment: Deployment) -> None:
         self.config = config
         self._deployment = deployment
         self._clients: list[TransferQueueClient] = []
@@ -47,17 +50,7 @@ class TransferQueue:
               ) -> "TransferQueue":
         """Start the deployment ``config.deployment`` names (a config, mapping, YAML path or None)."""
         config = load_config(config)
-        if config.deployment == "embedded":
-            deployment: Any = _Embedded(config)
-        elif config.deployment == "local":
-            from dressage.tq.deploy.local import LocalDeployment
-
-            deployment = LocalDeployment(config)
-        else:
-            from dressage.tq.deploy.ray_actors import RayDeployment
-
-            deployment = RayDeployment(config)
-        return cls(config, deployment)
+        return cls(config, start_deployment(config))
 
     @property
     def deployment(self) -> str:
@@ -67,8 +60,7 @@ class TransferQueue:
     def secret_file(self) -> Any:
         """The 0600 file holding the secret this deployment generated (None when it was configured,
         or before an embedded deployment is served over ZMQ)."""
-        servers = getattr(self._deployment, "_servers", None)
-        return getattr(self._deployment, "secret_file", None) or getattr(servers, "secret_file", None)
+        return self._deployment.secret_file
 
     def client(self, node_id: str | None = None) -> TransferQueueClient:
         """A client in this process; ``node_id`` makes writes prefer StorageUnits on that node."""
@@ -86,7 +78,7 @@ class TransferQueue:
     def write_client_spec(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`client_spec` to ``path`` (JSON, mode 0600) for a process that joins later, e.g.
         a Proxy run as its own service: ``dressage proxy serve --transfer-queue-spec path``."""
-        from dressage.tq.client.spec import write_client_spec
+        from dressage.tq.client.spec import write_client_spec  # the spec module imports ZMQ
 
         write_client_spec(self.client_spec(), path)
 
@@ -170,50 +162,3 @@ class TransferQueue:
             self.shutdown()
         except Exception:
             pass
-
-
-class _Embedded:
-    """Everything in this process; units are in-process backends."""
-
-    def __init__(self, config: TransferQueueConfig) -> None:
-        self.config = config
-        n = config.num_storage_units or 1
-        self.units: dict[str, StorageUnit] = {}
-        for i in range(n):
-            uid = f"unit{i}"
-            self.units[uid] = make_storage_unit(uid, node_id=None, memory_budget=config.budget_bytes,
-                                                on_full=config.on_full, spill_dir=config.spill_dir,
-                                                checksums=config.checksums,
-                                                verify_local_reads=config.verify_local_reads)
-        self.controller = Controller(
-            [UnitInfo(uid, None, config.budget_bytes) for uid in self.units], retention_s=config.retention_s,
-            strict_budget=config.on_full != "spill")
-        self.janitor = Janitor(self.controller, self.units.get, interval_s=sweep_interval(config)).start()
-        self._servers: Any = None
-
-    def client(self, node_id: str | None) -> TransferQueueClient:
-        return TransferQueueClient(self.controller, self.units, node_id=node_id, on_full=self.config.on_full,
-                                   full_wait_s=self.config.full_wait_s)
-
-    def client_spec(self) -> dict[str, Any]:
-        if self._servers is None:
-            from dressage.tq.deploy.local import expose_embedded
-
-            self._servers = expose_embedded(self.config, self.controller, self.units)
-        return self._servers.spec
-
-    def unit_handles(self) -> dict[str, StorageUnit]:
-        return self.units
-
-    def processes(self) -> dict[str, int]:
-        return {"tq": os.getpid()}
-
-    def run_janitor(self) -> int:
-        return self.janitor.run_once()
-
-    def shutdown(self) -> None:
-        self.janitor.stop()
-        if self._servers is not None:
-            self._servers.close()
-        for unit in self.units.values():
-            unit.close()

@@ -9,16 +9,15 @@ clients, never inside a Controller call.
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
+from dressage.tq.directory.entries import Entry, KeyState, Liveness, UnitInfo, UnitState
 from dressage.tq.directory.lease import LeaseDesk
 
 __all__ = ["Controller", "KeyState", "UnitInfo", "UnitState"]
@@ -28,67 +27,9 @@ _TOMBSTONES = 100_000  # how many cleared keys the directory remembers, for ``st
 UNIT_DOWN_S = 10.0    # a unit a writer found unavailable gets no new keys for this long
 
 
-class KeyState(str, enum.Enum):
-    PENDING = "pending"      # placed, payload in flight to the unit
-    WRITTEN = "written"      # durable in its unit
-    CONSUMED = "consumed"    # read by a trainer at least once
-    CLEARED = "cleared"      # removed (or queued for removal) from its unit
-
-
-class UnitState(str, enum.Enum):
-    LIVE = "live"    # answering (or never found otherwise)
-    DEAD = "dead"    # its process exited, its actor died, or it answered no probe for unit_dead_after_s
-
-
-@dataclass(slots=True)
-class _Liveness:
-    state: UnitState
-    since: float
-    reason: str = ""
-    last_seen: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class UnitInfo:
-    """A StorageUnit as the directory sees it: ``address`` its ZMQ endpoint, ``host_id`` / ``shm_token``
-    for shared memory on its host, ``heartbeat`` the liveness probes' own endpoint (never delayed)."""
-
-    unit_id: str
-    node_id: str | None = None
-    memory_budget: int = 4 << 30
-    address: str | None = None
-    host_id: str | None = None
-    shm_token: str | None = None
-    heartbeat: str | None = None
-    head: bool = False
-    """On the cluster's head node: it takes payload only when no unit elsewhere can (see ``_choose``)."""
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"unit_id": self.unit_id, "node_id": self.node_id, "memory_budget": self.memory_budget,
-                "address": self.address, "host_id": self.host_id, "shm_token": self.shm_token,
-                "heartbeat": self.heartbeat, "head": self.head}
-
-    @classmethod
-    def from_wire(cls, obj: dict[str, Any]) -> "UnitInfo":
-        return cls(unit_id=str(obj["unit_id"]), node_id=obj.get("node_id"),
-                   memory_budget=int(obj.get("memory_budget", 4 << 30)), address=obj.get("address"),
-                   host_id=obj.get("host_id"), shm_token=obj.get("shm_token"), heartbeat=obj.get("heartbeat"),
-                   head=bool(obj.get("head", False)))
-
-
-@dataclass(slots=True)
-class _Entry:
-    unit_id: str
-    nbytes: int
-    batch: str | None
-    field: str
-    state: KeyState
-    written_at: float
-    touched_at: float
-
-
-class Controller(LeaseDesk):
-    """Thread-safe key directory (placement leases: ``tq/directory/lease.py``). ``clock`` is injectable."""
+class Controller:
+    """Thread-safe key directory; its placement leases are booked by a ``LeaseDesk`` (``tq/directory/lease.py``).
+    ``clock`` is injectable."""
 
     def __init__(self, units: Sequence[UnitInfo] = (), *, retention_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic, strict_budget: bool = False) -> None:
@@ -98,16 +39,16 @@ class Controller(LeaseDesk):
         self._units: dict[str, UnitInfo] = {}
         self._used: dict[str, int] = {}
         self._count: dict[str, int] = {}
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, Entry] = {}
         self._tombstones: OrderedDict[str, str] = OrderedDict()
         self._to_delete: dict[str, set[str]] = {}
         self._retention_s = retention_s
         self._clock = clock
         self._cleared_total = 0
         self._down_until: dict[str, float] = {}
-        self._live: dict[str, _Liveness] = {}
+        self._live: dict[str, Liveness] = {}
         self._strict = strict_budget
-        self._init_leases()
+        self._leases = LeaseDesk()  # used under self._lock only
         for u in units:
             self.add_unit(u)
 
@@ -117,7 +58,7 @@ class Controller(LeaseDesk):
             self._units[unit.unit_id] = unit
             self._used.setdefault(unit.unit_id, 0)
             self._count.setdefault(unit.unit_id, 0)
-            self._live.setdefault(unit.unit_id, _Liveness(UnitState.LIVE, self._clock()))
+            self._live.setdefault(unit.unit_id, Liveness(UnitState.LIVE, self._clock()))
 
     # -- liveness ------------------------------------------------------------------------------
     def mark_unit_dead(self, unit_id: str, reason: str) -> bool:
@@ -128,8 +69,8 @@ class Controller(LeaseDesk):
                 return False
             if live.state is UnitState.DEAD:
                 return False
-            self._live[unit_id] = _Liveness(UnitState.DEAD, self._clock(), str(reason), live.last_seen)
-            self._end_unit_leases(unit_id)
+            self._live[unit_id] = Liveness(UnitState.DEAD, self._clock(), str(reason), live.last_seen)
+            self._leases.end_unit(unit_id)
         log.warning("StorageUnit %s marked dead: %s", unit_id, reason)
         return True
 
@@ -143,7 +84,7 @@ class Controller(LeaseDesk):
             live.last_seen = now
             if live.state is UnitState.LIVE:
                 return False
-            self._live[unit_id] = _Liveness(UnitState.LIVE, now, f"answered again after: {live.reason}", now)
+            self._live[unit_id] = Liveness(UnitState.LIVE, now, f"answered again after: {live.reason}", now)
             self._down_until.pop(unit_id, None)
         log.warning("StorageUnit %s is live again", unit_id)
         return True
@@ -193,7 +134,7 @@ class Controller(LeaseDesk):
     def _candidates(self, nbytes: int, node_id: str | None) -> tuple[list[str], list[str], list[str]]:
         """The units of the first pool where ``nbytes`` fit, the last pool, and every unit usable now."""
         now = self._clock()
-        self._sweep_leases(now)
+        self._leases.sweep(now)
         live = [u for u in self._units if self._is_live(u)]
         if not live:
             raise StorageUnitUnavailable(
@@ -227,6 +168,69 @@ class Controller(LeaseDesk):
                 + ", ".join(f"{u} ({self._free(u)} of {self._units[u].memory_budget} bytes free)" for u in everyone))
         # Nobody has room: the unit with most room spills, waits or refuses, per its policy.
         return max(last, key=lambda u: (self._free(u), -self._count[u]))
+
+    def _free(self, unit_id: str) -> int:
+        return self._units[unit_id].memory_budget - self._used[unit_id] - self._leases.leased(unit_id)
+
+    def _check_new_keys(self, items: Sequence[tuple[str, int, str]], what: str) -> None:
+        """Keys are write-once: a repeated or known key is an error before anything is recorded."""
+        keys = [k for k, _, _ in items]
+        if len(set(keys)) != len(keys):
+            raise TransferQueueError(f"{what} got the same key twice")
+        for key in keys:
+            if key in self._entries:
+                raise TransferQueueError(f"key {key!r} already exists; keys are write-once")
+
+    def _record_pending(self, unit_id: str, items: Sequence[tuple[str, int, str]], batch: str | None) -> None:
+        """New keys ``(key, nbytes, field)`` as pending on ``unit_id``, their bytes charged to it."""
+        now = self._clock()
+        for key, nbytes, field in items:
+            self._entries[key] = Entry(unit_id, int(nbytes), batch, field, KeyState.PENDING, now, now)
+            self._used[unit_id] += int(nbytes)
+            self._count[unit_id] += 1
+            self._tombstones.pop(key, None)
+
+    # -- placement leases (the protocol: tq/directory/lease.py) --------------------------------
+    def lease(self, nbytes: int, *, node_id: str | None = None, returning: str | None = None) -> dict[str, Any] | None:
+        """Set capacity aside for a writer's next puts (at least ``nbytes`` on each unit), ending the
+        lease ``returning`` first. ``{"lease", "parts": {unit_id: bytes}, "ttl_s"}``, or None when no
+        live unit has room (the writer places each put then, and learns why from that)."""
+        with self._lock:
+            if returning is not None:
+                self._leases.end(returning)
+            if not self._units:
+                return None
+            nbytes = int(nbytes)
+            try:
+                fitting, _, _ = self._candidates(nbytes, node_id)
+            except StorageUnitUnavailable:
+                return None
+            if not fitting:
+                return None
+            return self._leases.grant(fitting, nbytes, self._free, self._clock())
+
+    def return_lease(self, lease_id: str) -> None:
+        """The writer is done with the lease: its rest is free again."""
+        with self._lock:
+            self._leases.end(lease_id)
+
+    def place_leased(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
+                     batch: str | None = None) -> None:
+        """Record new keys ``(key, nbytes, field)`` as pending on the lease's unit, their bytes taken from
+        the lease (once it is used up or gone, charged to the unit as ``place_many`` does). Keys are
+        write-once; a dead unit is StorageUnitUnavailable; nothing is recorded when anything is refused."""
+        with self._lock:
+            if unit_id not in self._units:
+                raise TransferQueueError(f"place_leased: unknown StorageUnit {unit_id!r}")
+            if not self._is_live(unit_id):
+                raise StorageUnitUnavailable(f"StorageUnit {unit_id} is dead; its leases ended")
+            self._check_new_keys(items, "place_leased")
+            total = sum(int(n) for _, n, _ in items)
+            covered = min(self._leases.left(lease_id, unit_id), total)
+            if self._strict and total - covered > self._free(unit_id):
+                raise StorageFullError(f"StorageUnit {unit_id} is full and the lease for these keys is used up")
+            self._leases.take(lease_id, unit_id, covered)
+            self._record_pending(unit_id, items, batch)
 
     def commit(self, key: str) -> None:
         """The payload is durable in its unit."""
@@ -385,6 +389,6 @@ class Controller(LeaseDesk):
                       "state_reason": self._live[uid].reason,
                       "placement_paused": self._down_until.get(uid, 0.0) > self._clock(),
                       "directory_bytes": self._used[uid], "pending": pending.get(uid, 0),
-                      "queued_deletes": len(self._to_delete.get(uid, ())), **self._lease_stats(uid)}
+                      "queued_deletes": len(self._to_delete.get(uid, ())), **self._leases.stats(uid, now)}
                 for uid, u in self._units.items()
             }

@@ -18,9 +18,16 @@ from typing import Any
 
 from dressage.tq.directory.controller import Controller
 
-__all__ = ["Janitor"]
+__all__ = ["Janitor", "sweep_interval"]
 
 log = logging.getLogger(__name__)
+
+
+def sweep_interval(retention_s: float | None) -> float:
+    """How often the Janitor runs: often enough for retention and queued deletes, never busy."""
+    if retention_s is None:
+        return 1.0
+    return min(max(retention_s / 10.0, 0.05), 5.0)
 
 
 class Janitor:

@@ -1,0 +1,90 @@
+"""Child processes of a deployment: start ``python -m ...`` with the secret in its environment, wait for
+its ``READY <address> <pid>`` line, and stop it (terminate, then kill). Shared by the ``local`` and
+``ray`` deployments, which both run the Controller as such a child.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from dressage.errors import StorageUnitUnavailable, TransferQueueError
+from dressage.tq.config import SECRET_ENV, TransferQueueConfig
+from dressage.tq.directory.janitor import sweep_interval
+
+__all__ = ["launch_child", "await_ready", "spawn", "stop_children", "controller_args"]
+
+
+def _child_env(secret: bytes | None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(SECRET_ENV, None)
+    if secret is not None:
+        env[SECRET_ENV] = secret.decode()  # the environment, not argv: ps shows argv to everyone
+    return env
+
+
+def spawn(args: list[str], what: str, timeout_s: float, secret: bytes | None = None) -> tuple[subprocess.Popen, str]:
+    """Start a child and wait for it to be ready: the process and its advertised address."""
+    return await_ready(launch_child(args, secret), what, timeout_s)
+
+
+def launch_child(args: list[str], secret: bytes | None = None, *, stdin: bool = False) -> subprocess.Popen:
+    """Start ``python -m args``; ``stdin`` keeps a pipe open to it (for input it reads before READY)."""
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE,
+                            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, env=_child_env(secret))
+
+
+def await_ready(proc: subprocess.Popen, what: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
+    """Wait for the child's ``READY <address> <pid>`` line; stop it and raise if it does not come."""
+    deadline = time.monotonic() + timeout_s
+    line = b""
+    if proc.stdout is None:
+        raise TransferQueueError(f"{what} process has no stdout pipe")
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([proc.stdout], [], [], max(left, 0))
+        chunk = os.read(proc.stdout.fileno(), 4096) if ready else b""
+        if not chunk:
+            stop_children([proc])
+            why = "exited" if proc.poll() is not None else f"not ready within {timeout_s:g} s"
+            raise StorageUnitUnavailable(f"{what} process {why} (exit code {proc.returncode})")
+        line += chunk
+    parts = line.decode().split()
+    if len(parts) != 3 or parts[0] != "READY":
+        stop_children([proc])
+        raise TransferQueueError(f"{what} process printed {line!r:.200} instead of READY")
+    return proc, parts[1]
+
+
+def stop_children(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        for pipe in (p.stdout, p.stdin):
+            if pipe is not None:
+                pipe.close()
+
+
+def controller_args(config: TransferQueueConfig, units: str) -> list[str]:
+    """``python -m`` arguments of a Controller process for ``config``; ``units`` is the JSON list of
+    unit descriptions, or ``-`` to hand it over on the process's stdin."""
+    args = ["dressage.tq.directory.main", "--units", units, "--host", config.host,
+            "--port", str(config.controller_port), "--sweep-s", str(sweep_interval(config.retention_s)),
+            "--timeout-s", str(config.request_timeout_s), "--heartbeat-s", str(config.heartbeat_interval_s),
+            "--dead-after-s", str(config.unit_dead_after_s)]
+    if config.retention_s is not None:
+        args += ["--retention-s", str(config.retention_s)]
+    if config.on_full != "spill":
+        args.append("--strict-budget")
+    return args
