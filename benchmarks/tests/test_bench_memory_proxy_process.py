@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from dressage.agents import AgentConfig, make_prompts, run_rollout
+from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 from dressage.fields import get_model
 from dressage.train.ray_actors import RolloutManagerActor
 from dressage_bench.memory.proxy_process import ProxyProcess

@@ -8,7 +8,7 @@ import socket
 
 import httpx
 
-from dressage.agents import AgentConfig, make_prompts, run_rollout
+from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 
 TOKEN = "agents-test-token"
 N_PROMPTS, N_SAMPLES = 3, 2

@@ -17,17 +17,17 @@ pytest.importorskip("transformers", reason="the transformers backend needs trans
 
 from dressage.engine.config import EngineConfig  # noqa: E402
 from dressage.engine.hf_backend import TransformersEngine  # noqa: E402
+from dressage.engine.moe import build_moe_model  # noqa: E402
 from dressage.engine.server import EngineServer  # noqa: E402
 from dressage.errors import FieldShapeError  # noqa: E402
 from dressage.fields import get_model  # noqa: E402
 from dressage.fields.r3 import R3_DTYPES  # noqa: E402
+from dressage.harness.replay import replay_sample  # noqa: E402
 from dressage.proxy import Proxy  # noqa: E402
 from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig  # noqa: E402
 from dressage.rollout import RolloutManager  # noqa: E402
 from dressage.tq import TransferQueue  # noqa: E402
 from dressage.train import check_sample  # noqa: E402
-from dressage.train.moe import build_moe_model  # noqa: E402
-from dressage.train.replay import replay_sample  # noqa: E402
 
 MODEL = get_model("tiny-qwen3-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate an expression",

@@ -9,14 +9,14 @@ import httpx
 import msgpack
 import pytest
 
-from dressage.agents import AgentConfig, make_prompts, run_rollout
 from dressage.fields import get_model
-from dressage.trajectory.sample_wire import sample_from_wire
+from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys
 from dressage.train import TrainingReader, release_batch
 from dressage.train.digest import samples_digest
 from dressage.train.ray_actors import RolloutManagerActor
+from dressage.trajectory.sample_wire import sample_from_wire
 
 MODEL = get_model("tiny-moe")
 N_PROMPTS, N_SAMPLES = 3, 2

@@ -8,12 +8,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dressage.agents import make_prompts, run_rollout
-from dressage.agents.config import AgentConfig
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.errors import ConfigError, TrajectoryError
 from dressage.fields import get_model
+from dressage.harness.agents import make_prompts, run_rollout
+from dressage.harness.agents.config import AgentConfig
+from dressage.harness.slime_agent import SimulatedAgent
 from dressage.integrations import slime_rollout
 from dressage.integrations.slime import SlimeSample
 from dressage.proxy import Proxy
@@ -56,7 +57,7 @@ def stack(engine):
 def test_rollout_function_returns_slime_groups_with_restored_fields(stack):
     url, manager = stack
     rollout = slime_rollout.SlimeRollout(proxy_url=url, manager=manager, concurrency=4,
-                                         agent_config=AgentConfig(max_turns=2, tools=False, max_tokens=16))
+                                         agent=SimulatedAgent(AgentConfig(max_turns=2, tools=False, max_tokens=16)))
     slime_rollout.install(rollout)
     try:
         source = DataSource(["Add 2 and 3, then explain.",
@@ -86,7 +87,7 @@ def test_rollout_function_returns_slime_groups_with_restored_fields(stack):
 
 def test_rollout_function_refuses_bad_inputs(stack):
     url, manager = stack
-    rollout = slime_rollout.SlimeRollout(proxy_url=url, manager=manager, agent_config=AgentConfig())
+    rollout = slime_rollout.SlimeRollout(proxy_url=url, manager=manager, agent=SimulatedAgent(AgentConfig()))
     with pytest.raises(ConfigError, match="rollout_batch_size"):
         rollout(SimpleNamespace(rollout_batch_size=0), 0, DataSource(["x"], 1))
     with pytest.raises(ConfigError, match="prompt 0"):
@@ -108,7 +109,7 @@ def test_rollout_function_drains_a_proxy_that_runs_as_its_own_service(engine, wi
         server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)), tq=tq)
     try:
         rollout = slime_rollout.SlimeRollout(proxy_url=proxy.url, concurrency=4, read_groups=1,
-                                             agent_config=AgentConfig(max_turns=2, tools=False, max_tokens=16))
+                                             agent=SimulatedAgent(AgentConfig(max_turns=2, tools=False, max_tokens=16)))
         out = rollout(SimpleNamespace(rollout_batch_size=2), 3, DataSource(["Add 2 and 3.", "Name a colour."], 2))
         groups = out.samples if hasattr(out, "samples") else out
         assert rollout.last_report.finalized == 4 and len(groups) == 2

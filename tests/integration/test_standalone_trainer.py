@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from dressage.agents import AgentConfig, make_prompts, run_rollout
+from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 
 pytestmark = pytest.mark.slow
 N_PROMPTS, N_SAMPLES = 3, 2

@@ -8,12 +8,12 @@ pytest.importorskip("transformers", reason="the transformers backend needs trans
 
 from dressage.engine.config import EngineConfig  # noqa: E402
 from dressage.engine.hf_backend import TransformersEngine, make_engine  # noqa: E402
+from dressage.engine.moe import build_moe_model  # noqa: E402
 from dressage.errors import ConfigError, FieldShapeError, TokenizerError  # noqa: E402
 from dressage.fields import get_model  # noqa: E402
 from dressage.fields.sglang import decode_routed_experts_b64  # noqa: E402
 from dressage.proxy.openai.chat.prompt import QwenToolCallParser  # noqa: E402
 from dressage.tokenizer import load_tokenizer  # noqa: E402
-from dressage.train.moe import build_moe_model  # noqa: E402
 
 MODEL = get_model("tiny-qwen3-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",

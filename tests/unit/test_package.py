@@ -25,7 +25,7 @@ BENCH_SRC = SRC.parents[1] / "benchmarks" / "src" / "dressage_bench"
 
 def test_testing_kit_imports_nothing_above_the_transfer_queue():
     code = ("import sys, dressage.testing.faults, dressage.testing.wirefuzz; "
-            "print(sorted(m for m in ('dressage.proxy', 'dressage.rollout', 'dressage.train', 'dressage.run', "
+            "print(sorted(m for m in ('dressage.proxy', 'dressage.rollout', 'dressage.train', 'dressage.harness.run', "
             "'pytest', 'dressage_bench') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"   # fault injection and the fuzzer need neither pytest nor the upper layers
