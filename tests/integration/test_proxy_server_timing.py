@@ -11,15 +11,9 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from dressage.engine.config import EngineConfig
-from dressage.engine.server import EngineServer
-from dressage.fields import get_model
-from dressage.dataplane import DataPlaneConfig
-from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 from dressage.proxy.engines import server_timing
 
-MODEL = get_model("tiny-moe")
+ENGINE = {"mean_response_tokens": 20, "tool_call_rate": 0.0}
 
 
 def _engine_ms(resp: httpx.Response) -> float:
@@ -39,24 +33,17 @@ def stepping_clock(monkeypatch):
     monkeypatch.setattr(server_timing, "time", SimpleNamespace(perf_counter=perf_counter))
 
 
-def test_buffered_answers_carry_the_engine_wait_and_streams_do_not(stepping_clock):
-    engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=3, mean_response_tokens=20, tool_call_rate=0.0))
-    engine.start_background()
-    proxy = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL),
-                                    server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)))
-    try:
-        with httpx.Client(base_url=proxy.url, timeout=20) as h:
-            sid = h.post("/sessions", json={}).json()["session_id"]
-            assert "server-timing" not in h.post("/sessions", json={}).headers
-            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
-            chat = h.post(f"/sessions/{sid}/v1/chat/completions", json=body)
-            assert chat.status_code == 200 and _engine_ms(chat) == 250.0   # one engine call, timed once
-            gen = h.post(f"/sessions/{sid}/generate",
-                         json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 5}})
-            assert gen.status_code == 200 and _engine_ms(gen) == 250.0
-            with h.stream("POST", f"/sessions/{sid}/v1/chat/completions", json={**body, "stream": True}) as s:
-                assert s.status_code == 200 and "server-timing" not in s.headers
-                s.read()
-    finally:
-        proxy.shutdown()
-        engine.stop()
+def test_buffered_answers_carry_the_engine_wait_and_streams_do_not(stepping_clock, engine, proxy_stack):
+    proxy = proxy_stack(engine.url, r3=False)
+    with httpx.Client(base_url=proxy.url, timeout=20) as h:
+        sid = h.post("/sessions", json={}).json()["session_id"]
+        assert "server-timing" not in h.post("/sessions", json={}).headers
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
+        chat = h.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+        assert chat.status_code == 200 and _engine_ms(chat) == 250.0   # one engine call, timed once
+        gen = h.post(f"/sessions/{sid}/generate",
+                     json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 5}})
+        assert gen.status_code == 200 and _engine_ms(gen) == 250.0
+        with h.stream("POST", f"/sessions/{sid}/v1/chat/completions", json={**body, "stream": True}) as s:
+            assert s.status_code == 200 and "server-timing" not in s.headers
+            s.read()
