@@ -1,5 +1,5 @@
-"""Fixtures several test modules share: the real Qwen3 tokenizer, an embedded TransferQueue and
-restoring a RolloutManager batch."""
+"""Fixtures several test modules share: the real Qwen3 tokenizer, an embedded TransferQueue, restoring a
+RolloutManager batch, and the engine + Proxy stack of :mod:`dressage.testing.stack` over loopback."""
 
 from __future__ import annotations
 
@@ -46,3 +46,33 @@ def restore_batch():
         return batch.samples
 
     return restore
+
+
+@pytest.fixture(scope="module")
+def engine(request):
+    """The built-in SGLang-protocol engine on a free port (:func:`dressage.testing.stack.start_engine`):
+    tiny-moe shapes, half of its replies tool calls, short replies. A module that needs other settings
+    says so in a module-level ``ENGINE = {...}`` of ``start_engine`` arguments."""
+    from dressage.testing.stack import start_engine
+
+    srv = start_engine(**getattr(request.module, "ENGINE", {}))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def proxy_stack():
+    """``proxy_stack(engine_urls, **options)``: a Proxy started by :func:`dressage.testing.stack.start_proxy`,
+    closed (with every other one the test started) when the test ends."""
+    from dressage.testing.stack import start_proxy
+
+    started = []
+
+    def start(*args, **options):
+        stack = start_proxy(*args, **options)
+        started.append(stack)
+        return stack
+
+    yield start
+    for stack in reversed(started):
+        stack.close()

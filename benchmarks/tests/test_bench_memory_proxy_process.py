@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from dressage.agents import AgentConfig, make_prompts, run_rollout
+from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 from dressage.fields import get_model
 from dressage.train.ray_actors import RolloutManagerActor
 from dressage_bench.memory.proxy_process import ProxyProcess
@@ -18,11 +18,9 @@ MODEL = get_model("tiny-moe")
 
 @pytest.fixture(scope="module")
 def engine():
-    from dressage.engine.config import EngineConfig
-    from dressage.engine.server import EngineServer
+    from dressage.testing.stack import start_engine
 
-    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=3, mean_response_tokens=24))
-    srv.start_background()
+    srv = start_engine(model=MODEL, seed=3, tool_call_rate=0.0, mean_response_tokens=24)
     yield srv
     srv.stop()
 

@@ -50,7 +50,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   ├── StorageFullError         a unit over its budget with spilling disabled
     │   ├── ProtocolError            a malformed, pickled or future-version frame
     │   └── IntegrityError           a stored blob whose checksum does not match
-    └── AgentError                   the agents' driver (dressage.agents) could not use the Proxy
+    └── AgentError                   the agents' driver (dressage.harness.agents) could not use the Proxy
         ├── ProxyConnectionError     refused, reset or no answer: nothing came back
         │   └── ProxyTimeout         no answer within the call's time-out
         ├── ProxyStatusError         the Proxy answered 4xx/5xx (``status_code``, its message)

@@ -18,12 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from dressage.dataplane import DataPlaneConfig
-from dressage.engine.config import EngineConfig
-from dressage.engine.server import EngineServer
 from dressage.fields import get_model
-from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.testing.stack import start_engine, start_proxy
 
 MODEL = get_model("tiny-moe")
 
@@ -133,20 +129,15 @@ class ProxySession:
 
 @pytest.fixture(scope="session")
 def fw_engine():
-    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, tool_call_rate=1.0, answer_tool_results=True,
-                                    mean_response_tokens=40))
-    srv.start_background()
+    srv = start_engine(model=MODEL, seed=5, tool_call_rate=1.0, answer_tool_results=True, mean_response_tokens=40)
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="session")
 def fw_proxy(fw_engine):
-    config = ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                         server=ProxyServerConfig(engine_url=fw_engine.url, request_timeout_s=30))
-    proxy = Proxy.start(config)
-    yield proxy
-    proxy.shutdown()
+    with start_proxy(fw_engine.url, model=MODEL, request_timeout_s=30) as proxy:
+        yield proxy
 
 
 @pytest.fixture

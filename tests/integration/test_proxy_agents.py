@@ -12,14 +12,8 @@ import numpy as np
 import openai
 import pytest
 
-from dressage.engine.config import EngineConfig
-from dressage.engine.server import EngineServer
-from dressage.fields import get_model
-from dressage.dataplane import DataPlaneConfig
-from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.testing.stack import start_engine, start_proxy
 
-MODEL = get_model("tiny-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
                                             "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
 OTHER_TOOLS = [{"type": "function", "function": {"name": "search", "description": "look up",
@@ -27,42 +21,9 @@ OTHER_TOOLS = [{"type": "function", "function": {"name": "search", "description"
                                                                  "properties": {"q": {"type": "string"}}}}}]
 
 
-def _engine(**kw):
-    cfg = dict(model=MODEL, port=0, seed=3, tool_call_rate=0.5, mean_response_tokens=24)
-    cfg.update(kw)
-    srv = EngineServer(EngineConfig(**cfg))
-    srv.start_background()
-    return srv
-
-
-@pytest.fixture(scope="module")
-def engine():
-    srv = _engine()
-    yield srv
-    srv.stop()
-
-
-class _Proxy:
-    """A Proxy on a free port in this process (``Proxy.start``, R3 on) in front of ``urls``."""
-
-    def __init__(self, *urls, **cfg):
-        self.proxy = Proxy.start(ProxyConfig(
-            data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-            server=ProxyServerConfig(engine_urls=urls, request_timeout_s=20, **cfg)))
-        self.service, self.url = self.proxy.service, self.proxy.url
-
-    def steps(self, sid):
-        return self.service.core.sessions[sid].steps
-
-    def stop(self):
-        self.proxy.shutdown()
-
-
 @pytest.fixture()
-def proxy(engine):
-    p = _Proxy(engine.url)
-    yield p
-    p.stop()
+def proxy(engine, proxy_stack):
+    return proxy_stack(engine.url)
 
 
 def _new_session(url):
@@ -207,8 +168,8 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
 
 
 def test_context_window_clamps_and_overflow_records_nothing():
-    eng = _engine(mean_response_tokens=400, tool_call_rate=0.0)
-    p = _Proxy(eng.url, context_window=160, max_output_tokens=100, max_steps_per_session=2)
+    eng = start_engine(mean_response_tokens=400, tool_call_rate=0.0)
+    p = start_proxy(eng.url, context_window=160, max_output_tokens=100, max_steps_per_session=2)
     try:
         sid, base = _new_session(p.url)
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0)
@@ -225,13 +186,13 @@ def test_context_window_clamps_and_overflow_records_nothing():
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "w"}], max_tokens=4)
         assert err.value.code == "max_steps_exceeded" and len(p.steps(sid)) == 2
     finally:
-        p.stop(); eng.stop()
+        p.close(); eng.stop()
 
 
 @pytest.fixture(scope="module")
 def slow_engine():
     # 10 ms per token: a pause lands in the middle of an 80-token reply.
-    srv = _engine(mean_response_tokens=2000, tool_call_rate=0.0, token_delay_s=0.01, stream_interval=4)
+    srv = start_engine(mean_response_tokens=2000, tool_call_rate=0.0, token_delay_s=0.01, stream_interval=4)
     yield srv
     srv.stop()
 
@@ -254,7 +215,7 @@ async def _pause_mid_generation(url, calls):
 
 
 def test_pause_resume_mid_generation_gives_one_response_with_two_versions(slow_engine):
-    p = _Proxy(slow_engine.url, partial_rollout=True)
+    p = start_proxy(slow_engine.url, partial_rollout=True)
     try:
         (sid_a, base_a), (sid_b, base_b) = _new_session(p.url), _new_session(p.url)
         a = openai.AsyncOpenAI(base_url=base_a, api_key="none", max_retries=0)
@@ -281,11 +242,11 @@ def test_pause_resume_mid_generation_gives_one_response_with_two_versions(slow_e
         # The streamed deltas add up to the recorded reply, across the pause.
         assert streamed[0]["content"].strip() == recorded.strip() and len(recorded) > 40
     finally:
-        p.stop()
+        p.close()
 
 
 def test_weight_version_change_is_rejected_without_partial_rollout(slow_engine):
-    p = _Proxy(slow_engine.url)
+    p = start_proxy(slow_engine.url)
     try:
         sid, base = _new_session(p.url)
         client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0)
@@ -304,11 +265,11 @@ def test_weight_version_change_is_rejected_without_partial_rollout(slow_engine):
         assert err.value.code == "weight_version_changed" and "weight version 1" in err.value.message
         assert len(p.steps(sid)) == 1
     finally:
-        p.stop()
+        p.close()
 
 
 def test_client_that_disconnects_mid_stream_leaves_nothing_recorded(slow_engine):
-    p = _Proxy(slow_engine.url)
+    p = start_proxy(slow_engine.url)
     try:
         sid, base = _new_session(p.url)
         body = {"messages": [{"role": "user", "content": "Write at length."}], "max_tokens": 80, "stream": True}
@@ -326,14 +287,14 @@ def test_client_that_disconnects_mid_stream_leaves_nothing_recorded(slow_engine)
         info = httpx.get(slow_engine.url + "/get_server_info").json()
         assert info["internal_states"][0]["num_running_reqs"] == 0
     finally:
-        p.stop()
+        p.close()
 
 
 def test_two_engines_keep_sessions_sticky_and_move_them_when_one_fails():
-    e1, e2 = _engine(), _engine()
+    e1, e2 = start_engine(), start_engine()
     # Three failed probes in a row take an engine out: one slow answer of a live engine on a loaded
     # machine must not move its sessions.
-    p = _Proxy(e1.url, e2.url, health_check_interval_s=0.1, health_check_failures=3)
+    p = start_proxy([e1.url, e2.url], health_check_interval_s=0.1, health_check_failures=3)
     try:
         clients = {}
         msgs = {}
@@ -367,11 +328,11 @@ def test_two_engines_keep_sessions_sticky_and_move_them_when_one_fails():
         assert [s.boundary_reason for s in segs] == ["new_session", "engine_failover"]
         np.testing.assert_array_equal(segs[1].tokens[:len(segs[0].tokens)], segs[0].tokens)
     finally:
-        p.stop(); e1.stop(); e2.stop()
+        p.close(); e1.stop(); e2.stop()
 
 
 def test_concurrent_retries_of_one_turn_generate_and_record_once(slow_engine):
-    p = _Proxy(slow_engine.url)
+    p = start_proxy(slow_engine.url)
     try:
         client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="none", max_retries=0,
                                     default_headers={"X-Session-Id": "dup", "X-Turn-Id": "turn-1"})
@@ -385,4 +346,4 @@ def test_concurrent_retries_of_one_turn_generate_and_record_once(slow_engine):
         assert streamed["content"].strip() == first.choices[0].message.content.strip()
         assert usage.completion_tokens == first.usage.completion_tokens == 20 and finish == "length"
     finally:
-        p.stop()
+        p.close()

@@ -13,11 +13,9 @@ from dressage.errors import ConfigError, SessionLimitError
 from dressage.fields import get_model
 from dressage.proxy.config import ProxyServerConfig
 from dressage.proxy.recording.core import ProxyCore
-from dressage.proxy.http.app import ProxyServer
-from dressage.proxy.service import ProxyService
 from dressage.proxy.recording.session_caps import SessionKeeper
 from dressage.proxy.engines.sglang_client import SGLangClient
-from dressage.tokenizer import load_tokenizer
+from dressage.testing.stack import start_proxy
 from dressage_bench.faults.hostile import MODES, STREAM_MODES, HostileEngine
 
 MODEL = get_model("tiny-moe")
@@ -33,20 +31,15 @@ def hostile():
 
 
 def _serve(engine_url, **server):
-    tok = load_tokenizer("byte")
-    core = ProxyCore(DataPlaneConfig(model=MODEL, use_rollout_routing_replay=False, enable_transfer_queue=False),
-                     None, decode=tok.decode, special_ids=tok.special_token_ids)
-    cfg = ProxyServerConfig(engine_url=engine_url, request_timeout_s=10, **server)
-    server = ProxyServer(ProxyService(cfg, core, tok, SGLangClient(engine_url, timeout=10)))
-    server.start_background()
-    return server
+    """A Proxy without R3 in front of the hostile engine, whose SGLang client has a 10 s timeout."""
+    return start_proxy(engine_url, r3=False, request_timeout_s=10, engine=SGLangClient(engine_url, timeout=10),
+                       **server)
 
 
 @pytest.fixture(scope="module")
 def proxy(hostile):
-    server = _serve(hostile.url, max_body_bytes=1 << 16)
-    yield server
-    server.stop()
+    with _serve(hostile.url, max_body_bytes=1 << 16) as stack:
+        yield stack
 
 
 def _steps(proxy):
@@ -217,7 +210,7 @@ def test_slow_headers_and_slow_bodies_are_cut_off(hostile):
         assert status in (400, "closed")
         assert httpx.get(server.url + "/health").status_code == 200
     finally:
-        server.stop()
+        server.close()
 
 
 def test_agent_and_admin_tokens(hostile, tmp_path):
@@ -243,7 +236,7 @@ def test_agent_and_admin_tokens(hostile, tmp_path):
         assert read.status_code == 200 and [t["session_id"] for t in read.json()["trajectories"]] == [sid]
         assert httpx.post(url + "/sessions", headers=admin).status_code == 200   # admin opens agent endpoints
     finally:
-        server.stop()
+        server.close()
 
 
 def test_token_configuration():
@@ -331,4 +324,4 @@ def test_session_timeout_evicts_over_http(hostile):
             assert sid not in server.service.core.sessions
         assert server.service.stats()["evicted_sessions"] == 2
     finally:
-        server.stop()
+        server.close()

@@ -9,26 +9,13 @@ import openai
 import pytest
 
 from dressage.fields import get_model
-from dressage.dataplane import DataPlaneConfig
-from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
-from dressage.rollout import RolloutManager
+from dressage.testing.stack import start_proxy
 from dressage.tq import TransferQueue
 from dressage.train import samples_digest
 
 MODEL = get_model("tiny-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
                                             "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
-
-
-def _proxy(engine_url, *, tq=None, token=None, dtype="uint8", check_engine=True):
-    cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=tq is not None,
-                          routed_experts_dtype=dtype)
-    rm = RolloutManager(dp_size=2)
-    proxy = Proxy.start(ProxyConfig(data_plane=cfg, server=ProxyServerConfig(
-        engine_urls=(engine_url,), api_token=token, request_timeout_s=20), skip_engine_check=not check_engine),
-        tq=tq, sink=rm)
-    return proxy, rm
 
 
 async def _conversation(url, turns=4, token=None):
@@ -53,10 +40,11 @@ async def _conversation(url, turns=4, token=None):
         return sid, fin, segs
 
 
-def test_openai_client_tito_conversation_is_one_segment_and_tq_on_equals_off(engine, restore_batch):
-    off_server, off_rm = _proxy(engine.url)
+def test_openai_client_tito_conversation_is_one_segment_and_tq_on_equals_off(engine, proxy_stack, restore_batch):
+    off_server = proxy_stack(engine.url, routed_experts_dtype="uint8", dp_size=2)
     tq = TransferQueue.start({"deployment": "embedded"})
-    on_server, on_rm = _proxy(engine.url, tq=tq)
+    on_server = proxy_stack(engine.url, tq=tq, routed_experts_dtype="uint8", dp_size=2)
+    off_rm, on_rm = off_server.manager, on_server.manager
     try:
         _, fin_off, segs_off = asyncio.run(_conversation(off_server.url))
         _, fin_on, segs_on = asyncio.run(_conversation(on_server.url))
@@ -75,14 +63,13 @@ def test_openai_client_tito_conversation_is_one_segment_and_tq_on_equals_off(eng
             assert b.rollout_routed_experts.shape == (len(b.tokens) - 1, MODEL.num_layers, MODEL.topk)
         assert tq.total_keys() == 0
     finally:
-        off_server.shutdown(); on_server.shutdown(); tq.shutdown()
+        on_server.close(); tq.shutdown()
 
 
 @pytest.fixture(scope="module")
 def proxy(engine):
-    server, _ = _proxy(engine.url)
-    yield server
-    server.shutdown()
+    with start_proxy(engine.url, routed_experts_dtype="uint8", dp_size=2) as stack:
+        yield stack.proxy
 
 
 def _post(url, **kw):
@@ -139,24 +126,19 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_upstream_down_is_502_and_nothing_recorded():
-    server, _ = _proxy(f"http://127.0.0.1:{_free_port()}", check_engine=False)  # the engine is never up
-    try:
-        sid = _post(server.url + "/sessions").json()["session_id"]
-        r = _post(f"{server.url}/sessions/{sid}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
-        assert r.status_code == 502 and r.json()["error"]["type"] == "engine_error"
-        assert httpx.get(f"{server.url}/sessions/{sid}").json()["steps"] == 0
-    finally:
-        server.shutdown()
+def test_upstream_down_is_502_and_nothing_recorded(proxy_stack):
+    # the engine is never up
+    server = proxy_stack(f"http://127.0.0.1:{_free_port()}", routed_experts_dtype="uint8", check_engine=False)
+    sid = _post(server.url + "/sessions").json()["session_id"]
+    r = _post(f"{server.url}/sessions/{sid}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 502 and r.json()["error"]["type"] == "engine_error"
+    assert httpx.get(f"{server.url}/sessions/{sid}").json()["steps"] == 0
 
 
-def test_bearer_token_is_required_when_set(engine):
-    server, _ = _proxy(engine.url, token="s3cret")
-    try:
-        assert _post(server.url + "/sessions").status_code == 401
-        assert _post(server.url + "/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert httpx.get(server.url + "/health").status_code == 200
-        _, fin, _ = asyncio.run(_conversation(server.url, turns=2, token="s3cret"))
-        assert fin["segments"] == 1
-    finally:
-        server.shutdown()
+def test_bearer_token_is_required_when_set(engine, proxy_stack):
+    server = proxy_stack(engine.url, routed_experts_dtype="uint8", api_token="s3cret")
+    assert _post(server.url + "/sessions").status_code == 401
+    assert _post(server.url + "/sessions", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(server.url + "/health").status_code == 200
+    _, fin, _ = asyncio.run(_conversation(server.url, turns=2, token="s3cret"))
+    assert fin["segments"] == 1

@@ -11,13 +11,9 @@ import numpy as np
 import openai
 import pytest
 
-from dressage.dataplane import DataPlaneConfig
-from dressage.engine.config import EngineConfig
-from dressage.engine.server import EngineServer
 from dressage.fields import get_model
-from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 from dressage.proxy.engines.sglang_client import SGLangClient
+from dressage.testing.stack import start_engine, start_proxy
 from dressage.tokenizer import load_tokenizer
 
 MODEL = get_model("tiny-moe")
@@ -44,21 +40,14 @@ class Recording(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-def _start(rate):
-    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, tool_call_rate=rate, mean_response_tokens=60))
-    srv.start_background()
-    rec = Recording()
-    proxy = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                                    server=ProxyServerConfig(engine_urls=(srv.url,), request_timeout_s=20)),
-                        engine=SGLangClient(srv.url, timeout=20, transport=rec))
-    return srv, proxy, rec
+ENGINE = {"seed": 5, "tool_call_rate": 0.5, "mean_response_tokens": 60}
 
 
 @pytest.fixture(scope="module")
-def stack():
-    srv, proxy, rec = _start(0.5)
-    yield proxy, rec
-    proxy.shutdown(); srv.stop()
+def stack(engine):
+    rec = Recording()  # every /generate body the Proxy sends the engine
+    with start_proxy(engine.url, engine=SGLangClient(engine.url, timeout=20, transport=rec)) as proxy:
+        yield proxy, rec
 
 
 class Api:
@@ -189,9 +178,10 @@ def test_tool_choice_required_and_named_are_enforced(api):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-def test_tool_choice_required_fails_clearly_when_the_model_never_calls():
-    srv, proxy, _ = _start(0.0)
+def test_tool_choice_required_fails_clearly_when_the_model_never_calls(proxy_stack):
+    srv = start_engine(seed=5, tool_call_rate=0.0, mean_response_tokens=60)
     try:
+        proxy = proxy_stack(srv.url)
         api = Api(proxy, None)
         sid, r = api.chat(tools=[CALC], tool_choice="required", max_tokens=30)
         assert r.status_code == 502, r.text
@@ -202,7 +192,7 @@ def test_tool_choice_required_fails_clearly_when_the_model_never_calls():
         events = httpx.post(f"{api.url}/sessions/{sid}/v1/chat/completions", json=body, timeout=30).text
         assert '"code":"reply_constraint_unmet"' in events and api.steps(sid) == []
     finally:
-        proxy.shutdown(); srv.stop()
+        srv.stop()
 
 
 def test_response_format_json_object_and_schema(api):

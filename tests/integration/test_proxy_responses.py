@@ -12,16 +12,9 @@ import httpx
 import openai
 import pytest
 
-from dressage.engine.config import EngineConfig
 from dressage.engine.core import Engine
-from dressage.engine.server import EngineServer
-from dressage.fields import get_model
-from dressage.dataplane import DataPlaneConfig
-from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
-from dressage.rollout import RolloutManager
+from dressage.testing.stack import start_engine, start_proxy
 
-MODEL = get_model("tiny-moe")
 SYSTEM = "You are terse."
 USERS = ["What is 6*7?", "And 7*8?", "Sum them."]
 FLAT_TOOLS = [{"type": "function", "name": "calculator", "description": "evaluate",
@@ -31,16 +24,13 @@ SAMPLING = {"temperature": 0.7, "max_output_tokens": 40}
 TOOL_SAMPLING = {"temperature": 0.7, "max_output_tokens": 160}  # a byte-token tool call is long
 
 
+ENGINE = {"seed": 5, "tool_call_rate": 0.6, "mean_response_tokens": 20}
+
+
 @pytest.fixture(scope="module")
-def proxy():
-    engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, tool_call_rate=0.6, mean_response_tokens=20))
-    engine.start_background()
-    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                                     server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)),
-                         sink=RolloutManager(dp_size=1))
-    yield server
-    server.shutdown()
-    engine.stop()
+def proxy(engine):
+    with start_proxy(engine.url, dp_size=1) as stack:
+        yield stack
 
 
 def _session(proxy):
@@ -322,11 +312,8 @@ def test_tool_choice_required_and_named_are_enforced_streamed_or_not(proxy, stre
 
 
 def test_finalize_waits_for_a_streamed_response_in_flight():
-    engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=30, token_delay_s=0.02,
-                                       stream_interval=2))
-    engine.start_background()
-    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), server=ProxyServerConfig(
-        engine_urls=(engine.url,), request_timeout_s=20)), sink=RolloutManager(dp_size=1))
+    engine = start_engine(seed=5, tool_call_rate=0.0, mean_response_tokens=30, token_delay_s=0.02, stream_interval=2)
+    server = start_proxy(engine.url, r3=False, dp_size=1)
 
     async def run():
         async with httpx.AsyncClient(timeout=20) as h:
@@ -346,18 +333,16 @@ def test_finalize_waits_for_a_streamed_response_in_flight():
         assert fin["in_flight_done"] is True and fin["num_steps"] == 1
         assert any('"type":"response.completed"' in line or '"type":"response.incomplete"' in line for line in rest)
     finally:
-        server.shutdown()
+        server.close()
         engine.stop()
 
 
 @pytest.mark.parametrize("keep_reasoning", [True, False], ids=["reasoning_sent_back", "reasoning_dropped"])
 def test_qwen3_template_responses_tool_loop_with_reasoning_is_one_segment(qwen3, keep_reasoning):
     """On the real Qwen3 template: reasoning items and function calls sent back continue the Segment."""
-    config = EngineConfig(model=MODEL, port=0, seed=11, tokenizer="qwen3", tool_call_rate=0.6, mean_response_tokens=20)
-    engine = EngineServer(config, engine=Engine(config, qwen3))
-    engine.start_background()
-    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), tokenizer="qwen3", server=ProxyServerConfig(
-        engine_urls=(engine.url,), request_timeout_s=30)), tokenizer=qwen3, sink=RolloutManager(dp_size=1))
+    engine = start_engine(seed=11, tokenizer="qwen3", tool_call_rate=0.6, mean_response_tokens=20,
+                          make_engine=lambda config: Engine(config, qwen3))
+    server = start_proxy(engine.url, r3=False, tokenizer=qwen3, tokenizer_name="qwen3", request_timeout_s=30, dp_size=1)
     try:
         sid, client = _session(server)
         items = [{"role": "user", "content": "What is 6*7? Use the calculator."}]
@@ -377,5 +362,5 @@ def test_qwen3_template_responses_tool_loop_with_reasoning_is_one_segment(qwen3,
         assert len(seg["step_ids"]) == 4 and "reasoning" in kinds
         assert sum(seg["loss_mask"]) == generated  # every generated token trained once, nothing else
     finally:
-        server.shutdown()
+        server.close()
         engine.stop()

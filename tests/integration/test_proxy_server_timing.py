@@ -1,17 +1,19 @@
-"""``Server-Timing: engine;dur=...`` on the Proxy's buffered answers: the engine's share of a call."""
+"""``Server-Timing: engine;dur=...`` on the Proxy's buffered answers: the engine's share of a call.
 
-import time
+The engine wait is read from a clock that advances 250 ms on every read, so one engine call (read once
+on entering the wait, once on leaving it) shows as exactly 250 ms, whatever the machine's speed.
+"""
+
+import itertools
+import threading
+from types import SimpleNamespace
 
 import httpx
+import pytest
 
-from dressage.engine.config import EngineConfig
-from dressage.engine.server import EngineServer
-from dressage.fields import get_model
-from dressage.dataplane import DataPlaneConfig
-from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.proxy.engines import server_timing
 
-MODEL = get_model("tiny-moe")
+ENGINE = {"mean_response_tokens": 20, "tool_call_rate": 0.0}
 
 
 def _engine_ms(resp: httpx.Response) -> float:
@@ -20,30 +22,28 @@ def _engine_ms(resp: httpx.Response) -> float:
     return float(dur[4:])
 
 
-def test_buffered_answers_carry_the_engine_wait_and_streams_do_not():
-    # 20 tokens at 10 ms each: the engine takes at least 200 ms for every call.
-    engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=3, mean_response_tokens=20, token_delay_s=0.01,
-                                       tool_call_rate=0.0))
-    engine.start_background()
-    proxy = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL),
-                                    server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)))
-    try:
-        with httpx.Client(base_url=proxy.url, timeout=20) as h:
-            sid = h.post("/sessions", json={}).json()["session_id"]
-            assert "server-timing" not in h.post("/sessions", json={}).headers
-            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
-            t0 = time.perf_counter()
-            chat = h.post(f"/sessions/{sid}/v1/chat/completions", json=body)
-            took_ms = (time.perf_counter() - t0) * 1000.0
-            assert chat.status_code == 200
-            tokens = chat.json()["usage"]["completion_tokens"]
-            assert tokens * 10.0 * 0.9 <= _engine_ms(chat) <= took_ms
-            gen = h.post(f"/sessions/{sid}/generate",
-                         json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 5}})
-            assert gen.status_code == 200 and 5 * 10.0 * 0.9 <= _engine_ms(gen)
-            with h.stream("POST", f"/sessions/{sid}/v1/chat/completions", json={**body, "stream": True}) as s:
-                assert s.status_code == 200 and "server-timing" not in s.headers
-                s.read()
-    finally:
-        proxy.shutdown()
-        engine.stop()
+@pytest.fixture
+def stepping_clock(monkeypatch):
+    ticks, lock = itertools.count(), threading.Lock()
+
+    def perf_counter() -> float:
+        with lock:
+            return next(ticks) * 0.25
+
+    monkeypatch.setattr(server_timing, "time", SimpleNamespace(perf_counter=perf_counter))
+
+
+def test_buffered_answers_carry_the_engine_wait_and_streams_do_not(stepping_clock, engine, proxy_stack):
+    proxy = proxy_stack(engine.url, r3=False)
+    with httpx.Client(base_url=proxy.url, timeout=20) as h:
+        sid = h.post("/sessions", json={}).json()["session_id"]
+        assert "server-timing" not in h.post("/sessions", json={}).headers
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
+        chat = h.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+        assert chat.status_code == 200 and _engine_ms(chat) == 250.0   # one engine call, timed once
+        gen = h.post(f"/sessions/{sid}/generate",
+                     json={"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 5}})
+        assert gen.status_code == 200 and _engine_ms(gen) == 250.0
+        with h.stream("POST", f"/sessions/{sid}/v1/chat/completions", json={**body, "stream": True}) as s:
+            assert s.status_code == 200 and "server-timing" not in s.headers
+            s.read()

@@ -12,15 +12,10 @@ import numpy as np
 import openai
 import pytest
 
-from dressage.engine.config import EngineConfig
 from dressage.engine.core import Engine
-from dressage.engine.server import EngineServer
-from dressage.fields import get_model
-from dressage.proxy import Proxy
-from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
+from dressage.testing.stack import start_engine, start_proxy
 from dressage.trajectory.segment import build_segments
 
-MODEL = get_model("tiny-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate an expression",
                                             "parameters": {"type": "object",
                                                            "properties": {"expr": {"type": "string"}}}}}]
@@ -28,16 +23,11 @@ TOOLS = [{"type": "function", "function": {"name": "calculator", "description": 
 
 @pytest.fixture(scope="module")
 def stack(qwen3):
-    config = EngineConfig(model=MODEL, port=0, seed=11, tokenizer="qwen3", tool_call_rate=0.6,
-                          mean_response_tokens=20)
-    engine = EngineServer(config, engine=Engine(config, qwen3))
-    engine.start_background()
-    cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, routed_experts_dtype="uint8")
-    proxy = Proxy.start(ProxyConfig(data_plane=cfg, tokenizer="qwen3",
-                                    server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=30)),
-                        tokenizer=qwen3)  # the one already loaded
-    yield proxy, proxy.service
-    proxy.shutdown()
+    engine = start_engine(seed=11, tokenizer="qwen3", tool_call_rate=0.6, mean_response_tokens=20,
+                          make_engine=lambda config: Engine(config, qwen3))
+    with start_proxy(engine.url, routed_experts_dtype="uint8", tokenizer=qwen3,  # the one already loaded
+                     tokenizer_name="qwen3", request_timeout_s=30) as proxy:
+        yield proxy, proxy.service
     engine.stop()
 
 

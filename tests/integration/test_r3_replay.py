@@ -15,19 +15,15 @@ import pytest
 pytest.importorskip("torch", reason="the transformers backend needs torch (the hf extra)")
 pytest.importorskip("transformers", reason="the transformers backend needs transformers (the hf extra)")
 
-from dressage.engine.config import EngineConfig  # noqa: E402
 from dressage.engine.hf_backend import TransformersEngine  # noqa: E402
-from dressage.engine.server import EngineServer  # noqa: E402
+from dressage.engine.moe import build_moe_model  # noqa: E402
 from dressage.errors import FieldShapeError  # noqa: E402
 from dressage.fields import get_model  # noqa: E402
 from dressage.fields.r3 import R3_DTYPES  # noqa: E402
-from dressage.proxy import Proxy  # noqa: E402
-from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig  # noqa: E402
-from dressage.rollout import RolloutManager  # noqa: E402
+from dressage.harness.replay import replay_sample  # noqa: E402
+from dressage.testing.stack import start_engine, start_proxy  # noqa: E402
 from dressage.tq import TransferQueue  # noqa: E402
 from dressage.train import check_sample  # noqa: E402
-from dressage.train.moe import build_moe_model  # noqa: E402
-from dressage.train.replay import replay_sample  # noqa: E402
 
 MODEL = get_model("tiny-qwen3-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate an expression",
@@ -38,10 +34,9 @@ SEED = 5
 
 @pytest.fixture(scope="module")
 def engine(qwen3):
-    config = EngineConfig(model=MODEL, backend="transformers", port=0, seed=SEED, tokenizer="qwen3",
-                          tool_call_rate=0.6, mean_response_tokens=16)
-    srv = EngineServer(config, engine=TransformersEngine(config, qwen3))
-    srv.start_background()
+    """The transformers backend (a real MoE model) on the real Qwen3 tokenizer, not the built-in engine."""
+    srv = start_engine(model=MODEL, backend="transformers", seed=SEED, tokenizer="qwen3", tool_call_rate=0.6,
+                       mean_response_tokens=16, make_engine=lambda config: TransformersEngine(config, qwen3))
     yield srv
     srv.stop()
 
@@ -51,14 +46,11 @@ def trainer_model(engine):
     return build_moe_model("tiny-qwen3-moe", vocab_size=engine.engine.moe.vocab_size, seed=SEED)
 
 
-def _proxy(url, tok, tq, dtype):
-    cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=tq is not None,
-                          routed_experts_dtype=dtype)
-    rm = RolloutManager(dp_size=1)
-    proxy = Proxy.start(ProxyConfig(data_plane=cfg, tokenizer="qwen3",
-                                    server=ProxyServerConfig(engine_urls=(url,), request_timeout_s=60)),
-                        tq=tq, tokenizer=tok, sink=rm)
-    return proxy, rm
+def _proxy(engine, qwen3, tq, dtype):
+    """The Proxy of these tests: R3 as ``dtype``, the engine's Qwen3 tokenizer, one DP rank."""
+    stack = start_proxy(engine.url, model=MODEL, tq=tq, routed_experts_dtype=dtype, tokenizer=qwen3,
+                        tokenizer_name="qwen3", request_timeout_s=60, dp_size=1)
+    return stack, stack.manager
 
 
 async def _conversation(url, turns=3):
@@ -83,7 +75,7 @@ async def _conversation(url, turns=3):
 @pytest.mark.parametrize("dtype", sorted(R3_DTYPES))
 def test_forced_routing_reproduces_rollout_logprobs(engine, qwen3, trainer_model, restore_batch, tq_on, dtype):
     tq = TransferQueue.start({"deployment": "embedded"}) if tq_on else None
-    server, rm = _proxy(engine.url, qwen3, tq, dtype)
+    server, rm = _proxy(engine, qwen3, tq, dtype)
     try:
         asyncio.run(_conversation(server.url))
         (sample,) = restore_batch(rm, tq)
@@ -98,18 +90,18 @@ def test_forced_routing_reproduces_rollout_logprobs(engine, qwen3, trainer_model
         if tq is not None:
             assert tq.total_keys() == 0
     finally:
-        server.shutdown()
+        server.close()
         if tq is not None:
             tq.shutdown()
 
 
 def test_without_replay_perturbed_weights_change_the_experts(engine, qwen3, trainer_model, restore_batch):
-    server, rm = _proxy(engine.url, qwen3, None, "uint8")
+    server, rm = _proxy(engine, qwen3, None, "uint8")
     try:
         asyncio.run(_conversation(server.url, turns=2))
         (sample,) = restore_batch(rm, None)
     finally:
-        server.shutdown()
+        server.close()
     same = replay_sample(trainer_model, sample, force=False)
     assert same.expert_mismatch == 0.0 and same.bit_identical       # same weights: the same routing anyway
     moved = trainer_model.perturbed(1e-3)

@@ -1,35 +1,24 @@
-"""Weight versions, resume and scoped pause over HTTP: a Proxy from ``Proxy.start`` and the built-in engine."""
+"""Weight versions, resume and scoped pause over HTTP: the engine + Proxy test stack."""
 
 import asyncio
 
 import httpx
 import pytest
 
-from dressage.dataplane import DataPlaneConfig
-from dressage.engine.config import EngineConfig
-from dressage.engine.server import EngineServer
-from dressage.fields import NAMED_BASE, get_model
-from dressage.proxy import Proxy
-from dressage.proxy.config import JournalConfig, ProxyConfig, ProxyServerConfig
+from dressage.fields import NAMED_BASE
+from dressage.proxy.config import JournalConfig
+from dressage.testing.stack import start_engine, start_proxy
 from dressage.trajectory.sample import samples_of_session
 
-MODEL = get_model("tiny-moe")
 PROMPT = [5, 6, 7, 8]
 
 
 @pytest.fixture()
 def engine():
-    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=8))
-    srv.start_background()
+    """A fresh engine for each test (not the module's shared one): the tests change its weight version."""
+    srv = start_engine(seed=5, mean_response_tokens=8, tool_call_rate=0.0)
     yield srv
     srv.stop()
-
-
-def _config(engine, *, partial_rollout=True, journal=None):
-    return ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                       server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20,
-                                                partial_rollout=partial_rollout),
-                       journal=JournalConfig(path=journal, fsync="never"))
 
 
 def _session(h, url, **metadata):
@@ -55,7 +44,7 @@ def _set_engine_version(h, engine, version):
 
 
 def test_engine_versions_stamp_tokens_and_resume_is_the_fallback(engine):
-    with Proxy.start(_config(engine)) as proxy, httpx.Client(timeout=20) as h:
+    with start_proxy(engine.url, partial_rollout=True) as proxy, httpx.Client(timeout=20) as h:
         url = proxy.url
         sid = _session(h, url)
         _generate(h, url, sid)                   # the engine reports SGLang's unset "default"
@@ -84,7 +73,7 @@ def test_engine_versions_stamp_tokens_and_resume_is_the_fallback(engine):
 
 
 def test_resume_bodies_are_strict(engine):
-    with Proxy.start(_config(engine)) as proxy, httpx.Client(timeout=20) as h:
+    with start_proxy(engine.url, partial_rollout=True) as proxy, httpx.Client(timeout=20) as h:
         url = proxy.url
         bad = h.post(url + "/v1/rollout/resume", json={"new_version": "x"})
         assert bad.status_code == 400 and "new_version" in bad.json()["error"]["message"]
@@ -130,7 +119,7 @@ def test_a_paused_session_or_instance_waits_while_others_run(engine):
             await asyncio.wait_for(asyncio.gather(held, held_c), 20)
             return a, b, c
 
-    with Proxy.start(_config(engine)) as proxy:
+    with start_proxy(engine.url, partial_rollout=True) as proxy:
         a, b, c = asyncio.run(scenario(proxy.url))
         steps = {sid: len(proxy.core.session(sid).steps) for sid in (a, b, c)}
         assert steps == {a: 1, b: 2, c: 2}
@@ -140,12 +129,12 @@ def test_named_versions_keep_their_codes_across_a_journal_restart(engine, tmp_pa
     journal = str(tmp_path / "proxy.journal")
     with httpx.Client(timeout=20) as h:
         _set_engine_version(h, engine, "rl-step-7")
-        with Proxy.start(_config(engine, partial_rollout=False, journal=journal)) as proxy:
+        with start_proxy(engine.url, journal=JournalConfig(path=journal, fsync="never")) as proxy:
             sid = _session(h, proxy.url)
             _generate(h, proxy.url, sid)
             step7 = _versions_of(proxy, sid)[0]
         _set_engine_version(h, engine, "rl-step-8")
-        with Proxy.start(_config(engine, partial_rollout=False, journal=journal)) as proxy:
+        with start_proxy(engine.url, journal=JournalConfig(path=journal, fsync="never")) as proxy:
             versions = proxy.service.versions
             assert versions.table.label(step7) == "rl-step-7" and versions.current == step7
             # The recovered session still keeps its version: the engine moved on, so its call is refused.
@@ -162,8 +151,7 @@ def test_named_versions_keep_their_codes_across_a_journal_restart(engine, tmp_pa
 @pytest.fixture()
 def slow_engine():
     # 20 ms per token: a 250-token reply is in flight for seconds, so a pause finds it running.
-    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=2000, token_delay_s=0.02))
-    srv.start_background()
+    srv = start_engine(seed=5, mean_response_tokens=2000, token_delay_s=0.02, tool_call_rate=0.0)
     yield srv
     srv.stop()
 
@@ -193,7 +181,7 @@ def test_a_session_pause_cuts_only_that_sessions_call_in_flight(slow_engine, par
             await h.post(url + "/v1/rollout/resume", json={"version": "rl-1"})
             return a, b, await call_a
 
-    with Proxy.start(_config(slow_engine, partial_rollout=partial_rollout)) as proxy:
+    with start_proxy(slow_engine.url, partial_rollout=partial_rollout) as proxy:
         a, b, out_a = asyncio.run(scenario(proxy.url))
         (step_b,) = proxy.core.session(b).steps.values()
         assert step_b.metadata["engine_requests"] == 1

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from dressage.cli import main
-from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
-from dressage.run import RunConfig, run_pipeline
+from dressage.fields import get_model
+from dressage.harness.run import RunConfig, run_pipeline
 
 
 def _cfg(tq: bool, dtype: str, params=None, **kw):

@@ -9,9 +9,9 @@ import pytest
 
 from dressage.cli import main
 from dressage.errors import ConfigError, EngineTimeout, EngineUnavailable
-from dressage.run.loop import RunReport
-from dressage.run.probe import check_engine_reachable
-from dressage.run.verdict import judge
+from dressage.harness.run.loop import RunReport
+from dressage.harness.run.probe import check_engine_reachable
+from dressage.harness.run.verdict import judge
 
 SMALL = ["--num-rollouts", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--max-turns", "2",
          "--max-tokens", "32", "--no-progress"]

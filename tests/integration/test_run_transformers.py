@@ -13,10 +13,10 @@ pytest.importorskip("torch", reason="the transformers engine needs torch (the hf
 pytest.importorskip("transformers", reason="the transformers engine needs transformers (the hf extra)")
 
 from dressage.cli import main  # noqa: E402
+from dressage.dataplane import DataPlaneConfig  # noqa: E402
 from dressage.errors import ConfigError, TokenizerError  # noqa: E402
 from dressage.fields import get_model  # noqa: E402
-from dressage.dataplane import DataPlaneConfig  # noqa: E402
-from dressage.run import RunConfig  # noqa: E402
+from dressage.harness.run import RunConfig  # noqa: E402
 from dressage.tokenizer.packaged import qwen3_tokenizer_dir  # noqa: E402
 
 

@@ -8,17 +8,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dressage.agents import make_prompts, run_rollout
-from dressage.agents.config import AgentConfig
-from dressage.engine.config import EngineConfig
-from dressage.engine.server import EngineServer
 from dressage.errors import ConfigError, TrajectoryError
 from dressage.fields import get_model
+from dressage.harness.agents import make_prompts, run_rollout
+from dressage.harness.agents.config import AgentConfig
+from dressage.harness.slime_agent import SimulatedAgent
 from dressage.integrations import slime_rollout
 from dressage.integrations.slime import SlimeSample
-from dressage.proxy import Proxy
-from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
 from dressage.rollout import RolloutManager
+from dressage.testing.stack import start_proxy
 
 MODEL = get_model("tiny-moe")
 
@@ -35,28 +33,19 @@ class DataSource:
                 for g, p in enumerate(self.prompts[:n])]
 
 
-@pytest.fixture(scope="module")
-def engine():
-    srv = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=12))
-    srv.start_background()
-    yield srv
-    srv.stop()
+ENGINE = {"seed": 5, "mean_response_tokens": 12, "tool_call_rate": 0.0}
 
 
 @pytest.fixture(scope="module")
 def stack(engine):
-    manager = RolloutManager()
-    proxy = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                                    server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)),
-                        sink=manager)
-    yield proxy.url, manager
-    proxy.shutdown()
+    with start_proxy(engine.url, manager=RolloutManager()) as proxy:
+        yield proxy.url, proxy.manager
 
 
 def test_rollout_function_returns_slime_groups_with_restored_fields(stack):
     url, manager = stack
     rollout = slime_rollout.SlimeRollout(proxy_url=url, manager=manager, concurrency=4,
-                                         agent_config=AgentConfig(max_turns=2, tools=False, max_tokens=16))
+                                         agent=SimulatedAgent(AgentConfig(max_turns=2, tools=False, max_tokens=16)))
     slime_rollout.install(rollout)
     try:
         source = DataSource(["Add 2 and 3, then explain.",
@@ -86,7 +75,7 @@ def test_rollout_function_returns_slime_groups_with_restored_fields(stack):
 
 def test_rollout_function_refuses_bad_inputs(stack):
     url, manager = stack
-    rollout = slime_rollout.SlimeRollout(proxy_url=url, manager=manager, agent_config=AgentConfig())
+    rollout = slime_rollout.SlimeRollout(proxy_url=url, manager=manager, agent=SimulatedAgent(AgentConfig()))
     with pytest.raises(ConfigError, match="rollout_batch_size"):
         rollout(SimpleNamespace(rollout_batch_size=0), 0, DataSource(["x"], 1))
     with pytest.raises(ConfigError, match="prompt 0"):
@@ -102,13 +91,10 @@ def test_rollout_function_drains_a_proxy_that_runs_as_its_own_service(engine, wi
     from dressage.tq import TransferQueue
 
     tq = TransferQueue.start({"deployment": "local", "num_storage_units": 1, "retention_s": None}) if with_tq else None
-    proxy = Proxy.start(ProxyConfig(
-        data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=with_tq,
-                                   routed_experts_dtype="uint8"),
-        server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)), tq=tq)
+    proxy = start_proxy(engine.url, tq=tq, routed_experts_dtype="uint8")
     try:
         rollout = slime_rollout.SlimeRollout(proxy_url=proxy.url, concurrency=4, read_groups=1,
-                                             agent_config=AgentConfig(max_turns=2, tools=False, max_tokens=16))
+                                             agent=SimulatedAgent(AgentConfig(max_turns=2, tools=False, max_tokens=16)))
         out = rollout(SimpleNamespace(rollout_batch_size=2), 3, DataSource(["Add 2 and 3.", "Name a colour."], 2))
         groups = out.samples if hasattr(out, "samples") else out
         assert rollout.last_report.finalized == 4 and len(groups) == 2
@@ -126,6 +112,6 @@ def test_rollout_function_drains_a_proxy_that_runs_as_its_own_service(engine, wi
         with pytest.raises(TrajectoryError, match="read 5 finalized trajectories where the agents finalized 4"):
             rollout(SimpleNamespace(rollout_batch_size=2), 4, DataSource(["Add 2 and 3.", "Name a colour."], 2))
     finally:
-        proxy.shutdown()
+        proxy.close()
         if tq is not None:
             tq.shutdown()

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from dressage.agents import AgentConfig, make_prompts, run_rollout
+from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 
 pytestmark = pytest.mark.slow
 N_PROMPTS, N_SAMPLES = 3, 2
@@ -51,7 +51,8 @@ def _stop(proc):
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine_process():
+    """``dressage engine serve`` as its own process (the documented multi-process path); its URL."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _start(["engine", "serve", "--port", str(port), "--tool-call-rate", "0.5",
@@ -92,8 +93,8 @@ def _rollout_then_train(engine_url, tmp_path, *, tq: bool, spec_file=None, on_st
         _stop(proxy)
 
 
-def test_trainer_process_restores_refs_from_the_proxys_transfer_queue(engine, tmp_path):
-    with_tq, left = _rollout_then_train(engine, tmp_path, tq=True)
+def test_trainer_process_restores_refs_from_the_proxys_transfer_queue(engine_process, tmp_path):
+    with_tq, left = _rollout_then_train(engine_process, tmp_path, tq=True)
     assert with_tq["transfer_queue"] is True
     assert with_tq["sessions"] == N_PROMPTS * N_SAMPLES and with_tq["samples"] >= with_tq["sessions"]
     assert with_tq["tq_keys_read"] > 0 and with_tq["tq_keys_released"] == with_tq["tq_keys_read"]
@@ -101,14 +102,14 @@ def test_trainer_process_restores_refs_from_the_proxys_transfer_queue(engine, tm
     assert with_tq["large_field_bytes_restored"] > 0
     assert left["trajectories"] == []  # drained: the Proxy no longer holds them
 
-    without_tq, _ = _rollout_then_train(engine, tmp_path, tq=False)
+    without_tq, _ = _rollout_then_train(engine_process, tmp_path, tq=False)
     assert without_tq["transfer_queue"] is False and without_tq["tq_keys_read"] == 0
     # Same agents, same engine seed: the trainer sees bit-identical Samples whichever path they took.
     assert with_tq["samples_digest"] == without_tq["samples_digest"]
     assert with_tq["large_field_bytes_restored"] == without_tq["large_field_bytes_restored"]
 
 
-def test_a_proxy_process_joins_a_running_transfer_queue_by_its_spec_and_loads_no_ray(engine, tmp_path):
+def test_a_proxy_process_joins_a_running_transfer_queue_by_its_spec_and_loads_no_ray(engine_process, tmp_path):
     """The seed's deployment: the TQ is started elsewhere (here by the test; on a cluster by the driver,
     on Ray), the Proxy joins it from a spec file, so it needs no Ray, and the trainer joins it from the
     spec the Proxy passes on. The TQ outlives the Proxy, and its keys are gone once the trainer is done."""
@@ -124,20 +125,20 @@ def test_a_proxy_process_joins_a_running_transfer_queue_by_its_spec_and_loads_no
             with open(f"/proc/{pid}/maps") as f:
                 assert "_raylet" not in f.read()
 
-        joined, left = _rollout_then_train(engine, tmp_path, tq=True, spec_file=spec_file, on_start=outside_ray)
+        joined, left = _rollout_then_train(engine_process, tmp_path, tq=True, spec_file=spec_file, on_start=outside_ray)
         assert joined["transfer_queue"] is True and joined["sessions"] == N_PROMPTS * N_SAMPLES
         assert joined["tq_keys_read"] > 0 and joined["tq_keys_released"] == joined["tq_keys_read"]
         assert left["trajectories"] == [] and tq.client().total_keys() == 0  # the TQ runs on, emptied
-        without_tq, _ = _rollout_then_train(engine, tmp_path, tq=False)
+        without_tq, _ = _rollout_then_train(engine_process, tmp_path, tq=False)
         assert joined["samples_digest"] == without_tq["samples_digest"]
     finally:
         tq.shutdown()
 
 
-def test_a_spec_that_is_not_one_stops_the_proxy_with_its_name(engine, tmp_path):
+def test_a_spec_that_is_not_one_stops_the_proxy_with_its_name(engine_process, tmp_path):
     bad = tmp_path / "tq.json"
     bad.write_text('{"spec_version": 99}')
-    proc = subprocess.run([sys.executable, "-m", "dressage", "proxy", "serve", "--engine-url", engine,
+    proc = subprocess.run([sys.executable, "-m", "dressage", "proxy", "serve", "--engine-url", engine_process,
                            "--port", str(_free_port()), "--enable-transfer-queue", "--transfer-queue-spec", str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "tq.json" in proc.stderr and "spec" in proc.stderr

@@ -43,15 +43,15 @@ def test_killed_unit_is_dead_at_once_and_the_reader_drops_exactly_its_samples():
         hit = [s for s in samples if _unit_of(s) == victim]
         assert 0 < len(hit) < len(samples)
         kill_unit(tq, victim)
-        took = wait_unit_state(tq, victim, "dead", 5.0)
-        assert took < 2.5                              # the exit watcher, not the 5 s probe time-out
+        wait_unit_state(tq, victim, "dead", 5.0)
+        # Marked by the watch on its process, not by the 5 s probe time-out.
+        assert tq.unit_states()[victim]["reason"].startswith(f"process {tq.processes()[victim]} exited")
         later = [_sample(client, 100 + i) for i in range(4)]
         assert {_unit_of(s) for s in later} != {victim} and all(_unit_of(s) != victim for s in later)
         lost_keys = [s.remote["logprobs"][0].value.key for s in hit]
-        t0 = time.monotonic()
         with pytest.raises(StorageUnitUnavailable) as info:
             client.get_many([s.remote["logprobs"][0].value for s in hit])
-        assert time.monotonic() - t0 < 0.5
+        assert "no reply within" not in str(info.value)  # failed on the known death, not by a time-out
         assert victim in str(info.value) and lost_keys[0] in str(info.value) and "exited" in str(info.value)
         reader = TrainingReader(client, on_lost="drop")
         kept = reader.restore(samples)
@@ -72,12 +72,12 @@ def test_stopped_unit_is_dead_by_timeout_and_live_again_after_sigcont():
         victim = _unit_of(samples[0])
         refs = [s.remote["routed_experts"][0].value for s in samples if _unit_of(s) == victim]
         with stopped_unit(tq, victim):
-            took = wait_unit_state(tq, victim, "dead", 5.0)
-            assert 0.7 <= took < 5.0                   # unit_dead_after_s 1.0 plus at most a probe period
-            t0 = time.monotonic()
-            with pytest.raises(StorageUnitUnavailable, match="answered no probe"):
+            assert tq.unit_states()[victim]["state"] == "live"   # stopped is not dead before it misses probes
+            wait_unit_state(tq, victim, "dead", 5.0)
+            assert tq.unit_states()[victim]["reason"].startswith("answered no probe")  # by time-out: no exit
+            with pytest.raises(StorageUnitUnavailable, match="answered no probe") as info:
                 client.get_many(refs)
-            assert time.monotonic() - t0 < 0.5
+            assert "marked dead by the Controller" in str(info.value)  # refused at once, as known dead
             during = [_sample(client, 50 + i) for i in range(3)]
             assert all(_unit_of(s) != victim for s in during)
         wait_unit_state(tq, victim, "live", 3.0)

@@ -92,10 +92,11 @@ def test_dead_unit_is_a_bounded_typed_error_naming_unit_and_keys():
         os.kill(tq.processes()[victim], signal.SIGKILL)
         dead = [r for r in refs if r.unit_id == victim]
         alive = [r for r in refs if r.unit_id != victim]
-        t0 = time.monotonic()
         with pytest.raises(StorageUnitUnavailable) as info:
             client.get_many(refs)
-        assert time.monotonic() - t0 < 5
+        # Bounded: the read failed on the refused connection or the unit's known death, not by waiting
+        # out the 1 s request timeout.
+        assert "no reply within" not in str(info.value) and "timed out" not in str(info.value)
         assert victim in str(info.value) and dead[0].key in str(info.value)
         # The surviving unit keeps serving, and every new put goes to it.
         np.testing.assert_array_equal(client.get_many(alive)[0], np.full(16, int(client.get(alive[0])[0])))

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from openai.types.chat import ChatCompletion
 
-from dressage.agents import AgentConfig, ProxyClient, error_kind, parse_completion, run_rollout
 from dressage.errors import ConfigError, ProxyConnectionError, ProxyReplyError, ProxyStatusError, ProxyTimeout
+from dressage.harness.agents import AgentConfig, ProxyClient, error_kind, parse_completion, run_rollout
 
 
 def _completion(message, usage=True, choices=True):

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from dressage.agents import AgentConfig, TaskPrompt, as_task_prompt, execute_tool, make_prompts, score_transcript
-from dressage.agents.tools import LOOKUP_TABLE, TOOL_SPECS
 from dressage.errors import ConfigError
+from dressage.harness.agents import AgentConfig, TaskPrompt, as_task_prompt, execute_tool, make_prompts, score_transcript
+from dressage.harness.agents.tools import LOOKUP_TABLE, TOOL_SPECS
 
 
 def test_defaults_are_valid_and_compress_at_is_the_share_of_the_limit():

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from dressage.agents import AgentConfig, ChatReply, Conversation, SessionPolicy, ToolCall, make_prompts
-from dressage.agents.policy import needs_compression
 from dressage.errors import SessionStateError
+from dressage.harness.agents import AgentConfig, ChatReply, Conversation, SessionPolicy, ToolCall, make_prompts
+from dressage.harness.agents.policy import needs_compression
 
 
 def _decisions(config, group, sample, n=12):

@@ -56,12 +56,9 @@ def test_wait_gives_up_after_full_wait_s_and_error_refuses_at_once_without_writi
                                   "retention_s": None}) as tq:
             client = tq.client()
             refs = [client.put("x", _blob(i, 300 * KiB)) for i in range(3)]
-            t0 = time.monotonic()
             with pytest.raises(StorageFullError, match="full"):
                 client.put("x", _blob(9, 300 * KiB))
-            elapsed = time.monotonic() - t0
-            assert (elapsed >= 0.1) if policy == "wait" else (elapsed < 1.0)
-            assert (client.counters.full_waits > 0) == (policy == "wait")
+            assert (client.counters.full_waits > 0) == (policy == "wait")   # waited, or refused at once
             stats = tq.stats()["unit0"]
             assert stats["keys"] == 3 and stats["puts"] == 3   # the refused payload never reached the unit
             assert tq.controller.total_keys() == 3

@@ -44,10 +44,9 @@ def test_on_full_wait_resumes_once_a_batch_is_cleared_and_times_out_otherwise():
     with TransferQueue.start({"unit_memory_budget": 1000, "on_full": "wait", "full_wait_s": 0.2}) as tq:
         c = tq.client()
         c.put("logprobs", np.zeros(200, dtype=np.float32))
-        t0 = time.monotonic()
         with pytest.raises(StorageFullError):
             c.put("logprobs", np.zeros(200, dtype=np.float32))
-        assert time.monotonic() - t0 < 3
+        assert c.counters.full_waits >= 1   # it waited for space before giving up
         assert tq.total_keys() == 1
 
 

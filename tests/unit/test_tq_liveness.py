@@ -48,20 +48,21 @@ class _FlakyUnit:
 
     def __init__(self) -> None:
         self.silent = threading.Event()
+        self.missed = 0
 
     def ping(self, timeout_s: float | None = None) -> None:
         if self.silent.is_set():
+            self.missed += 1
             time.sleep(min(timeout_s or 0.0, 0.05))
             raise StorageUnitUnavailable("StorageUnit u0 is unavailable (ping: no reply)")
 
 
-def _wait_for(predicate, timeout_s: float = 5.0) -> float:
-    t0 = time.monotonic()
+def _wait_for(predicate, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
     while not predicate():
-        if time.monotonic() - t0 > timeout_s:
+        if time.monotonic() > deadline:
             raise AssertionError("condition not reached")
         time.sleep(0.01)
-    return time.monotonic() - t0
 
 
 def test_monitor_marks_a_silent_unit_dead_within_the_bound_and_live_when_it_answers():
@@ -72,8 +73,9 @@ def test_monitor_marks_a_silent_unit_dead_within_the_bound_and_live_when_it_answ
         time.sleep(0.15)
         assert ctl.unit_states()["u0"]["state"] == "live"
         flaky.silent.set()
-        took = _wait_for(lambda: ctl.unit_states()["u0"]["state"] == "dead")
-        assert 0.2 <= took < 3.0                       # dead_after_s 0.3, less one probe period at most
+        _wait_for(lambda: ctl.unit_states()["u0"]["state"] == "dead")
+        # dead_after_s spans several probe periods: one missed probe is not yet a verdict.
+        assert flaky.missed >= 2 and steady.missed == 0
         assert "answered no probe" in ctl.unit_states()["u0"]["reason"]
         assert ctl.unit_states()["u1"]["state"] == "live"
         flaky.silent.clear()
@@ -93,15 +95,14 @@ def test_a_read_waiting_on_a_unit_ends_when_the_unit_is_marked_dead():
         ref = client.put("logprobs", np.arange(8, dtype=np.float32))
         server.stop()                                   # nobody answers now; timeout is 30 s
         threading.Timer(0.3, ctl.mark_unit_dead, args=("u0", "test verdict")).start()
-        t0 = time.monotonic()
         with pytest.raises(StorageUnitUnavailable) as info:
             client.get(ref)
-        assert time.monotonic() - t0 < 2.0
+        # The verdict ended the wait: a time-out would say "no reply within 30 s".
         assert "u0" in str(info.value) and ref.key in str(info.value) and "test verdict" in str(info.value)
-        t0 = time.monotonic()                           # known dead: no wait at all
-        with pytest.raises(StorageUnitUnavailable, match="marked dead"):
-            client.get(ref)
-        assert time.monotonic() - t0 < 0.5
+        assert "no reply within" not in str(info.value)
+        with pytest.raises(StorageUnitUnavailable, match="marked dead") as info:   # known dead: refused
+            client.get(ref)                                                        # before any send
+        assert "no reply within" not in str(info.value)
         assert client.dead_units() == {"u0": client.dead_units()["u0"]}
         assert client.delete([ref]) == 1                # the unit copy stays queued, nothing waits
     finally:

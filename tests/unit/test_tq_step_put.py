@@ -224,10 +224,9 @@ def test_a_controller_killed_mid_run_fails_the_next_put_within_the_request_timeo
             client.put_many([("routed_experts", r3), ("logprobs", lp)])
             os.kill(tq.processes()["controller"], signal.SIGKILL)
             time.sleep(0.2)
-            t0 = time.monotonic()
-            with pytest.raises(StorageUnitUnavailable):
+            with pytest.raises(StorageUnitUnavailable) as info:
                 client.put_many([("routed_experts", r3), ("logprobs", lp)])
-            assert time.monotonic() - t0 < 15
+            assert "no reply within 2 s" in str(info.value)   # ended by the request timeout, not a hang
         finally:
             client.close()
 

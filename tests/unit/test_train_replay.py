@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from dressage.errors import FieldShapeError
+from dressage.harness.replay import merge_replay, replay_summary
 from dressage.trajectory import Sample
-from dressage.train.replay import merge_replay, replay_summary
 
 ZERO = {"samples": 0, "tokens": 0, "identical_tokens": 0, "max_abs_diff": 0.0, "max_sum_abs_diff": 0.0}
 
@@ -30,7 +30,7 @@ def test_merge_replay_adds_counts_and_keeps_the_worst_differences():
 def model():
     pytest.importorskip("torch", reason="the replay model needs torch (the hf extra)")
     pytest.importorskip("transformers", reason="the replay model needs transformers (the hf extra)")
-    from dressage.train.moe import build_moe_model
+    from dressage.engine.moe import build_moe_model
 
     return build_moe_model("tiny-qwen3-moe", vocab_size=300, seed=3)
 

@@ -12,7 +12,7 @@ from dressage.units import format_bytes
 
 def register(sub: argparse._SubParsersAction) -> None:
     from dressage.flags import add_flags
-    from dressage.run.config import RunConfig
+    from dressage.harness.run.config import RunConfig
 
     p = sub.add_parser("run", help="run rollout -> train iterations end to end (embedded by default)",
                        description="Agents drive sessions through the Proxy's HTTP server into the built-in "
@@ -36,7 +36,7 @@ def run_config(args: argparse.Namespace):
     import dataclasses
 
     from dressage.flags import from_flags
-    from dressage.run.config import TRANSFORMERS_MODEL, RunConfig
+    from dressage.harness.run.config import TRANSFORMERS_MODEL, RunConfig
 
     dp = data_plane_config(args)
     if args.engine == "transformers":  # the shape of the model that engine runs
@@ -46,7 +46,7 @@ def run_config(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from dressage.run.verdict import run_and_judge
+    from dressage.harness.run.verdict import run_and_judge
 
     report, baseline, verdict = run_and_judge(run_config(args), compare_without_tq=args.compare_without_tq)
     print(render_report(report))

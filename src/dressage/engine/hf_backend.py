@@ -1,6 +1,6 @@
 """The ``transformers`` backend: a real random-weight MoE model answers ``/generate``.
 
-The model is ``dressage.train.moe``'s small ``Qwen3MoeForCausalLM`` (seeded, built on CPU, no
+The model is ``dressage.engine.moe``'s small ``Qwen3MoeForCausalLM`` (seeded, built on CPU, no
 download) on the engine's tokenizer. A reply's tokens follow the seeded planner of the built-in
 engine (readable words, a ``<think>`` block when the template is in thinking mode, ``<tool_call>``
 blocks when tools are offered) as constrained decoding would steer them; every logprob and every
@@ -28,7 +28,7 @@ class TransformersEngine(Engine):
     """An :class:`Engine` whose logprobs and routing are a real MoE model's."""
 
     def __init__(self, config: EngineConfig, tokenizer: Tokenizer | None = None, *, model: Any = None) -> None:
-        from dressage.train.moe import build_moe_model
+        from dressage.engine.moe import build_moe_model
 
         super().__init__(config, tokenizer)
         vocab = max(self.tokenizer.vocab_size, config.model.vocab_size)

@@ -64,7 +64,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         # A toy shape for tests and quick demos.
         ModelSpec(name="tiny-moe", num_layers=4, topk=2, num_experts=16, vocab_size=512),
         # The random-weight Qwen3MoeForCausalLM of `dressage engine serve --backend transformers`
-        # (dressage/train/models/tiny-qwen3-moe.json), on the Qwen3 vocabulary.
+        # (dressage/engine/models/tiny-qwen3-moe.json), on the Qwen3 vocabulary.
         ModelSpec(name="tiny-qwen3-moe", num_layers=2, topk=2, num_experts=8, vocab_size=151_936),
     )
 }

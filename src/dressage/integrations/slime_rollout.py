@@ -3,8 +3,8 @@
 slime calls ``fn(args, rollout_id, data_source, evaluation=False)`` and reads
 ``RolloutFnTrainOutput(samples=list[list[Sample]], metrics)`` (or, from older code, the bare
 groups). :class:`SlimeRollout` takes ``args.rollout_batch_size`` prompt groups from
-``data_source.get_samples``, runs ``len(group)`` agent sessions per prompt against the Proxy,
-takes the finalized sessions' Samples, restores their large fields and returns slime Samples
+``data_source.get_samples``, has its caller's agent (a :class:`RolloutAgent`) run ``len(group)``
+sessions per prompt against the Proxy, takes the finalized sessions' Samples, restores their large fields and returns slime Samples
 grouped by prompt. The Samples come from the :class:`~dressage.rollout.RolloutManager` the Proxy
 delivers to when it runs in this process (``manager``), else over the Proxy's trajectory-read
 interface (``POST /trajectory/read``, drained: the Proxy as its own service, as the seed deploys
@@ -16,11 +16,8 @@ at it with ``--rollout-function-path dressage.integrations.slime_rollout.generat
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Mapping, Protocol, Sequence
 
-from dressage.agents.config import AgentConfig
-from dressage.agents.prompts import DEFAULT_SYSTEM, TaskPrompt
-from dressage.agents.rollout import run_rollout
 from dressage.errors import ConfigError, TrajectoryError
 from dressage.fields.versions import VersionTable
 from dressage.integrations.slime import slime_sample_class, to_slime_groups
@@ -29,22 +26,32 @@ from dressage.rollout.manager import sample_ref_keys
 from dressage.train.reader import TrainingReader
 from dressage.train.remote import ProxyTrajectorySource, drain
 
-__all__ = ["SlimeRollout", "install", "generate_rollout", "prompt_of"]
+__all__ = ["SlimeRollout", "RolloutAgent", "AgentReport", "install", "generate_rollout"]
 
 
-def prompt_of(prompt: Any, index: int) -> TaskPrompt:
-    """A slime prompt (a string, or chat messages) as the agents' task."""
-    if isinstance(prompt, str) and prompt.strip():
-        return TaskPrompt(index=index, kind="slime", system=DEFAULT_SYSTEM, user=prompt)
-    if isinstance(prompt, list) and prompt:
-        system = next((m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "system"),
-                      DEFAULT_SYSTEM)
-        user = next((m.get("content") for m in reversed(prompt) if isinstance(m, dict) and m.get("role") == "user"),
-                    None)
-        if isinstance(user, str) and user.strip() and isinstance(system, str):
-            return TaskPrompt(index=index, kind="slime", system=system, user=user)
-    raise ConfigError(f"prompt {index}: expected a non-empty string or chat messages with a user turn, "
-                      f"got {str(prompt)[:200]!r}")
+class AgentReport(Protocol):
+    """What a :class:`RolloutAgent` reports of one rollout."""
+
+    @property
+    def finalized(self) -> int:
+        """Sessions the agents finalized (the count the drained trajectories must match)."""
+
+    def to_dict(self) -> Mapping[str, Any]:
+        """The report's entries; the numeric ones become ``dressage/<name>`` metrics."""
+
+
+class RolloutAgent(Protocol):
+    """The agents a rollout drives: the user's own, or the simulated ones of ``dressage run``.
+
+    Called once per rollout with slime's prompts as the data source gives them (a string or chat
+    messages each), it runs ``n_samples_per_prompt`` sessions per prompt through the Proxy at
+    ``proxy_url`` (session (g, i) created with metadata ``group_index=g``, ``sample_index=i`` plus
+    ``metadata``), at most ``concurrency`` at a time, with ``token`` as the Proxy's bearer token, and
+    finalizes them. A prompt it cannot use is a ``ConfigError`` before any request.
+    """
+
+    async def __call__(self, proxy_url: str, prompts: Sequence[Any], n_samples_per_prompt: int, *,
+                       concurrency: int, token: str | None, metadata: Mapping[str, Any]) -> AgentReport: ...
 
 
 def _train_output(groups: list[list[Any]], metrics: dict[str, Any]) -> Any:
@@ -58,13 +65,14 @@ def _train_output(groups: list[list[Any]], metrics: dict[str, Any]) -> Any:
 class SlimeRollout:
     """Callable as slime's rollout function.
 
-    ``manager`` is the Proxy's sink when the Proxy runs in this process; ``None`` reads the finalized
-    trajectories from the Proxy at ``proxy_url`` instead (``admin_token`` when it has one,
-    ``read_groups`` prompt groups a read). ``reader`` is a TrainingReader (``None``: every large field
-    is resident, or, reading over HTTP, one joined to the TQ the Proxy names).
+    ``agent`` runs each rollout's sessions. ``manager`` is the Proxy's sink when the Proxy runs in this
+    process; ``None`` reads the finalized trajectories from the Proxy at ``proxy_url`` instead
+    (``admin_token`` when it has one, ``read_groups`` prompt groups a read). ``reader`` is a
+    TrainingReader (``None``: every large field is resident, or, reading over HTTP, one joined to the
+    TQ the Proxy names).
     """
 
-    def __init__(self, *, proxy_url: str, manager: Any = None, agent_config: AgentConfig, reader: Any = None,
+    def __init__(self, *, proxy_url: str, agent: RolloutAgent, manager: Any = None, reader: Any = None,
                  concurrency: int = 64, token: str | None = None, versions: VersionTable | None = None,
                  admin_token: str | None = None, read_groups: int = 8) -> None:
         if not isinstance(concurrency, int) or concurrency < 1:
@@ -72,7 +80,7 @@ class SlimeRollout:
         if not isinstance(read_groups, int) or isinstance(read_groups, bool) or read_groups < 1:
             raise ConfigError(f"read_groups must be a positive integer, got {read_groups!r}")
         self.proxy_url, self.manager, self.reader = proxy_url, manager, reader
-        self.agent_config, self.concurrency, self.token, self.versions = agent_config, concurrency, token, versions
+        self.agent, self.concurrency, self.token, self.versions = agent, concurrency, token, versions
         self.read_groups = read_groups
         self._source = None if manager is not None else ProxyTrajectorySource(proxy_url, token=admin_token)
         self.last_report: Any = None
@@ -87,10 +95,9 @@ class SlimeRollout:
         per_prompt = {len(g) for g in source}
         if len(per_prompt) != 1:
             raise ConfigError(f"every group needs the same number of samples, got sizes {sorted(per_prompt)}")
-        prompts = [prompt_of(g[0].prompt, i) for i, g in enumerate(source)]
-        report = asyncio.run(run_rollout(self.proxy_url, prompts, per_prompt.pop(), self.agent_config,
-                                         concurrency=self.concurrency, token=self.token,
-                                         metadata={"rollout_id": int(rollout_id)}))
+        report = asyncio.run(self.agent(self.proxy_url, [g[0].prompt for g in source], per_prompt.pop(),
+                                        concurrency=self.concurrency, token=self.token,
+                                        metadata={"rollout_id": int(rollout_id)}))
         self.last_report = report
         manager, reader = self.manager, self.reader
         if self._source is not None:  # the Proxy is a service of its own: drain what this rollout finalized

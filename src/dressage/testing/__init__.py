@@ -22,6 +22,9 @@ The wire fuzzer (:mod:`dressage.testing.wirefuzz`): ``fuzz_server(address, n, ..
 multipart messages (``hostile_message``, of every kind in ``KINDS``) at any StorageUnit or Controller
 socket and reports in a ``FuzzReport`` whether each got a typed error reply and whether valid requests
 still work. See docs/testing.md.
+
+The engine + Proxy test stack (:mod:`dressage.testing.stack`, needs the ``server`` extra): ``start_engine``
+and ``start_proxy`` start the built-in engine and a Proxy over loopback, ``ProxyStack`` holds what ran.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 
 __all__ = ["StorageUnitTests", "ClientTests", "ControllerTests", "serve_unit", "serve_controller",
            "kill_unit", "stopped_unit", "corrupt_blob", "wait_unit_state", "unit_pid",
-           "fuzz_server", "hostile_message", "FuzzReport", "KINDS"]
+           "fuzz_server", "hostile_message", "FuzzReport", "KINDS", "start_engine", "start_proxy", "ProxyStack"]
 
 _WHERE = {
     "StorageUnitTests": "storage", "serve_unit": "storage",
@@ -39,6 +42,7 @@ _WHERE = {
     "kill_unit": "faults", "stopped_unit": "faults", "corrupt_blob": "faults", "wait_unit_state": "faults",
     "unit_pid": "faults",
     "fuzz_server": "wirefuzz", "hostile_message": "wirefuzz", "FuzzReport": "wirefuzz", "KINDS": "wirefuzz",
+    "start_engine": "stack", "start_proxy": "stack", "ProxyStack": "stack",
 }
 
 

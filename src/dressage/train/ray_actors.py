@@ -9,17 +9,20 @@ classes are plain: callers wrap them with ``ray.remote`` and the options (resour
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 
+from dressage.errors import ConfigError
+from dressage.fields import ModelSpec
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
 from dressage.train.reader import TrainingReader, release_batch
 from dressage.train.remote import ProxyTrajectorySource, drain
 from dressage.train.summary import summarise_shard
 
-__all__ = ["RolloutManagerActor", "TrainerActor", "RayBackend", "start_ray_backend"]
+__all__ = ["RolloutManagerActor", "TrainerActor", "RayBackend", "RayBackendConfig", "start_ray_backend"]
 
 _LARGE = ("rollout_log_probs", "rollout_routed_experts")
 _READ_TIMEOUT_S = 300.0  # one trajectory read: without TQ it carries a group's large fields
@@ -93,10 +96,27 @@ class TrainerActor:
         return summarise_shard(shard, self.model), after - before
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RayBackendConfig:
+    """Where the rollout and trainer actors run and what the trainers check."""
+
+    model: ModelSpec
+    """The model whose shapes every restored Sample is checked against."""
+    dp_size: int = 1
+    """Data-parallel ranks: one :class:`TrainerActor` each."""
+    ray_address: str | None = None
+    """The Ray cluster to join; ``None`` starts a fresh local one (never whatever else runs on this host)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dp_size, int) or isinstance(self.dp_size, bool) or self.dp_size < 1:
+            raise ConfigError(f"dp_size must be a positive integer, got {self.dp_size!r}")
+
+
 class RayBackend:
-    def __init__(self, cfg: Any, tq_spec: dict | None, client: Any) -> None:
+    """A RolloutManager actor and one trainer actor per DP rank; Samples travel via ``ray.put``."""
+
+    def __init__(self, cfg: RayBackendConfig, tq_spec: dict | None, client: Any) -> None:
         if not ray.is_initialized():
-            # Without --ray-address, a fresh local cluster (never whatever else runs on this host).
             ray.init(address=cfg.ray_address or "local", include_dashboard=False, log_to_driver=False,
                      **({} if cfg.ray_address else {"num_cpus": 2}))
             self._owns_ray = True
@@ -105,7 +125,7 @@ class RayBackend:
         self.client = client
         self.rm = ray.remote(num_cpus=0)(RolloutManagerActor).remote(cfg.dp_size)
         trainer = ray.remote(num_cpus=0)(TrainerActor)
-        self.trainers = [trainer.remote(tq_spec, cfg.data_plane.model) for _ in range(cfg.dp_size)]
+        self.trainers = [trainer.remote(tq_spec, cfg.model) for _ in range(cfg.dp_size)]
 
     def sink(self, done: Any) -> None:
         ray.get(self.rm.add.remote(done))
@@ -127,5 +147,5 @@ class RayBackend:
             ray.shutdown()
 
 
-def start_ray_backend(cfg: Any, tq_spec: dict | None, client: Any = None) -> RayBackend:
+def start_ray_backend(cfg: RayBackendConfig, tq_spec: dict | None, client: Any = None) -> RayBackend:
     return RayBackend(cfg, tq_spec, client)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dressage.agents import AgentConfig, make_prompts, run_rollout
+from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 from dressage_bench._ray import BenchCluster
 from dressage_bench.memory.actors import EngineActor, ProxyActor
 from dressage_bench.memory.proxy_process import ProxyProcess

@@ -12,11 +12,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from dressage.agents.client import ProxyClient, error_kind
-from dressage.agents.config import AgentConfig
-from dressage.agents.conversation import Conversation
-from dressage.agents.prompts import TaskPrompt, as_task_prompt
 from dressage.errors import AgentError, ConfigError
+from dressage.harness.agents.client import ProxyClient, error_kind
+from dressage.harness.agents.config import AgentConfig
+from dressage.harness.agents.conversation import Conversation
+from dressage.harness.agents.prompts import TaskPrompt, as_task_prompt
 
 __all__ = ["SessionResult", "RolloutReport", "run_rollout", "run_session"]
 

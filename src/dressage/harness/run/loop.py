@@ -13,20 +13,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dressage.agents import AgentConfig, make_prompts, run_rollout
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.errors import ConfigError, DressageError
+from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
+from dressage.harness.replay import merge_replay, replay_summary
+from dressage.harness.run.config import RunConfig
+from dressage.harness.run.memory import PssSampler, process_vitals
+from dressage.harness.run.probe import check_engine_reachable
 from dressage.proxy.config import ProxyConfig, ProxyServerConfig
 from dressage.proxy.deployment import Proxy
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
-from dressage.run.config import RunConfig
-from dressage.run.memory import PssSampler, process_vitals
-from dressage.run.probe import check_engine_reachable
 from dressage.train import TrainingReader, release_batch
 from dressage.train.digest import combine_digests
-from dressage.train.replay import merge_replay, replay_summary
 from dressage.train.summary import summarise_shard
 
 __all__ = ["RunReport", "run_pipeline"]
@@ -54,7 +54,7 @@ class RunReport:
     samples_digest: str = ""
     replay: dict[str, Any] = field(default_factory=dict)
     """With ``--engine transformers`` and R3: the trainer's forced-routing forward pass against the
-    recorded logprobs (:func:`dressage.train.replay.replay_summary`, summed over every Sample)."""
+    recorded logprobs (:func:`dressage.harness.replay.replay_summary`, summed over every Sample)."""
     rollouts: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -168,7 +168,7 @@ _TOKENIZER = {"builtin": "byte", "transformers": "qwen3"}
 
 def _replay_model(cfg: RunConfig, engine: EngineServer) -> Any:
     """The trainer's own copy of the engine's model: same config and seed, built separately."""
-    from dressage.train.moe import build_moe_model
+    from dressage.engine.moe import build_moe_model
 
     return build_moe_model(cfg.data_plane.model.name, vocab_size=engine.engine.moe.vocab_size, seed=cfg.seed)
 
@@ -240,13 +240,14 @@ class _RayBackend:
     """RolloutManager and one trainer reader per DP rank as Ray actors; Samples travel via ``ray.put``."""
 
     def __init__(self, cfg: RunConfig, tq: Any, client: Any) -> None:
-        from dressage.train.ray_actors import start_ray_backend
+        from dressage.train.ray_actors import RayBackendConfig, start_ray_backend
 
         if tq is not None and tq.deployment == "embedded":
             raise ConfigError("--ray with TransferQueue needs a 'local' or 'ray' deployment in "
                               "--transfer-queue-config (trainer actors must reach the StorageUnits)")
         self.cfg = cfg
-        self.impl = start_ray_backend(cfg, tq.client_spec() if tq is not None else None, client)
+        ray_cfg = RayBackendConfig(model=cfg.data_plane.model, dp_size=cfg.dp_size, ray_address=cfg.ray_address)
+        self.impl = start_ray_backend(ray_cfg, tq.client_spec() if tq is not None else None, client)
         self.sink = self.impl.sink
         self.remote_bytes_read = 0
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dressage.errors import ConfigError
-from dressage.run.config import RunConfig
+from dressage.harness.run.config import RunConfig
 
 __all__ = ["Verdict", "judge", "run_and_judge", "SEQUENCE_TOLERANCE"]
 
@@ -44,7 +44,7 @@ class Verdict:
 
 
 def judge(report: Any, baseline: Any = None) -> Verdict:
-    """The verdict on ``report`` (a :class:`dressage.run.loop.RunReport`); ``baseline`` is the
+    """The verdict on ``report`` (a :class:`dressage.harness.run.loop.RunReport`); ``baseline`` is the
     same run with TQ off, when one was made."""
     passed: list[str] = []
     failed: list[str] = []
@@ -76,7 +76,7 @@ def judge(report: Any, baseline: Any = None) -> Verdict:
 
 def run_and_judge(cfg: RunConfig, *, compare_without_tq: bool = False) -> tuple[Any, Any, Verdict]:
     """Run ``cfg``; with ``compare_without_tq`` (and TQ on) run it again with TQ off; judge both."""
-    from dressage.run.loop import run_pipeline
+    from dressage.harness.run.loop import run_pipeline
 
     if compare_without_tq and not cfg.data_plane.enable_transfer_queue:
         raise ConfigError("--compare-without-tq compares a run with TQ to one without: add --enable-transfer-queue")

@@ -44,7 +44,7 @@ class ReplayResult:
 
 
 def replay_sample(model: "object", sample: Sample, *, force: bool = True) -> ReplayResult:
-    """Score ``sample`` with ``model`` (a :class:`dressage.train.moe.MoEModel`) and compare."""
+    """Score ``sample`` with ``model`` (a :class:`dressage.engine.moe.MoEModel`) and compare."""
     if sample.rollout_log_probs is None or sample.rollout_routed_experts is None:
         raise FieldShapeError(f"sample {sample.session_id}#{sample.segment_index}: logprobs and routed "
                               "experts must be restored before the replay check")

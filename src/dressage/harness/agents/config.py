@@ -1,7 +1,7 @@
 """``AgentConfig``: how each simulated agent behaves, validated once at the edge.
 
 One config drives every session of a rollout; per-session variety comes from the seeded
-decision stream of :mod:`dressage.agents.policy`, never from timing.
+decision stream of :mod:`dressage.harness.agents.policy`, never from timing.
 """
 
 from __future__ import annotations

@@ -6,14 +6,14 @@ extra; the loop (engine, Proxy, HTTP) is imported when first asked for.
 
 from typing import Any
 
-from dressage.run.config import RunConfig
+from dressage.harness.run.config import RunConfig
 
 __all__ = ["RunConfig", "RunReport", "run_pipeline"]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("RunReport", "run_pipeline"):
-        from dressage.run import loop
+        from dressage.harness.run import loop
 
         return getattr(loop, name)
-    raise AttributeError(f"module 'dressage.run' has no attribute {name!r}")
+    raise AttributeError(f"module 'dressage.harness.run' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """A real MoE model on CPU: a small random-weight ``Qwen3MoeForCausalLM`` and routing replay.
 
-``build_moe_model`` makes the model of a JSON config shipped in ``dressage/train/models`` (seeded:
+``build_moe_model`` makes the model of a JSON config shipped in ``dressage/engine/models`` (seeded:
 the same config and seed give the same weights bit for bit; nothing is downloaded). Weights are
 float64, so that a forward pass gives the same log-probabilities whether it covers one call or a
 whole multi-turn Segment (reported as float32).
@@ -149,7 +149,7 @@ class MoEModel:
 
 
 def build_moe_model(name: str = "tiny-qwen3-moe", *, vocab_size: int, seed: int | None = None) -> MoEModel:
-    """The model of ``dressage/train/models/<name>.json`` with random weights from ``seed``."""
+    """The model of ``dressage/engine/models/<name>.json`` with random weights from ``seed``."""
     torch, transformers = _imports()
     path = _DIR / f"{name}.json"
     if not path.is_file():

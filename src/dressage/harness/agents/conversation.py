@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dressage.agents.client import ChatReply
-from dressage.agents.config import AgentConfig
-from dressage.agents.policy import SessionPolicy, TurnDecision, needs_compression, score_transcript, summarize
-from dressage.agents.prompts import TaskPrompt
-from dressage.agents.tools import TOOL_SPECS, execute_tool
 from dressage.errors import SessionStateError
+from dressage.harness.agents.client import ChatReply
+from dressage.harness.agents.config import AgentConfig
+from dressage.harness.agents.policy import SessionPolicy, TurnDecision, needs_compression, score_transcript, summarize
+from dressage.harness.agents.prompts import TaskPrompt
+from dressage.harness.agents.tools import TOOL_SPECS, execute_tool
 
 __all__ = ["Conversation", "ChatRequestPlan"]
 

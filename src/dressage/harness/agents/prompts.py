@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dressage.agents.tools import LOOKUP_TABLE
 from dressage.errors import ConfigError
+from dressage.harness.agents.tools import LOOKUP_TABLE
 
 __all__ = ["TaskPrompt", "make_prompts", "as_task_prompt", "DEFAULT_SYSTEM"]
 

@@ -13,9 +13,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from dressage.agents.config import AgentConfig
-from dressage.agents.prompts import TaskPrompt
-from dressage.agents.tools import TOOL_ERROR_PREFIX
+from dressage.harness.agents.config import AgentConfig
+from dressage.harness.agents.prompts import TaskPrompt
+from dressage.harness.agents.tools import TOOL_ERROR_PREFIX
 
 __all__ = ["TurnDecision", "SessionPolicy", "needs_compression", "summarize", "score_transcript"]
 
