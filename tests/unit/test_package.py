@@ -59,7 +59,7 @@ def test_version_flag_prints_the_installed_version():
 # and inside functions (a deferred import still ties the two modules), except those under
 # ``if TYPE_CHECKING:``, which never run. An import names the module it loads (``from dressage.tq import
 # FieldRef`` is an edge to the package ``dressage.tq``, ``from dressage.tq import refs`` one to
-# ``dressage.tq.refs``); the parent packages Python also runs are not edges of their own.
+# ``dressage.fields.refs``); the parent packages Python also runs are not edges of their own.
 
 def _modules() -> dict[str, tuple[pathlib.Path, bool]]:
     found = {}
@@ -154,19 +154,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
     return components
 
 
-# Cycles inside dressage.tq that deferred imports hide today (the Controller and its leases; the client,
-# its spec and the deployments that build clients). A cycle found must lie within one of these sets; any
-# other cycle fails the test, and an entry goes once its cycle does.
-KNOWN_CYCLES: tuple[frozenset[str], ...] = (
-    frozenset({"dressage.tq.directory.controller", "dressage.tq.directory.lease"}),
-    frozenset({"dressage.tq.client.client", "dressage.tq.client.spec", "dressage.tq.deploy.local",
-               "dressage.tq.deploy.ray_actors", "dressage.tq.deploy.transfer_queue"}),
-)
-
-
 def test_the_import_graph_of_src_has_no_cycle():
-    new = [sorted(c) for c in _cycles(_import_graph()) if not any(c <= known for known in KNOWN_CYCLES)]
-    assert new == []
+    assert [sorted(c) for c in _cycles(_import_graph())] == []
 
 
 def test_the_cycle_finder_sees_deferred_imports_and_skips_type_checking_ones():
@@ -198,13 +187,6 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"__main__", ""},   # "" is the root package, dressage/__init__.py
 ))
 
-# Imports that break the order above today, each (importer, imported) exactly.
-# The Sample's wire form (trajectory) decodes FieldRefs, whose class lives in dressage.tq.
-KNOWN_LAYER_BREACHES: frozenset[tuple[str, str]] = frozenset({
-    ("dressage.trajectory.sample_wire", "dressage.tq.refs"),
-})
-
-
 def _package(module: str) -> str:
     return module.split(".")[1] if "." in module else ""
 
@@ -222,8 +204,7 @@ def test_no_layer_imports_a_higher_one_or_a_sibling():
     for importer, imported in sorted(_import_graph().items()):
         for target in sorted(imported):
             same_package = _package(importer) == _package(target)
-            if not same_package and _layer(target) >= _layer(importer) \
-                    and (importer, target) not in KNOWN_LAYER_BREACHES:
+            if not same_package and _layer(target) >= _layer(importer):
                 upward.append(f"{importer} -> {target}")
     assert upward == []
 

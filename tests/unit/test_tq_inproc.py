@@ -11,7 +11,7 @@ import pytest
 from dressage.errors import KeyNotFoundError, StorageFullError, TransferQueueError
 from dressage.tq import TransferQueue
 from dressage.tq.directory.controller import KeyState
-from dressage.tq.refs import FieldRef
+from dressage.fields.refs import FieldRef
 
 
 def test_an_embedded_put_and_get_take_the_in_process_path_with_the_same_refs_and_counters():

@@ -8,7 +8,7 @@ from dressage.tq.client.client import ClientCounters, TransferQueueClient
 from dressage.tq.config import TransferQueueConfig, load_config
 from dressage.tq.directory.controller import Controller, KeyState, UnitInfo
 from dressage.tq.deploy.transfer_queue import TransferQueue
-from dressage.tq.refs import FieldRef
+from dressage.fields.refs import FieldRef
 from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit, StorageUnit
 
 __all__ = [

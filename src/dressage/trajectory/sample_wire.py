@@ -20,7 +20,7 @@ from dressage.errors import DressageError, SampleWireError
 from dressage.trajectory import SAMPLE_LARGE_FIELDS, Sample
 from dressage.trajectory.pieces import Fill, Piece
 from dressage.trajectory.sample import samples_of_session
-from dressage.tq.refs import FieldRef
+from dressage.fields.refs import FieldRef
 
 __all__ = ["SAMPLE_WIRE_VERSION", "MSGPACK_MEDIA_TYPE", "sample_to_wire", "sample_from_wire", "samples_wire"]
 

@@ -81,7 +81,7 @@ def _unvalue(obj: Any) -> Any:
         return None
     if "arr" in obj:
         return _unarr(obj["arr"])
-    from dressage.tq.refs import FieldRef
+    from dressage.fields.refs import FieldRef
 
     return FieldRef.from_wire(obj["ref"])
 

@@ -27,9 +27,9 @@ from dressage.tq.client.inproc import InProcess
 from dressage.tq.client.leases import LeasedWrite
 from dressage.tq.client.writes import FastWrite, PendingPut, PlacedWrite, abort_quietly, unit_of
 from dressage.tq.directory.liveness import LivenessView
-from dressage.tq.refs import FieldRef
+from dressage.fields.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit, prepare_array
-from dressage.tq.transport.wire import dtype_name
+from dressage.fields.refs import dtype_name
 
 __all__ = ["TransferQueueClient", "ClientCounters"]
 

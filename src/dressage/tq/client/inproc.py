@@ -17,7 +17,7 @@ import numpy as np
 
 from dressage.errors import StorageFullError, StorageUnitUnavailable
 from dressage.tq.client.writes import PendingPut, abort_quietly
-from dressage.tq.refs import FieldRef
+from dressage.fields.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit
 
 __all__ = ["InProcess"]

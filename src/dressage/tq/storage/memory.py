@@ -22,7 +22,7 @@ import numpy as np
 from dressage.errors import StorageFullError, TransferQueueError
 from dressage.tq.storage.integrity import Checksums, block_span, checksum, copy_and_checksum, verify_rows
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit
-from dressage.tq.transport.wire import dtype_name
+from dressage.fields.refs import dtype_name
 
 __all__ = ["MemoryStorageUnit"]
 

@@ -30,7 +30,8 @@ from dressage.tq.transport.bulk_rpc import BulkClient
 from dressage.tq.storage.integrity import Checksums, verify_blocks
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit, prepare_array
 from dressage.tq.transport.zmq import RpcClient
-from dressage.tq.transport.wire import MAX_KEYS, array_from_frame, check_dtype, dtype_name
+from dressage.tq.transport.wire import MAX_KEYS, array_from_frame, check_dtype
+from dressage.fields.refs import dtype_name
 
 __all__ = ["RemoteStorageUnit", "BULK_MIN_BYTES"]
 

@@ -23,7 +23,7 @@ from dressage.errors import IntegrityError, StorageFullError
 from dressage.tq.storage.integrity import Checksums, checksum, verify_blocks
 from dressage.tq.storage.base import BlobInfo
 from dressage.tq.storage.memory import MemoryStorageUnit
-from dressage.tq.transport.wire import dtype_name
+from dressage.fields.refs import dtype_name
 
 __all__ = ["SpillStorageUnit"]
 

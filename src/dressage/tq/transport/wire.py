@@ -29,9 +29,10 @@ from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from dressage import errors
 from dressage.errors import ProtocolError, TransferQueueError
+from dressage.fields.refs import dtype_name
 
 __all__ = [
-    "VERSION", "dtype_name", "is_plain_dtype", "encode", "decode_control", "check_dtype", "array_from_frame",
+    "VERSION", "is_plain_dtype", "encode", "decode_control", "check_dtype", "array_from_frame",
     "array_meta", "error_to_wire", "error_from_wire", "PICKLE_MAGIC", "MAC_BYTES", "sign", "verify_mac",
     "open_frames", "Auth", "ReplayGuard", "TRAILER_BYTES", "uint", "text", "text_list", "MAX_KEYS", "MAX_KEY_BYTES",
     "MAX_NBYTES", "FrameMac", "auth_head", "parse_head", "AUTH_HEAD_BYTES",
@@ -218,16 +219,7 @@ def decode_control(frame: Any) -> dict[str, Any]:
     return obj
 
 
-_NAMES: dict[np.dtype, str] = {}
 
-
-def dtype_name(dtype: np.dtype) -> str:
-    """``dtype.name``, cached: numpy computes it in Python on every access (several microseconds)."""
-    try:
-        return _NAMES[dtype]
-    except KeyError:
-        name = _NAMES[dtype] = dtype.name
-        return name
 
 
 def is_plain_dtype(dtype: np.dtype) -> bool:

@@ -13,12 +13,22 @@ from typing import Any
 import numpy as np
 
 from dressage.errors import IntegrityError, ProtocolError, RowRangeError
-from dressage.tq.transport.wire import dtype_name
 
-__all__ = ["FieldRef", "WIRE_TAG"]
+__all__ = ["FieldRef", "WIRE_TAG", "dtype_name"]
 
 # First element of a ref's wire form: lets a reader tell a ref from any other list.
 WIRE_TAG = "fref1"
+
+_NAMES: dict[np.dtype, str] = {}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, cached: numpy computes it in Python on every access (several microseconds)."""
+    try:
+        return _NAMES[dtype]
+    except KeyError:
+        name = _NAMES[dtype] = dtype.name
+        return name
 
 
 @dataclass(frozen=True, slots=True)
