@@ -23,7 +23,7 @@ from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import EnginesConfig, ProxyConfig
 
 MODEL = get_model("tiny-moe")
 
@@ -143,7 +143,7 @@ def fw_engine():
 @pytest.fixture(scope="session")
 def fw_proxy(fw_engine):
     config = ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                         server=ProxyServerConfig(engine_url=fw_engine.url, request_timeout_s=30))
+                         engines=EnginesConfig(engine_url=fw_engine.url, request_timeout_s=30))
     proxy = Proxy.start(config)
     yield proxy
     proxy.shutdown()

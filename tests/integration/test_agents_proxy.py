@@ -29,12 +29,12 @@ class _Proxy:
     def __init__(self, engine_url: str, token: str | None = TOKEN, *, check_engine: bool = True) -> None:
         from dressage.dataplane import DataPlaneConfig
         from dressage.proxy import Proxy
-        from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+        from dressage.proxy.config import AccessConfig, EnginesConfig, ProxyConfig
 
         self.proxy = Proxy.start(ProxyConfig(
             data_plane=DataPlaneConfig(model=_model(), use_rollout_routing_replay=True),
-            server=ProxyServerConfig(engine_urls=(engine_url,), api_token=token, request_timeout_s=20),
-            skip_engine_check=not check_engine))
+            engines=EnginesConfig(engine_urls=(engine_url,), request_timeout_s=20, skip_engine_check=not check_engine),
+            access=AccessConfig(api_token=token)))
         self.service, self.url, self.token = self.proxy.service, self.proxy.url, token
 
     def segments(self, session_id: str) -> list[dict]:

@@ -17,7 +17,7 @@ from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import EnginesConfig, LimitsConfig, ProxyConfig, SessionsConfig
 
 MODEL = get_model("tiny-moe")
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
@@ -45,10 +45,10 @@ def engine():
 class _Proxy:
     """A Proxy on a free port in this process (``Proxy.start``, R3 on) in front of ``urls``."""
 
-    def __init__(self, *urls, **cfg):
+    def __init__(self, *urls, engines=None, **sections):
         self.proxy = Proxy.start(ProxyConfig(
             data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-            server=ProxyServerConfig(engine_urls=urls, request_timeout_s=20, **cfg)))
+            engines=EnginesConfig(engine_urls=urls, request_timeout_s=20, **(engines or {})), **sections))
         self.service, self.url = self.proxy.service, self.proxy.url
 
     def steps(self, sid):
@@ -208,7 +208,7 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
 
 def test_context_window_clamps_and_overflow_records_nothing():
     eng = _engine(mean_response_tokens=400, tool_call_rate=0.0)
-    p = _Proxy(eng.url, context_window=160, max_output_tokens=100, max_steps_per_session=2)
+    p = _Proxy(eng.url, limits=LimitsConfig(context_length=160, max_output_tokens=100, max_steps_per_session=2))
     try:
         sid, base = _new_session(p.url)
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0)
@@ -254,7 +254,7 @@ async def _pause_mid_generation(url, calls):
 
 
 def test_pause_resume_mid_generation_gives_one_response_with_two_versions(slow_engine):
-    p = _Proxy(slow_engine.url, partial_rollout=True)
+    p = _Proxy(slow_engine.url, sessions=SessionsConfig(partial_rollout=True))
     try:
         (sid_a, base_a), (sid_b, base_b) = _new_session(p.url), _new_session(p.url)
         a = openai.AsyncOpenAI(base_url=base_a, api_key="none", max_retries=0)
@@ -333,7 +333,7 @@ def test_two_engines_keep_sessions_sticky_and_move_them_when_one_fails():
     e1, e2 = _engine(), _engine()
     # Three failed probes in a row take an engine out: one slow answer of a live engine on a loaded
     # machine must not move its sessions.
-    p = _Proxy(e1.url, e2.url, health_check_interval_s=0.1, health_check_failures=3)
+    p = _Proxy(e1.url, e2.url, engines=dict(health_check_interval_s=0.1, health_check_failures=3))
     try:
         clients = {}
         msgs = {}

@@ -11,7 +11,7 @@ import pytest
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import AccessConfig, EnginesConfig, ProxyConfig
 from dressage.rollout import RolloutManager
 from dressage.tq import TransferQueue
 from dressage.train import samples_digest
@@ -25,8 +25,9 @@ def _proxy(engine_url, *, tq=None, token=None, dtype="uint8", check_engine=True)
     cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=tq is not None,
                           routed_experts_dtype=dtype)
     rm = RolloutManager(dp_size=2)
-    proxy = Proxy.start(ProxyConfig(data_plane=cfg, server=ProxyServerConfig(
-        engine_urls=(engine_url,), api_token=token, request_timeout_s=20), skip_engine_check=not check_engine),
+    proxy = Proxy.start(ProxyConfig(data_plane=cfg, engines=EnginesConfig(
+        engine_urls=(engine_url,), request_timeout_s=20, skip_engine_check=not check_engine),
+        access=AccessConfig(api_token=token)),
         tq=tq, sink=rm)
     return proxy, rm
 

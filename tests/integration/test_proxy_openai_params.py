@@ -16,7 +16,7 @@ from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import EnginesConfig, ProxyConfig
 from dressage.proxy.engines.sglang_client import SGLangClient
 from dressage.tokenizer import load_tokenizer
 
@@ -49,7 +49,7 @@ def _start(rate):
     srv.start_background()
     rec = Recording()
     proxy = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                                    server=ProxyServerConfig(engine_urls=(srv.url,), request_timeout_s=20)),
+                                    engines=EnginesConfig(engine_urls=(srv.url,), request_timeout_s=20)),
                         engine=SGLangClient(srv.url, timeout=20, transport=rec))
     return srv, proxy, rec
 

@@ -18,7 +18,7 @@ from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import EnginesConfig, ProxyConfig
 from dressage.rollout import RolloutManager
 
 MODEL = get_model("tiny-moe")
@@ -36,7 +36,7 @@ def proxy():
     engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, tool_call_rate=0.6, mean_response_tokens=20))
     engine.start_background()
     server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                                     server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)),
+                                     engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=20)),
                          sink=RolloutManager(dp_size=1))
     yield server
     server.shutdown()
@@ -230,7 +230,7 @@ def test_text_completions_streamed_and_not_record_one_step_each(proxy):
 
 
 def test_model_object_and_unknown_model(proxy):
-    name = proxy.service.config.served_model_name
+    name = proxy.service.config.server.served_model_name
     sid, client = _session(proxy)
     model = client.models.retrieve(name)
     assert model.id == name and model.object == "model"
@@ -325,8 +325,7 @@ def test_finalize_waits_for_a_streamed_response_in_flight():
     engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=30, token_delay_s=0.02,
                                        stream_interval=2))
     engine.start_background()
-    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), server=ProxyServerConfig(
-        engine_urls=(engine.url,), request_timeout_s=20)), sink=RolloutManager(dp_size=1))
+    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=20)), sink=RolloutManager(dp_size=1))
 
     async def run():
         async with httpx.AsyncClient(timeout=20) as h:
@@ -356,8 +355,7 @@ def test_qwen3_template_responses_tool_loop_with_reasoning_is_one_segment(qwen3,
     config = EngineConfig(model=MODEL, port=0, seed=11, tokenizer="qwen3", tool_call_rate=0.6, mean_response_tokens=20)
     engine = EngineServer(config, engine=Engine(config, qwen3))
     engine.start_background()
-    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), tokenizer="qwen3", server=ProxyServerConfig(
-        engine_urls=(engine.url,), request_timeout_s=30)), tokenizer=qwen3, sink=RolloutManager(dp_size=1))
+    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), tokenizer="qwen3", engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=30)), tokenizer=qwen3, sink=RolloutManager(dp_size=1))
     try:
         sid, client = _session(server)
         items = [{"role": "user", "content": "What is 6*7? Use the calculator."}]

@@ -9,7 +9,7 @@ from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy import Proxy
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import EnginesConfig, ProxyConfig
 
 MODEL = get_model("tiny-moe")
 
@@ -26,7 +26,7 @@ def test_buffered_answers_carry_the_engine_wait_and_streams_do_not():
                                        tool_call_rate=0.0))
     engine.start_background()
     proxy = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL),
-                                    server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)))
+                                    engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=20)))
     try:
         with httpx.Client(base_url=proxy.url, timeout=20) as h:
             sid = h.post("/sessions", json={}).json()["session_id"]

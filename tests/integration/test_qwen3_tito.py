@@ -17,7 +17,7 @@ from dressage.engine.core import Engine
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.proxy import Proxy
-from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import DataPlaneConfig, EnginesConfig, ProxyConfig
 from dressage.trajectory.segment import build_segments
 
 MODEL = get_model("tiny-moe")
@@ -34,7 +34,7 @@ def stack(qwen3):
     engine.start_background()
     cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, routed_experts_dtype="uint8")
     proxy = Proxy.start(ProxyConfig(data_plane=cfg, tokenizer="qwen3",
-                                    server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=30)),
+                                    engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=30)),
                         tokenizer=qwen3)  # the one already loaded
     yield proxy, proxy.service
     proxy.shutdown()

@@ -22,7 +22,7 @@ from dressage.errors import FieldShapeError  # noqa: E402
 from dressage.fields import get_model  # noqa: E402
 from dressage.fields.r3 import R3_DTYPES  # noqa: E402
 from dressage.proxy import Proxy  # noqa: E402
-from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig  # noqa: E402
+from dressage.proxy.config import DataPlaneConfig, EnginesConfig, ProxyConfig  # noqa: E402
 from dressage.rollout import RolloutManager  # noqa: E402
 from dressage.tq import TransferQueue  # noqa: E402
 from dressage.train import check_sample  # noqa: E402
@@ -56,7 +56,7 @@ def _proxy(url, tok, tq, dtype):
                           routed_experts_dtype=dtype)
     rm = RolloutManager(dp_size=1)
     proxy = Proxy.start(ProxyConfig(data_plane=cfg, tokenizer="qwen3",
-                                    server=ProxyServerConfig(engine_urls=(url,), request_timeout_s=60)),
+                                    engines=EnginesConfig(engine_urls=(url,), request_timeout_s=60)),
                         tq=tq, tokenizer=tok, sink=rm)
     return proxy, rm
 

@@ -10,7 +10,7 @@ from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import NAMED_BASE, get_model
 from dressage.proxy import Proxy
-from dressage.proxy.config import JournalConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import EnginesConfig, JournalConfig, ProxyConfig, SessionsConfig
 from dressage.trajectory.sample import samples_of_session
 
 MODEL = get_model("tiny-moe")
@@ -27,8 +27,7 @@ def engine():
 
 def _config(engine, *, partial_rollout=True, journal=None):
     return ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                       server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20,
-                                                partial_rollout=partial_rollout),
+                       engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=20), sessions=SessionsConfig(partial_rollout=partial_rollout),
                        journal=JournalConfig(path=journal, fsync="never"))
 
 

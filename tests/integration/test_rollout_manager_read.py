@@ -37,13 +37,13 @@ def _restored_samples(samples: list, client) -> tuple[list, set[str]]:
 def test_drained_samples_are_the_pushed_samples(engine, tq, with_tq):
     from dressage.dataplane import DataPlaneConfig
     from dressage.proxy import Proxy
-    from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+    from dressage.proxy.config import EnginesConfig, ProxyConfig
 
     pushed = RolloutManager(dp_size=2)
     proxy = Proxy.start(ProxyConfig(
         data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=with_tq,
                                    routed_experts_dtype="uint8"),
-        server=ProxyServerConfig(engine_urls=(engine.url,))), tq=tq if with_tq else None, sink=pushed)
+        engines=EnginesConfig(engine_urls=(engine.url,))), tq=tq if with_tq else None, sink=pushed)
     try:
         report = asyncio.run(run_rollout(proxy.url, make_prompts(N_PROMPTS, seed=2, max_background_words=0),
                                          N_SAMPLES, AgentConfig(max_turns=3, seed=5), concurrency=3))

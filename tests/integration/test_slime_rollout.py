@@ -17,7 +17,7 @@ from dressage.fields import get_model
 from dressage.integrations import slime_rollout
 from dressage.integrations.slime import SlimeSample
 from dressage.proxy import Proxy
-from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import DataPlaneConfig, EnginesConfig, ProxyConfig
 from dressage.rollout import RolloutManager
 
 MODEL = get_model("tiny-moe")
@@ -47,7 +47,7 @@ def engine():
 def stack(engine):
     manager = RolloutManager()
     proxy = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                                    server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)),
+                                    engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=20)),
                         sink=manager)
     yield proxy.url, manager
     proxy.shutdown()
@@ -105,7 +105,7 @@ def test_rollout_function_drains_a_proxy_that_runs_as_its_own_service(engine, wi
     proxy = Proxy.start(ProxyConfig(
         data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=with_tq,
                                    routed_experts_dtype="uint8"),
-        server=ProxyServerConfig(engine_urls=(engine.url,), request_timeout_s=20)), tq=tq)
+        engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=20)), tq=tq)
     try:
         rollout = slime_rollout.SlimeRollout(proxy_url=proxy.url, concurrency=4, read_groups=1,
                                              agent_config=AgentConfig(max_turns=2, tools=False, max_tokens=16))

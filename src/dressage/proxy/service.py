@@ -17,7 +17,7 @@ from dressage.errors import ConfigError, MissingSessionIdError, SessionStateErro
 from dressage.proxy.openai.chat.serving import CallPath
 from dressage.proxy.openai.chat.prompt import QwenToolCallParser, ToolCallParser
 from dressage.proxy.openai.completions import CompletionsPath
-from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.config import ProxyConfig
 from dressage.proxy.recording.core import FinalizedSession, ProxyCore
 from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.engines.versions import read_versions, update_versions
@@ -40,10 +40,10 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
     """Per-process state behind the HTTP module, and every use case of the Proxy.
 
     ``engine`` is an :class:`SGLangClient`, a list of them, an :class:`EnginePool`, or ``None``
-    (clients for ``config.engines`` are made here: :func:`dressage.proxy.engines.startup.engine_clients`).
+    (clients for ``config.engines.urls`` are made here: :func:`dressage.proxy.engines.startup.engine_clients`).
     """
 
-    def __init__(self, config: ProxyServerConfig, core: ProxyCore, tokenizer: Any, engine: Any = None,
+    def __init__(self, config: ProxyConfig, core: ProxyCore, tokenizer: Any, engine: Any = None,
                  *, parser: ToolCallParser | None = None) -> None:
         self.config, self.core, self.tokenizer = config, core, tokenizer
         self.tq_spec: Any = None  # () -> TQ client spec, set by Proxy.start when it has a deployment
@@ -51,19 +51,19 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
             self.engines = engine
         else:
             clients = engine if isinstance(engine, (list, tuple)) else [engine] if engine is not None else \
-                engine_clients(config)
-            self.engines = EnginePool(clients, failures_to_remove=config.health_check_failures)
+                engine_clients(config.engines)
+            self.engines = EnginePool(clients, failures_to_remove=config.engines.health_check_failures)
         self.engine = next(iter(self.engines.members.values())).client
         self.parser = parser or QwenToolCallParser()
-        self.versions = WeightVersions(partial_rollout=config.partial_rollout)
+        self.versions = WeightVersions(partial_rollout=config.sessions.partial_rollout)
         self.pause = RolloutPause(self.versions)
-        self.turns = TurnCache(config.max_cached_turns)
+        self.turns = TurnCache(config.sessions.max_cached_turns)
         self.responses = ResponseMemory()
         self.finalized: dict[str, FinalizedSession] = {}
         self.calls = self.failed_calls = self.replayed_turns = 0
         self.heap_trims, self.heap_trim_s = 0, 0.0
         """Trims after forgetting a batch of sessions, and the time they took."""
-        self.limits = CallLimits(config)
+        self.limits = CallLimits(config.limits)
         self.rids = RidFactory()
         """Engine rids: one length and shape, so SGLang's abort by rid prefix hits only the call meant."""
         self.in_flight = InFlight()
@@ -72,7 +72,8 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
         """Answers of finalizes, so that a repeat answers the same."""
         self.finalizing: dict[str, asyncio.Future] = {}
         """Finalizes under way (a concurrent repeat waits for the same answer)."""
-        self.keeper = SessionKeeper(core, timeout_s=config.session_timeout_s, max_sessions=config.max_sessions,
+        self.keeper = SessionKeeper(core, timeout_s=config.sessions.session_timeout_s,
+                                    max_sessions=config.sessions.max_sessions,
                                     busy=self.in_flight.running, on_evict=self.forget_state)
         """Idle eviction and the cap on live sessions."""
         self._fresh: set[str] = set()
@@ -148,7 +149,7 @@ class ProxyService(CallPath, ResponsesPath, CompletionsPath):
         """``/v1/models``: the one served model (a session's base URL checks the session exists)."""
         if session_id is not None:
             self.core.session(session_id)
-        return {"object": "list", "data": [{"id": self.config.served_model_name, "object": "model",
+        return {"object": "list", "data": [{"id": self.config.server.served_model_name, "object": "model",
                                             "owned_by": "dressage"}]}
 
     # --------------------------------------------------------- lifecycle

@@ -97,15 +97,15 @@ class RayBackend:
     def __init__(self, cfg: Any, tq_spec: dict | None, client: Any) -> None:
         if not ray.is_initialized():
             # Without --ray-address, a fresh local cluster (never whatever else runs on this host).
-            ray.init(address=cfg.ray_address or "local", include_dashboard=False, log_to_driver=False,
-                     **({} if cfg.ray_address else {"num_cpus": 2}))
+            ray.init(address=cfg.cluster.ray_address or "local", include_dashboard=False, log_to_driver=False,
+                     **({} if cfg.cluster.ray_address else {"num_cpus": 2}))
             self._owns_ray = True
         else:
             self._owns_ray = False
         self.client = client
-        self.rm = ray.remote(num_cpus=0)(RolloutManagerActor).remote(cfg.dp_size)
+        self.rm = ray.remote(num_cpus=0)(RolloutManagerActor).remote(cfg.rollout.dp_size)
         trainer = ray.remote(num_cpus=0)(TrainerActor)
-        self.trainers = [trainer.remote(tq_spec, cfg.data_plane.model) for _ in range(cfg.dp_size)]
+        self.trainers = [trainer.remote(tq_spec, cfg.data_plane.model) for _ in range(cfg.rollout.dp_size)]
 
     def sink(self, done: Any) -> None:
         ray.get(self.rm.add.remote(done))

@@ -76,9 +76,9 @@ class CompletionsPath:
         """``/v1/models/{id}``: the served model, or a 404 for any other id."""
         if session_id is not None:
             self.core.session(session_id)
-        if model_id != self.config.served_model_name:
+        if model_id != self.config.server.served_model_name:
             raise ModelNotFoundError(f"model {model_id!r} does not exist here; this Proxy serves "
-                                     f"{self.config.served_model_name!r}")
+                                     f"{self.config.server.served_model_name!r}")
         return {"id": model_id, "object": "model", "created": 0, "owned_by": "dressage"}
 
     def _completion_sampling(self, req: CompletionRequest, prompt_len: int) -> tuple[dict[str, Any], list[str]]:
@@ -145,7 +145,7 @@ class CompletionsPath:
                   "logprobs": None if req.logprobs is None else self._logprobs(ids, result, text, stopped,
                                                                               req.logprobs)}
         return {"id": completion_id, "object": "text_completion", "created": created,
-                "model": self.config.served_model_name, "choices": [choice],
+                "model": self.config.server.served_model_name, "choices": [choice],
                 "usage": {"prompt_tokens": step.prompt_len, "completion_tokens": step.response_len,
                           "total_tokens": step.seq_len}}
 
@@ -165,7 +165,7 @@ class CompletionsPath:
     async def _stream_completion(self, session_id: str, plan: Any, url: str, stops: list[str], req: CompletionRequest,
                                  completion_id: str, created: int) -> AsyncIterator[bytes]:
         base = {"id": completion_id, "object": "text_completion", "created": created,
-                "model": self.config.served_model_name}
+                "model": self.config.server.served_model_name}
 
         def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> bytes:
             return sse({**base, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]})

@@ -110,7 +110,7 @@ class ChatSampling:
         completion = sum(st.response_len for st in steps)
         return {
             "id": call.completion_id, "object": "chat.completion", "created": call.created,
-            "model": self.config.served_model_name, "choices": choices,
+            "model": self.config.server.served_model_name, "choices": choices,
             "usage": {"prompt_tokens": steps[0].prompt_len, "completion_tokens": completion,
                       "total_tokens": steps[0].prompt_len + completion},
         }

@@ -74,7 +74,7 @@ class CallPath(ChatSampling):
     def _plan(self, session_id: str, prompt_ids: np.ndarray, sampling: dict[str, Any], *, stream: bool,
               tools: Any = None, boundary_reason: str | None = None) -> tuple[GenerationPlan, str]:
         """Place the call on an engine, then decide its Segment boundary (in :meth:`ProxyCore.plan`)."""
-        self.engines.ensure_monitor(self.config.health_check_interval_s)
+        self.engines.ensure_monitor(self.config.engines.health_check_interval_s)
         placement = self.engines.place(session_id)
         decision = self.core.plan(session_id, prompt_ids, tools=tools, boundary_reason=boundary_reason,
                                   engine_moved=placement.moved_from is not None)
@@ -198,8 +198,8 @@ class CallPath(ChatSampling):
         self.calls += 1
         try:
             async for event in run_generation(
-                    plan, self.pause, self._normalize, partial_rollout=self.config.partial_rollout,
-                    timeout_s=self.config.request_timeout_s, decode=self._decode):
+                    plan, self.pause, self._normalize, partial_rollout=self.config.sessions.partial_rollout,
+                    timeout_s=self.config.engines.request_timeout_s, decode=self._decode):
                 yield event
         except EngineUnavailable:
             if not self.engines.single:
@@ -264,7 +264,7 @@ class CallPath(ChatSampling):
             nonlocal committing
             committing = True
 
-        writer = ChunkWriter(call.completion_id, self.config.served_model_name, call.created)
+        writer = ChunkWriter(call.completion_id, self.config.server.served_model_name, call.created)
         if call.buffered:
             frames = self._buffered_frames(call, began)
         else:

@@ -95,7 +95,7 @@ class ResponsesPath:
         def finish(completion: dict[str, Any], message_open: bool) -> dict[str, Any]:
             return self._responded(sid, req, completion, messages, n_instructions, keep_message=message_open)
 
-        model = self.config.served_model_name
+        model = self.config.server.served_model_name
         ev = ResponseEvents()
         skeleton = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model)
         try:  # _reply_events counts the call in flight until its commit is done
