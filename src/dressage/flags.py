@@ -288,7 +288,9 @@ class ConfigTree:
             elif path in self.defaults:
                 kwargs[name] = self.defaults[path]
             elif not _has_default(f):
-                raise ConfigError(f"{path}: required (flag --{path})")
+                setting = next((s for s in self.settings if s.path == path), None)
+                names = setting.flat_names() if setting is not None else []
+                raise ConfigError(f"{path}: required ({names[0] if names else '--' + path})")
         return cls(**kwargs)
 
     def _has_defaults_under(self, path: str) -> bool:

@@ -49,12 +49,12 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.preset is not None and (not isinstance(self.preset, str) or self.preset.lower() not in MODEL_PRESETS):
-            raise ConfigError(f"model.preset: unknown preset {self.preset!r}; known presets: "
+            raise ConfigError(f"model.preset (--model): unknown preset {self.preset!r}; known presets: "
                               f"{', '.join(MODEL_PRESETS)}")
         for key in SHAPE_FIELDS:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ConfigError(f"model.{key} must be a positive integer, got {value!r}")
+                raise ConfigError(f"model.{key} (--{key.replace('_', '-')}) must be a positive integer, got {value!r}")
 
     @property
     def overridden(self) -> tuple[str, ...]:
