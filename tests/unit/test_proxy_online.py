@@ -211,7 +211,7 @@ def test_call_limits_clamp_to_the_context_budget_and_the_step_limit():
     from dressage.proxy.recording.limits import CallLimits
 
     limits = CallLimits(LimitsConfig(context_length=100, max_output_tokens=30, max_steps_per_session=2,
-                                     default_max_tokens=50))
+                                     default_max_new_tokens=50))
     assert limits.max_new_tokens(None, 10) == 30          # default 50, capped by --max-output-tokens
     assert limits.max_new_tokens(8, 10) == 8              # the request's own max_tokens
     assert limits.max_new_tokens(None, 95) == 5           # what the window leaves

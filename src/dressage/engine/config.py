@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from dressage.errors import ConfigError
 from dressage.fields.config import DEFAULT_MODEL, TRANSFORMERS_MODEL, ModelConfig, model_from_preset
-from dressage.fields.models import ModelSpec, get_model
+from dressage.fields.models import ModelSpec
 from dressage.flags import flag
 
 __all__ = ["EngineConfig", "model_from_preset", "DEFAULT_MODEL", "TRANSFORMERS_MODEL", "BACKENDS"]
@@ -34,8 +34,7 @@ class EngineConfig:
     backend: str = field(default="builtin", metadata=flag(choices=BACKENDS))
     """``builtin`` (routing from prefix hashes, no weights) or ``transformers`` (a seeded random-weight
     MoE model on CPU, ``--model tiny-qwen3-moe``: logprobs and routed experts from its forward pass)."""
-    model: ModelSpec = field(default_factory=lambda: get_model(DEFAULT_MODEL),
-                             metadata=flag(section=ModelConfig))
+    model: ModelSpec = field(default_factory=ModelConfig, metadata=flag(section=ModelConfig))
     """Model shape: recorded MoE layers, top-k and expert count size the routed experts (a ModelConfig
     resolves to the preset it names, by default qwen3.6-35b-a3b, or tiny-qwen3-moe with the transformers backend)."""
     seed: int = 0

@@ -186,8 +186,8 @@ class EnginesConfig:
 class LimitsConfig:
     """What one model call may ask for: its token budget and the context it may fill."""
 
-    default_max_tokens: int = field(default=1024, metadata=flag(metavar="N"))
-    """max_new_tokens when a request gives no max_tokens."""
+    default_max_new_tokens: int = field(default=1024, metadata=flag("--default-max-tokens", metavar="N"))
+    """max_new_tokens when a request gives no max_tokens (the engine's setting of the same name)."""
     context_length: int | None = field(default=None, metadata=flag("--context-window", metavar="N"))
     """Prompt + reply tokens one call may use: max new tokens are clamped to what is left, and a
     prompt that already fills it gets ``context_overflow`` (nothing recorded). ``None``: no limit."""
@@ -197,7 +197,7 @@ class LimitsConfig:
     """Calls one session may record; the next gets ``max_steps_exceeded``. ``None``: no limit."""
 
     def __post_init__(self) -> None:
-        _positive_int("limits.default_max_tokens", self.default_max_tokens)
+        _positive_int("limits.default_max_new_tokens", self.default_max_new_tokens)
         for key in ("context_length", "max_output_tokens", "max_steps_per_session"):
             _optional_positive_int(f"limits.{key}", getattr(self, key))
 

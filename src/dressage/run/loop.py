@@ -69,7 +69,7 @@ def _peak(report: RunReport, name: str, value: int) -> None:
 def _agent_config(cfg: RunConfig) -> AgentConfig:
     agents = cfg.agents
     return AgentConfig(max_turns=agents.max_turns, tools=cfg.inference.tool_call_rate > 0, retry_rate=agents.retry_rate,
-                       context_limit=agents.context_length, max_tokens=agents.max_tokens, seed=cfg.seed)
+                       context_length=agents.context_length, max_tokens=agents.max_tokens, seed=cfg.seed)
 
 
 def run_pipeline(cfg: RunConfig) -> RunReport:

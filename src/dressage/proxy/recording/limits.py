@@ -21,7 +21,7 @@ class CallLimits:
 
     def max_new_tokens(self, requested: int | None, prompt_len: int) -> int:
         """min(request or default, --max-output-tokens, what the context window leaves)."""
-        n = requested or self.config.default_max_tokens
+        n = requested or self.config.default_max_new_tokens
         if self.config.max_output_tokens is not None:
             n = min(n, self.config.max_output_tokens)
         window = self.config.context_length
