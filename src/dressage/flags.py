@@ -218,16 +218,14 @@ class ConfigTree:
             kw["type"] = meta["parse"] or (base if base in (int, float, str) else str)
             if not s.required:
                 kw["nargs"] = "?"
-            group.add_argument(s.dest, **kw)
+            self._shows(group.add_argument(s.dest, **kw), s, shown)
             return
         flat = s.flat_names()
         # A root setting's dotted name is its field name: kept only where no flat name stands for it.
         dotted = ["--" + s.path] if "." in s.path or not flat else []
         if s.is_bool:
             if dotted:
-                group.add_argument(*dotted, type=parse_bool, metavar="BOOL", **kw)
-            else:
-                kw["help"] = help_
+                self._shows(group.add_argument(*dotted, type=parse_bool, metavar="BOOL", **kw), s, shown)
             for name in flat:
                 # A flat switch turns its setting on, or off when it defaults to true (``--no-checksums``).
                 value = not bool(s.default) if name.startswith("--no-") else True
@@ -244,7 +242,13 @@ class ConfigTree:
             kw["choices"] = meta["choices"]
         if meta["metavar"] or not meta["choices"]:
             kw["metavar"] = meta["metavar"] or s.field.name.upper()
-        group.add_argument(*dotted, *flat, **kw)
+        self._shows(group.add_argument(*dotted, *flat, **kw), s, shown)
+
+    @staticmethod
+    def _shows(action: argparse.Action, s: Setting, shown: Any) -> None:
+        # What the help states as the default: argparse's own default stays SUPPRESS, so that only
+        # flags given on the command line override a --config file.
+        action.config_default = None if s.required else shown  # type: ignore[attr-defined]
 
     # -- building ------------------------------------------------------------------------------------
     def values(self, args: argparse.Namespace) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from dressage.errors import ConfigError
 from dressage.dataplane import DataPlaneConfig
+from dressage.engine.config import BACKENDS
 from dressage.fields.config import TRANSFORMERS_MODEL
 from dressage.flags import flag
 from dressage.tq.config import TransferQueueSelection
@@ -19,8 +20,8 @@ from dressage.units import parse_count
 __all__ = ["RunConfig", "RolloutConfig", "AgentsConfig", "InferenceConfig", "ClusterConfig", "ReportConfig",
            "ENGINES", "TRANSFORMERS_MODEL"]
 
-ENGINES = ("builtin", "transformers")
-"""The engines ``dressage run`` can start (:data:`dressage.engine.config.BACKENDS`)."""
+ENGINES = BACKENDS
+"""The engines ``dressage run`` can start."""
 
 
 def count(text: str) -> int:

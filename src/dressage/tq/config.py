@@ -19,7 +19,7 @@ from dressage.errors import ConfigError
 from dressage.flags import flag
 from dressage.units import parse_bytes
 
-__all__ = ["TransferQueueConfig", "TransferQueueSelection", "DEPLOYMENTS", "ON_FULL", "load_config", "EXAMPLE_CONFIG", "SECRET_ENV",
+__all__ = ["TransferQueueConfig", "TransferQueueSelection", "tq_default", "DEPLOYMENTS", "ON_FULL", "load_config", "EXAMPLE_CONFIG", "SECRET_ENV",
            "is_loopback"]
 
 DEPLOYMENTS = ("embedded", "local", "ray")
@@ -232,6 +232,12 @@ class TransferQueueSelection:
     def settings(self) -> TransferQueueConfig:
         """The settings of the deployment to start (the file read now)."""
         return load_config(self.config)
+
+
+def tq_default(name: str) -> Any:
+    """The default of TransferQueueConfig's setting ``name``, for the processes a deployment launches
+    with it (their flags' defaults are these, declared once, here)."""
+    return next(f.default for f in dataclasses.fields(TransferQueueConfig) if f.name == name)
 
 
 def load_config(source: "TransferQueueConfig | Mapping[str, Any] | str | os.PathLike[str] | None") -> TransferQueueConfig:

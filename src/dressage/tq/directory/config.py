@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from dressage.errors import ConfigError
 from dressage.flags import flag
+from dressage.tq.config import tq_default
 
 __all__ = ["ControllerProcessConfig", "ControllerLivenessConfig"]
 
@@ -24,11 +25,11 @@ def _seconds(key: str, value: object) -> None:
 class ControllerLivenessConfig:
     """How the Controller talks to its units and decides one is dead."""
 
-    timeout_s: float = 30.0
+    timeout_s: float = tq_default("request_timeout_s")
     """A unit that does not answer a request within this is unavailable."""
-    heartbeat_s: float = 1.0
+    heartbeat_s: float = tq_default("heartbeat_interval_s")
     """Seconds between two probes of each unit."""
-    dead_after_s: float = 5.0
+    dead_after_s: float = tq_default("unit_dead_after_s")
     """A unit that answered no probe for this long is marked dead."""
 
     def __post_init__(self) -> None:
@@ -42,7 +43,7 @@ class ControllerProcessConfig:
 
     units: str = field(metadata=flag(metavar="JSON"))
     """JSON list of UnitInfo wire dicts (with addresses); '-' reads it as one line from stdin."""
-    host: str = "127.0.0.1"
+    host: str = tq_default("host")
     """Address to bind."""
     port: int = 0
     """Port to bind; 0 picks a free one."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from dressage.errors import ConfigError
 from dressage.flags import flag
-from dressage.tq.config import ON_FULL
+from dressage.tq.config import ON_FULL, tq_default
 
 __all__ = ["UnitProcessConfig", "UnitServerConfig", "UNIT_MAX_MESSAGE"]
 
@@ -22,11 +22,11 @@ UNIT_MAX_MESSAGE = 1 << 34  # 16 GiB: the largest put a unit reads from one peer
 class UnitServerConfig:
     """The sockets of the unit: address, same-host shared memory, largest message."""
 
-    host: str = "127.0.0.1"
+    host: str = tq_default("host")
     """Address to bind."""
     port: int = 0
     """Port to bind; 0 picks a free one."""
-    shared_memory: bool = field(default=True, metadata=flag("--no-shared-memory"))
+    shared_memory: bool = field(default=tq_default("shared_memory"), metadata=flag("--no-shared-memory"))
     """Move large payloads of same-host peers through /dev/shm."""
     shm_token: str | None = field(default=None, metadata=flag(metavar="TOKEN"))
     """Token naming this deployment's /dev/shm segments."""
@@ -51,11 +51,11 @@ class UnitProcessConfig:
     """The node the unit runs on."""
     memory_budget: int = field(metadata=flag(metavar="BYTES"))
     """Payload bytes the unit holds in memory."""
-    on_full: str = field(default="spill", metadata=flag(choices=ON_FULL))
+    on_full: str = field(default=tq_default("on_full"), metadata=flag(choices=ON_FULL))
     """A put that does not fit the budget: spill, wait or error."""
     spill_dir: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Directory for spilled blobs; none: a temporary directory."""
-    checksums: bool = field(default=True, metadata=flag("--no-checksums"))
+    checksums: bool = field(default=tq_default("checksums"), metadata=flag("--no-checksums"))
     """Per-row-block checksums, computed on put and verified on read."""
     server: UnitServerConfig = field(default_factory=UnitServerConfig)
     """The unit's sockets."""
