@@ -208,3 +208,16 @@ def test_required_settings_name_their_flag():
         _trainer([])
     with pytest.raises(ConfigError, match=r"context_length: required \(--context-length\)"):
         _capacity(["--model", "tiny-moe", "--rollout-batch-size", "1"])
+
+
+def test_the_shipped_proxy_example_configures_proxy_serve():
+    from pathlib import Path
+
+    from dressage.tq.config import TransferQueueConfig
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "proxy.yaml"
+    cfg = _proxy(["--config", str(example)])
+    assert cfg.server.port == 8000 and cfg.engines.urls == ("http://127.0.0.1:30000",)
+    assert cfg.data_plane.offloaded == ("logprobs", "routed_experts") and cfg.data_plane.routed_experts_dtype == "uint8"
+    assert cfg.transfer_queue.settings() == TransferQueueConfig(unit_memory_budget="4GiB")
+    assert _proxy(["--config", str(example), "--engine-url", "http://e:9"]).engines.urls == ("http://e:9",)
