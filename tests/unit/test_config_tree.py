@@ -221,3 +221,12 @@ def test_the_shipped_proxy_example_configures_proxy_serve():
     assert cfg.data_plane.offloaded == ("logprobs", "routed_experts") and cfg.data_plane.routed_experts_dtype == "uint8"
     assert cfg.transfer_queue.settings() == TransferQueueConfig(unit_memory_budget="4GiB")
     assert _proxy(["--config", str(example), "--engine-url", "http://e:9"]).engines.urls == ("http://e:9",)
+
+
+@pytest.mark.parametrize("command", ["run", "engine serve", "trainer", "storage unit", "controller"])
+def test_yaml_round_trips_every_tree(tmp_path, command):
+    build, flat, _, _ = CASES[command]
+    cfg = build(flat)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config_to_dict(cfg)))
+    assert build(["--config", str(path)]) == cfg
