@@ -30,6 +30,7 @@ from dressage.errors import ConfigError
 __all__ = ["flag", "field_docs", "ConfigTree", "Setting", "config_to_dict", "parse_bool"]
 
 _DEST = "config:"  # argparse dest prefix of a setting; the dotted path follows
+_METAVARS = {int: "N", float: "X"}
 
 
 def flag(name: str | None = None, *, choices: Any = None, metavar: str | None = None,
@@ -241,7 +242,7 @@ class ConfigTree:
         if meta["choices"]:
             kw["choices"] = meta["choices"]
         if meta["metavar"] or not meta["choices"]:
-            kw["metavar"] = meta["metavar"] or s.field.name.upper()
+            kw["metavar"] = meta["metavar"] or _METAVARS.get(kw["type"], "TEXT")
         self._shows(group.add_argument(*dotted, *flat, **kw), s, shown)
 
     @staticmethod

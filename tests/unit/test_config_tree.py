@@ -172,7 +172,7 @@ def test_help_lists_the_sections():
     for section in ("server:", "access:", "engines:", "limits:", "sessions:", "journal:", "transfer_queue:",
                     "data_plane:", "--config FILE"):
         assert f"\n{section}" in text or section == "--config FILE" and section in text, section
-    assert "--server.port PORT, --port PORT" in text
+    assert "--server.port N, --port N" in text
     run = sub["run"].format_help()
     for section in ("rollout:", "agents:", "inference:", "cluster:", "data_plane:", "transfer_queue:", "report:"):
         assert f"\n{section}" in run, section
