@@ -179,7 +179,8 @@ class ConfigTree:
             if _meta(f)["skip"]:
                 continue
             default = self.defaults.get(path, _default(f))
-            self.settings.append(Setting(path, cls, f, hint, default, not _has_default(f) and path not in self.defaults))
+            required = not _has_default(f) and path not in self.defaults
+            self.settings.append(Setting(path, cls, f, hint, default, required))
         for path, hint in sections:  # settings first, then sections: --help reads top-down
             self.sections.append((path, hint))
             self._collect(hint, path + ".")

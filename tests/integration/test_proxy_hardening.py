@@ -222,7 +222,8 @@ def test_slow_headers_and_slow_bodies_are_cut_off(hostile):
 
 def test_agent_and_admin_tokens(hostile, tmp_path):
     (tmp_path / "agent").write_text("agent-secret\n")
-    server = _serve(hostile.url, access=AccessConfig(api_token_file=str(tmp_path / "agent"), admin_token="admin-secret"))
+    server = _serve(hostile.url,
+                    access=AccessConfig(api_token_file=str(tmp_path / "agent"), admin_token="admin-secret"))
     url = server.url
     agent, admin = {"authorization": "Bearer agent-secret"}, {"authorization": "Bearer admin-secret"}
     try:

@@ -325,7 +325,9 @@ def test_finalize_waits_for_a_streamed_response_in_flight():
     engine = EngineServer(EngineConfig(model=MODEL, port=0, seed=5, mean_response_tokens=30, token_delay_s=0.02,
                                        stream_interval=2))
     engine.start_background()
-    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=20)), sink=RolloutManager(dp_size=1))
+    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL),
+                                     engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=20)),
+                         sink=RolloutManager(dp_size=1))
 
     async def run():
         async with httpx.AsyncClient(timeout=20) as h:
@@ -355,7 +357,9 @@ def test_qwen3_template_responses_tool_loop_with_reasoning_is_one_segment(qwen3,
     config = EngineConfig(model=MODEL, port=0, seed=11, tokenizer="qwen3", tool_call_rate=0.6, mean_response_tokens=20)
     engine = EngineServer(config, engine=Engine(config, qwen3))
     engine.start_background()
-    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), tokenizer="qwen3", engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=30)), tokenizer=qwen3, sink=RolloutManager(dp_size=1))
+    server = Proxy.start(ProxyConfig(data_plane=DataPlaneConfig(model=MODEL), tokenizer="qwen3",
+                                     engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=30)),
+                         tokenizer=qwen3, sink=RolloutManager(dp_size=1))
     try:
         sid, client = _session(server)
         items = [{"role": "user", "content": "What is 6*7? Use the calculator."}]

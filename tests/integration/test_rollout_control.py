@@ -27,7 +27,8 @@ def engine():
 
 def _config(engine, *, partial_rollout=True, journal=None):
     return ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                       engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=20), sessions=SessionsConfig(partial_rollout=partial_rollout),
+                       engines=EnginesConfig(engine_urls=(engine.url,), request_timeout_s=20),
+                       sessions=SessionsConfig(partial_rollout=partial_rollout),
                        journal=JournalConfig(path=journal, fsync="never"))
 
 

@@ -30,8 +30,8 @@ def make(mock=None, *, router=False, engine_url=None, engine_urls=()):
     url = engine_url or (mock.router or mock.workers[0])
     engines = EnginesConfig(engine_url=url, engine_urls=tuple(engine_urls), router=router, request_timeout_s=20)
     engine = engine_clients(engines, transport=mock.transport()) if mock is not None else None
-    service, _ = build_service(ProxyConfig(data_plane=dp, engines=engines, sessions=SessionsConfig(partial_rollout=True)),
-                               engine=engine)
+    cfg = ProxyConfig(data_plane=dp, engines=engines, sessions=SessionsConfig(partial_rollout=True))
+    service, _ = build_service(cfg, engine=engine)
     return service, httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(service)), base_url="http://proxy")
 
 

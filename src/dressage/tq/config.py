@@ -19,7 +19,8 @@ from dressage.errors import ConfigError
 from dressage.flags import flag
 from dressage.units import parse_bytes
 
-__all__ = ["TransferQueueConfig", "TransferQueueSelection", "tq_default", "DEPLOYMENTS", "ON_FULL", "load_config", "EXAMPLE_CONFIG", "SECRET_ENV",
+__all__ = ["TransferQueueConfig", "TransferQueueSelection", "tq_default", "DEPLOYMENTS", "ON_FULL", "load_config",
+           "EXAMPLE_CONFIG", "SECRET_ENV",
            "is_loopback"]
 
 DEPLOYMENTS = ("embedded", "local", "ray")
