@@ -290,7 +290,10 @@ class ConfigTree:
                 elif name in data or self._has_defaults_under(path) or not _has_default(f):
                     kwargs[name] = self._make(section, value or {}, path + ".")
             elif name in data:
-                kwargs[name] = data[name]
+                value = data[name]
+                # YAML has lists only; a tuple setting keeps its type whichever way it was given
+                is_tuple = typing.get_origin(_base(hints[name])) is tuple
+                kwargs[name] = tuple(value) if is_tuple and isinstance(value, list) else value
             elif path in self.defaults:
                 kwargs[name] = self.defaults[path]
             elif not _has_default(f):
