@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from dressage.errors import ConfigError
 from dressage.fields.config import ModelConfig
@@ -27,12 +27,10 @@ DEFAULT_MESSAGE_BYTES_PER_TOKEN = 32.0
 MIN_HOST_MEMORY_BYTES = 1 << 30  # below this a --host-memory value is a missing unit, not a machine
 
 
-# Config keys whose command-line flag is not simply the key with dashes.
-_FLAGS = {"host_memory_bytes": "--host-memory"}
-
-
 def _flag(key: str) -> str:
-    return _FLAGS.get(key, "--" + key.replace("_", "-"))
+    """The command-line flag of a setting: the name its field's metadata gives, else the key with dashes."""
+    meta = next((f.metadata.get("flag") for f in fields(CapacityConfig) if f.name == key), None)
+    return (meta or {}).get("name") or "--" + key.replace("_", "-")
 
 
 def _whole(key: str, value: object) -> object:
