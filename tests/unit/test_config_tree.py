@@ -230,3 +230,28 @@ def test_yaml_round_trips_every_tree(tmp_path, command):
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config_to_dict(cfg)))
     assert build(["--config", str(path)]) == cfg
+
+
+def test_every_section_is_slotted_and_kw_only_and_every_setting_has_a_docstring():
+    import dataclasses
+
+    from dressage.capacity.config import CapacityConfig
+    from dressage.cli.journal import JournalCheckConfig, JournalRepairConfig
+    from dressage.engine.config import EngineConfig
+    from dressage.flags import field_docs
+    from dressage.proxy.config import ProxyConfig
+    from dressage.run.config import RunConfig
+    from dressage.tq.directory.config import ControllerProcessConfig
+    from dressage.tq.storage.config import UnitProcessConfig
+    from dressage.train.config import TrainerConfig
+
+    problems = []
+    for root in (ProxyConfig, RunConfig, EngineConfig, CapacityConfig, TrainerConfig, JournalCheckConfig,
+                 JournalRepairConfig, UnitProcessConfig, ControllerProcessConfig):
+        for path, cls in ConfigTree(root).sections:
+            docs = field_docs(cls)
+            problems += [f"{root.__name__}: {path or '<root>'}.{f.name}: no docstring"
+                         for f in dataclasses.fields(cls) if f.name not in docs]
+            if not hasattr(cls, "__slots__") or not all(f.kw_only for f in dataclasses.fields(cls)):
+                problems.append(f"{cls.__name__}: not slotted and kw-only")
+    assert not problems, problems

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from dressage.errors import ConfigError
 from dressage.fields.config import ModelConfig
 from dressage.fields.models import ModelSpec
-from dressage.fields.r3 import DEFAULT_R3_DTYPE, R3_DTYPES, check_dtype_holds_experts, r3_dtype
+from dressage.fields.r3 import DEFAULT_R3_DTYPE, check_dtype_holds_experts, r3_dtype
 from dressage.flags import flag
 from dressage.units import parse_bytes, parse_count
 
@@ -96,7 +96,7 @@ class CapacityConfig:
                                            metadata=flag(parse=str, metavar="BYTES"))
     """Bytes of chat messages held per Segment token (same in every representation)."""
     routed_experts_dtype: str = field(default=DEFAULT_R3_DTYPE, metadata=flag(metavar="DTYPE"))
-    """R3 storage dtype (""" + " | ".join(R3_DTYPES) + """)."""
+    """R3 storage dtype: uint8, uint16 or int32 (``dressage.fields.R3_DTYPES``)."""
     nodes: int = field(default=1, metadata=flag(parse=str, metavar="N"))
     """TQ StorageUnits, one per node; R3 and logprobs spread over them evenly."""
     host_memory_bytes: int | None = field(default=None, metadata=flag("--host-memory", parse=str, metavar="SIZE"))
