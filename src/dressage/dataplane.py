@@ -1,25 +1,27 @@
 """DataPlaneConfig: what is recorded and which large fields leave the centralised path.
 
 Shared by the Proxy, ``dressage run`` and the benchmarks; its fields generate the seed's flags
-(``--use-rollout-routing-replay``, ``--enable-transfer-queue``, ``--transfer-queue-config FILE``,
-``--transfer-params logprobs routed_experts``, ``--routed-experts-dtype {uint8,uint16,int32}``)
-through :mod:`dressage.flags`. Validated once, in ``__post_init__``.
+(``--use-rollout-routing-replay``, ``--enable-transfer-queue``, ``--transfer-params logprobs
+routed_experts``, ``--routed-experts-dtype {uint8,uint16,int32}``) as the ``data_plane`` section of a
+command's config tree (:mod:`dressage.flags`); which TransferQueue is
+:class:`dressage.tq.config.TransferQueueSelection`'s concern. Validated once, in ``__post_init__``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dressage.errors import ConfigError, UnknownFieldError
 from dressage.fields import (DEFAULT_R3_DTYPE, R3_DTYPES, TRANSFERABLE_FIELDS, ModelSpec,
                              check_dtype_holds_experts, get_model)
+from dressage.fields.config import DEFAULT_MODEL
 from dressage.fields.r3 import r3_dtype
 from dressage.fields.registry import check_field_names
 from dressage.flags import flag
 from dressage.trajectory.segment import SHARED_PREFIX_LOSS
 
-DEFAULT_MODEL = "qwen3.6-35b-a3b"
 
 __all__ = ["DataPlaneConfig"]
 
@@ -35,8 +37,6 @@ class DataPlaneConfig:
     """Record routed experts (R3) for every token that went through the model."""
     enable_transfer_queue: bool = False
     """Write the fields in ``transfer_params`` to TransferQueue StorageUnits; only refs travel."""
-    transfer_queue_config: str | None = field(default=None, metadata=flag(metavar="FILE"))
-    """TransferQueue YAML (deployment, units, budgets; see ``examples/transfer_queue.yaml``); none: embedded."""
     transfer_params: tuple[str, ...] | None = field(
         default=None, metadata=flag(choices=TRANSFERABLE_FIELDS, metavar="FIELD"))
     """Fields to offload when TQ is on; ``None``: every recorded large field."""
@@ -53,6 +53,8 @@ class DataPlaneConfig:
     def __post_init__(self) -> None:
         if isinstance(self.model, str):
             self.model = get_model(self.model)
+        elif isinstance(self.model, Mapping):  # a YAML tree holds the shape itself
+            self.model = ModelSpec(**self.model)
         r3_dtype(self.routed_experts_dtype)
         if self.use_rollout_routing_replay:
             check_dtype_holds_experts(self.model.num_experts, self.routed_experts_dtype)
@@ -88,7 +90,7 @@ class DataPlaneConfig:
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.name, "use_rollout_routing_replay": self.use_rollout_routing_replay,
-            "enable_transfer_queue": self.enable_transfer_queue, "transfer_queue_config": self.transfer_queue_config,
+            "enable_transfer_queue": self.enable_transfer_queue,
             "transfer_params": list(self.offloaded), "routed_experts_dtype": self.routed_experts_dtype,
             "segment_view": self.segment_view, "drop_retry_orphans": self.drop_retry_orphans,
             "shared_prefix_loss": self.shared_prefix_loss,

@@ -1,10 +1,13 @@
-"""Command-line flags generated from config dataclasses, so every default is declared once.
+"""One config tree per command: nested config dataclasses -> command-line flags and YAML, defaults declared once.
 
-A field becomes ``--field-name`` (or the ``flag`` its metadata names); its help is the field's
-docstring with the default shown. ``bool`` fields are switches, ``tuple[str, ...]`` take one or
-more values, ``X | None`` take an ``X``. Metadata made by :func:`flag` adds choices, a metavar,
-a parser for the text (``parse``), ``append`` for a repeated flag, ``aliases`` (other names of the
-same flag), or ``skip``.
+A command's root config is a dataclass whose dataclass-typed fields are *sections* (nested as deep as
+needed); every other field is a *setting*. :class:`ConfigTree` turns the tree into flags: each setting
+gets its dotted name (``--server.port``) and its flat name (``--port``, or the ``name`` its :func:`flag`
+metadata gives, plus ``aliases``), its help is the field's docstring with the default shown, and
+``--help`` lists one group per section. ``--config FILE`` reads a YAML map of the same tree; flags given
+on the command line override it. ``bool`` settings take ``true``/``false`` under their dotted name and
+are switches under their flat name; ``tuple[...]`` take one or more values (or a repeated flag with
+``append``); ``X | None`` take an ``X``.
 """
 
 from __future__ import annotations
@@ -13,22 +16,38 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import os
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["flag", "add_flags", "from_flags", "field_docs"]
+from dressage.errors import ConfigError
+
+__all__ = ["flag", "field_docs", "ConfigTree", "Setting", "config_to_dict", "parse_bool"]
+
+_DEST = "config:"  # argparse dest prefix of a setting; the dotted path follows
+_METAVARS = {int: "N", float: "X"}
 
 
 def flag(name: str | None = None, *, choices: Any = None, metavar: str | None = None,
-         parse: Callable[[str], Any] | None = None, append: bool = False, required: bool = False,
-         skip: bool = False, default_text: Any = None, aliases: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Field metadata for :func:`add_flags`."""
+         parse: Callable[[str], Any] | None = None, append: bool = False, skip: bool = False,
+         default_text: Any = None, aliases: tuple[str, ...] = (), flat: bool = True,
+         positional: bool = False, section: type | None = None) -> dict[str, Any]:
+    """Field metadata for :class:`ConfigTree`.
+
+    ``name``: the flat flag (default ``--field-name``); ``flat=False``: only the dotted name;
+    ``parse``: text -> value; ``skip``: set in code or YAML only; ``positional``: a positional argument.
+    A dataclass-typed field with ``flag`` metadata is one setting (given as text), not a section.
+    ``section``: the field's value is made from this section class (its fields are the flags); the
+    owner resolves what the tree built, and the class's ``of(value)`` gives the section back for YAML.
+    """
     return {"flag": {"name": name, "choices": choices, "metavar": metavar, "parse": parse, "append": append,
-                     "required": required, "skip": skip, "default_text": default_text,
-                     "aliases": tuple(aliases)}}
+                     "skip": skip, "default_text": default_text, "aliases": tuple(aliases), "flat": flat,
+                     "positional": positional, "section": section}}
 
 
 @lru_cache(maxsize=None)
@@ -51,8 +70,21 @@ def field_docs(cls: type) -> dict[str, str]:
     return dict(_docs(cls))
 
 
+def parse_bool(text: str) -> bool:
+    """``true``/``false`` (also yes/no, on/off, 1/0) as a bool."""
+    value = {"true": True, "yes": True, "on": True, "1": True,
+             "false": False, "no": False, "off": False, "0": False}.get(str(text).strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
 def _meta(f: dataclasses.Field) -> dict[str, Any]:
     return f.metadata.get("flag") or flag()["flag"]
+
+
+def _has_default(f: dataclasses.Field) -> bool:
+    return f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING  # type: ignore[misc]
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -63,60 +95,268 @@ def _default(f: dataclasses.Field) -> Any:
     return None
 
 
-def _dest(prefix: str, f: dataclasses.Field) -> str:
-    return f"{prefix}{f.name}"
+def _section_of(f: dataclasses.Field, hint: Any) -> type | None:
+    """The section class of a field (``None``: a setting)."""
+    if "flag" in f.metadata:
+        return f.metadata["flag"]["section"]
+    return hint if dataclasses.is_dataclass(hint) else None
 
 
-def add_flags(parser: Any, cls: type, *, prefix: str = "", defaults: dict[str, Any] | None = None) -> None:
-    """Add one flag per field of ``cls`` to ``parser`` (a parser or an argument group).
-
-    ``defaults`` overrides a field's default for this command; values land under ``prefix + name``.
-    """
-    hints = typing.get_type_hints(cls)
-    docs = _docs(cls)
-    for f in dataclasses.fields(cls):
-        meta = _meta(f)
-        hint = hints[f.name]
-        if meta["skip"] or hint is Any or (dataclasses.is_dataclass(hint) and "flag" not in f.metadata):
-            continue  # nested configs add their own flags; a dataclass value with a flag() is named by text
-        name = meta["name"] or "--" + f.name.replace("_", "-")
-        default = (defaults or {}).get(f.name, _default(f))
-        shown = meta["default_text"] if meta["default_text"] is not None else default
-        help_ = docs.get(f.name, "")
-        if not meta["required"] and not isinstance(default, bool) and shown not in (None, (), []):
-            help_ += f" (default: {shown})"
-        kw: dict[str, Any] = {"dest": _dest(prefix, f), "help": help_.replace("%", "%%")}
+def _base(hint: Any) -> Any:
+    """``X`` of ``X | None``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        base = args[0] if args and typing.get_origin(hint) in (typing.Union, types.UnionType) else hint
-        if base is bool:
-            kw.update(action="store_true", default=default)
-        else:
-            if typing.get_origin(base) is tuple or meta["append"]:
-                if meta["append"]:
-                    kw["action"] = "append"
-                else:
-                    kw["nargs"] = "+"
-                item = (typing.get_args(base) or (str,))[0]
-                kw["type"] = meta["parse"] or item
-                default = None if meta["append"] else default
+        return args[0] if len(args) == 1 else hint
+    return hint
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Setting:
+    """One leaf of a config tree: where it sits and the field that declares it."""
+
+    path: str
+    """Dotted path from the root (``server.port``)."""
+    owner: type
+    """The section class that declares the field."""
+    field: dataclasses.Field
+    hint: Any
+    default: Any
+    """The default this command uses (the field's, or the tree's override)."""
+    required: bool
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return _meta(self.field)
+
+    @property
+    def dest(self) -> str:
+        return _DEST + self.path
+
+    @property
+    def is_bool(self) -> bool:
+        return _base(self.hint) is bool
+
+    def flat_names(self) -> list[str]:
+        meta = self.meta
+        names = [meta["name"] or "--" + self.field.name.replace("_", "-")] if meta["flat"] else []
+        return names + [a for a in meta["aliases"]]
+
+
+class ConfigTree:
+    """The flags and YAML of one command's root config class.
+
+    ``defaults`` changes a setting's default for this command (``{"server.port": 8000}``); ``omit``
+    leaves settings or whole sections out of this command's flags (they keep their defaults).
+    """
+
+    def __init__(self, root: type, *, defaults: Mapping[str, Any] | None = None,
+                 omit: tuple[str, ...] = (), yaml_flag: str | None = "--config") -> None:
+        self.root = root
+        self.defaults = dict(defaults or {})
+        self.omit = tuple(omit)
+        self.yaml_flag = yaml_flag
+        self.settings: list[Setting] = []
+        self.sections: list[tuple[str, type]] = [("", root)]
+        self._collect(root, "")
+        known = {s.path for s in self.settings} | {p for p, _ in self.sections}
+        for key in self.defaults:
+            if key not in known:
+                raise ConfigError(f"{key}: a default for a setting {root.__name__} does not have")
+
+    def _omitted(self, path: str) -> bool:
+        return any(path == o or path.startswith(o + ".") for o in self.omit)
+
+    def _collect(self, cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        sections = []
+        for f in dataclasses.fields(cls):
+            path, hint = prefix + f.name, hints[f.name]
+            if self._omitted(path):
+                continue
+            if _section_of(f, hint) is not None:
+                sections.append((path, _section_of(f, hint)))
+                continue
+            if _meta(f)["skip"]:
+                continue
+            default = self.defaults.get(path, _default(f))
+            required = not _has_default(f) and path not in self.defaults
+            self.settings.append(Setting(path, cls, f, hint, default, required))
+        for path, hint in sections:  # settings first, then sections: --help reads top-down
+            self.sections.append((path, hint))
+            self._collect(hint, path + ".")
+
+    # -- flags ---------------------------------------------------------------------------------------
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        """Add ``--config FILE`` and one argument group per section, one flag per setting."""
+        if self.yaml_flag:
+            parser.add_argument(self.yaml_flag, metavar="FILE", dest=_DEST, default=argparse.SUPPRESS,
+                                help="YAML file configuring the whole tree (its keys are the dotted names "
+                                     "below); flags given here override it")
+        groups: dict[str, Any] = {}
+        for path, cls in self.sections:
+            doc = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ").replace("%", "%%")
+            if path:
+                groups[path] = parser.add_argument_group(f"{path}", doc)
             else:
-                kw["type"] = meta["parse"] or (base if base in (int, float, str) else str)
-            kw["default"] = default
-            for key in ("choices", "metavar", "required"):
-                if meta[key]:
-                    kw[key] = meta[key]
-        parser.add_argument(name, *meta.get("aliases", ()), **kw)
+                groups[path] = parser.add_argument_group("general", doc) \
+                    if any(s.path.count(".") == 0 for s in self.settings) else parser
+        for s in self.settings:
+            section = s.path.rpartition(".")[0]
+            self._add_setting(groups[section], s)
+
+    def _add_setting(self, group: Any, s: Setting) -> None:
+        meta = s.meta
+        doc = _docs(s.owner).get(s.field.name, "")
+        shown = meta["default_text"] if meta["default_text"] is not None else s.default
+        if isinstance(shown, bool):
+            shown = "true" if shown else "false"
+        help_ = doc + ("" if s.required or shown in (None, (), []) else f" (default: {shown})")
+        help_ = help_.replace("%", "%%")
+        kw: dict[str, Any] = {"dest": s.dest, "default": argparse.SUPPRESS, "help": help_}
+        base = _base(s.hint)
+        if meta["positional"]:
+            kw.pop("dest")
+            kw["metavar"] = meta["metavar"] or s.field.name.upper()
+            kw["type"] = meta["parse"] or (base if base in (int, float, str) else str)
+            if not s.required:
+                kw["nargs"] = "?"
+            self._shows(group.add_argument(s.dest, **kw), s, shown)
+            return
+        flat = s.flat_names()
+        # A root setting's dotted name is its field name: kept only where no flat name stands for it.
+        dotted = ["--" + s.path] if "." in s.path or not flat else []
+        if s.is_bool:
+            if dotted:
+                self._shows(group.add_argument(*dotted, type=parse_bool, metavar="BOOL", **kw), s, shown)
+            for name in flat:
+                # A flat switch turns its setting on, or off when it defaults to true (``--no-checksums``).
+                value = not bool(s.default) if name.startswith("--no-") else True
+                group.add_argument(name, action="store_const", const=value, dest=s.dest, default=argparse.SUPPRESS,
+                                   help=f"the same as {dotted[0]} {str(value).lower()}" if dotted else help_)
+            return
+        if typing.get_origin(base) is tuple or meta["append"]:
+            kw["action" if meta["append"] else "nargs"] = "append" if meta["append"] else "+"
+            item = (typing.get_args(base) or (str,))[0]
+            kw["type"] = meta["parse"] or (item if item in (int, float, str) else str)
+        else:
+            kw["type"] = meta["parse"] or (base if base in (int, float, str) else str)
+        if meta["choices"]:
+            kw["choices"] = meta["choices"]
+        if meta["metavar"] or not meta["choices"]:
+            kw["metavar"] = meta["metavar"] or _METAVARS.get(kw["type"], "TEXT")
+        self._shows(group.add_argument(*dotted, *flat, **kw), s, shown)
+
+    @staticmethod
+    def _shows(action: argparse.Action, s: Setting, shown: Any) -> None:
+        # What the help states as the default: argparse's own default stays SUPPRESS, so that only
+        # flags given on the command line override a --config file.
+        action.config_default = None if s.required else shown  # type: ignore[attr-defined]
+
+    # -- building ------------------------------------------------------------------------------------
+    def values(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The nested map of what ``--config FILE`` and the flags given set (flags win)."""
+        given = vars(args)
+        data: dict[str, Any] = load_yaml(given[_DEST]) if given.get(_DEST) else {}
+        for s in self.settings:
+            if s.dest in given:
+                value = given[s.dest]
+                _put(data, s.path, tuple(value) if isinstance(value, list) else value)
+        return data
+
+    def build(self, args: argparse.Namespace | Mapping[str, Any], **overrides: Any) -> Any:
+        """The validated root config of parsed flags (or of a nested map); ``overrides`` map dotted
+        paths to values that win over both."""
+        data = self.values(args) if isinstance(args, argparse.Namespace) else _copy(args)
+        for path, value in overrides.items():
+            _put(data, path, value)
+        return self._make(self.root, data, "")
+
+    def _make(self, cls: type, data: Any, prefix: str) -> Any:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: expected a map of settings, "
+                              f"got {type(data).__name__}")
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in fields:
+                raise ConfigError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(fields))})")
+        kwargs: dict[str, Any] = {}
+        for name, f in fields.items():
+            path, section = prefix + name, _section_of(f, hints[name])
+            if section is not None:
+                value = data.get(name)
+                if name in data and not isinstance(value, Mapping):
+                    kwargs[name] = value  # built in code (a config object, or what the section resolves to)
+                elif name in data or self._has_defaults_under(path) or not _has_default(f):
+                    kwargs[name] = self._make(section, value or {}, path + ".")
+            elif name in data:
+                value = data[name]
+                # YAML has lists only; a tuple setting keeps its type whichever way it was given
+                is_tuple = typing.get_origin(_base(hints[name])) is tuple
+                kwargs[name] = tuple(value) if is_tuple and isinstance(value, list) else value
+            elif path in self.defaults:
+                kwargs[name] = self.defaults[path]
+            elif not _has_default(f):
+                setting = next((s for s in self.settings if s.path == path), None)
+                names = setting.flat_names() if setting is not None else []
+                raise ConfigError(f"{path}: required ({names[0] if names else '--' + path})")
+        return cls(**kwargs)
+
+    def _has_defaults_under(self, path: str) -> bool:
+        return any(k.startswith(path + ".") for k in self.defaults)
 
 
-def from_flags(cls: type, args: argparse.Namespace, *, prefix: str = "", **extra: Any) -> Any:
-    """Build ``cls`` from what :func:`add_flags` parsed (``extra`` fills or overrides fields)."""
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if _meta(f)["skip"] or not hasattr(args, _dest(prefix, f)):
-            continue
-        value = getattr(args, _dest(prefix, f))
-        if isinstance(value, list):
-            value = tuple(value)
-        values[f.name] = value
-    values.update(extra)
-    return cls(**values)
+def _put(data: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    node = data
+    for key in parents:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {} if child is None else _copy(child)
+        node = child
+    node[last] = value
+
+
+def _copy(data: Any) -> Any:
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        return {f.name: getattr(data, f.name) for f in dataclasses.fields(data)}
+    if isinstance(data, Mapping):
+        return {k: _copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
+    return data
+
+
+def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The map a ``--config`` YAML file holds (an empty file is an empty map)."""
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {os.fspath(path)!r}: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config: {os.fspath(path)!r} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config: {os.fspath(path)!r} holds a {type(data).__name__}, not a map of settings")
+    return data
+
+
+def config_to_dict(config: Any) -> Any:
+    """A config as plain YAML-ready values: sections as maps, tuples as lists; a value that knows
+    its own plain form (``to_dict``) gives it."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        out = {}
+        for f in dataclasses.fields(config):
+            value, section = getattr(config, f.name), _meta(f)["section"]
+            if section is not None and not isinstance(value, section):
+                value = section.of(value)
+            out[f.name] = config_to_dict(value)
+        return out
+    if isinstance(config, (tuple, list)):
+        return [config_to_dict(v) for v in config]
+    if isinstance(config, Mapping):
+        return {k: config_to_dict(v) for k, v in config.items()}
+    return config

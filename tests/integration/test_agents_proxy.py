@@ -14,7 +14,7 @@ from dressage.testing.stack import ProxyStack
 TOKEN = "agents-test-token"
 N_PROMPTS, N_SAMPLES = 3, 2
 # Byte tokenizer: ~1.4K tokens of system + tools + task; a 2.4K budget compresses every few turns.
-CONFIG = AgentConfig(max_turns=12, retry_rate=0.25, context_limit=2400, compression_threshold=0.8,
+CONFIG = AgentConfig(max_turns=12, retry_rate=0.25, context_length=2400, compression_threshold=0.8,
                      max_tokens=160, temperature=0.8, seed=5, request_timeout_s=30)
 
 

@@ -169,7 +169,7 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
 
 def test_context_window_clamps_and_overflow_records_nothing():
     eng = start_engine(mean_response_tokens=400, tool_call_rate=0.0)
-    p = start_proxy(eng.url, context_window=160, max_output_tokens=100, max_steps_per_session=2)
+    p = start_proxy(eng.url, context_length=160, max_output_tokens=100, max_steps_per_session=2)
     try:
         sid, base = _new_session(p.url)
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0)

@@ -11,7 +11,7 @@ import pytest
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ConfigError, SessionLimitError
 from dressage.fields import get_model
-from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.config import AccessConfig, EnginesConfig, ProxyConfig, ServerConfig, SessionsConfig
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.session_caps import SessionKeeper
 from dressage.proxy.engines.sglang_client import SGLangClient
@@ -155,7 +155,7 @@ def test_a_failed_first_call_creates_no_session_and_its_retry_works(proxy, hosti
 
 
 def test_body_limit_counts_the_bytes_received_chunked_too(proxy):
-    limit = proxy.service.config.max_body_bytes
+    limit = proxy.service.config.server.max_body_bytes
     n = len(proxy.service.core.sessions)
 
     def chunks():
@@ -189,7 +189,7 @@ def _closed_within(sock, seconds):
 
 
 def test_slow_headers_and_slow_bodies_are_cut_off(hostile):
-    server = _serve(hostile.url, header_timeout_s=0.3, body_timeout_s=0.3, keep_alive_timeout_s=30)
+    server = _serve(hostile.url, server=ServerConfig(header_timeout_s=0.3, body_timeout_s=0.3, keep_alive_timeout_s=30))
     try:
         host, port = server.url[7:].rsplit(":", 1)
         silent = socket.create_connection((host, int(port)))      # connects, sends nothing
@@ -215,7 +215,8 @@ def test_slow_headers_and_slow_bodies_are_cut_off(hostile):
 
 def test_agent_and_admin_tokens(hostile, tmp_path):
     (tmp_path / "agent").write_text("agent-secret\n")
-    server = _serve(hostile.url, api_token_file=str(tmp_path / "agent"), admin_token="admin-secret")
+    server = _serve(hostile.url,
+                    access=AccessConfig(api_token_file=str(tmp_path / "agent"), admin_token="admin-secret"))
     url = server.url
     agent, admin = {"authorization": "Bearer agent-secret"}, {"authorization": "Bearer admin-secret"}
     try:
@@ -241,30 +242,30 @@ def test_agent_and_admin_tokens(hostile, tmp_path):
 
 def test_token_configuration():
     with pytest.raises(ConfigError, match="reachable from other machines"):
-        ProxyServerConfig(host="0.0.0.0")
+        ProxyConfig(server=ServerConfig(host="0.0.0.0"))
     with pytest.raises(ConfigError, match="reachable"):
-        ProxyServerConfig(host="10.1.2.3", admin_token="only-admin")
-    assert ProxyServerConfig(host="0.0.0.0", api_token="t").api_token == "t"
+        ProxyConfig(server=ServerConfig(host="10.1.2.3"), access=AccessConfig(admin_token="only-admin"))
+    assert ProxyConfig(server=ServerConfig(host="0.0.0.0"), access=AccessConfig(api_token="t")).access.api_token == "t"
     with pytest.raises(ConfigError, match="both set"):
-        ProxyServerConfig(api_token="a", api_token_file="/nonexistent")
+        AccessConfig(api_token="a", api_token_file="/nonexistent")
     with pytest.raises(ConfigError, match="cannot read"):
-        ProxyServerConfig(api_token_file="/nonexistent/token")
+        AccessConfig(api_token_file="/nonexistent/token")
     with pytest.raises(ConfigError, match="same as"):
-        ProxyServerConfig(api_token="same", admin_token="same")
+        AccessConfig(api_token="same", admin_token="same")
 
 
 def test_token_from_environment_not_argv(monkeypatch):
     import argparse
 
-    from dressage.cli.proxy import register, server_config
+    from dressage.cli.proxy import proxy_config, register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(dest="cmd"))
     monkeypatch.setenv("DRESSAGE_PROXY_TOKEN", "env-agent")
     monkeypatch.setenv("DRESSAGE_ADMIN_TOKEN", "env-admin")
     args = parser.parse_args(["proxy", "serve", "--engine-url", "http://127.0.0.1:1"])
-    cfg = server_config(args)
-    assert (cfg.api_token, cfg.admin_token) == ("env-agent", "env-admin")
+    cfg = proxy_config(args)
+    assert (cfg.access.api_token, cfg.access.admin_token) == ("env-agent", "env-admin")
 
 
 class _Clock:
@@ -309,7 +310,7 @@ def test_idle_sessions_are_evicted_and_the_cap_holds():
 
 
 def test_session_timeout_evicts_over_http(hostile):
-    server = _serve(hostile.url, session_timeout_s=600, max_sessions=2)
+    server = _serve(hostile.url, sessions=SessionsConfig(session_timeout_s=600, max_sessions=2))
     clock = server.service.keeper.clock = _Clock()       # idle time without waiting for it
     try:
         hostile.mode = "ok"

@@ -220,7 +220,7 @@ def test_text_completions_streamed_and_not_record_one_step_each(proxy):
 
 
 def test_model_object_and_unknown_model(proxy):
-    name = proxy.service.config.served_model_name
+    name = proxy.service.config.server.served_model_name
     sid, client = _session(proxy)
     model = client.models.retrieve(name)
     assert model.id == name and model.object == "model"

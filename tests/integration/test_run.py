@@ -10,13 +10,13 @@ from dressage.fields import get_model
 from dressage.harness.run import RunConfig, run_pipeline
 
 
-def _cfg(tq: bool, dtype: str, params=None, **kw):
+def _cfg(tq: bool, dtype: str, params=None, *, num_rollouts=2, **kw):
     dp = DataPlaneConfig(model=get_model("qwen3.6-35b-a3b"), use_rollout_routing_replay=True,
                          enable_transfer_queue=tq, transfer_params=params, routed_experts_dtype=dtype)
-    base = dict(num_rollouts=2, rollout_batch_size=3, n_samples_per_prompt=2, max_turns=3, max_tokens=48,
-                mean_response_tokens=24, retry_rate=0.3, tool_call_rate=0.5, seed=7, progress=False)
-    base.update(kw)
-    return RunConfig(data_plane=dp, **base)
+    return RunConfig(data_plane=dp, seed=7, report=ReportConfig(progress=False),
+                     rollout=RolloutConfig(num_rollouts=num_rollouts, rollout_batch_size=3, n_samples_per_prompt=2),
+                     agents=AgentsConfig(max_turns=3, max_tokens=48, retry_rate=0.3),
+                     inference=InferenceConfig(mean_response_tokens=24, tool_call_rate=0.5), **kw)
 
 
 def test_run_digest_is_identical_with_tq_on_and_off_and_every_dtype():
@@ -64,8 +64,8 @@ def test_run_on_ray_matches_embedded(tmp_path):
     # A fresh local cluster, never one another process on this host happens to run.
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        on_ray = run_pipeline(_cfg(True, "uint8", num_rollouts=1, ray=True,
-                                   transfer_queue=load_config({"deployment": "ray"})))
+        on_ray = run_pipeline(_cfg(True, "uint8", num_rollouts=1, cluster=ClusterConfig(ray=True),
+                                   transfer_queue=TransferQueueSelection(config=load_config({"deployment": "ray"}))))
     finally:
         ray.shutdown()
     assert on_ray.samples_digest == embedded.samples_digest

@@ -58,10 +58,10 @@ def test_main_job_on_the_transformers_engine_with_tq_replays_logprobs_bit_for_bi
 def test_transformers_engine_refuses_what_it_cannot_do():
     tiny = DataPlaneConfig(model=get_model("tiny-qwen3-moe"), use_rollout_routing_replay=True)
     with pytest.raises(ConfigError, match="leave out --engine-url"):
-        RunConfig(data_plane=tiny, engine="transformers", engine_url="http://127.0.0.1:1")
+        RunConfig(data_plane=tiny, inference=InferenceConfig(backend="transformers", engine_url="http://127.0.0.1:1"))
     with pytest.raises(ConfigError, match="leave out --ray"):
-        RunConfig(data_plane=tiny, engine="transformers", ray=True)
+        RunConfig(data_plane=tiny, inference=InferenceConfig(backend="transformers"), cluster=ClusterConfig(ray=True))
     with pytest.raises(ConfigError, match="runs tiny-qwen3-moe, but the data plane records the shape of qwen3.6-35b-a3b"):
-        RunConfig(data_plane=DataPlaneConfig(), engine="transformers")
-    with pytest.raises(ConfigError, match="engine must be one of builtin, transformers"):
-        RunConfig(engine="vllm")
+        RunConfig(data_plane=DataPlaneConfig(), inference=InferenceConfig(backend="transformers"))
+    with pytest.raises(ConfigError, match="inference.backend must be one of builtin, transformers"):
+        InferenceConfig(backend="vllm")

@@ -12,7 +12,7 @@ from dressage.harness.agents.tools import LOOKUP_TABLE, TOOL_SPECS
 
 
 def test_defaults_are_valid_and_compress_at_is_the_share_of_the_limit():
-    cfg = AgentConfig(context_limit=1000, compression_threshold=0.75, max_tokens=100)
+    cfg = AgentConfig(context_length=1000, compression_threshold=0.75, max_tokens=100)
     assert cfg.compress_at == 750
 
 
@@ -30,7 +30,7 @@ def test_defaults_are_valid_and_compress_at_is_the_share_of_the_limit():
     ({"compression": "yes"}, "agents.compression"),
     ({"request_timeout_s": 0}, "agents.request_timeout_s"),
     ({"model": ""}, "agents.model"),
-    ({"context_limit": 1000, "max_tokens": 900}, "agents.max_tokens"),
+    ({"context_length": 1000, "max_tokens": 900}, "agents.max_tokens"),
 ])
 def test_bad_values_are_rejected_with_the_dotted_key(kwargs, key):
     with pytest.raises(ConfigError, match=key):

@@ -47,7 +47,7 @@ def test_retry_targets_have_a_parent_and_the_rate_is_respected():
 
 
 def test_compression_triggers_at_the_threshold():
-    cfg = AgentConfig(context_limit=1000, compression_threshold=0.8, max_tokens=100)
+    cfg = AgentConfig(context_length=1000, compression_threshold=0.8, max_tokens=100)
     assert not needs_compression(cfg, 700, 99)
     assert needs_compression(cfg, 700, 100)
 
@@ -115,7 +115,7 @@ def test_a_retry_resends_an_earlier_request_and_continues_from_its_reply():
 
 
 def test_compression_replaces_the_history_and_a_retry_never_crosses_it():
-    cfg = AgentConfig(max_turns=12, context_limit=1000, compression_threshold=0.5, max_tokens=100,
+    cfg = AgentConfig(max_turns=12, context_length=1000, compression_threshold=0.5, max_tokens=100,
                       retry_rate=0.4, seed=5)
     prompt = make_prompts(1)[0]
     conv = Conversation(prompt, cfg, 0, 0)
@@ -137,7 +137,7 @@ def test_compression_replaces_the_history_and_a_retry_never_crosses_it():
 
 
 def test_without_compression_a_full_context_ends_the_session():
-    cfg = AgentConfig(max_turns=10, context_limit=1000, max_tokens=100, compression=False)
+    cfg = AgentConfig(max_turns=10, context_length=1000, max_tokens=100, compression=False)
     conv = Conversation(make_prompts(1)[0], cfg, 0, 0)
     conv.next_request()
     conv.observe(_text_reply(prompt_tokens=100))
@@ -147,7 +147,7 @@ def test_without_compression_a_full_context_ends_the_session():
 
 
 def test_a_full_context_right_after_compression_ends_the_session_instead_of_looping():
-    cfg = AgentConfig(max_turns=10, context_limit=1000, max_tokens=100)
+    cfg = AgentConfig(max_turns=10, context_length=1000, max_tokens=100)
     conv = Conversation(make_prompts(1)[0], cfg, 0, 0)
     for _ in range(2):
         conv.next_request()
@@ -162,7 +162,7 @@ def test_a_full_context_right_after_compression_ends_the_session_instead_of_loop
 
 def test_the_whole_conversation_replays_exactly_for_a_seed():
     def run(seed):
-        cfg = AgentConfig(max_turns=15, retry_rate=0.3, context_limit=2000, max_tokens=100, seed=seed)
+        cfg = AgentConfig(max_turns=15, retry_rate=0.3, context_length=2000, max_tokens=100, seed=seed)
         conv = Conversation(make_prompts(3, seed=1)[2], cfg, 2, 1)
         log = []
         while not conv.done:

@@ -29,11 +29,17 @@ def _commands(parser, path=()):
 COMMANDS = dict(_commands(build_parser()))
 
 
+def _default(action):
+    """The default the help must state: a config tree's setting keeps argparse's default SUPPRESS
+    (flags override a --config file) and records the one it shows as ``config_default``."""
+    return getattr(action, "config_default", action.default)
+
+
 def _has_default(action) -> bool:
-    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._HelpAction,
-                           argparse._VersionAction)):
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction,
+                           argparse._HelpAction, argparse._VersionAction)):
         return False  # a switch: off unless given
-    return action.option_strings and action.default not in (None, argparse.SUPPRESS, [], ())
+    return bool(action.option_strings) and _default(action) not in (None, argparse.SUPPRESS, [], ())
 
 
 def _options(command):
@@ -62,9 +68,11 @@ def test_every_option_has_help_and_shows_its_default(command):
         elif _has_default(action):
             rendered = helptext % {**vars(action), "prog": parser.prog} if "%(" in helptext else helptext
             if not re.search(r"\(default\b|default[: ]", rendered, re.IGNORECASE):
-                problems.append(f"{name}: default {action.default!r} not shown in {rendered!r}")
-            elif "%(default)" in helptext and str(action.default) not in rendered:
-                problems.append(f"{name}: {rendered!r} does not show {action.default!r}")
+                problems.append(f"{name}: default {_default(action)!r} not shown in {rendered!r}")
+            elif "%(default)" in helptext and str(_default(action)) not in rendered:
+                problems.append(f"{name}: {rendered!r} does not show {_default(action)!r}")
+            elif hasattr(action, "config_default") and f"(default: {action.config_default})" not in helptext:
+                problems.append(f"{name}: {helptext!r} does not show {action.config_default!r}")
     assert not problems, f"dressage {command}: " + "; ".join(problems)
     assert "(default: " in text or not any(_has_default(a) for a in _options(command))
 

@@ -330,7 +330,7 @@ def test_a_journal_past_msgpack_default_buffer_replays(tmp_path):
 
 
 def test_build_service_appends_where_replay_stopped(tmp_path):
-    from dressage.proxy.config import JournalConfig, ProxyConfig, ProxyServerConfig
+    from dressage.proxy.config import JournalConfig, ProxyConfig, EnginesConfig
     from dressage.proxy.deployment import build_service
     from dressage.tokenizer import load_tokenizer
 
@@ -341,7 +341,7 @@ def test_build_service_appends_where_replay_stopped(tmp_path):
     j.finalized("no-such-session", 1.0)                         # framed well, refused by replay
     j.close()
     cfg = ProxyConfig(data_plane=_cfg(), journal=JournalConfig(path=str(path), fsync="never"),
-                      server=ProxyServerConfig(engine_url="http://127.0.0.1:9"))
+                      engines=EnginesConfig(engine_url="http://127.0.0.1:9"))
     service, report = build_service(cfg, tokenizer=load_tokenizer("byte"))
     assert report.intact_bytes == good and path.stat().st_size == good
     live = next(sid for sid, s in service.core.sessions.items() if s.state == "active")

@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 
 from dressage.fields import get_model
-from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import DataPlaneConfig, EnginesConfig, ProxyConfig, SessionsConfig
 from dressage.proxy.deployment import build_service
 from dressage.proxy.http.app import build_app
 from dressage.proxy.engines.rids import RID_LENGTH
@@ -24,14 +24,15 @@ MODEL = get_model("tiny-moe")
 W1, W2, ROUTER = "http://10.0.0.1:30001", "http://10.0.0.2:30002", "http://router.test:30000"
 
 
-def make(mock, *, r3=True, partial=True, router=False, tq=None, key=None, sink=None, **server):
+def make(mock, *, r3=True, partial=True, router=False, tq=None, key=None, sink=None):
     """The Proxy service from the composition root (``build_service``), its engines on ``mock``'s
     transport, served in process over ASGI."""
     dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=r3, enable_transfer_queue=tq is not None)
-    cfg = ProxyServerConfig(engine_url=mock.router or mock.workers[0], router=router, engine_api_key=key,
-                            partial_rollout=partial, request_timeout_s=20, **server)
-    service, _ = build_service(ProxyConfig(data_plane=dp, server=cfg), tq_client=tq.client() if tq is not None else None,
-                               engine=engine_clients(cfg, transport=mock.transport()), sink=sink)
+    engines = EnginesConfig(engine_url=mock.router or mock.workers[0], router=router, engine_api_key=key,
+                            request_timeout_s=20)
+    cfg = ProxyConfig(data_plane=dp, engines=engines, sessions=SessionsConfig(partial_rollout=partial))
+    service, _ = build_service(cfg, tq_client=tq.client() if tq is not None else None,
+                               engine=engine_clients(engines, transport=mock.transport()), sink=sink)
     return service, httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(service)), base_url="http://proxy")
 
 
@@ -339,10 +340,10 @@ def test_a_finalize_repeated_after_a_restart_is_answered_from_the_journal(tmp_pa
     from dressage.proxy.deployment import build_service
 
     cfg = ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True),
-                      server=ProxyServerConfig(engine_url=W1), journal=JournalConfig(path=str(tmp_path / "journal")))
+                      engines=EnginesConfig(engine_url=W1), journal=JournalConfig(path=str(tmp_path / "journal")))
 
     def start(mock):
-        service, _ = build_service(cfg, engine=engine_clients(cfg.server, transport=mock.transport()))
+        service, _ = build_service(cfg, engine=engine_clients(cfg.engines, transport=mock.transport()))
         return service, httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(service)),
                                           base_url="http://proxy")
 

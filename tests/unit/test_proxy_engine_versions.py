@@ -13,7 +13,7 @@ import httpx
 
 from dressage.fields import get_model
 from dressage.fields.versions import NAMED_BASE
-from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import DataPlaneConfig, EnginesConfig, ProxyConfig, SessionsConfig
 from dressage.proxy.deployment import build_service
 from dressage.proxy.http.app import build_app
 from dressage.proxy.engines.startup import engine_clients
@@ -28,10 +28,10 @@ def make(mock=None, *, router=False, engine_url=None, engine_urls=()):
     ``mock``'s transport (or real HTTP when ``mock`` is None)."""
     dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True)
     url = engine_url or (mock.router or mock.workers[0])
-    cfg = ProxyServerConfig(engine_url=url, engine_urls=tuple(engine_urls), router=router, partial_rollout=True,
-                            request_timeout_s=20)
-    engine = engine_clients(cfg, transport=mock.transport()) if mock is not None else None
-    service, _ = build_service(ProxyConfig(data_plane=dp, server=cfg), engine=engine)
+    engines = EnginesConfig(engine_url=url, engine_urls=tuple(engine_urls), router=router, request_timeout_s=20)
+    engine = engine_clients(engines, transport=mock.transport()) if mock is not None else None
+    cfg = ProxyConfig(data_plane=dp, engines=engines, sessions=SessionsConfig(partial_rollout=True))
+    service, _ = build_service(cfg, engine=engine)
     return service, httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(service)), base_url="http://proxy")
 
 

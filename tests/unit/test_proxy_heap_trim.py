@@ -12,12 +12,12 @@ from dressage.proxy.recording import heap
 def _service():
     from dressage.dataplane import DataPlaneConfig
     from dressage.fields import get_model
-    from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+    from dressage.proxy.config import EnginesConfig, ProxyConfig
     from dressage.proxy.deployment import build_service
     from dressage.tokenizer import load_tokenizer
 
     cfg = ProxyConfig(data_plane=DataPlaneConfig(model=get_model("tiny-moe")),
-                      server=ProxyServerConfig(engine_url="http://127.0.0.1:9"))
+                      engines=EnginesConfig(engine_url="http://127.0.0.1:9"))
     service, _ = build_service(cfg, tokenizer=load_tokenizer("byte"))
     return service
 

@@ -13,7 +13,7 @@ import httpx
 from fastapi import FastAPI, Request
 
 from dressage.fields import get_model
-from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import DataPlaneConfig, EnginesConfig, ProxyConfig
 from dressage.proxy.deployment import build_service
 from dressage.proxy.engines.startup import engine_clients
 from dressage.proxy.http.app import HotFirst, _install_guards, build_app, fastapi_app
@@ -106,9 +106,9 @@ def _hot_calls_of(fast: bool):
     """The hot routes' answers from a Proxy over a mock SGLang: through the served app's fast path
     (``fast``; nothing may enter the FastAPI app) or through the FastAPI app's own routes."""
     mock = MockSGLang()
-    cfg = ProxyServerConfig(engine_url=mock.workers[0], request_timeout_s=20)
-    service, _ = build_service(ProxyConfig(data_plane=DataPlaneConfig(model=get_model("tiny-moe")), server=cfg),
-                               engine=engine_clients(cfg, transport=mock.transport()))
+    engines = EnginesConfig(engine_url=mock.workers[0], request_timeout_s=20)
+    service, _ = build_service(ProxyConfig(data_plane=DataPlaneConfig(model=get_model("tiny-moe")), engines=engines),
+                               engine=engine_clients(engines, transport=mock.transport()))
     entered: list = []
     if fast:
         app = build_app(service)

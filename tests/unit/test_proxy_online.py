@@ -9,7 +9,7 @@ from dressage.errors import ConfigError, EngineUnavailable
 from dressage.errors import NoHealthyEngineError
 from dressage.proxy.recording.pause import RolloutPause
 from dressage.proxy.engines.pool import EnginePool
-from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.config import EnginesConfig, LimitsConfig, SessionsConfig
 from dressage.proxy.recording.turns import TurnCache, identity_from_headers, instance_group
 
 
@@ -155,42 +155,43 @@ def test_turn_cache_keeps_at_most_its_capacity_of_settled_turns():
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("kw, key", [
-    ({"context_window": 0}, "proxy.context_window"),
-    ({"max_output_tokens": -1}, "proxy.max_output_tokens"),
-    ({"max_steps_per_session": 1.5}, "proxy.max_steps_per_session"),
-    ({"engine_urls": ("http://a", "ftp://b")}, "proxy.engine_urls[1]"),
-    ({"engine_urls": ("http://a", "http://a/")}, "listed twice"),
-    ({"health_check_interval_s": -1}, "proxy.health_check_interval_s"),
-    ({"health_check_failures": 0}, "proxy.health_check_failures"),
-    ({"partial_rollout": "yes"}, "proxy.partial_rollout"),
+@pytest.mark.parametrize("section, kw, key", [
+    (LimitsConfig, {"context_length": 0}, "limits.context_length"),
+    (LimitsConfig, {"max_output_tokens": -1}, "limits.max_output_tokens"),
+    (LimitsConfig, {"max_steps_per_session": 1.5}, "limits.max_steps_per_session"),
+    (EnginesConfig, {"engine_urls": ("http://a", "ftp://b")}, "engines.engine_urls[1]"),
+    (EnginesConfig, {"engine_urls": ("http://a", "http://a/")}, "listed twice"),
+    (EnginesConfig, {"health_check_interval_s": -1}, "engines.health_check_interval_s"),
+    (EnginesConfig, {"health_check_failures": 0}, "engines.health_check_failures"),
+    (SessionsConfig, {"partial_rollout": "yes"}, "sessions.partial_rollout"),
 ])
-def test_server_config_rejects_bad_values_by_key(kw, key):
+def test_proxy_sections_reject_bad_values_by_dotted_key(section, kw, key):
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
-        ProxyServerConfig(**kw)
+        section(**kw)
 
 
-def test_server_config_engines():
-    assert ProxyServerConfig(engine_url="http://x:1").engines == ("http://x:1",)
-    cfg = ProxyServerConfig(engine_urls=["http://a:1", "http://b:2"])
-    assert cfg.engines == ("http://a:1", "http://b:2") and cfg.engine_url == "http://a:1"
+def test_engines_config_urls():
+    assert EnginesConfig(engine_url="http://x:1").urls == ("http://x:1",)
+    cfg = EnginesConfig(engine_urls=["http://a:1", "http://b:2"])
+    assert cfg.urls == ("http://a:1", "http://b:2") and cfg.engine_url == "http://a:1"
 
 
-def test_proxy_serve_flags_build_the_server_config():
+def test_proxy_serve_flags_build_the_sections():
     from dressage.cli import build_parser
-    from dressage.cli.proxy import server_config
+    from dressage.cli.proxy import proxy_config
 
     args = build_parser().parse_args([
         "proxy", "serve", "--engine-url", "http://127.0.0.1:1", "--engine-url", "http://127.0.0.1:2",
         "--context-window", "4096", "--max-output-tokens", "512", "--max-steps-per-session", "30",
         "--partial-rollout", "--health-check-interval", "0.5"])
-    cfg = server_config(args)
-    assert cfg.engines == ("http://127.0.0.1:1", "http://127.0.0.1:2")
-    assert (cfg.context_window, cfg.max_output_tokens, cfg.max_steps_per_session) == (4096, 512, 30)
-    assert cfg.partial_rollout is True and cfg.health_check_interval_s == 0.5
+    cfg = proxy_config(args)
+    assert cfg.engines.urls == ("http://127.0.0.1:1", "http://127.0.0.1:2")
+    assert (cfg.limits.context_length, cfg.limits.max_output_tokens, cfg.limits.max_steps_per_session) == \
+        (4096, 512, 30)
+    assert cfg.sessions.partial_rollout is True and cfg.engines.health_check_interval_s == 0.5
     bad = build_parser().parse_args(["proxy", "serve", "--engine-url", "http://x:1", "--context-window", "0"])
-    with pytest.raises(ConfigError, match="proxy.context_window"):
-        server_config(bad)
+    with pytest.raises(ConfigError, match="limits.context_length"):
+        proxy_config(bad)
 
 
 def test_a_move_stays_reported_until_a_step_is_recorded_on_the_new_engine():
@@ -210,8 +211,8 @@ def test_call_limits_clamp_to_the_context_budget_and_the_step_limit():
     from dressage.errors import ContextOverflowError, StepLimitError
     from dressage.proxy.recording.limits import CallLimits
 
-    limits = CallLimits(ProxyServerConfig(context_window=100, max_output_tokens=30, max_steps_per_session=2,
-                                          default_max_tokens=50))
+    limits = CallLimits(LimitsConfig(context_length=100, max_output_tokens=30, max_steps_per_session=2,
+                                     default_max_new_tokens=50))
     assert limits.max_new_tokens(None, 10) == 30          # default 50, capped by --max-output-tokens
     assert limits.max_new_tokens(8, 10) == 8              # the request's own max_tokens
     assert limits.max_new_tokens(None, 95) == 5           # what the window leaves

@@ -12,7 +12,7 @@ import pytest
 
 from dressage.errors import ConfigError, EngineMismatchError, EngineUnavailable
 from dressage.fields import get_model
-from dressage.proxy.config import DataPlaneConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import DataPlaneConfig, EnginesConfig, ProxyConfig
 from dressage.proxy.engines.router_client import RouterClient
 from dressage.proxy.engines.startup import check_engine, engine_clients, fetch_engine_infos
 from sglang_mock import MockSGLang
@@ -33,7 +33,7 @@ def model_dir(tmp_path, config_name):
 
 def config(model=GLM, *, r3=True, tokenizer="qwen3", **kw):
     return ProxyConfig(data_plane=DataPlaneConfig(model=model, use_rollout_routing_replay=r3), tokenizer=tokenizer,
-                       server=ProxyServerConfig(engine_url="http://gpu-0:30000"), **kw)
+                       engines=EnginesConfig(engine_url="http://gpu-0:30000"), **kw)
 
 
 def test_glm_served_by_sglang_decodes_every_hidden_layer(tmp_path):
@@ -82,12 +82,12 @@ def test_the_built_in_engine_keeps_the_preset():
 
 def test_model_info_is_fetched_through_a_router_with_the_engine_key():
     mock = MockSGLang(["http://10.0.0.1:30001"], router="http://router.test:30000", api_key="sk-e")
-    server = ProxyServerConfig(router_url="http://router.test:30000", engine_api_key="sk-e")
+    server = EnginesConfig(router_url="http://router.test:30000", engine_api_key="sk-e")
     (info,) = fetch_engine_infos(server, transport=mock.transport())
     assert info["tokenizer_path"] == "byte" and mock.requests[0]["headers"]["authorization"] == "Bearer sk-e"
     assert isinstance(engine_clients(server)[0], RouterClient)
     with pytest.raises(EngineUnavailable, match="http://router.test:30000 did not answer its model info"):
-        fetch_engine_infos(ProxyServerConfig(router_url="http://router.test:30000"), transport=mock.transport())
+        fetch_engine_infos(EnginesConfig(router_url="http://router.test:30000"), transport=mock.transport())
 
 
 def test_proxy_start_checks_the_built_in_engine_and_refuses_a_wrong_model():
@@ -99,18 +99,18 @@ def test_proxy_start_checks_the_built_in_engine_and_refuses_a_wrong_model():
     url = engine.start_background()
     try:
         good = ProxyConfig(data_plane=DataPlaneConfig(model="tiny-moe", use_rollout_routing_replay=True),
-                           server=ProxyServerConfig(engine_url=url))
+                           engines=EnginesConfig(engine_url=url))
         with Proxy.start(good) as proxy:
             assert proxy.engine_check.model is proxy.config.data_plane.model
             assert proxy.config.tokenizer == "byte"
         wrong = ProxyConfig(data_plane=DataPlaneConfig(model=GLM, use_rollout_routing_replay=True),
-                            server=ProxyServerConfig(engine_url=url))
+                            engines=EnginesConfig(engine_url=url))
         with pytest.raises(EngineMismatchError, match=f"{url}.*{GLM}"):
             Proxy.start(wrong)
     finally:
         engine.stop()
     with pytest.raises(EngineUnavailable, match=f"{url} did not answer"):
-        Proxy.start(dataclasses.replace(good, engine_wait_s=0))
+        Proxy.start(dataclasses.replace(good, engines=dataclasses.replace(good.engines, engine_wait_s=0)))
 
 
 def test_start_up_waits_for_an_engine_that_is_still_loading():
@@ -125,7 +125,7 @@ def test_start_up_waits_for_an_engine_that_is_still_loading():
             return nxt
         return await mock.handle(request)
 
-    server = ProxyServerConfig(engine_url="http://10.0.0.1:30001")
+    server = EnginesConfig(engine_url="http://10.0.0.1:30001")
     (info,) = fetch_engine_infos(server, transport=httpx.MockTransport(handler), wait_s=5, retry_s=0.01)
     assert info["tokenizer_path"] == "byte" and not early
     early.append(httpx.ConnectError("connection refused"))
@@ -143,9 +143,9 @@ def test_upstream_flag_names_are_accepted():
         "--num-experts", "256", "--finalize-wait", "5", "--tokenizer-from-engine", "--dressage-partial-rollout",
         "--model", GLM, "--use-rollout-routing-replay"])
     cfg = proxy_config(args)
-    s = cfg.server
-    assert (s.engines, s.router, s.api_token, s.engine_api_key, s.finalize_wait_s, s.partial_rollout) == (
-        ("http://router:30000",), True, "proxy-secret", "sk-engine", 5.0, True)
+    e = cfg.engines
+    assert (e.urls, e.router, cfg.access.api_token, e.engine_api_key, cfg.sessions.finalize_wait_s,
+            cfg.sessions.partial_rollout) == (("http://router:30000",), True, "proxy-secret", "sk-engine", 5.0, True)
     assert (cfg.tokenizer, cfg.num_layers, cfg.topk, cfg.num_experts, cfg.tokenizer_from_engine) == (
         "qwen3", 78, 8, 256, True)
     assert cfg.data_plane.model is get_model(GLM) and cfg.data_plane.use_rollout_routing_replay
@@ -154,8 +154,8 @@ def test_upstream_flag_names_are_accepted():
     with pytest.raises(ConfigError, match="router_url"):
         proxy_config(both)
     no_auth = build_parser().parse_args(["proxy", "serve", "--engine-url", "http://e:2", "--api-key", "no-auth"])
-    assert proxy_config(no_auth).server.api_token is None
+    assert proxy_config(no_auth).access.api_token is None
     with pytest.raises(ConfigError, match="--engine-url"):
         proxy_config(build_parser().parse_args(["proxy", "serve"]))
-    with pytest.raises(ConfigError, match="proxy.num_layers"):
+    with pytest.raises(ConfigError, match="num_layers"):
         proxy_config(build_parser().parse_args(["proxy", "serve", "--engine-url", "http://e:2", "--num-layers", "0"]))

@@ -45,4 +45,4 @@ def test_documented_run_command_is_accepted(where, command, monkeypatch):
     args = build_parser().parse_args(argv)
     cfg = run_config(args)
     if "--engine transformers" in command:
-        assert cfg.engine == "transformers" and cfg.data_plane.model.name == "tiny-qwen3-moe"
+        assert cfg.inference.backend == "transformers" and cfg.data_plane.model.name == "tiny-qwen3-moe"

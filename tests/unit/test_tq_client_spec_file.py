@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from dressage.errors import ConfigError
-from dressage.proxy.config import DataPlaneConfig, ProxyConfig
+from dressage.proxy.config import DataPlaneConfig, ProxyConfig, TransferQueueSelection
 from dressage.tq import TransferQueue
 from dressage.tq.client.spec import SPEC_VERSION, load_client_spec, write_client_spec
 
@@ -49,13 +49,13 @@ def test_only_a_spec_is_written():
 
 
 def test_the_proxy_joins_a_spec_only_with_tq_on_and_never_also_starts_one():
-    with pytest.raises(ConfigError, match="--enable-transfer-queue is off"):
-        ProxyConfig(transfer_queue_spec="tq.json")
-    with pytest.raises(ConfigError, match="cannot go with --transfer-queue-config"):
-        ProxyConfig(data_plane=DataPlaneConfig(enable_transfer_queue=True, transfer_queue_config="tq.yaml"),
-                    transfer_queue_spec="tq.json")
-    ok = ProxyConfig(data_plane=DataPlaneConfig(enable_transfer_queue=True), transfer_queue_spec="tq.json")
-    assert ok.transfer_queue_spec == "tq.json"
+    with pytest.raises(ConfigError, match=r"transfer_queue\.spec .*enable_transfer_queue .* is off"):
+        ProxyConfig(transfer_queue=TransferQueueSelection(spec="tq.json"))
+    with pytest.raises(ConfigError, match=r"cannot go with transfer_queue\.config \(--transfer-queue-config\)"):
+        TransferQueueSelection(config="tq.yaml", spec="tq.json")
+    ok = ProxyConfig(data_plane=DataPlaneConfig(enable_transfer_queue=True),
+                     transfer_queue=TransferQueueSelection(spec="tq.json"))
+    assert ok.transfer_queue.spec == "tq.json"
 
 
 def test_a_process_outside_ray_learns_it_has_no_node_without_importing_ray():

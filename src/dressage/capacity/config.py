@@ -1,18 +1,24 @@
 """What a capacity question is made of: model shape, batch, Segments per trajectory, dtype, nodes.
 
-:class:`CapacityConfig` is validated once, here; every error names the flag it came from.
+:class:`CapacityConfig` is ``dressage capacity``'s config tree (:mod:`dressage.flags`): its settings take
+the command line's text (``64K``, ``2TB``, ``1:0.6,2:0.4``) or numbers, and are validated and
+normalised once, here; every error names the flag it came from.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 
 from dressage.errors import ConfigError
+from dressage.fields.config import ModelConfig
 from dressage.fields.models import ModelSpec
 from dressage.fields.r3 import DEFAULT_R3_DTYPE, check_dtype_holds_experts, r3_dtype
+from dressage.flags import flag
+from dressage.units import parse_bytes, parse_count
 
-__all__ = ["CapacityConfig", "parse_segments_distribution", "distribution_mean"]
+__all__ = ["CapacityConfig", "CapacityOutput", "parse_segments_distribution", "distribution_mean"]
 
 # What the seed's field table implies for messages: 2.3% next to R3's 92.4%, with R3 at
 # 40 x 8 x 4 = 1,280 bytes per token (Qwen3.6, int32), is 2.3 / 92.4 * 1280 = 31.9 B/token.
@@ -21,12 +27,32 @@ DEFAULT_MESSAGE_BYTES_PER_TOKEN = 32.0
 MIN_HOST_MEMORY_BYTES = 1 << 30  # below this a --host-memory value is a missing unit, not a machine
 
 
-# Config keys whose command-line flag is not simply the key with dashes.
-_FLAGS = {"host_memory_bytes": "--host-memory"}
-
-
 def _flag(key: str) -> str:
-    return _FLAGS.get(key, "--" + key.replace("_", "-"))
+    """The command-line flag of a setting: the name its field's metadata gives, else the key with dashes."""
+    meta = next((f.metadata.get("flag") for f in fields(CapacityConfig) if f.name == key), None)
+    return (meta or {}).get("name") or "--" + key.replace("_", "-")
+
+
+def _whole(key: str, value: object) -> object:
+    """A whole number from text (``512``, ``512.0``); other values are left to the checks below."""
+    if not isinstance(value, str):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        raise ConfigError(f"{_flag(key)}: expected a whole number, got {value!r}") from None
+    if not math.isfinite(number) or number != int(number):
+        raise ConfigError(f"{_flag(key)}: expected a whole number, got {value!r}")
+    return int(number)
+
+
+def _number(key: str, value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"{_flag(key)}: expected a number, got {value!r}") from None
 
 
 def _positive_int(key: str, value: object) -> None:
@@ -40,32 +66,74 @@ def _positive_number(key: str, value: object) -> None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CapacityOutput:
+    """What ``dressage capacity`` prints and writes."""
+
+    json: bool = False
+    """Print JSON instead of text."""
+    plot: str | None = field(default=None, metadata=flag(metavar="FILE"))
+    """Write a PNG of projected peak against batch size."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CapacityConfig:
     """One rollout batch to size and project."""
 
-    model: ModelSpec
-    """Recorded MoE layers, routing top-k and expert count."""
-    context_length: int
-    """Context window in tokens: the upper bound of one Segment."""
-    rollout_batch_size: int
+    context_length: int = field(metadata=flag(parse=str, metavar="TOKENS"))
+    """Context window in tokens: the upper bound of one Segment (65536, 64K, 256K)."""
+    rollout_batch_size: int = field(metadata=flag(parse=str, metavar="N"))
     """Prompts per rollout batch."""
-    n_samples_per_prompt: int = 1
+    n_samples_per_prompt: int = field(default=1, metadata=flag(parse=str, metavar="N"))
     """Trajectories sampled per prompt; trajectories = batch x samples (the seed's B)."""
-    mean_segments: float = 1.0
-    """Average Segments per trajectory (the seed's X-bar); the context window does not bound it."""
-    mean_segment_tokens: int | None = None
+    mean_segments: float | None = field(default=None, metadata=flag(parse=str, metavar="X"))
+    """Average Segments per trajectory (the seed's X-bar; none: 1, or the mean of
+    ``segments_distribution``); the context window does not bound it."""
+    segments_distribution: str | None = field(default=None, metadata=flag(metavar="X:W,..."))
+    """Segments per trajectory with weights, e.g. 1:0.6,2:0.3,3:0.1 (instead of ``mean_segments``)."""
+    mean_segment_tokens: int | None = field(default=None, metadata=flag(parse=str, metavar="TOKENS"))
     """Average tokens per Segment; ``None`` means every Segment fills the context window."""
-    routed_experts_dtype: str = DEFAULT_R3_DTYPE
-    """R3 storage dtype (uint8, uint16, int32)."""
-    nodes: int = 1
-    """TQ StorageUnits, one per node; R3 and logprobs spread over them evenly."""
-    host_memory_bytes: int | None = None
-    """Host memory of the master node, for the largest batch that fits (at least 1 GiB: a bare
-    number is bytes, so ``--host-memory 2`` is refused rather than read as 2 bytes)."""
-    message_bytes_per_token: float = DEFAULT_MESSAGE_BYTES_PER_TOKEN
+    message_bytes_per_token: float = field(default=DEFAULT_MESSAGE_BYTES_PER_TOKEN,
+                                           metadata=flag(parse=str, metavar="BYTES"))
     """Bytes of chat messages held per Segment token (same in every representation)."""
+    routed_experts_dtype: str = field(default=DEFAULT_R3_DTYPE, metadata=flag(metavar="DTYPE"))
+    """R3 storage dtype: uint8, uint16 or int32 (``dressage.fields.R3_DTYPES``)."""
+    nodes: int = field(default=1, metadata=flag(parse=str, metavar="N"))
+    """TQ StorageUnits, one per node; R3 and logprobs spread over them evenly."""
+    host_memory_bytes: int | None = field(default=None, metadata=flag("--host-memory", parse=str, metavar="SIZE"))
+    """Host memory of the master node (2TB, 1.82TiB), for the largest batch that fits (at least 1 GiB:
+    a bare number is bytes, so ``--host-memory 2`` is refused rather than read as 2 bytes)."""
+    baseline: str | None = field(default=None, metadata=flag(metavar="FILE"))
+    """Measured per-component peaks (memory benchmark JSON); none: the seed's figures."""
+    model: ModelSpec = field(metadata=flag(section=ModelConfig))
+    """Recorded MoE layers, routing top-k and expert count (a ModelConfig: a preset, or every shape
+    field given)."""
+    output: CapacityOutput = field(default_factory=CapacityOutput)
+    """What is printed and written."""
 
     def __post_init__(self) -> None:
+        def put(key: str, value: object) -> None:
+            object.__setattr__(self, key, value)  # frozen: the text of a flag is normalised once, here
+
+        if isinstance(self.model, ModelConfig):
+            spec = self.model.spec()
+            put("model", replace(spec, name=f"{spec.name} (modified)")
+                if self.model.preset and self.model.overridden else spec)
+        if isinstance(self.context_length, str):
+            put("context_length", parse_count(self.context_length, "--context-length"))
+        if isinstance(self.mean_segment_tokens, str):
+            put("mean_segment_tokens", parse_count(self.mean_segment_tokens, "--mean-segment-tokens"))
+        if isinstance(self.host_memory_bytes, str):
+            put("host_memory_bytes", parse_bytes(self.host_memory_bytes, "--host-memory"))
+        for key in ("rollout_batch_size", "n_samples_per_prompt", "nodes"):
+            put(key, _whole(key, getattr(self, key)))
+        for key in ("mean_segments", "message_bytes_per_token"):
+            put(key, _number(key, getattr(self, key)))
+        if self.segments_distribution is not None:
+            if self.mean_segments is not None:
+                raise ConfigError("--segments-distribution: not allowed with --mean-segments (give one)")
+            put("mean_segments", distribution_mean(parse_segments_distribution(self.segments_distribution)))
+        elif self.mean_segments is None:
+            put("mean_segments", 1.0)
         if not isinstance(self.model, ModelSpec):
             raise ConfigError(f"--model (model) must be a ModelSpec, got {type(self.model).__name__}")
         for key in ("context_length", "rollout_batch_size", "n_samples_per_prompt", "nodes"):

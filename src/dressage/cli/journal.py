@@ -12,9 +12,34 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["register", "check", "repair"]
+from dressage.flags import ConfigTree, flag
+
+__all__ = ["register", "check", "repair", "JournalCheckConfig", "JournalRepairConfig"]
+
+
+@dataclass(kw_only=True, slots=True)
+class JournalCheckConfig:
+    """Replay a journal and report damage (exit 1 when damaged)."""
+
+    path: str = field(metadata=flag(positional=True, metavar="PATH"))
+    """The journal file (the Proxy's --journal PATH)."""
+    json: bool = False
+    """Print the report as JSON."""
+
+
+@dataclass(kw_only=True, slots=True)
+class JournalRepairConfig:
+    """Cut a journal to its intact prefix (the rest is kept aside)."""
+
+    path: str = field(metadata=flag(positional=True, metavar="PATH"))
+    """The journal file (the Proxy's --journal PATH)."""
+    compact: bool = False
+    """Also drop the records of forgotten sessions."""
+    json: bool = False
+    """Print the report as JSON."""
 
 
 def register(proxy_subparsers: argparse._SubParsersAction) -> None:
@@ -22,13 +47,10 @@ def register(proxy_subparsers: argparse._SubParsersAction) -> None:
     jsub = j.add_subparsers(dest="journal_command", metavar="ACTION")
     jsub.required = True
     c = jsub.add_parser("check", help="replay a journal and report damage (exit 1 when damaged)")
-    c.add_argument("path", metavar="PATH", help="the journal file (the Proxy's --journal PATH)")
-    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    ConfigTree(JournalCheckConfig).add_to(c)
     c.set_defaults(func=_run_check)
     r = jsub.add_parser("repair", help="cut a journal to its intact prefix (the rest is kept aside)")
-    r.add_argument("path", metavar="PATH", help="the journal file (the Proxy's --journal PATH)")
-    r.add_argument("--compact", action="store_true", help="also drop the records of forgotten sessions")
-    r.add_argument("--json", action="store_true", help="print the report as JSON")
+    ConfigTree(JournalRepairConfig).add_to(r)
     r.set_defaults(func=_run_repair)
 
 
@@ -98,8 +120,9 @@ def _print_check(report: dict) -> None:
 
 
 def _run_check(args: argparse.Namespace) -> int:
-    report = check(args.path)
-    if args.json:
+    cfg = ConfigTree(JournalCheckConfig).build(args)
+    report = check(cfg.path)
+    if cfg.json:
         json.dump(report, sys.stdout, indent=2)
         print()
     else:
@@ -108,8 +131,9 @@ def _run_check(args: argparse.Namespace) -> int:
 
 
 def _run_repair(args: argparse.Namespace) -> int:
-    out = repair(args.path, compact=args.compact)
-    if args.json:
+    cfg = ConfigTree(JournalRepairConfig).build(args)
+    out = repair(cfg.path, compact=cfg.compact)
+    if cfg.json:
         json.dump(out, sys.stdout, indent=2)
         print()
     else:

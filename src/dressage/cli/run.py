@@ -6,56 +6,53 @@ import argparse
 import json
 import sys
 
-from dressage.cli._dataplane import add_data_plane_args, data_plane_config, transfer_queue_config
 from dressage.units import format_bytes
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from dressage.flags import add_flags
+def _tree():
+    from dressage.flags import ConfigTree
     from dressage.harness.run.config import RunConfig
 
+    # run starts its own TransferQueue: joining a running one is the Proxy's option only.
+    return ConfigTree(RunConfig, omit=("transfer_queue.spec",))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run rollout -> train iterations end to end (embedded by default)",
                        description="Agents drive sessions through the Proxy's HTTP server into the built-in "
                                    "SGLang-protocol engine; finalized Segments go through the RolloutManager to DP "
                                    "trainer readers that restore slime's fields; every Sample is checked and the "
                                    "batch's TransferQueue keys are cleared. The last line is the verdict: PASS, "
                                    "or FAIL with a non-zero exit status.")
-    g = p.add_argument_group("rollout")
-    add_flags(g, RunConfig)
-    g.add_argument("--compare-without-tq", action="store_true",
-                   help="with TQ on, run the same seed again with TQ off; the verdict requires the same "
-                        "samples digest")
-    g.add_argument("--json", metavar="PATH", default=None, help="write the report as JSON (default: not written)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    add_data_plane_args(p)
+    _tree().add_to(p)
     p.set_defaults(func=_run)
 
 
 def run_config(args: argparse.Namespace):
-    """The validated :class:`RunConfig` of ``dressage run``'s flags."""
-    import dataclasses
+    """The validated :class:`RunConfig` of ``dressage run``'s flags (and ``--config`` file)."""
+    from dressage.harness.run.config import TRANSFORMERS_MODEL
 
-    from dressage.flags import from_flags
-    from dressage.harness.run.config import TRANSFORMERS_MODEL, RunConfig
-
-    dp = data_plane_config(args)
-    if args.engine == "transformers":  # the shape of the model that engine runs
-        dp = dataclasses.replace(dp, model=TRANSFORMERS_MODEL)
-    return from_flags(RunConfig, args, data_plane=dp, transfer_queue=transfer_queue_config(args),
-                      progress=not args.no_progress and sys.stderr.isatty())
+    tree = _tree()
+    values = tree.values(args)
+    extra: dict = {}
+    if values.get("inference", {}).get("backend") == "transformers":  # the shape of the model that engine runs
+        extra["data_plane.model"] = TRANSFORMERS_MODEL
+    extra["report.progress"] = values.get("report", {}).get("progress", True) and sys.stderr.isatty()
+    return tree.build(values, **extra)
 
 
 def _run(args: argparse.Namespace) -> int:
     from dressage.harness.run.verdict import run_and_judge
 
-    report, baseline, verdict = run_and_judge(run_config(args), compare_without_tq=args.compare_without_tq)
+    cfg = run_config(args)
+    report, baseline, verdict = run_and_judge(cfg)
     print(render_report(report))
-    if args.json:
-        with open(args.json, "w") as f:
+    if cfg.report.json:
+        with open(cfg.report.json, "w") as f:
             json.dump({**report.to_dict(), "verdict": verdict.to_dict(),
                        "baseline_samples_digest": baseline.samples_digest if baseline is not None else None},
                       f, indent=2)
-        print(f"report written to {args.json}")
+        print(f"report written to {cfg.report.json}")
     print(verdict.line, file=sys.stdout if verdict.ok else sys.stderr)
     return 0 if verdict.ok else 1
 

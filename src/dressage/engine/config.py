@@ -1,25 +1,21 @@
-"""``EngineConfig``: everything the SGLang-protocol engine needs, validated once at the edge."""
+"""``EngineConfig``: everything the SGLang-protocol engine needs, validated once at the edge.
+
+It is ``dressage engine serve``'s config tree: the settings and the ``model`` section
+(:class:`dressage.fields.config.ModelConfig`) are its flags and YAML (:mod:`dressage.flags`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from dressage.errors import ConfigError
-from dressage.fields.models import ModelSpec, get_model
+from dressage.fields.config import DEFAULT_MODEL, TRANSFORMERS_MODEL, ModelConfig, model_from_preset
+from dressage.fields.models import ModelSpec
+from dressage.flags import flag
 
-__all__ = ["EngineConfig", "model_from_preset"]
+__all__ = ["EngineConfig", "model_from_preset", "DEFAULT_MODEL", "TRANSFORMERS_MODEL", "BACKENDS"]
 
-DEFAULT_MODEL = "qwen3.6-35b-a3b"
-
-
-def model_from_preset(name: str = DEFAULT_MODEL, *, num_layers: int | None = None,
-                      num_experts: int | None = None, topk: int | None = None,
-                      vocab_size: int | None = None) -> ModelSpec:
-    """A preset from :mod:`dressage.fields.models` with any of its shape fields overridden."""
-    spec = get_model(name)
-    overrides = {k: v for k, v in (("num_layers", num_layers), ("num_experts", num_experts),
-                                   ("topk", topk), ("vocab_size", vocab_size)) if v is not None}
-    return replace(spec, **overrides) if overrides else spec
+BACKENDS = ("builtin", "transformers")
 
 
 def _check_int(key: str, value: object, low: int) -> None:
@@ -31,19 +27,21 @@ def _check_int(key: str, value: object, low: int) -> None:
 class EngineConfig:
     """Configuration of the built-in engine (``dressage engine serve``)."""
 
-    model: ModelSpec = field(default_factory=lambda: get_model(DEFAULT_MODEL))
-    """Model shape: recorded MoE layers, top-k and expert count size the routed experts."""
-    seed: int = 0
-    """Output is a pure function of (seed, input ids, sampling params)."""
-    backend: str = "builtin"
-    """``builtin`` (routing from prefix hashes, no weights) or ``transformers`` (a real
-    random-weight MoE model on CPU: logprobs and routed experts from its forward pass)."""
-    tokenizer: str = "byte"
-    """``byte`` (built in) or a Hugging Face tokenizer path."""
     host: str = "127.0.0.1"
     """Address to bind; loopback unless asked otherwise."""
     port: int = 30000
     """Port to bind; 0 picks a free one."""
+    backend: str = field(default="builtin", metadata=flag(choices=BACKENDS))
+    """``builtin`` (routing from prefix hashes, no weights) or ``transformers`` (a seeded random-weight
+    MoE model on CPU, ``--model tiny-qwen3-moe``: logprobs and routed experts from its forward pass)."""
+    model: ModelSpec = field(default_factory=ModelConfig, metadata=flag(section=ModelConfig))
+    """Model shape: recorded MoE layers, top-k and expert count size the routed experts (a ModelConfig
+    resolves to the preset it names, by default qwen3.6-35b-a3b, or tiny-qwen3-moe with the transformers backend)."""
+    seed: int = 0
+    """Output is a pure function of seed, prompt and sampling params."""
+    tokenizer: str | None = None
+    """'byte' (built in), 'qwen3', 'qwen3.5' / 'qwen3.6', or a local Hugging Face tokenizer folder;
+    none: 'byte', or 'qwen3' with the transformers backend."""
     mean_response_tokens: int = 256
     """Mean of the drawn reply length (a reply longer than max_new_tokens finishes by length)."""
     default_max_new_tokens: int = 128
@@ -55,15 +53,15 @@ class EngineConfig:
     answer_tool_results: bool = False
     """Reply in prose when the prompt's last turn carries tool results: with ``tool_call_rate=1``
     every task is one tool round trip and then an answer, as an agent framework's loop expects."""
-    token_delay_s: float = 0.0
+    token_delay_s: float = field(default=0.0, metadata=flag("--token-delay", metavar="SECONDS"))
     """Wall time per generated token, so that pause and abort can land mid-generation."""
     stream_interval: int = 8
     """Tokens between two streamed chunks."""
     incremental_streaming_output: bool = False
     """Streamed chunks carry only new tokens (SGLang's flag of the same name); cumulative otherwise."""
-    prefix_cache_blocks: int = 262_144
+    prefix_cache_blocks: int = field(default=262_144, metadata=flag(flat=False))
     """Prefix-cache capacity in blocks of ``prefix_cache_block`` tokens (reported as cached_tokens)."""
-    prefix_cache_block: int = 16
+    prefix_cache_block: int = field(default=16, metadata=flag(flat=False))
     """Granularity of the prefix cache in tokens."""
     weight_version: str = "default"
     """Reported in ``meta_info.weight_version``; changed by ``/update_weight_version``."""
@@ -71,12 +69,19 @@ class EngineConfig:
     """Name in ``/get_model_info``; the preset's name by default."""
     log_level: str = "warning"
     """uvicorn log level."""
+    enable_return_routed_experts: bool = False
+    """Accepted for SGLang compatibility; routed experts are always available."""
 
     def __post_init__(self) -> None:
+        real = self.backend == "transformers"
+        if isinstance(self.model, ModelConfig):
+            self.model = self.model.spec(default=TRANSFORMERS_MODEL if real else DEFAULT_MODEL)
+        if self.tokenizer is None:
+            self.tokenizer = "qwen3" if real else "byte"
         if not isinstance(self.model, ModelSpec):
             raise ConfigError(f"engine.model must be a ModelSpec, got {type(self.model).__name__}")
         _check_int("seed", self.seed, 0)
-        if self.backend not in ("builtin", "transformers"):
+        if self.backend not in BACKENDS:
             raise ConfigError(f"engine.backend must be 'builtin' or 'transformers', got {self.backend!r}")
         _check_int("port", self.port, 0)
         if self.port > 65535:

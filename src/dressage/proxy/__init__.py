@@ -10,7 +10,9 @@ from __future__ import annotations
 from dressage._lazy import lazy_exports
 
 _EXPORTS = {"Proxy": "dressage.proxy.deployment", "build_service": "dressage.proxy.deployment",
-            "ProxyConfig": "dressage.proxy.config", "ProxyServerConfig": "dressage.proxy.config",
+            "ProxyConfig": "dressage.proxy.config", "ServerConfig": "dressage.proxy.config",
+            "AccessConfig": "dressage.proxy.config", "EnginesConfig": "dressage.proxy.config",
+            "LimitsConfig": "dressage.proxy.config", "SessionsConfig": "dressage.proxy.config",
             "JournalConfig": "dressage.proxy.config", "ProxyService": "dressage.proxy.service",
             "ProxyServer": "dressage.proxy.http.app", "ProxyCore": "dressage.proxy.recording.core"}
 

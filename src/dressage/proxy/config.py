@@ -1,9 +1,8 @@
-"""The Proxy's configuration: one composite :class:`ProxyConfig` that :meth:`Proxy.start` takes.
+"""The Proxy's configuration: the root :class:`ProxyConfig` that :meth:`Proxy.start` takes, and its sections.
 
-``ProxyConfig`` nests the data plane (:class:`dressage.dataplane.DataPlaneConfig`), the HTTP
-server (:class:`ProxyServerConfig`), the TransferQueue deployment, the journal and the tokenizer.
-Every value is checked once, in ``__post_init__``, with its dotted key in the message; the fields'
-docstrings are the help of the ``dressage proxy serve`` flags (:mod:`dressage.flags`).
+Sections: ``server`` (the HTTP listener), ``access`` (tokens), ``engines``, ``limits`` (per call),
+``sessions``, ``journal``, ``transfer_queue`` and ``data_plane``. Every value is checked once, in
+``__post_init__``, with its dotted key in the message; the tree is ``dressage proxy serve``'s flags and YAML.
 """
 
 from __future__ import annotations
@@ -14,9 +13,10 @@ from typing import Any
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ConfigError
 from dressage.flags import flag
-from dressage.tq.config import is_loopback
+from dressage.tq.config import TransferQueueSelection, is_loopback
 
-__all__ = ["ProxyConfig", "ProxyServerConfig", "JournalConfig", "DataPlaneConfig"]
+__all__ = ["ProxyConfig", "ServerConfig", "AccessConfig", "EnginesConfig", "LimitsConfig", "SessionsConfig",
+           "JournalConfig", "DataPlaneConfig", "TransferQueueSelection"]
 
 FSYNC_POLICIES = ("always", "interval", "never")
 AGENT_TOKEN_ENV = "DRESSAGE_PROXY_TOKEN"
@@ -40,51 +40,54 @@ def _read_token(path: str, key: str) -> str:
     return token
 
 
+def _positive_int(key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key} must be a positive integer, got {value!r}")
+
+
+def _optional_positive_int(key: str, value: object) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{key} must be a positive integer or unset, got {value!r}")
+
+
 @dataclass(kw_only=True, slots=True)
-class ProxyServerConfig:
-    """HTTP side of the Proxy: bind address, engines, per-call limits."""
+class ServerConfig:
+    """The HTTP listener agents and the trainer talk to: bind address, names, connection limits."""
 
     host: str = "127.0.0.1"
     """Bind address; loopback unless the agents run elsewhere."""
     port: int = 0
     """Port; 0 picks a free one."""
-    engine_url: str = field(default="http://127.0.0.1:30000", metadata=flag(skip=True))
-    """SGLang (or the built-in engine) base URL; the first of ``engine_urls`` when those are given."""
-    engine_urls: tuple[str, ...] = field(default=(), metadata=flag("--engine-url", append=True, metavar="URL"))
-    """Several engines (``--engine-url`` repeated); sessions stick to one by consistent hashing."""
-    router_url: str | None = field(default=None, metadata=flag("--sglang-router-url", metavar="URL"))
-    """An sglang-router / model gateway as the one engine endpoint: the same as ``--engine-url URL --router``."""
-    router: bool = False
-    """The engine URL is an sglang-router / model gateway: /generate goes through it, aborts and
-    weight-version calls go to each healthy worker it lists (``GET /workers``)."""
-    engine_api_key: str | None = field(default=None, metadata=flag(metavar="KEY"))
-    """The engine's ``--api-key``: sent as ``Authorization: Bearer`` on every engine and worker call."""
-    finalize_wait_s: float = field(default=30.0, metadata=flag("--finalize-wait", metavar="S"))
-    """How long ``/session/finalize`` waits for the session's calls still in flight before it cuts the trajectory."""
     served_model_name: str = field(default="dressage-policy", metadata=flag(metavar="NAME"))
     """``model`` reported in OpenAI responses and ``/v1/models``."""
-    request_timeout_s: float = field(default=600.0, metadata=flag("--request-timeout", metavar="S"))
-    """Time-out of one engine call (a 504 to the agent when exceeded)."""
     max_body_bytes: int = field(default=32 * 1024 * 1024, metadata=flag(metavar="N"))
     """Larger request bodies get 413."""
-    default_max_tokens: int = field(default=1024, metadata=flag(metavar="N"))
-    """max_new_tokens when a request gives no max_tokens."""
-    context_window: int | None = field(default=None, metadata=flag(metavar="N"))
-    """Prompt + reply tokens one call may use: max new tokens are clamped to what is left, and a
-    prompt that already fills it gets ``context_overflow`` (nothing recorded). ``None``: no limit."""
-    max_output_tokens: int | None = field(default=None, metadata=flag(metavar="N"))
-    """Cap on any call's new tokens, whatever the request asks."""
-    max_steps_per_session: int | None = field(default=None, metadata=flag(metavar="N"))
-    """Calls one session may record; the next gets ``max_steps_exceeded``. ``None``: no limit."""
-    partial_rollout: bool = field(default=False, metadata=flag(aliases=("--dressage-partial-rollout",)))
-    """Keep generations cut by a pause and resume them under the new weights (one response,
-    per-token versions). Off: such a call, and any trajectory whose weight version changes, is rejected."""
-    health_check_interval_s: float = field(default=5.0, metadata=flag("--health-check-interval", metavar="S"))
-    """Seconds between engine health checks when there are several engines (0: no checks)."""
-    health_check_failures: int = field(default=1, metadata=flag(metavar="N"))
-    """Consecutive failed health checks that take an engine out of the pool."""
+    max_header_bytes: int = field(default=64 * 1024, metadata=flag(metavar="N"))
+    """Request line plus headers larger than this get 400."""
+    header_timeout_s: float = field(default=30.0, metadata=flag("--header-timeout", metavar="S"))
+    """A connection whose request line and headers are not complete this long after it opened (or
+    after its previous answer, once bytes of a next request came) is closed."""
+    body_timeout_s: float = field(default=120.0, metadata=flag("--body-timeout", metavar="S"))
+    """A request body that has not fully arrived this long after its headers: the connection is closed."""
+    keep_alive_timeout_s: float = field(default=30.0, metadata=flag("--keep-alive-timeout", metavar="S"))
+    """An idle keep-alive connection is closed after this long."""
 
-    # -- access, request limits and bounded state ------------------------------------------------
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"server.port: {self.port!r} is not a port")
+        if not isinstance(self.host, str) or not self.host:
+            raise ConfigError(f"server.host: expected a host name or address, got {self.host!r}")
+        for key in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"server.{key} must be positive, got {getattr(self, key)!r}")
+        for key in ("max_body_bytes", "max_header_bytes"):
+            _positive_int(f"server.{key}", getattr(self, key))
+
+
+@dataclass(kw_only=True, slots=True)
+class AccessConfig:
+    """Bearer tokens of the agents and of the trainer (none: only a loopback listener is allowed)."""
+
     api_token: str | None = field(default=None, metadata=flag(metavar="TOKEN", default_text="$" + AGENT_TOKEN_ENV,
                                                               aliases=("--api-key",)))
     """Agents' token: when set, every endpoint but /health needs ``Authorization: Bearer <token>``.
@@ -97,15 +100,117 @@ class ProxyServerConfig:
     endpoints need it (agent tokens get 403 there); it opens the agent endpoints too."""
     admin_token_file: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Read the admin token from this file (first line)."""
-    header_timeout_s: float = field(default=30.0, metadata=flag("--header-timeout", metavar="S"))
-    """A connection whose request line and headers are not complete this long after it opened (or
-    after its previous answer, once bytes of a next request came) is closed."""
-    body_timeout_s: float = field(default=120.0, metadata=flag("--body-timeout", metavar="S"))
-    """A request body that has not fully arrived this long after its headers: the connection is closed."""
-    keep_alive_timeout_s: float = field(default=30.0, metadata=flag("--keep-alive-timeout", metavar="S"))
-    """An idle keep-alive connection is closed after this long."""
-    max_header_bytes: int = field(default=64 * 1024, metadata=flag(metavar="N"))
-    """Request line plus headers larger than this get 400."""
+
+    def __post_init__(self) -> None:
+        if self.api_token == NO_AUTH:
+            self.api_token = None
+        for key in ("api_token", "admin_token"):
+            path = getattr(self, key + "_file")
+            if path is not None:
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"access.{key} and access.{key}_file are both set: give one")
+                setattr(self, key, _read_token(path, f"access.{key}_file"))
+            token = getattr(self, key)
+            if token is not None and (not isinstance(token, str) or not token.strip() or not token.isprintable()
+                                      or len(token) > 4096):
+                raise ConfigError(f"access.{key}: a token is 1-4096 printable characters")
+        if self.api_token is not None and self.api_token == self.admin_token:
+            raise ConfigError("access.admin_token: the same as the agents' api_token (leave it unset for one token)")
+
+
+@dataclass(kw_only=True, slots=True)
+class EnginesConfig:
+    """The SGLang engines (or one router) behind the Proxy, and how they are called and checked."""
+
+    engine_url: str = field(default="http://127.0.0.1:30000", metadata=flag(skip=True))
+    """SGLang (or the built-in engine) base URL; the first of ``engine_urls`` when those are given."""
+    engine_urls: tuple[str, ...] = field(default=(), metadata=flag("--engine-url", append=True, metavar="URL"))
+    """Several engines (``--engine-url`` repeated); sessions stick to one by consistent hashing."""
+    router_url: str | None = field(default=None, metadata=flag("--sglang-router-url", metavar="URL"))
+    """An sglang-router / model gateway as the one engine endpoint: the same as ``--engine-url URL --router``."""
+    router: bool = False
+    """The engine URL is an sglang-router / model gateway: /generate goes through it, aborts and
+    weight-version calls go to each healthy worker it lists (``GET /workers``)."""
+    engine_api_key: str | None = field(default=None, metadata=flag(metavar="KEY"))
+    """The engine's ``--api-key``: sent as ``Authorization: Bearer`` on every engine and worker call."""
+    request_timeout_s: float = field(default=600.0, metadata=flag("--request-timeout", metavar="S"))
+    """Time-out of one engine call (a 504 to the agent when exceeded)."""
+    health_check_interval_s: float = field(default=5.0, metadata=flag("--health-check-interval", metavar="S"))
+    """Seconds between engine health checks when there are several engines (0: no checks)."""
+    health_check_failures: int = field(default=1, metadata=flag(metavar="N"))
+    """Consecutive failed health checks that take an engine out of the pool."""
+    skip_engine_check: bool = False
+    """Start without asking the engine for its model info (no shape or tokenizer check)."""
+    engine_wait_s: float = field(default=30.0, metadata=flag("--engine-wait", metavar="S"))
+    """How long start-up waits for an engine that does not answer yet (one that is still loading)."""
+
+    def __post_init__(self) -> None:
+        self.engine_urls = tuple(self.engine_urls or ())
+        for i, url in enumerate(self.engine_urls):
+            if not _url_ok(url):
+                raise ConfigError(f"engines.engine_urls[{i}]: expected http(s)://host:port, got {url!r}")
+        if len({u.rstrip("/") for u in self.engine_urls}) != len(self.engine_urls):
+            raise ConfigError(f"engines.engine_urls: an engine is listed twice: {list(self.engine_urls)}")
+        if self.router_url is not None:
+            if not _url_ok(self.router_url):
+                raise ConfigError(f"engines.router_url: expected http(s)://host:port, got {self.router_url!r}")
+            if self.engine_urls and [u.rstrip("/") for u in self.engine_urls] != [self.router_url.rstrip("/")]:
+                raise ConfigError(f"engines.router_url: the router {self.router_url} is the one engine endpoint; "
+                                  f"do not also give --engine-url {' '.join(self.engine_urls)}")
+            self.engine_urls, self.router = (self.router_url,), True
+        if self.engine_urls:
+            self.engine_url = self.engine_urls[0]
+        if self.router and len(self.urls) > 1:
+            raise ConfigError(f"engines.router: a router is one engine endpoint, got {len(self.urls)} engine URLs")
+        if not _url_ok(self.engine_url):
+            raise ConfigError(f"engines.engine_url: expected http(s)://host:port, got {self.engine_url!r}")
+        if not self.request_timeout_s > 0:
+            raise ConfigError(f"engines.request_timeout_s must be positive, got {self.request_timeout_s!r}")
+        if self.health_check_interval_s < 0:
+            raise ConfigError(f"engines.health_check_interval_s must be >= 0, got {self.health_check_interval_s!r}")
+        if isinstance(self.health_check_failures, bool) or not isinstance(self.health_check_failures, int) \
+                or self.health_check_failures < 1:
+            raise ConfigError(f"engines.health_check_failures must be an integer >= 1, "
+                              f"got {self.health_check_failures!r}")
+        if isinstance(self.engine_wait_s, bool) or not isinstance(self.engine_wait_s, (int, float)) \
+                or self.engine_wait_s < 0:
+            raise ConfigError(f"engines.engine_wait_s must be >= 0, got {self.engine_wait_s!r}")
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every engine URL, in the order given."""
+        return self.engine_urls or (self.engine_url,)
+
+
+@dataclass(kw_only=True, slots=True)
+class LimitsConfig:
+    """What one model call may ask for: its token budget and the context it may fill."""
+
+    default_max_new_tokens: int = field(default=1024, metadata=flag("--default-max-tokens", metavar="N"))
+    """max_new_tokens when a request gives no max_tokens (the engine's setting of the same name)."""
+    context_length: int | None = field(default=None, metadata=flag("--context-window", metavar="N"))
+    """Prompt + reply tokens one call may use: max new tokens are clamped to what is left, and a
+    prompt that already fills it gets ``context_overflow`` (nothing recorded). ``None``: no limit."""
+    max_output_tokens: int | None = field(default=None, metadata=flag(metavar="N"))
+    """Cap on any call's new tokens, whatever the request asks."""
+    max_steps_per_session: int | None = field(default=None, metadata=flag(metavar="N"))
+    """Calls one session may record; the next gets ``max_steps_exceeded``. ``None``: no limit."""
+
+    def __post_init__(self) -> None:
+        _positive_int("limits.default_max_new_tokens", self.default_max_new_tokens)
+        for key in ("context_length", "max_output_tokens", "max_steps_per_session"):
+            _optional_positive_int(f"limits.{key}", getattr(self, key))
+
+
+@dataclass(kw_only=True, slots=True)
+class SessionsConfig:
+    """How long sessions live, how many the Proxy holds, and what a weight update does to them."""
+
+    finalize_wait_s: float = field(default=30.0, metadata=flag("--finalize-wait", metavar="S"))
+    """How long ``/session/finalize`` waits for the session's calls still in flight before it cuts the trajectory."""
+    partial_rollout: bool = field(default=False, metadata=flag(aliases=("--dressage-partial-rollout",)))
+    """Keep generations cut by a pause and resume them under the new weights (one response,
+    per-token versions). Off: such a call, and any trajectory whose weight version changes, is rejected."""
     session_timeout_s: float = field(default=3600.0, metadata=flag("--session-timeout", metavar="S"))
     """An active session with no call for this long (none in flight) is aborted and forgotten (its
     TQ keys released); 0 keeps sessions until finalized or aborted."""
@@ -116,78 +221,14 @@ class ProxyServerConfig:
     """Recorded ``X-Turn-Id`` replies kept for retries (the oldest settled ones go first)."""
 
     def __post_init__(self) -> None:
-        if self.api_token == NO_AUTH:
-            self.api_token = None
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ConfigError(f"proxy.port: {self.port!r} is not a port")
-        self.engine_urls = tuple(self.engine_urls or ())
-        for i, url in enumerate(self.engine_urls):
-            if not _url_ok(url):
-                raise ConfigError(f"proxy.engine_urls[{i}]: expected http(s)://host:port, got {url!r}")
-        if len({u.rstrip("/") for u in self.engine_urls}) != len(self.engine_urls):
-            raise ConfigError(f"proxy.engine_urls: an engine is listed twice: {list(self.engine_urls)}")
-        if self.router_url is not None:
-            if not _url_ok(self.router_url):
-                raise ConfigError(f"proxy.router_url: expected http(s)://host:port, got {self.router_url!r}")
-            if self.engine_urls and [u.rstrip("/") for u in self.engine_urls] != [self.router_url.rstrip("/")]:
-                raise ConfigError(f"proxy.router_url: the router {self.router_url} is the one engine endpoint; "
-                                  f"do not also give --engine-url {' '.join(self.engine_urls)}")
-            self.engine_urls, self.router = (self.router_url,), True
-        if self.engine_urls:
-            self.engine_url = self.engine_urls[0]
-        if self.router and len(self.engines) > 1:
-            raise ConfigError(f"proxy.router: a router is one engine endpoint, got {len(self.engines)} engine URLs")
-        if self.finalize_wait_s < 0:
-            raise ConfigError(f"proxy.finalize_wait_s must be >= 0, got {self.finalize_wait_s!r}")
-        if not _url_ok(self.engine_url):
-            raise ConfigError(f"proxy.engine_url: expected http(s)://host:port, got {self.engine_url!r}")
-        for key in ("request_timeout_s", "max_body_bytes", "default_max_tokens"):
-            if getattr(self, key) <= 0:
-                raise ConfigError(f"proxy.{key} must be positive, got {getattr(self, key)!r}")
-        for key in ("context_window", "max_output_tokens", "max_steps_per_session"):
-            value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"proxy.{key} must be a positive integer or unset, got {value!r}")
+        if not self.finalize_wait_s >= 0:
+            raise ConfigError(f"sessions.finalize_wait_s must be >= 0, got {self.finalize_wait_s!r}")
         if not isinstance(self.partial_rollout, bool):
-            raise ConfigError(f"proxy.partial_rollout must be true or false, got {self.partial_rollout!r}")
-        if self.health_check_interval_s < 0:
-            raise ConfigError(f"proxy.health_check_interval_s must be >= 0, got {self.health_check_interval_s!r}")
-        if isinstance(self.health_check_failures, bool) or not isinstance(self.health_check_failures, int) \
-                or self.health_check_failures < 1:
-            raise ConfigError(f"proxy.health_check_failures must be an integer >= 1, got {self.health_check_failures!r}")
-
-        self._check_access()
-
-    def _check_access(self) -> None:
-        for key in ("api_token", "admin_token"):
-            path = getattr(self, key + "_file")
-            if path is not None:
-                if getattr(self, key) is not None:
-                    raise ConfigError(f"proxy.{key} and proxy.{key}_file are both set: give one")
-                setattr(self, key, _read_token(path, f"proxy.{key}_file"))
-            token = getattr(self, key)
-            if token is not None and (not isinstance(token, str) or not token.strip() or not token.isprintable()
-                                      or len(token) > 4096):
-                raise ConfigError(f"proxy.{key}: a token is 1-4096 printable characters")
-        if self.api_token is not None and self.api_token == self.admin_token:
-            raise ConfigError("proxy.admin_token: the same as the agents' api_token (leave it unset for one token)")
-        if self.api_token is None and not is_loopback(self.host):
-            raise ConfigError(f"proxy.host: {self.host} is reachable from other machines; set an agent token "
-                              f"(--api-token-file, ${AGENT_TOKEN_ENV}) or bind a loopback address")
-        for key in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"proxy.{key} must be positive, got {getattr(self, key)!r}")
+            raise ConfigError(f"sessions.partial_rollout must be true or false, got {self.partial_rollout!r}")
         if not self.session_timeout_s >= 0:
-            raise ConfigError(f"proxy.session_timeout_s must be >= 0, got {self.session_timeout_s!r}")
-        for key in ("max_header_bytes", "max_sessions", "max_cached_turns"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"proxy.{key} must be a positive integer, got {value!r}")
-
-    @property
-    def engines(self) -> tuple[str, ...]:
-        """Every engine URL, in the order given."""
-        return self.engine_urls or (self.engine_url,)
+            raise ConfigError(f"sessions.session_timeout_s must be >= 0, got {self.session_timeout_s!r}")
+        for key in ("max_sessions", "max_cached_turns"):
+            _positive_int(f"sessions.{key}", getattr(self, key))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -202,27 +243,15 @@ class JournalConfig:
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
-            raise ConfigError(f"proxy.journal.fsync: expected one of {', '.join(FSYNC_POLICIES)}, got {self.fsync!r}")
+            raise ConfigError(f"journal.fsync: expected one of {', '.join(FSYNC_POLICIES)}, got {self.fsync!r}")
         if self.path is not None and not str(self.path):
-            raise ConfigError("proxy.journal.path: an empty path")
+            raise ConfigError("journal.path: an empty path")
 
 
 @dataclass(kw_only=True, slots=True)
 class ProxyConfig:
     """Everything one Proxy needs; :meth:`dressage.proxy.Proxy.start` builds the Proxy from it."""
 
-    data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
-    """What is recorded (R3, dtype) and which large fields go to TransferQueue."""
-    server: ProxyServerConfig = field(default_factory=ProxyServerConfig)
-    """Bind address, engines, per-call limits."""
-    transfer_queue: Any = None
-    """TransferQueueConfig of the deployment to start when TQ is on; ``None``: the file
-    ``data_plane.transfer_queue_config`` names, or the embedded defaults."""
-    transfer_queue_spec: str | None = field(default=None, metadata=flag(metavar="FILE"))
-    """Join the running TransferQueue whose client spec this file holds (``TransferQueue.write_client_spec``)
-    instead of starting one: the Proxy then needs no Ray, even for a TQ deployed on Ray."""
-    journal: JournalConfig = field(default_factory=JournalConfig)
-    """The step journal (off unless ``journal.path`` is set)."""
     tokenizer: str = field(default="byte", metadata=flag(metavar="NAME", aliases=("--tokenizer-path",)))
     """'byte' (built in), 'qwen3' or 'qwen3.5'/'qwen3.6' (packaged vocabularies), or a Hugging Face tokenizer path."""
     tokenizer_from_engine: bool = False
@@ -233,40 +262,36 @@ class ProxyConfig:
     """Experts routed per token per layer; overrides the engine's model info and the preset."""
     num_experts: int | None = field(default=None, metadata=flag(metavar="N"))
     """Routed experts per layer; overrides the engine's model info and the preset."""
-    skip_engine_check: bool = False
-    """Start without asking the engine for its model info (no shape or tokenizer check)."""
-    engine_wait_s: float = field(default=30.0, metadata=flag("--engine-wait", metavar="S"))
-    """How long start-up waits for an engine that does not answer yet (one that is still loading)."""
+    server: ServerConfig = field(default_factory=ServerConfig)
+    """The HTTP listener."""
+    access: AccessConfig = field(default_factory=AccessConfig)
+    """Agents' and trainer's tokens."""
+    engines: EnginesConfig = field(default_factory=EnginesConfig)
+    """The engines behind the Proxy."""
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    """Per-call token budget and context."""
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
+    """Session lifetime and weight updates."""
+    journal: JournalConfig = field(default_factory=JournalConfig)
+    """The step journal (off unless ``journal.path`` is set)."""
+    transfer_queue: TransferQueueSelection = field(default_factory=TransferQueueSelection)
+    """Which TransferQueue holds the offloaded fields when the data plane turns it on."""
+    data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
+    """What is recorded (R3, dtype) and which large fields go to TransferQueue."""
 
     def __post_init__(self) -> None:
-        for key, cls in (("data_plane", DataPlaneConfig), ("server", ProxyServerConfig), ("journal", JournalConfig)):
+        for key, cls in (("server", ServerConfig), ("access", AccessConfig), ("engines", EnginesConfig),
+                         ("limits", LimitsConfig), ("sessions", SessionsConfig), ("journal", JournalConfig),
+                         ("transfer_queue", TransferQueueSelection), ("data_plane", DataPlaneConfig)):
             if not isinstance(getattr(self, key), cls):
-                raise ConfigError(f"proxy.{key}: expected a {cls.__name__}, got {type(getattr(self, key)).__name__}")
+                raise ConfigError(f"{key}: expected a {cls.__name__}, got {type(getattr(self, key)).__name__}")
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
-            raise ConfigError(f"proxy.tokenizer: expected 'byte' or a tokenizer path, got {self.tokenizer!r}")
-        if isinstance(self.engine_wait_s, bool) or not isinstance(self.engine_wait_s, (int, float)) \
-                or self.engine_wait_s < 0:
-            raise ConfigError(f"proxy.engine_wait_s must be >= 0, got {self.engine_wait_s!r}")
+            raise ConfigError(f"tokenizer: expected 'byte' or a tokenizer path, got {self.tokenizer!r}")
         for key in ("num_layers", "topk", "num_experts"):
-            value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"proxy.{key} must be a positive integer or unset, got {value!r}")
-        if self.transfer_queue is not None and not self.data_plane.enable_transfer_queue:
-            raise ConfigError("proxy.transfer_queue: set, but data_plane.enable_transfer_queue is off")
-        if self.transfer_queue_spec is not None:
-            if not isinstance(self.transfer_queue_spec, str) or not self.transfer_queue_spec:
-                raise ConfigError(f"proxy.transfer_queue_spec: expected a file path, got {self.transfer_queue_spec!r}")
-            if not self.data_plane.enable_transfer_queue:
-                raise ConfigError("--transfer-queue-spec: set, but --enable-transfer-queue is off")
-            if self.transfer_queue is not None or self.data_plane.transfer_queue_config is not None:
-                raise ConfigError("--transfer-queue-spec joins a running TransferQueue; it cannot go with "
-                                  "--transfer-queue-config, which starts one")
-
-    def transfer_queue_config(self) -> Any:
-        """The TransferQueueConfig to start (``None`` when TQ is off)."""
-        if not self.data_plane.enable_transfer_queue:
-            return None
-        from dressage.tq import load_config
-
-        return load_config(self.transfer_queue if self.transfer_queue is not None
-                           else self.data_plane.transfer_queue_config)
+            _optional_positive_int(key, getattr(self, key))
+        if self.access.api_token is None and not is_loopback(self.server.host):
+            raise ConfigError(f"server.host: {self.server.host} is reachable from other machines; set an agent "
+                              f"token (--api-token-file, ${AGENT_TOKEN_ENV}) or bind a loopback address")
+        if self.transfer_queue.spec is not None and not self.data_plane.enable_transfer_queue:
+            raise ConfigError("transfer_queue.spec (--transfer-queue-spec): set, but "
+                              "data_plane.enable_transfer_queue (--enable-transfer-queue) is off")

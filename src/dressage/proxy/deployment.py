@@ -1,7 +1,7 @@
 """``Proxy.start(ProxyConfig)``: the one place a Proxy is assembled.
 
 Tokenizer -> TransferQueue (started from the config, or a client given) -> ProxyCore with its
-journal recovered -> engine clients (with ``server.request_timeout_s``) -> ProxyService -> the
+journal recovered -> engine clients (with ``engines.request_timeout_s``) -> ProxyService -> the
 uvicorn server. ``dressage proxy serve``, ``dressage run`` and the benchmarks all start a Proxy
 here; :func:`build_service` is the same assembly without the HTTP server, for in-process use.
 """
@@ -27,7 +27,7 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
     """ProxyCore (journal replayed into it, then journalling) and the service over it.
 
     Returns the service and the journal's recovery report (``None`` without a journal). ``engine``
-    overrides the clients made for ``config.server.engines``; ``tokenizer`` the one ``config`` names;
+    overrides the clients made for ``config.engines.urls``; ``tokenizer`` the one ``config`` names;
     ``tq_spec()`` is the TransferQueue client spec a read's ``meta_info`` hands a trainer.
     """
     from dressage.proxy.recording.tokenizer_clock import TimedTokenizer
@@ -36,7 +36,7 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
     tok = TimedTokenizer(tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer))
     core = ProxyCore(config.data_plane, tq_client, sink=sink, decode=tok.decode, special_ids=tok.special_token_ids,
                      batch_tag=batch_tag)
-    service = ProxyService(config.server, core, tok, engine, tq_spec=tq_spec)
+    service = ProxyService(config, core, tok, engine, tq_spec=tq_spec)
     report = service.recover(config.journal) if config.journal.path is not None else None
     return service, report
 
@@ -46,7 +46,7 @@ def checked_config(config: ProxyConfig, *, keep_tokenizer: bool = False) -> tupl
     :mod:`dressage.proxy.engines.startup`); raises before anything is started when they do not fit."""
     from dressage.proxy.engines.startup import check_engine, fetch_engine_infos
 
-    check = check_engine(config, fetch_engine_infos(config.server, wait_s=config.engine_wait_s))
+    check = check_engine(config, fetch_engine_infos(config.engines, wait_s=config.engines.engine_wait_s))
     changes: dict[str, Any] = {}
     if check.model is not config.data_plane.model:
         changes["data_plane"] = dataclasses.replace(config.data_plane, model=check.model)
@@ -77,27 +77,27 @@ class Proxy:
 
         With TQ on, the Proxy writes through ``tq_client``, else a client of ``tq`` (a started
         :class:`dressage.tq.TransferQueue` the caller owns), else a client of the running TQ whose spec
-        ``config.transfer_queue_spec`` names, else a deployment it starts from
-        ``config.transfer_queue_config()`` and stops at :meth:`shutdown`.
+        ``config.transfer_queue.spec`` names, else a deployment it starts from
+        ``config.transfer_queue.settings()`` and stops at :meth:`shutdown`.
         """
         from dressage.proxy.http.app import ProxyServer
 
         check = None
-        if engine is None and not config.skip_engine_check:
+        if engine is None and not config.engines.skip_engine_check:
             config, check = checked_config(config, keep_tokenizer=tokenizer is not None)
         owns_tq, owned_client, joined = False, None, None
         if tq_client is None and config.data_plane.enable_transfer_queue:
-            if tq is None and config.transfer_queue_spec is not None:
+            if tq is None and config.transfer_queue.spec is not None:
                 from dressage.tq import TransferQueueClient
                 from dressage.tq.client.spec import load_client_spec
 
-                joined = load_client_spec(config.transfer_queue_spec)
+                joined = load_client_spec(config.transfer_queue.spec)
                 tq_client = owned_client = TransferQueueClient.connect(joined)
             else:
                 if tq is None:
                     from dressage.tq import TransferQueue
 
-                    tq, owns_tq = TransferQueue.start(config.transfer_queue_config()), True
+                    tq, owns_tq = TransferQueue.start(config.transfer_queue.settings()), True
                 tq_client = tq.client()
         # A trainer process joins this TQ from a read's meta_info.
         tq_spec = tq.client_spec if tq is not None else (lambda: dict(joined)) if joined is not None else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from dressage.errors import ConfigError
-from dressage.proxy.config import JournalConfig, ProxyServerConfig
+from dressage.proxy.config import JournalConfig, ProxyConfig
 from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.engines.rids import RidFactory
 from dressage.proxy.engines.startup import engine_clients
@@ -41,11 +41,11 @@ class ProxyService:
     """A Proxy's collaborators and serving objects, and its cross-cutting use cases.
 
     ``engine`` is an :class:`SGLangClient`, a list of them, an :class:`EnginePool`, or ``None``
-    (clients for ``config.engines`` are made here: :func:`dressage.proxy.engines.startup.engine_clients`).
+    (clients for ``config.engines.urls`` are made here: :func:`dressage.proxy.engines.startup.engine_clients`).
     ``tq_spec()`` gives the TransferQueue client spec a trainer in another process joins (``None``: none).
     """
 
-    def __init__(self, config: ProxyServerConfig, core: ProxyCore, tokenizer: Any, engine: Any = None,
+    def __init__(self, config: ProxyConfig, core: ProxyCore, tokenizer: Any, engine: Any = None,
                  *, parser: ToolCallParser | None = None,
                  tq_spec: Callable[[], dict[str, Any]] | None = None) -> None:
         self.config, self.core, self.tokenizer = config, core, tokenizer
@@ -53,21 +53,21 @@ class ProxyService:
             self.engines = engine
         else:
             clients = engine if isinstance(engine, (list, tuple)) else [engine] if engine is not None else \
-                engine_clients(config)
-            self.engines = EnginePool(clients, failures_to_remove=config.health_check_failures)
+                engine_clients(config.engines)
+            self.engines = EnginePool(clients, failures_to_remove=config.engines.health_check_failures)
         self.engine = next(iter(self.engines.members.values())).client
         self.parser = parser or QwenToolCallParser()
-        self.versions = WeightVersions(partial_rollout=config.partial_rollout)
+        self.versions = WeightVersions(partial_rollout=config.sessions.partial_rollout)
         self.pause = RolloutPause(self.versions)
-        self.turns = TurnCache(config.max_cached_turns)
-        self.limits = CallLimits(config)
+        self.turns = TurnCache(config.sessions.max_cached_turns)
+        self.limits = CallLimits(config.limits)
         self.rids = RidFactory()
         """Engine rids: one length and shape, so SGLang's abort by rid prefix hits only the call meant."""
         self.in_flight = InFlight()
         """Model calls running per session (finalize waits for them)."""
         memory = ResponseMemory()
-        self.book = SessionBook(core, self.in_flight, timeout_s=config.session_timeout_s,
-                                max_sessions=config.max_sessions,
+        self.book = SessionBook(core, self.in_flight, timeout_s=config.sessions.session_timeout_s,
+                                max_sessions=config.sessions.max_sessions,
                                 forgetters=(self.engines.forget, self.turns.forget_session, memory.forget,
                                             self.versions.forget))
         """Header-created sessions, per-session forgetting and the call counters, shared by every endpoint."""

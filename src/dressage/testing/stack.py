@@ -7,13 +7,15 @@ once; the pytest fixtures ``engine`` and ``proxy_stack`` (tests/conftest.py) are
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Callable, Sequence
 
 from dressage.dataplane import DataPlaneConfig
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import ModelSpec, get_model
-from dressage.proxy.config import JournalConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import JournalConfig, ProxyConfig
 from dressage.proxy.deployment import Proxy
 from dressage.rollout import RolloutManager
 
@@ -82,7 +84,7 @@ def start_proxy(engine_urls: str | Sequence[str], *, model: str | ModelSpec = TE
                 dp_size: int | None = None, sink: Any = None, check_engine: bool = True,
                 tokenizer: Any = None, tokenizer_name: str = "byte", engine: Any = None,
                 journal: JournalConfig | None = None, data_plane: DataPlaneConfig | None = None,
-                request_timeout_s: float = 20.0, **server: Any) -> ProxyStack:
+                request_timeout_s: float = 20.0, **settings: Any) -> ProxyStack:
     """Start a Proxy in this process in front of ``engine_urls`` and return its stack.
 
     R3 is recorded unless ``r3`` is false; with ``tq`` (a started TransferQueue the caller owns) the large
@@ -90,8 +92,8 @@ def start_proxy(engine_urls: str | Sequence[str], *, model: str | ModelSpec = TE
     ``manager``, else, with ``dp_size``, to a new ``RolloutManager(dp_size=dp_size)``; with none of them
     the Proxy keeps them. ``engine`` replaces the Proxy's SGLang client (a recording transport, say);
     ``tokenizer`` is a tokenizer object shared with the engine, ``tokenizer_name`` the Proxy's setting;
-    ``check_engine`` false starts without asking the engine for its model info. ``server`` is any other
-    :class:`~dressage.proxy.config.ProxyServerConfig` field; ``data_plane`` replaces the whole data-plane
+    ``check_engine`` false starts without asking the engine for its model info. ``settings`` are other
+    settings of the Proxy's sections (server, access, engines, limits, sessions) by field name; ``data_plane`` replaces the whole data-plane
     config built from ``model``, ``r3``, ``tq`` and ``routed_experts_dtype``.
     """
     urls = (engine_urls,) if isinstance(engine_urls, str) else tuple(engine_urls)
@@ -101,9 +103,25 @@ def start_proxy(engine_urls: str | Sequence[str], *, model: str | ModelSpec = TE
                                      enable_transfer_queue=tq is not None, **dtype)
     if manager is None and sink is None and dp_size is not None:
         manager = RolloutManager(dp_size=dp_size)
-    config = ProxyConfig(data_plane=data_plane, tokenizer=tokenizer_name, skip_engine_check=not check_engine,
-                         server=ProxyServerConfig(engine_urls=urls, request_timeout_s=request_timeout_s, **server),
+    sections = _sections(dict(settings, engine_urls=urls, request_timeout_s=request_timeout_s,
+                              skip_engine_check=not check_engine))
+    config = ProxyConfig(data_plane=data_plane, tokenizer=tokenizer_name, **sections,
                          **({"journal": journal} if journal is not None else {}))
     proxy = Proxy.start(config, tq=tq, tokenizer=tokenizer, engine=engine,
                         sink=sink if sink is not None else manager)
     return ProxyStack(proxy, manager if sink is None else None, tq)
+
+
+def _sections(settings: dict[str, Any]) -> dict[str, Any]:
+    """The Proxy's section configs (``server=ServerConfig(...)``, ...) holding ``settings``, each named by its
+    field; a name no section has is a ``TypeError``."""
+    default = ProxyConfig()
+    classes = {name: type(getattr(default, name)) for name in ("server", "access", "engines", "limits", "sessions")}
+    grouped: dict[str, dict[str, Any]] = {}
+    for key, value in settings.items():
+        section = next((name for name, cls in classes.items()
+                        if key in {f.name for f in dataclasses.fields(cls)}), None)
+        if section is None:
+            raise TypeError(f"start_proxy: no Proxy setting named {key!r}")
+        grouped.setdefault(section, {})[key] = value
+    return {name: classes[name](**values) for name, values in grouped.items()}

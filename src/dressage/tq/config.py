@@ -9,16 +9,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
 from dressage.errors import ConfigError
+from dressage.flags import flag
 from dressage.units import parse_bytes
 
-__all__ = ["TransferQueueConfig", "DEPLOYMENTS", "ON_FULL", "load_config", "EXAMPLE_CONFIG", "SECRET_ENV",
+__all__ = ["TransferQueueConfig", "TransferQueueSelection", "tq_default", "DEPLOYMENTS", "ON_FULL", "load_config",
+           "EXAMPLE_CONFIG", "SECRET_ENV",
            "is_loopback"]
 
 DEPLOYMENTS = ("embedded", "local", "ray")
@@ -199,6 +201,44 @@ class TransferQueueConfig:
         except yaml.YAMLError as exc:
             raise ConfigError(f"{_PREFIX}: {os.fspath(path)!r} is not valid YAML: {exc}") from exc
         return cls.from_dict(data)
+
+
+@dataclass(kw_only=True, slots=True)
+class TransferQueueSelection:
+    """Which TransferQueue a command uses: the deployment it starts, or a running one it joins."""
+
+    config: "TransferQueueConfig | str | None" = field(
+        default=None, metadata=flag("--transfer-queue-config", metavar="FILE", parse=str))
+    """The deployment to start: its YAML file (see ``examples/transfer_queue.yaml``), its settings as
+    a map, or a TransferQueueConfig; none: the embedded defaults."""
+    spec: str | None = field(default=None, metadata=flag("--transfer-queue-spec", metavar="FILE"))
+    """Join the running TransferQueue whose client spec this file holds (``TransferQueue.write_client_spec``)
+    instead of starting one: the Proxy then needs no Ray, even for a TQ deployed on Ray."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.config, Mapping):
+            self.config = TransferQueueConfig.from_dict(self.config)
+        elif isinstance(self.config, os.PathLike):
+            self.config = os.fspath(self.config)
+        if self.config is not None and not isinstance(self.config, (TransferQueueConfig, str)) \
+                or self.config == "":
+            raise ConfigError(f"transfer_queue.config: expected a YAML file or settings, got {self.config!r}")
+        if self.spec is not None:
+            if not isinstance(self.spec, str) or not self.spec:
+                raise ConfigError(f"transfer_queue.spec: expected a file path, got {self.spec!r}")
+            if self.config is not None:
+                raise ConfigError("transfer_queue.spec (--transfer-queue-spec) joins a running TransferQueue; it "
+                                  "cannot go with transfer_queue.config (--transfer-queue-config), which starts one")
+
+    def settings(self) -> TransferQueueConfig:
+        """The settings of the deployment to start (the file read now)."""
+        return load_config(self.config)
+
+
+def tq_default(name: str) -> Any:
+    """The default of TransferQueueConfig's setting ``name``, for the processes a deployment launches
+    with it (their flags' defaults are these, declared once, here)."""
+    return next(f.default for f in dataclasses.fields(TransferQueueConfig) if f.name == name)
 
 
 def load_config(source: "TransferQueueConfig | Mapping[str, Any] | str | os.PathLike[str] | None") -> TransferQueueConfig:

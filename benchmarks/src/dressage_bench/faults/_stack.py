@@ -8,14 +8,14 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
 from dressage.dataplane import DataPlaneConfig
-from dressage.proxy.config import JournalConfig, ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import EnginesConfig, JournalConfig, ProxyConfig, ServerConfig
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.deployment import Proxy
 from dressage.rollout import RolloutManager
@@ -54,13 +54,17 @@ class Stack:
 
 
 def start_proxy(engine_url: str, *, tq_client: Any = None, journal: str | None = None, timeout_s: float = 30.0,
-                port: int = 0, r3: bool = True, skip_engine_check: bool = False, **server: Any) -> Stack:
-    """A Proxy on loopback (``Proxy.start``); ``journal``: a path it journals to and recovers from."""
+                port: int = 0, r3: bool = True, skip_engine_check: bool = False, **sections: Any) -> Stack:
+    """A Proxy on loopback (``Proxy.start``); ``journal``: a path it journals to and recovers from;
+    ``sections``: other sections of the ProxyConfig (``access=AccessConfig(...)``)."""
     dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=r3, enable_transfer_queue=tq_client is not None,
                          routed_experts_dtype="uint8")
     rm = RolloutManager(dp_size=2)
-    cfg = ProxyConfig(data_plane=dp, journal=JournalConfig(path=journal), skip_engine_check=skip_engine_check,
-                      server=ProxyServerConfig(engine_url=engine_url, request_timeout_s=timeout_s, port=port, **server))
+    server = sections.pop("server", ServerConfig())
+    cfg = ProxyConfig(data_plane=dp, journal=JournalConfig(path=journal),
+                      engines=EnginesConfig(engine_url=engine_url, request_timeout_s=timeout_s,
+                                            skip_engine_check=skip_engine_check),
+                      server=replace(server, port=port), **sections)
     proxy = Proxy.start(cfg, tq_client=tq_client, sink=rm)
     return Stack(proxy, proxy.core, rm)
 

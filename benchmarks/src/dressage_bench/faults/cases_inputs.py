@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from dressage.errors import ConfigError
-from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.config import AccessConfig, ProxyConfig, ServerConfig, SessionsConfig
 from dressage_bench.faults._stack import start_engine, start_proxy
 from dressage_bench.faults.hostile import MODES, STREAM_MODES, HostileEngine
 from dressage_bench.faults.runner import FaultsConfig, case
@@ -134,7 +134,7 @@ def hostile_engine(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
 def body_limit_chunked(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     engine = start_engine(mean_response_tokens=8)
     limit = 1 << 20
-    stack = start_proxy(engine.url, max_body_bytes=limit)
+    stack = start_proxy(engine.url, server=ServerConfig(max_body_bytes=limit))
     try:
         def chunks(total):
             for _ in range(total // (64 << 10)):
@@ -156,7 +156,7 @@ def body_limit_chunked(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
 @case("slowloris")
 def slowloris(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     engine = start_engine(mean_response_tokens=8)
-    stack = start_proxy(engine.url, header_timeout_s=1.0, body_timeout_s=1.0)
+    stack = start_proxy(engine.url, server=ServerConfig(header_timeout_s=1.0, body_timeout_s=1.0))
     host, port = stack.url[7:].rsplit(":", 1)
     socks = []
     try:
@@ -195,7 +195,7 @@ def slowloris(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
 @case("access_tokens")
 def access_tokens(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     engine = start_engine(mean_response_tokens=8)
-    stack = start_proxy(engine.url, api_token="agent-token-0123", admin_token="admin-token-4567")
+    stack = start_proxy(engine.url, access=AccessConfig(api_token="agent-token-0123", admin_token="admin-token-4567"))
     agent, admin = {"authorization": "Bearer agent-token-0123"}, {"authorization": "Bearer admin-token-4567"}
     try:
         u = stack.url
@@ -208,7 +208,7 @@ def access_tokens(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
         anonymous = httpx.post(u + "/sessions").status_code
         drained = httpx.post(u + "/trajectory/read", json={"drain": True}, headers=admin).json()
         try:
-            ProxyServerConfig(host="0.0.0.0")
+            ProxyConfig(server=ServerConfig(host="0.0.0.0"))
             refused_open_bind = False
         except ConfigError:
             refused_open_bind = True
@@ -226,7 +226,8 @@ def access_tokens(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
 @case("session_caps")
 def session_caps(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     engine = start_engine(mean_response_tokens=8)
-    stack = start_proxy(engine.url, max_sessions=100, session_timeout_s=600, max_cached_turns=50)
+    stack = start_proxy(engine.url, sessions=SessionsConfig(max_sessions=100, session_timeout_s=600,
+                                                         max_cached_turns=50))
     keeper = stack.proxy.service.keeper
     try:
         u = stack.url
@@ -264,7 +265,7 @@ def schema_fuzz(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     if missing is not None:
         return False, {"error": missing}
     engine = start_engine(mean_response_tokens=8)
-    stack = start_proxy(engine.url, timeout_s=20, max_body_bytes=1 << 20)
+    stack = start_proxy(engine.url, timeout_s=20, server=ServerConfig(max_body_bytes=1 << 20))
     try:
         out = fuzz_schema(stack.url, cases=cfg.schema_cases, seed=cfg.seed)
         out["schemathesis_server_errors"] = out["server_errors"]

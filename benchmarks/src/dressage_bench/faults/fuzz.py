@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from dressage.proxy.config import ServerConfig
 from dressage_bench.faults._stack import start_engine, start_proxy
 from dressage_bench.faults.runner import FaultsConfig, case
 
@@ -76,7 +77,7 @@ def http_fuzz(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     rng = random.Random(cfg.seed)
     engine = start_engine(mean_response_tokens=8)
     limit = 1 << 20
-    stack = start_proxy(engine.url, timeout_s=20, max_body_bytes=limit)
+    stack = start_proxy(engine.url, timeout_s=20, server=ServerConfig(max_body_bytes=limit))
     try:
         app_paths = httpx.get(stack.url + "/openapi.json").json()["paths"]
         # A well-formed pause legitimately stops every generation until resume: not a fuzz target.

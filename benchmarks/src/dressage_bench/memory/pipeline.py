@@ -72,7 +72,7 @@ def _get(ref: Any) -> Any:
 
 def _agent_config(cfg: MemoryBenchConfig, *, max_turns: int | None = None) -> AgentConfig:
     return AgentConfig(max_turns=max_turns or cfg.max_turns, tools=cfg.tool_call_rate > 0,
-                       retry_rate=cfg.retry_rate, context_limit=cfg.context_length, max_tokens=cfg.max_tokens,
+                       retry_rate=cfg.retry_rate, context_length=cfg.context_length, max_tokens=cfg.max_tokens,
                        seed=cfg.seed)
 
 

@@ -37,7 +37,7 @@ class ProxyHost:
 
     def __init__(self, data_plane: Any, engine_url: str, tq_spec: dict | None, spread: bool, *,
                  node_id: str | None = None, sink: Any = None) -> None:
-        from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+        from dressage.proxy.config import EnginesConfig, ProxyConfig
         from dressage.proxy.deployment import Proxy
 
         self.client = None
@@ -50,7 +50,7 @@ class ProxyHost:
                 # so keys spread evenly over every node's StorageUnit.
                 self.client.node_id = None
         self.rollout_id = 0
-        self.proxy = Proxy.start(ProxyConfig(data_plane=data_plane, server=ProxyServerConfig(engine_url=engine_url)),
+        self.proxy = Proxy.start(ProxyConfig(data_plane=data_plane, engines=EnginesConfig(engine_url=engine_url)),
                                  tq_client=self.client, sink=sink, batch_tag=lambda: f"rollout-{self.rollout_id}")
         self.core, self.service, self._url = self.proxy.core, self.proxy.service, self.proxy.url
 

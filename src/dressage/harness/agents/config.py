@@ -43,17 +43,17 @@ class AgentConfig:
     """Offer the built-in tools (calculator, lookup) and execute the calls the model makes."""
     retry_rate: float = 0.0
     """Chance per turn of re-sending an earlier turn's messages instead (the Proxy branches)."""
-    context_limit: int = 8192
+    context_length: int = 8192
     """The agent's context budget in tokens, as reported by ``usage`` (prompt + completion)."""
     compression: bool = True
-    """Near ``context_limit``, replace the history by [system, user summary] (a new Segment);
+    """Near ``context_length``, replace the history by [system, user summary] (a new Segment);
     without it the session ends there."""
     compression_threshold: float = 0.8
-    """Share of ``context_limit`` at which the history counts as near the limit."""
+    """Share of ``context_length`` at which the history counts as near the limit."""
     temperature: float = 1.0
     """Sampling temperature sent with every call."""
     max_tokens: int = 256
-    """Completion budget sent with every call; must leave room below ``context_limit``."""
+    """Completion budget sent with every call; must leave room below ``context_length``."""
     seed: int = 0
     """Every decision of session (group, sample) is drawn from an RNG seeded by (seed, group, sample)."""
     model: str = "default"
@@ -66,7 +66,7 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         _check_int("max_turns", self.max_turns, 1)
-        _check_int("context_limit", self.context_limit, 2)
+        _check_int("context_length", self.context_length, 2)
         _check_int("max_tokens", self.max_tokens, 1)
         _check_int("seed", self.seed, 0)
         for key in ("tools", "compression", "send_seed"):
@@ -82,11 +82,11 @@ class AgentConfig:
             raise ConfigError(f"agents.model must be a non-empty string, got {self.model!r}")
         if self.max_tokens >= self.compress_at:
             raise ConfigError(
-                f"agents.max_tokens ({self.max_tokens}) must be below agents.context_limit x "
+                f"agents.max_tokens ({self.max_tokens}) must be below agents.context_length x "
                 f"agents.compression_threshold ({self.compress_at}), or no reply fits the context"
             )
 
     @property
     def compress_at(self) -> int:
         """Tokens (prompt + completion) at which the history counts as near the limit."""
-        return int(self.context_limit * self.compression_threshold)
+        return int(self.context_length * self.compression_threshold)

@@ -21,7 +21,7 @@ from dressage.harness.replay import merge_replay, replay_summary
 from dressage.harness.run.config import RunConfig
 from dressage.harness.run.memory import PssSampler, process_vitals
 from dressage.harness.run.probe import check_engine_reachable
-from dressage.proxy.config import ProxyConfig, ProxyServerConfig
+from dressage.proxy.config import EnginesConfig, ProxyConfig
 from dressage.proxy.deployment import Proxy
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
@@ -67,29 +67,34 @@ def _peak(report: RunReport, name: str, value: int) -> None:
 
 
 def _agent_config(cfg: RunConfig) -> AgentConfig:
-    return AgentConfig(max_turns=cfg.max_turns, tools=cfg.tool_call_rate > 0, retry_rate=cfg.retry_rate,
-                       context_limit=cfg.context_length, max_tokens=cfg.max_tokens, seed=cfg.seed)
+    agents = cfg.agents
+    return AgentConfig(max_turns=agents.max_turns, tools=cfg.inference.tool_call_rate > 0, retry_rate=agents.retry_rate,
+                       context_length=agents.context_length, max_tokens=agents.max_tokens, seed=cfg.seed)
 
 
 def run_pipeline(cfg: RunConfig) -> RunReport:
-    """Run ``cfg.num_rollouts`` iterations on the embedded default (or Ray, with ``cfg.ray``)."""
+    """Run ``cfg.rollout.num_rollouts`` iterations on the embedded default (or Ray, with ``cfg.cluster.ray``)."""
     dp = cfg.data_plane
-    report = RunReport(config={**dp.to_dict(), "num_rollouts": cfg.num_rollouts,
-                               "rollout_batch_size": cfg.rollout_batch_size,
-                               "n_samples_per_prompt": cfg.n_samples_per_prompt, "context_length": cfg.context_length,
-                               "dp_size": cfg.dp_size, "seed": cfg.seed, "ray": cfg.ray, "engine": cfg.engine,
-                               "engine_url": cfg.engine_url})
+    shape = cfg.rollout
+    report = RunReport(config={**dp.to_dict(), "num_rollouts": shape.num_rollouts,
+                               "rollout_batch_size": shape.rollout_batch_size,
+                               "n_samples_per_prompt": shape.n_samples_per_prompt,
+                               "context_length": cfg.agents.context_length, "dp_size": shape.dp_size,
+                               "seed": cfg.seed, "ray": cfg.cluster.ray, "engine": cfg.inference.backend,
+                               "engine_url": cfg.inference.engine_url})
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         sampler = stack.enter_context(PssSampler(interval_s=0.2))
-        engine_url = cfg.engine_url
+        engine_url = cfg.inference.engine_url
         engine: EngineServer | None = None
         tokenizer = None
         if engine_url is None:
-            engine = EngineServer(EngineConfig(model=dp.model, port=0, seed=cfg.seed, backend=cfg.engine,
-                                               tokenizer=_TOKENIZER[cfg.engine],
-                                               mean_response_tokens=cfg.mean_response_tokens,
-                                               tool_call_rate=cfg.tool_call_rate, context_length=cfg.context_length))
+            inference = cfg.inference
+            engine = EngineServer(EngineConfig(model=dp.model, port=0, seed=cfg.seed, backend=inference.backend,
+                                               tokenizer=_TOKENIZER[inference.backend],
+                                               mean_response_tokens=inference.mean_response_tokens,
+                                               tool_call_rate=inference.tool_call_rate,
+                                               context_length=cfg.agents.context_length))
             tokenizer = engine.engine.tokenizer
             engine_url = engine.start_background()
             stack.callback(engine.stop)
@@ -99,28 +104,29 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
         if dp.enable_transfer_queue:
             from dressage.tq import TransferQueue
 
-            tq = TransferQueue.start(cfg.transfer_queue)
+            tq = TransferQueue.start(cfg.transfer_queue.settings())
             stack.callback(tq.shutdown)
         client = tq.client() if tq is not None else None
-        replay_model = _replay_model(cfg, engine) if engine is not None and cfg.engine == "transformers" \
+        replay_model = _replay_model(cfg, engine) if engine is not None and cfg.inference.backend == "transformers" \
             and dp.use_rollout_routing_replay else None
-        backend = _RayBackend(cfg, tq, client) if cfg.ray else _LocalBackend(cfg, client, replay_model)
+        backend = _RayBackend(cfg, tq, client) if cfg.cluster.ray else _LocalBackend(cfg, client, replay_model)
         stack.callback(backend.close)
         rollout_tag = {"id": 0}
         proxy = stack.enter_context(Proxy.start(
-            ProxyConfig(data_plane=dp, server=ProxyServerConfig(engine_url=engine_url), tokenizer=_TOKENIZER[cfg.engine]),
+            ProxyConfig(data_plane=dp, engines=EnginesConfig(engine_url=engine_url),
+                        tokenizer=_TOKENIZER[cfg.inference.backend]),
             tq_client=client, tokenizer=tokenizer,
             sink=backend.sink, batch_tag=lambda: f"rollout-{rollout_tag['id']}"))
         core, service, proxy_url = proxy.core, proxy.service, proxy.url
         agent_cfg = _agent_config(cfg)
         digests: list[str] = []
         bar = _progress(cfg)
-        for i in range(cfg.num_rollouts):
+        for i in range(cfg.rollout.num_rollouts):
             rollout_tag["id"] = i
             service.weight_version = i
-            prompts = make_prompts(cfg.rollout_batch_size, seed=cfg.seed * 1000 + i)
-            rr = asyncio.run(run_rollout(proxy_url, prompts, cfg.n_samples_per_prompt, agent_cfg,
-                                         concurrency=cfg.concurrency))
+            prompts = make_prompts(cfg.rollout.rollout_batch_size, seed=cfg.seed * 1000 + i)
+            rr = asyncio.run(run_rollout(proxy_url, prompts, cfg.rollout.n_samples_per_prompt, agent_cfg,
+                                         concurrency=cfg.rollout.concurrency))
             for k, v in _agent_counts(rr).items():
                 report.agent[k] = report.agent.get(k, 0) + v
             _peak(report, "proxy_large_fields", core.held_bytes()["large_fields"])
@@ -179,11 +185,11 @@ def _agent_counts(rr: Any) -> dict[str, int]:
 
 
 def _progress(cfg: RunConfig):
-    if not cfg.progress:
+    if not cfg.report.progress:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=cfg.num_rollouts, desc="dressage run", unit="rollout")
+    return tqdm(total=cfg.rollout.num_rollouts, desc="dressage run", unit="rollout")
 
 
 def _merge(parts: list[dict[str, Any]], rm_bytes: int) -> dict[str, Any]:
@@ -207,7 +213,7 @@ class _LocalBackend:
 
     def __init__(self, cfg: RunConfig, client: Any, replay_model: Any = None) -> None:
         self.cfg, self.client, self.replay_model = cfg, client, replay_model
-        self.rm = RolloutManager(dp_size=cfg.dp_size)
+        self.rm = RolloutManager(dp_size=cfg.rollout.dp_size)
         self.sink = self.rm.add_finalized
 
     def held_nbytes(self) -> int:
@@ -246,7 +252,8 @@ class _RayBackend:
             raise ConfigError("--ray with TransferQueue needs a 'local' or 'ray' deployment in "
                               "--transfer-queue-config (trainer actors must reach the StorageUnits)")
         self.cfg = cfg
-        ray_cfg = RayBackendConfig(model=cfg.data_plane.model, dp_size=cfg.dp_size, ray_address=cfg.ray_address)
+        ray_cfg = RayBackendConfig(model=cfg.data_plane.model, dp_size=cfg.rollout.dp_size,
+                                  ray_address=cfg.cluster.ray_address)
         self.impl = start_ray_backend(ray_cfg, tq.client_spec() if tq is not None else None, client)
         self.sink = self.impl.sink
         self.remote_bytes_read = 0

@@ -74,16 +74,17 @@ def judge(report: Any, baseline: Any = None) -> Verdict:
     return Verdict(tuple(passed), tuple(failed))
 
 
-def run_and_judge(cfg: RunConfig, *, compare_without_tq: bool = False) -> tuple[Any, Any, Verdict]:
-    """Run ``cfg``; with ``compare_without_tq`` (and TQ on) run it again with TQ off; judge both."""
+def run_and_judge(cfg: RunConfig) -> tuple[Any, Any, Verdict]:
+    """Run ``cfg``; with ``cfg.compare_without_tq`` (and TQ on) run it again with TQ off; judge both."""
     from dressage.harness.run.loop import run_pipeline
+    from dressage.tq.config import TransferQueueSelection
 
+    compare_without_tq = cfg.compare_without_tq
     if compare_without_tq and not cfg.data_plane.enable_transfer_queue:
         raise ConfigError("--compare-without-tq compares a run with TQ to one without: add --enable-transfer-queue")
     report = run_pipeline(cfg)
     baseline = None
     if compare_without_tq:
-        dp = dataclasses.replace(cfg.data_plane, enable_transfer_queue=False, transfer_queue_config=None,
-                                 transfer_params=None)
-        baseline = run_pipeline(dataclasses.replace(cfg, data_plane=dp, transfer_queue=None))
+        dp = dataclasses.replace(cfg.data_plane, enable_transfer_queue=False, transfer_params=None)
+        baseline = run_pipeline(dataclasses.replace(cfg, data_plane=dp, transfer_queue=TransferQueueSelection()))
     return report, baseline, judge(report, baseline)

@@ -32,11 +32,11 @@ __all__ = ["engine_clients", "fetch_engine_infos", "check_engine", "EngineCheck"
 INFO_TIMEOUT_S = 30.0
 
 
-def engine_clients(server: Any, *, transport: Any = None) -> list[SGLangClient]:
-    """One client per engine URL of ``server`` (a ProxyServerConfig)."""
-    cls = RouterClient if server.router else SGLangClient
+def engine_clients(engines: Any, *, transport: Any = None) -> list[SGLangClient]:
+    """One client per engine URL of ``engines`` (an EnginesConfig)."""
+    cls = RouterClient if engines.router else SGLangClient
     kw = {} if transport is None else {"transport": transport}
-    return [cls(url, timeout=server.request_timeout_s, api_key=server.engine_api_key, **kw) for url in server.engines]
+    return [cls(url, timeout=engines.request_timeout_s, api_key=engines.engine_api_key, **kw) for url in engines.urls]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ class EngineCheck:
         return f"model {m.name} ({m.num_layers} R3 layers, top-{m.topk} of {m.num_experts}{where}), tokenizer {self.tokenizer}"
 
 
-def fetch_engine_infos(server: Any, *, transport: Any = None, timeout_s: float = INFO_TIMEOUT_S,
+def fetch_engine_infos(engines: Any, *, transport: Any = None, timeout_s: float = INFO_TIMEOUT_S,
                        wait_s: float = 0.0, retry_s: float = 0.5) -> list[dict[str, Any]]:
     """Each engine's model info, asked on a private loop (the Proxy's own loop is not running yet).
 
@@ -76,9 +76,9 @@ def fetch_engine_infos(server: Any, *, transport: Any = None, timeout_s: float =
 
     async def ask() -> list[dict[str, Any]]:
         out = []
-        for url in server.engines:
+        for url in engines.urls:
             # The model info comes from a worker; a router forwards it.
-            client = SGLangClient(url, timeout=timeout_s, api_key=server.engine_api_key,
+            client = SGLangClient(url, timeout=timeout_s, api_key=engines.engine_api_key,
                                   **({} if transport is None else {"transport": transport}))
             try:
                 out.append(await info_of(client))
@@ -128,7 +128,7 @@ def _compare(url: str, info: Mapping[str, Any], preset: ModelSpec, shape: Mappin
 
 def check_engine(config: Any, infos: Sequence[Mapping[str, Any]], urls: Sequence[str] | None = None) -> EngineCheck:
     """Check a ProxyConfig against its engines' model infos (one per engine, in order)."""
-    urls = list(urls if urls is not None else config.server.engines)
+    urls = list(urls if urls is not None else config.engines.urls)
     dp = config.data_plane
     preset = dp.model
     overrides = {"num_layers": config.num_layers, "topk": config.topk, "num_experts": config.num_experts}

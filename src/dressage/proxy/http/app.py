@@ -45,7 +45,8 @@ def _json(value: Any) -> Response:
 
 def _guard_kwargs(service: Any) -> dict[str, Any]:
     cfg = service.config
-    return {"agent_token": cfg.api_token, "admin_token": cfg.admin_token, "max_body_bytes": cfg.max_body_bytes}
+    return {"agent_token": cfg.access.api_token, "admin_token": cfg.access.admin_token,
+            "max_body_bytes": cfg.server.max_body_bytes}
 
 
 def _install_guards(app: FastAPI, service: Any) -> None:
@@ -178,7 +179,7 @@ class ProxyServer(UvicornServer):
 
     def __init__(self, service: Any) -> None:
         self.service = service
-        cfg = service.config
+        cfg = service.config.server
         limits = ConnectionLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
                                   keep_alive_s=cfg.keep_alive_timeout_s, max_header_bytes=cfg.max_header_bytes)
         super().__init__(build_app(service), host=cfg.host, port=cfg.port, name="proxy",

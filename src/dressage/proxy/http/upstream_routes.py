@@ -70,11 +70,13 @@ def upstream_router(service: Any) -> APIRouter:
     @router.get("/integration/capabilities")
     async def integration_capabilities() -> dict[str, Any]:
         cfg, dp = service.config, service.core.config
-        return capabilities(partial_rollout=cfg.partial_rollout, rollout_routing_replay=dp.use_rollout_routing_replay,
+        return capabilities(partial_rollout=cfg.sessions.partial_rollout,
+                            rollout_routing_replay=dp.use_rollout_routing_replay,
                             transfer_queue=dp.enable_transfer_queue, segment_view=dp.segment_view,
                             engines=len(service.engines.members), router=service.router,
                             model={"name": dp.model.name, "num_layers": dp.model.num_layers, "topk": dp.model.topk,
-                                   "num_experts": dp.model.num_experts, "served_model_name": cfg.served_model_name},
-                            finalize_wait_s=cfg.finalize_wait_s)
+                                   "num_experts": dp.model.num_experts,
+                                   "served_model_name": cfg.server.served_model_name},
+                            finalize_wait_s=cfg.sessions.finalize_wait_s)
 
     return router

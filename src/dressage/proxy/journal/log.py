@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from dressage.errors import ConfigError, JournalEncodeError, JournalError
+from dressage.proxy.config import FSYNC_POLICIES
 from dressage.proxy.journal import codec as codec
 from dressage.proxy.journal.wal import FILE_MAGIC, HEADER, JournalDamage, Scan, frame
 from dressage.trajectory import RouteDecision, Session, StepRecord
 
 __all__ = ["Journal", "JournalError", "JournalEncodeError", "JournalDamage", "ReplayReport", "FSYNC_POLICIES"]
 
-FSYNC_POLICIES = ("always", "interval", "never")
 FILE_MODE = 0o600
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dressage.errors import DressageError, UnsupportedParameterError
-from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.config import ProxyConfig
 from dressage.proxy.openai.chat.params import _logit_bias
 from dressage.proxy.openai.chat.reply import cut_at_stop, visible_prefix
 from dressage.proxy.openai.model_calls import ModelCalls
@@ -77,7 +77,7 @@ def _one_prompt(prompt: Any) -> Union[str, list[int]]:
 class CompletionsServing:
     """The text-completion use case of one Proxy: a token-level call through ``calls``."""
 
-    def __init__(self, config: ProxyServerConfig, tokenizer: Any, *, calls: ModelCalls, limits: CallLimits,
+    def __init__(self, config: ProxyConfig, tokenizer: Any, *, calls: ModelCalls, limits: CallLimits,
                  in_flight: InFlight, book: SessionBook) -> None:
         self.config, self.tokenizer = config, tokenizer
         self.calls, self.limits, self.in_flight, self.book = calls, limits, in_flight, book
@@ -147,7 +147,7 @@ class CompletionsServing:
                   "logprobs": None if req.logprobs is None else self._logprobs(ids, result, text, stopped,
                                                                               req.logprobs)}
         return {"id": completion_id, "object": "text_completion", "created": created,
-                "model": self.config.served_model_name, "choices": [choice],
+                "model": self.config.server.served_model_name, "choices": [choice],
                 "usage": {"prompt_tokens": step.prompt_len, "completion_tokens": step.response_len,
                           "total_tokens": step.seq_len}}
 
@@ -167,7 +167,7 @@ class CompletionsServing:
     async def _stream_completion(self, session_id: str, plan: Any, url: str, stops: list[str], req: CompletionRequest,
                                  completion_id: str, created: int) -> AsyncIterator[bytes]:
         base = {"id": completion_id, "object": "text_completion", "created": created,
-                "model": self.config.served_model_name}
+                "model": self.config.server.served_model_name}
 
         def chunk(text: str, finish: str | None = None, logprobs: Any = None) -> bytes:
             return sse({**base, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]})

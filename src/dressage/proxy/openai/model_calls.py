@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Iterable
 import numpy as np
 
 from dressage.errors import EngineUnavailable, WireFormatError
-from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.config import ProxyConfig
 from dressage.proxy.engines.generation import GenerationPlan, GenerationResult, run_generation
 from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.engines.rids import RidFactory
@@ -31,7 +31,7 @@ __all__ = ["ModelCalls"]
 class ModelCalls:
     """Admission, placement, generation and recording of model calls, over the Proxy's collaborators."""
 
-    def __init__(self, config: ProxyServerConfig, core: ProxyCore, tokenizer: Any, *, engines: EnginePool,
+    def __init__(self, config: ProxyConfig, core: ProxyCore, tokenizer: Any, *, engines: EnginePool,
                  pause: RolloutPause, versions: WeightVersions, limits: CallLimits, rids: RidFactory,
                  in_flight: InFlight, book: SessionBook) -> None:
         self.config, self.core, self.tokenizer = config, core, tokenizer
@@ -53,7 +53,7 @@ class ModelCalls:
     def plan(self, session_id: str, prompt_ids: np.ndarray, sampling: dict[str, Any], *, stream: bool,
              tools: Any = None, boundary_reason: str | None = None) -> tuple[GenerationPlan, str]:
         """Place the call on an engine, then decide its Segment boundary (in :meth:`ProxyCore.plan`)."""
-        self.engines.ensure_monitor(self.config.health_check_interval_s)
+        self.engines.ensure_monitor(self.config.engines.health_check_interval_s)
         placement = self.engines.place(session_id)
         decision = self.core.plan(session_id, prompt_ids, tools=tools, boundary_reason=boundary_reason,
                                   engine_moved=placement.moved_from is not None)
@@ -112,8 +112,8 @@ class ModelCalls:
         self.book.calls += 1
         try:
             async for event in run_generation(
-                    plan, self.pause, self._normalize, partial_rollout=self.config.partial_rollout,
-                    timeout_s=self.config.request_timeout_s, decode=self.decode):
+                    plan, self.pause, self._normalize, partial_rollout=self.config.sessions.partial_rollout,
+                    timeout_s=self.config.engines.request_timeout_s, decode=self.decode):
                 yield event
         except EngineUnavailable:
             if not self.engines.single:

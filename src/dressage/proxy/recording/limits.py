@@ -10,21 +10,21 @@ from __future__ import annotations
 from typing import Any
 
 from dressage.errors import ContextOverflowError, StepLimitError
-from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.config import LimitsConfig
 
 __all__ = ["CallLimits"]
 
 
 class CallLimits:
-    def __init__(self, config: ProxyServerConfig) -> None:
+    def __init__(self, config: LimitsConfig) -> None:
         self.config = config
 
     def max_new_tokens(self, requested: int | None, prompt_len: int) -> int:
         """min(request or default, --max-output-tokens, what the context window leaves)."""
-        n = requested or self.config.default_max_tokens
+        n = requested or self.config.default_max_new_tokens
         if self.config.max_output_tokens is not None:
             n = min(n, self.config.max_output_tokens)
-        window = self.config.context_window
+        window = self.config.context_length
         if window is not None:
             if prompt_len >= window:
                 raise ContextOverflowError(prompt_len, window)

@@ -12,7 +12,7 @@ import asyncio
 from typing import Any, Callable, Iterable, Sequence
 
 from dressage.errors import ConfigError, SessionStateError, UnknownStepError
-from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.config import ProxyConfig
 from dressage.proxy.recording.core import FinalizedSession, ProxyCore
 from dressage.proxy.recording.heap import trim_heap
 from dressage.proxy.recording.lifecycle import InFlight
@@ -36,7 +36,7 @@ class Trajectories:
     TransferQueue client spec a trainer in another process joins (``None`` without one).
     """
 
-    def __init__(self, config: ProxyServerConfig, core: ProxyCore, *, in_flight: InFlight, book: SessionBook,
+    def __init__(self, config: ProxyConfig, core: ProxyCore, *, in_flight: InFlight, book: SessionBook,
                  stats: Callable[[], dict[str, Any]], tq_spec: Callable[[], dict[str, Any]] | None = None) -> None:
         self.config, self.core, self.in_flight, self.book = config, core, in_flight, book
         self._stats, self._tq_spec = stats, tq_spec

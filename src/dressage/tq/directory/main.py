@@ -25,40 +25,40 @@ def main(argv: list[str] | None = None) -> int:
     from dressage.tq.storage.remote import RemoteStorageUnit
     from dressage.tq.storage.server import serve_until_signalled
 
+    from dressage.errors import ConfigError
+    from dressage.flags import ConfigTree
+    from dressage.tq.directory.config import ControllerProcessConfig
+
     p = argparse.ArgumentParser(prog="python -m dressage.tq.directory.main")
-    p.add_argument("--units", required=True,
-                   help="JSON list of UnitInfo wire dicts (with addresses); '-' reads it as one line from stdin")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--retention-s", type=float, default=None)
-    p.add_argument("--sweep-s", type=float, default=1.0)
-    p.add_argument("--timeout-s", type=float, default=30.0)
-    p.add_argument("--heartbeat-s", type=float, default=1.0)
-    p.add_argument("--dead-after-s", type=float, default=5.0)
-    p.add_argument("--strict-budget", action="store_true")
-    args = p.parse_args(argv)
+    tree = ConfigTree(ControllerProcessConfig)
+    tree.add_to(p)
+    try:
+        cfg = tree.build(p.parse_args(argv))
+    except ConfigError as exc:
+        p.error(str(exc))
+    live = cfg.liveness
     secret = (os.environ.get(SECRET_ENV) or "").encode() or None
     # '-': the launcher starts this process before its units are up, so the imports overlap their start.
-    raw = sys.stdin.readline() if args.units == "-" else args.units
+    raw = sys.stdin.readline() if cfg.units == "-" else cfg.units
     try:
         wires = json.loads(raw)
         units = [UnitInfo.from_wire(u) for u in wires]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         p.error(f"--units: expected a JSON list of unit descriptions ({exc})")
-    controller = Controller(units, retention_s=args.retention_s, strict_budget=args.strict_budget)
-    handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address, node_id=u.node_id, timeout_s=args.timeout_s,
+    controller = Controller(units, retention_s=cfg.retention_s, strict_budget=cfg.strict_budget)
+    handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address, node_id=u.node_id, timeout_s=live.timeout_s,
                                             secret=secret)
                for u in units if u.address}
     for uid, h in handles.items():  # a janitor delete on a unit found dead ends at once
         h.attach_liveness(lambda uid=uid: controller.dead_reason(uid))
-    janitor = Janitor(controller, handles.get, interval_s=args.sweep_s).start()
+    janitor = Janitor(controller, handles.get, interval_s=cfg.sweep_s).start()
     # Own sockets, to the units' heartbeat endpoints: neither a slow janitor delete nor a long client
     # request delays a probe.
-    probes = {u.unit_id: RemoteStorageUnit(u.unit_id, u.heartbeat or u.address, timeout_s=args.dead_after_s,
+    probes = {u.unit_id: RemoteStorageUnit(u.unit_id, u.heartbeat or u.address, timeout_s=live.dead_after_s,
                                            secret=secret) for u in units if u.address}
-    monitor = LivenessMonitor(controller, probes, interval_s=args.heartbeat_s,
-                              dead_after_s=args.dead_after_s).start()
-    server = ControllerServer(controller, host=args.host, port=args.port, janitor=janitor, secret=secret)
+    monitor = LivenessMonitor(controller, probes, interval_s=live.heartbeat_s,
+                              dead_after_s=live.dead_after_s).start()
+    server = ControllerServer(controller, host=cfg.host, port=cfg.port, janitor=janitor, secret=secret)
     server.start_stream()
 
     def cleanup() -> None:

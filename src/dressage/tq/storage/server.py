@@ -22,6 +22,7 @@ from dressage.tq.transport.bulk_rpc import BulkServer
 from dressage.tq.storage.integrity import Checksums, block_rows_for
 from dressage.tq.transport.shm import SHM_MIN_BYTES, ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
+from dressage.tq.storage.config import UNIT_MAX_MESSAGE
 from dressage.tq.transport.zmq import RpcServer
 from dressage.tq.transport.wire import (MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, array_from_frame, array_meta, check_dtype, text,
                               text_list, uint)
@@ -32,7 +33,6 @@ __all__ = ["StorageUnitServer", "main"]
 _MAX_DIM = 1 << 48
 _MAX_NDIM = 32
 _MAX_ROW = 1 << 62
-UNIT_MAX_MESSAGE = 1 << 34  # 16 GiB: the largest put a unit reads from one peer (ZMQ_MAXMSGSIZE)
 HEARTBEAT_MAX_MESSAGE = 64 * 1024  # the probe socket reads ping frames only (ZMQ_MAXMSGSIZE)
 
 
@@ -245,24 +245,23 @@ def main(argv: list[str] | None = None) -> int:
     from dressage.tq.config import SECRET_ENV
     from dressage.tq.storage import make_storage_unit
 
+    from dressage.errors import ConfigError
+    from dressage.flags import ConfigTree
+    from dressage.tq.storage.config import UnitProcessConfig
+
     p = argparse.ArgumentParser(prog="python -m dressage.tq.storage.server")
-    p.add_argument("--unit-id", required=True)
-    p.add_argument("--node-id", default=None)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--memory-budget", type=int, required=True)
-    p.add_argument("--on-full", default="spill", choices=("spill", "wait", "error"))
-    p.add_argument("--spill-dir", default=None)
-    p.add_argument("--no-shared-memory", action="store_true")
-    p.add_argument("--shm-token", default=None)
-    p.add_argument("--no-checksums", action="store_true")
-    p.add_argument("--max-message-bytes", type=int, default=UNIT_MAX_MESSAGE)
-    args = p.parse_args(argv)
-    backend = make_storage_unit(args.unit_id, node_id=args.node_id, memory_budget=args.memory_budget,
-                                on_full=args.on_full, spill_dir=args.spill_dir, checksums=not args.no_checksums)
-    server = StorageUnitServer(backend, host=args.host, port=args.port, shared_memory=not args.no_shared_memory,
-                               shm_token=args.shm_token, secret=(os.environ.get(SECRET_ENV) or "").encode() or None,
-                               max_message_bytes=args.max_message_bytes)
+    tree = ConfigTree(UnitProcessConfig)
+    tree.add_to(p)
+    try:
+        cfg = tree.build(p.parse_args(argv))
+    except ConfigError as exc:
+        p.error(str(exc))
+    backend = make_storage_unit(cfg.unit_id, node_id=cfg.node_id, memory_budget=cfg.memory_budget,
+                                on_full=cfg.on_full, spill_dir=cfg.spill_dir, checksums=cfg.checksums)
+    srv = cfg.server
+    server = StorageUnitServer(backend, host=srv.host, port=srv.port, shared_memory=srv.shared_memory,
+                               shm_token=srv.shm_token, secret=(os.environ.get(SECRET_ENV) or "").encode() or None,
+                               max_message_bytes=srv.max_message_bytes)
     server.start_side_sockets()
 
     def cleanup() -> None:

@@ -19,7 +19,7 @@ from dressage.proxy.engines.generation import GenerationPlan, GenerationResult
 from dressage.proxy.recording.turn_scope import turn_of
 
 if TYPE_CHECKING:
-    from dressage.proxy.config import ProxyServerConfig
+    from dressage.proxy.config import ProxyConfig
     from dressage.proxy.openai.chat.serving import ChatCall
     from dressage.proxy.openai.model_calls import ModelCalls
 
@@ -50,7 +50,7 @@ class ChatSampler:
     ``calls`` runs and records each sample; ``parser`` reads tool calls out of reply texts.
     """
 
-    def __init__(self, config: "ProxyServerConfig", calls: "ModelCalls", parser: ToolCallParser) -> None:
+    def __init__(self, config: "ProxyConfig", calls: "ModelCalls", parser: ToolCallParser) -> None:
         self.config, self.calls, self.parser = config, calls, parser
 
     def reply(self, call: "ChatCall", index: int, plan: GenerationPlan, result: GenerationResult,
@@ -118,7 +118,7 @@ class ChatSampler:
         completion = sum(st.response_len for st in steps)
         return {
             "id": call.completion_id, "object": "chat.completion", "created": call.created,
-            "model": self.config.served_model_name, "choices": choices,
+            "model": self.config.server.served_model_name, "choices": choices,
             "usage": {"prompt_tokens": steps[0].prompt_len, "completion_tokens": completion,
                       "total_tokens": steps[0].prompt_len + completion},
         }

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 
 from dressage.errors import DressageError
-from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.config import ProxyConfig
 from dressage.proxy.openai.chat.prompt import ChatPrompt, build_chat_prompt, effective_tools
 from dressage.proxy.openai.chat.params import ChatOptions, chat_messages, chat_options
 from dressage.proxy.openai.chat.samples import TOOL_RULE_ATTEMPTS, ChatSample, ChatSampler, seeded, visible
@@ -73,7 +73,7 @@ class ChatServing:
     replays a retried turn, ``book`` counts calls and drops a header session whose first call failed.
     """
 
-    def __init__(self, config: ProxyServerConfig, core: ProxyCore, tokenizer: Any, *, calls: ModelCalls,
+    def __init__(self, config: ProxyConfig, core: ProxyCore, tokenizer: Any, *, calls: ModelCalls,
                  sampler: ChatSampler, turns: TurnCache, limits: CallLimits, in_flight: InFlight,
                  book: SessionBook) -> None:
         self.config, self.core, self.tokenizer = config, core, tokenizer
@@ -193,7 +193,7 @@ class ChatServing:
             nonlocal committing
             committing = True
 
-        writer = ChunkWriter(call.completion_id, self.config.served_model_name, call.created)
+        writer = ChunkWriter(call.completion_id, self.config.server.served_model_name, call.created)
         if call.buffered:
             frames = self._buffered_frames(call, began)
         else:

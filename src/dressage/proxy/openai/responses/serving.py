@@ -15,7 +15,7 @@ from typing import Any, AsyncIterator
 from pydantic import ValidationError
 
 from dressage.errors import DressageError, UnsupportedParameterError
-from dressage.proxy.config import ProxyServerConfig
+from dressage.proxy.config import ProxyConfig
 from dressage.proxy.openai.chat.prompt import ToolCallParser
 from dressage.proxy.openai.chat.serving import ChatCall, ChatServing
 from dressage.proxy.openai.responses.protocol import (ResponseMemory, ResponsesRequest, chat_body, conversation,
@@ -44,7 +44,7 @@ class ResponsesServing:
     ``memory`` keeps the conversations of stored Responses; ``turns`` and ``book`` are the chat path's.
     """
 
-    def __init__(self, config: ProxyServerConfig, core: ProxyCore, *, chat: ChatServing, memory: ResponseMemory,
+    def __init__(self, config: ProxyConfig, core: ProxyCore, *, chat: ChatServing, memory: ResponseMemory,
                  parser: ToolCallParser, turns: TurnCache, book: SessionBook) -> None:
         self.config, self.core, self.chat = config, core, chat
         self.memory, self.parser, self.turns, self.book = memory, parser, turns, book
@@ -110,7 +110,7 @@ class ResponsesServing:
         def finish(completion: dict[str, Any], message_open: bool) -> dict[str, Any]:
             return self._responded(sid, req, completion, messages, n_instructions, keep_message=message_open)
 
-        model = self.config.served_model_name
+        model = self.config.server.served_model_name
         ev = ResponseEvents()
         skeleton = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model)
         try:  # reply_events counts the call in flight until its commit is done

@@ -1,0 +1,257 @@
+"""One config tree per command: dotted flags and today's flat flags build the same config, a YAML file
+configures a whole tree (flags override it), ``--help`` lists the sections, and a bad value names its
+dotted field."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import yaml
+
+from dressage.cli import build_parser, main
+from dressage.errors import ConfigError
+from dressage.flags import ConfigTree, config_to_dict
+
+
+@pytest.fixture(autouse=True)
+def _no_token_env(monkeypatch):
+    monkeypatch.delenv("DRESSAGE_PROXY_TOKEN", raising=False)
+    monkeypatch.delenv("DRESSAGE_ADMIN_TOKEN", raising=False)
+
+
+def _proxy(argv):
+    from dressage.cli.proxy import proxy_config
+
+    return proxy_config(build_parser().parse_args(["proxy", "serve", *argv]))
+
+
+def _run(argv):
+    from dressage.cli.run import run_config
+
+    return run_config(build_parser().parse_args(["run", *argv]))
+
+
+def _engine(argv):
+    from dressage.cli.engine import config_from_args
+
+    return config_from_args(build_parser().parse_args(["engine", "serve", *argv]))
+
+
+def _capacity(argv):
+    from dressage.cli.capacity import config_from_args
+
+    return config_from_args(build_parser().parse_args(["capacity", *argv]))
+
+
+def _trainer(argv):
+    from dressage.cli.trainer import trainer_config
+
+    return trainer_config(build_parser().parse_args(["trainer", *argv]))
+
+
+def _process(root):
+    def build(argv):
+        parser = argparse.ArgumentParser()
+        tree = ConfigTree(root)
+        tree.add_to(parser)
+        return tree.build(parser.parse_args(argv))
+    return build
+
+
+def _unit(argv):
+    from dressage.tq.storage.config import UnitProcessConfig
+
+    return _process(UnitProcessConfig)(["--unit-id", "u0", "--memory-budget", "1024", *argv])
+
+
+def _controller(argv):
+    from dressage.tq.directory.config import ControllerProcessConfig
+
+    return _process(ControllerProcessConfig)(["--units", "-", *argv])
+
+
+# command: (build, flat flags, the same by dotted names, the flags every config of the command needs)
+CASES = {
+    "proxy serve": (_proxy,
+                    ["--engine-url", "http://e:1", "--port", "9001", "--context-window", "4096", "--partial-rollout",
+                     "--journal-fsync", "never", "--enable-transfer-queue", "--transfer-queue-spec", "tq.json",
+                     "--model", "tiny-moe", "--request-timeout", "7", "--api-token", "agent-token"],
+                    ["--engines.engine_urls", "http://e:1", "--server.port", "9001", "--limits.context_length", "4096",
+                     "--sessions.partial_rollout", "true", "--journal.fsync", "never",
+                     "--data_plane.enable_transfer_queue", "true", "--transfer_queue.spec", "tq.json",
+                     "--data_plane.model", "tiny-moe", "--engines.request_timeout_s", "7",
+                     "--access.api_token", "agent-token"],
+                    ["--engine-url", "http://e:1"]),
+    "run": (_run,
+            ["--num-rollouts", "3", "--context-length", "8K", "--engine-url", "http://e:1", "--ray-address", "auto",
+             "--no-progress", "--json", "r.json", "--transfer-queue-config", "tq.yaml"],
+            ["--rollout.num_rollouts", "3", "--agents.context_length", "8K", "--inference.engine_url", "http://e:1",
+             "--cluster.ray_address", "auto", "--report.progress", "false", "--report.json", "r.json",
+             "--transfer_queue.config", "tq.yaml"],
+            []),
+    "engine serve": (_engine,
+                     ["--model", "tiny-moe", "--num-layers", "3", "--topk", "1", "--vocab-size", "600"],
+                     ["--model.preset", "tiny-moe", "--model.num_layers", "3", "--model.topk", "1",
+                      "--model.vocab_size", "600"],
+                     []),
+    "capacity": (_capacity,
+                 ["--model", "glm-5.2-744b-a40b", "--context-length", "64K", "--rollout-batch-size", "8",
+                  "--plot", "p.png", "--json"],
+                 ["--model.preset", "glm-5.2-744b-a40b", "--context-length", "64K", "--rollout-batch-size", "8",
+                  "--output.plot", "p.png", "--output.json", "true"],
+                 ["--model", "tiny-moe", "--context-length", "1K", "--rollout-batch-size", "1"]),
+    "trainer": (_trainer,
+                ["--proxy-url", "http://p:1", "--admin-token-file", "token.txt"],
+                ["--proxy.url", "http://p:1", "--proxy.admin_token_file", "token.txt"],
+                ["--proxy-url", "http://p:2"]),
+    "storage unit": (_unit,
+                     ["--host", "127.0.0.2", "--port", "7", "--no-shared-memory", "--max-message-bytes", "99"],
+                     ["--server.host", "127.0.0.2", "--server.port", "7", "--server.shared_memory", "false",
+                      "--server.max_message_bytes", "99"],
+                     []),
+    "controller": (_controller,
+                   ["--timeout-s", "2", "--heartbeat-s", "0.5", "--dead-after-s", "3"],
+                   ["--liveness.timeout_s", "2", "--liveness.heartbeat_s", "0.5", "--liveness.dead_after_s", "3"],
+                   []),
+}
+
+
+@pytest.mark.parametrize("command", sorted(CASES))
+def test_flat_alias_and_dotted_name_build_the_same_config(command):
+    build, flat, dotted, base = CASES[command]
+    from_flat, from_dotted, default = build(flat), build(dotted), build(base)
+    assert from_flat == from_dotted
+    assert from_flat != default  # the flags did set something
+
+
+def test_generated_flags_mean_what_they_say():
+    cfg = _proxy(CASES["proxy serve"][1])
+    assert (cfg.server.port, cfg.limits.context_length, cfg.sessions.partial_rollout) == (9001, 4096, True)
+    assert cfg.engines.urls == ("http://e:1",) and cfg.transfer_queue.spec == "tq.json"
+    assert _proxy(["--engine-url", "http://e:1"]).server.port == 8000  # the command's default, not the library's
+    run = _run(CASES["run"][1])
+    assert (run.rollout.num_rollouts, run.agents.context_length, run.cluster.ray) == (3, 8192, True)
+    engine = _engine(CASES["engine serve"][1])
+    assert (engine.model.name, engine.model.num_layers, engine.model.topk, engine.model.vocab_size) == \
+        ("tiny-moe", 3, 1, 600)
+    assert _engine(["--backend", "transformers"]).model.name == "tiny-qwen3-moe"
+    assert _unit(["--no-checksums"]).checksums is False and _unit([]).checksums is True
+
+
+def test_yaml_configures_proxy_serve_whole_and_round_trips(tmp_path):
+    cfg = _proxy(["--engine-url", "http://e:1", "--engine-url", "http://e:2", "--port", "9001",
+                  "--served-model-name", "policy", "--max-sessions", "9", "--session-timeout", "60",
+                  "--context-window", "4096", "--max-output-tokens", "512", "--journal", str(tmp_path / "j"),
+                  "--enable-transfer-queue", "--use-rollout-routing-replay", "--transfer-params", "routed_experts",
+                  "--routed-experts-dtype", "uint8", "--model", "glm-5.2-744b-a40b", "--tokenizer", "qwen3",
+                  "--num-layers", "78", "--health-check-failures", "2", "--admin-token", "admin-token"])
+    path = tmp_path / "proxy.yaml"
+    path.write_text(yaml.safe_dump(config_to_dict(cfg)))
+    assert _proxy(["--config", str(path)]) == cfg
+    # a flag given on the command line wins over the file
+    over = _proxy(["--config", str(path), "--port", "9002", "--limits.max_output_tokens", "64"])
+    assert (over.server.port, over.limits.max_output_tokens) == (9002, 64)
+    assert over.sessions == cfg.sessions and over.data_plane == cfg.data_plane
+
+
+def test_a_partial_yaml_keeps_every_other_default(tmp_path):
+    path = tmp_path / "proxy.yaml"
+    path.write_text("engines:\n  engine_urls: [http://e:1]\nsessions:\n  max_sessions: 3\n")
+    cfg = _proxy(["--config", str(path)])
+    assert cfg.sessions.max_sessions == 3 and cfg.engines.urls == ("http://e:1",)
+    assert cfg.server == _proxy(["--engine-url", "http://e:1"]).server
+
+
+def test_help_lists_the_sections():
+    sub = {name: p for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)
+           for name, p in a.choices.items()}
+    serve = next(p for a in sub["proxy"]._actions if isinstance(a, argparse._SubParsersAction)
+                 for name, p in a.choices.items() if name == "serve")
+    text = serve.format_help()
+    for section in ("server:", "access:", "engines:", "limits:", "sessions:", "journal:", "transfer_queue:",
+                    "data_plane:", "--config FILE"):
+        assert f"\n{section}" in text or section == "--config FILE" and section in text, section
+    assert "--server.port N, --port N" in text
+    run = sub["run"].format_help()
+    for section in ("rollout:", "agents:", "inference:", "cluster:", "data_plane:", "transfer_queue:", "report:"):
+        assert f"\n{section}" in run, section
+    assert "\nmodel:" in sub["capacity"].format_help() and "\nproxy:" in sub["trainer"].format_help()
+
+
+@pytest.mark.parametrize("argv, dotted", [
+    (["proxy", "serve", "--engine-url", "http://e:1", "--server.port", "70000"], "server.port"),
+    (["proxy", "serve", "--engine-url", "http://e:1", "--max-sessions", "0"], "sessions.max_sessions"),
+    (["proxy", "serve", "--engine-url", "ftp://e:1"], "engines.engine_urls[0]"),
+    (["run", "--max-turns", "0"], "agents.max_turns"),
+    (["run", "--dp-size", "0"], "rollout.dp_size"),
+    (["engine", "serve", "--model.topk", "0"], "model.topk"),
+    (["trainer", "--proxy-url", "localhost:1"], "proxy.url"),
+])
+def test_a_bad_value_names_its_dotted_field(capsys, argv, dotted):
+    assert main(argv) == 2
+    assert dotted in capsys.readouterr().err
+
+
+def test_a_yaml_key_the_tree_does_not_have_names_its_dotted_path(tmp_path, capsys):
+    path = tmp_path / "proxy.yaml"
+    path.write_text("engines:\n  engine_urls: [http://e:1]\nserver:\n  prot: 1\n")
+    assert main(["proxy", "serve", "--config", str(path)]) == 2
+    assert "server.prot: unknown setting" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="not a map of settings"):
+        path.write_text("- 1\n")
+        _proxy(["--config", str(path)])
+
+
+def test_required_settings_name_their_flag():
+    with pytest.raises(ConfigError, match=r"proxy\.url: required \(--proxy-url\)"):
+        _trainer([])
+    with pytest.raises(ConfigError, match=r"context_length: required \(--context-length\)"):
+        _capacity(["--model", "tiny-moe", "--rollout-batch-size", "1"])
+
+
+def test_the_shipped_proxy_example_configures_proxy_serve():
+    from pathlib import Path
+
+    from dressage.tq.config import TransferQueueConfig
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "proxy.yaml"
+    cfg = _proxy(["--config", str(example)])
+    assert cfg.server.port == 8000 and cfg.engines.urls == ("http://127.0.0.1:30000",)
+    assert cfg.data_plane.offloaded == ("logprobs", "routed_experts") and cfg.data_plane.routed_experts_dtype == "uint8"
+    assert cfg.transfer_queue.settings() == TransferQueueConfig(unit_memory_budget="4GiB")
+    assert _proxy(["--config", str(example), "--engine-url", "http://e:9"]).engines.urls == ("http://e:9",)
+
+
+@pytest.mark.parametrize("command", ["run", "engine serve", "trainer", "storage unit", "controller"])
+def test_yaml_round_trips_every_tree(tmp_path, command):
+    build, flat, _, _ = CASES[command]
+    cfg = build(flat)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config_to_dict(cfg)))
+    assert build(["--config", str(path)]) == cfg
+
+
+def test_every_section_is_slotted_and_kw_only_and_every_setting_has_a_docstring():
+    import dataclasses
+
+    from dressage.capacity.config import CapacityConfig
+    from dressage.cli.journal import JournalCheckConfig, JournalRepairConfig
+    from dressage.engine.config import EngineConfig
+    from dressage.flags import field_docs
+    from dressage.proxy.config import ProxyConfig
+    from dressage.harness.run.config import RunConfig
+    from dressage.tq.directory.config import ControllerProcessConfig
+    from dressage.tq.storage.config import UnitProcessConfig
+    from dressage.train.config import TrainerConfig
+
+    problems = []
+    for root in (ProxyConfig, RunConfig, EngineConfig, CapacityConfig, TrainerConfig, JournalCheckConfig,
+                 JournalRepairConfig, UnitProcessConfig, ControllerProcessConfig):
+        for path, cls in ConfigTree(root).sections:
+            docs = field_docs(cls)
+            problems += [f"{root.__name__}: {path or '<root>'}.{f.name}: no docstring"
+                         for f in dataclasses.fields(cls) if f.name not in docs]
+            if not hasattr(cls, "__slots__") or not all(f.kw_only for f in dataclasses.fields(cls)):
+                problems.append(f"{cls.__name__}: not slotted and kw-only")
+    assert not problems, problems
