@@ -303,6 +303,8 @@ def test_both_transports_time_out_alike(engine, mode):
     url, _ = engine
     got = {t: _outcome(url, t, _generate(mode), timeout=0.3) for t in TRANSPORTS}
     assert got["aiohttp"] == got["httpx"] and got["httpx"][1] is EngineTimeout, got
+    fed = {t: _outcome(url, t, _generate(mode, **R3), timeout=0.3) for t in TRANSPORTS}  # read as it arrives
+    assert fed["aiohttp"] == fed["httpx"] and fed["httpx"][1] is EngineTimeout, fed
     streamed = {t: _outcome(url, t, _stream("slow"), timeout=0.3) for t in TRANSPORTS}
     assert streamed["aiohttp"] == streamed["httpx"] and streamed["httpx"][1] is EngineTimeout, streamed
 

@@ -145,10 +145,11 @@ class SGLangClient:
                 if resp.status_code >= 400:
                     await resp.aread()
                 else:
-                    # A body sent as it is comes as it is (aiter_bytes adds a pass-through decoder and
-                    # chunker per piece); a compressed one is decompressed by httpx.
+                    # A body sent as it is is read from the transport's stream as it is (aiter_bytes
+                    # adds a pass-through decoder, a chunker and a counter per piece); a compressed one
+                    # is decompressed by httpx.
                     encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-                    pieces = resp.aiter_raw() if encoding in ("identity", "") else resp.aiter_bytes()
+                    pieces = resp.stream if encoding in ("identity", "") else resp.aiter_bytes()
                     async for chunk in pieces:
                         sink.feed(chunk)
             finally:
