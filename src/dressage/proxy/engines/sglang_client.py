@@ -106,8 +106,10 @@ class SGLangClient:
         if content is not None:
             fields["Content-Length"] = str(len(content))
         limit = self.timeout if timeout is None else timeout
-        return httpx.Request(method, url, headers=fields, stream=httpx.ByteStream(content or b""),
-                             extensions={"timeout": {"connect": limit, "read": limit, "write": limit, "pool": limit}})
+        request = httpx.Request(method, url, headers=fields, stream=httpx.ByteStream(content or b""),
+                                extensions={"timeout": {"connect": limit, "read": limit, "write": limit, "pool": limit}})
+        request.read()  # ``request.content`` readable, as for a request built from content (no copy)
+        return request
 
     async def _send(self, method: str, path: str, *, json_body: Any, timeout: float | None,
                     headers: Mapping[str, str] | None) -> httpx.Response:
