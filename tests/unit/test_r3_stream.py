@@ -1,13 +1,17 @@
-"""The streamed R3 decode (``RoutedExpertsStream`` + ``GenerateBodyReader``) against the plain path.
+"""The one R3 decoder (``RoutedExpertsStream``, fed as the body arrives by ``GenerateBodyReader``)
+against a reference: ``binascii``'s strict decoder over the whole string, whole rows, the range check.
 
 For every body, split into pieces anywhere (inside the key and the base64 string included), the
-answer read piece by piece and decoded by ``decode_generate_response`` gives the same arrays, bit
-for bit, or the same error (type and message) as parsing the whole body and decoding its string.
+answer read piece by piece (its routing handed up as an array) and decoded by
+``decode_generate_response`` gives the same arrays, bit for bit, or the same error (type and message)
+as parsing the whole body and decoding its string with the reference; so does the string decoded
+whole (the stream fed once).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 
 import numpy as np
@@ -16,8 +20,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dressage.errors import DressageError, WireFormatError
 from dressage.fields import r3_stream
-from dressage.fields.r3_stream import RoutedExpertsSpec, RoutedExpertsStream
-from dressage.fields.sglang import decode_generate_response, decode_routed_experts_b64
+from dressage.fields.r3 import check_row_bytes, encode_routed_experts
+from dressage.fields.r3_stream import WIRE_DTYPES, RoutedExpertsSpec, RoutedExpertsStream
+from dressage.fields.sglang import cut_keeps_nothing, decode_generate_response
 from dressage.proxy import fastjson
 from dressage.proxy.engines.r3_body import PLACEHOLDER, GenerateBodyReader
 
@@ -42,11 +47,33 @@ def _body(rows: int = 5, *, b64: str | None = None, out: int = 3, sep: str = ":"
     return f'{head}, "meta_info": {{{inner}}}}}'.encode()
 
 
+def _reference_routing(text: str, spec: RoutedExpertsSpec, wire: str = "int32") -> np.ndarray:
+    """What the whole string decodes to, by binascii's strict decoder; the decoder's errors, worded."""
+    if wire not in WIRE_DTYPES:
+        raise WireFormatError(f"routed_experts_dtype {wire!r} is not a known integer dtype")
+    try:
+        raw = binascii.a2b_base64(text, strict_mode=True)
+    except (binascii.Error, ValueError) as exc:
+        raise WireFormatError(f"routed_experts is not valid base64: {exc}") from exc
+    itemsize = np.dtype(WIRE_DTYPES[wire]).itemsize
+    check_row_bytes(len(raw), spec.num_layers, spec.topk, itemsize)
+    ids = np.frombuffer(raw, dtype=WIRE_DTYPES[wire]).reshape(-1, spec.num_layers, spec.topk)
+    return encode_routed_experts(ids, spec.storage_dtype, num_experts=spec.num_experts)
+
+
 def _plain(body: bytes, spec: RoutedExpertsSpec, prompt_len: int):
     try:
         parsed = fastjson.loads(body)
     except ValueError:
         return ("error", WireFormatError, "not JSON")
+    try:
+        meta = parsed.get("meta_info") if isinstance(parsed, dict) else None
+        if isinstance(meta, dict) and isinstance(meta.get("routed_experts"), str) \
+                and not cut_keeps_nothing(meta, want_logprobs=True, want_routed_experts=True):
+            meta["routed_experts"] = _reference_routing(meta["routed_experts"], spec,
+                                                        str(meta.get("routed_experts_dtype", "int32")))
+    except DressageError as exc:
+        return ("error", type(exc), str(exc))
     return _decode(parsed, spec, prompt_len)
 
 
@@ -60,6 +87,15 @@ def _decode(parsed, spec: RoutedExpertsSpec, prompt_len: int):
     return ("ok", out.routed_experts, out.output_ids, out.logprobs)
 
 
+def _whole(body: bytes, spec: RoutedExpertsSpec, prompt_len: int):
+    """The body parsed whole, its string decoded by ``decode_generate_response`` (the stream fed once)."""
+    try:
+        parsed = fastjson.loads(body)
+    except ValueError:
+        return ("error", WireFormatError, "not JSON")
+    return _decode(parsed, spec, prompt_len)
+
+
 def _streamed(body: bytes, spec: RoutedExpertsSpec, prompt_len: int, cuts: list[int]):
     reader = GenerateBodyReader(spec)
     at = 0
@@ -69,8 +105,13 @@ def _streamed(body: bytes, spec: RoutedExpertsSpec, prompt_len: int, cuts: list[
     try:
         parsed = reader.result("POST /generate")
     except WireFormatError as exc:
-        assert "not JSON" in str(exc)
-        return ("error", WireFormatError, "not JSON"), reader
+        if "not JSON" in str(exc):
+            return ("error", WireFormatError, "not JSON"), reader
+        return ("error", WireFormatError, str(exc)), reader
+    except DressageError as exc:
+        return ("error", type(exc), str(exc)), reader
+    routed = parsed.get("meta_info", {}).get("routed_experts") if isinstance(parsed, dict) else None
+    assert not isinstance(routed, RoutedExpertsStream) and not (isinstance(routed, str) and routed == PLACEHOLDER)
     return _decode(parsed, spec, prompt_len), reader
 
 
@@ -94,6 +135,7 @@ SPECS = [RoutedExpertsSpec(L, K, "uint8", E), RoutedExpertsSpec(L, K, "uint16", 
 
 def _check_every_cut(body: bytes, spec: RoutedExpertsSpec, prompt_len: int, *, streamed: bool | None = None):
     want = _plain(body, spec, prompt_len)
+    _same(_whole(body, spec, prompt_len), want)
     for cut in range(len(body) + 1):
         got, reader = _streamed(body, spec, prompt_len, [cut])
         _same(got, want)
@@ -118,7 +160,9 @@ def test_valid_bodies_are_identical_at_every_cut(spec, rows):
     reader = GenerateBodyReader(spec)
     reader.feed(_body(rows))
     body = reader.result("x")
-    assert isinstance(body["meta_info"]["routed_experts"], RoutedExpertsStream)
+    routed = body["meta_info"]["routed_experts"]  # handed up decoded, in the storage dtype
+    assert isinstance(routed, np.ndarray) and routed.dtype == spec.storage_dtype
+    assert routed.tobytes() == _ids(rows).astype(spec.storage_dtype).tobytes()
 
 
 @pytest.mark.parametrize("sep", [" : ", "\n:\t", ":  ", " :"])
@@ -211,7 +255,7 @@ def test_the_key_elsewhere_first_then_in_meta():
     reader.feed(body)
     parsed = reader.result("x")
     assert parsed["meta_info"]["debug"]["routed_experts"] == decoy
-    assert parsed["meta_info"]["routed_experts"] == real
+    assert parsed["meta_info"]["routed_experts"].tobytes() == _ids(5, seed=1).astype(np.uint8).tobytes()
 
 
 def test_duplicate_keys_the_last_wins():
@@ -247,30 +291,73 @@ def test_the_placeholder_is_never_left_in_an_answer():
     body = _body(5, extra={"debug": {"routed_experts": "QUJD"}})
     reader = GenerateBodyReader(SPECS[0])
     reader.feed(body)
-    assert PLACEHOLDER.encode() not in json.dumps(reader.result("x"), default=lambda o: "stream").encode()
+    assert PLACEHOLDER.encode() not in json.dumps(reader.result("x"), default=lambda o: "array").encode()
 
 
-def test_stream_finish_matches_plain_decode_for_other_arguments():
-    b64 = base64.b64encode(_ids(6).tobytes())
-    stream = RoutedExpertsStream(SPECS[0])
-    stream.feed(b64)
-    stream.end()
-    for args in [("int32", None, None), ("int32", "int32", 5), ("int32", "uint16", None), ("int16", "uint8", E)]:
-        want = _plain_b64(b64, args)
+@pytest.mark.parametrize("spec", SPECS + [RoutedExpertsSpec(L, K, "int32", None)],
+                         ids=lambda s: f"{s.storage_dtype}-{s.num_experts}")
+@pytest.mark.parametrize("wire", ["int32", "int16", "uint8"])
+def test_stream_finish_matches_the_reference_for_every_wire_dtype(spec, wire):
+    ids = _ids(6).astype(wire)
+    b64 = base64.b64encode(ids.tobytes())
+    for pieces in ([b64], [b64[:5], b64[5:]], [bytes([c]) for c in b64]):
+        stream = RoutedExpertsStream(spec)
+        for piece in pieces[:-1]:
+            stream.feed(piece)
+        stream.end(pieces[-1])
         try:
-            got = ("ok", decode_routed_experts_b64(stream, L, K, args[0], storage_dtype=args[1], num_experts=args[2]))
+            got = ("ok", stream.finish(wire))
         except DressageError as exc:
             got = ("error", type(exc), str(exc))
-        assert got[0] == want[0] and (got[1].tobytes() == want[1].tobytes() and got[1].dtype == want[1].dtype
-                                      if got[0] == "ok" else got[1:] == want[1:])
+        try:
+            want = ("ok", _reference_routing(b64.decode(), spec, wire))
+        except DressageError as exc:
+            want = ("error", type(exc), str(exc))
+        assert got[0] == want[0], (got, want)
+        if got[0] == "ok":
+            assert got[1].dtype == want[1].dtype and got[1].tobytes() == want[1].tobytes()
+            assert got[1].flags.writeable == want[1].flags.writeable
+        else:
+            assert got[1:] == want[1:]
+        unchecked = RoutedExpertsStream(spec)
+        unchecked.end(b64)
+        out = unchecked.finish(wire, checked=False)
+        assert out.dtype == np.int32 and out.flags.writeable and np.array_equal(out, ids.astype(np.int32))
 
 
-def _plain_b64(b64, args):
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.storage_dtype}-{s.num_experts}")
+@pytest.mark.parametrize("value", [E, -1, 70000])
+def test_large_strings_with_an_id_out_of_range_give_the_reference_error(spec, value):
+    """Strings past the vectorized decoders' threshold (decoded into arrays, not bytes), whole or in pieces."""
+    ids = _ids(3000)
+    ids[2999, 2, 1] = value
+    b64 = base64.b64encode(ids.tobytes())
     try:
-        return ("ok", decode_routed_experts_b64(b64.decode(), L, K, args[0], storage_dtype=args[1],
-                                                num_experts=args[2]))
+        want = ("ok", _reference_routing(b64.decode(), spec).tobytes())
     except DressageError as exc:
-        return ("error", type(exc), str(exc))
+        want = ("error", type(exc), str(exc))
+    for window in (4096, 128 * 1024):
+        r3_stream.STREAM_WINDOW = window
+        for pieces in ([b64], [b64[:30001], b64[30001:]]):
+            stream = RoutedExpertsStream(spec)
+            for piece in pieces[:-1]:
+                stream.feed(piece)
+            stream.end(pieces[-1])
+            try:
+                got = ("ok", stream.finish().tobytes())
+            except DressageError as exc:
+                got = ("error", type(exc), str(exc))
+            assert got == want
+
+
+def test_a_string_decoded_in_one_step_is_not_copied():
+    """The stream fed the whole string keeps the decoder's array: int32 ids are a view of its bytes."""
+    b64 = base64.b64encode(_ids(6).tobytes())
+    stream = RoutedExpertsStream(RoutedExpertsSpec(L, K, "int32", E))
+    stream.end(b64)
+    out = stream.finish()
+    assert out.base is not None and not out.flags.owndata and not out.flags.writeable
+    assert out.tobytes() == _ids(6).tobytes()
 
 
 _B64_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/= \\\"é\n"
@@ -291,6 +378,7 @@ def test_property_streamed_equals_plain(rows, high, noise, cuts, spec, window):
     want = _plain(body, spec, rows + 1 - 3)
     got, _ = _streamed(body, spec, rows + 1 - 3, [c % (len(body) + 1) for c in cuts])
     _same(got, want)
+    _same(_whole(body, spec, rows + 1 - 3), want)
 
 
 # -- through the client: the body fed as it arrives, or read whole ---------------------------------
@@ -323,8 +411,14 @@ def _client_answer(handler, spec=SPECS[0]):
 def test_client_decodes_the_body_as_it_arrives():
     body = _body(6)
     answer = _client_answer(lambda request: httpx.Response(200, stream=_Pieces(body, 5)))
-    assert isinstance(answer["meta_info"]["routed_experts"], RoutedExpertsStream)
+    assert isinstance(answer["meta_info"]["routed_experts"], np.ndarray)
+    assert answer["meta_info"]["routed_experts"].dtype == np.uint8
     _same(_decode(answer, SPECS[0], 4), _plain(body, SPECS[0], 4))
+    bad = _body(b64=base64.b64encode(_ids(6, high=300).tobytes()).decode())  # ids beyond 8 experts
+    with pytest.raises(DressageError) as info:
+        _client_answer(lambda request: httpx.Response(200, stream=_Pieces(bad, 5)))
+    want = _plain(bad, SPECS[0], 4)
+    assert want[0] == "error" and (type(info.value), str(info.value)) == want[1:]
 
 
 def test_client_compressed_body_and_error_status():
@@ -352,7 +446,7 @@ def test_text_gives_back_the_characters_exactly():
     body = _body(b64="AAAAQR==")[:-2] + b', "routed_experts": "AAAA"}, "x": 1}'
     reader = GenerateBodyReader(SPECS[0])
     reader.feed(body)
-    reader.result("x")
+    assert bytes(reader._original()) == body
     reader = GenerateBodyReader(SPECS[0])
     reader.feed(body + b"]")  # not JSON: the error quotes the body as it came
     with pytest.raises(WireFormatError):

@@ -55,14 +55,14 @@ def _pair_table() -> np.ndarray:
 _PAIRS = _pair_table()
 
 
-def b64decode_strict(data: str | bytes) -> bytes | np.ndarray:
+def b64decode_strict(data: str | bytes | bytearray) -> bytes | np.ndarray:
     """``binascii.a2b_base64(data, strict_mode=True)``: the same bytes (as a read-only uint8 array
     for large input) or the same exception."""
     if isinstance(data, str):
         if len(data) < FAST_MIN_CHARS or not data.isascii():
             return binascii.a2b_base64(data, strict_mode=True)
         raw = data.encode("ascii")
-    elif isinstance(data, bytes) and len(data) >= FAST_MIN_CHARS:
+    elif isinstance(data, (bytes, bytearray)) and len(data) >= FAST_MIN_CHARS:
         raw = data
     else:
         return binascii.a2b_base64(data, strict_mode=True)
@@ -91,7 +91,7 @@ def b64decode_strict(data: str | bytes) -> bytes | np.ndarray:
     return out
 
 
-def _simd_decode(data: str | bytes, raw: bytes, body: int) -> bytes | np.ndarray:
+def _simd_decode(data: str | bytes | bytearray, raw: bytes | bytearray, body: int) -> bytes | np.ndarray:
     """``pybase64`` over the whole input, accepted only where ``binascii`` would decode it alike:
     no padding before the last four characters (so everything before them is alphabet characters,
     which pybase64 checks), and the last four decoding by ``binascii`` to the same bytes."""

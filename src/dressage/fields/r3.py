@@ -99,7 +99,8 @@ def encode_routed_experts(ids: np.ndarray, dtype: str = DEFAULT_R3_DTYPE,
         high = min(high, int(num_experts) - 1)
     if ids.size:
         # Cheap bounds test first; locate the culprit only when something is out of range.
-        lo, hi = int(ids.min()), int(ids.max())
+        lo = 0 if ids.dtype.kind == "u" else int(ids.min())  # an unsigned array needs one pass
+        hi = int(ids.max())
         if lo < 0 or hi > high:
             row, layer, slot = _first_bad(ids, 0, high)
             raise ExpertIdRangeError(ids[row, layer, slot], row, layer, slot, str(target), high)

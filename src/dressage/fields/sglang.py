@@ -14,7 +14,6 @@ Facts of the format:
 from __future__ import annotations
 
 import base64
-import binascii
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -22,14 +21,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from dressage.errors import FieldShapeError, WireFormatError
-from dressage.fields.b64 import b64decode_strict
-from dressage.fields.r3 import check_row_bytes, encode_routed_experts
-from dressage.fields.r3_stream import RoutedExpertsSpec, RoutedExpertsStream
+from dressage.fields.r3 import encode_routed_experts
+from dressage.fields.r3_stream import RoutedExpertsSpec, decode_routed_experts_string
 
 __all__ = [
     "GenerateOutput",
     "RoutedExpertsSpec",
-    "RoutedExpertsStream",
+    "cut_keeps_nothing",
     "decode_output_token_logprobs",
     "decode_routed_experts_b64",
     "encode_routed_experts_b64",
@@ -38,9 +36,6 @@ __all__ = [
     "is_queued_abort",
     "weight_version_of",
 ]
-
-_WIRE_DTYPES = {"int32": np.int32, "uint8": np.uint8, "uint16": np.uint16, "int16": np.int16, "int64": np.int64}
-
 
 @dataclass(frozen=True, slots=True)
 class GenerateOutput:
@@ -72,6 +67,14 @@ def finish_type(meta: Mapping[str, Any]) -> str | None:
 def is_queued_abort(meta: Mapping[str, Any]) -> bool:
     """An abort answered for a request still in the engine's queue (no ``prompt_tokens``)."""
     return finish_type(meta) == "abort" and "prompt_tokens" not in meta
+
+
+def cut_keeps_nothing(meta: Mapping[str, Any], *, want_logprobs: bool, want_routed_experts: bool) -> bool:
+    """An abort cut before the engine captured the routing or the scores this call asked for (still
+    queued, or a re-queued retraction): none of its tokens can be trained on, so nothing of it is
+    decoded or kept and the call resumes from where it stood."""
+    return finish_type(meta) == "abort" and ((want_routed_experts and meta.get("routed_experts") is None)
+                                             or (want_logprobs and "output_token_logprobs" not in meta))
 
 
 def weight_version_of(meta: Mapping[str, Any]) -> str | None:
@@ -127,42 +130,18 @@ def _plain_logprobs(entries: list) -> tuple[np.ndarray, np.ndarray] | None:
     return ids.astype(np.int32), lps.astype(np.float32)
 
 
-def decode_routed_experts_b64(data: str | bytes | RoutedExpertsStream, num_layers: int, topk: int,
-                              dtype: str = "int32", *, storage_dtype: str | None = None,
-                              num_experts: int | None = None) -> np.ndarray:
+def decode_routed_experts_b64(data: str | bytes, num_layers: int, topk: int, dtype: str = "int32", *,
+                              storage_dtype: str | None = None, num_experts: int | None = None) -> np.ndarray:
     """Decode base64 routed experts into a ``[rows, num_layers, topk]`` array.
 
     Without ``storage_dtype`` the result is an int32 copy. With it (``uint8`` / ``uint16`` / ``int32``)
     the ids are range-checked on the decoded wire bytes (``ExpertIdRangeError``, also for ids
     ``>= num_experts`` when given) and converted once, straight into the storage dtype; when the wire
     dtype already is the storage dtype the result is a read-only view of the decoded bytes.
-
-    ``data`` may also be a :class:`RoutedExpertsStream` that decoded the string as it arrived (one
-    that ended without giving up): the result, and any error, are the same as for its string.
+    The decoder is :class:`~dressage.fields.r3_stream.RoutedExpertsStream`, fed the string at once.
     """
-    if dtype not in _WIRE_DTYPES:
-        raise WireFormatError(f"routed_experts_dtype {dtype!r} is not a known integer dtype")
-    if isinstance(data, RoutedExpertsStream):
-        return data.finish(num_layers, topk, dtype, storage_dtype, num_experts, _routed_from_raw)
-    if not isinstance(data, (str, bytes)):
-        raise WireFormatError(f"routed_experts must be a base64 string, got {type(data).__name__}")
-    try:
-        # binascii's strict_mode (the same validation as b64decode(validate=True), without its
-        # regex pass), vectorized for large strings.
-        raw = b64decode_strict(data)
-    except (binascii.Error, ValueError) as exc:
-        raise WireFormatError(f"routed_experts is not valid base64: {exc}") from exc
-    return _routed_from_raw(raw, num_layers, topk, dtype, storage_dtype, num_experts)
-
-
-def _routed_from_raw(raw: Any, num_layers: int, topk: int, dtype: str, storage_dtype: str | None,
-                     num_experts: int | None) -> np.ndarray:
-    """The decoded wire bytes as ``[rows, num_layers, topk]`` (shape-checked, range-checked)."""
-    check_row_bytes(len(raw), num_layers, topk, np.dtype(_WIRE_DTYPES[dtype]).itemsize)
-    arr = np.frombuffer(raw, dtype=_WIRE_DTYPES[dtype]).reshape(-1, num_layers, topk)
-    if storage_dtype is not None:
-        return encode_routed_experts(arr, storage_dtype, num_experts=num_experts)
-    return arr.astype(np.int32)
+    spec = RoutedExpertsSpec(num_layers, topk, storage_dtype or "int32", num_experts if storage_dtype else None)
+    return decode_routed_experts_string(data, spec, dtype, checked=storage_dtype is not None)
 
 
 def encode_routed_experts_b64(ids: np.ndarray) -> str:
@@ -198,11 +177,7 @@ def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start
         raise WireFormatError("/generate response has no meta_info object")
     finish = finish_type(meta)
     version = weight_version_of(meta)
-    if finish == "abort" and ((want_routed_experts and meta.get("routed_experts") is None)
-                              or (want_logprobs and "output_token_logprobs" not in meta)):
-        # Cut before the engine captured routing or scores (still queued, or a re-queued
-        # retraction): those tokens cannot be trained on, so the cut keeps none of them and the
-        # call resumes from where it stood.
+    if cut_keeps_nothing(meta, want_logprobs=want_logprobs, want_routed_experts=want_routed_experts):
         ids = body.get("output_ids")
         return GenerateOutput(np.empty(0, dtype=np.int32), np.empty(0, dtype=np.float32) if want_logprobs else None,
                               None, finish, meta, version,
@@ -234,9 +209,12 @@ def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start
                 "meta_info.routed_experts missing (start the engine with --enable-return-routed-experts "
                 "and send return_routed_experts)"
             )
-        routed = decode_routed_experts_b64(meta["routed_experts"], num_layers, topk,
-                                           str(meta.get("routed_experts_dtype", "int32")),
-                                           storage_dtype=routed_experts_dtype, num_experts=num_experts)
+        routed = meta["routed_experts"]
+        if isinstance(routed, np.ndarray):
+            routed = _decoded_routing(routed, num_layers, topk, routed_experts_dtype, num_experts)
+        else:
+            routed = decode_routed_experts_b64(routed, num_layers, topk, str(meta.get("routed_experts_dtype", "int32")),
+                                               storage_dtype=routed_experts_dtype, num_experts=num_experts)
         expected = prompt_len + len(out) - 1 - routed_experts_start_len
         if routed.shape[0] != expected:
             raise FieldShapeError(
@@ -244,3 +222,14 @@ def decode_generate_response(body: Any, *, prompt_len: int, routed_experts_start
                 f"output {len(out)} - 1 - routed_experts_start_len {routed_experts_start_len}"
             )
     return GenerateOutput(out, logprobs, routed, finish, meta, version)
+
+
+def _decoded_routing(ids: np.ndarray, num_layers: int, topk: int, storage_dtype: str | None,
+                     num_experts: int | None) -> np.ndarray:
+    """Routing the engine client already decoded (:mod:`dressage.proxy.engines.r3_body`): checked
+    for shape and range like decoded text, without a copy when it already is in the storage dtype."""
+    if ids.ndim != 3 or ids.shape[1:] != (num_layers, topk):
+        raise FieldShapeError(f"routed_experts has shape {ids.shape}, not [rows, {num_layers}, {topk}]")
+    if storage_dtype is None:
+        return ids.astype(np.int32)
+    return encode_routed_experts(ids, storage_dtype, num_experts=num_experts)

@@ -59,8 +59,8 @@ def _engine_wait_s(server_timing: str) -> float:
 
 
 async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: int, own: list[float],
-                              pool: AiohttpTransport) -> tuple[list[float], list, int]:
-    """The agents' calls as plain JSON posts on ``pool`` (the kind of pool the direct run's engine client
+                              pool: httpx.AsyncClient) -> tuple[list[float], list, int]:
+    """The agents' calls as plain JSON posts on ``pool`` (over the transport the direct run's engine client
     uses, kept open by the caller across rounds); ``own`` gets each
     call's latency less the engine wait the Proxy reports for it. The prompts come back per session,
     in turn order, for the direct run to replay the same way."""
@@ -71,7 +71,7 @@ async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: 
     headers = {"content-type": "application/json"}
 
     async def post(path: str, body: dict) -> Any:
-        resp = await pool.send("POST", url + path, content=fastjson.dumps(body), headers=headers, timeout_s=120)
+        resp = await pool.post(url + path, content=fastjson.dumps(body), headers=headers)
         return resp, fastjson.loads(resp.content)
 
     async def one(i: int) -> None:
@@ -196,7 +196,7 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
             """Warm-up and timed rounds on one event loop, so the driver's pool to the Proxy and the
             direct run's engine client keep their connections from round to round (warm on both sides)."""
             nonlocal tok_cpu
-            pool = AiohttpTransport(conc)
+            pool = httpx.AsyncClient(timeout=120, transport=AiohttpTransport(conc))
             try:
                 async with SGLangClient(engine.url, timeout=120) as client:
                     cold, warm_messages, errs = await _through_proxy_lean(proxy.url, sessions, turns, conc, [], pool)

@@ -3,7 +3,9 @@
 httpx's own pool (httpcore) scans every pooled connection, with a readability poll each, whenever
 a request starts or ends: with many calls in flight to one engine that is most of the Proxy's CPU
 per call. aiohttp's pool hands out a free connection in constant time and parses responses in C.
-The client above keeps httpx's interface and errors: aiohttp's failures come back as the httpx
+It is one implementation of httpx's transport interface, the engine client's one seam: buffered
+and streamed answers alike go through :meth:`AiohttpTransport.handle_async_request`, and the
+client above keeps httpx's interface and errors: aiohttp's failures come back as the httpx
 exceptions they correspond to (a connect failure as ``ConnectError``, a deadline as
 ``ReadTimeout`` / ``ConnectTimeout``, a broken answer as ``RemoteProtocolError``), and a response
 body is decoded by httpx as before (aiohttp does not decompress).
@@ -105,40 +107,6 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             raise self._failed(exc, request) from exc
         return httpx.Response(resp.status, headers=resp.raw_headers, stream=_Body(resp, request),
                               extensions={"http_version": b"HTTP/1.1"})
-
-    async def send(self, method: str, url: str, *, content: bytes | None, headers: Mapping[str, str],
-                   timeout_s: float) -> httpx.Response:
-        """One request with its whole answer read: the buffered calls' path, without httpx's client
-        machinery (URL merging, auth and redirect flow) on top. Raises the same httpx exceptions."""
-        session = self._session()
-        try:
-            async with session.request(method, url, data=content, headers=headers, allow_redirects=False,
-                                       timeout=aiohttp.ClientTimeout(total=None, connect=timeout_s,
-                                                                     sock_read=timeout_s)) as resp:
-                data = await resp.read()
-                return httpx.Response(resp.status, headers=resp.raw_headers, content=data)
-        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-            raise self._failed(exc, httpx.Request(method, url)) from exc
-
-    async def send_into(self, method: str, url: str, *, content: bytes | None, headers: Mapping[str, str],
-                        timeout_s: float, sink: Any) -> tuple[httpx.Response, bool]:
-        """:meth:`send`, the answer's body handed to ``sink.feed`` piece by piece as it arrives instead
-        of read whole: the response (without content) and ``True``. An error status or a compressed
-        body is read whole as by :meth:`send` (``False``: nothing was fed)."""
-        session = self._session()
-        try:
-            async with session.request(method, url, data=content, headers=headers, allow_redirects=False,
-                                       timeout=aiohttp.ClientTimeout(total=None, connect=timeout_s,
-                                                                     sock_read=timeout_s)) as resp:
-                encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
-                if resp.status >= 400 or encoding not in ("", "identity"):
-                    data = await resp.read()
-                    return httpx.Response(resp.status, headers=resp.raw_headers, content=data), False
-                async for chunk in resp.content.iter_any():
-                    sink.feed(chunk)
-                return httpx.Response(resp.status, headers=resp.raw_headers), True
-        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-            raise self._failed(exc, httpx.Request(method, url)) from exc
 
     async def aclose(self) -> None:
         try:

@@ -50,8 +50,9 @@ class GenerationPlan:
     instance_id: str | None = None
     """The call's session and prompt instance: a pause scoped to either cuts and holds this call."""
     routed_experts_spec: Any = None
-    """:meth:`ProxyCore.routed_experts_spec` with R3 on: a buffered answer's routing is decoded as it
-    arrives (:meth:`SGLangClient.generate`), straight into the storage dtype."""
+    """:meth:`ProxyCore.routed_experts_spec` with R3 on: the engine client decodes each answer's routing
+    straight into the storage dtype (as a buffered body arrives, :meth:`SGLangClient.generate`) and
+    hands it up as an array."""
 
 
 @dataclass(slots=True)
@@ -157,9 +158,9 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
     want_top = bool(plan.params.get("top_logprobs_num"))
     top: list[Any] = []
     text = _IncrementalText(decode)
-    headers = {} if plan.routing_key is None else {"routing_key": plan.routing_key}
-    buffered = headers if plan.routed_experts_spec is None else {**headers,
-                                                                  "routed_experts_spec": plan.routed_experts_spec}
+    call_kw: dict[str, Any] = {} if plan.routing_key is None else {"routing_key": plan.routing_key}
+    if plan.routed_experts_spec is not None:
+        call_kw["routed_experts_spec"] = plan.routed_experts_spec
     while True:
         # A streamed call waiting out a weight update sends keep-alives (None) so that neither the
         # agent nor a proxy in between times the quiet connection out.
@@ -179,18 +180,18 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
             try:
                 if plan.stream:
                     answer = _StreamedAnswer()
-                    async for chunk in plan.client.generate_stream(input_ids, sampling, rid=rid, **headers,
+                    async for chunk in plan.client.generate_stream(input_ids, sampling, rid=rid, **call_kw,
                                                                      **params):
                         answer.add(chunk)
                         yield text.extend_to(so_far + answer.ids)
                     body = answer.body()
-                    answer = chunk = None  # the last chunk's meta holds the routing string too
+                    answer = chunk = None  # the last chunk's meta holds the routing too
                 else:
                     # In this task (no wrapper task per call, which would hold the engine's body
                     # as its result until collected).
                     with server_timing.engine_wait():
                         body = await _within(timeout_s, plan.client.generate(input_ids, sampling, rid=rid,
-                                                                             **buffered, **params))
+                                                                             **call_kw, **params))
             except asyncio.TimeoutError:
                 raise EngineTimeout(f"the engine did not answer within {timeout_s} s") from None
             except (asyncio.CancelledError, GeneratorExit):
@@ -199,7 +200,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
                 raise
         decision = dataclasses.replace(plan.decision, routed_experts_start=start)
         out = normalize(body, prompt_len=len(input_ids), decision=decision)
-        body = None  # the engine's JSON (R3 as base64) is decoded: hold only the arrays from here on
+        body = None  # the engine's answer is normalised: hold only the arrays from here on
         aborted = out.finish_reason == "abort"
         if aborted and not run.aborted:
             raise EngineUnavailable(f"the engine aborted request {rid} (not a pause of this Proxy)")
@@ -221,7 +222,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
         if len(so_far) >= budget:
             finish = "length"
             break
-    out = None  # its meta still references the engine's base64 routing string
+    out = None  # its meta still references the engine's answer (and its routing)
     ids, lps, routed, versions = partial.merge()
     yield GenerationResult(ids, lps, routed, versions, finish, chunk_no, dropped, top if want_top else None)
 

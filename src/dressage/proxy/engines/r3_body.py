@@ -1,4 +1,4 @@
-"""A ``/generate`` answer read piece by piece, its R3 routing string decoded as it arrives.
+"""A ``/generate`` answer read piece by piece, its R3 routing decoded as it arrives, handed up as an array.
 
 An SGLang answer with routing is mostly one JSON string, ``meta_info.routed_experts`` (base64 of
 int32 ids: about 13 MiB for 8K tokens of a 40-layer, top-8 model). Read whole, the body, its parsed
@@ -6,17 +6,18 @@ string and the decoded rows are alive together, for every answer in flight. :cla
 keeps the rest of the body and hands the string's characters to a
 :class:`~dressage.fields.r3_stream.RoutedExpertsStream` as they come, which holds only the ids in the
 storage dtype; in the kept text the string's place holds a placeholder, and the rest is parsed as
-before (:mod:`dressage.proxy.fastjson`).
+before (:mod:`dressage.proxy.fastjson`). The parsed answer comes out with ``meta_info.routed_experts``
+an array in the storage dtype (:func:`decode_answer_routing`), which
+:func:`~dressage.fields.sglang.decode_generate_response` checks and takes as it is.
 
 The string is the first ``"routed_experts"`` key, its opening quote not escaped, followed by optional
 whitespace, a colon, optional whitespace and a string. Its place is checked after the parse: the
-placeholder must be exactly ``meta_info.routed_experts`` of the parsed answer; it is then replaced by
-the stream. Anything else is read the usual way, from the original body rebuilt exactly (the stream
-gives back the characters it took): a placeholder anywhere else (the key found elsewhere first, or a
-duplicate key that wins), a backslash in the string (a JSON escape: base64 has none), text the stream
-gives up on (not plain base64), a body that ends inside the string or that is not JSON. So every
-answer parses to what it parsed to before, with the same errors, and only the valid, plain one is
-decoded on the fly.
+placeholder must be exactly ``meta_info.routed_experts`` of the parsed answer. Anything else is parsed
+from the original body rebuilt exactly (the stream gives back the characters it took), and its string,
+if any, is then decoded whole by the same decoder: a placeholder anywhere else (the key found elsewhere
+first, or a duplicate key that wins), a backslash in the string (a JSON escape: base64 has none), text
+the stream gives up on (not plain base64), a body that ends inside the string or that is not JSON. So
+every answer parses to what it parsed to before, with the same errors.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ import secrets
 from typing import Any
 
 from dressage.errors import WireFormatError
-from dressage.fields.r3_stream import RoutedExpertsSpec, RoutedExpertsStream
+from dressage.fields.r3_stream import RoutedExpertsSpec, RoutedExpertsStream, decode_routed_experts_string
+from dressage.fields.sglang import cut_keeps_nothing
 from dressage.proxy import fastjson
 
-__all__ = ["GenerateBodyReader", "PLACEHOLDER"]
+__all__ = ["GenerateBodyReader", "PLACEHOLDER", "decode_answer_routing"]
 
 _KEY = b'"routed_experts"'
 _WS = b" \t\n\r"
@@ -130,9 +132,9 @@ class GenerateBodyReader:
         return (self._buf[:self._span_at] + self._stream.text()
                 + self._buf[self._span_at + len(_PLACEHOLDER):])
 
-    def result(self, what: str) -> Any:
-        """The parsed answer, ``meta_info.routed_experts`` the ended stream where it was decoded on the
-        fly; :class:`WireFormatError` when the body is not JSON."""
+    def result(self, what: str, *, want_logprobs: bool = True) -> Any:
+        """The parsed answer, its routing decoded (:func:`decode_answer_routing`; ``want_logprobs``:
+        whether the call asked for logprobs); :class:`WireFormatError` when the body is not JSON."""
         if self._state == _SPAN:  # the body ended inside the string
             self._stream.end()
             self._give_up(b"")
@@ -143,19 +145,48 @@ class GenerateBodyReader:
                 body = None
             meta = body.get("meta_info") if isinstance(body, dict) else None
             if isinstance(meta, dict) and meta.get("routed_experts") == PLACEHOLDER:
-                meta["routed_experts"] = self._stream
-                self._buf = bytearray()
-                return body
+                stream, self._stream, self._buf = self._stream, None, bytearray()
+                return decode_answer_routing(body, self.spec, want_logprobs=want_logprobs, stream=stream)
             body = meta = None
             self._buf = self._original()
             self._stream = None
             self._state = _PLAIN
         data, self._buf = self._buf, bytearray()
         try:
-            return fastjson.loads(data)
+            body = fastjson.loads(data)
         except (ValueError, RecursionError) as exc:
             text = bytes(data[:800]).decode("utf-8", "replace")
             raise WireFormatError(f"{what}: the answer is not JSON: {text[:200]!r}") from exc
+        data = None
+        return decode_answer_routing(body, self.spec, want_logprobs=want_logprobs)
+
+
+def decode_answer_routing(body: Any, spec: RoutedExpertsSpec, *, want_logprobs: bool,
+                          stream: RoutedExpertsStream | None = None) -> Any:
+    """``body`` with its ``meta_info.routed_experts`` string (or the ended ``stream`` that took it)
+    replaced by the ``[rows, num_layers, topk]`` ids in ``spec``'s storage dtype, range-checked.
+
+    Its errors are the decoder's (:class:`WireFormatError` for text that is not base64,
+    ``FieldShapeError``, ``ExpertIdRangeError``). Any other body is returned as it is, for
+    :func:`~dressage.fields.sglang.decode_generate_response` to word what is wrong with it, and so
+    is an abort cut that keeps nothing (whose routing would not be read).
+    """
+    meta = body.get("meta_info") if isinstance(body, dict) else None
+    if not isinstance(meta, dict):
+        return body
+    text = meta.get("routed_experts")
+    if stream is None and not isinstance(text, str):
+        return body
+    if cut_keeps_nothing(meta, want_logprobs=want_logprobs, want_routed_experts=True):
+        if stream is not None:
+            meta["routed_experts"] = stream.text().decode("ascii")
+        return body
+    wire = str(meta.get("routed_experts_dtype", "int32"))
+    if stream is not None:
+        meta["routed_experts"] = stream.finish(wire)
+    else:
+        meta["routed_experts"] = decode_routed_experts_string(text, spec, wire)
+    return body
 
 
 def _skip_ws(buf: bytearray, k: int) -> int:

@@ -1,10 +1,12 @@
 """``SGLangClient``: the Proxy's async HTTP client for an SGLang (or built-in) engine.
 
 Speaks ``/generate``, ``/abort_request``, ``/health``, ``/model_info`` (``/get_model_info`` on
-older releases) and the weight-version calls; httpx errors are translated here, at the boundary,
-into :class:`~dressage.errors.EngineError` subclasses. ``api_key`` is sent as SGLang's
-``Authorization: Bearer`` key; a ``routing_key`` goes out as ``X-SMG-Routing-Key`` so a router
-or model gateway keeps a session on the worker that caches its prefix.
+older releases) and the weight-version calls. Every call crosses one seam, an ``httpx`` transport
+(:func:`engine_transport` by default: aiohttp's pool behind httpx's interface); httpx errors are
+translated here, at the boundary, into :class:`~dressage.errors.EngineError` subclasses. With R3 on,
+``/generate`` answers come back with their routing already decoded (an array in the storage dtype).
+``api_key`` is sent as SGLang's ``Authorization: Bearer`` key; a ``routing_key`` goes out as
+``X-SMG-Routing-Key`` so a router or model gateway keeps a session on the worker that caches its prefix.
 """
 
 from __future__ import annotations
@@ -18,13 +20,25 @@ import numpy as np
 
 from dressage.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, WireFormatError
 from dressage.fields.r3_stream import RoutedExpertsSpec
+from dressage.fields.sglang import finish_type
 from dressage.proxy import fastjson
 from dressage.proxy.engines.aio_transport import AiohttpTransport, aiohttp_available
-from dressage.proxy.engines.r3_body import GenerateBodyReader
+from dressage.proxy.engines.r3_body import GenerateBodyReader, decode_answer_routing
 
-__all__ = ["SGLangClient", "ROUTING_KEY_HEADER"]
+__all__ = ["SGLangClient", "ROUTING_KEY_HEADER", "engine_transport"]
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+
+
+def engine_transport(max_connections: int = 1024) -> httpx.AsyncBaseTransport:
+    """The transport an engine client uses unless given one: aiohttp's pool where aiohttp is installed
+    (httpx's own scans every pooled connection per request, see :mod:`.aio_transport`), else httpx's."""
+    if aiohttp_available():
+        return AiohttpTransport(max_connections)
+    # Small requests must not wait for a delayed ACK (Nagle): ~40 ms per call otherwise.
+    return httpx.AsyncHTTPTransport(
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
 
 
 def _error_message(resp: httpx.Response) -> str:
@@ -43,6 +57,12 @@ def _error_message(resp: httpx.Response) -> str:
     return str(body)[:500]
 
 
+def _finished(chunk: Any) -> bool:
+    """A streamed chunk with a finish reason: the last, which carries the routing string."""
+    meta = chunk.get("meta_info") if isinstance(chunk, dict) else None
+    return isinstance(meta, dict) and finish_type(meta) is not None
+
+
 class SGLangClient:
     """One engine at ``base_url``; share it between concurrent calls, ``close()`` when done."""
 
@@ -55,19 +75,11 @@ class SGLangClient:
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self.api_key = api_key or None
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        if transport is None and aiohttp_available():
-            # aiohttp's pool: httpx's scans every connection per request (see aio_transport).
-            transport = AiohttpTransport(max_connections)
-        elif transport is None:
-            # Small requests must not wait for a delayed ACK (Nagle): ~40 ms per call otherwise.
-            transport = httpx.AsyncHTTPTransport(
-                limits=limits, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-        self._transport = transport
-        self._direct = transport if isinstance(transport, AiohttpTransport) else None
+        # Requests go to the transport as they are (no httpx client on top): its URL merging, cookie
+        # and redirect handling were most of this client's CPU per small call, and no engine needs them.
+        self._transport = engine_transport(max_connections) if transport is None else transport
         self._headers = headers
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout,
-                                       headers=headers, transport=transport)
+        self._targets: dict[str, tuple[httpx.URL, str]] = {}  # path -> its URL and Host header
 
     # -- the boundary ------------------------------------------------------------------------------
 
@@ -81,47 +93,70 @@ class SGLangClient:
         except httpx.TransportError as exc:
             raise EngineUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
 
+    def _build(self, method: str, path: str, *, content: bytes | None, timeout: float | None,
+               headers: Mapping[str, str] | None) -> httpx.Request:
+        target = self._targets.get(path)
+        if target is None:
+            url = httpx.URL(self.base_url + path)
+            target = self._targets[path] = (url, url.netloc.decode("ascii"))
+        url, host = target
+        # The framing headers written here, as httpx would from ``content``, which it then looks up
+        # again header by header: a visible share of a small call's CPU.
+        fields = {"Host": host, **self._headers, **headers} if headers else {"Host": host, **self._headers}
+        if content is not None:
+            fields["Content-Length"] = str(len(content))
+        limit = self.timeout if timeout is None else timeout
+        request = httpx.Request(method, url, headers=fields, stream=httpx.ByteStream(content or b""),
+                                extensions={"timeout": {"connect": limit, "read": limit, "write": limit, "pool": limit}})
+        request.read()  # ``request.content`` readable, as for a request built from content (no copy)
+        return request
+
+    async def _send(self, method: str, path: str, *, json_body: Any, timeout: float | None,
+                    headers: Mapping[str, str] | None) -> httpx.Response:
+        """The response through the transport, its body still to be read: the caller closes it."""
+        if json_body is not None:
+            headers = {**(headers or {}), "content-type": "application/json"}
+            content = fastjson.dumps(json_body, numpy=True)
+        else:
+            content = None
+        request = self._build(method, path, content=content, timeout=timeout, headers=headers)
+        resp = await self._transport.handle_async_request(request)
+        resp.request = request
+        return resp
+
     async def _request(self, method: str, path: str, *, json_body: Any = None,
                        timeout: float | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
         what = f"{method} {self.base_url}{path}"
         with self._boundary(what, timeout):
-            if json_body is not None:
-                headers = {**(headers or {}), "content-type": "application/json"}
-                content = fastjson.dumps(json_body, numpy=True)
-            else:
-                content = None
-            limit = self.timeout if timeout is None else timeout
-            if self._direct is not None:
-                resp = await self._direct.send(method, self.base_url + path, content=content, timeout_s=limit,
-                                               headers={**self._headers, **headers} if headers else self._headers)
-            else:
-                resp = await self._http.request(method, path, content=content, headers=headers, timeout=limit)
+            resp = await self._send(method, path, json_body=json_body, timeout=timeout, headers=headers)
+            try:
+                await resp.aread()
+            finally:
+                await resp.aclose()
         self._check(resp, what)
         return resp
 
     async def _request_into(self, method: str, path: str, *, json_body: Any, sink: Any, timeout: float | None = None,
-                            headers: Mapping[str, str] | None = None) -> httpx.Response | None:
-        """:meth:`_request` with the answer's body fed to ``sink`` as it arrives: ``None`` when it was,
-        else the response read whole (a compressed body), for :meth:`_json`. The same errors."""
+                            headers: Mapping[str, str] | None = None) -> None:
+        """:meth:`_request` with the answer's body (decompressed) fed to ``sink`` as it arrives instead
+        of read whole; an error status is read whole and raised as by :meth:`_request`."""
         what = f"{method} {self.base_url}{path}"
-        headers = {**(headers or {}), "content-type": "application/json"}
-        content = fastjson.dumps(json_body, numpy=True)
-        limit = self.timeout if timeout is None else timeout
         with self._boundary(what, timeout):
-            if self._direct is not None:
-                resp, fed = await self._direct.send_into(method, self.base_url + path, content=content,
-                                                         timeout_s=limit, headers={**self._headers, **headers},
-                                                         sink=sink)
-            else:
-                async with self._http.stream(method, path, content=content, headers=headers, timeout=limit) as resp:
-                    fed = resp.status_code < 400
-                    if fed:
-                        async for chunk in resp.aiter_bytes():
-                            sink.feed(chunk)
-                    else:
-                        await resp.aread()
+            resp = await self._send(method, path, json_body=json_body, timeout=timeout, headers=headers)
+            try:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                else:
+                    # A body sent as it is is read from the transport's stream as it is (aiter_bytes
+                    # adds a pass-through decoder, a chunker and a counter per piece); a compressed one
+                    # is decompressed by httpx.
+                    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+                    pieces = resp.stream if encoding in ("identity", "") else resp.aiter_bytes()
+                    async for chunk in pieces:
+                        sink.feed(chunk)
+            finally:
+                await resp.aclose()
         self._check(resp, what)
-        return None if fed else resp
 
     @staticmethod
     def _check(resp: httpx.Response, what: str) -> None:
@@ -138,9 +173,6 @@ class SGLangClient:
             out = fastjson.loads(resp.content)
         except (ValueError, RecursionError) as exc:
             raise WireFormatError(f"{what}: the answer is not JSON: {resp.text[:200]!r}") from exc
-        # httpx links a Response and its stream both ways, so a read body (MiBs of base64 R3 per call)
-        # would wait for the cyclic GC; replacing the spent stream lets it go with the last reference.
-        resp.stream = httpx.ByteStream(b"")
         return out
 
     # -- /generate ---------------------------------------------------------------------------------
@@ -181,13 +213,11 @@ class SGLangClient:
         :class:`EngineUnavailable`, :class:`EngineTimeout`, :class:`EngineRequestError` or
         :class:`WireFormatError`.
 
-        With ``return_routed_experts`` and a ``routed_experts_spec`` the body is read as it arrives and
-        its ``meta_info.routed_experts`` string decoded on the fly into that spec's storage dtype
-        (:mod:`dressage.proxy.engines.r3_body`): the answer's ``meta_info.routed_experts`` is then a
-        :class:`~dressage.fields.r3_stream.RoutedExpertsStream`, which
-        :func:`~dressage.fields.sglang.decode_routed_experts_b64` (and ``decode_generate_response``)
-        take in place of the string, with the same result and errors. Any answer it cannot take
-        that way keeps its string.
+        With ``return_routed_experts`` and a ``routed_experts_spec`` the answer's
+        ``meta_info.routed_experts`` comes back decoded into that spec's storage dtype, an array
+        ``[rows, num_layers, topk]`` (:func:`~dressage.proxy.engines.r3_body.decode_answer_routing`),
+        its string decoded as the body arrives (:mod:`dressage.proxy.engines.r3_body`); a routing
+        string that is not valid raises the decoder's error here.
         """
         body = self._generate_body(input_ids, sampling_params, return_logprob=return_logprob,
                                    return_routed_experts=return_routed_experts,
@@ -195,9 +225,9 @@ class SGLangClient:
                                    extra=extra)
         if return_routed_experts and routed_experts_spec is not None:
             reader = GenerateBodyReader(routed_experts_spec)
-            resp = await self._request_into("POST", "/generate", json_body=body, sink=reader, timeout=timeout,
-                                            headers=self._routing_headers(routing_key))
-            out = reader.result("POST /generate") if resp is None else self._json(resp, "POST /generate")
+            await self._request_into("POST", "/generate", json_body=body, sink=reader, timeout=timeout,
+                                     headers=self._routing_headers(routing_key))
+            out = reader.result("POST /generate", want_logprobs=return_logprob)
         else:
             resp = await self._request("POST", "/generate", json_body=body, timeout=timeout,
                                        headers=self._routing_headers(routing_key))
@@ -214,18 +244,19 @@ class SGLangClient:
                               **extra: Any) -> AsyncIterator[dict[str, Any]]:
         """``POST /generate`` with ``stream``: yields each server-sent chunk until ``[DONE]``.
 
-        ``routed_experts_spec`` is accepted for symmetry with :meth:`generate` and not used: each
-        chunk is parsed whole (the last one carries the routing string)."""
+        Each chunk is parsed whole; with ``return_routed_experts`` and a ``routed_experts_spec`` the
+        routing string of the finished chunk (the one that carries it) comes back decoded, as from
+        :meth:`generate`."""
         body = self._generate_body(input_ids, sampling_params, return_logprob=return_logprob,
                                    return_routed_experts=return_routed_experts,
                                    routed_experts_start_len=routed_experts_start_len, rid=rid, stream=True,
                                    extra=extra)
         what = f"POST {self.base_url}/generate (stream)"
+        decode_routing = return_routed_experts and routed_experts_spec is not None
         with self._boundary(what, timeout):
-            async with self._http.stream("POST", "/generate", content=fastjson.dumps(body, numpy=True),
-                                         headers={"content-type": "application/json",
-                                                  **(self._routing_headers(routing_key) or {})},
-                                         timeout=self.timeout if timeout is None else timeout) as resp:
+            resp = await self._send("POST", "/generate", json_body=body, timeout=timeout,
+                                    headers=self._routing_headers(routing_key))
+            try:
                 if resp.status_code >= 400:
                     await resp.aread()
                     self._check(resp, what)
@@ -241,7 +272,11 @@ class SGLangClient:
                         raise WireFormatError(f"{what}: a chunk is not JSON: {data[:200]!r}") from exc
                     if isinstance(chunk, dict) and "error" in chunk and "meta_info" not in chunk:
                         raise EngineRequestError(f"{what}: {chunk['error']}")
+                    if decode_routing and _finished(chunk):
+                        chunk = decode_answer_routing(chunk, routed_experts_spec, want_logprobs=return_logprob)
                     yield chunk
+            finally:
+                await resp.aclose()
 
     # -- control -----------------------------------------------------------------------------------
 
@@ -299,7 +334,7 @@ class SGLangClient:
         return self._json(resp, "POST /update_weight_version")
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._transport.aclose()
 
     async def __aenter__(self) -> "SGLangClient":
         return self
