@@ -3,7 +3,6 @@
 
 import json
 import socket
-import time
 
 import httpx
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ConfigError, SessionLimitError
 from dressage.fields import get_model
-from dressage.proxy.config import AccessConfig, EnginesConfig, ProxyConfig, ServerConfig, SessionsConfig
+from dressage.proxy.config import AccessConfig, ProxyConfig, ServerConfig, SessionsConfig
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.session_caps import SessionKeeper
 from dressage.proxy.engines.sglang_client import SGLangClient

@@ -5,7 +5,6 @@ transformers) these tests skip and say why.
 """
 
 import asyncio
-import json
 
 import httpx
 import numpy as np

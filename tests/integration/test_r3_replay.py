@@ -8,7 +8,6 @@ must reproduce ``rollout_log_probs`` bit for bit.
 import asyncio
 
 import httpx
-import numpy as np
 import openai
 import pytest
 

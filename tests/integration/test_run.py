@@ -8,6 +8,8 @@ from dressage.cli import main
 from dressage.dataplane import DataPlaneConfig
 from dressage.fields import get_model
 from dressage.harness.run import RunConfig, run_pipeline
+from dressage.harness.run.config import AgentsConfig, ClusterConfig, InferenceConfig, ReportConfig, RolloutConfig
+from dressage.tq.config import TransferQueueSelection
 
 
 def _cfg(tq: bool, dtype: str, params=None, *, num_rollouts=2, **kw):

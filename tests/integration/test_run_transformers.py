@@ -17,6 +17,7 @@ from dressage.dataplane import DataPlaneConfig  # noqa: E402
 from dressage.errors import ConfigError, TokenizerError  # noqa: E402
 from dressage.fields import get_model  # noqa: E402
 from dressage.harness.run import RunConfig  # noqa: E402
+from dressage.harness.run.config import ClusterConfig, InferenceConfig  # noqa: E402
 from dressage.tokenizer.packaged import qwen3_tokenizer_dir  # noqa: E402
 
 

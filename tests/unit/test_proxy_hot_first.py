@@ -23,7 +23,8 @@ from test_proxy_fast_routes import MSG, FakeService
 
 def _served(token=None, crash=False):
     service = FakeService()
-    service.config = SimpleNamespace(api_token=token, admin_token=None, max_body_bytes=4096)
+    service.config = SimpleNamespace(access=SimpleNamespace(api_token=token, admin_token=None),
+                                     server=SimpleNamespace(max_body_bytes=4096))
     if crash:
         def create_session(metadata, base_url):
             raise RuntimeError("boom")

@@ -8,7 +8,6 @@ Sections: ``server`` (the HTTP listener), ``access`` (tokens), ``engines``, ``li
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ConfigError

@@ -113,15 +113,19 @@ def start_proxy(engine_urls: str | Sequence[str], *, model: str | ModelSpec = TE
 
 
 def _sections(settings: dict[str, Any]) -> dict[str, Any]:
-    """The Proxy's section configs (``server=ServerConfig(...)``, ...) holding ``settings``, each named by its
-    field; a name no section has is a ``TypeError``."""
+    """The Proxy's section configs (``server=ServerConfig(...)``, ...) holding ``settings``: a whole section by
+    its name, or single settings by field name (applied over it); a name no section has is a ``TypeError``."""
     default = ProxyConfig()
-    classes = {name: type(getattr(default, name)) for name in ("server", "access", "engines", "limits", "sessions")}
+    sections = {name: getattr(default, name) for name in ("server", "access", "engines", "limits", "sessions")}
+    given = {key: settings.pop(key) for key in list(settings) if key in sections}
+    fields = {name: {f.name for f in dataclasses.fields(section)} for name, section in sections.items()}
     grouped: dict[str, dict[str, Any]] = {}
     for key, value in settings.items():
-        section = next((name for name, cls in classes.items()
-                        if key in {f.name for f in dataclasses.fields(cls)}), None)
+        section = next((name for name, names in fields.items() if key in names), None)
         if section is None:
             raise TypeError(f"start_proxy: no Proxy setting named {key!r}")
         grouped.setdefault(section, {})[key] = value
-    return {name: classes[name](**values) for name, values in grouped.items()}
+    out = dict(given)
+    for name, values in grouped.items():
+        out[name] = dataclasses.replace(given[name], **values) if name in given else type(sections[name])(**values)
+    return out

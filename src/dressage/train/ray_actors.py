@@ -123,7 +123,7 @@ class RayBackend:
         else:
             self._owns_ray = False
         self.client = client
-        self.rm = ray.remote(num_cpus=0)(RolloutManagerActor).remote(cfg.rollout.dp_size)
+        self.rm = ray.remote(num_cpus=0)(RolloutManagerActor).remote(cfg.dp_size)
         trainer = ray.remote(num_cpus=0)(TrainerActor)
         self.trainers = [trainer.remote(tq_spec, cfg.model) for _ in range(cfg.dp_size)]
 
