@@ -95,5 +95,5 @@ def test_yaml_loads_nested_or_flat(tmp_path):
 def test_shipped_example_config_is_valid_and_matches_the_repository_copy():
     cfg = TransferQueueConfig.from_yaml(EXAMPLE_CONFIG)
     assert cfg == TransferQueueConfig()  # the example spells out the defaults
-    repo_copy = Path(__file__).resolve().parents[2] / "examples" / "transfer_queue.yaml"
+    repo_copy = Path(__file__).resolve().parents[3] / "examples" / "transfer_queue.yaml"
     assert repo_copy.read_text() == EXAMPLE_CONFIG.read_text()

@@ -23,7 +23,7 @@ from dressage.proxy.recording.pause import RolloutPause
 from dressage.proxy.engines.rids import RID_LENGTH, RidFactory, chunk_rid
 from dressage.trajectory import RouteDecision
 
-FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "sglang"
 MODEL = get_model("tiny-moe")
 
 

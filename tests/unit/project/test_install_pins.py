@@ -4,7 +4,7 @@ import pathlib
 import re
 import tomllib
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _requirements(pyproject: pathlib.Path) -> list[str]:

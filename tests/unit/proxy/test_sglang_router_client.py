@@ -13,7 +13,7 @@ from dressage.errors import EngineUnavailable, WireFormatError
 from dressage.proxy.engines.router_client import RouterClient, parse_workers
 from dressage.proxy.engines.sglang_client import ROUTING_KEY_HEADER, SGLangClient
 
-FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "sglang"
 ROUTER, A, B = "http://router.test:30000", "http://10.0.0.1:30001", "http://10.0.0.2:30002"
 
 

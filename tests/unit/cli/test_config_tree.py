@@ -215,7 +215,7 @@ def test_the_shipped_proxy_example_configures_proxy_serve():
 
     from dressage.tq.config import TransferQueueConfig
 
-    example = Path(__file__).resolve().parents[2] / "examples" / "proxy.yaml"
+    example = Path(__file__).resolve().parents[3] / "examples" / "proxy.yaml"
     cfg = _proxy(["--config", str(example)])
     assert cfg.server.port == 8000 and cfg.engines.urls == ("http://127.0.0.1:30000",)
     assert cfg.data_plane.offloaded == ("logprobs", "routed_experts") and cfg.data_plane.routed_experts_dtype == "uint8"

@@ -17,7 +17,7 @@ from dressage.proxy.engines.router_client import RouterClient
 from dressage.proxy.engines.startup import check_engine, engine_clients, fetch_engine_infos
 from sglang_mock import MockSGLang
 
-FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "sglang"
 GLM = "glm-5.2-744b-a40b"
 
 

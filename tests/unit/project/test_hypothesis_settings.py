@@ -4,7 +4,7 @@ a failure that Hypothesis' database then replays on every later run."""
 import ast
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _name(node: ast.expr) -> str:

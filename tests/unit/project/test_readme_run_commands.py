@@ -9,7 +9,7 @@ import pytest
 from dressage.cli import build_parser
 from dressage.cli.run import run_config
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _commands() -> list[tuple[str, str]]:
