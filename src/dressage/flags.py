@@ -263,6 +263,16 @@ class ConfigTree:
                 _put(data, s.path, tuple(value) if isinstance(value, list) else value)
         return data
 
+    def parse_args(self, argv: Any = None, *, prog: str) -> Any:
+        """The validated config of a process's own command line (``argv``, else ``sys.argv``); a bad value
+        exits with argparse's usage error naming it."""
+        parser = argparse.ArgumentParser(prog=prog)
+        self.add_to(parser)
+        try:
+            return self.build(parser.parse_args(argv))
+        except ConfigError as exc:
+            parser.error(str(exc))
+
     def build(self, args: argparse.Namespace | Mapping[str, Any], **overrides: Any) -> Any:
         """The validated root config of parsed flags (or of a nested map); ``overrides`` map dotted
         paths to values that win over both."""
@@ -325,22 +335,23 @@ def _copy(data: Any) -> Any:
     return data
 
 
-def load_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The map a ``--config`` YAML file holds (an empty file is an empty map)."""
+def load_yaml(path: str | os.PathLike[str], *, what: str = "--config") -> dict[str, Any]:
+    """The map a YAML settings file holds (an empty file is an empty map); ``what`` names the file's
+    role in every error (``--config``, ``transfer_queue``)."""
     import yaml
 
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise ConfigError(f"--config: cannot read {os.fspath(path)!r}: {exc}") from exc
+        raise ConfigError(f"{what}: cannot read {os.fspath(path)!r}: {exc}") from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--config: {os.fspath(path)!r} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"{what}: {os.fspath(path)!r} is not valid YAML: {exc}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"--config: {os.fspath(path)!r} holds a {type(data).__name__}, not a map of settings")
+        raise ConfigError(f"{what}: {os.fspath(path)!r} holds a {type(data).__name__}, not a map of settings")
     return data
 
 

@@ -13,10 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from dressage.errors import ConfigError
-from dressage.flags import flag
+from dressage.flags import flag, load_yaml
 from dressage.units import parse_bytes
 
 __all__ = ["TransferQueueConfig", "TransferQueueSelection", "tq_default", "DEPLOYMENTS", "ON_FULL", "load_config",
@@ -192,15 +190,7 @@ class TransferQueueConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> "TransferQueueConfig":
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"{_PREFIX}: cannot read {os.fspath(path)!r}: {exc}") from exc
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{_PREFIX}: {os.fspath(path)!r} is not valid YAML: {exc}") from exc
-        return cls.from_dict(data)
+        return cls.from_dict(load_yaml(path, what=_PREFIX))
 
 
 @dataclass(kw_only=True, slots=True)

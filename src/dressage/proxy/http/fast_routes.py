@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from dressage.errors import DressageError
 from dressage.proxy import fastjson
 from dressage.proxy.engines import server_timing
+from dressage.proxy.http.guard import replay_body
 from dressage.proxy.schemas import ChatRequest, CreateSession, FinalizeRequest, GenerateRequest
 from dressage.proxy.openai.streaming import error_payload
 from dressage.proxy.recording.turn_scope import identity_of
@@ -86,19 +87,6 @@ async def _read(receive: Receive) -> bytes | None:
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
 def _json(value: Any, tally: server_timing.Tally | None = None) -> Response:
     headers = None if tally is None else {"server-timing": server_timing.header_value(tally)}
     return Response(fastjson.dumps(value), media_type="application/json", headers=headers)
@@ -137,7 +125,7 @@ class FastRoutes:
                            "generate": (GenerateRequest, False), "finalize": (FinalizeRequest, True)}[kind]
         req = _parse(scope, body, model, optional)
         if req is _REFUSED:
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
             return
         try:
             response = await self._answer(kind, session_id, scope, req)

@@ -166,14 +166,14 @@ class RequestGuard:
                 self.on_reject(exc)
             await _answer(send, exc)
             return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replay_body(body, receive), send)
 
 
 class _Disconnected(Exception):
     pass
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay_body(body: bytes, receive: Receive) -> Receive:
     sent = False
 
     async def replay() -> dict[str, Any]:

@@ -7,7 +7,6 @@ its stream socket), sweeps deletions (``Janitor``) and probes its units (``Liven
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -25,17 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     from dressage.tq.storage.remote import RemoteStorageUnit
     from dressage.tq.storage.server import serve_until_signalled
 
-    from dressage.errors import ConfigError
     from dressage.flags import ConfigTree
     from dressage.tq.directory.config import ControllerProcessConfig
 
-    p = argparse.ArgumentParser(prog="python -m dressage.tq.directory.main")
-    tree = ConfigTree(ControllerProcessConfig)
-    tree.add_to(p)
-    try:
-        cfg = tree.build(p.parse_args(argv))
-    except ConfigError as exc:
-        p.error(str(exc))
+    prog = "python -m dressage.tq.directory.main"
+    cfg = ConfigTree(ControllerProcessConfig).parse_args(argv, prog=prog)
     live = cfg.liveness
     secret = (os.environ.get(SECRET_ENV) or "").encode() or None
     # '-': the launcher starts this process before its units are up, so the imports overlap their start.
@@ -44,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         wires = json.loads(raw)
         units = [UnitInfo.from_wire(u) for u in wires]
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        p.error(f"--units: expected a JSON list of unit descriptions ({exc})")
+        print(f"{prog}: error: --units: expected a JSON list of unit descriptions ({exc})", file=sys.stderr)
+        return 2
     controller = Controller(units, retention_s=cfg.retention_s, strict_budget=cfg.strict_budget)
     handles = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address, node_id=u.node_id, timeout_s=live.timeout_s,
                                             secret=secret)

@@ -7,7 +7,6 @@ Run as ``python -m dressage.tq.storage.server --unit-id unit0 ...``: it binds, p
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -245,17 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     from dressage.tq.config import SECRET_ENV
     from dressage.tq.storage import make_storage_unit
 
-    from dressage.errors import ConfigError
     from dressage.flags import ConfigTree
     from dressage.tq.storage.config import UnitProcessConfig
 
-    p = argparse.ArgumentParser(prog="python -m dressage.tq.storage.server")
-    tree = ConfigTree(UnitProcessConfig)
-    tree.add_to(p)
-    try:
-        cfg = tree.build(p.parse_args(argv))
-    except ConfigError as exc:
-        p.error(str(exc))
+    cfg = ConfigTree(UnitProcessConfig).parse_args(argv, prog="python -m dressage.tq.storage.server")
     backend = make_storage_unit(cfg.unit_id, node_id=cfg.node_id, memory_budget=cfg.memory_budget,
                                 on_full=cfg.on_full, spill_dir=cfg.spill_dir, checksums=cfg.checksums)
     srv = cfg.server
