@@ -213,10 +213,23 @@ class UvicornServer:
     def _uvicorn(self) -> Any:
         import uvicorn
 
+        after_serving = self.after_serving
+
+        class Server(uvicorn.Server):
+            async def serve(self, sockets: Any = None) -> None:
+                try:
+                    await super().serve(sockets=sockets)
+                finally:
+                    await after_serving()
+
         lim = self.limits
-        return uvicorn.Server(uvicorn.Config(self.app, log_level=self.log_level, access_log=False,
-                                             lifespan="off", timeout_keep_alive=lim.keep_alive_s, loop=_event_loop(),
-                                             http=self.protocol, h11_max_incomplete_event_size=lim.max_header_bytes))
+        return Server(uvicorn.Config(self.app, log_level=self.log_level, access_log=False,
+                                     lifespan="off", timeout_keep_alive=lim.keep_alive_s, loop=_event_loop(),
+                                     http=self.protocol, h11_max_incomplete_event_size=lim.max_header_bytes))
+
+    async def after_serving(self) -> None:
+        """Runs on the server's own event loop once it stopped serving: a subclass closes there what lives
+        on that loop (connection pools). Nothing here."""
 
     def serve(self) -> None:
         """Serve until interrupted."""

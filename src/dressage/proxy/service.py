@@ -49,6 +49,8 @@ class ProxyService:
                  *, parser: ToolCallParser | None = None,
                  tq_spec: Callable[[], dict[str, Any]] | None = None) -> None:
         self.config, self.core, self.tokenizer = config, core, tokenizer
+        self._owns_engines = engine is None
+        """The engine clients were made here (from ``config.engines``), so :meth:`aclose` closes them."""
         if isinstance(engine, EnginePool):
             self.engines = engine
         else:
@@ -99,6 +101,11 @@ class ProxyService:
         self.core.journal = Journal(journal.path, fsync=journal.fsync, intact_bytes=report.intact_bytes)
         self.keeper.adopt()  # resumed sessions expire like any other
         return report
+
+    async def aclose(self) -> None:
+        """Stop the engine health checks and close the engine clients this service made, on the event loop
+        that used them (the server's, once it stopped serving)."""
+        await self.engines.close(clients=self._owns_engines)
 
     @property
     def weight_version(self) -> int:

@@ -142,3 +142,17 @@ def test_bearer_token_is_required_when_set(engine, proxy_stack):
     assert httpx.get(server.url + "/health").status_code == 200
     _, fin, _ = asyncio.run(_conversation(server.url, turns=2, token="s3cret"))
     assert fin["segments"] == 1
+
+
+def test_a_stopped_proxy_closed_the_engine_connections_it_opened(engine):
+    """The Proxy's own engine clients keep their connection pool on the server's event loop; stopping the
+    server closes it there (an unclosed pool would be reported at exit)."""
+    stack = start_proxy(engine.url)
+    sid = httpx.post(stack.url + "/sessions", json={}).json()["session_id"]
+    r = httpx.post(f"{stack.url}/sessions/{sid}/v1/chat/completions", timeout=30,
+                   json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert r.status_code == 200
+    pools = [s for m in stack.service.engines.members.values() for s in m.client._transport._sessions.values()]
+    assert pools and not any(s.closed for s in pools)
+    stack.close()
+    assert all(s.closed for s in pools)

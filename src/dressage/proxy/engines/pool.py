@@ -149,9 +149,12 @@ class EnginePool:
             await asyncio.sleep(interval_s)
             await self.check()
 
-    async def close(self) -> None:
+    async def close(self, *, clients: bool = True) -> None:
+        """Stop the health checks; with ``clients``, close each member's client too."""
         if self._monitor is not None:
             self._monitor.cancel()
+        if not clients:
+            return
         for m in self.members.values():
             close = getattr(m.client, "close", None)
             if close is not None:

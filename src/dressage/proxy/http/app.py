@@ -184,3 +184,6 @@ class ProxyServer(UvicornServer):
                                   keep_alive_s=cfg.keep_alive_timeout_s, max_header_bytes=cfg.max_header_bytes)
         super().__init__(build_app(service), host=cfg.host, port=cfg.port, name="proxy",
                          limits=limits)
+
+    async def after_serving(self) -> None:
+        await self.service.aclose()  # the engine clients' pools live on this loop
