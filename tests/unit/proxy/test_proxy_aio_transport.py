@@ -1,4 +1,5 @@
-"""The engine client over aiohttp's pool: the same answers and the same typed errors as over httpx's."""
+"""The engine transports: the client over aiohttp's pool gives the same answers and the same typed errors
+as over an httpx transport, and both transports answer the same at the seam itself."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from dressage.errors import DressageError, EngineRequestError, EngineTimeout, En
 from dressage.fields.r3_stream import RoutedExpertsSpec
 from dressage.proxy import fastjson
 from dressage.proxy.engines.aio_transport import AiohttpTransport
+from dressage.proxy.engines.httpx_transport import HttpxTransport
 from dressage.proxy.engines.sglang_client import SGLangClient
+from dressage.proxy.engines.transport import EngineTransportError, EngineTransportTimeout
 from dressage.serving import UvicornServer
 
 ANSWER = {"text": "hé", "output_ids": [5, 6], "meta_info": {"output_token_logprobs": [[-0.5, 5, None], [-1.25, 6, None]],
@@ -103,6 +106,9 @@ def _closed_port() -> int:
     return port
 
 
+TRANSPORTS = {"aiohttp": lambda: AiohttpTransport(8), "httpx": lambda: HttpxTransport(httpx.AsyncHTTPTransport())}
+
+
 def test_the_default_client_rides_aiohttp_and_sends_the_body_and_headers(engine):
     url, seen = engine
 
@@ -172,7 +178,7 @@ def test_deadline_and_refused_connection(engine):
         asyncio.run(refused())
 
 
-def test_streamed_answers_come_through_httpx_over_aiohttp(engine):
+def test_streamed_answers_come_through_aiohttp(engine):
     url, _ = engine
 
     async def go():
@@ -182,16 +188,49 @@ def test_streamed_answers_come_through_httpx_over_aiohttp(engine):
     assert [c["text"] for c in asyncio.run(go())] == ["x", "xx"]
 
 
-def test_the_transport_under_a_plain_httpx_client(engine):
+def test_streamed_lines_are_the_body_split_at_newlines(engine):
     url, _ = engine
 
-    async def go():
-        async with httpx.AsyncClient(transport=AiohttpTransport(4), timeout=10) as h:
-            r = await h.post(url + "/generate", json={"input_ids": [4], "sampling_params": {}})
-            return r.status_code, r.json()
+    async def go(transport):
+        body = json.dumps({"input_ids": [1], "sampling_params": {}, "stream": True}).encode()
+        resp = await transport.send("POST", url + "/generate", body=body,
+                                    headers={"content-type": "application/json"}, timeout=10)
+        try:
+            return resp.status, resp.headers["content-type"], [line async for line in resp.lines()]
+        finally:
+            await resp.aclose()
+            await transport.aclose()
 
-    status, body = asyncio.run(go())
-    assert status == 200 and body["echo"] == [4]
+    got = {t: asyncio.run(go(make())) for t, make in TRANSPORTS.items()}
+    assert got["aiohttp"] == got["httpx"], got
+    status, ctype, lines = got["aiohttp"]
+    assert status == 200 and ctype.startswith("text/event-stream")
+    assert lines == ['data: {"text": "x", "meta_info": {}}', "", 'data: {"text": "xx", "meta_info": {}}', "",
+                     "data: [DONE]", ""]
+
+
+@pytest.mark.parametrize("name", list(TRANSPORTS))
+def test_the_transports_raise_their_own_errors_named_as_httpx_names_them(engine, name):
+    url, _ = engine
+
+    async def go(target, mode, timeout):
+        transport = TRANSPORTS[name]()
+        try:
+            body = json.dumps({"input_ids": [1], "sampling_params": {"mode": mode}}).encode()
+            resp = await transport.send("POST", target + "/generate", body=body, headers={}, timeout=timeout)
+            try:
+                return await resp.read()
+            finally:
+                await resp.aclose()
+        finally:
+            await transport.aclose()
+
+    with pytest.raises(EngineTransportError) as refused:
+        asyncio.run(go(f"http://127.0.0.1:{_closed_port()}", "ok", 10))
+    assert refused.value.kind == "ConnectError" and not isinstance(refused.value, EngineTransportTimeout)
+    with pytest.raises(EngineTransportTimeout) as stalled:
+        asyncio.run(go(url, "stall", 0.3))
+    assert stalled.value.kind == "ReadTimeout"
 
 
 def test_fastjson_matches_the_stdlib():
@@ -211,12 +250,6 @@ def test_fastjson_matches_the_stdlib():
 
 
 # -- one seam, two transports: aiohttp's pool answers as httpx's own transport does ------------------
-
-def _httpx_transport() -> httpx.AsyncBaseTransport:
-    return httpx.AsyncHTTPTransport()
-
-
-TRANSPORTS = {"aiohttp": lambda: AiohttpTransport(8), "httpx": _httpx_transport}
 
 
 def _outcome(url: str, transport: str, call, timeout: float = 10.0):

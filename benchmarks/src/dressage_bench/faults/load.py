@@ -59,8 +59,8 @@ def _engine_wait_s(server_timing: str) -> float:
 
 
 async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: int, own: list[float],
-                              pool: httpx.AsyncClient) -> tuple[list[float], list, int]:
-    """The agents' calls as plain JSON posts on ``pool`` (over the transport the direct run's engine client
+                              pool: AiohttpTransport) -> tuple[list[float], list, int]:
+    """The agents' calls as plain JSON posts on ``pool`` (the transport the direct run's engine client
     uses, kept open by the caller across rounds); ``own`` gets each
     call's latency less the engine wait the Proxy reports for it. The prompts come back per session,
     in turn order, for the direct run to replay the same way."""
@@ -71,8 +71,11 @@ async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: 
     headers = {"content-type": "application/json"}
 
     async def post(path: str, body: dict) -> Any:
-        resp = await pool.post(url + path, content=fastjson.dumps(body), headers=headers)
-        return resp, fastjson.loads(resp.content)
+        resp = await pool.send("POST", url + path, body=fastjson.dumps(body), headers=headers, timeout=120)
+        try:
+            return resp, fastjson.loads(await resp.read())
+        finally:
+            await resp.aclose()
 
     async def one(i: int) -> None:
         nonlocal errors
@@ -84,7 +87,7 @@ async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: 
                 prompts[i].append(list(msgs))
                 resp, reply = await post(f"/sessions/{sid}/v1/chat/completions",
                                          {"model": "m", "messages": msgs, "max_tokens": 32})
-                if resp.status_code != 200:
+                if resp.status != 200:
                     errors += 1
                     return
                 lat.append(time.perf_counter() - t0)
@@ -102,9 +105,10 @@ async def _through_proxy(url: str, sessions: int, turns: int, concurrency: int) 
     prompts: list = []  # the messages of every call, rendered later for the direct run
     errors = 0
     gate = asyncio.Semaphore(concurrency)
-    # The agents' client rides the same connection pool as the Proxy's engine client (and the direct
-    # run's), so the added latency is the Proxy's, not a difference between HTTP client pools.
-    async with httpx.AsyncClient(timeout=120, transport=AiohttpTransport(concurrency)) as h:
+    # The SDK speaks httpx, so this run rides httpx's own pool; the timed lean rounds ride the engine
+    # client's transport on both sides, where the added latency is the Proxy's alone.
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as h:
         async def one(i: int) -> None:
             nonlocal errors
             async with gate:
@@ -196,7 +200,7 @@ def load(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
             """Warm-up and timed rounds on one event loop, so the driver's pool to the Proxy and the
             direct run's engine client keep their connections from round to round (warm on both sides)."""
             nonlocal tok_cpu
-            pool = httpx.AsyncClient(timeout=120, transport=AiohttpTransport(conc))
+            pool = AiohttpTransport(conc)
             try:
                 async with SGLangClient(engine.url, timeout=120) as client:
                     cold, warm_messages, errs = await _through_proxy_lean(proxy.url, sessions, turns, conc, [], pool)

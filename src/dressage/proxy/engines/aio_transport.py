@@ -1,14 +1,11 @@
-"""``AiohttpTransport``: an ``httpx`` transport that sends over an ``aiohttp`` connection pool.
+"""``AiohttpTransport``: the engine transport over an aiohttp connection pool, the Proxy's default.
 
 httpx's own pool (httpcore) scans every pooled connection, with a readability poll each, whenever
 a request starts or ends: with many calls in flight to one engine that is most of the Proxy's CPU
-per call. aiohttp's pool hands out a free connection in constant time and parses responses in C.
-It is one implementation of httpx's transport interface, the engine client's one seam: buffered
-and streamed answers alike go through :meth:`AiohttpTransport.handle_async_request`, and the
-client above keeps httpx's interface and errors: aiohttp's failures come back as the httpx
-exceptions they correspond to (a connect failure as ``ConnectError``, a deadline as
-``ReadTimeout`` / ``ConnectTimeout``, a broken answer as ``RemoteProtocolError``), and a response
-body is decoded by httpx as before (aiohttp does not decompress).
+per call. aiohttp's pool hands out a free connection in constant time and parses responses in C,
+and it is used as it is: no httpx request or response objects per call. aiohttp's failures come
+back as :class:`~.transport.EngineTransportError` named as httpx names them (a connect failure
+``ConnectError``, a deadline ``ReadTimeout`` / ``ConnectTimeout``, a broken answer ``RemoteProtocolError``).
 
 One aiohttp session per event loop, made on first use in that loop (a client may be built outside
 any loop and used from one, or from several ``asyncio.run`` calls one after another).
@@ -19,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncIterator, Mapping
 
-from dressage.proxy.engines.httpx_lean import httpx
+from dressage.proxy.engines.transport import EngineResponse, EngineTransportError, EngineTransportTimeout
 
 __all__ = ["AiohttpTransport", "aiohttp_available"]
 
@@ -28,37 +25,68 @@ try:
 except ImportError:  # pragma: no cover - the client falls back to httpx's own transport
     aiohttp = None  # type: ignore[assignment]
 
-# Hop-by-hop and framing headers: aiohttp writes its own from the body it sends.
-_SKIP = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection"})
-
 
 def aiohttp_available() -> bool:
     return aiohttp is not None
 
 
-class _Body(httpx.AsyncByteStream):
-    def __init__(self, resp: Any, request: httpx.Request) -> None:
-        self._resp, self._request = resp, request
+def _failed(exc: BaseException, method: str, url: str) -> EngineTransportError:
+    """The transport error for an aiohttp failure (or a deadline) while sending ``method url``."""
+    what = f"{method} {url}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return EngineTransportTimeout("ConnectTimeout", what)
+    if isinstance(exc, asyncio.TimeoutError):
+        return EngineTransportTimeout("ReadTimeout", what)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return EngineTransportError("ConnectError", what)
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
+        return EngineTransportError("RemoteProtocolError", what)
+    return EngineTransportError("ReadError", what)
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+
+class _Response(EngineResponse):
+    __slots__ = ("_resp", "_method", "_url")
+
+    def __init__(self, resp: Any, method: str, url: str) -> None:
+        super().__init__(resp.status, resp.headers)
+        self._resp, self._method, self._url = resp, method, url
+
+    async def read(self) -> bytes:
         try:
-            async for chunk in self._resp.content.iter_any():
-                yield chunk
+            return await self._resp.read()
         except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-            raise AiohttpTransport._failed(exc, self._request) from exc
+            raise _failed(exc, self._method, self._url) from exc
+
+    async def pieces(self) -> AsyncIterator[bytes]:
+        try:
+            async for piece in self._resp.content.iter_any():
+                yield piece
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            raise _failed(exc, self._method, self._url) from exc
+
+    async def feed(self, sink: Any) -> None:
+        # The same as the default, without an async generator between aiohttp's stream and the sink.
+        try:
+            async for piece in self._resp.content.iter_any():
+                sink.feed(piece)
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            raise _failed(exc, self._method, self._url) from exc
 
     async def aclose(self) -> None:
         self._resp.release()
 
 
-class AiohttpTransport(httpx.AsyncBaseTransport):
-    """``max_connections`` per engine; TCP_NODELAY on every connection (no delayed-ACK wait)."""
+class AiohttpTransport:
+    """An :class:`~.transport.EngineTransport` with ``max_connections`` per engine; TCP_NODELAY on every
+    connection (no delayed-ACK wait)."""
+    # method docstrings inherited from EngineTransport
 
     def __init__(self, max_connections: int = 1024) -> None:
         if aiohttp is None:
             raise RuntimeError("AiohttpTransport needs aiohttp installed")
         self.max_connections = int(max_connections)
         self._sessions: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._timeouts: dict[float, Any] = {}
 
     def _session(self) -> Any:
         loop = asyncio.get_running_loop()
@@ -69,44 +97,30 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections,
                                              enable_cleanup_closed=False)
             session = self._sessions[loop] = aiohttp.ClientSession(
-                connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
+                connector=connector, skip_auto_headers=("User-Agent", "Accept-Encoding"),
                 timeout=aiohttp.ClientTimeout(total=None),
                 # No cookies are kept or sent: the engines set none, and filtering an empty jar for
                 # every request was a visible share of the Proxy's CPU per call.
                 cookie_jar=aiohttp.DummyCookieJar())
         return session
 
-    @staticmethod
-    def _failed(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
-        """The httpx exception for an aiohttp failure (or a deadline) while sending ``request``."""
-        what = f"{request.method} {request.url}: {type(exc).__name__}: {exc}"
-        if isinstance(exc, aiohttp.ConnectionTimeoutError):
-            return httpx.ConnectTimeout(what, request=request)
-        if isinstance(exc, asyncio.TimeoutError):
-            return httpx.ReadTimeout(what, request=request)
-        if isinstance(exc, aiohttp.ClientConnectorError):
-            return httpx.ConnectError(what, request=request)
-        if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
-            return httpx.RemoteProtocolError(what, request=request)
-        return httpx.ReadError(what, request=request)
+    def _timeout(self, seconds: float) -> Any:
+        t = self._timeouts.get(seconds)
+        if t is None:
+            if len(self._timeouts) > 64:  # deadlines that vary call by call: keep only recent ones
+                self._timeouts.clear()
+            t = self._timeouts[seconds] = aiohttp.ClientTimeout(total=None, connect=seconds, sock_read=seconds)
+        return t
 
-    @staticmethod
-    def _timeout(t: Mapping[str, Any]) -> Any:
-        return aiohttp.ClientTimeout(total=None, connect=t.get("connect"), sock_read=t.get("read"))
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def send(self, method: str, url: str, *, body: bytes | None, headers: Mapping[str, str],
+                   timeout: float) -> EngineResponse:
         session = self._session()
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw
-                   if k.lower() not in _SKIP]
-        body = await request.aread()
         try:
-            resp = await session.request(request.method, str(request.url), data=body or None, headers=headers,
-                                         timeout=self._timeout(request.extensions.get("timeout") or {}),
-                                         allow_redirects=False, compress=None)
+            resp = await session.request(method, url, data=body, headers=headers, timeout=self._timeout(timeout),
+                                         allow_redirects=False)
         except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-            raise self._failed(exc, request) from exc
-        return httpx.Response(resp.status, headers=resp.raw_headers, stream=_Body(resp, request),
-                              extensions={"http_version": b"HTTP/1.1"})
+            raise _failed(exc, method, url) from exc
+        return _Response(resp, method, url)
 
     async def aclose(self) -> None:
         try:

@@ -1,9 +1,8 @@
 """``SGLangClient``: the Proxy's async HTTP client for an SGLang (or built-in) engine.
 
 Speaks ``/generate``, ``/abort_request``, ``/health``, ``/model_info`` (``/get_model_info`` on
-older releases) and the weight-version calls. Every call crosses one seam, an ``httpx`` transport
-(:func:`engine_transport` by default: aiohttp's pool behind httpx's interface); httpx errors are
-translated here, at the boundary, into :class:`~dressage.errors.EngineError` subclasses. With R3 on,
+older releases) and the weight-version calls. Every call crosses one seam, an :class:`~.transport.EngineTransport`
+(:func:`engine_transport` by default: aiohttp's pool); its errors are translated here, at the boundary, into :class:`~dressage.errors.EngineError` subclasses. With R3 on,
 ``/generate`` answers come back with their routing already decoded (an array in the storage dtype).
 ``api_key`` is sent as SGLang's ``Authorization: Bearer`` key; a ``routing_key`` goes out as
 ``X-SMG-Routing-Key`` so a router or model gateway keeps a session on the worker that caches its prefix.
@@ -12,10 +11,11 @@ translated here, at the boundary, into :class:`~dressage.errors.EngineError` sub
 from __future__ import annotations
 
 import contextlib
+import http
+import json
 import socket
 from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
 
-from dressage.proxy.engines.httpx_lean import httpx
 import numpy as np
 
 from dressage.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, WireFormatError
@@ -23,38 +23,48 @@ from dressage.fields.r3_stream import RoutedExpertsSpec
 from dressage.fields.sglang import finish_type
 from dressage.proxy import fastjson
 from dressage.proxy.engines.aio_transport import AiohttpTransport, aiohttp_available
+from dressage.proxy.engines.httpx_lean import httpx
+from dressage.proxy.engines.httpx_transport import HttpxTransport
 from dressage.proxy.engines.r3_body import GenerateBodyReader, decode_answer_routing
+from dressage.proxy.engines.transport import EngineResponse, EngineTransport, EngineTransportError, EngineTransportTimeout
 
 __all__ = ["SGLangClient", "ROUTING_KEY_HEADER", "engine_transport"]
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+_JSON = {"content-type": "application/json"}
 
 
-def engine_transport(max_connections: int = 1024) -> httpx.AsyncBaseTransport:
+def engine_transport(max_connections: int = 1024) -> EngineTransport:
     """The transport an engine client uses unless given one: aiohttp's pool where aiohttp is installed
     (httpx's own scans every pooled connection per request, see :mod:`.aio_transport`), else httpx's."""
     if aiohttp_available():
         return AiohttpTransport(max_connections)
     # Small requests must not wait for a delayed ACK (Nagle): ~40 ms per call otherwise.
-    return httpx.AsyncHTTPTransport(
+    return HttpxTransport(httpx.AsyncHTTPTransport(
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+        socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]))
 
 
-def _error_message(resp: httpx.Response) -> str:
+def _error_message(status: int, body: bytes) -> str:
     try:
-        body = resp.json()
+        doc = json.loads(body)
     except ValueError:
-        return resp.text[:500] or resp.reason_phrase
-    if isinstance(body, dict):
-        err = body.get("error")
+        text = body.decode("utf-8", "replace")[:500]
+        if text:
+            return text
+        try:
+            return http.HTTPStatus(status).phrase
+        except ValueError:
+            return ""
+    if isinstance(doc, dict):
+        err = doc.get("error")
         if isinstance(err, dict) and "message" in err:
             return str(err["message"])
-        if "detail" in body:
-            return str(body["detail"])
-        if "message" in body:
-            return str(body["message"])
-    return str(body)[:500]
+        if "detail" in doc:
+            return str(doc["detail"])
+        if "message" in doc:
+            return str(doc["message"])
+    return str(doc)[:500]
 
 
 def _finished(chunk: Any) -> bool:
@@ -64,10 +74,14 @@ def _finished(chunk: Any) -> bool:
 
 
 class SGLangClient:
-    """One engine at ``base_url``; share it between concurrent calls, ``close()`` when done."""
+    """One engine at ``base_url``; share it between concurrent calls, ``close()`` when done.
+
+    ``transport`` is an :class:`~.transport.EngineTransport`, or an httpx transport (``httpx.MockTransport``)
+    to send through (:class:`~.httpx_transport.HttpxTransport`)."""
 
     def __init__(self, base_url: str, *, timeout: float = 600.0, max_connections: int = 1024,
-                 headers: Mapping[str, str] | None = None, transport: httpx.AsyncBaseTransport | None = None,
+                 headers: Mapping[str, str] | None = None,
+                 transport: EngineTransport | httpx.AsyncBaseTransport | None = None,
                  api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = float(timeout)
@@ -75,66 +89,50 @@ class SGLangClient:
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         self.api_key = api_key or None
-        # Requests go to the transport as they are (no httpx client on top): its URL merging, cookie
-        # and redirect handling were most of this client's CPU per small call, and no engine needs them.
-        self._transport = engine_transport(max_connections) if transport is None else transport
+        if transport is None:
+            transport = engine_transport(max_connections)
+        elif isinstance(transport, httpx.AsyncBaseTransport):
+            transport = HttpxTransport(transport)
+        self._transport: EngineTransport = transport
         self._headers = headers
-        self._targets: dict[str, tuple[httpx.URL, str]] = {}  # path -> its URL and Host header
+        self._json_headers = {**headers, **_JSON}
 
     # -- the boundary ------------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _boundary(self, what: str, timeout: float | None) -> Iterator[None]:
-        """httpx's timeouts and transport failures as :class:`EngineTimeout` / :class:`EngineUnavailable`."""
+        """The transport's failures as :class:`EngineTimeout` / :class:`EngineUnavailable`."""
         try:
             yield
-        except httpx.TimeoutException as exc:
-            raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({type(exc).__name__})") from exc
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-    def _build(self, method: str, path: str, *, content: bytes | None, timeout: float | None,
-               headers: Mapping[str, str] | None) -> httpx.Request:
-        target = self._targets.get(path)
-        if target is None:
-            url = httpx.URL(self.base_url + path)
-            target = self._targets[path] = (url, url.netloc.decode("ascii"))
-        url, host = target
-        # The framing headers written here, as httpx would from ``content``, which it then looks up
-        # again header by header: a visible share of a small call's CPU.
-        fields = {"Host": host, **self._headers, **headers} if headers else {"Host": host, **self._headers}
-        if content is not None:
-            fields["Content-Length"] = str(len(content))
-        limit = self.timeout if timeout is None else timeout
-        request = httpx.Request(method, url, headers=fields, stream=httpx.ByteStream(content or b""),
-                                extensions={"timeout": {"connect": limit, "read": limit, "write": limit, "pool": limit}})
-        request.read()  # ``request.content`` readable, as for a request built from content (no copy)
-        return request
+        except EngineTransportTimeout as exc:
+            raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({exc.kind})") from exc
+        except EngineTransportError as exc:
+            raise EngineUnavailable(f"{what}: {exc.kind}: {exc}") from exc
 
     async def _send(self, method: str, path: str, *, json_body: Any, timeout: float | None,
-                    headers: Mapping[str, str] | None) -> httpx.Response:
+                    headers: Mapping[str, str] | None) -> EngineResponse:
         """The response through the transport, its body still to be read: the caller closes it."""
         if json_body is not None:
-            headers = {**(headers or {}), "content-type": "application/json"}
+            fields = {**self._json_headers, **headers} if headers else self._json_headers
             content = fastjson.dumps(json_body, numpy=True)
         else:
+            fields = {**self._headers, **headers} if headers else self._headers
             content = None
-        request = self._build(method, path, content=content, timeout=timeout, headers=headers)
-        resp = await self._transport.handle_async_request(request)
-        resp.request = request
-        return resp
+        return await self._transport.send(method, self.base_url + path, body=content, headers=fields,
+                                          timeout=self.timeout if timeout is None else timeout)
 
     async def _request(self, method: str, path: str, *, json_body: Any = None,
-                       timeout: float | None = None, headers: Mapping[str, str] | None = None) -> httpx.Response:
+                       timeout: float | None = None, headers: Mapping[str, str] | None = None) -> bytes:
+        """The answer's body, read whole; an error status raised as a typed error."""
         what = f"{method} {self.base_url}{path}"
         with self._boundary(what, timeout):
             resp = await self._send(method, path, json_body=json_body, timeout=timeout, headers=headers)
             try:
-                await resp.aread()
+                body = await resp.read()
             finally:
                 await resp.aclose()
-        self._check(resp, what)
-        return resp
+        self._check(resp.status, body, what)
+        return body
 
     async def _request_into(self, method: str, path: str, *, json_body: Any, sink: Any, timeout: float | None = None,
                             headers: Mapping[str, str] | None = None) -> None:
@@ -144,35 +142,28 @@ class SGLangClient:
         with self._boundary(what, timeout):
             resp = await self._send(method, path, json_body=json_body, timeout=timeout, headers=headers)
             try:
-                if resp.status_code >= 400:
-                    await resp.aread()
+                if resp.status >= 400:
+                    body = await resp.read()
                 else:
-                    # A body sent as it is is read from the transport's stream as it is (aiter_bytes
-                    # adds a pass-through decoder, a chunker and a counter per piece); a compressed one
-                    # is decompressed by httpx.
-                    encoding = resp.headers.get("content-encoding", "identity").strip().lower()
-                    pieces = resp.stream if encoding in ("identity", "") else resp.aiter_bytes()
-                    async for chunk in pieces:
-                        sink.feed(chunk)
+                    await resp.feed(sink)
             finally:
                 await resp.aclose()
-        self._check(resp, what)
+        if resp.status >= 400:
+            self._check(resp.status, body, what)
 
     @staticmethod
-    def _check(resp: httpx.Response, what: str) -> None:
-        if resp.status_code >= 500:
-            raise EngineUnavailable(f"{what}: HTTP {resp.status_code}: {_error_message(resp)}",
-                                    status_code=resp.status_code)
-        if resp.status_code >= 400:
-            raise EngineRequestError(f"{what}: HTTP {resp.status_code}: {_error_message(resp)}",
-                                     status_code=resp.status_code)
+    def _check(status: int, body: bytes, what: str) -> None:
+        if status >= 500:
+            raise EngineUnavailable(f"{what}: HTTP {status}: {_error_message(status, body)}", status_code=status)
+        if status >= 400:
+            raise EngineRequestError(f"{what}: HTTP {status}: {_error_message(status, body)}", status_code=status)
 
     @staticmethod
-    def _json(resp: httpx.Response, what: str) -> Any:
+    def _json(body: bytes, what: str) -> Any:
         try:
-            out = fastjson.loads(resp.content)
+            out = fastjson.loads(body)
         except (ValueError, RecursionError) as exc:
-            raise WireFormatError(f"{what}: the answer is not JSON: {resp.text[:200]!r}") from exc
+            raise WireFormatError(f"{what}: the answer is not JSON: {body.decode('utf-8', 'replace')[:200]!r}") from exc
         return out
 
     # -- /generate ---------------------------------------------------------------------------------
@@ -229,9 +220,9 @@ class SGLangClient:
                                      headers=self._routing_headers(routing_key))
             out = reader.result("POST /generate", want_logprobs=return_logprob)
         else:
-            resp = await self._request("POST", "/generate", json_body=body, timeout=timeout,
-                                       headers=self._routing_headers(routing_key))
-            out = self._json(resp, "POST /generate")
+            answer = await self._request("POST", "/generate", json_body=body, timeout=timeout,
+                                         headers=self._routing_headers(routing_key))
+            out = self._json(answer, "POST /generate")
         if not isinstance(out, dict):
             raise WireFormatError(f"POST /generate: expected one JSON object, got {type(out).__name__}")
         return out
@@ -257,10 +248,9 @@ class SGLangClient:
             resp = await self._send("POST", "/generate", json_body=body, timeout=timeout,
                                     headers=self._routing_headers(routing_key))
             try:
-                if resp.status_code >= 400:
-                    await resp.aread()
-                    self._check(resp, what)
-                async for line in resp.aiter_lines():
+                if resp.status >= 400:
+                    self._check(resp.status, await resp.read(), what)
+                async for line in resp.lines():
                     if not line.startswith("data:"):
                         continue
                     data = line[len("data:"):].strip()
