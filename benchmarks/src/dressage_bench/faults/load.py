@@ -32,6 +32,7 @@ from dressage_bench.faults.runner import FaultsConfig, case
 from dressage.proxy import fastjson
 from dressage.proxy.engines.aio_transport import AiohttpTransport
 from dressage.proxy.engines.sglang_client import SGLangClient
+from dressage.proxy.engines.transport import EngineTransportError
 from dressage.tokenizer import load_tokenizer
 
 
@@ -99,16 +100,43 @@ async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: 
     return lat, prompts, errors
 
 
+class _SdkTransport(httpx.AsyncBaseTransport):
+    """httpx's transport interface over an engine transport, for the openai SDK (which speaks httpx only):
+    httpx's own pool costs the driver several times the Proxy's CPU per call on the cores they share."""
+
+    _SKIP = frozenset({"host", "content-length", "transfer-encoding", "connection", "accept-encoding"})
+
+    def __init__(self, transport: AiohttpTransport) -> None:
+        self.transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in self._SKIP}
+        timeout = (request.extensions.get("timeout") or {}).get("read") or 120.0
+        try:
+            resp = await self.transport.send(request.method, str(request.url), body=(await request.aread()) or None,
+                                             headers=headers, timeout=timeout)
+            try:
+                body = await resp.read()
+            finally:
+                await resp.aclose()
+        except EngineTransportError as exc:
+            raise getattr(httpx, exc.kind, httpx.TransportError)(str(exc), request=request) from exc
+        fields = [(k, v) for k, v in resp.headers.items() if k.lower() != "content-encoding"]  # read decoded
+        return httpx.Response(resp.status, headers=fields, content=body)
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+
 async def _through_proxy(url: str, sessions: int, turns: int, concurrency: int) -> tuple[list[float], list, int]:
     """The same calls through the openai SDK, as agent frameworks make them."""
     lat: list[float] = []
     prompts: list = []  # the messages of every call, rendered later for the direct run
     errors = 0
     gate = asyncio.Semaphore(concurrency)
-    # The SDK speaks httpx, so this run rides httpx's own pool; the timed lean rounds ride the engine
-    # client's transport on both sides, where the added latency is the Proxy's alone.
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as h:
+    # The agents' client rides the same connection pool as the Proxy's engine client (and the direct
+    # run's), so the added latency is the Proxy's, not a difference between HTTP client pools.
+    async with httpx.AsyncClient(timeout=120, transport=_SdkTransport(AiohttpTransport(concurrency))) as h:
         async def one(i: int) -> None:
             nonlocal errors
             async with gate:
