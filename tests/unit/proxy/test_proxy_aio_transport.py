@@ -349,3 +349,26 @@ def test_both_transports_refuse_a_closed_port_alike():
         assert outcome[0] == "error" and outcome[1] is EngineUnavailable, outcome
         # the same httpx exception, named the same way (its own text is each library's)
         assert outcome[2].startswith(f"POST {url}/generate: ConnectError: "), outcome
+
+
+def test_lines_are_whole_however_the_body_is_cut():
+    from dressage.proxy.engines.transport import EngineResponse
+
+    class Pieces(EngineResponse):
+        def __init__(self, pieces):
+            super().__init__(200, {})
+            self._pieces = pieces
+
+        async def pieces(self):
+            for piece in self._pieces:
+                yield piece
+
+    body = "data: é1\r\n\ndata: " + "x" * 5000 + "\n\ndata: [DONE]"
+    want = ["data: é1", "", "data: " + "x" * 5000, "", "data: [DONE]"]
+    raw = body.encode()
+
+    async def lines(pieces):
+        return [line async for line in Pieces(pieces).lines()]
+
+    for size in (1, 7, 4096, len(raw)):
+        assert asyncio.run(lines([raw[i:i + size] for i in range(0, len(raw), size)])) == want, size

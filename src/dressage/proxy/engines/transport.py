@@ -66,16 +66,17 @@ class EngineResponse:
 
     async def lines(self) -> AsyncIterator[str]:
         """The body's lines (UTF-8, without their ``\\n`` / ``\\r\\n``) as they arrive: server-sent events."""
-        rest = b""
+        pending: list[bytes] = []  # a line's pieces, joined once its end arrives (a routing line is MiBs)
         async for piece in self.pieces():
-            rest += piece
+            pending.append(piece)
             if b"\n" not in piece:
                 continue
-            *done, rest = rest.split(b"\n")
+            *done, rest = b"".join(pending).split(b"\n")
+            pending = [rest] if rest else []
             for line in done:
                 yield line.rstrip(b"\r").decode("utf-8", "replace")
-        if rest:
-            yield rest.rstrip(b"\r").decode("utf-8", "replace")
+        if pending:
+            yield b"".join(pending).rstrip(b"\r").decode("utf-8", "replace")
 
 
 class EngineTransport(Protocol):
