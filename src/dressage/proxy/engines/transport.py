@@ -8,7 +8,7 @@ over any httpx transport (httpx's own pool, ``httpx.MockTransport`` in tests). T
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Mapping, Protocol
+from typing import AsyncIterator, Mapping, Protocol
 
 __all__ = ["BodySink", "EngineResponse", "EngineTransport", "EngineTransportError", "EngineTransportTimeout"]
 
