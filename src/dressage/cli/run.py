@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_config(args: argparse.Namespace):
     """The validated :class:`RunConfig` of ``dressage run``'s flags (and ``--config`` file)."""
-    from dressage.harness.run.config import TRANSFORMERS_MODEL
+    from dressage.fields.config import TRANSFORMERS_MODEL
 
     tree = _tree()
     values = tree.values(args)

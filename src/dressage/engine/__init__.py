@@ -4,7 +4,7 @@ Deterministic, vectorised output (readable text, logprobs, R3 routed experts con
 shared prefix) so that tests, demos and benchmarks exercise the data plane, not a model.
 """
 
-from dressage.engine.config import EngineConfig, model_from_preset
+from dressage.engine.config import EngineConfig
 from dressage.engine.core import Engine, Generation
 from dressage.engine.protocol import GenerateRequest, SamplingParams, parse_generate_body
 from dressage.engine.routing import RoutingModel
@@ -21,6 +21,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'dressage.engine' has no attribute {name!r}")
 
 __all__ = [
-    "EngineConfig", "model_from_preset", "Engine", "Generation", "GenerateRequest", "SamplingParams",
+    "EngineConfig", "Engine", "Generation", "GenerateRequest", "SamplingParams",
     "parse_generate_body", "RoutingModel", "EngineServer", "create_app",
 ]

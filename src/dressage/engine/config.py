@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dressage.errors import ConfigError
-from dressage.fields.config import DEFAULT_MODEL, TRANSFORMERS_MODEL, ModelConfig, model_from_preset
+from dressage.fields.config import DEFAULT_MODEL, TRANSFORMERS_MODEL, ModelConfig
 from dressage.fields.models import ModelSpec
 from dressage.flags import flag
 
-__all__ = ["EngineConfig", "model_from_preset", "DEFAULT_MODEL", "TRANSFORMERS_MODEL", "BACKENDS"]
+__all__ = ["EngineConfig", "BACKENDS"]
 
 BACKENDS = ("builtin", "transformers")
 

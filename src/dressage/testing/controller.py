@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
-from dressage.tq.directory.controller import Controller, KeyState, UnitInfo
+from dressage.tq.directory.controller import Controller
+from dressage.tq.directory.entries import KeyState, UnitInfo
 
 __all__ = ["ControllerTests", "serve_controller"]
 

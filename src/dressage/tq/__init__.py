@@ -6,7 +6,8 @@
 
 from dressage.tq.client.client import ClientCounters, TransferQueueClient
 from dressage.tq.config import TransferQueueConfig, load_config
-from dressage.tq.directory.controller import Controller, KeyState, UnitInfo
+from dressage.tq.directory.controller import Controller
+from dressage.tq.directory.entries import KeyState, UnitInfo
 from dressage.tq.deploy.transfer_queue import TransferQueue
 from dressage.fields.refs import FieldRef
 from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit, StorageUnit

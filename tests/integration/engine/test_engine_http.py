@@ -14,7 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from dressage.engine import EngineConfig, EngineServer, model_from_preset
+from dressage.engine import EngineConfig, EngineServer
+from dressage.fields.config import model_from_preset
 from dressage.fields.sglang import decode_generate_response
 from dressage.tokenizer import ByteTokenizer
 

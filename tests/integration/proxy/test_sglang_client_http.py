@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from dressage.engine import EngineConfig, EngineServer, model_from_preset
+from dressage.engine import EngineConfig, EngineServer
+from dressage.fields.config import model_from_preset
 from dressage.errors import EngineRequestError, EngineUnavailable
 from dressage.fields.sglang import decode_generate_response
 from dressage.proxy.engines.sglang_client import SGLangClient

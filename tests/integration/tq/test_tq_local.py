@@ -141,7 +141,7 @@ def test_a_generated_secret_keeps_local_peers_without_it_out(tq):
     import stat
 
     from dressage.errors import ProtocolError
-    from dressage.tq.directory.controller import UnitInfo
+    from dressage.tq.directory.entries import UnitInfo
     from dressage.tq.directory.service import RemoteController
     from dressage.tq.storage.remote import RemoteStorageUnit
 

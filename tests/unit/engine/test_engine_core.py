@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from dressage.engine import Engine, EngineConfig, RoutingModel, model_from_preset
+from dressage.engine import Engine, EngineConfig, RoutingModel
+from dressage.fields.config import model_from_preset
 from dressage.errors import ConfigError, EngineRequestError
 from dressage.fields.models import ModelSpec
 from dressage.fields.sglang import decode_generate_response

@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from dressage.engine import Engine, EngineConfig, model_from_preset
+from dressage.engine import Engine, EngineConfig
+from dressage.fields.config import model_from_preset
 from dressage.engine.json_schema import parse_schema, sample_json
 from dressage.errors import EngineRequestError
 from dressage.tokenizer import ByteTokenizer

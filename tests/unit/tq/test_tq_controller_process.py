@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dressage.tq.directory.controller import UnitInfo
+from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.deploy.children import await_ready, launch_child, stop_children
 

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from dressage.errors import ProtocolError, RowRangeError
 from dressage.tq import FieldRef
 from dressage.tq.transport import wire
-from dressage.tq.directory.controller import Controller, UnitInfo
+from dressage.tq.directory.controller import Controller
+from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import ControllerServer, RemoteController
 from dressage.tq.storage import MemoryStorageUnit, SpillStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit

@@ -11,7 +11,8 @@ import zmq
 
 from dressage.errors import ProtocolError, TransferQueueError
 from dressage.tq.transport import wire
-from dressage.tq.directory.controller import Controller, UnitInfo
+from dressage.tq.directory.controller import Controller
+from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import ControllerServer, RemoteController
 from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit

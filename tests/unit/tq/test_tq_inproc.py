@@ -10,7 +10,7 @@ import pytest
 
 from dressage.errors import KeyNotFoundError, StorageFullError, TransferQueueError
 from dressage.tq import TransferQueue
-from dressage.tq.directory.controller import KeyState
+from dressage.tq.directory.entries import KeyState
 from dressage.fields.refs import FieldRef
 
 
@@ -105,7 +105,8 @@ def test_a_ref_to_an_unknown_unit_or_a_cleared_key_fails_typed():
 
 def test_one_unit_placement_without_a_pool_search_keeps_every_refusal():
     from dressage.errors import StorageUnitUnavailable
-    from dressage.tq.directory.controller import Controller, UnitInfo
+    from dressage.tq.directory.controller import Controller
+    from dressage.tq.directory.entries import UnitInfo
 
     strict = Controller([UnitInfo("u0", memory_budget=100)], strict_budget=True)
     assert strict.place_many([("a", 60, "f")]) == "u0"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dressage.tq.directory.controller import Controller, UnitInfo
+from dressage.tq.directory.controller import Controller
+
+from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.janitor import Janitor
 from dressage.tq.storage import MemoryStorageUnit
 

@@ -9,7 +9,8 @@ import pytest
 
 from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQueueError
 from dressage.tq import TransferQueue, TransferQueueClient
-from dressage.tq.directory.controller import Controller, KeyState, UnitInfo
+from dressage.tq.directory.controller import Controller
+from dressage.tq.directory.entries import KeyState, UnitInfo
 from dressage.tq.directory import lease as lease_mod
 from dressage.tq.directory.lease import LEASE_MAX_BYTES, LEASE_PUT_MAX, LEASE_SHARE, LEASE_TTL_S
 from dressage.tq.directory.liveness import VIEW_TTL_S

@@ -10,7 +10,8 @@ import pytest
 
 from dressage.errors import StorageUnitUnavailable
 from dressage.tq.client.client import TransferQueueClient
-from dressage.tq.directory.controller import Controller, UnitInfo
+from dressage.tq.directory.controller import Controller
+from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.liveness import LivenessMonitor
 from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit

@@ -11,7 +11,7 @@ from dressage.tq import TransferQueue, TransferQueueClient
 from dressage.tq.client.batching import PutBatcher
 from dressage.tq.client.inproc import InProcess
 from dressage.tq.client.leases import LeasedWrite
-from dressage.tq.directory.controller import KeyState
+from dressage.tq.directory.entries import KeyState
 
 _UNIT_FIELDS = ("keys", "bytes", "puts", "bytes_written", "directory_keys", "directory_bytes", "pending")
 

@@ -16,7 +16,8 @@ from dressage.tq import TransferQueue, TransferQueueClient
 from dressage.tq.transport import shm
 from dressage.tq.transport.bulk import StreamBroken
 from dressage.tq.transport.bulk_rpc import BulkClient
-from dressage.tq.directory.controller import Controller, KeyState, UnitInfo
+from dressage.tq.directory.controller import Controller
+from dressage.tq.directory.entries import KeyState, UnitInfo
 from dressage.tq.directory.service import ControllerServer, RemoteController
 from dressage.tq.storage.remote import _checked_span
 

@@ -101,7 +101,9 @@ def test_typed_errors_cross_the_wire(served):
 
 def test_controller_keeps_answering_while_one_client_never_reads_its_replies():
 
-    from dressage.tq.directory.controller import Controller, UnitInfo
+    from dressage.tq.directory.controller import Controller
+
+    from dressage.tq.directory.entries import UnitInfo
     from dressage.tq.directory.service import ControllerServer, RemoteController
 
     server = ControllerServer(Controller([UnitInfo("u0")])).start()

@@ -18,7 +18,7 @@ from dressage.tq.config import TransferQueueSelection
 from dressage.units import parse_count
 
 __all__ = ["RunConfig", "RolloutConfig", "AgentsConfig", "InferenceConfig", "ClusterConfig", "ReportConfig",
-           "ENGINES", "TRANSFORMERS_MODEL"]
+           "ENGINES"]
 
 ENGINES = BACKENDS
 """The engines ``dressage run`` can start."""

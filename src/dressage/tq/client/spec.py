@@ -9,7 +9,7 @@ from typing import Any
 
 from dressage.errors import ConfigError
 from dressage.tq.client.node import current_node_id
-from dressage.tq.directory.controller import UnitInfo
+from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.storage.remote import RemoteStorageUnit
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.config import TransferQueueConfig
-from dressage.tq.directory.controller import Controller, UnitInfo
+from dressage.tq.directory.controller import Controller
+from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.janitor import Janitor, sweep_interval
 from dressage.tq.secret import DeploymentSecret
 from dressage.tq.storage import StorageUnit, make_storage_unit

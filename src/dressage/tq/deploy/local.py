@@ -18,7 +18,7 @@ from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.client.spec import make_spec
 from dressage.tq.config import TransferQueueConfig
 from dressage.tq.deploy.children import controller_args, spawn, stop_children
-from dressage.tq.directory.controller import UnitInfo
+from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.secret import DeploymentSecret
 from dressage.tq.storage import StorageUnit

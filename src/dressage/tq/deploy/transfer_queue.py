@@ -15,7 +15,7 @@ from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.config import TransferQueueConfig, load_config
 from dressage.tq.deploy.base import Deployment
 from dressage.tq.deploy.embedded import EmbeddedDeployment
-from dressage.tq.directory.controller import UnitInfo
+from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.storage import StorageUnit
 
 __all__ = ["TransferQueue", "start_deployment"]

@@ -20,7 +20,7 @@ from dressage.errors import StorageFullError, StorageUnitUnavailable, TransferQu
 from dressage.tq.directory.entries import Entry, KeyState, Liveness, UnitInfo, UnitState
 from dressage.tq.directory.lease import LeaseDesk
 
-__all__ = ["Controller", "KeyState", "UnitInfo", "UnitState"]
+__all__ = ["Controller"]
 
 log = logging.getLogger(__name__)
 _TOMBSTONES = 100_000  # how many cleared keys the directory remembers, for ``state()``

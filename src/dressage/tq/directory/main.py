@@ -11,7 +11,9 @@ import json
 import os
 import sys
 
-from dressage.tq.directory.controller import Controller, UnitInfo
+from dressage.tq.directory.controller import Controller
+
+from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import ControllerServer
 from dressage.tq.directory.janitor import Janitor
 

@@ -7,7 +7,8 @@ import logging
 from typing import Any
 
 from dressage.errors import ProtocolError, TransferQueueError
-from dressage.tq.directory.controller import Controller, UnitInfo
+from dressage.tq.directory.controller import Controller
+from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.transport.wire import MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, text, text_list, uint
 
 __all__ = ["LEASE_OPS", "lease_op", "apply_commits", "place_items", "str_list", "opt_str", "unit_from_wire"]

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from dressage.errors import ProtocolError, StorageUnitUnavailable
-from dressage.tq.directory.controller import Controller, KeyState, UnitInfo
+from dressage.tq.directory.controller import Controller
+from dressage.tq.directory.entries import KeyState, UnitInfo
 from dressage.tq.directory.ops import LEASE_OPS, lease_op, opt_str, place_items, str_list, unit_from_wire
 from dressage.tq.directory.janitor import Janitor
 from dressage.tq.transport.bulk_rpc import BulkClient, BulkServer

@@ -146,11 +146,6 @@ class ChatServing:
             self.book.drop_if_unused(session_id)
             raise
 
-    async def complete(self, session_id: str, req: ChatRequest) -> dict[str, Any]:
-        """Non-streamed chat completion (kept for embedders; HTTP goes through :meth:`open`)."""
-        await self.core.settled(session_id)
-        return await self._complete(self.prepare(session_id, req))
-
     def _commit_task(self, call: ChatCall, samples: list[ChatSample]) -> asyncio.Future:
         task = call.commit = asyncio.ensure_future(self.sampler.commit(call, samples))
         if call.turn_id is not None:
