@@ -73,7 +73,6 @@ class ProxyService:
                                 forgetters=(self.engines.forget, self.turns.forget_session, memory.forget,
                                             self.versions.forget))
         """Header-created sessions, per-session forgetting and the call counters, shared by every endpoint."""
-        self.keeper = self.book.keeper
         calls = ModelCalls(config, core, tokenizer, engines=self.engines, pause=self.pause, versions=self.versions,
                            limits=self.limits, rids=self.rids, in_flight=self.in_flight, book=self.book)
         self.chat = ChatServing(config, core, tokenizer, calls=calls,
@@ -99,7 +98,7 @@ class ProxyService:
         self.trajectories.adopt(report.delivered)
         # Appends start where replay stopped: a record the replay refused is cut (and set aside) too.
         self.core.journal = Journal(journal.path, fsync=journal.fsync, intact_bytes=report.intact_bytes)
-        self.keeper.adopt()  # resumed sessions expire like any other
+        self.book.keeper.adopt()  # resumed sessions expire like any other
         return report
 
     async def aclose(self) -> None:
@@ -156,7 +155,7 @@ class ProxyService:
                 "calls": book.calls, "failed_calls": book.failed_calls, "replayed_turns": book.replayed_turns,
                 "weight_version": self.weight_version, "pause": self.pause.state(),
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves),
-                "evicted_sessions": self.keeper.evicted,
+                "evicted_sessions": self.book.keeper.evicted,
                 "heap_trims": done.heap_trims, "heap_trim_ms": round(done.heap_trim_s * 1e3, 3),
                 "tokenizer_cpu_s": round(float(getattr(self.tokenizer, "cpu_s", 0.0)), 6)}
 

@@ -310,7 +310,7 @@ def test_idle_sessions_are_evicted_and_the_cap_holds():
 
 def test_session_timeout_evicts_over_http(hostile):
     server = _serve(hostile.url, sessions=SessionsConfig(session_timeout_s=600, max_sessions=2))
-    clock = server.service.keeper.clock = _Clock()       # idle time without waiting for it
+    clock = server.service.book.keeper.clock = _Clock()       # idle time without waiting for it
     try:
         hostile.mode = "ok"
         sids = [_sid(server.url) for _ in range(2)]

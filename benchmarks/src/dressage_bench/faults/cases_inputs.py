@@ -228,7 +228,7 @@ def session_caps(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     engine = start_engine(mean_response_tokens=8)
     stack = start_proxy(engine.url, sessions=SessionsConfig(max_sessions=100, session_timeout_s=600,
                                                          max_cached_turns=50))
-    keeper = stack.proxy.service.keeper
+    keeper = stack.proxy.service.book.keeper
     try:
         u = stack.url
         statuses: dict[int, int] = {}
