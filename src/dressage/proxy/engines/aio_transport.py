@@ -14,7 +14,8 @@ any loop and used from one, or from several ``asyncio.run`` calls one after anot
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Mapping
+import contextlib
+from typing import Any, AsyncIterator, Iterator, Mapping
 
 from dressage.proxy.engines.transport import EngineResponse, EngineTransportError, EngineTransportTimeout
 
@@ -44,6 +45,15 @@ def _failed(exc: BaseException, method: str, url: str) -> EngineTransportError:
     return EngineTransportError("ReadError", what)
 
 
+@contextlib.contextmanager
+def _translated(method: str, url: str) -> Iterator[None]:
+    """aiohttp's failures (and deadlines) inside the block as :class:`EngineTransportError`."""
+    try:
+        yield
+    except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+        raise _failed(exc, method, url) from exc
+
+
 class _Response(EngineResponse):
     __slots__ = ("_resp", "_method", "_url")
 
@@ -52,25 +62,19 @@ class _Response(EngineResponse):
         self._resp, self._method, self._url = resp, method, url
 
     async def read(self) -> bytes:
-        try:
+        with _translated(self._method, self._url):
             return await self._resp.read()
-        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-            raise _failed(exc, self._method, self._url) from exc
 
     async def pieces(self) -> AsyncIterator[bytes]:
-        try:
+        with _translated(self._method, self._url):
             async for piece in self._resp.content.iter_any():
                 yield piece
-        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-            raise _failed(exc, self._method, self._url) from exc
 
     async def feed(self, sink: Any) -> None:
         # The same as the default, without an async generator between aiohttp's stream and the sink.
-        try:
+        with _translated(self._method, self._url):
             async for piece in self._resp.content.iter_any():
                 sink.feed(piece)
-        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-            raise _failed(exc, self._method, self._url) from exc
 
     async def aclose(self) -> None:
         self._resp.release()
@@ -115,11 +119,9 @@ class AiohttpTransport:
     async def send(self, method: str, url: str, *, body: bytes | None, headers: Mapping[str, str],
                    timeout: float) -> EngineResponse:
         session = self._session()
-        try:
+        with _translated(method, url):
             resp = await session.request(method, url, data=body, headers=headers, timeout=self._timeout(timeout),
                                          allow_redirects=False)
-        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-            raise _failed(exc, method, url) from exc
         return _Response(resp, method, url)
 
     async def aclose(self) -> None:

@@ -6,7 +6,8 @@ httpx's exceptions come back as :class:`~.transport.EngineTransportError` named 
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Mapping
+import contextlib
+from typing import AsyncIterator, Iterator, Mapping
 
 from dressage.proxy.engines.httpx_lean import httpx
 from dressage.proxy.engines.transport import EngineResponse, EngineTransportError, EngineTransportTimeout
@@ -14,9 +15,14 @@ from dressage.proxy.engines.transport import EngineResponse, EngineTransportErro
 __all__ = ["HttpxTransport"]
 
 
-def _failed(exc: httpx.TransportError) -> EngineTransportError:
-    kind = EngineTransportTimeout if isinstance(exc, httpx.TimeoutException) else EngineTransportError
-    return kind(type(exc).__name__, str(exc))
+@contextlib.contextmanager
+def _translated() -> Iterator[None]:
+    """httpx's transport failures inside the block as :class:`EngineTransportError`, named after them."""
+    try:
+        yield
+    except httpx.TransportError as exc:
+        kind = EngineTransportTimeout if isinstance(exc, httpx.TimeoutException) else EngineTransportError
+        raise kind(type(exc).__name__, str(exc)) from exc
 
 
 class _Response(EngineResponse):
@@ -27,17 +33,13 @@ class _Response(EngineResponse):
         self._resp = resp
 
     async def read(self) -> bytes:
-        try:
+        with _translated():
             return await self._resp.aread()
-        except httpx.TransportError as exc:
-            raise _failed(exc) from exc
 
     async def pieces(self) -> AsyncIterator[bytes]:
-        try:
+        with _translated():
             async for piece in self._resp.aiter_bytes():
                 yield piece
-        except httpx.TransportError as exc:
-            raise _failed(exc) from exc
 
     async def aclose(self) -> None:
         await self._resp.aclose()
@@ -55,10 +57,8 @@ class HttpxTransport:
         request = httpx.Request(method, url, headers=headers, content=body,
                                 extensions={"timeout": {"connect": timeout, "read": timeout,
                                                         "write": timeout, "pool": timeout}})
-        try:
+        with _translated():
             resp = await self.transport.handle_async_request(request)
-        except httpx.TransportError as exc:
-            raise _failed(exc) from exc
         resp.request = request
         return _Response(resp)
 
