@@ -30,11 +30,11 @@ class ChatMessage(_Body):
 
 
 class ChatRequest(_Body):
-    """``POST /v1/chat/completions``; what the Proxy does with each parameter is in
-    :mod:`dressage.proxy.openai.chat.params` (and the README's "Supported OpenAI parameters")."""
+    """``POST /v1/chat/completions``; what the Proxy does with each field is
+    :data:`dressage.proxy.openai.chat.params.CHAT_PARAMS` (rendered in ``docs/parameters.md``)."""
 
-    # Keys not declared here are kept (``model_extra``) so that one which would change the output
-    # can be refused by name instead of being dropped; see ``chat_params.NO_OP_PARAMS``.
+    # Keys not declared here are kept (``model_extra``) so that the policy can accept, or refuse by
+    # name, each one instead of dropping it.
     model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None

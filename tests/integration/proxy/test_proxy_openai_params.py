@@ -293,13 +293,13 @@ def test_non_text_parts_and_unknown_parameters_are_refused_by_name(api):
     err = r.json()["error"]
     assert r.status_code == 400 and err["param"] == "messages[0].content[1]" and "image_url" in err["message"]
     assert api.steps(sid) == []
-    for key, value in (("reasoning_effort", "high"), ("functions", [{"name": "f"}]), ("best_of", 2),
+    for key, value in (("web_search_options", {}), ("functions", [{"name": "f"}]), ("best_of", 2),
                        ("modalities", ["text", "audio"])):
         sid, r = api.chat(**{key: value})
         assert r.status_code == 400 and r.json()["error"]["param"] == key, (key, r.text)
         assert r.json()["error"]["code"] == "unsupported_parameter" and api.steps(sid) == []
     _, out = api.ok(user="u1", metadata={"k": "v"}, store=False, parallel_tool_calls=True, modalities=["text"],
-                    max_tokens=4, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
+                    reasoning_effort="high", verbosity="low", prompt_cache_key="k", max_tokens=4, messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
     assert out["usage"]["completion_tokens"] >= 1
 
 

@@ -20,21 +20,52 @@ from dressage.proxy.config import ProxyConfig
 from dressage.proxy.openai.chat.params import _logit_bias
 from dressage.proxy.openai.chat.reply import cut_at_stop, visible_prefix
 from dressage.proxy.openai.model_calls import ModelCalls
+from dressage.proxy.openai.policy import IGNORED, REFUSED, USED, Param, ParamPolicy, request_fields
 from dressage.proxy.openai.streaming import DONE, KEEPALIVE, error_payload, sse
 from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.recording.limits import CallLimits
 from dressage.proxy.recording.session_book import SessionBook
 
-__all__ = ["CompletionRequest", "CompletionsServing"]
+__all__ = ["COMPLETIONS_PARAMS", "CompletionRequest", "CompletionsServing"]
 
 OPENAI_DEFAULT_MAX_TOKENS = 16
 """``max_tokens`` of a text completion that leaves it out (OpenAI's documented default)."""
 
 
-class CompletionRequest(BaseModel):
-    """``POST /v1/completions`` body; fields not listed (``user``, ...) are ignored."""
+def _one_sample(value: Any) -> str | None:
+    return None if value == 1 else "one sample per text completion (chat completions take n)"
 
-    model_config = ConfigDict(extra="ignore")
+
+COMPLETIONS_PARAMS = ParamPolicy("text completions", (
+    Param("prompt", USED, "one string (tokenized without a chat template) or one list of token ids; several "
+          "prompts: 400"),
+    Param("model", USED, "accepted; the one served model answers (its name is reported back)"),
+    Param("max_tokens", USED, "engine `max_new_tokens` (default 16, as OpenAI), capped by the Proxy's limits"),
+    Param("temperature", USED, "engine `temperature`"),
+    Param("top_p", USED, "engine `top_p`"),
+    Param("presence_penalty", USED, "engine `presence_penalty`"),
+    Param("frequency_penalty", USED, "engine `frequency_penalty`"),
+    Param("logit_bias", USED, "engine `logit_bias` (token id -> bias in -100..100)"),
+    Param("stop", USED, "engine `stop` (up to 4); the text ends before the stop string"),
+    Param("seed", USED, "engine `sampling_seed`"),
+    Param("logprobs", USED, "0..5: each token's logprob and that many alternatives"),
+    Param("stream", USED, "OpenAI chunks"),
+    Param("stream_options", USED, "`include_usage`: a last chunk with the usage"),
+    Param("n", USED, "1 only; more: 400 (one sample per text completion)", _one_sample),
+    Param("best_of", USED, "1 only; more: 400", lambda v: None if v == 1 else "only one candidate is drawn"),
+    Param("user", IGNORED, "accepted and ignored: OpenAI platform bookkeeping, it does not change what is "
+          "sampled"),
+    Param("echo", IGNORED, "`false` accepted; `true`: 400", lambda v: "echoing the prompt is not supported" if v
+          else None),
+    Param("suffix", REFUSED, "insertion (a suffix after the completion) is not supported"),
+))
+"""What a text-completions call does with each field (``docs/parameters.md`` renders it)."""
+
+
+class CompletionRequest(BaseModel):
+    """``POST /v1/completions`` body; every field, declared here or not, is checked by :data:`COMPLETIONS_PARAMS`."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None
     prompt: Union[str, list[int], list[str], list[list[int]]]
@@ -83,12 +114,7 @@ class CompletionsServing:
         self.calls, self.limits, self.in_flight, self.book = calls, limits, in_flight, book
 
     def _completion_sampling(self, req: CompletionRequest, prompt_len: int) -> tuple[dict[str, Any], list[str]]:
-        refused = [(req.n > 1, "n", "one sample per text completion (chat completions take n)"),
-                   ((req.best_of or 1) > 1, "best_of", "not supported"), (req.echo, "echo", "not supported"),
-                   (req.suffix is not None, "suffix", "not supported")]
-        for bad, name, why in refused:
-            if bad:
-                raise UnsupportedParameterError(name, why)
+        COMPLETIONS_PARAMS.check(request_fields(req))
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stops) > 4 or not all(stops):
             raise UnsupportedParameterError("stop", "at most 4 stop sequences, none empty")

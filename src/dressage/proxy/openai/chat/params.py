@@ -1,9 +1,8 @@
 """OpenAI chat-completions parameters -> the engine's sampling parameters, or a clear 400.
 
-Every parameter of a chat call is either passed to the engine under SGLang's ``SamplingParams``
-name, enforced by the Proxy itself (``stop`` trimming, ``tool_choice``, ``parallel_tool_calls``,
-``n``, ``logprobs``), accepted as a no-op because it cannot change the output
-(:data:`NO_OP_PARAMS`), or refused with :class:`~dressage.errors.UnsupportedParameterError`
+Every field of a chat call is in :data:`CHAT_PARAMS`: passed to the engine under SGLang's
+``SamplingParams`` name or enforced by the Proxy itself (used), accepted and ignored because it
+cannot change what is sampled, or refused with :class:`~dressage.errors.UnsupportedParameterError`
 naming it. Nothing is dropped silently.
 """
 
@@ -15,14 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dressage.errors import UnsupportedParameterError
+from dressage.proxy.openai.policy import IGNORED, REFUSED, USED, Param, ParamPolicy, request_fields
 
-__all__ = ["ChatOptions", "chat_options", "chat_messages", "NO_OP_PARAMS", "SAMPLING_PARAMS"]
-
-NO_OP_PARAMS = frozenset({
-    "user", "metadata", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
-    "safety_identifier", "prediction",
-})
-"""Accepted and ignored: bookkeeping for OpenAI's platform, none of them changes a reply's tokens."""
+__all__ = ["ChatOptions", "chat_options", "chat_messages", "CHAT_PARAMS", "SAMPLING_PARAMS"]
 
 SAMPLING_PARAMS = {
     "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
@@ -31,15 +25,66 @@ SAMPLING_PARAMS = {
 }
 """OpenAI (or vLLM-style extension) name -> SGLang ``SamplingParams`` name, passed as given."""
 
-_REFUSED = {
-    "functions": "the deprecated functions API is not supported; send tools",
-    "function_call": "the deprecated functions API is not supported; send tool_choice",
-    "audio": "audio output is not supported: the served model writes text only",
-    "modalities": "only text output is supported",
-    "reasoning_effort": "the served model's reasoning cannot be steered per call; leave it out",
-    "verbosity": "the served model's verbosity cannot be steered per call; leave it out",
-    "web_search_options": "web search is not available on this server",
-}
+
+def _text_only(value: Any) -> str | None:
+    return None if value == ["text"] else "only text output is supported: the served model writes text"
+
+
+_IGNORED_PLATFORM = "accepted and ignored: OpenAI platform bookkeeping, it does not change what is sampled"
+
+CHAT_PARAMS = ParamPolicy("chat completions", (
+    Param("messages", USED, "roles `system`, `developer` (rendered as `system`), `user`, `assistant`, `tool`; "
+          "content a string or `text` parts (other parts: 400, the served model reads text only)"),
+    Param("model", USED, "accepted; the one served model answers (its name is reported back)"),
+    Param("tools", USED, "rendered by the chat template; tool-call blocks in the reply become `tool_calls`"),
+    Param("tool_choice", USED, '`none`: no tool rendered or parsed; `auto`; `required` / one named function: '
+          'enforced, a reply that breaks it is drawn again (up to 4 draws, then 502)'),
+    Param("parallel_tool_calls", USED, "`false`: a reply with several calls is drawn again; `true` / unset: "
+          "the model decides"),
+    Param("temperature", USED, "engine `temperature`"),
+    Param("top_p", USED, "engine `top_p`"),
+    Param("top_k", USED, "engine `top_k` (an SGLang / vLLM extension)"),
+    Param("min_p", USED, "engine `min_p` (an SGLang / vLLM extension)"),
+    Param("frequency_penalty", USED, "engine `frequency_penalty`"),
+    Param("presence_penalty", USED, "engine `presence_penalty`"),
+    Param("repetition_penalty", USED, "engine `repetition_penalty` (an SGLang / vLLM extension)"),
+    Param("logit_bias", USED, "engine `logit_bias` (token id -> bias in -100..100)"),
+    Param("max_completion_tokens", USED, "engine `max_new_tokens`, capped by the Proxy's limits"),
+    Param("max_tokens", USED, "engine `max_new_tokens`, capped by the Proxy's limits"),
+    Param("min_tokens", USED, "engine `min_new_tokens` (an SGLang / vLLM extension)"),
+    Param("stop", USED, "engine `stop` (up to 4); the reply text ends before the stop string"),
+    Param("seed", USED, "engine `sampling_seed`"),
+    Param("response_format", USED, "`text`; `json_object` / `json_schema`: engine `json_schema` (constrained "
+          "decoding); with a forced tool call: 400"),
+    Param("logprobs", USED, "the recorded logprobs of every generated token"),
+    Param("top_logprobs", USED, "engine `top_logprobs_num` (0..20); needs `logprobs`"),
+    Param("n", USED, "1..64 samples of the prompt, each its own engine call and recorded step"),
+    Param("stream", USED, "OpenAI chunks"),
+    Param("stream_options", USED, "`include_usage`: a last chunk with the usage"),
+    Param("session_id", USED, "the rollout session (an `X-Session-Id` header wins)"),
+    Param("instance_id", USED, "the prompt instance (an `X-Instance-Id` header wins)"),
+    Param("turn_id", USED, "the agent turn (an `X-Turn-Id` header wins)"),
+    Param("user", IGNORED, _IGNORED_PLATFORM),
+    Param("metadata", IGNORED, _IGNORED_PLATFORM),
+    Param("store", IGNORED, _IGNORED_PLATFORM),
+    Param("service_tier", IGNORED, _IGNORED_PLATFORM),
+    Param("prompt_cache_key", IGNORED, "accepted and ignored: the engine's prefix cache needs no key"),
+    Param("prompt_cache_retention", IGNORED, "accepted and ignored: the engine's prefix cache needs no key"),
+    Param("prompt_cache_options", IGNORED, "accepted and ignored: the engine's prefix cache needs no key"),
+    Param("safety_identifier", IGNORED, _IGNORED_PLATFORM),
+    Param("prediction", IGNORED, "accepted and ignored: a predicted output only speeds a reply up, it does "
+          "not change it"),
+    Param("reasoning_effort", IGNORED, "accepted and ignored: the served model reasons as its chat template "
+          "says"),
+    Param("verbosity", IGNORED, "accepted and ignored: the served model's length is its own"),
+    Param("modalities", IGNORED, '`["text"]` accepted; any other value: 400 (text output only)', _text_only),
+    Param("audio", REFUSED, "audio output is not supported: the served model writes text only"),
+    Param("functions", REFUSED, "the deprecated functions API is not supported; send tools"),
+    Param("function_call", REFUSED, "the deprecated functions API is not supported; send tool_choice"),
+    Param("web_search_options", REFUSED, "web search is a hosted tool this Proxy does not run"),
+    Param("moderation", REFUSED, "moderation is not run by this Proxy"),
+))
+"""What a chat-completions call does with each field (``docs/parameters.md`` renders it)."""
 
 _TEXT_PARTS = frozenset({"text"})
 
@@ -142,12 +187,7 @@ def _logit_bias(bias: dict[str, float]) -> dict[str, float]:
 
 def chat_options(req: Any) -> ChatOptions:
     """Check a :class:`~dressage.proxy.schemas.ChatRequest`'s parameters and translate them."""
-    for key, value in (req.model_extra or {}).items():
-        if key in NO_OP_PARAMS or value is None:
-            continue
-        if key == "modalities" and value == ["text"]:
-            continue
-        raise UnsupportedParameterError(key, _REFUSED.get(key, "not supported by this server"))
+    CHAT_PARAMS.check(request_fields(req))
     sampling: dict[str, Any] = {}
     for name, sglang in SAMPLING_PARAMS.items():
         value = getattr(req, name)
