@@ -8,7 +8,8 @@ import pytest
 from dressage.errors import UnknownResponseError, UnsupportedParameterError
 from dressage.proxy.openai.chat.prompt import QwenToolCallParser, assistant_message, same_message
 from dressage.proxy.openai.responses.protocol import (ResponseMemory, ResponsesRequest, chat_body, chat_tool_choice, chat_tools,
-                                      conversation, input_messages, item_ids, output_items, response_object)
+                                      conversation, input_messages, item_ids, output_items, response_object,
+                                                      tool_namespaces)
 from dressage.proxy.openai.responses.stream import ResponseEvents, replay_events, stream_response
 
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"a": 1}}\n</tool_call>'
@@ -100,6 +101,59 @@ def test_tools_and_tool_choice_convert_and_built_ins_are_refused():
             chat_tool_choice(bad)
 
 
+NAMESPACE = {"type": "namespace", "name": "agents", "description": "Sub-agents.",
+             "tools": [{"type": "function", "name": "spawn", "description": "Start one.", "strict": False,
+                        "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}},
+                       {"type": "function", "name": "close", "parameters": {"type": "object"}}]}
+
+
+def test_namespace_tools_are_rendered_qualified_and_hosted_tools_are_refused_by_type():
+    rendered = chat_tools([{"type": "function", "name": "shell"}, NAMESPACE])
+    assert [t["function"]["name"] for t in rendered] == ["shell", "agents.spawn", "agents.close"]
+    assert rendered[1]["function"] == {"name": "agents.spawn", "description": "Start one.\n\nSub-agents.",
+                                       "strict": False, "parameters": NAMESPACE["tools"][0]["parameters"]}
+    assert tool_namespaces([NAMESPACE]) == {"agents.spawn": ("agents", "spawn"), "agents.close": ("agents", "close")}
+    for tools, param, words in (
+            ([{"type": "mcp", "server_label": "x"}], "tools[0].type", "'mcp'"),
+            ([{"type": "local_shell"}], "tools[0].type", "'local_shell'"),
+            ([{"type": "image_generation"}], "tools[0].type", "'image_generation'"),
+            ([{"type": "code_interpreter"}], "tools[0].type", "'code_interpreter'"),
+            ([dict(NAMESPACE, tools=[{"type": "web_search"}])], "tools[0].tools[0].type", "'web_search'"),
+            ([dict(NAMESPACE, tools=[])], "tools[0].tools", "list of function tools"),
+            ([dict(NAMESPACE, name="a.b")], "tools[0].name", "without"),
+            ([NAMESPACE, NAMESPACE], "tools", "agents.spawn")):
+        with pytest.raises(UnsupportedParameterError, match=words) as info:
+            chat_tools(tools)
+        assert info.value.param == param
+    assert chat_tool_choice({"type": "function", "name": "close", "namespace": "agents"}) == {
+        "type": "function", "function": {"name": "agents.close"}}
+
+
+def test_a_namespaced_call_is_answered_with_its_namespace_and_rendered_qualified_when_sent_back():
+    text = '<think>go</think><tool_call>\n{"name": "agents.spawn", "arguments": {"task": "t"}}\n</tool_call>'
+    recorded = assistant_message(QwenToolCallParser(), text, call_id_prefix="call_x")
+    req = ResponsesRequest(input="x", tools=[{"type": "function", "name": "shell"}, NAMESPACE])
+    response = response_object(req, _completion(recorded), completion_id=CID, created=7, model="m")
+    (call,) = [i for i in response["output"] if i["type"] == "function_call"]
+    assert (call["namespace"], call["name"], json.loads(call["arguments"])) == ("agents", "spawn", {"task": "t"})
+    # The agent sends the call back (reasoning as Codex keeps it: a summary, no encrypted content) with its output.
+    sent = [{"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "go"}],
+             "encrypted_content": None},
+            dict(call), {"type": "function_call_output", "call_id": call["call_id"], "namespace": "agents",
+                         "output": "started"}]
+    back, result = input_messages(sent)
+    assert same_message(back, recorded) and back["reasoning_content"] == "go"
+    assert back["tool_calls"][0]["function"]["name"] == "agents.spawn"
+    assert result == {"role": "tool", "tool_call_id": call["call_id"], "content": "started"}
+    # A plain function keeps its name and carries no namespace.
+    plain = assistant_message(QwenToolCallParser(), text.replace("agents.spawn", "shell"), call_id_prefix="c")
+    (item,) = output_items(plain, CID, namespaces=tool_namespaces(req.tools))[1:]
+    assert item["name"] == "shell" and "namespace" not in item
+    with pytest.raises(UnsupportedParameterError) as info:
+        input_messages([dict(call, namespace=3)])
+    assert info.value.param == "input[0].namespace"
+
+
 def test_request_maps_to_the_chat_body_and_refuses_what_it_cannot_honour():
     req = ResponsesRequest(input="hi", instructions="sys", max_output_tokens=9, temperature=0.3, top_p=0.9,
                            tools=[{"type": "function", "name": "f"}], tool_choice="required", stream=True,
@@ -117,10 +171,11 @@ def test_request_maps_to_the_chat_body_and_refuses_what_it_cannot_honour():
         "response_format"] == {"type": "json_object"}
     wants = chat_body(ResponsesRequest(input="x", include=["message.output_text.logprobs"], top_logprobs=2), messages)
     assert wants["logprobs"] is True and wants["top_logprobs"] == 2
-    for bad, param in (({"background": True}, "background"), ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+    for bad, param in (({"background": True}, "background"), ({"reasoning": {"effort": "high", "mode": "x"}}, "reasoning"),
                        ({"truncation": "auto"}, "truncation"), ({"conversation": "conv_1"}, "conversation"),
-                       ({"max_tool_calls": 2}, "max_tool_calls"), ({"text": {"verbosity": "low"}}, "text.verbosity"),
-                       ({"prompt": {"id": "p"}}, "prompt"), ({"seed": 3}, "seed"), ({"stop": ["x"]}, "stop")):
+                       ({"max_tool_calls": 2}, "max_tool_calls"), ({"text": {"verbosity": "low", "x": 1}}, "text"),
+                       ({"prompt": {"id": "p"}}, "prompt"), ({"seed": 3}, "seed"), ({"stop": ["x"]}, "stop"),
+                       ({"context_management": [{"type": "compaction"}]}, "context_management")):
         with pytest.raises(UnsupportedParameterError) as info:
             chat_body(ResponsesRequest(input="x", **bad), messages)
         assert info.value.param == param
@@ -129,6 +184,13 @@ def test_request_maps_to_the_chat_body_and_refuses_what_it_cannot_honour():
                                        text={"format": {"type": "text"}}, store=True, metadata={"k": "v"},
                                        user="u", service_tier="auto", prompt_cache_key="k", seed=None), messages)
     assert plain["response_format"] == {"type": "text"} and "logprobs" not in plain
+    # What Codex sends on every call: none of it changes what is sampled.
+    codex = chat_body(ResponsesRequest(
+        input="x", client_metadata={"thread_id": "t"}, store=False, include=["reasoning.encrypted_content"],
+        reasoning={"effort": "high", "summary": "auto"}, prompt_cache_key="k", parallel_tool_calls=True,
+        text={"verbosity": "low"}, background=False, stream_options={"include_obfuscation": False},
+        safety_identifier="s", prompt_cache_retention="24h"), messages)
+    assert codex == {"messages": messages, "parallel_tool_calls": True, "stream": False}
 
 
 def test_chat_logprobs_become_output_text_logprobs():

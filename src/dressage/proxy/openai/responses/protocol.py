@@ -6,6 +6,11 @@ items as the assistant's ``tool_calls``, ``function_call_output`` items as tool 
 call takes the chat path whole: same prompt (TITO), same StepRecord, same Segments. The reply
 comes back as Response output items (``reasoning``, ``message``, ``function_call``).
 
+What the endpoint does with each request field is :data:`RESPONSES_PARAMS`. A ``namespace`` tool (a
+group of function tools) is rendered as its functions under qualified names ``NS.name``; a call of
+one answers a ``function_call`` item with ``namespace`` NS and the function's own ``name``, as
+OpenAI's Responses types carry it, and such an item sent back renders the qualified name again.
+
 ``previous_response_id`` rebuilds the conversation from :class:`ResponseMemory`: the input and
 output of that response (without its instructions, which OpenAI does not carry over), then the
 new input.
@@ -14,25 +19,96 @@ new input.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dressage.errors import UnknownResponseError, UnsupportedParameterError
+from dressage.proxy.openai.policy import IGNORED, REFUSED, USED, Param, ParamPolicy, request_fields
 
-__all__ = ["NO_OP_PARAMS", "ResponsesRequest", "ResponseMemory", "conversation", "chat_body", "response_object",
-           "input_messages", "chat_tools", "chat_tool_choice", "item_ids"]
+__all__ = ["RESPONSES_PARAMS", "ResponsesRequest", "ResponseMemory", "conversation", "chat_body", "response_object",
+           "input_messages", "chat_tools", "chat_tool_choice", "item_ids", "qualified_name", "tool_namespaces"]
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-NO_OP_PARAMS = frozenset({"user", "service_tier", "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
-                          "safety_identifier", "stream_options"})
-"""Accepted and ignored: OpenAI platform bookkeeping and delivery options; none changes a reply's tokens."""
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def _keys_within(allowed: frozenset[str], served: str) -> Callable[[Any], str | None]:
+    def refuse(value: Any) -> str | None:
+        if not isinstance(value, dict):
+            return "must be an object"
+        other = sorted(set(value) - allowed)
+        return None if not other else f"{', '.join(other)} not supported ({served})"
+    return refuse
+
+
+def _truncation(value: Any) -> str | None:
+    return None if value == "disabled" else f"{value!r} is not supported (the conversation is never truncated)"
+
+
+def _background(value: Any) -> str | None:
+    return "background responses are not supported" if value else None
+
+
+_IGNORED_PLATFORM = "accepted and ignored: OpenAI platform bookkeeping, it does not change what is sampled"
+_CACHE = "accepted and ignored: the engine's prefix cache needs no key"
+
+RESPONSES_PARAMS = ParamPolicy("Responses", (
+    Param("input", USED, "a string (one user message) or items: `message` (user, system, developer, assistant; "
+          "text parts), `function_call`, `function_call_output`, `reasoning`; other items: 400"),
+    Param("instructions", USED, "the system turn (not carried over by `previous_response_id`)"),
+    Param("model", USED, "accepted; the one served model answers (its name is reported back)"),
+    Param("tools", USED, "`function` tools, and `namespace` groups of function tools (rendered as `NS.name`, "
+          "answered with `namespace`); hosted tools (`web_search`, `file_search`, `mcp`, ...): 400 naming "
+          "the type"),
+    Param("tool_choice", USED, "`none`, `auto`, `required`, one named function: as chat completions"),
+    Param("parallel_tool_calls", USED, "as chat completions"),
+    Param("temperature", USED, "engine `temperature`"),
+    Param("top_p", USED, "engine `top_p`"),
+    Param("max_output_tokens", USED, "engine `max_new_tokens`, capped by the Proxy's limits"),
+    Param("top_logprobs", USED, "`logprobs` of the reply's `output_text` with that many alternatives"),
+    Param("text", USED, "`format` as chat `response_format`; `verbosity` accepted and ignored (the served "
+          "model's length is its own)", _keys_within(frozenset({"format", "verbosity"}), "text takes format "
+                                                     "and verbosity")),
+    Param("include", USED, f"`{LOGPROBS_INCLUDE}`: the reply's logprobs; other values (`reasoning.encrypted_"
+          "content`, ...) only add output detail: accepted, nothing added"),
+    Param("previous_response_id", USED, "continues a stored response of the session"),
+    Param("store", USED, "`false`: the response is not kept for `previous_response_id`"),
+    Param("stream", USED, "Responses server-sent events"),
+    Param("metadata", IGNORED, "echoed in the Response; not shown to the model"),
+    Param("reasoning", IGNORED, "`effort` and `summary` accepted and ignored: the served model reasons as "
+          "its chat template says, its reasoning comes back whole as `reasoning` items",
+          _keys_within(frozenset({"effort", "summary", "generate_summary"}), "reasoning takes effort and "
+                       "summary")),
+    Param("truncation", IGNORED, '`"disabled"` accepted; `"auto"`: 400 (the conversation is never truncated)',
+          _truncation),
+    Param("background", IGNORED, "`false` accepted; `true`: 400 (background responses are not supported)",
+          _background),
+    Param("background_options", IGNORED, "accepted and ignored: background responses are never made"),
+    Param("stream_options", IGNORED, "accepted and ignored: delivery options"),
+    Param("client_metadata", IGNORED, "accepted and ignored: client bookkeeping (Codex sends it)"),
+    Param("user", IGNORED, _IGNORED_PLATFORM),
+    Param("service_tier", IGNORED, _IGNORED_PLATFORM),
+    Param("safety_identifier", IGNORED, _IGNORED_PLATFORM),
+    Param("prompt_cache_key", IGNORED, _CACHE),
+    Param("prompt_cache_retention", IGNORED, _CACHE),
+    Param("prompt_cache_options", IGNORED, _CACHE),
+    Param("image", IGNORED, "accepted and ignored: image options; the served model reads and writes text only"),
+    Param("conversation", REFUSED, "stored conversations are not supported; send the items or "
+          "previous_response_id"),
+    Param("prompt", REFUSED, "stored prompt templates are not supported"),
+    Param("max_tool_calls", REFUSED, "a cap on tool calls is not enforced by this Proxy"),
+    Param("context_management", REFUSED, "server-side compaction is not run by this Proxy"),
+    Param("moderation", REFUSED, "moderation is not run by this Proxy"),
+    Param("access_programs", REFUSED, "access programs are not available on this Proxy"),
+))
+"""What a Responses call does with each field (``docs/parameters.md`` renders it)."""
 
 
 class ResponsesRequest(BaseModel):
-    """``POST /v1/responses`` body; a key not declared here is refused unless it is in :data:`NO_OP_PARAMS`."""
+    """``POST /v1/responses`` body; every field, declared here or not, is checked by :data:`RESPONSES_PARAMS`."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -140,8 +216,12 @@ def input_messages(items: Union[str, list[dict[str, Any]]], where: str = "input"
         elif kind == "function_call":
             if not isinstance(item.get("name"), str) or not isinstance(item.get("call_id"), str):
                 raise UnsupportedParameterError(at, "a function_call item needs a name and a call_id")
+            namespace = item.get("namespace")
+            if namespace is not None and not isinstance(namespace, str):
+                raise UnsupportedParameterError(f"{at}.namespace", "must be a string")
             call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item.get("arguments") or "{}"}}
+                    "function": {"name": qualified_name(namespace, item["name"]),
+                                 "arguments": item.get("arguments") or "{}"}}
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant" and reasoning is None:
                 last.setdefault("tool_calls", []).append(call)
@@ -165,21 +245,69 @@ def input_messages(items: Union[str, list[dict[str, Any]]], where: str = "input"
     return out
 
 
+NAMESPACE_SEPARATOR = "."
+"""Between a namespace and a function name in what the model sees (``multi_agent_v1.spawn_agent``): OpenAI
+function names cannot hold it, so a qualified name never collides with a plain function's."""
+
+
+def qualified_name(namespace: str | None, name: str) -> str:
+    """The name the model sees for function ``name`` of ``namespace`` (its own name outside a namespace)."""
+    return name if not namespace else f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+
+
+def tool_namespaces(tools: list[dict[str, Any]] | None) -> dict[str, tuple[str, str]]:
+    """Qualified name -> (namespace, function name) of every function of the request's namespace tools."""
+    out: dict[str, tuple[str, str]] = {}
+    for tool in tools or ():
+        if tool.get("type") == "namespace" and isinstance(tool.get("name"), str):
+            for fn in tool.get("tools") or ():
+                if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                    out[qualified_name(tool["name"], fn["name"])] = (tool["name"], fn["name"])
+    return out
+
+
+def _chat_function(tool: dict[str, Any], at: str, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
+    if not isinstance(tool.get("name"), str) or not tool["name"]:
+        raise UnsupportedParameterError(f"{at}.name", "a function tool needs a name")
+    fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+    if namespace is not None:
+        fn["name"] = qualified_name(namespace["name"], tool["name"])
+        if namespace.get("description"):  # the group's purpose, which the model sees nowhere else
+            fn["description"] = "\n\n".join(filter(None, (fn.get("description"), namespace["description"])))
+    return {"type": "function", "function": fn}
+
+
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Chat ``tools`` of Responses function tools; a built-in tool type is refused."""
+    """Chat ``tools`` of Responses function and namespace tools; a hosted tool type is refused by name."""
     if not tools:
         return None
     out = []
     for i, tool in enumerate(tools):
-        kind = tool.get("type")
-        if kind != "function":
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "function":
+            out.append(_chat_function(tool, f"tools[{i}]"))
+        elif kind == "namespace":
+            name, group = tool.get("name"), tool.get("tools")
+            if not isinstance(name, str) or not name or NAMESPACE_SEPARATOR in name:
+                raise UnsupportedParameterError(f"tools[{i}].name", f"a namespace tool needs a name without "
+                                                                    f"{NAMESPACE_SEPARATOR!r}")
+            if not isinstance(group, list) or not group:
+                raise UnsupportedParameterError(f"tools[{i}].tools", "a namespace tool needs a list of function "
+                                                                     "tools")
+            for j, fn in enumerate(group):
+                inner = fn.get("type") if isinstance(fn, dict) else None
+                if inner != "function":
+                    raise UnsupportedParameterError(f"tools[{i}].tools[{j}].type", f"tool type {inner!r} is not "
+                                                    f"served inside a namespace; only function tools are")
+                out.append(_chat_function(fn, f"tools[{i}].tools[{j}]", tool))
+        else:
             raise UnsupportedParameterError(
-                f"tools[{i}].type", f"tool type {kind!r} is a built-in OpenAI tool, which this Proxy does not run; "
-                f"only function tools are supported")
-        if not isinstance(tool.get("name"), str):
-            raise UnsupportedParameterError(f"tools[{i}].name", "a function tool needs a name")
-        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
-        out.append({"type": "function", "function": fn})
+                f"tools[{i}].type", f"tool type {kind!r} is a hosted OpenAI tool, which this Proxy does not run; "
+                f"function and namespace tools are served")
+    names = [t["function"]["name"] for t in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UnsupportedParameterError("tools", f"function names must be unique, {', '.join(twice)} is not")
     return out
 
 
@@ -187,33 +315,10 @@ def chat_tool_choice(choice: Any) -> Any:
     if choice is None or choice in ("none", "auto", "required"):
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
+        return {"type": "function", "function": {"name": qualified_name(choice.get("namespace"), choice["name"])}}
     kind = choice.get("type") if isinstance(choice, dict) else choice
     raise UnsupportedParameterError("tool_choice", f"{kind!r} is not supported (none, auto, required or "
                                                    f'{{"type": "function", "name": ...}})')
-
-
-LOGPROBS_INCLUDE = "message.output_text.logprobs"
-
-
-def _check_supported(req: ResponsesRequest) -> None:
-    """Refuse what the Proxy cannot honour (each is named)."""
-    refused = [(req.background, "background", "background responses are not supported"),
-               (req.conversation is not None, "conversation", "stored conversations are not supported"),
-               (req.prompt is not None, "prompt", "stored prompt templates are not supported"),
-               (req.max_tool_calls is not None, "max_tool_calls", "not enforced by this Proxy"),
-               ((req.reasoning or {}).get("effort") is not None, "reasoning.effort",
-                "the served model's reasoning cannot be steered per call; leave it out"),
-               (req.truncation not in (None, "disabled"), "truncation", f"{req.truncation!r} is not supported "
-                                                                       f"(the conversation is never truncated)"),
-               ((req.text or {}).get("verbosity") is not None, "text.verbosity",
-                "the served model's verbosity cannot be steered per call; leave it out")]
-    for bad, name, why in refused:
-        if bad:
-            raise UnsupportedParameterError(name, why)
-    for key, value in (req.model_extra or {}).items():
-        if value is not None and key not in NO_OP_PARAMS:
-            raise UnsupportedParameterError(key, "not a Responses parameter this Proxy serves")
 
 
 def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
@@ -237,7 +342,7 @@ def conversation(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[
 
 def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str, Any]:
     """The chat request body equivalent to ``req`` (validated by the chat schema afterwards)."""
-    _check_supported(req)
+    RESPONSES_PARAMS.check(request_fields(req))
     logprobs = bool(req.top_logprobs) or LOGPROBS_INCLUDE in (req.include or ())
     body: dict[str, Any] = {"model": req.model, "messages": messages, "tools": chat_tools(req.tools),
                             "tool_choice": chat_tool_choice(req.tool_choice), "temperature": req.temperature,
@@ -263,8 +368,12 @@ def _text_logprobs(logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def output_items(message: dict[str, Any], completion_id: str, *, incomplete: bool = False,
-                 keep_message: bool = False, logprobs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The Response output items of a recorded assistant message (reasoning, message, function calls)."""
+                 keep_message: bool = False, logprobs: dict[str, Any] | None = None,
+                 namespaces: dict[str, tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+    """The Response output items of a recorded assistant message (reasoning, message, function calls).
+
+    ``namespaces`` (:func:`tool_namespaces`) turns a call of a namespaced function into its
+    namespace and own name."""
     _, rs_id, msg_id, fc_id = item_ids(completion_id)
     status = "incomplete" if incomplete else "completed"
     items: list[dict[str, Any]] = []
@@ -278,8 +387,12 @@ def output_items(message: dict[str, Any], completion_id: str, *, incomplete: boo
                       "content": [{"type": "output_text", "text": text, "annotations": [],
                                    "logprobs": _text_logprobs(logprobs)}]})
     for i, call in enumerate(calls):
-        items.append({"id": f"{fc_id}_{i}", "type": "function_call", "status": "completed", "call_id": call["id"],
-                      "name": call["function"]["name"], "arguments": call["function"]["arguments"]})
+        item = {"id": f"{fc_id}_{i}", "type": "function_call", "status": "completed", "call_id": call["id"],
+                "name": call["function"]["name"], "arguments": call["function"]["arguments"]}
+        namespaced = (namespaces or {}).get(item["name"])
+        if namespaced is not None:
+            item["namespace"], item["name"] = namespaced
+        items.append(item)
     return items
 
 
@@ -308,7 +421,7 @@ def response_object(req: ResponsesRequest, completion: dict[str, Any] | None, *,
         status="incomplete" if incomplete else "completed", completed_at=created,
         incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
         output=output_items(choice["message"], completion_id, incomplete=incomplete, keep_message=keep_message,
-                            logprobs=choice.get("logprobs")),
+                            logprobs=choice.get("logprobs"), namespaces=tool_namespaces(req.tools)),
         usage={"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
                "total_tokens": usage["total_tokens"],
                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
