@@ -207,7 +207,7 @@ def check_trajectory(proxy: ProxyStack, sid: str, log: CallLog,
     model call belongs to) holding that conversation's calls; the loss masks count exactly the completion tokens
     the Proxy reported; R3 has one row per token but the last.
     """
-    assert log.failures() == []
+    assert log.failures() == [] and proxy.service.book.failed_calls == 0
     calls = log.model_calls()
     assert calls and all(c.usage for c in calls), [(c.path, c.status) for c in calls]
     fin = httpx.post(f"{proxy.url}/sessions/{sid}/finalize", json={"reward": 1.0}, timeout=60)
