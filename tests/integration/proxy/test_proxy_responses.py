@@ -154,11 +154,46 @@ def test_function_call_round_trip_continues_the_segment(proxy, stream):
     assert seg2["tokens"] == last[0]["tokens"]
 
 
+NAMESPACE_TOOLS = [{"type": "namespace", "name": "math", "description": "Arithmetic helpers.",
+                    "tools": [dict(FLAT_TOOLS[0], name="calc")]}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_namespaced_call_comes_back_with_its_namespace_and_continues_the_segment(proxy, stream):
+    sid, client = _session(proxy)
+    for i in range(12):
+        new = [{"role": "user", "content": f"Compute case {i} with the math tools."}]
+        if stream:
+            with client.responses.stream(model="m", input=new, tools=NAMESPACE_TOOLS, store=False,
+                                         **TOOL_SAMPLING) as events:
+                done = [e.item for e in events if e.type == "response.output_item.done"]
+                resp = events.get_final_response()
+        else:
+            resp = client.responses.create(model="m", input=new, tools=NAMESPACE_TOOLS, store=False, **TOOL_SAMPLING)
+            done = list(resp.output)
+        calls = [o for o in resp.output if o.type == "function_call"]
+        if calls:
+            break
+    else:
+        raise AssertionError("the engine never called the tool")
+    assert {(c.namespace, c.name) for c in calls} == {("math", "calc")}
+    assert [o.model_dump(exclude_none=True) for o in done] == [o.model_dump(exclude_none=True) for o in resp.output]
+    # The whole history sent back (store is false), each call with its output, continues the Segment.
+    items = new + [o.model_dump(exclude_none=True) for o in resp.output] + [
+        {"type": "function_call_output", "call_id": c.call_id, "output": "42"} for c in calls]
+    follow = client.responses.create(model="m", input=items, tools=NAMESPACE_TOOLS, store=False, **TOOL_SAMPLING)
+    segs = [s for s in _segments(proxy, sid) if len(s["step_ids"]) == 2]
+    assert len(segs) == 1 and sum(segs[0]["loss_mask"]) == resp.usage.output_tokens + follow.usage.output_tokens
+
+
 def test_header_url_form_and_bad_requests_record_nothing(proxy):
     h = {"X-Session-Id": "resp-headers-1"}
     ok = httpx.post(proxy.url + "/v1/responses", headers=h, json={"input": "hi", "max_output_tokens": 8}, timeout=20)
     assert ok.status_code == 200 and ok.json()["object"] == "response"
     bad = [({"input": "x", "tools": [{"type": "web_search"}]}, "unsupported_parameter", "web_search"),
+           ({"input": "x", "tools": [{"type": "namespace", "name": "n", "tools": [{"type": "mcp"}]}]},
+            "unsupported_parameter", "mcp"),
+           ({"input": "x", "truncation": "auto"}, "unsupported_parameter", "truncation"),
            ({"input": "x", "previous_response_id": "resp_unknown"}, "previous_response_not_found", "resp_unknown"),
            ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
             "unsupported_parameter", "input_image"),
