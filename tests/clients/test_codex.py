@@ -34,6 +34,10 @@ wire_api = "responses"
 request_max_retries = 0
 stream_max_retries = 0
 
+[features]
+# On by default; named so that the namespace group is sent whatever a later version defaults to.
+multi_agent = true
+
 [analytics]
 enabled = false
 
