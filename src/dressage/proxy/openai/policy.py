@@ -8,7 +8,7 @@ documentation and the behaviour are one source. A field the policy does not list
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from dressage.errors import UnsupportedParameterError
 
@@ -78,8 +78,7 @@ class ParamPolicy:
         return "\n".join(rows)
 
 
-def request_fields(req: Any, also: Iterable[str] = ()) -> dict[str, Any]:
+def request_fields(req: Any) -> dict[str, Any]:
     """The fields a client sent in a pydantic request (declared ones it set, then unknown ones), by name."""
-    extra = req.model_extra or {}
-    sent = [n for n in type(req).model_fields if n in req.model_fields_set or n in also]
-    return {**{n: getattr(req, n) for n in sent}, **extra}
+    sent = [n for n in type(req).model_fields if n in req.model_fields_set]
+    return {**{n: getattr(req, n) for n in sent}, **(req.model_extra or {})}
