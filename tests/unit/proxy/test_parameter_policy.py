@@ -62,7 +62,8 @@ def test_every_field_openai_and_the_schemas_define_is_decided():
 
 
 def test_a_policy_refuses_unknown_and_refused_fields_by_name_and_checks_values():
-    policy = ParamPolicy("demo", (Param("a", USED, "used"), Param("b", IGNORED, "no-op", lambda v: "bad" if v else None),
+    policy = ParamPolicy("demo", (Param("a", USED, "used"),
+                                  Param("b", IGNORED, "no-op", lambda v: "bad" if v else None),
                                   Param("c", REFUSED, "cannot")))
     policy.check({"a": 1, "b": 0, "c": None})
     for fields, param, message in (({"z": 1}, "z", "not a demo parameter"), ({"c": 1}, "c", "cannot"),
@@ -79,8 +80,8 @@ CHAT_IGNORED = {"user": "u", "metadata": {"k": "v"}, "store": True, "service_tie
                 "prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "explicit"},
                 "safety_identifier": "s", "prediction": {"type": "content", "content": "x"},
                 "reasoning_effort": "high", "verbosity": "low", "modalities": ["text"]}
-RESPONSES_IGNORED = {"metadata": {"k": "v"}, "reasoning": {"effort": "low", "summary": "auto"}, "truncation": "disabled",
-                     "background": False, "background_options": {}, "stream_options": {"include_obfuscation": False},
+RESPONSES_IGNORED = {"metadata": {"k": "v"}, "reasoning": {"effort": "low", "summary": "auto"},
+                     "truncation": "disabled", "background": False, "background_options": {}, "stream_options": {"include_obfuscation": False},
                      "client_metadata": {"thread_id": "t"}, "user": "u", "service_tier": "auto",
                      "safety_identifier": "s", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
                      "prompt_cache_options": {"mode": "explicit"}, "image": {}}
@@ -122,8 +123,8 @@ def test_every_refused_field_and_unservable_value_is_a_400_naming_it(policy, mak
 
 
 def test_text_completions_refuse_what_changes_the_sample():
-    for kw, param in (({"n": 2}, "n"), ({"best_of": 3}, "best_of"), ({"echo": True}, "echo"), ({"suffix": "s"}, "suffix"),
-                      ({"top_k": 3}, "top_k")):
+    for kw, param in (({"n": 2}, "n"), ({"best_of": 3}, "best_of"), ({"echo": True}, "echo"),
+                      ({"suffix": "s"}, "suffix"), ({"top_k": 3}, "top_k")):
         with pytest.raises(UnsupportedParameterError) as info:
             COMPLETIONS_PARAMS.check(dict(prompt="x", **kw))
         assert info.value.param == param
