@@ -108,7 +108,7 @@ class CommandAgent:
     The command's environment is this process's, plus ``ctx.env()``, ``DRESSAGE_PROMPT_FILE`` (a JSON
     file of ``prompt``, ``label`` and ``metadata``), ``DRESSAGE_REWARD_FILE``, ``DRESSAGE_WORKDIR``, plus
     ``env``. ``argv`` may hold ``{prompt}`` (the prompt as text), ``{prompt_file}``, ``{workdir}`` and
-    ``{session_id}``. The reward is ``await reward(ctx, result)`` when ``reward`` is given, else the JSON
+    ``{session_id}``, replaced literally (other braces stay as they are). The reward is ``await reward(ctx, result)`` when ``reward`` is given, else the JSON
     number or object the command wrote to ``$DRESSAGE_REWARD_FILE``. At ``timeout_s`` the command's whole
     process group is killed and the session fails. The directory is made under ``cwd`` (a temporary
     directory without it) and removed afterwards unless ``keep_workdir``.
@@ -127,12 +127,6 @@ class CommandAgent:
             raise ConfigError("env must map strings to strings")
         if reward is not None and not callable(reward):
             raise ConfigError(f"reward must be an async callable (ctx, result) -> reward, got {reward!r}")
-        for arg in argv:  # an unknown {name} is a mistake worth hearing about before any session runs
-            try:
-                arg.format(**{k: "" for k in self.PLACEHOLDERS})
-            except (KeyError, IndexError, ValueError) as exc:
-                raise ConfigError(f"argv item {arg!r}: placeholders are {{{'}, {'.join(self.PLACEHOLDERS)}}} "
-                                  f"({exc})") from None
         self.argv, self.reward, self.env = list(argv), reward, dict(env or {})
         self.cwd, self.timeout_s, self.keep_workdir = cwd, float(timeout_s), keep_workdir
 
@@ -151,7 +145,7 @@ class CommandAgent:
             json.dump({"prompt": ctx.prompt, "label": ctx.label, "metadata": dict(ctx.metadata)}, f, default=str)
         text = ctx.prompt if isinstance(ctx.prompt, str) else json.dumps(ctx.prompt, default=str)
         values = {"prompt": text, "prompt_file": prompt_file, "workdir": workdir, "session_id": ctx.session_id}
-        argv = [a.format(**values) for a in self.argv]
+        argv = [_substitute(a, values) for a in self.argv]
         env = {**os.environ, **ctx.env(), "DRESSAGE_PROMPT_FILE": prompt_file, "DRESSAGE_REWARD_FILE": reward_file,
                "DRESSAGE_WORKDIR": workdir, **self.env}
         t0 = time.monotonic()
@@ -170,12 +164,20 @@ class CommandAgent:
                 from None
         except BaseException:
             _kill_group(proc.pid)  # the session was cancelled: no process of the command may outlive it
+            await proc.wait()
             raise
         result = CommandResult(int(proc.returncode), out.decode(errors="replace"), err.decode(errors="replace"),
                                workdir, time.monotonic() - t0)
         if self.reward is not None:
             return await self.reward(ctx, result)
         return _read_reward(reward_file, argv[0], result)
+
+
+def _substitute(arg: str, values: Mapping[str, str]) -> str:
+    # Literal replacement, not str.format: a command line often holds braces of its own (JSON, code).
+    for name, value in values.items():
+        arg = arg.replace("{" + name + "}", value)
+    return arg
 
 
 def _kill_group(pid: int) -> None:

@@ -195,8 +195,7 @@ class SlimeRollout:
         last: BaseException | None = None
         for _ in range(1 + self.session_retries):
             async with gate:
-                sid = await proxy.create(meta)
-                created.append(sid)
+                sid = await self._create(proxy, meta, created)
                 ctx = self._context(sid, src, group_index, rollout_id, args, evaluation)
                 try:
                     reward = await asyncio.wait_for(self.agent(ctx), self.timeout_s)
@@ -233,7 +232,7 @@ class SlimeRollout:
                 raise err  # the Proxy failed or a bug: the rollout discards everything it made
         if errors:
             await self._discard_all(proxy, [d.session_id for d in done])
-            raise _GroupLost(str(errors[0]), filtered=False)
+            raise _GroupLost(str(errors[0]), filtered=False) from errors[0]
         if dynamic_filter is not None:
             view = []
             for d in done:
@@ -244,6 +243,22 @@ class SlimeRollout:
                 await self._discard_all(proxy, [d.session_id for d in done])
                 raise _GroupLost(f"group {group_index} dropped by the dynamic sampling filter", filtered=True)
         return done
+
+    @staticmethod
+    async def _create(proxy: ProxySessions, meta: Mapping[str, Any], created: list[str]) -> str:
+        """``POST /sessions``, the new id noted in ``created`` even when the rollout is cancelled meanwhile
+        (the Proxy made the session all the same, and the rollout's clean-up must discard it)."""
+        job = asyncio.ensure_future(proxy.create(meta))
+        try:
+            sid = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            try:
+                created.append(await job)
+            except Exception:
+                pass  # the create itself failed: there is no session to discard
+            raise
+        created.append(sid)
+        return sid
 
     @staticmethod
     async def _discard_all(proxy: ProxySessions, session_ids: Sequence[str]) -> None:
