@@ -74,7 +74,8 @@ def _json_safe(value: Any) -> Any:
 
 
 def _keeps(output: Any) -> bool:
-    """slime's ``DynamicFilterOutput.keep``, or a plain bool."""
+    """slime's ``DynamicFilterOutput.keep``, or a plain bool. (``keep_when_insufficient`` does not
+    apply: a dropped group is always replaced, within the rollout's replacement budget.)"""
     keep = getattr(output, "keep", output)
     if not isinstance(keep, (bool, np.bool_)):
         raise ConfigError(f"dynamic_sampling_filter_path: the filter returned {output!r}, expected a bool or "
@@ -191,7 +192,7 @@ class SlimeRollout:
         """One Sample's session, tried ``1 + session_retries`` times; finalized (or, evaluating, discarded)."""
         index = getattr(src, "index", None)
         meta = {"group_index": group_index, "instance_id": str(group_index), "sample_index": sample_pos,
-                "index": index, "rollout_id": rollout_id, "label": _json_safe(getattr(src, "label", None))}
+                "index": None if index is None else int(index), "rollout_id": rollout_id, "label": _json_safe(getattr(src, "label", None))}
         last: BaseException | None = None
         for _ in range(1 + self.session_retries):
             async with gate:
@@ -331,11 +332,14 @@ class SlimeRollout:
         if missing:
             raise TrajectoryError(f"{self.proxy_url}: the read returned no Samples for sessions {missing[:5]}")
         keep_refs = self.restore == "trainer"
-        groups = []
-        for g in finished:
-            groups.append([[self._segment(f, seg, len(by_session[f.session_id]), keep_refs)
-                            for seg in sorted(by_session[f.session_id], key=lambda s: s.segment_index)]
-                           for f in g])
+        try:
+            groups = [[[self._segment(f, seg, len(by_session[f.session_id]), keep_refs)
+                        for seg in sorted(by_session[f.session_id], key=lambda s: s.segment_index)]
+                       for f in g] for g in finished]
+        except BaseException:
+            if keys and keep_refs:  # no trainer will see these refs: their keys go now
+                release_batch(self._source.client(), sorted(keys))
+            raise
         return groups, restored
 
     def _segment(self, f: _Finished, seg: Any, count: int, keep_refs: bool) -> Any:
@@ -353,6 +357,10 @@ class SlimeRollout:
         out.metadata = {**(getattr(f.source, "metadata", None) or {}), "session_id": f.session_id,
                         "segment_index": int(seg.segment_index), "segment_count": count}
         return out
+
+    def close(self) -> None:
+        """Leave the TransferQueue the Proxy named (joined on the first restore)."""
+        self._source.close()
 
     # ------------------------------------------------------------------ evaluation
     async def _evaluate(self, args: Any, rollout_id: int) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:

@@ -349,8 +349,9 @@ def test_the_constructor_wants_exactly_one_agent(engine):
         SlimeRollout(proxy_url="http://127.0.0.1:9")
 
 
-@pytest.mark.xfail(strict=False, reason="Samples that keep their FieldRefs for the trainer (to_slime_sample "
-                                        "keep_refs=True) are built by the trainer-side integration")
+@pytest.mark.xfail(strict=False, raises=NotImplementedError,
+                   reason="Samples that keep their FieldRefs for the trainer (to_slime_sample keep_refs=True) "
+                          "are built by the trainer-side integration")
 def test_trainer_restore_leaves_field_refs_in_the_samples(engine):
     from dressage.tq import TransferQueue
 
@@ -358,7 +359,11 @@ def test_trainer_restore_leaves_field_refs_in_the_samples(engine):
     try:
         with start_proxy(engine.url, tq=tq) as proxy:
             rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, restore="trainer")
-            out = rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+            try:
+                out = rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+            except NotImplementedError:
+                assert tq.client().total_keys() == 0   # refs nobody will read: their keys are released
+                raise
             assert tq.client().total_keys() > 0   # the trainer restores and releases them
             assert all(seg.rollout_routed_experts is None for sess in sessions_of(out.samples) for seg in sess)
     finally:
