@@ -108,9 +108,10 @@ class CommandAgent:
     The command's environment is this process's, plus ``ctx.env()``, ``DRESSAGE_PROMPT_FILE`` (a JSON
     file of ``prompt``, ``label`` and ``metadata``), ``DRESSAGE_REWARD_FILE``, ``DRESSAGE_WORKDIR``, plus
     ``env``. ``argv`` may hold ``{prompt}`` (the prompt as text), ``{prompt_file}``, ``{workdir}`` and
-    ``{session_id}``, replaced literally (other braces stay as they are). The reward is ``await reward(ctx, result)`` when ``reward`` is given, else the JSON
-    number or object the command wrote to ``$DRESSAGE_REWARD_FILE``. At ``timeout_s`` the command's whole
-    process group is killed and the session fails. The directory is made under ``cwd`` (a temporary
+    ``{session_id}``, replaced literally (other braces stay as they are). The reward is
+    ``await reward(ctx, result)`` when ``reward`` is given, else the JSON number or object the command
+    wrote to ``$DRESSAGE_REWARD_FILE``. At ``timeout_s`` the command's whole process group is killed and
+    the session fails. The directory is made under ``cwd`` (a temporary
     directory without it) and removed afterwards unless ``keep_workdir``.
     """
 

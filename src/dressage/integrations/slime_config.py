@@ -50,7 +50,8 @@ def sampling_params(args: Any) -> dict[str, Any]:
     return {"temperature": getattr(args, "rollout_temperature", 1.0), "top_p": getattr(args, "rollout_top_p", 1.0),
             "top_k": getattr(args, "rollout_top_k", -1),
             "max_new_tokens": getattr(args, "rollout_max_response_len", None),
-            "stop": getattr(args, "rollout_stop", None), "stop_token_ids": getattr(args, "rollout_stop_token_ids", None)}
+            "stop": getattr(args, "rollout_stop", None),
+            "stop_token_ids": getattr(args, "rollout_stop_token_ids", None)}
 
 
 def _int(args: Any, key: str, default: int | None, low: int) -> int | None:
@@ -144,9 +145,9 @@ def check_against_proxy(args: Any, caps: Mapping[str, Any]) -> None:
                                                                               "topk")):
         want, have = getattr(args, attr, None), model.get(field)
         if want is not None and have is not None and int(want) != int(have):
-            raise ConfigError(f"{flag} {want}: the Proxy records routed experts of shape [T-1, {model.get('num_layers')}"
-                              f", {model.get('topk')}] ({model.get('name')}), so R3 rows would not fit the model "
-                              "slime trains")
+            raise ConfigError(f"{flag} {want}: the Proxy records routed experts of shape "
+                              f"[T-1, {model.get('num_layers')}, {model.get('topk')}] ({model.get('name')}), so R3 "
+                              "rows would not fit the model slime trains")
         if want is not None and have is None:
             raise ConfigError(f"{flag}: the Proxy does not say the {field} of the routed experts it records")
 

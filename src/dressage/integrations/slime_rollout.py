@@ -192,7 +192,8 @@ class SlimeRollout:
         """One Sample's session, tried ``1 + session_retries`` times; finalized (or, evaluating, discarded)."""
         index = getattr(src, "index", None)
         meta = {"group_index": group_index, "instance_id": str(group_index), "sample_index": sample_pos,
-                "index": None if index is None else int(index), "rollout_id": rollout_id, "label": _json_safe(getattr(src, "label", None))}
+                "index": None if index is None else int(index), "rollout_id": rollout_id,
+                "label": _json_safe(getattr(src, "label", None))}
         last: BaseException | None = None
         for _ in range(1 + self.session_retries):
             async with gate:
@@ -271,7 +272,8 @@ class SlimeRollout:
                     raise
 
     async def _rollout(self, args: Any, rollout_id: int, data_source: Any, groups: list[list[Any]],
-                       reward_key: str | None, dynamic_filter: Any, limit: int, stats: Counter) -> list[list[_Finished]]:
+                       reward_key: str | None, dynamic_filter: Any, limit: int,
+                       stats: Counter) -> list[list[_Finished]]:
         created: list[str] = []
         gate = asyncio.Semaphore(self.concurrency)
         out: list[list[_Finished] | None] = [None] * len(groups)

@@ -3,7 +3,6 @@ Proxy and the built-in engine: slime-shaped groups, TQ on == off, no TQ key left
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 import textwrap
@@ -334,6 +333,15 @@ def test_from_args_refuses_what_the_samples_cannot_honour(engine, monkeypatch, o
     with start_proxy(engine.url) as proxy:
         with pytest.raises(ConfigError, match=match):
             SlimeRollout.from_args(yaml_args(proxy.url, **over))
+
+
+def test_the_proxy_says_the_shape_of_the_routed_experts_it_records(engine):
+    from dressage.integrations.proxy_sessions import fetch_capabilities
+
+    with start_proxy(engine.url, routed_experts_dtype="uint16") as proxy:
+        model = fetch_capabilities(proxy.url)["model"]
+        assert (model["num_layers"], model["topk"], model["routed_experts_dtype"]) == \
+            (MODEL.num_layers, MODEL.topk, "uint16")
 
 
 def test_from_args_refuses_r3_when_the_proxy_records_none(engine):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 
@@ -14,7 +13,8 @@ from dressage.errors import AgentCommandError, ConfigError
 
 
 def ctx(**over):
-    base = dict(session_id="sess-1", base_url="http://h:1/sessions/sess-1/v1", anthropic_base_url="http://h:1/sessions/sess-1",
+    base = dict(session_id="sess-1", base_url="http://h:1/sessions/sess-1/v1",
+                anthropic_base_url="http://h:1/sessions/sess-1",
                 api_key="k", headers={"X-Session-Id": "sess-1", "X-Instance-Id": "3"}, model="m", prompt="Fix the bug",
                 label="L", metadata={"repo": "x"}, group_index=3, index=7)
     base.update(over)
@@ -76,7 +76,8 @@ def test_an_unreadable_reward_file_fails():
 
 def test_a_command_past_its_timeout_is_killed_with_its_children(tmp_path):
     pidfile = tmp_path / "child.pid"
-    script = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+    script = ("import subprocess, sys, time; "
+              "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
               f" open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(60)")
     agent = CommandAgent([sys.executable, "-c", script], timeout_s=1.5)
     with pytest.raises(AgentCommandError, match="killed after 1.5 s"):
