@@ -277,6 +277,17 @@ def test_evaluation_returns_slimes_eval_data_and_trains_on_nothing(engine, tmp_p
         tq.shutdown()
 
 
+def test_the_rollout_function_also_runs_where_an_event_loop_is_running(engine):
+    import asyncio
+
+    async def caller(url):   # slime's own rollout code calls from inside a running loop
+        return SlimeRollout(proxy_url=url, agent=tool_agent)(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+
+    with start_proxy(engine.url) as proxy:
+        out = asyncio.run(caller(proxy.url))
+        assert [len(g) for g in out.samples] == [2]
+
+
 def test_the_simulated_agents_plug_in_through_agent_config(engine):
     with start_proxy(engine.url) as proxy:
         rollout = SlimeRollout(proxy_url=proxy.url, concurrency=4,
