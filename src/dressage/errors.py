@@ -54,7 +54,8 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
         ├── ProxyConnectionError     refused, reset or no answer: nothing came back
         │   └── ProxyTimeout         no answer within the call's time-out
         ├── ProxyStatusError         the Proxy answered 4xx/5xx (``status_code``, its message)
-        └── ProxyReplyError          an answer the driver cannot use (no session id, choices, usage)
+        ├── ProxyReplyError          an answer the driver cannot use (no session id, choices, usage)
+        └── AgentCommandError        an agent command that timed out or left no readable reward
 
 Third-party errors (zmq, ray, httpx) are translated where they cross into Dressage:
 ``raise StorageUnitUnavailable(...) from exc``.
@@ -72,7 +73,7 @@ __all__ = [
     "StepLimitError", "WeightVersionChangedError", "UnknownStepError", "TransferQueueError", "TransferWriteError",
     "KeyNotFoundError", "RowRangeError", "StorageUnitUnavailable", "StorageFullError", "LostSamplesError",
     "ProtocolError", "IntegrityError", "AgentError", "ProxyConnectionError", "ProxyTimeout", "ProxyStatusError",
-    "ProxyReplyError", "SampleWireError", "UnknownResponseError", "ModelNotFoundError"
+    "ProxyReplyError", "AgentCommandError", "SampleWireError", "UnknownResponseError", "ModelNotFoundError"
 ]
 
 
@@ -371,6 +372,10 @@ class ProxyStatusError(AgentError):
 
 class ProxyReplyError(AgentError, ValueError):
     """A Proxy answer that lacks what the driver needs (session id, base URL, choices, usage)."""
+
+
+class AgentCommandError(AgentError):
+    """An agent command (a coding CLI run per session) timed out, or wrote no readable reward file."""
 
 
 class SampleWireError(DressageError, ValueError):

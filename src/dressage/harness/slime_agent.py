@@ -1,17 +1,24 @@
-"""The simulated agents as the agent of slime's rollout function (``SlimeRollout(agent=...)``).
+"""The simulated agents as a per-session agent of slime's rollout function (``SlimeRollout(agent=...)``).
 
-Turns slime's prompts (a string, or chat messages) into the agents' tasks and runs them with
-:func:`~dressage.harness.agents.run_rollout`; a real job passes its own agent instead.
+:class:`SimulatedAgent` runs one simulated conversation (multi-turn tool use, retries that branch,
+compression that starts new Segments) with the official ``openai`` client on the session's base URL
+and returns its reward; ``AgentConfig.session_agent()`` builds it. A real job passes its own agent.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+import openai
+
+from dressage.agents import SessionContext
 from dressage.errors import ConfigError
-from dressage.harness.agents.config import AgentConfig
+from dressage.harness.agents.client import ProxyClient
+from dressage.harness.agents.conversation import Conversation
 from dressage.harness.agents.prompts import DEFAULT_SYSTEM, TaskPrompt
-from dressage.harness.agents.rollout import RolloutReport, run_rollout
+
+if TYPE_CHECKING:  # a type only: AgentConfig.session_agent() imports this module
+    from dressage.harness.agents.config import AgentConfig
 
 __all__ = ["SimulatedAgent", "prompt_of"]
 
@@ -32,13 +39,28 @@ def prompt_of(prompt: Any, index: int) -> TaskPrompt:
 
 
 class SimulatedAgent:
-    """A :class:`~dressage.integrations.slime_rollout.RolloutAgent` made of the simulated agents."""
+    """``async (ctx) -> reward``: one simulated conversation of ``config`` against ``ctx.base_url``.
 
-    def __init__(self, config: AgentConfig) -> None:
+    The conversation's decisions are seeded by (``config.seed``, ``ctx.group_index``, the Sample's
+    index), so a session replays the same whatever ran beside it.
+    """
+
+    def __init__(self, config: "AgentConfig") -> None:
         self.config = config
 
-    async def __call__(self, proxy_url: str, prompts: Sequence[Any], n_samples_per_prompt: int, *,
-                       concurrency: int, token: str | None, metadata: Mapping[str, Any]) -> RolloutReport:
-        tasks = [prompt_of(p, i) for i, p in enumerate(prompts)]  # every prompt checked before any request
-        return await run_rollout(proxy_url, tasks, n_samples_per_prompt, self.config, concurrency=concurrency,
-                                 token=token, metadata=metadata)
+    async def __call__(self, ctx: SessionContext) -> float:
+        cfg = self.config
+        task = prompt_of(ctx.prompt, ctx.group_index)
+        conv = Conversation(task, cfg, ctx.group_index, 0 if ctx.index is None else int(ctx.index))
+        chat = openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0,
+                                  timeout=cfg.request_timeout_s)
+        try:
+            while not conv.done:
+                plan = conv.next_request()
+                reply = await ProxyClient.complete(chat, model=cfg.model, messages=plan.messages, tools=plan.tools,
+                                                   temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                                                   seed=plan.seed)
+                conv.observe(reply)
+        finally:
+            await chat.close()
+        return conv.reward()

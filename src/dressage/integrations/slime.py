@@ -22,7 +22,7 @@ from dressage.fields.versions import VersionTable
 from dressage.trajectory import Sample
 
 __all__ = ["SlimeSample", "slime_sample_class", "to_slime_sample", "to_slime_groups", "check_slime_sample",
-           "SLIME_TRAIN_FIELDS", "status_of"]
+           "SLIME_TRAIN_FIELDS", "status_of", "RolloutFnTrainOutput", "RolloutFnEvalOutput", "rollout_output_classes"]
 
 SLIME_TRAIN_FIELDS = ("tokens", "response_length", "reward", "status", "index", "rollout_id", "loss_mask",
                       "remove_sample", "metadata", "rollout_log_probs", "rollout_routed_experts",
@@ -69,6 +69,32 @@ class SlimeSample:
         return sum(self.loss_mask) if self.loss_mask is not None else self.response_length
 
 
+@dataclass
+class RolloutFnTrainOutput:
+    """slime's train rollout output (``slime.rollout.base_types``), for when slime is not installed."""
+
+    samples: list
+    metrics: dict[str, Any] | None = None
+
+
+@dataclass
+class RolloutFnEvalOutput:
+    """slime's eval rollout output: ``{dataset name: {"rewards", "truncated", "samples"}}``."""
+
+    data: dict[str, dict[str, Any]]
+    metrics: dict[str, Any] | None = None
+
+
+def rollout_output_classes() -> tuple[type, type]:
+    """slime's ``(RolloutFnTrainOutput, RolloutFnEvalOutput)`` when slime is importable, else the stand-ins."""
+    try:
+        from slime.rollout.base_types import (RolloutFnEvalOutput as RealEval,  # type: ignore[import-not-found]
+                                              RolloutFnTrainOutput as RealTrain)
+    except ImportError:
+        return RolloutFnTrainOutput, RolloutFnEvalOutput
+    return RealTrain, RealEval
+
+
 def slime_sample_class() -> type:
     """slime's ``Sample`` when slime is importable, else :class:`SlimeSample`."""
     try:
@@ -90,13 +116,18 @@ def status_of(sample: Sample, cls: type) -> Any:
 
 def to_slime_sample(sample: Sample, *, rollout_id: int | None = None, versions: VersionTable | None = None,
                     cls: type | None = None, label: Any = None, prompt: Any = "",
-                    train_metadata: dict | None = None, remove_sample: bool | None = None) -> Any:
+                    train_metadata: dict | None = None, remove_sample: bool | None = None,
+                    keep_refs: bool = False) -> Any:
     """One restored Sample as slime's ``Sample`` (``cls`` picks the class; default: slime's if importable).
 
     ``weight_versions`` are the engine's strings (the Proxy records the names of named versions
     with the trajectory); ``versions`` names codes a Sample came without names for.
     Raises :class:`TrajectoryError` for a Sample whose large fields were not restored yet.
+    ``keep_refs`` (the trainer restores the large fields itself) is not supported yet.
     """
+    if keep_refs:
+        raise NotImplementedError("to_slime_sample(keep_refs=True): Samples that keep their FieldRefs for the "
+                                  "trainer to restore are not supported yet")
     if not sample.is_restored:
         raise TrajectoryError(f"session {sample.session_id} segment {sample.segment_index}: large fields "
                               f"{sorted(sample.remote)} are still references; restore the batch first")

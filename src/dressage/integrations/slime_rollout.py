@@ -1,126 +1,406 @@
-"""A rollout function with slime's ``--rollout-function-path`` signature that drives agents through the Proxy.
+"""slime's rollout function (``--rollout-function-path``) for the user's own agent, one session at a time.
 
-slime calls ``fn(args, rollout_id, data_source, evaluation=False)`` and reads
-``RolloutFnTrainOutput(samples=list[list[Sample]], metrics)`` (or, from older code, the bare
-groups). :class:`SlimeRollout` takes ``args.rollout_batch_size`` prompt groups from
-``data_source.get_samples``, has its caller's agent (a :class:`RolloutAgent`) run ``len(group)``
-sessions per prompt against the Proxy, takes the finalized sessions' Samples, restores their large fields and returns slime Samples
-grouped by prompt. The Samples come from the :class:`~dressage.rollout.RolloutManager` the Proxy
-delivers to when it runs in this process (``manager``), else over the Proxy's trajectory-read
-interface (``POST /trajectory/read``, drained: the Proxy as its own service, as the seed deploys
-it), with a TransferQueue reader joined from the spec the Proxy sends when TQ is on. Point slime
-at it with ``--rollout-function-path dressage.integrations.slime_rollout.generate_rollout`` after
-:func:`install`-ing a configured :class:`SlimeRollout`.
+slime calls ``fn(args, rollout_id, data_source, evaluation=False)`` in its RolloutManager. For each of
+``args.rollout_batch_size`` prompt groups from ``data_source.get_samples``, :class:`SlimeRollout` runs
+the agent once per Sample of the group, each in a Proxy session of its own (``POST /sessions``, the agent
+on the session's base URL, finalize with its reward), retries failed sessions, replaces failed or
+filtered groups, then reads exactly this rollout's trajectories from the Proxy, restores their large
+fields from the TransferQueue (``restore="rollout"``) and returns slime's ``RolloutFnTrainOutput``:
+``groups[g][s]`` is the list of Segments of session ``s`` of prompt ``g``, each a copy of the data
+source's Sample with the Segment's fields.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping, Protocol, Sequence
+import concurrent.futures
+import copy
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Coroutine, Mapping, Sequence
 
-from dressage.errors import ConfigError, TrajectoryError
+import numpy as np
+
+from dressage.agents import SessionContext, reward_number
+from dressage.errors import ConfigError, ProxyStatusError, TrajectoryError
 from dressage.fields.versions import VersionTable
-from dressage.integrations.slime import slime_sample_class, to_slime_groups
-from dressage.rollout import RolloutManager
+from dressage.integrations.proxy_sessions import ProxySessions, fetch_capabilities
+from dressage.integrations.slime import SlimeSample, rollout_output_classes, to_slime_sample
+from dressage.integrations.slime_config import (RESTORE_MODES, check_against_proxy, eval_prompt_sets, load_object,
+                                                rollout_settings, sampling_params)
 from dressage.rollout.manager import sample_ref_keys
-from dressage.train.reader import TrainingReader
-from dressage.train.remote import ProxyTrajectorySource, drain
+from dressage.train.reader import TrainingReader, release_batch
+from dressage.train.remote import ProxyTrajectorySource
+from dressage.trajectory import SAMPLE_LARGE_FIELDS
 
-__all__ = ["SlimeRollout", "RolloutAgent", "AgentReport", "install", "generate_rollout"]
-
-
-class AgentReport(Protocol):
-    """What a :class:`RolloutAgent` reports of one rollout."""
-
-    @property
-    def finalized(self) -> int:
-        """Sessions the agents finalized (the count the drained trajectories must match)."""
-
-    def to_dict(self) -> Mapping[str, Any]:
-        """The report's entries; the numeric ones become ``dressage/<name>`` metrics."""
+__all__ = ["SlimeRollout", "install", "generate_rollout"]
 
 
-class RolloutAgent(Protocol):
-    """The agents a rollout drives: the user's own, or the simulated ones of ``dressage run``.
-
-    Called once per rollout with slime's prompts as the data source gives them (a string or chat
-    messages each), it runs ``n_samples_per_prompt`` sessions per prompt through the Proxy at
-    ``proxy_url`` (session (g, i) created with metadata ``group_index=g``, ``sample_index=i`` plus
-    ``metadata``), at most ``concurrency`` at a time, with ``token`` as the Proxy's bearer token, and
-    finalizes them. A prompt it cannot use is a ``ConfigError`` before any request.
-    """
-
-    async def __call__(self, proxy_url: str, prompts: Sequence[Any], n_samples_per_prompt: int, *,
-                       concurrency: int, token: str | None, metadata: Mapping[str, Any]) -> AgentReport: ...
+class _SessionFailed(Exception):
+    """A session failed on every try (the agent raised, timed out, or returned a non-finite reward)."""
 
 
-def _train_output(groups: list[list[Any]], metrics: dict[str, Any]) -> Any:
+class _GroupLost(Exception):
+    """A group is discarded and replaced: a session failed on every try, or the dynamic filter dropped it."""
+
+    def __init__(self, why: str, *, filtered: bool) -> None:
+        super().__init__(why)
+        self.filtered = filtered
+
+
+@dataclass(slots=True)
+class _Finished:
+    """A finalized session: the data source's Sample it ran and the agent's reward."""
+
+    session_id: str
+    source: Any
+    reward: Any
+    rollout_id: int
+
+
+def _run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run ``coro`` to completion from synchronous code, also when this thread already runs a loop."""
     try:
-        from slime.rollout.base_types import RolloutFnTrainOutput  # type: ignore[import-not-found]
-    except ImportError:
-        return groups  # slime's call_rollout_fn accepts the bare groups too
-    return RolloutFnTrainOutput(samples=groups, metrics=metrics)
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def _keeps(output: Any) -> bool:
+    """slime's ``DynamicFilterOutput.keep``, or a plain bool. (``keep_when_insufficient`` does not
+    apply: a dropped group is always replaced, within the rollout's replacement budget.)"""
+    keep = getattr(output, "keep", output)
+    if not isinstance(keep, (bool, np.bool_)):
+        raise ConfigError(f"dynamic_sampling_filter_path: the filter returned {output!r}, expected a bool or "
+                          "an object with .keep")
+    return bool(keep)
 
 
 class SlimeRollout:
-    """Callable as slime's rollout function.
+    """Callable as slime's rollout function; runs ``agent`` once per Sample, each in its own Proxy session.
 
-    ``agent`` runs each rollout's sessions. ``manager`` is the Proxy's sink when the Proxy runs in this
-    process; ``None`` reads the finalized trajectories from the Proxy at ``proxy_url`` instead
-    (``admin_token`` when it has one, ``read_groups`` prompt groups a read). ``reader`` is a
-    TrainingReader (``None``: every large field is resident, or, reading over HTTP, one joined to the
-    TQ the Proxy names).
+    ``agent`` is ``async (ctx: SessionContext) -> reward`` (see :mod:`dressage.agents`). ``agent_config``
+    is the other way to name it: any object whose ``session_agent()`` returns such an agent (the
+    simulated agents' ``AgentConfig`` does), so that this layer needs no import of what provides it.
+    ``concurrency`` bounds the sessions in flight; a session whose agent raises, outlives ``timeout_s``
+    or returns a non-finite reward is discarded and run again in a fresh session up to
+    ``session_retries`` times; a group that still fails is discarded and replaced by a group from the
+    data source, at most ``max_group_replacements`` times a rollout (default: 2 x rollout_batch_size).
+    ``token`` is the agents' bearer token, ``admin_token`` the trainer's (discard, trajectory read).
+    ``restore``: ``rollout`` restores the large fields here and releases their TQ keys; ``trainer``
+    leaves their FieldRefs in the Samples. ``model`` is the model name agents send (``ctx.model``).
     """
 
-    def __init__(self, *, proxy_url: str, agent: RolloutAgent, manager: Any = None, reader: Any = None,
-                 concurrency: int = 64, token: str | None = None, versions: VersionTable | None = None,
-                 admin_token: str | None = None, read_groups: int = 8) -> None:
-        if not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigError(f"concurrency must be a positive integer, got {concurrency!r}")
-        if not isinstance(read_groups, int) or isinstance(read_groups, bool) or read_groups < 1:
-            raise ConfigError(f"read_groups must be a positive integer, got {read_groups!r}")
-        self.proxy_url, self.manager, self.reader = proxy_url, manager, reader
-        self.agent, self.concurrency, self.token, self.versions = agent, concurrency, token, versions
-        self.read_groups = read_groups
-        self._source = None if manager is not None else ProxyTrajectorySource(proxy_url, token=admin_token)
-        self.last_report: Any = None
+    def __init__(self, *, proxy_url: str, agent: Any = None, agent_config: Any = None, concurrency: int = 64,
+                 session_retries: int = 1, timeout_s: float = 3600.0, token: str | None = None,
+                 admin_token: str | None = None, versions: VersionTable | None = None, restore: str = "rollout",
+                 max_group_replacements: int | None = None, model: str | None = None) -> None:
+        if (agent is None) == (agent_config is None):
+            raise ConfigError("give exactly one of agent (an async callable ctx -> reward) and agent_config")
+        if agent_config is not None:
+            make = getattr(agent_config, "session_agent", None)
+            if not callable(make):
+                raise ConfigError(f"agent_config must have a session_agent() method, got {type(agent_config).__name__}")
+            agent = make()
+        if not callable(agent):
+            raise ConfigError(f"agent must be an async callable ctx -> reward, got {agent!r}")
+        for key, value, low in (("concurrency", concurrency, 1), ("session_retries", session_retries, 0),
+                                ("max_group_replacements", max_group_replacements, 0)):
+            if value is None and key == "max_group_replacements":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ConfigError(f"timeout_s must be a number > 0, got {timeout_s!r}")
+        if restore not in RESTORE_MODES:
+            raise ConfigError(f"restore must be one of {', '.join(RESTORE_MODES)}, got {restore!r}")
+        self.proxy_url = proxy_url.rstrip("/") if isinstance(proxy_url, str) else proxy_url
+        self.agent, self.concurrency, self.session_retries = agent, concurrency, session_retries
+        self.timeout_s, self.token, self.admin_token = float(timeout_s), token, admin_token
+        self.versions, self.restore, self.max_group_replacements = versions, restore, max_group_replacements
+        self.model = model or "default"
+        self._source = ProxyTrajectorySource(proxy_url, token=admin_token or token)
+        self.last_metrics: dict[str, Any] = {}
 
+    @classmethod
+    def from_args(cls, args: Any) -> "SlimeRollout":
+        """The rollout slime's ``args`` describe (the ``dressage_*`` keys of ``--custom-config-path``),
+        after asking the Proxy what it records: one :class:`ConfigError` names a flag it cannot honour."""
+        settings = rollout_settings(args)
+        caps = fetch_capabilities(settings["proxy_url"], token=settings["token"] or settings["admin_token"])
+        check_against_proxy(args, caps)
+        model = (caps.get("model") or {}).get("served_model_name") or getattr(args, "hf_checkpoint", None)
+        return cls(**settings, model=model)
+
+    # ------------------------------------------------------------------ slime's entry
     def __call__(self, args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
-        n_groups = int(getattr(args, "rollout_batch_size", 0) or 0)
-        if n_groups < 1:
-            raise ConfigError(f"args.rollout_batch_size must be a positive integer, got {n_groups!r}")
-        source = data_source.get_samples(n_groups)
-        if not source or any(not g for g in source):
-            raise ConfigError("the data source returned an empty group")
-        per_prompt = {len(g) for g in source}
-        if len(per_prompt) != 1:
-            raise ConfigError(f"every group needs the same number of samples, got sizes {sorted(per_prompt)}")
-        report = asyncio.run(self.agent(self.proxy_url, [g[0].prompt for g in source], per_prompt.pop(),
-                                        concurrency=self.concurrency, token=self.token,
-                                        metadata={"rollout_id": int(rollout_id)}))
-        self.last_report = report
-        manager, reader = self.manager, self.reader
-        if self._source is not None:  # the Proxy is a service of its own: drain what this rollout finalized
-            manager = RolloutManager()
-            for read in drain(self._source, max_groups=self.read_groups):
-                manager.add_samples(read.samples, sessions=read.trajectories)
-            if manager.sessions_received != report.finalized:
-                raise TrajectoryError(f"{self.proxy_url}: read {manager.sessions_received} finalized trajectories "
-                                      f"where the agents finalized {report.finalized} (does another reader drain "
-                                      "this Proxy, or did sessions of another rollout wait in it?)")
-        batch = manager.take_batch(int(rollout_id))
-        if reader is None and self._source is not None and sample_ref_keys(batch.samples):
-            reader = TrainingReader(self._source.client())  # the TQ the Proxy named in its answers
-        samples = batch.samples if reader is None else reader.restore(batch.samples)
-        groups = to_slime_groups(samples, versions=self.versions, cls=slime_sample_class(),
-                                 labels=[getattr(g[0], "label", None) for g in source],
-                                 prompts=[g[0].prompt for g in source])
-        metrics = {f"dressage/{k}": v for k, v in report.to_dict().items() if isinstance(v, (int, float))}
+        train_cls, eval_cls = rollout_output_classes()
         if evaluation:
-            flat = [s for g in groups for s in g]
-            return {"dressage": {"rewards": [s.reward for s in flat],
-                                 "truncated": [s.status.name == "TRUNCATED" for s in flat], "samples": flat}}
-        return _train_output(groups, metrics)
+            data, metrics = _run_sync(self._evaluate(args, int(rollout_id)))
+            return eval_cls(data=data, metrics=metrics)
+        n_groups = getattr(args, "rollout_batch_size", None)
+        if isinstance(n_groups, bool) or not isinstance(n_groups, int) or n_groups < 1:
+            raise ConfigError(f"args.rollout_batch_size must be a positive integer, got {n_groups!r}")
+        reward_key = getattr(args, "reward_key", None)
+        filter_path = getattr(args, "dynamic_sampling_filter_path", None)
+        dynamic_filter = None if filter_path is None else load_object(filter_path, "dynamic_sampling_filter_path")
+        limit = 2 * n_groups if self.max_group_replacements is None else self.max_group_replacements
+        groups = self._draw(data_source, n_groups)
+        stats: Counter[str] = Counter()
+        finished = _run_sync(self._rollout(args, int(rollout_id), data_source, groups, reward_key,
+                                           dynamic_filter, limit, stats))
+        out, restored_bytes = self._collect(finished)
+        counts = [len(sess) for grp in out for sess in grp]
+        metrics = {"dressage/groups_replaced": stats["groups_replaced"],
+                   "dressage/groups_filtered": stats["groups_filtered"],
+                   "dressage/sessions_failed": stats["sessions_failed"],
+                   "dressage/segments_per_session_mean": float(np.mean(counts)) if counts else 0.0,
+                   "dressage/segments_per_session_max": max(counts, default=0),
+                   "dressage/tq_bytes_restored": restored_bytes}
+        self.last_metrics = metrics
+        return train_cls(samples=out, metrics=metrics)
+
+    @staticmethod
+    def _draw(data_source: Any, n: int) -> list[list[Any]]:
+        groups = data_source.get_samples(n)
+        if not isinstance(groups, list) or len(groups) != n or any(not isinstance(g, list) or not g for g in groups):
+            raise ConfigError(f"data_source.get_samples({n}) must return {n} non-empty lists of Samples")
+        return groups
+
+    # ------------------------------------------------------------------ sessions
+    def _context(self, sid: str, src: Any, group_index: int, rollout_id: int, args: Any,
+                 evaluation: bool) -> SessionContext:
+        return SessionContext(
+            session_id=sid, base_url=f"{self.proxy_url}/sessions/{sid}/v1",
+            anthropic_base_url=f"{self.proxy_url}/sessions/{sid}", api_key=self.token or "none",
+            headers={"X-Session-Id": sid, "X-Instance-Id": str(group_index)}, model=self.model,
+            prompt=getattr(src, "prompt", None), label=getattr(src, "label", None),
+            metadata=copy.deepcopy(dict(getattr(src, "metadata", None) or {})), group_index=group_index,
+            index=getattr(src, "index", None), rollout_id=rollout_id, evaluation=evaluation,
+            sampling_params=sampling_params(args))
+
+    async def _session(self, proxy: ProxySessions, gate: asyncio.Semaphore, created: list[str], stats: Counter,
+                       src: Any, group_index: int, sample_pos: int, rollout_id: int, args: Any,
+                       reward_key: str | None, evaluation: bool) -> _Finished:
+        """One Sample's session, tried ``1 + session_retries`` times; finalized (or, evaluating, discarded)."""
+        index = getattr(src, "index", None)
+        meta = {"group_index": group_index, "instance_id": str(group_index), "sample_index": sample_pos,
+                "index": None if index is None else int(index), "rollout_id": rollout_id,
+                "label": _json_safe(getattr(src, "label", None))}
+        last: BaseException | None = None
+        for _ in range(1 + self.session_retries):
+            async with gate:
+                sid = await self._create(proxy, meta, created)
+                ctx = self._context(sid, src, group_index, rollout_id, args, evaluation)
+                try:
+                    reward = await asyncio.wait_for(self.agent(ctx), self.timeout_s)
+                    value = reward_number(reward, reward_key)
+                except ConfigError:
+                    raise  # a reward mapping without --reward-key: every session would fail the same way
+                except Exception as exc:  # the user's agent: whatever it raises fails this session only
+                    last = exc
+                    stats["sessions_failed"] += 1
+                    await proxy.discard(sid)
+                    continue
+                if evaluation:
+                    await proxy.discard(sid)  # evaluated, never trained on: its keys go now
+                else:
+                    await proxy.finalize(sid, value)
+                # slime's rollout id is the data source's index; without one, an id unique in this rollout
+                return _Finished(sid, src, reward, int(index) if index is not None else -len(created))
+        raise _SessionFailed(f"Sample {index} of group {group_index} failed {1 + self.session_retries} times; "
+                             f"last: {type(last).__name__}: {last}") from last
+
+    async def _group(self, proxy: ProxySessions, gate: asyncio.Semaphore, created: list[str], stats: Counter,
+                     group: Sequence[Any], slot: int, rollout_id: int, args: Any, reward_key: str | None,
+                     dynamic_filter: Any) -> list[_Finished]:
+        """Every session of one prompt group; :class:`_GroupLost` (its sessions discarded) when it cannot be used."""
+        group_index = getattr(group[0], "group_index", None)
+        group_index = slot if group_index is None else int(group_index)
+        jobs = [asyncio.ensure_future(self._session(proxy, gate, created, stats, src, group_index, i, rollout_id,
+                                                    args, reward_key, False)) for i, src in enumerate(group)]
+        results = await asyncio.gather(*jobs, return_exceptions=True)  # cancelling this cancels the sessions
+        done = [r for r in results if isinstance(r, _Finished)]
+        errors = [r for r in results if not isinstance(r, _Finished)]
+        for err in errors:
+            if not isinstance(err, _SessionFailed):
+                raise err  # the Proxy failed or a bug: the rollout discards everything it made
+        if errors:
+            await self._discard_all(proxy, [d.session_id for d in done])
+            raise _GroupLost(str(errors[0]), filtered=False) from errors[0]
+        if dynamic_filter is not None:
+            view = []
+            for d in done:
+                s = copy.deepcopy(d.source)
+                s.reward = d.reward
+                view.append(s)
+            if not _keeps(dynamic_filter(args, view)):
+                await self._discard_all(proxy, [d.session_id for d in done])
+                raise _GroupLost(f"group {group_index} dropped by the dynamic sampling filter", filtered=True)
+        return done
+
+    @staticmethod
+    async def _create(proxy: ProxySessions, meta: Mapping[str, Any], created: list[str]) -> str:
+        """``POST /sessions``, the new id noted in ``created`` even when the rollout is cancelled meanwhile
+        (the Proxy made the session all the same, and the rollout's clean-up must discard it)."""
+        job = asyncio.ensure_future(proxy.create(meta))
+        try:
+            sid = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            try:
+                created.append(await job)
+            except Exception:
+                pass  # the create itself failed: there is no session to discard
+            raise
+        created.append(sid)
+        return sid
+
+    @staticmethod
+    async def _discard_all(proxy: ProxySessions, session_ids: Sequence[str]) -> None:
+        for sid in session_ids:
+            try:
+                await proxy.discard(sid)
+            except ProxyStatusError as exc:
+                if exc.status_code != 404:  # already gone is what discarding wants
+                    raise
+
+    async def _rollout(self, args: Any, rollout_id: int, data_source: Any, groups: list[list[Any]],
+                       reward_key: str | None, dynamic_filter: Any, limit: int,
+                       stats: Counter) -> list[list[_Finished]]:
+        created: list[str] = []
+        gate = asyncio.Semaphore(self.concurrency)
+        out: list[list[_Finished] | None] = [None] * len(groups)
+        async with ProxySessions(self.proxy_url, token=self.token, admin_token=self.admin_token,
+                                 timeout_s=min(self.timeout_s, 600.0), max_connections=self.concurrency) as proxy:
+            def start(slot: int, group: list[Any]) -> asyncio.Future:
+                return asyncio.ensure_future(self._group(proxy, gate, created, stats, group, slot, rollout_id, args,
+                                                         reward_key, dynamic_filter))
+
+            pending = {start(slot, g): slot for slot, g in enumerate(groups)}
+            try:
+                while pending:
+                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for job in done:
+                        slot = pending.pop(job)
+                        exc = job.exception()
+                        if exc is None:
+                            out[slot] = job.result()
+                            continue
+                        if not isinstance(exc, _GroupLost):
+                            raise exc
+                        stats["groups_filtered" if exc.filtered else "groups_failed"] += 1
+                        if stats["groups_replaced"] >= limit:
+                            raise TrajectoryError(
+                                f"rollout {rollout_id}: {stats['groups_failed']} groups failed and "
+                                f"{stats['groups_filtered']} were filtered, more than the {limit} replacements "
+                                f"allowed (last: {exc})") from exc
+                        stats["groups_replaced"] += 1
+                        pending[start(slot, self._draw(data_source, 1)[0])] = slot
+            except BaseException:
+                for job in pending:
+                    job.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                await asyncio.shield(self._discard_all(proxy, list(dict.fromkeys(created))))
+                raise
+        return [g for g in out if g is not None]
+
+    # ------------------------------------------------------------------ read, restore, shape
+    def _collect(self, finished: list[list[_Finished]]) -> tuple[list[list[list[Any]]], int]:
+        """Read exactly these sessions' Samples from the Proxy, restore them (``restore="rollout"``) and
+        shape them as ``groups[g][s] = [Segment, ...]``; returns the groups and the TQ bytes restored."""
+        session_ids = [f.session_id for g in finished for f in g]
+        batch = self._source.read(session_ids=session_ids, drain=True)
+        keys = sample_ref_keys(batch.samples)
+        samples, restored = batch.samples, 0
+        if keys and self.restore == "rollout":
+            client = self._source.client()
+            try:
+                remote = [(s, list(s.remote)) for s in samples]
+                samples = TrainingReader(client).restore(samples)
+                restored = sum(int(getattr(s, SAMPLE_LARGE_FIELDS[n]).nbytes) for s, names in remote for n in names)
+            finally:
+                release_batch(client, sorted(keys))  # consumed here: nothing of this rollout stays in TQ
+        by_session: dict[str, list[Any]] = {}
+        for s in samples:
+            by_session.setdefault(s.session_id, []).append(s)
+        missing = [sid for sid in session_ids if sid not in by_session]
+        if missing:
+            raise TrajectoryError(f"{self.proxy_url}: the read returned no Samples for sessions {missing[:5]}")
+        keep_refs = self.restore == "trainer"
+        try:
+            groups = [[[self._segment(f, seg, len(by_session[f.session_id]), keep_refs)
+                        for seg in sorted(by_session[f.session_id], key=lambda s: s.segment_index)]
+                       for f in g] for g in finished]
+        except BaseException:
+            if keys and keep_refs:  # no trainer will see these refs: their keys go now
+                release_batch(self._source.client(), sorted(keys))
+            raise
+        return groups, restored
+
+    def _segment(self, f: _Finished, seg: Any, count: int, keep_refs: bool) -> Any:
+        """One Segment as a copy of the data source's Sample with the Segment's fields."""
+        shaped = to_slime_sample(seg, rollout_id=f.rollout_id, versions=self.versions, cls=SlimeSample,
+                                 keep_refs=keep_refs)
+        out = copy.deepcopy(f.source)
+        for name in ("tokens", "response_length", "loss_mask", "rollout_log_probs", "rollout_routed_experts",
+                     "weight_versions"):
+            setattr(out, name, getattr(shaped, name))
+        status_cls = getattr(type(out), "Status", None)
+        out.status = shaped.status if status_cls is None else status_cls[shaped.status.name]
+        out.rollout_id = f.rollout_id
+        out.reward = copy.deepcopy(f.reward)
+        out.metadata = {**(getattr(f.source, "metadata", None) or {}), "session_id": f.session_id,
+                        "segment_index": int(seg.segment_index), "segment_count": count}
+        return out
+
+    def close(self) -> None:
+        """Leave the TransferQueue the Proxy named (joined on the first restore)."""
+        self._source.close()
+
+    # ------------------------------------------------------------------ evaluation
+    async def _evaluate(self, args: Any, rollout_id: int) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+        """slime's eval output over ``args.eval_datasets``: each session is discarded after its reward."""
+        from dressage.integrations.slime import slime_sample_class
+
+        cls = slime_sample_class()
+        reward_key = getattr(args, "eval_reward_key", None) or getattr(args, "reward_key", None)
+        sets = eval_prompt_sets(args, cls)
+        stats: Counter[str] = Counter()
+        created: list[str] = []
+        gate = asyncio.Semaphore(self.concurrency)
+        data: dict[str, dict[str, Any]] = {}
+        async with ProxySessions(self.proxy_url, token=self.token, admin_token=self.admin_token,
+                                 timeout_s=min(self.timeout_s, 600.0), max_connections=self.concurrency) as proxy:
+            for name, samples in sets:
+                jobs = [asyncio.ensure_future(self._session(proxy, gate, created, stats, s, int(s.group_index), 0,
+                                                            rollout_id, args, reward_key, True)) for s in samples]
+                try:
+                    finished = await asyncio.gather(*jobs)
+                except BaseException as exc:
+                    for job in jobs:
+                        job.cancel()
+                    await asyncio.gather(*jobs, return_exceptions=True)
+                    await asyncio.shield(self._discard_all(proxy, list(dict.fromkeys(created))))
+                    if isinstance(exc, _SessionFailed):
+                        raise TrajectoryError(f"eval dataset {name}: {exc}") from exc
+                    raise
+                out = []
+                for f in finished:
+                    s = copy.deepcopy(f.source)
+                    s.reward, s.status = f.reward, cls.Status.COMPLETED
+                    s.metadata = {**(s.metadata or {}), "session_id": f.session_id}
+                    out.append(s)
+                data[name] = {"rewards": [reward_number(s.reward, reward_key) if isinstance(s.reward, Mapping)
+                                          else s.reward for s in out],
+                              "truncated": [s.status == cls.Status.TRUNCATED for s in out], "samples": out}
+        return data, {"dressage/eval_sessions_failed": stats["sessions_failed"]}
 
 
 _installed: SlimeRollout | None = None
@@ -133,8 +413,12 @@ def install(rollout: SlimeRollout | None) -> None:
 
 
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
-    """slime's rollout-function entry point (``--rollout-function-path``)."""
+    """slime's rollout-function entry point (``--rollout-function-path``).
+
+    Runs the installed :class:`SlimeRollout`; with none installed, builds one from ``args``
+    (:meth:`SlimeRollout.from_args`) on the first call and keeps it for the next ones.
+    """
+    global _installed
     if _installed is None:
-        raise ConfigError("no Dressage rollout is installed: call dressage.integrations.slime_rollout.install() "
-                          "with a SlimeRollout in the process that runs slime's RolloutManager")
+        _installed = SlimeRollout.from_args(args)
     return _installed(args, rollout_id, data_source, evaluation=evaluation)

@@ -11,7 +11,7 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import msgpack
 
@@ -73,14 +73,17 @@ class ProxyTrajectorySource:
             raise SampleWireError(f"{self.url}{path}: answer is not JSON ({exc})") from None
 
     def read(self, *, drain: bool = True, max_groups: int | None = None,
-             instance_id: str | None = None) -> TrajectoryBatch:
+             instance_id: str | None = None, session_ids: Sequence[str] | None = None) -> TrajectoryBatch:
         """Finalized trajectories as Samples; ``drain`` hands them over (the Proxy forgets them,
-        the TQ keys stay until the trainer releases them)."""
+        the TQ keys stay until the trainer releases them). ``session_ids`` reads exactly those
+        sessions (each must be finalized and unread), whatever else waits in the Proxy."""
         body: dict[str, Any] = {"format": "samples", "drain": drain}
         if max_groups is not None:
             body["max_groups"] = max_groups
         if instance_id is not None:
             body["instance_id"] = instance_id
+        if session_ids is not None:
+            body["session_ids"] = [str(s) for s in session_ids]
         answer = self._post("/trajectory/read", body)
         if not isinstance(answer, Mapping) or not isinstance(answer.get("data"), list):
             raise SampleWireError(f"trajectory read answer has no 'data' list: {str(answer)[:200]}")

@@ -1,117 +1,389 @@
-"""slime's rollout-function signature driving agents through a real Proxy and built-in engine."""
+"""slime's rollout function running the user's own agent, one Proxy session per Sample, against a real
+Proxy and the built-in engine: slime-shaped groups, TQ on == off, no TQ key left, retries, replacements."""
 
 from __future__ import annotations
 
-import asyncio
+import json
+import sys
+import textwrap
 from types import SimpleNamespace
 
 import numpy as np
+import openai
 import pytest
 
-from dressage.errors import ConfigError, TrajectoryError
+from dressage.agents import CommandAgent
+from dressage.errors import AgentCommandError, ConfigError, TrajectoryError
 from dressage.fields import get_model
-from dressage.harness.agents import make_prompts, run_rollout
 from dressage.harness.agents.config import AgentConfig
-from dressage.harness.slime_agent import SimulatedAgent
 from dressage.integrations import slime_rollout
 from dressage.integrations.slime import SlimeSample
-from dressage.rollout import RolloutManager
+from dressage.integrations.slime_rollout import SlimeRollout
 from dressage.testing.stack import start_proxy
 
 MODEL = get_model("tiny-moe")
+ENGINE = {"seed": 5, "mean_response_tokens": 10, "tool_call_rate": 0.5}
+
+TOOLS = [{"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
 
 
 class DataSource:
-    """slime's data source contract: get_samples(n) -> n groups of Samples with prompt and label."""
+    """slime's data source contract: ``get_samples(n)`` -> n groups of ``per_group`` Samples, indexed 0.. in
+    order of handing out, with the data source's own label, metadata and group index."""
 
-    def __init__(self, prompts, per_group):
-        self.prompts, self.per_group, self.calls = prompts, per_group, []
+    def __init__(self, prompts, per_group=2, metadata=None):
+        self.prompts, self.per_group, self.metadata = list(prompts), per_group, metadata or {}
+        self.calls, self.next_group, self.next_index = [], 0, 0
 
     def get_samples(self, n):
         self.calls.append(n)
-        return [[SlimeSample(prompt=p, label=f"label-{g}", group_index=g) for _ in range(self.per_group)]
-                for g, p in enumerate(self.prompts[:n])]
+        out = []
+        for _ in range(n):
+            g = self.next_group
+            prompt = self.prompts[g % len(self.prompts)]
+            group = []
+            for _ in range(self.per_group):
+                meta = {"task": f"task-{g}", "difficulty": g % 3, **self.metadata.get(prompt, {})}
+                group.append(SlimeSample(group_index=100 + g, index=self.next_index, prompt=prompt,
+                                         label={"answer": g}, metadata=meta))
+                self.next_index += 1
+            self.next_group += 1
+            out.append(group)
+        return out
 
 
-ENGINE = {"seed": 5, "mean_response_tokens": 12, "tool_call_rate": 0.0}
+def slime_args(batch=2, **over):
+    return SimpleNamespace(**{"rollout_batch_size": batch, "n_samples_per_prompt": 2, "reward_key": None,
+                              "dynamic_sampling_filter_path": None, "rollout_top_p": 1.0, "rollout_temperature": 1.0,
+                              **over})
 
 
-@pytest.fixture(scope="module")
-def stack(engine):
-    with start_proxy(engine.url, manager=RolloutManager()) as proxy:
-        yield proxy.url, proxy.manager
-
-
-def test_rollout_function_returns_slime_groups_with_restored_fields(stack):
-    url, manager = stack
-    rollout = slime_rollout.SlimeRollout(proxy_url=url, manager=manager, concurrency=4,
-                                         agent=SimulatedAgent(AgentConfig(max_turns=2, tools=False, max_tokens=16)))
-    slime_rollout.install(rollout)
+async def tool_agent(ctx):
+    """A user's agent: the official openai client on the session's base URL, a multi-turn tool loop. A
+    Sample whose metadata says ``compress`` rewrites its history once (the Proxy starts a new Segment)."""
+    client = openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0, timeout=60)
+    messages = [{"role": "system", "content": "You are a careful calculator agent."},
+                {"role": "user", "content": ctx.prompt}]
     try:
-        source = DataSource(["Add 2 and 3, then explain.",
-                             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]],
-                            per_group=2)
-        out = slime_rollout.generate_rollout(SimpleNamespace(rollout_batch_size=2), 7, source)
+        for turn in range(4):
+            reply = await client.chat.completions.create(
+                model=ctx.model, messages=messages, tools=TOOLS, max_tokens=12, temperature=1.0,
+                seed=1000 * ctx.index + turn)
+            msg = reply.choices[0].message
+            assistant = {"role": "assistant", "content": msg.content}
+            if msg.tool_calls:
+                assistant["tool_calls"] = [c.model_dump(exclude_none=True) for c in msg.tool_calls]
+            messages.append(assistant)
+            for call in msg.tool_calls or []:
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": "42"})
+            if not msg.tool_calls:
+                messages.append({"role": "user", "content": "Go on."})
+            if ctx.metadata.get("compress") and turn == 1:
+                messages = [messages[0], {"role": "user", "content": f"Summary: two turns on {ctx.prompt!r}."}]
     finally:
-        slime_rollout.install(None)
-    groups = out.samples if hasattr(out, "samples") else out
-    assert source.calls == [2] and rollout.last_report.finalized == 4
-    assert len(groups) == 2 and [g[0].label for g in groups] == ["label-0", "label-1"]
-    sessions = {s.session_id for g in groups for s in g}
-    assert len(sessions) == 4
-    for g in groups:
-        for s in g:
-            assert len(s.loss_mask) == s.response_length == len(s.rollout_log_probs)
-            r3 = np.asarray(s.rollout_routed_experts)
-            assert r3.shape == (len(s.tokens) - 1, MODEL.num_layers, MODEL.topk)
-            assert s.status.name in {"COMPLETED", "TRUNCATED"} and s.weight_versions
-    # one rollout id per session, shared by its segments
-    by_session = {}
-    for s in (s for g in groups for s in g):
-        by_session.setdefault(s.session_id, set()).add(s.rollout_id)
-    assert all(len(ids) == 1 for ids in by_session.values())
-    assert len({next(iter(ids)) for ids in by_session.values()}) == 4
+        await client.close()
+    return float(ctx.index % 3) / 2
 
 
-def test_rollout_function_refuses_bad_inputs(stack):
-    url, manager = stack
-    rollout = slime_rollout.SlimeRollout(proxy_url=url, manager=manager, agent=SimulatedAgent(AgentConfig()))
-    with pytest.raises(ConfigError, match="rollout_batch_size"):
-        rollout(SimpleNamespace(rollout_batch_size=0), 0, DataSource(["x"], 1))
-    with pytest.raises(ConfigError, match="prompt 0"):
-        rollout(SimpleNamespace(rollout_batch_size=1), 0, DataSource([[{"role": "system", "content": "s"}]], 1))
-    with pytest.raises(ConfigError, match="no Dressage rollout"):
-        slime_rollout.generate_rollout(SimpleNamespace(rollout_batch_size=1), 0, DataSource(["x"], 1))
+def sessions_of(groups):
+    return [sess for g in groups for sess in g]
 
 
-@pytest.mark.parametrize("with_tq", [False, True], ids=["tq-off", "tq-on"])
-def test_rollout_function_drains_a_proxy_that_runs_as_its_own_service(engine, with_tq):
-    """No sink: the rollout function reads its Samples over POST /trajectory/read, and with TQ on restores
-    the large fields from the StorageUnits the Proxy names in its answers."""
+def test_a_users_openai_agent_yields_complete_slime_groups_with_the_data_sources_fields(engine):
+    with start_proxy(engine.url) as proxy:
+        source = DataSource(["Add 2 and 3.", "Multiply 4 by 5."], metadata={"Multiply 4 by 5.": {"compress": True}})
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=3)
+        slime_rollout.install(rollout)
+        try:
+            out = slime_rollout.generate_rollout(slime_args(), 7, source)
+        finally:
+            slime_rollout.install(None)
+        groups = out.samples
+        assert source.calls == [2] and len(groups) == 2 and [len(g) for g in groups] == [2, 2]
+        assert not proxy.service.trajectories.finalized   # read and handed over: nothing waits in the Proxy
+        for g, group in enumerate(groups):
+            for s, segments in enumerate(group):
+                assert isinstance(segments, list) and segments
+                sids = {seg.metadata["session_id"] for seg in segments}
+                assert len(sids) == 1
+                for k, seg in enumerate(segments):
+                    assert type(seg) is SlimeSample
+                    assert seg.group_index == 100 + g and seg.index == 2 * g + s and seg.rollout_id == seg.index
+                    assert seg.label == {"answer": g} and seg.prompt == source.prompts[g]
+                    assert seg.metadata["task"] == f"task-{g}" and seg.metadata["difficulty"] == g % 3
+                    assert seg.metadata["segment_index"] == k and seg.metadata["segment_count"] == len(segments)
+                    assert seg.reward == float(seg.index % 3) / 2
+                    assert len(seg.loss_mask) == seg.response_length == len(seg.rollout_log_probs) > 0
+                    r3 = seg.rollout_routed_experts
+                    assert r3.dtype == np.int32 and r3.shape == (len(seg.tokens) - 1, MODEL.num_layers, MODEL.topk)
+                    assert seg.status.name == "COMPLETED" and seg.weight_versions
+        counts = {g: [len(sess) for sess in group] for g, group in enumerate(groups)}
+        assert counts[0] == [1, 1] and counts[1] == [2, 2]   # the compressing sessions: two Segments each
+        assert out.metrics["dressage/segments_per_session_max"] == 2
+        assert out.metrics["dressage/segments_per_session_mean"] == 1.5
+        assert out.metrics["dressage/sessions_failed"] == out.metrics["dressage/groups_replaced"] == 0
+        assert out.metrics["dressage/tq_bytes_restored"] == 0   # TQ off: every field came in the read
+
+
+def _fields(groups):
+    return [[(seg.tokens, seg.loss_mask, seg.rollout_log_probs, seg.rollout_routed_experts.tolist(), seg.reward)
+             for seg in sess] for sess in sessions_of(groups)]
+
+
+def test_tq_on_and_off_give_the_same_samples_and_no_key_outlives_a_rollout(engine):
     from dressage.tq import TransferQueue
 
-    tq = TransferQueue.start({"deployment": "local", "num_storage_units": 1, "retention_s": None}) if with_tq else None
-    proxy = start_proxy(engine.url, tq=tq, routed_experts_dtype="uint8")
+    results = {}
+    for with_tq in (False, True):
+        tq = TransferQueue.start({"deployment": "local", "num_storage_units": 1, "retention_s": None}) \
+            if with_tq else None
+        try:
+            with start_proxy(engine.url, tq=tq, routed_experts_dtype="uint8") as proxy:
+                rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)
+                runs = []
+                for rollout_id in range(2):
+                    source = DataSource(["Add 2 and 3.", "Multiply 4 by 5."],
+                                        metadata={"Multiply 4 by 5.": {"compress": True}})
+                    out = rollout(slime_args(), rollout_id, source)
+                    runs.append(_fields(out.samples))
+                    if with_tq:
+                        assert tq.client().total_keys() == 0   # restored and released by the rollout
+                        assert out.metrics["dressage/tq_bytes_restored"] > 0
+                results[with_tq] = runs
+        finally:
+            if tq is not None:
+                tq.shutdown()
+    assert results[False] == results[True]
+    assert results[False][0] == results[False][1]   # the agent seeds its calls: the same rollout replays
+
+
+def test_a_failing_session_is_retried_and_an_always_failing_group_is_replaced(engine):
+    tries: dict[int, int] = {}
+
+    async def flaky(ctx):
+        tries[ctx.index] = tries.get(ctx.index, 0) + 1
+        if ctx.prompt == "poison":
+            raise RuntimeError("this prompt always breaks the agent")
+        if ctx.index == 1 and tries[ctx.index] == 1:
+            raise RuntimeError("first try fails")
+        return await tool_agent(ctx)
+
+    with start_proxy(engine.url) as proxy:
+        source = DataSource(["Add 2 and 3.", "poison", "Name a colour."])
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=flaky, concurrency=4, session_retries=1)
+        out = rollout(slime_args(), 0, source)
+        groups = out.samples
+        assert source.calls == [2, 1]   # one replacement group drawn
+        assert [sess[0].prompt for g in groups for sess in g] == ["Add 2 and 3."] * 2 + ["Name a colour."] * 2
+        assert tries[1] == 2 and tries[2] == tries[3] == 2   # retried once; both poison Samples tried twice
+        assert out.metrics["dressage/groups_replaced"] == 1
+        assert out.metrics["dressage/sessions_failed"] == 5   # 1 + 2 x 2
+        stats = proxy.service.stats()
+        assert stats["sessions"]["active"] == 0 and stats["unread_trajectories"] == 0
+
+        # No replacement left: the rollout fails and leaves nothing behind in the Proxy.
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=flaky, concurrency=4, session_retries=0,
+                               max_group_replacements=0)
+        with pytest.raises(TrajectoryError, match="1 groups failed and 0 were filtered, more than the 0 "
+                                                  "replacements allowed"):
+            rollout(slime_args(), 1, DataSource(["Add 2 and 3.", "poison"]))
+        stats = proxy.service.stats()
+        assert stats["sessions"]["active"] == 0 and stats["unread_trajectories"] == 0
+
+
+def drop_first_group(args, samples):
+    """A dynamic sampling filter: drops the groups whose Samples have an even group index."""
+    return SimpleNamespace(keep=samples[0].group_index % 2 == 1, reason="even")
+
+
+def test_a_group_the_dynamic_filter_drops_is_replaced(engine):
+    with start_proxy(engine.url) as proxy:
+        source = DataSource(["Add 2 and 3.", "Name a colour.", "Add 1 and 1.", "Name a fruit."])
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)
+        out = rollout(slime_args(dynamic_sampling_filter_path=f"{__name__}:drop_first_group"), 0, source)
+        assert [g[0][0].group_index for g in out.samples] == [103, 101]   # the slot of 100 refilled by 103
+        assert out.metrics["dressage/groups_filtered"] == 2 and out.metrics["dressage/groups_replaced"] == 2
+        assert proxy.service.stats()["unread_trajectories"] == 0
+
+
+CHAT_SCRIPT = textwrap.dedent("""
+    import json, os, urllib.request
+    prompt = json.load(open(os.environ["DRESSAGE_PROMPT_FILE"]))["prompt"]
+    body = {"model": os.environ["OPENAI_MODEL"], "max_tokens": 8,
+            "messages": [{"role": "user", "content": prompt}]}
+    req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json",
+                                          "authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    reply = json.load(urllib.request.urlopen(req, timeout=60))
+    tokens = reply["usage"]["completion_tokens"]
+    json.dump({"score": 1.0 if tokens > 0 else 0.0, "tokens": tokens}, open(os.environ["DRESSAGE_REWARD_FILE"], "w"))
+""")
+
+
+def test_a_command_agent_calls_the_proxy_and_reports_its_reward_through_the_file(engine, tmp_path):
+    with start_proxy(engine.url) as proxy:
+        agent = CommandAgent([sys.executable, "-c", CHAT_SCRIPT], cwd=tmp_path)
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=agent, concurrency=2)
+        out = rollout(slime_args(reward_key="score"), 0, DataSource(["Add 2 and 3.", "Name a colour."]))
+        segments = [seg for sess in sessions_of(out.samples) for seg in sess]
+        assert len(segments) == 4
+        for seg in segments:
+            assert seg.reward["score"] == 1.0 and seg.reward["tokens"] == seg.response_length
+        assert list(tmp_path.iterdir()) == []   # every session's directory removed
+
+        # A dict reward without --reward-key is a configuration error, and nothing stays in the Proxy.
+        with pytest.raises(ConfigError, match="--reward-key"):
+            rollout(slime_args(), 1, DataSource(["Add 2 and 3."]))
+        assert proxy.service.stats()["sessions"]["active"] == 0
+
+        # A command that outlives its time-out is killed; the session fails (here, with nothing to replace it).
+        slow = CommandAgent([sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=1.0)
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=slow, session_retries=0, max_group_replacements=0)
+        with pytest.raises(TrajectoryError) as info:
+            rollout(slime_args(batch=1), 2, DataSource(["Add 2 and 3."]))
+        causes, exc = [], info.value
+        while exc is not None:
+            causes.append(exc)
+            exc = exc.__cause__
+        assert isinstance(causes[-1], AgentCommandError)   # the agent's own error ends the chain
+        assert "killed after 1 s" in str(info.value)
+        stats = proxy.service.stats()
+        assert stats["sessions"]["active"] == 0 and stats["unread_trajectories"] == 0
+
+
+def test_evaluation_returns_slimes_eval_data_and_trains_on_nothing(engine, tmp_path):
+    from dressage.tq import TransferQueue
+
+    path = tmp_path / "eval.jsonl"
+    path.write_text("\n".join(json.dumps({"input": p, "answer": i}) for i, p in enumerate(["Add 1 and 2.", "Hi."])))
+    tq = TransferQueue.start({"deployment": "local", "num_storage_units": 1, "retention_s": None})
     try:
-        rollout = slime_rollout.SlimeRollout(proxy_url=proxy.url, concurrency=4, read_groups=1,
-                                             agent=SimulatedAgent(AgentConfig(max_turns=2, tools=False, max_tokens=16)))
-        out = rollout(SimpleNamespace(rollout_batch_size=2), 3, DataSource(["Add 2 and 3.", "Name a colour."], 2))
-        groups = out.samples if hasattr(out, "samples") else out
-        assert rollout.last_report.finalized == 4 and len(groups) == 2
-        assert not proxy.service.trajectories.finalized  # drained: the Proxy handed them over
-        for s in (s for g in groups for s in g):
-            assert len(s.rollout_log_probs) == s.response_length
-            r3 = np.asarray(s.rollout_routed_experts)
-            assert r3.dtype == np.int32 and r3.shape == (len(s.tokens) - 1, MODEL.num_layers, MODEL.topk)
-        if with_tq:  # the large fields came from the StorageUnit; its keys wait for the trainer's release
-            assert tq.client().total_keys() > 0
-        # A finalized session the agents did not run (another rollout's) is refused, not trained on.
-        stray = asyncio.run(run_rollout(proxy.url, make_prompts(1, seed=9), 1,
-                                        AgentConfig(max_turns=1, tools=False, max_tokens=8), concurrency=1))
-        assert stray.finalized == 1
-        with pytest.raises(TrajectoryError, match="read 5 finalized trajectories where the agents finalized 4"):
-            rollout(SimpleNamespace(rollout_batch_size=2), 4, DataSource(["Add 2 and 3.", "Name a colour."], 2))
+        with start_proxy(engine.url, tq=tq) as proxy:
+            source = DataSource(["never used"])
+            rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)
+            args = slime_args(eval_datasets=[{"name": "math", "path": str(path), "label_key": "answer",
+                                              "n_samples_per_eval_prompt": 2}])
+            out = rollout(args, 3, source, evaluation=True)
+            data = out.data["math"]
+            assert [s.prompt for s in data["samples"]] == ["Add 1 and 2."] * 2 + ["Hi."] * 2
+            assert [s.label for s in data["samples"]] == [0, 0, 1, 1]
+            assert data["rewards"] == [float(i % 3) / 2 for i in range(4)] and data["truncated"] == [False] * 4
+            assert source.calls == [] and tq.client().total_keys() == 0
+            stats = proxy.service.stats()
+            assert stats["sessions"]["active"] == 0 and stats["unread_trajectories"] == 0
     finally:
-        proxy.close()
-        if tq is not None:
-            tq.shutdown()
+        tq.shutdown()
+
+
+def test_the_rollout_function_also_runs_where_an_event_loop_is_running(engine):
+    import asyncio
+
+    async def caller(url):   # slime's own rollout code calls from inside a running loop
+        return SlimeRollout(proxy_url=url, agent=tool_agent)(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+
+    with start_proxy(engine.url) as proxy:
+        out = asyncio.run(caller(proxy.url))
+        assert [len(g) for g in out.samples] == [2]
+
+
+def test_the_simulated_agents_plug_in_through_agent_config(engine):
+    with start_proxy(engine.url) as proxy:
+        rollout = SlimeRollout(proxy_url=proxy.url, concurrency=4,
+                               agent_config=AgentConfig(max_turns=2, tools=False, max_tokens=16))
+        out = rollout(slime_args(), 0, DataSource(["Add 2 and 3.", "Name a colour."]))
+        assert [len(g) for g in out.samples] == [2, 2]
+        assert all(isinstance(seg.reward, float) for sess in sessions_of(out.samples) for seg in sess)
+
+
+# ---------------------------------------------------------------- from_args and its refusals
+def yaml_args(proxy_url, **over):
+    base = dict(dressage_proxy_url=proxy_url, dressage_agent=f"{__name__}:tool_agent", rollout_batch_size=1,
+                n_samples_per_prompt=2, rollout_top_p=1.0, use_rollout_routing_replay=True,
+                num_layers=MODEL.num_layers, moe_router_topk=MODEL.topk, hf_checkpoint="/models/tiny")
+    base.update(over)
+    return SimpleNamespace(**base)
+
+
+def test_from_args_builds_the_rollout_generate_rollout_runs_when_nothing_is_installed(engine, monkeypatch):
+    with start_proxy(engine.url) as proxy:
+        slime_rollout.install(None)
+        try:
+            args = yaml_args(proxy.url, dressage_session_retries=2, dressage_agent_concurrency=3)
+            out = slime_rollout.generate_rollout(args, 0, DataSource(["Add 2 and 3."]))
+            built = slime_rollout._installed
+            assert built is not None and built.session_retries == 2 and built.concurrency == 3
+            assert [len(g) for g in out.samples] == [2]
+        finally:
+            slime_rollout.install(None)
+        cmd = SlimeRollout.from_args(yaml_args(proxy.url, dressage_agent=None,
+                                               dressage_agent_command="python3 agent.py --prompt {prompt_file}"))
+        assert isinstance(cmd.agent, CommandAgent) and cmd.agent.argv == ["python3", "agent.py", "--prompt",
+                                                                          "{prompt_file}"]
+        monkeypatch.setenv("MY_PROXY_ADMIN", "s3cret")
+        assert SlimeRollout.from_args(yaml_args(proxy.url, dressage_admin_token_env="MY_PROXY_ADMIN")).admin_token \
+            == "s3cret"
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"rollout_top_p": 0.9}, "--rollout-top-p 0.9"),
+    ({"num_layers": MODEL.num_layers + 1}, "--num-layers"),
+    ({"moe_router_topk": MODEL.topk + 1}, "--moe-router-topk"),
+    ({"dressage_agent_command": ["x"]}, "exactly one of dressage_agent"),
+    ({"dressage_agent": None}, "exactly one of dressage_agent"),
+    ({"dressage_admin_token": "abc"}, "dressage_admin_token: a token does not belong in the config file"),
+    ({"dressage_agent_token_env": "DRESSAGE_TEST_UNSET_VAR"}, "DRESSAGE_TEST_UNSET_VAR is not set"),
+    ({"dressage_restore": "nowhere"}, "dressage_restore"),
+    ({"dressage_agent": "no_such_module_here:agent"}, "cannot import"),
+    ({"dressage_proxy_url": None}, "dressage_proxy_url"),
+], ids=["top-p", "layers", "topk", "both-agents", "no-agent", "token-in-yaml", "unset-token-env", "restore",
+        "bad-import", "no-url"])
+def test_from_args_refuses_what_the_samples_cannot_honour(engine, monkeypatch, over, match):
+    monkeypatch.delenv("DRESSAGE_PROXY_URL", raising=False)
+    with start_proxy(engine.url) as proxy:
+        with pytest.raises(ConfigError, match=match):
+            SlimeRollout.from_args(yaml_args(proxy.url, **over))
+
+
+def test_the_proxy_says_the_shape_of_the_routed_experts_it_records(engine):
+    from dressage.integrations.proxy_sessions import fetch_capabilities
+
+    with start_proxy(engine.url, routed_experts_dtype="uint16") as proxy:
+        model = fetch_capabilities(proxy.url)["model"]
+        assert (model["num_layers"], model["topk"], model["routed_experts_dtype"]) == \
+            (MODEL.num_layers, MODEL.topk, "uint16")
+
+
+def test_from_args_refuses_r3_when_the_proxy_records_none(engine):
+    with start_proxy(engine.url, r3=False) as proxy:
+        with pytest.raises(ConfigError, match="--use-rollout-routing-replay"):
+            SlimeRollout.from_args(yaml_args(proxy.url))
+
+
+def test_the_constructor_wants_exactly_one_agent(engine):
+    with pytest.raises(ConfigError, match="exactly one of agent"):
+        SlimeRollout(proxy_url="http://127.0.0.1:9", agent=tool_agent, agent_config=AgentConfig())
+    with pytest.raises(ConfigError, match="exactly one of agent"):
+        SlimeRollout(proxy_url="http://127.0.0.1:9")
+
+
+@pytest.mark.xfail(strict=False, raises=NotImplementedError,
+                   reason="Samples that keep their FieldRefs for the trainer (to_slime_sample keep_refs=True) "
+                          "are built by the trainer-side integration")
+def test_trainer_restore_leaves_field_refs_in_the_samples(engine):
+    from dressage.tq import TransferQueue
+
+    tq = TransferQueue.start({"deployment": "local", "num_storage_units": 1, "retention_s": None})
+    try:
+        with start_proxy(engine.url, tq=tq) as proxy:
+            rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, restore="trainer")
+            try:
+                out = rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+            except NotImplementedError:
+                assert tq.client().total_keys() == 0   # refs nobody will read: their keys are released
+                raise
+            assert tq.client().total_keys() > 0   # the trainer restores and releases them
+            assert all(seg.rollout_routed_experts is None for sess in sessions_of(out.samples) for seg in sess)
+    finally:
+        tq.shutdown()

@@ -180,7 +180,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"tq"},
     {"dataplane"},
     {"rollout"},
-    {"engine", "proxy", "train", "capacity"},
+    {"engine", "proxy", "train", "capacity", "agents"},
     {"integrations", "testing"},
     {"harness"},
     {"cli"},

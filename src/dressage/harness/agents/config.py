@@ -86,6 +86,13 @@ class AgentConfig:
                 f"agents.compression_threshold ({self.compress_at}), or no reply fits the context"
             )
 
+    def session_agent(self):
+        """This config as a per-session agent of ``SlimeRollout`` (``async (ctx) -> reward``):
+        :class:`dressage.harness.slime_agent.SimulatedAgent`."""
+        from dressage.harness.slime_agent import SimulatedAgent
+
+        return SimulatedAgent(self)
+
     @property
     def compress_at(self) -> int:
         """Tokens (prompt + completion) at which the history counts as near the limit."""

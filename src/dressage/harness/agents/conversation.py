@@ -8,14 +8,16 @@ retries re-send an earlier request of the current epoch, compression starts a ne
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dressage.errors import SessionStateError
 from dressage.harness.agents.client import ChatReply
-from dressage.harness.agents.config import AgentConfig
 from dressage.harness.agents.policy import SessionPolicy, TurnDecision, needs_compression, score_transcript, summarize
 from dressage.harness.agents.prompts import TaskPrompt
 from dressage.harness.agents.tools import TOOL_SPECS, execute_tool
+
+if TYPE_CHECKING:  # a type only: AgentConfig.session_agent() reaches this module at run time
+    from dressage.harness.agents.config import AgentConfig
 
 __all__ = ["Conversation", "ChatRequestPlan"]
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from dressage.harness.agents.config import AgentConfig
 from dressage.harness.agents.prompts import TaskPrompt
 from dressage.harness.agents.tools import TOOL_ERROR_PREFIX
+
+if TYPE_CHECKING:  # a type only: AgentConfig.session_agent() reaches this module at run time
+    from dressage.harness.agents.config import AgentConfig
 
 __all__ = ["TurnDecision", "SessionPolicy", "needs_compression", "summarize", "score_transcript"]
 

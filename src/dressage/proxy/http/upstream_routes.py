@@ -76,6 +76,7 @@ def upstream_router(service: Any) -> APIRouter:
                             engines=len(service.engines.members), router=service.router,
                             model={"name": dp.model.name, "num_layers": dp.model.num_layers, "topk": dp.model.topk,
                                    "num_experts": dp.model.num_experts,
+                                   "routed_experts_dtype": dp.routed_experts_dtype,
                                    "served_model_name": cfg.server.served_model_name},
                             finalize_wait_s=cfg.sessions.finalize_wait_s)
 

@@ -1,0 +1,189 @@
+"""slime's ``args`` as the rollout function's settings: the ``dressage_*`` keys, refusals, eval prompts.
+
+slime sets every key of its ``--custom-config-path`` YAML as an attribute of ``args``; this module
+reads the ``dressage_*`` ones (validated once, each error naming its key), refuses the slime flags
+whose Samples the Proxy cannot honour, and loads the eval datasets' prompts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import shlex
+from typing import Any, Mapping
+
+from dressage.errors import ConfigError
+
+__all__ = ["load_object", "sampling_params", "rollout_settings", "check_against_proxy", "eval_prompt_sets",
+           "RESTORE_MODES"]
+
+RESTORE_MODES = ("rollout", "trainer")
+"""``rollout``: the rollout function restores the large fields and releases their TQ keys;
+``trainer``: the Samples keep their FieldRefs and each trainer rank restores its own shard."""
+
+
+def load_object(path: Any, key: str) -> Any:
+    """The object at import path ``pkg.mod:name`` or ``pkg.mod.name`` (``key`` names the setting)."""
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError(f"{key}: expected an import path pkg.mod:name, got {path!r}")
+    module, sep, name = path.strip().partition(":")
+    if not sep:
+        module, _, name = path.strip().rpartition(".")
+    if not module or not name:
+        raise ConfigError(f"{key}: expected an import path pkg.mod:name or pkg.mod.name, got {path!r}")
+    try:
+        obj: Any = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"{key}: cannot import {module!r} ({exc})") from None
+    for part in name.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"{key}: {module!r} has no attribute {name!r}") from None
+    return obj
+
+
+def sampling_params(args: Any) -> dict[str, Any]:
+    """slime's rollout sampling settings, as an agent may pass them on to its model calls."""
+    return {"temperature": getattr(args, "rollout_temperature", 1.0), "top_p": getattr(args, "rollout_top_p", 1.0),
+            "top_k": getattr(args, "rollout_top_k", -1),
+            "max_new_tokens": getattr(args, "rollout_max_response_len", None),
+            "stop": getattr(args, "rollout_stop", None),
+            "stop_token_ids": getattr(args, "rollout_stop_token_ids", None)}
+
+
+def _int(args: Any, key: str, default: int | None, low: int) -> int | None:
+    value = getattr(args, key, None)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _token(args: Any, key: str) -> str | None:
+    name = getattr(args, key, None)
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{key} must name an environment variable, got {name!r}")
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"{key}: the environment variable {name} is not set (or empty)")
+    return value
+
+
+def rollout_settings(args: Any) -> dict[str, Any]:
+    """The keyword arguments of ``SlimeRollout`` that ``args``' ``dressage_*`` keys give.
+
+    A ``dressage_*`` key that holds a token itself is refused: tokens come from the environment
+    variables that ``dressage_agent_token_env`` / ``dressage_admin_token_env`` name, never from YAML.
+    """
+    keys = vars(args) if hasattr(args, "__dict__") else {}
+    for key in keys:
+        if key.startswith("dressage_") and "token" in key and not key.endswith("_token_env"):
+            raise ConfigError(f"{key}: a token does not belong in the config file; put it in an environment "
+                              f"variable and name that variable in {key}_env")
+    url = getattr(args, "dressage_proxy_url", None) or os.environ.get("DRESSAGE_PROXY_URL")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"dressage_proxy_url must be the Proxy's http(s)://host:port (or set DRESSAGE_PROXY_URL), "
+                          f"got {url!r}")
+    agent_path = getattr(args, "dressage_agent", None)
+    command = getattr(args, "dressage_agent_command", None)
+    if (agent_path is None) == (command is None):
+        raise ConfigError("set exactly one of dressage_agent (an import path of an async agent) and "
+                          "dressage_agent_command (a command run per session)")
+    timeout_s = getattr(args, "dressage_agent_timeout_s", None)
+    timeout_s = 3600.0 if timeout_s is None else timeout_s
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0 \
+            or not math.isfinite(timeout_s):
+        raise ConfigError(f"dressage_agent_timeout_s must be a number > 0, got {timeout_s!r}")
+    reward = getattr(args, "dressage_agent_reward", None)
+    if agent_path is not None:
+        if reward is not None:
+            raise ConfigError("dressage_agent_reward goes with dressage_agent_command; an agent returns its reward")
+        agent = load_object(agent_path, "dressage_agent")
+        if not callable(agent):
+            raise ConfigError(f"dressage_agent: {agent_path!r} is not callable")
+    else:
+        from dressage.agents import CommandAgent
+
+        if isinstance(command, str):
+            command = shlex.split(command)
+        if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+            raise ConfigError(f"dressage_agent_command must be a command line or a list of strings, got {command!r}")
+        agent = CommandAgent(command, reward=None if reward is None else load_object(reward, "dressage_agent_reward"),
+                             timeout_s=float(timeout_s))
+    restore = getattr(args, "dressage_restore", None) or "rollout"
+    if restore not in RESTORE_MODES:
+        raise ConfigError(f"dressage_restore must be one of {', '.join(RESTORE_MODES)}, got {restore!r}")
+    return {"proxy_url": url, "agent": agent,
+            "concurrency": _int(args, "dressage_agent_concurrency", 64, 1),
+            "timeout_s": float(timeout_s),
+            "session_retries": _int(args, "dressage_session_retries", 1, 0),
+            "max_group_replacements": _int(args, "dressage_max_group_replacements", None, 0),
+            "token": _token(args, "dressage_agent_token_env"),
+            "admin_token": _token(args, "dressage_admin_token_env"),
+            "restore": restore}
+
+
+def check_against_proxy(args: Any, caps: Mapping[str, Any]) -> None:
+    """Refuse, naming the flag, what the Samples of this Proxy cannot honour."""
+    top_p = getattr(args, "rollout_top_p", 1.0)
+    if top_p is not None and float(top_p) != 1.0:
+        raise ConfigError(f"--rollout-top-p {top_p}: slime then replays top-p token ids the Proxy does not record; "
+                          "use --rollout-top-p 1.0")
+    if not getattr(args, "use_rollout_routing_replay", False):
+        return
+    features = caps.get("features") if isinstance(caps.get("features"), Mapping) else {}
+    if not features.get("rollout_routing_replay"):
+        raise ConfigError("--use-rollout-routing-replay: the Proxy records no routed experts (start it with R3 on)")
+    model = caps.get("model") if isinstance(caps.get("model"), Mapping) else {}
+    for flag, attr, field in (("--num-layers", "num_layers", "num_layers"), ("--moe-router-topk", "moe_router_topk",
+                                                                              "topk")):
+        want, have = getattr(args, attr, None), model.get(field)
+        if want is not None and have is not None and int(want) != int(have):
+            raise ConfigError(f"{flag} {want}: the Proxy records routed experts of shape "
+                              f"[T-1, {model.get('num_layers')}, {model.get('topk')}] ({model.get('name')}), so R3 "
+                              "rows would not fit the model slime trains")
+        if want is not None and have is None:
+            raise ConfigError(f"{flag}: the Proxy does not say the {field} of the routed experts it records")
+
+
+def _cfg(entry: Any, key: str, default: Any = None) -> Any:
+    value = entry.get(key) if isinstance(entry, Mapping) else getattr(entry, key, None)
+    return default if value is None else value
+
+
+def eval_prompt_sets(args: Any, sample_cls: type) -> list[tuple[str, list[Any]]]:
+    """``args.eval_datasets`` as ``[(name, Samples)]``: each dataset's JSONL prompts (``input_key``,
+    ``label_key``, ``metadata_key``, as slime's dataset reads them, without a tokenizer),
+    ``n_samples_per_eval_prompt`` Samples each, indexed 0.. in order."""
+    out = []
+    for entry in getattr(args, "eval_datasets", None) or []:
+        name, path = _cfg(entry, "name"), _cfg(entry, "path")
+        if not isinstance(name, str) or not isinstance(path, str):
+            raise ConfigError(f"eval_datasets: each entry needs a name and a path, got {entry!r}")
+        if not path.endswith(".jsonl"):
+            raise ConfigError(f"eval_datasets {name}: the rollout function reads .jsonl prompts, got {path!r}")
+        input_key = _cfg(entry, "input_key", getattr(args, "input_key", None) or "input")
+        label_key = _cfg(entry, "label_key", getattr(args, "label_key", None))
+        metadata_key = _cfg(entry, "metadata_key", getattr(args, "metadata_key", None) or "metadata")
+        n = int(_cfg(entry, "n_samples_per_eval_prompt", getattr(args, "n_samples_per_eval_prompt", None) or 1))
+        samples: list[Any] = []
+        try:
+            with open(path) as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"eval_datasets {name}: cannot read {path} ({exc})") from None
+        for g, row in enumerate(rows):
+            if not isinstance(row, dict) or input_key not in row:
+                raise ConfigError(f"eval_datasets {name}: line {g + 1} of {path} has no {input_key!r}")
+            for _ in range(n):
+                samples.append(sample_cls(group_index=g, index=len(samples), prompt=row[input_key],
+                                          label=row.get(label_key) if label_key else None,
+                                          metadata=dict(row.get(metadata_key) or {})))
+        out.append((name, samples))
+    return out

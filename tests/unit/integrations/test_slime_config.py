@@ -1,0 +1,72 @@
+"""slime's args as the rollout function's settings: import paths, the dressage_* keys, eval prompts."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from dressage.agents import CommandAgent
+from dressage.errors import ConfigError
+from dressage.integrations.slime import SlimeSample
+from dressage.integrations.slime_config import (check_against_proxy, eval_prompt_sets, load_object,
+                                                rollout_settings, sampling_params)
+
+
+def test_import_paths_take_a_colon_or_a_dot():
+    assert load_object("json:dumps", "k") is json.dumps
+    assert load_object("json.dumps", "k") is json.dumps
+    assert load_object("os.path:join", "k").__name__ == "join"
+    with pytest.raises(ConfigError, match="k: 'json' has no attribute 'nope'"):
+        load_object("json:nope", "k")
+    with pytest.raises(ConfigError, match="k: expected an import path"):
+        load_object("json", "k")
+
+
+def test_settings_from_the_yaml_keys(monkeypatch):
+    monkeypatch.setenv("DRESSAGE_PROXY_URL", "http://proxy:8000")
+    monkeypatch.setenv("AGENT_TOK", "a")
+    args = SimpleNamespace(dressage_agent_command=["cli", "{prompt_file}"], dressage_agent_timeout_s=30,
+                           dressage_session_retries=0, dressage_agent_token_env="AGENT_TOK")
+    got = rollout_settings(args)
+    assert got["proxy_url"] == "http://proxy:8000" and got["token"] == "a" and got["admin_token"] is None
+    assert isinstance(got["agent"], CommandAgent) and got["agent"].timeout_s == 30.0
+    assert (got["concurrency"], got["session_retries"], got["max_group_replacements"], got["restore"]) == \
+        (64, 0, None, "rollout")
+    with pytest.raises(ConfigError, match="dressage_session_retries must be an integer >= 0"):
+        rollout_settings(SimpleNamespace(dressage_agent="json:dumps", dressage_session_retries=-1))
+    with pytest.raises(ConfigError, match="dressage_agent_reward goes with dressage_agent_command"):
+        rollout_settings(SimpleNamespace(dressage_agent="json:dumps", dressage_agent_reward="json:loads"))
+    with pytest.raises(ConfigError, match="dressage_agent_token: a token does not belong"):
+        rollout_settings(SimpleNamespace(dressage_agent="json:dumps", dressage_agent_token="xyz"))
+
+
+def test_sampling_params_are_slimes_rollout_settings():
+    args = SimpleNamespace(rollout_temperature=0.7, rollout_top_p=1.0, rollout_top_k=20, rollout_max_response_len=512,
+                           rollout_stop=["</s>"], rollout_stop_token_ids=[2])
+    assert sampling_params(args) == {"temperature": 0.7, "top_p": 1.0, "top_k": 20, "max_new_tokens": 512,
+                                     "stop": ["</s>"], "stop_token_ids": [2]}
+
+
+def test_r3_shape_is_checked_only_when_slime_replays_routing():
+    caps = {"features": {"rollout_routing_replay": True}, "model": {"name": "m", "num_layers": 4, "topk": 2}}
+    check_against_proxy(SimpleNamespace(use_rollout_routing_replay=False, num_layers=9), caps)
+    check_against_proxy(SimpleNamespace(use_rollout_routing_replay=True, num_layers=4, moe_router_topk=2), caps)
+    with pytest.raises(ConfigError, match=r"--num-layers 9: .*\[T-1, 4, 2\]"):
+        check_against_proxy(SimpleNamespace(use_rollout_routing_replay=True, num_layers=9, moe_router_topk=2), caps)
+
+
+def test_eval_prompts_come_from_each_datasets_jsonl(tmp_path):
+    path = tmp_path / "e.jsonl"
+    path.write_text('{"q": "a", "ans": 1, "metadata": {"k": 1}}\n\n{"q": "b", "ans": 2}\n')
+    args = SimpleNamespace(eval_datasets=[SimpleNamespace(name="x", path=str(path), input_key="q", label_key="ans",
+                                                          metadata_key=None, n_samples_per_eval_prompt=2)])
+    [(name, samples)] = eval_prompt_sets(args, SlimeSample)
+    assert name == "x"
+    assert [(s.prompt, s.label, s.index, s.group_index, s.metadata) for s in samples] == [
+        ("a", 1, 0, 0, {"k": 1}), ("a", 1, 1, 0, {"k": 1}), ("b", 2, 2, 1, {}), ("b", 2, 3, 1, {})]
+    with pytest.raises(ConfigError, match="reads .jsonl"):
+        eval_prompt_sets(SimpleNamespace(eval_datasets=[{"name": "p", "path": "x.parquet"}]), SlimeSample)
+    with pytest.raises(ConfigError, match="line 1 of .* has no 'input'"):
+        eval_prompt_sets(SimpleNamespace(eval_datasets=[{"name": "p", "path": str(path)}]), SlimeSample)
