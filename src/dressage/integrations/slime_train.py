@@ -12,6 +12,7 @@ Everything that needs slime, Megatron or Ray is imported where it is used, so th
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import itertools
 from contextlib import contextmanager
@@ -315,13 +316,38 @@ class ProxyRolloutControl:
 
 
 # ------------------------------------------------------------------ slime's entry (needs slime, Ray, Megatron)
+_TAKING: contextvars.ContextVar[RankRefs | None] = contextvars.ContextVar("dressage_taking", default=None)
+"""The rank whose ``_get_rollout_data`` runs in this thread (context), if any."""
+
+
+def _restoring_fetch(module: Any) -> None:
+    """Wrap ``module.process_rollout_data`` (once) so that, inside a rank's ``_get_rollout_data``, the
+    data it fetched comes back restored; anywhere else the wrapper answers what slime's function does."""
+    fetch = module.process_rollout_data
+    if getattr(fetch, "__dressage_restores__", False):
+        return
+
+    def process_rollout_data(*args: Any, **kwargs: Any) -> Any:
+        data = fetch(*args, **kwargs)
+        refs = _TAKING.get()
+        return data if refs is None else refs.take(data)
+
+    process_rollout_data.__dressage_restores__ = True  # type: ignore[attr-defined]
+    process_rollout_data.__wrapped__ = fetch  # type: ignore[attr-defined]
+    module.process_rollout_data = process_rollout_data
+
+
 def dressage_train_actor(base: type | None = None) -> type:
     """slime's Megatron training actor, restoring its rank's refs when it takes its rollout data and
     releasing them after the step. ``base`` defaults to slime's ``MegatronTrainRayActor``; the rank joins
     the TransferQueue named by ``args.dressage_tq_spec`` on its first step."""
     if base is None:
         from slime.backends.megatron_utils.actor import MegatronTrainRayActor as base  # type: ignore
-    actor_module = importlib.import_module(base.__module__)
+    # slime's ``_get_rollout_data`` fetches the rank's data through its module's ``process_rollout_data``
+    # and moves it to the GPU in the same method; the refs must be restored in between, so that name is
+    # wrapped, and the wrapper restores for the actor whose ``_get_rollout_data`` is running (a context
+    # variable: actors that share a process, or threads of one actor, each restore their own).
+    _restoring_fetch(importlib.import_module(base.__module__))
 
     class DressageTrainRayActor(base):  # type: ignore[misc, valid-type]
         _dressage_refs: RankRefs | None = None
@@ -332,20 +358,11 @@ def dressage_train_actor(base: type | None = None) -> type:
             return self._dressage_refs
 
         def _get_rollout_data(self, rollout_data_ref: Any) -> Any:
-            # slime's method fetches the rank's data through its module's ``process_rollout_data`` and
-            # moves it to the GPU in one go; the refs must be restored in between, so for this call that
-            # name answers the fetched data restored. Each training actor is a process of its own.
-            fetch = actor_module.process_rollout_data
-            refs = self._refs()
-
-            def fetch_and_restore(*args: Any, **kwargs: Any) -> Any:
-                return refs.take(fetch(*args, **kwargs))
-
-            actor_module.process_rollout_data = fetch_and_restore
+            token = _TAKING.set(self._refs())
             try:
                 return super()._get_rollout_data(rollout_data_ref)
             finally:
-                actor_module.process_rollout_data = fetch
+                _TAKING.reset(token)
 
         def train(self, rollout_id: int, rollout_data_ref: Any, external_data: Any = None) -> Any:
             out = super().train(rollout_id, rollout_data_ref, external_data=external_data)

@@ -216,7 +216,12 @@ def test_each_rank_restores_its_refs_after_slimes_split_as_the_rollout_path_has_
         assert actor.taken["rollout_log_probs"][0].dtype == torch.float32
     # Each rank released after its step; keys two ranks share were read by both before either released.
     assert client.total_keys() == 0 and sum(int(row["keys"]) for row in tq2.stats().values()) == 0
-    assert globals()["process_rollout_data"] is SLIME_FETCH  # the actor put the module's name back
+    # Outside an actor's ``_get_rollout_data`` the wrapped name answers what slime's function does.
+    wrapped = globals()["process_rollout_data"]
+    assert wrapped is not SLIME_FETCH and wrapped.__wrapped__ is SLIME_FETCH
+    assert REFS_TRAIN_KEY in wrapped(None, boxes, 0, DP)
+    dressage_train_actor(MegatronActorStandIn)
+    assert globals()["process_rollout_data"] is wrapped  # wrapped once
     for actor in actors:
         actor._dressage_refs.client.close()
 
