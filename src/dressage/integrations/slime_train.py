@@ -471,8 +471,8 @@ def train(args: Any, *, control: ProxyRolloutControl | None = None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """slime's arguments, plus ``DRESSAGE_PROXY_URL`` / ``DRESSAGE_ADMIN_TOKEN`` (pause the Proxy around
-    weight updates) and ``DRESSAGE_TQ_SPEC`` (a JSON file: the TransferQueue client spec each rank joins)."""
-    import json
+    weight updates) and ``DRESSAGE_TQ_SPEC`` (the TransferQueue client spec file each rank joins, as
+    ``TransferQueue.write_client_spec`` writes it)."""
     import os
     import sys
 
@@ -486,8 +486,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args()
     spec_path = os.environ.get("DRESSAGE_TQ_SPEC")
     if spec_path:
-        with open(spec_path, encoding="utf-8") as f:
-            args.dressage_tq_spec = json.load(f)
+        from dressage.tq.client.spec import load_client_spec
+
+        args.dressage_tq_spec = load_client_spec(spec_path)
     url = os.environ.get("DRESSAGE_PROXY_URL")
     control = ProxyRolloutControl(url, token=os.environ.get("DRESSAGE_ADMIN_TOKEN")) if url else None
     train(args, control=control)
