@@ -10,8 +10,9 @@ import pytest
 from dressage.cli import build_parser
 from dressage.cli.proxy import proxy_config
 from dressage.errors import ConfigError, ProxyStatusError
-from dressage.proxy.config import ReadsConfig
+from dressage.proxy.config import JournalConfig, ReadsConfig
 from dressage.proxy.upstream.read import GroupRule, select_trajectories
+from dressage.testing.stack import start_proxy
 from dressage.train.remote import ProxyTrajectorySource, drain
 
 
@@ -167,3 +168,21 @@ def test_selection_keeps_group_order_counts_ages_and_caps_ready_groups():
     capped = select_trajectories(finalized, groups_rule=GroupRule(2, 30.0), now=43.0, max_groups=1)
     assert capped.groups == [["a0", "a1"]] and capped.incomplete == later.incomplete
     assert select_trajectories(finalized, now=20.0).groups == [["a0", "a1"], ["b0", "b1"], ["c0"], ["solo"]]
+
+
+def test_a_partial_group_held_back_before_a_restart_is_still_held_after_the_journal_replay(engine, tmp_path):
+    journal = JournalConfig(path=str(tmp_path / "proxy.journal"), fsync="never")
+    with start_proxy(engine.url, journal=journal, min_group_size=3, group_timeout_s=600.0) as proxy:
+        for i in range(2):
+            _session(proxy.url, f"r-{i}", "9")
+        _backdate(proxy, ["r-0"], 500.0)  # close to timing out before the restart
+        assert _read(proxy.url)["meta_info"]["incomplete_groups"][0]["age_s"] >= 500.0
+    with start_proxy(engine.url, journal=journal, min_group_size=3, group_timeout_s=600.0) as proxy:
+        # The replay hands the finalized sessions over again: their age counts from the replay, so
+        # the group's late peers get a whole timeout after a restart, and nothing is handed over early.
+        read = _read(proxy.url, drain=True)
+        (held,) = read["meta_info"]["incomplete_groups"]
+        assert read["data"] == [] and (held["key"], held["finalized"]) == ("9", 2) and held["age_s"] < 500.0
+        _session(proxy.url, "r-2", "9")
+        whole = _read(proxy.url, drain=True)
+        assert [sorted(seg["trajectory_id"] for seg in g) for g in whole["data"]] == [["r-0", "r-1", "r-2"]]
