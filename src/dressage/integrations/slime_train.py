@@ -224,7 +224,8 @@ def restore_rollout_data(rollout_data: dict[str, Any], reader: TrainingReader) -
     keys = _ref_keys(held)
     reader.restore(held)
     as_torch = _torch_if_tensors(tokens)
-    for name, key in _FIELDS:
+    filled: dict[str, list[Any]] = {}
+    for _, key in _FIELDS:
         got = [s is not None and getattr(s, key) is not None for s in samples]
         if not any(got):
             continue
@@ -235,8 +236,10 @@ def restore_rollout_data(rollout_data: dict[str, Any], reader: TrainingReader) -
         for i, s in enumerate(samples):
             a = getattr(s, key)
             _check_restored(key, a, s, i)
-            values.append(a if as_torch is None else as_torch.from_numpy(np.ascontiguousarray(a)))
-        rollout_data[key] = values
+            # The reader joins each Sample's pieces into a new array: the tensor shares it, no copy.
+            values.append(a if as_torch is None else as_torch.from_numpy(a))
+        filled[key] = values
+    rollout_data.update(filled)  # all fields or none: a bad one leaves the rank's data as it came
     rollout_data.pop(REFS_TRAIN_KEY)
     return keys
 

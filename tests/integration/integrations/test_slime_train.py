@@ -359,3 +359,26 @@ def test_the_train_entry_says_slime_is_missing():
     proc = subprocess.run([sys.executable, "-m", "dressage.integrations.slime_train"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode != 0 and "slime is not importable" in proc.stderr
+
+
+def test_a_rank_whose_samples_carry_a_field_unevenly_is_refused_and_left_as_it_came(tq):
+    client = tq.client()
+    samples = _synthetic(2, 16, 4, 2, 2, refs=False)
+    for s in samples:  # the same fields, now in TQ: R3 for both, log-probs for the first only
+        s.remote["routed_experts"] = (Piece(client.put("routed_experts", s.rollout_routed_experts.astype(np.uint8)),
+                                            0, 15),)
+        s.rollout_routed_experts = None
+    samples[0].remote["logprobs"] = (Piece(client.put("logprobs", samples[0].rollout_log_probs), 0, 4),)
+    samples[0].rollout_log_probs = None
+    samples[1].rollout_log_probs = None  # lost on the way: neither resident nor carried
+    data = convert_samples_to_train_data(ARGS, to_slime_groups(samples, cls=SlimeSample, keep_refs=True))
+    before = sorted(data)
+    with pytest.raises(TrajectoryError, match="rollout_log_probs: carried as refs for 1 of 2"):
+        restore_rollout_data(data, TrainingReader(client))
+    assert sorted(data) == before and REFS_TRAIN_KEY in data and "rollout_routed_experts" not in data
+    samples[1].remote["logprobs"] = (Piece(client.put("logprobs", np.zeros(4, np.float32)), 0, 4),)
+    data = convert_samples_to_train_data(ARGS, to_slime_groups(samples, cls=SlimeSample, keep_refs=True))
+    keys = restore_rollout_data(data, TrainingReader(client))
+    assert len(keys) == 4 and REFS_TRAIN_KEY not in data
+    assert [a.shape for a in data["rollout_routed_experts"]] == [(15, 2, 2)] * 2
+    assert data["rollout_routed_experts"][0].dtype == np.int32 and data["rollout_log_probs"][1].dtype == np.float32
