@@ -7,6 +7,11 @@ slime's ``RolloutManager._convert_samples_to_train_data`` reads ``tokens``, ``re
 ``train_metadata``. :func:`to_slime_sample` fills each of them (plus ``weight_versions``,
 ``group_index``, ``session_id``, ``label``, ``prompt``) on slime's own class when slime is
 importable, and on :class:`SlimeSample`, a stand-in with the same fields, when it is not.
+
+With ``keep_refs`` (``dressage_restore: trainer``) a large field still in TransferQueue stays there:
+the slime Sample's attribute is ``None`` and the field's pieces ride in ``metadata["dressage_refs"]``
+(:data:`REFS_METADATA_KEY`), plain lists and dicts, for :mod:`dressage.integrations.slime_train` to
+restore on each training rank.
 """
 
 from __future__ import annotations
@@ -20,9 +25,14 @@ import numpy as np
 from dressage.errors import FieldShapeError, TrajectoryError
 from dressage.fields.versions import VersionTable
 from dressage.trajectory import Sample
+from dressage.trajectory.sample_wire import SAMPLE_WIRE_VERSION, remote_to_wire
 
 __all__ = ["SlimeSample", "slime_sample_class", "to_slime_sample", "to_slime_groups", "check_slime_sample",
-           "SLIME_TRAIN_FIELDS", "status_of", "RolloutFnTrainOutput", "RolloutFnEvalOutput", "rollout_output_classes"]
+           "SLIME_TRAIN_FIELDS", "status_of", "RolloutFnTrainOutput", "RolloutFnEvalOutput", "rollout_output_classes",
+           "REFS_METADATA_KEY", "refs_carrier"]
+
+REFS_METADATA_KEY = "dressage_refs"
+"""The slime Sample ``metadata`` key whose value carries the refs of the fields left in TransferQueue."""
 
 SLIME_TRAIN_FIELDS = ("tokens", "response_length", "reward", "status", "index", "rollout_id", "loss_mask",
                       "remove_sample", "metadata", "rollout_log_probs", "rollout_routed_experts",
@@ -114,6 +124,13 @@ def status_of(sample: Sample, cls: type) -> Any:
         return cls.Status.COMPLETED
 
 
+def refs_carrier(sample: Sample) -> dict[str, Any]:
+    """What a training rank needs to restore ``sample``'s fields still in TransferQueue: the
+    Sample's id, its pieces (FieldRefs in wire form) and R3's row shape, all plain values."""
+    return {"v": SAMPLE_WIRE_VERSION, "session_id": sample.session_id, "segment_index": int(sample.segment_index),
+            **remote_to_wire(sample)}
+
+
 def to_slime_sample(sample: Sample, *, rollout_id: int | None = None, versions: VersionTable | None = None,
                     cls: type | None = None, label: Any = None, prompt: Any = "",
                     train_metadata: dict | None = None, remove_sample: bool | None = None,
@@ -122,21 +139,21 @@ def to_slime_sample(sample: Sample, *, rollout_id: int | None = None, versions: 
 
     ``weight_versions`` are the engine's strings (the Proxy records the names of named versions
     with the trajectory); ``versions`` names codes a Sample came without names for.
-    Raises :class:`TrajectoryError` for a Sample whose large fields were not restored yet.
-    ``keep_refs`` (the trainer restores the large fields itself) is not supported yet.
+    Raises :class:`TrajectoryError` for a Sample whose large fields were not restored yet, unless
+    ``keep_refs``: then each such field is ``None`` and its refs ride in ``metadata[REFS_METADATA_KEY]``
+    (:func:`refs_carrier`).
     """
-    if keep_refs:
-        raise NotImplementedError("to_slime_sample(keep_refs=True): Samples that keep their FieldRefs for the "
-                                  "trainer to restore are not supported yet")
-    if not sample.is_restored:
+    if not sample.is_restored and not keep_refs:
         raise TrajectoryError(f"session {sample.session_id} segment {sample.segment_index}: large fields "
                               f"{sorted(sample.remote)} are still references; restore the batch first")
     cls = cls or slime_sample_class()
     labels = sample.weight_versions
     if versions is not None:
         labels = [versions.label(int(v)) if v.isdigit() else v for v in labels]
-    meta = {k: v for k, v in sample.metadata.items()}
+    meta = {k: v for k, v in sample.metadata.items() if k != REFS_METADATA_KEY}
     meta.setdefault("segment_index", sample.segment_index)
+    if not sample.is_restored:
+        meta[REFS_METADATA_KEY] = refs_carrier(sample)
     out = cls(
         group_index=sample.group_index, index=sample.index, rollout_id=rollout_id, prompt=prompt,
         tokens=[int(t) for t in sample.tokens], response_length=int(sample.response_length), label=label,
@@ -172,12 +189,13 @@ def check_slime_sample(s: Any, *, num_layers: int | None = None, topk: int | Non
 
 
 def to_slime_groups(samples: Iterable[Sample], *, versions: VersionTable | None = None, cls: type | None = None,
-                    labels: Sequence[Any] | None = None, prompts: Sequence[Any] | None = None) -> list[list[Any]]:
+                    labels: Sequence[Any] | None = None, prompts: Sequence[Any] | None = None,
+                    keep_refs: bool = False) -> list[list[Any]]:
     """Samples grouped by ``group_index`` (the prompt), in group order, as slime's ``list[list[Sample]]``.
 
     Every segment of one session shares one ``rollout_id`` (slime averages the loss within a
     rollout); ids are 0.. in order of first appearance. ``labels`` / ``prompts`` are indexed
-    by group (the data source's label and prompt of each group).
+    by group (the data source's label and prompt of each group). ``keep_refs``: see :func:`to_slime_sample`.
     """
     cls = cls or slime_sample_class()
     groups: dict[int, list[Any]] = {}
@@ -188,5 +206,5 @@ def to_slime_groups(samples: Iterable[Sample], *, versions: VersionTable | None 
         label = labels[g] if labels is not None and 0 <= g < len(labels) else None
         prompt = prompts[g] if prompts is not None and 0 <= g < len(prompts) else ""
         groups.setdefault(g, []).append(to_slime_sample(s, rollout_id=rid, versions=versions, cls=cls,
-                                                        label=label, prompt=prompt))
+                                                        label=label, prompt=prompt, keep_refs=keep_refs))
     return [groups[g] for g in sorted(groups)]

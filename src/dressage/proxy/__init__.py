@@ -13,7 +13,7 @@ _EXPORTS = {"Proxy": "dressage.proxy.deployment", "build_service": "dressage.pro
             "ProxyConfig": "dressage.proxy.config", "ServerConfig": "dressage.proxy.config",
             "AccessConfig": "dressage.proxy.config", "EnginesConfig": "dressage.proxy.config",
             "LimitsConfig": "dressage.proxy.config", "SessionsConfig": "dressage.proxy.config",
-            "JournalConfig": "dressage.proxy.config", "ProxyService": "dressage.proxy.service",
+            "ReadsConfig": "dressage.proxy.config", "JournalConfig": "dressage.proxy.config", "ProxyService": "dressage.proxy.service",
             "ProxyServer": "dressage.proxy.http.app", "ProxyCore": "dressage.proxy.recording.core"}
 
 __all__ = list(_EXPORTS)

@@ -1,7 +1,7 @@
 """The Proxy's configuration: the root :class:`ProxyConfig` that :meth:`Proxy.start` takes, and its sections.
 
 Sections: ``server`` (the HTTP listener), ``access`` (tokens), ``engines``, ``limits`` (per call),
-``sessions``, ``journal``, ``transfer_queue`` and ``data_plane``. Every value is checked once, in
+``sessions``, ``reads`` (what a batch trajectory read hands over), ``journal``, ``transfer_queue`` and ``data_plane``. Every value is checked once, in
 ``__post_init__``, with its dotted key in the message; the tree is ``dressage proxy serve``'s flags and YAML.
 """
 
@@ -15,7 +15,7 @@ from dressage.flags import flag
 from dressage.tq.config import TransferQueueSelection, is_loopback
 
 __all__ = ["ProxyConfig", "ServerConfig", "AccessConfig", "EnginesConfig", "LimitsConfig", "SessionsConfig",
-           "JournalConfig", "DataPlaneConfig", "TransferQueueSelection"]
+           "ReadsConfig", "JournalConfig", "DataPlaneConfig", "TransferQueueSelection"]
 
 FSYNC_POLICIES = ("always", "interval", "never")
 AGENT_TOKEN_ENV = "DRESSAGE_PROXY_TOKEN"
@@ -231,6 +231,28 @@ class SessionsConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ReadsConfig:
+    """What a batch ``/trajectory/read`` hands over: whole prompt groups, or groups that waited too long.
+
+    GRPO normalises rewards within a prompt group; a group handed over before its last sessions
+    finalized trains on a partial group (and its late sessions form a second one). A read may
+    override both values per call (``min_group_size``, ``group_timeout_s`` in its body).
+    """
+
+    min_group_size: int = field(default=1, metadata=flag(metavar="N"))
+    """Finalized sessions a prompt group needs before a batch read hands it over (1: every group at once)."""
+    group_timeout_s: float = field(default=300.0, metadata=flag("--group-timeout", metavar="S"))
+    """A group whose oldest finalized session is this old is handed over with what it has (its other
+    sessions were lost or aborted). After a journal replay, the age counts from the replay."""
+
+    def __post_init__(self) -> None:
+        _positive_int("reads.min_group_size", self.min_group_size)
+        if isinstance(self.group_timeout_s, bool) or not isinstance(self.group_timeout_s, (int, float)) \
+                or not self.group_timeout_s > 0:
+            raise ConfigError(f"reads.group_timeout_s must be positive, got {self.group_timeout_s!r}")
+
+
+@dataclass(kw_only=True, slots=True)
 class JournalConfig:
     """Where the Proxy journals committed steps, and when appends reach the disk."""
 
@@ -271,6 +293,8 @@ class ProxyConfig:
     """Per-call token budget and context."""
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
     """Session lifetime and weight updates."""
+    reads: ReadsConfig = field(default_factory=ReadsConfig)
+    """Whole prompt groups on batch trajectory reads."""
     journal: JournalConfig = field(default_factory=JournalConfig)
     """The step journal (off unless ``journal.path`` is set)."""
     transfer_queue: TransferQueueSelection = field(default_factory=TransferQueueSelection)
@@ -280,7 +304,8 @@ class ProxyConfig:
 
     def __post_init__(self) -> None:
         for key, cls in (("server", ServerConfig), ("access", AccessConfig), ("engines", EnginesConfig),
-                         ("limits", LimitsConfig), ("sessions", SessionsConfig), ("journal", JournalConfig),
+                         ("limits", LimitsConfig), ("sessions", SessionsConfig), ("reads", ReadsConfig),
+                         ("journal", JournalConfig),
                          ("transfer_queue", TransferQueueSelection), ("data_plane", DataPlaneConfig)):
             if not isinstance(getattr(self, key), cls):
                 raise ConfigError(f"{key}: expected a {cls.__name__}, got {type(getattr(self, key)).__name__}")

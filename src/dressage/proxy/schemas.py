@@ -164,6 +164,13 @@ class TrajectoryReadRequest(_Control):
     session_ids: Optional[list[str]] = None
     instance_id: Optional[str] = None
     max_groups: Optional[int] = Field(default=None, ge=1)
+    # The two group settings are checked by the read itself (GroupRule): a bad one is a 400 naming it,
+    # like every other bad setting of what is handed over for training, not a schema 422.
+    min_group_size: Any = None
+    """Batch reads: a group is handed over once this many of its sessions finalized (default: the
+    Proxy's ``--min-group-size``) ..."""
+    group_timeout_s: Any = None
+    """... or once its oldest finalized session is this many seconds old (default: ``--group-timeout``)."""
     segment_view: Optional[Literal["lineage", "timeline"]] = None
     drain: bool = False
     format: Literal["segments", "samples"] = "segments"

@@ -72,16 +72,20 @@ class ProxyTrajectorySource:
         except ValueError as exc:
             raise SampleWireError(f"{self.url}{path}: answer is not JSON ({exc})") from None
 
-    def read(self, *, drain: bool = True, max_groups: int | None = None,
-             instance_id: str | None = None, session_ids: Sequence[str] | None = None) -> TrajectoryBatch:
+    def read(self, *, drain: bool = True, max_groups: int | None = None, instance_id: str | None = None,
+             session_ids: Sequence[str] | None = None, min_group_size: int | None = None,
+             group_timeout_s: float | None = None) -> TrajectoryBatch:
         """Finalized trajectories as Samples; ``drain`` hands them over (the Proxy forgets them,
         the TQ keys stay until the trainer releases them). ``session_ids`` reads exactly those
-        sessions (each must be finalized and unread), whatever else waits in the Proxy."""
+        sessions (each must be finalized and unread), whatever else waits in the Proxy.
+        ``min_group_size`` / ``group_timeout_s``: only prompt groups with that many finalized
+        sessions, or that waited that long (default: the Proxy's ``reads`` settings); the groups
+        held back are in ``meta_info["incomplete_groups"]``."""
         body: dict[str, Any] = {"format": "samples", "drain": drain}
-        if max_groups is not None:
-            body["max_groups"] = max_groups
-        if instance_id is not None:
-            body["instance_id"] = instance_id
+        for key, value in (("max_groups", max_groups), ("instance_id", instance_id),
+                           ("min_group_size", min_group_size), ("group_timeout_s", group_timeout_s)):
+            if value is not None:
+                body[key] = value
         if session_ids is not None:
             body["session_ids"] = [str(s) for s in session_ids]
         answer = self._post("/trajectory/read", body)
@@ -114,11 +118,14 @@ class ProxyTrajectorySource:
             self._client = None
 
 
-def drain(source: ProxyTrajectorySource, *, max_groups: int | None = None) -> Iterator[TrajectoryBatch]:
+def drain(source: ProxyTrajectorySource, *, max_groups: int | None = None, min_group_size: int | None = None,
+          group_timeout_s: float | None = None) -> Iterator[TrajectoryBatch]:
     """The Proxy's finalized trajectories, handed over (drained) ``max_groups`` prompt groups a read
-    (what one answer holds in memory on both sides; None: all in one), until a read finds none."""
+    (what one answer holds in memory on both sides; None: all in one), until a read finds none.
+    Groups still short of ``min_group_size`` (and younger than ``group_timeout_s``) stay on the Proxy."""
     while True:
-        batch = source.read(drain=True, max_groups=max_groups)
+        batch = source.read(drain=True, max_groups=max_groups, min_group_size=min_group_size,
+                            group_timeout_s=group_timeout_s)
         if batch.trajectories == 0:
             return
         yield batch

@@ -22,7 +22,8 @@ from dressage.trajectory.pieces import Fill, Piece
 from dressage.trajectory.sample import samples_of_session
 from dressage.fields.refs import FieldRef
 
-__all__ = ["SAMPLE_WIRE_VERSION", "MSGPACK_MEDIA_TYPE", "sample_to_wire", "sample_from_wire", "samples_wire"]
+__all__ = ["SAMPLE_WIRE_VERSION", "MSGPACK_MEDIA_TYPE", "sample_to_wire", "sample_from_wire", "samples_wire",
+           "remote_to_wire", "remote_from_wire"]
 
 SAMPLE_WIRE_VERSION = 1
 # The media type of the binary form: a reader that accepts it gets arrays as bytes, not base64.
@@ -105,6 +106,33 @@ def _piece_from_wire(obj: Any, what: str) -> Piece | Fill:
     return Piece(value, start, stop)
 
 
+def remote_to_wire(s: Sample) -> dict[str, Any]:
+    """Only what ``s`` still holds behind references: ``{"r3_trailing", "remote"}`` as in
+    :func:`sample_to_wire` (plain lists and dicts, so it can ride in another record's metadata)."""
+    return {"r3_trailing": list(s.r3_trailing),
+            "remote": {name: [_piece_to_wire(p, False) for p in pieces] for name, pieces in s.remote.items()}}
+
+
+def remote_from_wire(obj: Any) -> tuple[dict[str, tuple[Piece | Fill, ...]], tuple[int, ...]]:
+    """``(remote, r3_trailing)`` from :func:`remote_to_wire`'s form (or a whole sample's); raises
+    ``SampleWireError`` for any malformed value."""
+    if not isinstance(obj, Mapping):
+        raise SampleWireError(f"expected an object with 'remote' and 'r3_trailing', got {type(obj).__name__}")
+    remote = obj.get("remote") or {}
+    if not isinstance(remote, Mapping):
+        raise SampleWireError("remote must be an object")
+    trailing = obj.get("r3_trailing") or []
+    if not isinstance(trailing, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                                 for d in trailing):
+        raise SampleWireError(f"r3_trailing must be a list of positive integers, got {trailing!r:.60}")
+    out: dict[str, tuple[Piece | Fill, ...]] = {}
+    for name, pieces in remote.items():
+        if name not in SAMPLE_LARGE_FIELDS or not isinstance(pieces, list):
+            raise SampleWireError(f"remote: unknown field {name!r:.40} or pieces not a list")
+        out[name] = tuple(_piece_from_wire(p, f"remote.{name}[{i}]") for i, p in enumerate(pieces))
+    return out, tuple(trailing)
+
+
 def sample_to_wire(s: Sample, *, binary: bool = False) -> dict[str, Any]:
     """A JSON-able dict (msgpack-able with ``binary``: arrays as bytes); :func:`sample_from_wire`
     inverts it exactly (refs stay refs)."""
@@ -149,21 +177,15 @@ def sample_from_wire(obj: Any) -> Sample:
         v = obj.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
             raise SampleWireError(f"{key} must be an integer, got {v!r:.40}")
-    meta, remote = obj.get("metadata") or {}, obj.get("remote") or {}
-    if not isinstance(meta, Mapping) or not isinstance(remote, Mapping):
+    meta = obj.get("metadata") or {}
+    if not isinstance(meta, Mapping):
         raise SampleWireError("metadata and remote must be objects")
-    trailing = obj.get("r3_trailing") or []
-    if not isinstance(trailing, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
-                                                 for d in trailing):
-        raise SampleWireError(f"r3_trailing must be a list of positive integers, got {trailing!r:.60}")
+    remote, trailing = remote_from_wire(obj)
     sample = Sample(tokens=tokens, response_length=R, loss_mask=loss_mask, token_versions=versions,
                     reward=None if reward is None else float(reward), session_id=str(obj.get("session_id", "")),
                     segment_index=int(obj.get("segment_index") or 0), group_index=obj.get("group_index"),
-                    index=obj.get("index"), metadata=dict(meta), r3_trailing=tuple(trailing))
-    for name, pieces in remote.items():
-        if name not in SAMPLE_LARGE_FIELDS or not isinstance(pieces, list):
-            raise SampleWireError(f"remote: unknown field {name!r:.40} or pieces not a list")
-        sample.remote[name] = tuple(_piece_from_wire(p, f"remote.{name}[{i}]") for i, p in enumerate(pieces))
+                    index=obj.get("index"), metadata=dict(meta), r3_trailing=trailing)
+    sample.remote.update(remote)
     for name, attr in SAMPLE_LARGE_FIELDS.items():
         if attr in obj:
             setattr(sample, attr, _array_from_wire(obj[attr], attr))

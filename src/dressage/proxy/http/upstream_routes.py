@@ -62,7 +62,9 @@ def upstream_router(service: Any) -> APIRouter:
         answer = service.trajectories.read(trajectory_id=body.trajectory_id, session_id=body.session_id,
                                            session_ids=body.session_ids, instance_id=body.instance_id,
                                            max_groups=body.max_groups, segment_view=body.segment_view,
-                                           drain=body.drain, format=body.format, binary=binary)
+                                           drain=body.drain, format=body.format, binary=binary,
+                                           min_group_size=body.min_group_size,
+                                           group_timeout_s=body.group_timeout_s)
         if binary:
             return Response(msgpack.packb(answer, use_bin_type=True), media_type=MSGPACK_MEDIA_TYPE)
         return _json(answer)

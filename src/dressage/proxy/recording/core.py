@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -35,6 +36,9 @@ class FinalizedSession:
     metadata: dict[str, Any] = field(default_factory=dict)
     released_refs: list[Any] = field(default_factory=list)
     """Refs of steps no Segment uses (dropped retry orphans): deleted from TQ at finalize."""
+    finalized_at: float = field(default_factory=time.monotonic)
+    """``time.monotonic()`` when it was handed over: a batch read's group age counts from here. A journal
+    replay hands finalized sessions over again, so after a restart the age counts from the replay."""
 
 
 @dataclass(frozen=True, slots=True)

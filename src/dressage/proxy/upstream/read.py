@@ -6,7 +6,9 @@ Two modes, as upstream's clients expect them:
   exactly those are read (``instance_id`` only filters them). ``data`` is their Segments.
 - ``batch``: nothing named; finalized trajectories are read in whole prompt-instance groups
   (``instance_id``), oldest group first, at most ``max_groups`` groups. ``data`` is one list of
-  Segments per group.
+  Segments per group. A group is handed over once ``min_group_size`` of its sessions finalized, or
+  once its oldest finalized session is ``group_timeout_s`` old; the others wait, listed in
+  ``meta_info.incomplete_groups``.
 
 The answer is upstream's envelope (``success``, ``mode``, ``data``, ``meta_info``, ``drained``)
 plus ``trajectories`` (our per-session view, kept as an alias of the same read).
@@ -14,12 +16,13 @@ plus ``trajectories`` (our per-session view, kept as an alias of the same read).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from dressage.errors import ConfigError
 
-__all__ = ["ReadSelection", "select_trajectories", "read_answer", "group_key"]
+__all__ = ["ReadSelection", "GroupRule", "select_trajectories", "read_answer", "group_key"]
 
 
 @dataclass(slots=True)
@@ -30,6 +33,8 @@ class ReadSelection:
     """Session ids, one list per prompt-instance group (one list in trajectory mode)."""
     missing: list[str]
     """Named trajectories that are not finalized (unknown, active, aborted or already drained)."""
+    incomplete: list[dict[str, Any]] = field(default_factory=list)
+    """Groups a batch read held back: ``key``, ``finalized`` (sessions so far), ``age_s`` (of the oldest)."""
 
     @property
     def session_ids(self) -> list[str]:
@@ -45,10 +50,34 @@ def group_key(done: Any) -> str:
     return str(inst) if inst is not None else f"session:{done.session_id}"
 
 
+@dataclass(frozen=True, slots=True)
+class GroupRule:
+    """When a batch read hands a prompt group over: ``min_size`` finalized sessions, or the oldest
+    of them ``timeout_s`` old (the rest of the group is taken as lost)."""
+
+    min_size: int = 1
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.min_size, bool) or not isinstance(self.min_size, int) or self.min_size < 1:
+            raise ConfigError(f"min_group_size must be a positive integer, got {self.min_size!r}")
+        if self.timeout_s is not None and (isinstance(self.timeout_s, bool)
+                                           or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0):
+            raise ConfigError(f"group_timeout_s must be positive, got {self.timeout_s!r}")
+
+    def ready(self, size: int, age_s: float) -> bool:
+        return size >= self.min_size or (self.timeout_s is not None and age_s >= self.timeout_s)
+
+
 def select_trajectories(finalized: Mapping[str, Any], *, trajectory_id: str | None = None,
                         session_id: str | None = None, session_ids: Sequence[str] | None = None,
-                        instance_id: str | None = None, max_groups: int | None = None) -> ReadSelection:
-    """What a read returns; ``finalized`` maps session id -> FinalizedSession in finalize order."""
+                        instance_id: str | None = None, max_groups: int | None = None,
+                        groups_rule: GroupRule | None = None, now: float | None = None) -> ReadSelection:
+    """What a read returns; ``finalized`` maps session id -> FinalizedSession in finalize order.
+
+    ``groups_rule`` applies to batch reads only (named trajectories are read as named); ``now`` is
+    the ``time.monotonic()`` the group ages count to (each session's ``finalized_at``).
+    """
     named: list[str] = []
     for sid in [trajectory_id, session_id, *(session_ids or [])]:
         if sid is not None and sid not in named:
@@ -69,10 +98,19 @@ def select_trajectories(finalized: Mapping[str, Any], *, trajectory_id: str | No
         key = group_key(done)
         if instance_id is None or key == str(instance_id):
             groups.setdefault(key, []).append(sid)
-    chosen = list(groups.values())
+    rule = groups_rule or GroupRule()
+    now = time.monotonic() if now is None else now
+    chosen: list[list[str]] = []
+    incomplete: list[dict[str, Any]] = []
+    for key, members in groups.items():
+        age = max(0.0, now - min(float(getattr(finalized[sid], "finalized_at", now)) for sid in members))
+        if rule.ready(len(members), age):
+            chosen.append(members)
+        else:
+            incomplete.append({"key": key, "finalized": len(members), "age_s": round(age, 3)})
     if max_groups is not None:
         chosen = chosen[:max_groups]
-    return ReadSelection("batch", chosen, [])
+    return ReadSelection("batch", chosen, [], incomplete)
 
 
 def _segment_record(done: Any, seg: Any, count: int) -> dict[str, Any]:
@@ -102,5 +140,5 @@ def read_answer(selection: ReadSelection, finalized: Mapping[str, Any], *, drain
         data = [[r for sid in group for r in per_session[sid]] for group in selection.groups]
     return {"success": bool(selection.session_ids), "mode": selection.mode, "data": data,
             "meta_info": {**stats, "missing": selection.missing, "groups": len(selection.groups)
-                          if selection.mode == "batch" else None},
+                          if selection.mode == "batch" else None, "incomplete_groups": selection.incomplete},
             "drained": bool(drained), "trajectories": trajectories}

@@ -19,7 +19,7 @@ from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.upstream.ledger import FinalizeLedger, count_turns
 from dressage.proxy.recording.session_book import SessionBook
 from dressage.proxy.recording.turns import instance_group
-from dressage.proxy.upstream.read import read_answer, select_trajectories
+from dressage.proxy.upstream.read import GroupRule, read_answer, select_trajectories
 from dressage.trajectory import build_segments
 from dressage.trajectory.sample_wire import samples_wire
 
@@ -161,17 +161,23 @@ class Trajectories:
     def read(self, *, trajectory_id: str | None = None, session_id: str | None = None,
              session_ids: Sequence[str] | None = None, instance_id: str | None = None,
              max_groups: int | None = None, segment_view: str | None = None,
-             drain: bool = False, format: str = "segments", binary: bool = False) -> dict[str, Any]:
+             drain: bool = False, format: str = "segments", binary: bool = False,
+             min_group_size: int | None = None, group_timeout_s: float | None = None) -> dict[str, Any]:
         """``POST /trajectory/read`` in upstream's envelope (see :mod:`dressage.proxy.upstream.read`).
 
         A named trajectory that is not finalized is an error: 404 when unknown (or drained), 409 when
         still active or aborted. ``format="samples"`` answers, per trajectory, its Samples in wire form
         (large fields as FieldRefs when TQ is on) with the TQ client spec in ``meta_info``: what a
         trainer in another process needs (:mod:`dressage.train.remote`); ``binary`` gives resident arrays
-        as bytes, for a msgpack answer.
+        as bytes, for a msgpack answer. ``min_group_size`` / ``group_timeout_s`` override the Proxy's
+        ``reads`` settings for this batch read (:class:`~dressage.proxy.upstream.read.GroupRule`).
         """
+        reads = self.config.reads
+        rule = GroupRule(reads.min_group_size if min_group_size is None else min_group_size,
+                         reads.group_timeout_s if group_timeout_s is None else group_timeout_s)
         selection = select_trajectories(self.finalized, trajectory_id=trajectory_id, session_id=session_id,
-                                        session_ids=session_ids, instance_id=instance_id, max_groups=max_groups)
+                                        session_ids=session_ids, instance_id=instance_id, max_groups=max_groups,
+                                        groups_rule=rule)
         for sid in selection.missing:
             state = self.core.state_of(sid)
             if state is None:
@@ -197,7 +203,8 @@ class Trajectories:
             spec = self._tq_spec() if self._tq_spec is not None else None
             answer = {"success": bool(data), "mode": "samples", "data": data, "drained": bool(drain),
                       "meta_info": {"trajectories": len(data), "groups": len(selection.groups),
-                                    "transfer_queue": spec, "selection": selection.mode}}
+                                    "transfer_queue": spec, "selection": selection.mode,
+                                    "incomplete_groups": selection.incomplete}}
         else:
             answer = read_answer(selection, self.finalized, drained=drain, stats=self._stats(),
                                  segments_of=segments_of)

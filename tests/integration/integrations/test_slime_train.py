@@ -1,0 +1,384 @@
+"""Refs past slime's DP sharding (``dressage_restore: trainer``): Samples read from a Proxy with TQ on keep
+their refs, :func:`convert_samples_to_train_data` carries them through a transcription of slime's DP split,
+and a stand-in training actor per rank restores exactly what the rollout-side restore would have given
+slime, with one batched read per StorageUnit, and releases every key."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import subprocess
+import sys
+import threading
+import types
+from types import SimpleNamespace
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from dressage.errors import ConfigError, FieldShapeError, LostSamplesError, SampleWireError, TrajectoryError
+from dressage.fields.refs import FieldRef
+from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
+from dressage.integrations.slime import REFS_METADATA_KEY, SlimeSample, to_slime_groups
+from dressage.integrations.slime_train import (REFS_TRAIN_KEY, ProxyRolloutControl, RankRefs, carried_keys,
+                                               convert_samples_to_train_data, dressage_train_actor,
+                                               restore_rollout_data)
+from dressage.rollout.manager import sample_ref_keys
+from dressage.tq import TransferQueue
+from dressage.train import TrainingReader
+from dressage.train.remote import ProxyTrajectorySource
+from dressage.trajectory import Sample
+from dressage.trajectory.pieces import Piece
+
+ENGINE = {"seed": 11, "mean_response_tokens": 16, "tool_call_rate": 0.5}
+N_PROMPTS, N_SAMPLES, DP = 3, 2, 2
+ARGS = SimpleNamespace(advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
+                       n_samples_per_prompt=N_SAMPLES, rollout_batch_size=N_PROMPTS, reward_key=None,
+                       custom_reward_post_process_path=None)
+
+# --- a transcription of slime's RolloutManager._split_train_data_by_dp (slime/ray/rollout.py) and of
+# tensorize_rollout_data_for_training (slime/observability/rollout_data_utils.py), as far as they decide
+# which keys reach a training rank and in which form: only this fixed list of keys is copied per rank
+# (indexed by the rank's partition), ``raw_reward`` and ``total_lengths`` go whole, and the listed keys
+# become CPU tensors. The rank's data then crosses the Ray object store (pickled; imitated in-process).
+SLIME_SPLIT_KEYS = ("tokens", "multimodal_train_inputs", "response_lengths", "rewards", "truncated", "loss_masks",
+                    "round_number", "sample_indices", "rollout_ids", "rollout_mask_sums", "rollout_log_probs",
+                    "rollout_top_p_token_ids", "rollout_top_p_token_offsets", "rollout_routed_experts",
+                    "source_names", "prompt", "teacher_log_probs")
+SLIME_WHOLE_KEYS = ("raw_reward", "total_lengths")
+SLIME_TENSOR_DTYPES = {"tokens": torch.long, "loss_masks": torch.int, "rollout_log_probs": torch.float32,
+                       "rollout_top_p_token_ids": torch.int32, "rollout_top_p_token_offsets": torch.int32,
+                       "teacher_log_probs": torch.float32, "rollout_routed_experts": None}
+
+
+def split_like_slime(data: dict, partitions: list[list[int]]) -> list[bytes]:
+    """Each rank's ``rollout_data`` as slime's split packs it for ``partitions`` (sample indices per
+    rank; slime's schedule balances lengths), pickled as ``ray.put`` would."""
+    data["total_lengths"] = [len(t) for t in data["tokens"]]
+    out = []
+    for partition in partitions:
+        rank = {"partition": partition}
+        rank.update({k: [data[k][j] for j in partition] for k in SLIME_SPLIT_KEYS if k in data})
+        rank.update({k: data[k] for k in SLIME_WHOLE_KEYS if k in data})
+        for key, dtype in SLIME_TENSOR_DTYPES.items():
+            if key in rank:
+                rank[key] = [torch.as_tensor(v, dtype=dtype) if dtype is not None else torch.as_tensor(v)
+                             for v in rank[key]]
+        if "rollout_mask_sums" in rank:
+            rank["rollout_mask_sums"] = torch.as_tensor(rank["rollout_mask_sums"], dtype=torch.float32)
+        out.append(pickle.dumps(rank, protocol=5))
+    return out
+
+
+def interleaved(n: int, dp_size: int) -> list[list[int]]:
+    return [list(range(r, n, dp_size)) for r in range(dp_size)]
+
+
+def sharing_partitions(session_ids: list[str]) -> list[list[int]]:
+    """Two ranks: the Segments of the first session that has several all on rank 0 (their shared keys
+    are read once there), those of the second split over both ranks (keys two ranks share), the rest
+    alternating."""
+    by_session: dict[str, list[int]] = {}
+    for i, sid in enumerate(session_ids):
+        by_session.setdefault(sid, []).append(i)
+    multi = [ix for ix in by_session.values() if len(ix) > 1]
+    assert len(multi) >= 2, f"the rollout made too few multi-Segment sessions: {by_session}"
+    ranks: list[list[int]] = [list(multi[0]), []]
+    for k, i in enumerate(multi[1]):
+        ranks[k % 2].append(i)
+    placed = {i for r in ranks for i in r}
+    for k, i in enumerate(i for i in range(len(session_ids)) if i not in placed):
+        ranks[(k + 1) % 2].append(i)
+    return [sorted(r) for r in ranks]
+
+
+def process_rollout_data(args, rollout_data_ref, dp_rank, dp_size):
+    """slime.utils.data.process_rollout_data as far as the data goes: the rank's object from the store,
+    ``total_lengths`` narrowed to its partition."""
+    data = pickle.loads(rollout_data_ref[dp_rank])
+    data["total_lengths"] = [data["total_lengths"][i] for i in data["partition"]]
+    return data
+
+
+SLIME_FETCH = process_rollout_data
+
+
+class MegatronActorStandIn:
+    """slime's MegatronTrainRayActor below the Megatron boundary: ``_get_rollout_data`` fetches through
+    its module's ``process_rollout_data`` and then moves the data on (here: keeps it); ``train`` takes
+    the data and ends in the gradient all-reduce every DP rank joins (a barrier)."""
+
+    def __init__(self, args, rank: int, size: int, all_reduce: threading.Barrier) -> None:
+        self.args, self.rank, self.size, self.all_reduce = args, rank, size, all_reduce
+        self.taken = None
+
+    def _get_rollout_data(self, rollout_data_ref):
+        return process_rollout_data(self.args, rollout_data_ref, self.rank, self.size)
+
+    def train(self, rollout_id, rollout_data_ref, external_data=None):
+        self.taken = self._get_rollout_data(rollout_data_ref)
+        self.all_reduce.wait(timeout=60)
+
+
+def _train_ranks(actor_cls, args, boxes):
+    """Every rank's ``train`` at once, as slime's ``async_train`` runs them; the actors afterwards."""
+    barrier = threading.Barrier(len(boxes))
+    actors = [actor_cls(args, r, len(boxes), barrier) for r in range(len(boxes))]
+    errors = []
+
+    def run(actor):
+        try:
+            actor.train(0, boxes)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the test's thread
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(a,)) for a in actors]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if errors:
+        raise errors[0]
+    return actors
+
+
+def _same(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and torch.equal(x, y), key
+        elif x and isinstance(x, list) and isinstance(x[0], torch.Tensor):
+            assert len(x) == len(y), key
+            for u, v in zip(x, y):
+                assert u.dtype == v.dtype and u.shape == v.shape and torch.equal(u, v), key
+        else:
+            assert x == y, key
+
+
+@pytest.fixture()
+def tq2():
+    q = TransferQueue.start({"deployment": "embedded", "num_storage_units": 2, "retention_s": None})
+    yield q
+    q.shutdown()
+
+
+def test_each_rank_restores_its_refs_after_slimes_split_as_the_rollout_path_has_them(engine, tq2, proxy_stack):
+    proxy = proxy_stack(engine.url, tq=tq2, routed_experts_dtype="uint8", request_timeout_s=600,
+                        min_group_size=N_SAMPLES)
+    report = asyncio.run(run_rollout(proxy.url, make_prompts(N_PROMPTS, seed=3, max_background_words=0), N_SAMPLES,
+                                     AgentConfig(max_turns=3, seed=7, retry_rate=0.3), concurrency=3))
+    assert report.finalized == N_PROMPTS * N_SAMPLES
+    source = ProxyTrajectorySource(proxy.url)
+    client = tq2.client()
+    # The path without refs past the split: the rollout function restores, slime gets the fields.
+    reference = source.read(drain=False).samples
+    TrainingReader(client).restore(reference)
+    reference_groups = to_slime_groups(reference, cls=SlimeSample)
+    partitions = sharing_partitions([s.session_id for g in reference_groups for s in g])
+    expected = split_like_slime(convert_samples_to_train_data(ARGS, reference_groups), partitions)
+    # The trainer path: the Samples keep their refs through conversion and the split.
+    batch = source.read(drain=True)
+    keys = sample_ref_keys(batch.samples)
+    assert keys and all(s.remote for s in batch.samples)
+    groups = to_slime_groups(batch.samples, cls=SlimeSample, keep_refs=True)
+    assert all(s.rollout_log_probs is None and s.rollout_routed_experts is None and REFS_METADATA_KEY in s.metadata
+               for g in groups for s in g)
+    assert [s.session_id for g in groups for s in g] == [s.session_id for g in reference_groups for s in g]
+    boxes = split_like_slime(convert_samples_to_train_data(ARGS, groups), partitions)
+    assert sum(len(b) for b in boxes) < sum(len(b) for b in expected)
+    rank_keys = []
+    for box in boxes:
+        data = pickle.loads(box)
+        assert REFS_TRAIN_KEY in data and "rollout_routed_experts" not in data and "rollout_log_probs" not in data
+        rank_keys.append(set(carried_keys(data)))
+    assert rank_keys[0] | rank_keys[1] == keys and rank_keys[0] & rank_keys[1]  # some keys on both ranks
+    assert client.total_keys() == len(keys)
+    # Each rank joins the Proxy's TransferQueue from the spec the read carried, as a Ray actor would.
+    args = SimpleNamespace(dressage_tq_spec=batch.transfer_queue)
+    actors = _train_ranks(dressage_train_actor(MegatronActorStandIn), args, boxes)
+    for actor, want, mine in zip(actors, expected, rank_keys):
+        refs = actor._dressage_refs
+        plan = refs.reader.last_plan
+        units = {ref.unit_id for ref in plan.refs.values()}
+        counters = refs.client.counters
+        assert counters.get_calls == 1 and counters.get_requests == len(units) >= 1  # one round trip per unit
+        assert plan.keys == len(mine) and refs.pending == []
+        if actor.rank == 0:
+            assert plan.pieces > plan.keys  # keys several Segments of a session share are read once
+        reference_rank = pickle.loads(want)
+        reference_rank["total_lengths"] = [reference_rank["total_lengths"][i] for i in reference_rank["partition"]]
+        _same(actor.taken, reference_rank)  # bit for bit, dtypes and shapes included
+        assert actor.taken["rollout_routed_experts"][0].dtype == torch.int32
+        assert actor.taken["rollout_log_probs"][0].dtype == torch.float32
+    # Each rank released after its step; keys two ranks share were read by both before either released.
+    assert client.total_keys() == 0 and sum(int(row["keys"]) for row in tq2.stats().values()) == 0
+    # Outside an actor's ``_get_rollout_data`` the wrapped name answers what slime's function does.
+    wrapped = globals()["process_rollout_data"]
+    assert wrapped is not SLIME_FETCH and wrapped.__wrapped__ is SLIME_FETCH
+    assert REFS_TRAIN_KEY in wrapped(None, boxes, 0, DP)
+    dressage_train_actor(MegatronActorStandIn)
+    assert globals()["process_rollout_data"] is wrapped  # wrapped once
+    for actor in actors:
+        actor._dressage_refs.client.close()
+
+
+def test_a_lost_key_fails_the_rank_naming_its_samples_and_a_dropping_reader_is_refused(engine, tq2, proxy_stack):
+    proxy = proxy_stack(engine.url, tq=tq2, routed_experts_dtype="uint8", request_timeout_s=600)
+    asyncio.run(run_rollout(proxy.url, make_prompts(2, seed=4, max_background_words=0), 1,
+                            AgentConfig(max_turns=2, seed=2), concurrency=2))
+    batch = ProxyTrajectorySource(proxy.url).read(drain=True)
+    data = convert_samples_to_train_data(ARGS, to_slime_groups(batch.samples, cls=SlimeSample, keep_refs=True))
+    client = tq2.client()
+    first = sorted(sample_ref_keys(batch.samples))[0]
+    client.delete([first])  # lost before the trainer read it
+    ranks = RankRefs(client)
+    with pytest.raises(LostSamplesError, match="lost their large fields"):
+        ranks.take(pickle.loads(split_like_slime(data, interleaved(len(batch.samples), 1))[0]))
+    assert ranks.pending == [] and client.total_keys() == len(sample_ref_keys(batch.samples)) - 1
+    with pytest.raises(ConfigError, match="on_lost"):
+        restore_rollout_data(dict(data), TrainingReader(client, on_lost="drop"))
+    client.delete(sorted(sample_ref_keys(batch.samples)))
+
+
+def _synthetic(n: int, tokens: int, response: int, layers: int, topk: int, *, refs: bool) -> list[Sample]:
+    """``n`` Samples of ``tokens`` tokens: large fields as FieldRefs (what TQ on carries) or resident."""
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        s = Sample(tokens=rng.integers(0, 150_000, tokens, dtype=np.int32), response_length=response,
+                   loss_mask=np.ones(response, np.int8), token_versions=np.zeros(response, np.int32),
+                   reward=float(i % 2), session_id=f"s{i}", group_index=i // 2, index=i, r3_trailing=(layers, topk))
+        if refs:
+            lp = FieldRef(f"k{i}/logprobs", f"unit{i % 2}", "logprobs", "float32", (response,))
+            r3 = FieldRef(f"k{i}/routed_experts", f"unit{i % 2}", "routed_experts", "uint8",
+                          (tokens - 1, layers, topk))
+            s.remote.update(logprobs=(Piece(lp, 0, response),), routed_experts=(Piece(r3, 0, tokens - 1),))
+        else:
+            s.rollout_log_probs = -rng.random(response, dtype=np.float32)
+            s.rollout_routed_experts = rng.integers(0, 128, (tokens - 1, layers, topk), dtype=np.int32)
+        out.append(s)
+    return out
+
+
+def test_refs_past_the_split_cut_what_crosses_the_object_store(capsys):
+    # The seed's shape: 8 sessions of 4K tokens (1K response), R3 over 48 layers x top-8, two DP ranks.
+    shape = dict(n=8, tokens=4096, response=1024, layers=48, topk=8)
+    sizes = {}
+    for mode in ("rollout", "trainer"):
+        samples = _synthetic(**shape, refs=mode == "trainer")
+        groups = to_slime_groups(samples, cls=SlimeSample, keep_refs=mode == "trainer")
+        data = convert_samples_to_train_data(ARGS, groups)
+        sizes[mode] = [len(b) for b in split_like_slime(data, interleaved(shape["n"], DP))]
+    ratio = sum(sizes["trainer"]) / sum(sizes["rollout"])
+    with capsys.disabled():
+        print(f"\nper-rank rollout_data pickled (8 x 4K tokens, R3 48 x 8, DP {DP}): "
+              f"restore in rollout {sizes['rollout']} B, refs only {sizes['trainer']} B, ratio {ratio:.4f}")
+    assert sum(sizes["rollout"]) > 8 * 4095 * 48 * 8 * 4  # the int32 R3 rows alone
+    assert ratio < 0.02  # what is left is the token fields and a few hundred bytes of refs per sample
+
+
+def test_mixed_or_malformed_carriers_are_refused():
+    refs = to_slime_groups(_synthetic(2, 64, 16, 2, 2, refs=True), cls=SlimeSample, keep_refs=True)[0]
+    resident = to_slime_groups(_synthetic(2, 64, 16, 2, 2, refs=False), cls=SlimeSample)[0]
+    with pytest.raises(TrajectoryError, match="rollout_log_probs"):
+        convert_samples_to_train_data(ARGS, [refs[0], resident[1]])
+    with pytest.raises(TrajectoryError, match="still references"):
+        to_slime_groups(_synthetic(1, 64, 16, 2, 2, refs=True), cls=SlimeSample)
+    data = convert_samples_to_train_data(ARGS, refs)
+    bad = dict(data, prompt=[{"v": 99}, data["prompt"][1]])
+    with pytest.raises(SampleWireError, match="carrier"):
+        restore_rollout_data(bad, TrainingReader(None))
+    short = dict(data, response_lengths=[data["response_lengths"][0]])
+    with pytest.raises(FieldShapeError, match="carriers"):
+        restore_rollout_data(short, TrainingReader(None))
+    plain = convert_samples_to_train_data(ARGS, resident)
+    assert REFS_TRAIN_KEY not in plain and restore_rollout_data(plain, TrainingReader(None)) == []
+
+
+def test_rollout_control_pauses_and_resumes_the_proxy_around_a_weight_update(engine, proxy_stack):
+    proxy = proxy_stack(engine.url)
+    control = ProxyRolloutControl(proxy.url)
+    state = lambda: httpx.get(proxy.url + "/v1/rollout/pause_state", timeout=10).json()  # noqa: E731
+    seen = {}
+    with control.paused(weight_version=3):
+        seen["inside"] = state()
+    after = state()
+    assert seen["inside"]["paused"] is True and after["paused"] is False
+    assert proxy.service.versions.current == 3
+    with pytest.raises(RuntimeError):
+        with control.paused(weight_version=4):
+            raise RuntimeError("update failed")
+    assert state()["paused"] is True and proxy.service.versions.current == 3  # a failed update stays paused
+    control.resume()
+    assert state()["paused"] is False
+
+
+def _slime_samples(rewards, *, rollout_ids=None, remove=()):
+    out = []
+    for i, r in enumerate(rewards):
+        s = SlimeSample(tokens=[1, 2, 3, 4], response_length=2, reward=r, loss_mask=[1, 0], index=i,
+                        rollout_id=None if rollout_ids is None else rollout_ids[i], remove_sample=i in remove,
+                        metadata={"source_name": "math"} if i == 0 else {})
+        out.append(s)
+    return out
+
+
+def test_conversion_builds_slimes_train_data_and_normalises_rewards_per_group(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dressage.integrations.slime_rewards", None)  # not installed: slime's rule
+    args = SimpleNamespace(**{**vars(ARGS), "n_samples_per_prompt": 2, "rollout_batch_size": 2})
+    data = convert_samples_to_train_data(args, [_slime_samples([1.0, 0.0, 1.0, 1.0], rollout_ids=[0, None, 2, 0],
+                                                               remove={3})])
+    assert data["raw_reward"] == [1.0, 0.0, 1.0, 1.0]
+    first = 0.5 / (float(np.std([0.5, -0.5], ddof=1)) + 1e-6)
+    assert np.allclose(data["rewards"], [first, -first, 0.0, 0.0], atol=1e-6)
+    assert data["rollout_ids"] == [0, 1, 2, 0]  # a missing id takes one no sample uses
+    assert data["loss_masks"] == [[1, 0], [1, 0], [1, 0], [0, 0]] and data["rollout_mask_sums"] == [1, 1, 1, 1]
+    assert data["source_names"] == ["math", "unknown", "unknown", "unknown"] and data["truncated"] == [0] * 4
+    assert "rollout_log_probs" not in data and REFS_TRAIN_KEY not in data
+    plain = convert_samples_to_train_data(SimpleNamespace(advantage_estimator="ppo"), _slime_samples([3.0, 1.0]))
+    assert plain["rewards"] == plain["raw_reward"] == [3.0, 1.0]
+    custom = types.ModuleType("custom_rewards_for_test")
+    custom.post = lambda a, samples: ([s.reward for s in samples], [10.0 * s.reward for s in samples])
+    monkeypatch.setitem(sys.modules, "custom_rewards_for_test", custom)
+    by_path = SimpleNamespace(custom_reward_post_process_path="custom_rewards_for_test.post")
+    via_path = convert_samples_to_train_data(by_path, _slime_samples([0.5, 1.0]))
+    assert via_path["rewards"] == [5.0, 10.0]
+    ours = types.ModuleType("dressage.integrations.slime_rewards")
+    ours.reward_post_process = lambda a, samples: ([7.0] * len(samples), [0.25] * len(samples))
+    monkeypatch.setitem(sys.modules, "dressage.integrations.slime_rewards", ours)
+    assert convert_samples_to_train_data(args, _slime_samples([0.0, 1.0]))["rewards"] == [0.25, 0.25]
+    with pytest.raises(TrajectoryError, match="no samples"):
+        convert_samples_to_train_data(args, [])
+
+
+def test_the_train_entry_says_slime_is_missing():
+    proc = subprocess.run([sys.executable, "-m", "dressage.integrations.slime_train"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and "slime is not importable" in proc.stderr
+
+
+def test_a_rank_whose_samples_carry_a_field_unevenly_is_refused_and_left_as_it_came(tq):
+    client = tq.client()
+    samples = _synthetic(2, 16, 4, 2, 2, refs=False)
+    for s in samples:  # the same fields, now in TQ: R3 for both, log-probs for the first only
+        s.remote["routed_experts"] = (Piece(client.put("routed_experts", s.rollout_routed_experts.astype(np.uint8)),
+                                            0, 15),)
+        s.rollout_routed_experts = None
+    samples[0].remote["logprobs"] = (Piece(client.put("logprobs", samples[0].rollout_log_probs), 0, 4),)
+    samples[0].rollout_log_probs = None
+    samples[1].rollout_log_probs = None  # lost on the way: neither resident nor carried
+    data = convert_samples_to_train_data(ARGS, to_slime_groups(samples, cls=SlimeSample, keep_refs=True))
+    before = sorted(data)
+    with pytest.raises(TrajectoryError, match="rollout_log_probs: carried as refs for 1 of 2"):
+        restore_rollout_data(data, TrainingReader(client))
+    assert sorted(data) == before and REFS_TRAIN_KEY in data and "rollout_routed_experts" not in data
+    samples[1].remote["logprobs"] = (Piece(client.put("logprobs", np.zeros(4, np.float32)), 0, 4),)
+    data = convert_samples_to_train_data(ARGS, to_slime_groups(samples, cls=SlimeSample, keep_refs=True))
+    keys = restore_rollout_data(data, TrainingReader(client))
+    assert len(keys) == 4 and REFS_TRAIN_KEY not in data
+    assert [a.shape for a in data["rollout_routed_experts"]] == [(15, 2, 2)] * 2
+    assert data["rollout_routed_experts"][0].dtype == np.int32 and data["rollout_log_probs"][1].dtype == np.float32
