@@ -1,0 +1,15 @@
+"""Tool-call and reasoning parsers per model family, and ``tool_choice`` as an engine constraint.
+
+Every endpoint room (chat, Responses, Anthropic Messages) reads replies through
+:class:`ToolCallParser` (:func:`assistant_message` builds the OpenAI message) and forces calls
+with :func:`tool_call_constraint`; :func:`make_parser` / :func:`default_parsers` pick a family by name.
+"""
+
+from dressage.proxy.parsers.base import (ParsedCall, ReasoningParser, ToolCallParser, assistant_message,
+                                         tool_schemas, typed_value)
+from dressage.proxy.parsers.registry import (AUTO, MODEL_DEFAULTS, REASONING_PARSERS, TOOL_CALL_PARSERS,
+                                             default_parsers, make_parser, reasoning_parser)
+
+__all__ = ["ToolCallParser", "ReasoningParser", "ParsedCall", "assistant_message", "tool_schemas", "typed_value",
+           "make_parser", "reasoning_parser", "default_parsers", "TOOL_CALL_PARSERS", "REASONING_PARSERS",
+           "MODEL_DEFAULTS", "AUTO"]
