@@ -6,10 +6,13 @@ with :func:`tool_call_constraint`; :func:`make_parser` / :func:`default_parsers`
 """
 
 from dressage.proxy.parsers.base import (ParsedCall, ReasoningParser, ToolCallParser, assistant_message,
-                                         tool_schemas, typed_value)
+                                         read_assistant_message, tool_schemas, typed_value)
+from dressage.proxy.parsers.factory import reply_parser
 from dressage.proxy.parsers.registry import (AUTO, MODEL_DEFAULTS, REASONING_PARSERS, TOOL_CALL_PARSERS,
-                                             default_parsers, make_parser, reasoning_parser)
+                                             default_parsers, make_parser, reasoning_parser, resolve)
+from dressage.proxy.parsers.sglang import EngineParser, ParseEndpoints
 
-__all__ = ["ToolCallParser", "ReasoningParser", "ParsedCall", "assistant_message", "tool_schemas", "typed_value",
-           "make_parser", "reasoning_parser", "default_parsers", "TOOL_CALL_PARSERS", "REASONING_PARSERS",
+__all__ = ["ToolCallParser", "ReasoningParser", "ParsedCall", "assistant_message", "read_assistant_message",
+           "tool_schemas", "typed_value", "make_parser", "reasoning_parser", "default_parsers", "resolve",
+           "reply_parser", "EngineParser", "ParseEndpoints", "TOOL_CALL_PARSERS", "REASONING_PARSERS",
            "MODEL_DEFAULTS", "AUTO"]

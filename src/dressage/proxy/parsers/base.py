@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["ToolCallParser", "ReasoningParser", "THINK", "ParsedCall", "assistant_message", "tool_schemas",
+__all__ = ["ToolCallParser", "ReasoningParser", "THINK", "ParsedCall", "assistant_message", "read_assistant_message", "tool_schemas",
            "typed_value", "call_entry", "held_tail"]
 
 
@@ -191,6 +191,15 @@ class ToolCallParser:
         content = "".join(kept).strip()
         return content or None, reasoning, calls
 
+    async def aparse(self, text: str, *, call_id_prefix: str, tools: Sequence[dict[str, Any]] | None = None
+                     ) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+        """:meth:`parse` for the event loop (a parser that asks the engine overrides it)."""
+        return self.parse(text, call_id_prefix=call_id_prefix, tools=tools)
+
+    async def asplit_reasoning(self, text: str) -> tuple[str, str | None]:
+        """:meth:`split_reasoning` for the event loop."""
+        return self.split_reasoning(text)
+
     def stream_prefix(self, text: str) -> tuple[str | None, str]:
         """(reasoning, content) that any reply beginning with ``text`` certainly parses to.
 
@@ -210,6 +219,15 @@ class ToolCallParser:
         return reasoning, rest.rstrip().rstrip("\ufffd").rstrip()
 
 
+def _message(content: str | None, reasoning: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    return message
+
+
 def assistant_message(parser: ToolCallParser, text: str, *, call_id_prefix: str, tool_calls: bool = True,
                       tools: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The OpenAI assistant message of a reply's text (as recorded and as returned to the agent).
@@ -218,12 +236,14 @@ def assistant_message(parser: ToolCallParser, text: str, *, call_id_prefix: str,
     in the content.
     """
     if tool_calls:
-        content, reasoning, calls = parser.parse(text, call_id_prefix=call_id_prefix, tools=tools)
-    else:
-        (content, reasoning), calls = parser.split_reasoning(text), []
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = calls
-    if reasoning is not None:
-        message["reasoning_content"] = reasoning
-    return message
+        return _message(*parser.parse(text, call_id_prefix=call_id_prefix, tools=tools))
+    return _message(*parser.split_reasoning(text), [])
+
+
+async def read_assistant_message(parser: ToolCallParser, text: str, *, call_id_prefix: str, tool_calls: bool = True,
+                                 tools: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """:func:`assistant_message` on the event loop: the path the endpoint rooms take (a parser may
+    ask the engine)."""
+    if tool_calls:
+        return _message(*await parser.aparse(text, call_id_prefix=call_id_prefix, tools=tools))
+    return _message(*await parser.asplit_reasoning(text), [])

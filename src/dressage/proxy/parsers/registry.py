@@ -31,7 +31,7 @@ from dressage.proxy.parsers.kimi import KimiK2Parser
 from dressage.proxy.parsers.qwen_xml import QwenXmlParser
 
 __all__ = ["TOOL_CALL_PARSERS", "REASONING_PARSERS", "MODEL_DEFAULTS", "make_parser", "reasoning_parser",
-           "default_parsers", "AUTO"]
+           "default_parsers", "resolve", "AUTO"]
 
 AUTO = "auto"
 """The parser setting that picks the family from the served model's name (:func:`default_parsers`)."""
@@ -81,6 +81,12 @@ def default_parsers(*model_names: str | None) -> tuple[str, str]:
             if re.search(pattern, low):
                 return tool, reasoning
     return DEFAULT
+
+
+def resolve(tool_call_parser: str, reasoning: str, *model_names: str | None) -> tuple[str, str]:
+    """The settings with ``auto`` replaced by :func:`default_parsers` of ``model_names``."""
+    tool, think = default_parsers(*model_names)
+    return (tool if tool_call_parser == AUTO else tool_call_parser), (think if reasoning == AUTO else reasoning)
 
 
 def reasoning_parser(name: str) -> ReasoningParser | None:

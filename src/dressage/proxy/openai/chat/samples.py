@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from dressage.errors import ReplyConstraintError
-from dressage.proxy.openai.chat.prompt import ToolCallParser, assistant_message
+from dressage.proxy.parsers import ToolCallParser, read_assistant_message
 from dressage.proxy.openai.chat.reply import cut_at_stop, openai_logprobs, visible_prefix
 from dressage.proxy.engines.generation import GenerationPlan, GenerationResult
 from dressage.proxy.recording.turn_scope import turn_of
@@ -53,14 +53,14 @@ class ChatSampler:
     def __init__(self, config: "ProxyConfig", calls: "ModelCalls", parser: ToolCallParser) -> None:
         self.config, self.calls, self.parser = config, calls, parser
 
-    def reply(self, call: "ChatCall", index: int, plan: GenerationPlan, result: GenerationResult,
-              refused: int = 0) -> ChatSample:
+    async def reply(self, call: "ChatCall", index: int, plan: GenerationPlan, result: GenerationResult,
+                    refused: int = 0) -> ChatSample:
         """The reply's text cut at a stop sequence, parsed into the assistant message."""
         text = self.calls.decode(result.response_ids.tolist())
         text, stopped = cut_at_stop(text, call.options.stops)
         prefix = f"call_{call.completion_id[-10:]}" + (f"_{index}" if index else "")
-        message = assistant_message(self.parser, text, call_id_prefix=prefix,
-                                    tool_calls=call.options.tool_mode != "none")
+        message = await read_assistant_message(self.parser, text, call_id_prefix=prefix,
+                                               tool_calls=call.options.tool_mode != "none", tools=call.tools)
         return ChatSample(index, plan, result, message, stopped, refused)
 
     async def sample(self, call: "ChatCall", index: int) -> ChatSample:
@@ -72,7 +72,7 @@ class ChatSampler:
             if attempt:
                 plan = dataclasses.replace(plan, rid=self.calls.next_rid(call.session_id),
                                            sampling=seeded(plan.sampling, opts.sample_seed(index, attempt)))
-            sample = self.reply(call, index, plan, await self.calls.final(plan), attempt)
+            sample = await self.reply(call, index, plan, await self.calls.final(plan), attempt)
             reason = opts.violation(sample.message)
             if reason is None:
                 return sample

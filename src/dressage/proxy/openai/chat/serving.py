@@ -181,8 +181,9 @@ class ChatServing:
 
         async def commit(result: GenerationResult) -> dict[str, Any]:
             nonlocal committing
+            sample = await self.sampler.reply(call, 0, call.plan, result)
             committing = True
-            return await asyncio.shield(self._commit_task(call, [self.sampler.reply(call, 0, call.plan, result)]))
+            return await asyncio.shield(self._commit_task(call, [sample]))
 
         def began() -> None:
             nonlocal committing
@@ -245,7 +246,7 @@ class ChatServing:
                         result = event
                     else:
                         yield event
-                samples = [self.sampler.reply(call, 0, call.plan, result)]
+                samples = [await self.sampler.reply(call, 0, call.plan, result)]
             if on_commit is not None:
                 on_commit()
             yield await asyncio.shield(self._commit_task(call, samples))
