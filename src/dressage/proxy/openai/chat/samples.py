@@ -1,5 +1,5 @@
-"""The samples of one chat call: drawn (again, under a tool rule), cut at stop sequences, parsed,
-recorded as steps and answered as one chat completion with a choice per sample.
+"""The samples of one chat call: drawn, cut at stop sequences, parsed, checked against the call's
+tool rules, recorded as steps and answered as one chat completion with a choice per sample.
 
 :class:`ChatSampler` is a collaborator of :class:`dressage.proxy.openai.chat.serving.ChatServing`
 that turns engine results into choices; ``n`` samples are ``n`` engine calls of one prompt, each its own step.
@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 __all__ = ["ChatSample", "ChatSampler", "TOOL_RULE_ATTEMPTS", "seeded", "visible"]
 
 TOOL_RULE_ATTEMPTS = 4
-"""Replies drawn per sample before a call under ``tool_choice`` "required" / a named function /
-``parallel_tool_calls: false`` fails (:class:`~dressage.errors.ReplyConstraintError`)."""
+"""Replies drawn per sample before a call under ``parallel_tool_calls: false`` (with ``tool_choice``
+"auto") fails (:class:`~dressage.errors.ReplyConstraintError`). A forced call (``"required"``, a named
+function) is drawn once: the engine's grammar makes it a call (:func:`~dressage.proxy.parsers.tool_call_constraint`)."""
 
 
 @dataclass(slots=True)
@@ -64,9 +65,14 @@ class ChatSampler:
         return ChatSample(index, plan, result, message, stopped, refused)
 
     async def sample(self, call: "ChatCall", index: int) -> ChatSample:
-        """One sample; under a tool rule, drawn again (new seed) until a reply keeps it."""
+        """One sample, checked against the call's tool rules.
+
+        A forced call comes from the engine's grammar: a reply that is still no call (cut by
+        ``max_tokens``, an engine that ignores the grammar) fails the call. Only the one-call rule
+        of an unforced call is kept by drawing again (new seed), as nothing constrains it.
+        """
         plan, opts = call.plans[index], call.options
-        attempts = TOOL_RULE_ATTEMPTS if opts.constrained else 1
+        attempts = TOOL_RULE_ATTEMPTS if opts.single_call and opts.tool_mode == "auto" else 1
         reason = None
         for attempt in range(attempts):
             if attempt:
@@ -76,6 +82,9 @@ class ChatSampler:
             reason = opts.violation(sample.message)
             if reason is None:
                 return sample
+        if attempts == 1:
+            raise ReplyConstraintError(f"the reply broke the call's tool rule under constrained decoding ({reason}); "
+                                       "it was not recorded")
         raise ReplyConstraintError(f"{attempts} sampled replies broke the call's tool rule (last: {reason}); "
                                    "none was recorded")
 

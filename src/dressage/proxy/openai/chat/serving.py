@@ -23,6 +23,7 @@ from dressage.proxy.openai.chat.prompt import ChatPrompt, build_chat_prompt, eff
 from dressage.proxy.openai.chat.params import ChatOptions, chat_messages, chat_options
 from dressage.proxy.openai.chat.samples import TOOL_RULE_ATTEMPTS, ChatSample, ChatSampler, seeded, visible
 from dressage.proxy.openai.model_calls import ModelCalls
+from dressage.proxy.parsers import tool_call_constraint
 from dressage.proxy.engines.generation import KEEPALIVE_S, GenerationPlan, GenerationResult
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
 from dressage.proxy.openai.streaming import (DONE, KEEPALIVE, ChunkWriter, aiter_frames, error_payload, replay_chunks, sse,
@@ -98,6 +99,9 @@ class ChatServing:
         tools = effective_tools(req.tools, req.tool_choice)
         prompt = build_chat_prompt(session, self.tokenizer, messages, tools)
         sampling = self._sampling(req, len(prompt.prompt_ids), options)
+        # A forced call is the engine's to keep: a grammar of the family's call syntax, no re-draw.
+        sampling.update(tool_call_constraint(tools, req.tool_choice, self.sampler.parser.name,
+                                             single_call=options.single_call) or {})
         plans, url = [], ""
         for i in range(options.n):
             plan, url = self.calls.plan(session_id, prompt.prompt_ids, seeded(sampling, options.sample_seed(i, 0)),
