@@ -160,17 +160,19 @@ def json_schema_grammar(schema: Any, name: str, rules: list[str], depth: int = 0
 
 
 def _members(parts: list[tuple[str, bool]], name: str, rules: list[str]) -> str:
-    """Object members in order, optional ones omissible, joined by commas."""
-    # first[i]: members i.. when none was written before; rest[i]: when one was.
+    """Object members in order, optional ones omissible, joined by commas.
+
+    ``{name}m{i}``: members ``i..`` when none was written before; ``{name}r{i}``: when one was.
+    """
     n = len(parts)
     for i in range(n - 1, -1, -1):
         rule, req = parts[i]
-        nxt_first = f"{name}m{i + 1}" if i + 1 < n else '""'
-        nxt_rest = f"{name}r{i + 1}" if i + 1 < n else '""'
-        with_it = f'{rule} {nxt_rest}'
-        rest_with = f'", " {rule} {nxt_rest}'
-        rules.append(f"{name}m{i} ::= {with_it}" + ("" if req else f" | {nxt_first}"))
-        rules.append(f"{name}r{i} ::= {rest_with}" + ("" if req else f" | {nxt_rest}"))
+        if i == n - 1:
+            rules.append(f"{name}m{i} ::= {rule}" + ("" if req else "?"))
+            rules.append(f'{name}r{i} ::= ' + (f'", " {rule}' if req else f'(", " {rule})?'))
+            continue
+        rules.append(f"{name}m{i} ::= {rule} {name}r{i + 1}" + ("" if req else f" | {name}m{i + 1}"))
+        rules.append(f'{name}r{i} ::= ", " {rule} {name}r{i + 1}' + ("" if req else f" | {name}r{i + 1}"))
     return f"{name}m0"
 
 
@@ -181,13 +183,7 @@ def _arguments(schema: dict[str, Any], form: str, name: str, rules: list[str]) -
     required = set(schema.get("required") or [])
     parts = []
     for i, (key, sub) in enumerate(props.items()):
-        if _is_string(sub):
-            value = "rawtext"
-        elif isinstance(sub, dict) and isinstance(sub.get("enum"), list) and sub["enum"] \
-                and all(isinstance(v, str) for v in sub["enum"]):
-            value = "(" + " | ".join(_lit(v) for v in sub["enum"]) + ")"  # strings are written raw
-        else:
-            value = json_schema_grammar(sub, f"{name}v{i}", rules)
+        value = _text_value(sub, f"{name}v{i}", rules)
         if form == "xml":
             text = f'{_lit(f"<parameter={key}>" + chr(10))} {value} {_lit(chr(10) + "</parameter>" + chr(10))}'
         else:  # glm
@@ -195,9 +191,25 @@ def _arguments(schema: dict[str, Any], form: str, name: str, rules: list[str]) -
         rule = f"{name}x{i}"
         rules.append(f"{rule} ::= {text}")
         parts.append(rule if key in required else f"{rule}?")
-    return "(" + " ".join(parts) + ")" if parts else '""'
+    return "(" + " ".join(parts) + ")" if parts else ""
 
 
-def _is_string(schema: Any) -> bool:
-    return isinstance(schema, dict) and schema.get("type") == "string" and "enum" not in schema \
-        and "const" not in schema
+def _text_value(schema: Any, name: str, rules: list[str]) -> str:
+    """A parameter value as the XML and GLM templates write it: strings raw, the rest as JSON."""
+    if not isinstance(schema, dict):
+        return "value"
+    if "const" in schema:
+        v = schema["const"]
+        return _lit(v if isinstance(v, str) else json.dumps(v))
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return "(" + " | ".join(_lit(v if isinstance(v, str) else json.dumps(v)) for v in schema["enum"]) + ")"
+    subs = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(subs, list) and subs:
+        return "(" + " | ".join(_text_value(s, f"{name}a{i}", rules) for i, s in enumerate(subs)) + ")"
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return "(" + " | ".join(_text_value({**schema, "type": k}, f"{name}t{i}", rules)
+                                for i, k in enumerate(kind)) + ")"
+    if kind == "string":
+        return "rawtext"
+    return json_schema_grammar(schema, name, rules)
