@@ -99,15 +99,16 @@ def _chunks(text, cuts):
 
 
 def _stream(parser, prefixes, final_text):
-    cs = ContentStream(parser)
+    cs = ContentStream(parser, call_id_prefix="c", tools=TOOLS)
     shown = []
     for prefix in prefixes:
         for delta in cs.feed(prefix):
             shown.append(delta)
     message = assistant_message(parser, final_text, call_id_prefix="c", tools=TOOLS)
     streamed_before_end = "".join(d.get("content", "") for d in shown)
+    early_calls = [c for d in shown for c in d.get("tool_calls", ())]
     shown.extend(cs.finish(message))
-    return message, shown, streamed_before_end
+    return message, shown, streamed_before_end, early_calls
 
 
 @settings(max_examples=60, deadline=None)
@@ -117,12 +118,17 @@ def test_streamed_in_any_chunking_the_deltas_add_up_to_the_message_and_never_sho
     text = _render(family, CALLS[:n_calls], content="Here it is: a < b and c.")
     if family == "gpt-oss" and not n_calls:
         text += "<|start|>assistant<|channel|>final<|message|>Here it is: a < b and c.<|return|>"
-    message, shown, early = _stream(parser, _chunks(text, cuts), text)
+    message, shown, early, early_calls = _stream(parser, _chunks(text, cuts), text)
     content = "".join(d.get("content", "") for d in shown)
     assert content.strip() == (message["content"] or "").strip()
     assert [d["reasoning_content"] for d in shown if "reasoning_content" in d] == [message["reasoning_content"]]
     calls = [c for d in shown for c in d.get("tool_calls", ())]
-    assert [c["function"] for c in calls] == [c["function"] for c in message.get("tool_calls", [])]
+    final = message.get("tool_calls", [])
+    assert [(c["index"], c["id"], c["function"]) for c in calls] == [(i, c["id"], c["function"])
+                                                                      for i, c in enumerate(final)]
+    # A call streams once complete: fed its whole text, each call went out before the end.
+    whole, _, _, whole_calls = _stream(parser, [text], text)
+    assert len(whole_calls) == len(final) and len(early_calls) <= len(final)
     for marker in ("<tool_call", "<｜tool", "<|tool", "<|channel", "<|start", "functions.", "<think", "</think"):
         assert marker not in early
 

@@ -200,6 +200,19 @@ class ToolCallParser:
         """:meth:`split_reasoning` for the event loop."""
         return self.split_reasoning(text)
 
+    def stream_calls(self, text: str, *, call_id_prefix: str,
+                     tools: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """The ``tool_calls`` entries that any reply beginning with ``text`` certainly parses to: its
+        complete calls, in order, with the ids :meth:`parse` gives them (a call streams once closed)."""
+        if self.reasoning is None:
+            rest: str | None = text
+        else:
+            rest = self.reasoning.stream_split(text)[1]
+        if rest is None:
+            return []
+        found = [c for c in self.find_calls(rest, tools) if c.name]
+        return [call_entry(c, f"{call_id_prefix}_{i}") for i, c in enumerate(found)]
+
     def stream_prefix(self, text: str) -> tuple[str | None, str]:
         """(reasoning, content) that any reply beginning with ``text`` certainly parses to.
 

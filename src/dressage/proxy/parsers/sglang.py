@@ -38,6 +38,10 @@ class EngineParser(ToolCallParser):
     def stream_prefix(self, text: str) -> tuple[str | None, str]:
         return self.local.stream_prefix(text)
 
+    def stream_calls(self, text: str, *, call_id_prefix: str,
+                     tools: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        return []  # the engine's parse decides the calls: they are sent once it answered
+
     async def asplit_reasoning(self, text: str) -> tuple[str, str | None]:
         out = await self.client.separate_reasoning(text, self.reasoning_name)
         return out["text"], out.get("reasoning_text")

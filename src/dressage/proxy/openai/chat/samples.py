@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from dressage.proxy.openai.chat.serving import ChatCall
     from dressage.proxy.openai.model_calls import ModelCalls
 
-__all__ = ["ChatSample", "ChatSampler", "TOOL_RULE_ATTEMPTS", "seeded", "visible"]
+__all__ = ["ChatSample", "ChatSampler", "TOOL_RULE_ATTEMPTS", "call_id_prefix", "seeded", "visible"]
 
 TOOL_RULE_ATTEMPTS = 4
 """Replies drawn per sample before a call under ``parallel_tool_calls: false`` (with ``tool_choice``
@@ -59,8 +59,8 @@ class ChatSampler:
         """The reply's text cut at a stop sequence, parsed into the assistant message."""
         text = self.calls.decode(result.response_ids.tolist())
         text, stopped = cut_at_stop(text, call.options.stops)
-        prefix = f"call_{call.completion_id[-10:]}" + (f"_{index}" if index else "")
-        message = await read_assistant_message(self.parser, text, call_id_prefix=prefix,
+        message = await read_assistant_message(self.parser, text,
+                                               call_id_prefix=call_id_prefix(call.completion_id, index),
                                                tool_calls=call.options.tool_mode != "none", tools=call.tools)
         return ChatSample(index, plan, result, message, stopped, refused)
 
@@ -131,6 +131,11 @@ class ChatSampler:
             "usage": {"prompt_tokens": steps[0].prompt_len, "completion_tokens": completion,
                       "total_tokens": steps[0].prompt_len + completion},
         }
+
+
+def call_id_prefix(completion_id: str, index: int) -> str:
+    """The ids of sample ``index``'s tool calls are this prefix and ``_<k>``."""
+    return f"call_{completion_id[-10:]}" + (f"_{index}" if index else "")
 
 
 def seeded(sampling: dict[str, Any], seed: int | None) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from dressage.errors import DressageError
 from dressage.proxy.config import ProxyConfig
 from dressage.proxy.openai.chat.prompt import ChatPrompt, build_chat_prompt, effective_tools
 from dressage.proxy.openai.chat.params import ChatOptions, chat_messages, chat_options
-from dressage.proxy.openai.chat.samples import TOOL_RULE_ATTEMPTS, ChatSample, ChatSampler, seeded, visible
+from dressage.proxy.openai.chat.samples import (TOOL_RULE_ATTEMPTS, ChatSample, ChatSampler, call_id_prefix, seeded,
+                                                visible)
 from dressage.proxy.openai.model_calls import ModelCalls
 from dressage.proxy.parsers import tool_call_constraint
 from dressage.proxy.engines.generation import KEEPALIVE_S, GenerationPlan, GenerationResult
@@ -198,7 +199,9 @@ class ChatServing:
             frames = self._buffered_frames(call, began)
         else:
             events = visible(self.calls.generate(call.plan), call.options.stops)
-            frames = stream_completion(writer, self.sampler.parser, events, commit, include_usage=call.include_usage)
+            frames = stream_completion(writer, self.sampler.parser, events, commit, include_usage=call.include_usage,
+                                       call_id_prefix=None if call.options.tool_mode == "none" else
+                                       call_id_prefix(call.completion_id, 0), tools=call.tools)
         self.in_flight.enter(call.session_id)
         try:
             async for frame in frames:
