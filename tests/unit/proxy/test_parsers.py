@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 from dressage.errors import ConfigError
 from dressage.proxy.openai.streaming import ContentStream
 from dressage.proxy.parsers import assistant_message, default_parsers, make_parser
-from dressage.proxy.parsers.glm import render_glm_call
 from dressage.proxy.parsers.qwen_xml import render_xml_call
 
 from parser_replies import CALLS, FAMILIES, TOOLS, json_call_text as _json, render as _render
@@ -75,11 +74,11 @@ def test_harmony_final_channel_is_the_content():
 @pytest.mark.parametrize("names, expected", [
     (("Qwen/Qwen3.6-35B-A3B",), ("qwen3_coder", "qwen3")), (("qwen3.6-35b-a3b",), ("qwen3_coder", "qwen3")),
     (("Qwen/Qwen3-Coder-30B-A3B-Instruct",), ("qwen3_coder", "qwen3")), (("Qwen3-8B",), ("qwen", "qwen3")),
-    (("zai-org/GLM-4.6",), ("glm45", "glm45")), (("glm-5.2-744b-a40b",), ("glm45", "glm45")),
+    (("zai-org/GLM-4.6",), ("glm45", "glm45")), (("glm-5.2-744b-a40b",), ("glm47", "glm45")),
     (("deepseek-ai/DeepSeek-V3.1",), ("deepseekv31", "deepseek-v3")),
     (("deepseek-ai/DeepSeek-V3-0324",), ("deepseekv3", "deepseek-r1")),
     (("moonshotai/Kimi-K2-Instruct",), ("kimi_k2", "kimi_k2")), (("openai/gpt-oss-20b",), ("gpt-oss", "gpt-oss")),
-    (("tiny-moe",), ("qwen", "qwen3")), ((None, "GLM-4.7"), ("glm45", "glm45")),
+    (("tiny-moe",), ("qwen", "qwen3")), ((None, "GLM-4.7"), ("glm47", "glm45")), (("THUDM/GLM-4.5-Air",), ("glm45", "glm45")),
     (("tiny-moe", "gpt-oss-120b"), ("gpt-oss", "gpt-oss")),
 ])
 def test_the_default_parsers_follow_the_served_model_name(names, expected):

@@ -2,7 +2,8 @@
 
 Every endpoint room (chat, Responses, Anthropic Messages) reads replies through
 :class:`ToolCallParser` (:func:`assistant_message` builds the OpenAI message) and forces calls
-with :func:`tool_call_constraint` (chat and Anthropic ``tool_choice`` alike); :func:`make_parser` / :func:`default_parsers` pick a family by name.
+with :func:`tool_call_constraint` (chat and Anthropic ``tool_choice`` alike); :func:`make_parser` /
+:func:`default_parsers` pick a family by name.
 """
 
 from dressage.proxy.parsers.base import (ParsedCall, ReasoningParser, ToolCallParser, assistant_message,

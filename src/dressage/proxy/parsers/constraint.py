@@ -22,6 +22,7 @@ _FORMATS = {
              "json"),
     "qwen3_coder": ("", '"<tool_call>\\n<function={NAME}>\\n" {ARGS} "</function>\\n</tool_call>"', '"\\n"', "", "xml"),
     "glm45": ("", '"<tool_call>{NAME}\\n" {ARGS} "</tool_call>"', "", "", "glm"),
+    "glm47": ("", '"<tool_call>{NAME}" {ARGS} "</tool_call>"', "", "", "glm47"),
     "deepseekv3": ('"<｜tool▁calls▁begin｜>"',
                    '"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{NAME}\\n```json\\n" {ARGS} "\\n```<｜tool▁call▁end｜>"',
                    "", '"<｜tool▁calls▁end｜>"', "json"),
@@ -33,7 +34,7 @@ _FORMATS = {
     "gpt-oss": ("", '"<|channel|>commentary to=functions.{NAME} <|constrain|>json<|message|>" {ARGS} "<|call|>"',
                 None, "", "json"),
 }
-_ALIASES = {"qwen25": "qwen", "hermes": "qwen", "glm": "glm45", "glm47": "glm45", "deepseekv32": "deepseekv31"}
+_ALIASES = {"qwen25": "qwen", "hermes": "qwen", "glm": "glm45", "deepseekv32": "deepseekv31"}
 
 
 def forced_tool(tool_choice: Any) -> tuple[bool, str | None]:
@@ -186,8 +187,9 @@ def _arguments(schema: dict[str, Any], form: str, name: str, rules: list[str]) -
         value = _text_value(sub, f"{name}v{i}", rules)
         if form == "xml":
             text = f'{_lit(f"<parameter={key}>" + chr(10))} {value} {_lit(chr(10) + "</parameter>" + chr(10))}'
-        else:  # glm
-            text = f'{_lit(f"<arg_key>{key}</arg_key>" + chr(10) + "<arg_value>")} {value} {_lit("</arg_value>" + chr(10))}'
+        else:  # GLM-4.5 / 4.6 write a newline after each tag pair, GLM-4.7 none
+            nl = chr(10) if form == "glm" else ""
+            text = f'{_lit(f"<arg_key>{key}</arg_key>{nl}<arg_value>")} {value} {_lit("</arg_value>" + nl)}'
         rule = f"{name}x{i}"
         rules.append(f"{rule} ::= {text}")
         parts.append(rule if key in required else f"{rule}?")

@@ -8,7 +8,8 @@ served model name contains                      tool-call parser   reasoning par
 ==============================================  =================  =================
 qwen3-coder, qwen3.5, qwen3.6 (qwen3_5, ...)    ``qwen3_coder``    ``qwen3``
 qwen3, qwen2.5, qwq                             ``qwen``           ``qwen3``
-glm-4.5, glm-4.6, glm-4.7, glm-5                ``glm45``          ``glm45``
+glm-4.5, glm-4.6                                ``glm45``          ``glm45``
+glm-4.7, glm-5                                  ``glm47``          ``glm45``
 deepseek-v3.1, deepseek-v3.2                    ``deepseekv31``    ``deepseek-v3``
 deepseek-r1, deepseek-v3                        ``deepseekv3``     ``deepseek-r1``
 kimi-k2                                         ``kimi_k2``        ``kimi_k2``
@@ -59,7 +60,8 @@ its own (gpt-oss reasons in its analysis channel, which its tool-call parser rea
 MODEL_DEFAULTS: tuple[tuple[str, str, str], ...] = (
     (r"qwen3[-_.]?coder|qwen3[._-]?[56]", "qwen3_coder", "qwen3"),
     (r"qwen3|qwen2[._-]?5|qwq", "qwen", "qwen3"),
-    (r"glm[-_]?(4[._-]?[567]|5)", "glm45", "glm45"),
+    (r"glm[-_]?(4[._-]?7|5)", "glm47", "glm45"),
+    (r"glm[-_]?4[._-]?[56]", "glm45", "glm45"),
     (r"deepseek[-_]?v3[._-]?[12]", "deepseekv31", "deepseek-v3"),
     (r"deepseek[-_]?(r1|v3)", "deepseekv3", "deepseek-r1"),
     (r"kimi[-_]?k2", "kimi_k2", "kimi_k2"),
