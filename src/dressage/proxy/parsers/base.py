@@ -56,8 +56,8 @@ def typed_value(raw: str, schema: Any) -> Any:
     """A parameter value written as text, read as the type the tool's JSON schema gives it.
 
     Strings stay raw; integers, numbers, booleans, null, objects and arrays are read as JSON. A
-    value that does not read as its type, or a parameter without a schema, stays the text it is
-    (unless the schema allows no string and the text is JSON).
+    value that does not read as its type stays the text it is; without a schema, JSON objects and
+    arrays are read and anything else stays text.
     """
     kinds = _kinds(schema)
     if "string" in kinds and len(kinds - {"string", "null"}) == 0:
@@ -157,8 +157,9 @@ class ToolCallParser:
     default_reasoning: ReasoningParser | None = None
     """The reasoning parser a family is made with when none is named."""
 
-    def __init__(self, reasoning: ReasoningParser | None | type[Ellipsis] = ...) -> None:
-        self.reasoning = self.default_reasoning if reasoning is ... else reasoning
+    def __init__(self, reasoning: Any = ...) -> None:
+        # ``...`` (left out): the family's own reasoning parser; ``None``: none.
+        self.reasoning: ReasoningParser | None = self.default_reasoning if reasoning is ... else reasoning
 
     def find_calls(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> list[ParsedCall]:
         """The well-formed calls in ``text`` (reasoning already split off), in order."""
