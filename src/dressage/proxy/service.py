@@ -76,7 +76,8 @@ class ProxyService:
                                             self.versions.forget))
         """Header-created sessions, per-session forgetting and the call counters, shared by every endpoint."""
         calls = ModelCalls(config, core, tokenizer, engines=self.engines, pause=self.pause, versions=self.versions,
-                           limits=self.limits, rids=self.rids, in_flight=self.in_flight, book=self.book)
+                           limits=self.limits, rids=self.rids, in_flight=self.in_flight, book=self.book,
+                           keep_special_tokens=getattr(self.parser, "special_markers", False))
         self.chat = ChatServing(config, core, tokenizer, calls=calls,
                                 sampler=ChatSampler(config, calls, self.parser), turns=self.turns,
                                 limits=self.limits, in_flight=self.in_flight, book=self.book)

@@ -91,3 +91,15 @@ def test_the_proxy_picks_its_parsers_from_the_engines_model_path(proxy_stack, se
         assert named.proxy.service.parser.name == "kimi_k2" and named.proxy.service.parser.reasoning.start == "◁think▷"
     finally:
         srv.stop()
+
+
+def test_reply_texts_keep_special_tokens_for_families_whose_markers_are_special(engine, proxy_stack):
+    from dressage.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("byte")
+    special = sorted(set(tok.special_token_ids) - set(tok.stop_token_ids))[0]
+    ids = tok.encode("hi") + [special] + tok.encode("there") + [tok.im_end_token_id]
+    marker = tok.decode([special], skip_special_tokens=False)
+    for family, expected in (("kimi_k2", f"hi{marker}there"), ("gpt-oss", f"hi{marker}there"), ("qwen", "hithere")):
+        calls = proxy_stack(engine.url, tool_call_parser=family).proxy.service.chat.calls
+        assert calls.decode(ids) == expected  # the end-of-turn token is left out either way

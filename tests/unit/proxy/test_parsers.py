@@ -140,3 +140,18 @@ def test_the_server_settings_refuse_an_unknown_parser_by_its_key():
     with pytest.raises(ConfigError, match="server.reasoning_parser"):
         ServerConfig(reasoning_parser="nope")
     assert ServerConfig(tool_call_parser="glm45").tool_call_parser == "glm45"
+
+
+def test_harmony_reads_a_call_whose_end_token_was_left_out_but_does_not_stream_it_early():
+    parser = make_parser("gpt-oss")
+    text = ("<|channel|>analysis<|message|>need data<|end|><|start|>assistant<|channel|>commentary "
+            'to=functions.search <|constrain|>json<|message|>{"q": "x"}')  # <|call|> is the end-of-turn token
+    msg = assistant_message(parser, text, call_id_prefix="c")
+    assert msg["tool_calls"][0]["function"] == {"name": "search", "arguments": '{"q": "x"}'}
+    assert parser.stream_calls(text, call_id_prefix="c") == []
+    assert len(parser.stream_calls(text + "<|call|>", call_id_prefix="c")) == 1
+
+
+def test_families_whose_markers_are_special_tokens_say_so():
+    assert {n for n in ("qwen", "qwen3_coder", "glm45", "deepseekv3", "kimi_k2", "gpt-oss")
+            if make_parser(n).special_markers} == {"kimi_k2", "gpt-oss"}

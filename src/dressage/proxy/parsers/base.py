@@ -156,6 +156,8 @@ class ToolCallParser:
     markers: tuple[str, ...] = ()
     default_reasoning: ReasoningParser | None = None
     """The reasoning parser a family is made with when none is named."""
+    special_markers = False
+    """The family's markers are special tokens: reply texts must be decoded with them."""
 
     def __init__(self, reasoning: Any = ...) -> None:
         # ``...`` (left out): the family's own reasoning parser; ``None``: none.

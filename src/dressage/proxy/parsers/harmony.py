@@ -26,6 +26,7 @@ _ENDS = ("<|end|>", "<|call|>", "<|return|>", "<|start|>")
 class HarmonyParser(ToolCallParser):
     name = "gpt-oss"
     markers = ("<|channel|>",)
+    special_markers = True
 
     def _messages(self, text: str) -> list[tuple[str, str | None, str, bool, int, int]]:
         """(channel, recipient, body, closed, start, end) of each message in ``text``."""
@@ -39,10 +40,13 @@ class HarmonyParser(ToolCallParser):
                         m.group("body"), bool(m.group("close")), m.start(), m.end()))
         return out
 
-    def find_calls(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> list[ParsedCall]:
+    def find_calls(self, text: str, tools: Sequence[dict[str, Any]] | None = None, *,
+                   closed_only: bool = False) -> list[ParsedCall]:
+        # A whole reply's last message may end without its <|call|>: that is an end-of-turn token,
+        # which reply texts leave out.
         out = []
         for channel, recipient, body, closed, start, end in self._messages(text):
-            if recipient is None or not closed:
+            if recipient is None or not (closed or (end == len(text) and not closed_only)):
                 continue
             try:
                 ok = isinstance(json.loads(body), dict)
@@ -76,6 +80,11 @@ class HarmonyParser(ToolCallParser):
         if not entries:
             return content, reasoning, []
         return content.strip() or None, reasoning, entries
+
+    def stream_calls(self, text: str, *, call_id_prefix: str,
+                     tools: Sequence[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        found = self.find_calls(text, tools, closed_only=True)  # a call still arriving may read as JSON
+        return [call_entry(c, f"{call_id_prefix}_{i}") for i, c in enumerate(found)]
 
     def stream_prefix(self, text: str) -> tuple[str | None, str]:
         # Nothing is certain before the final channel opens: until then any message may still be

@@ -25,6 +25,7 @@ _ONE = re.compile(re.escape(CALL_BEGIN) + r"\s*(?:functions\.)?([^\s:<]+):(\d+)\
 class KimiK2Parser(ToolCallParser):
     name = "kimi_k2"
     markers = (SECTION_BEGIN,)
+    special_markers = True
     default_reasoning = THINK
 
     def find_calls(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> list[ParsedCall]:

@@ -23,7 +23,7 @@ class EngineParser(ToolCallParser):
     def __init__(self, local: ToolCallParser, client: Any, reasoning_name: str) -> None:
         super().__init__(local.reasoning)
         self.local, self.client, self.reasoning_name = local, client, reasoning_name
-        self.name, self.markers = local.name, local.markers
+        self.name, self.markers, self.special_markers = local.name, local.markers, local.special_markers
 
     def find_calls(self, text: str, tools: Sequence[dict[str, Any]] | None = None) -> list[ParsedCall]:
         return self.local.find_calls(text, tools)
