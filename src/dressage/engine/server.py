@@ -3,7 +3,9 @@
 ``/generate`` (JSON or server-sent events), ``/abort_request`` (cuts in-flight generations at a
 token boundary; they answer with their partial output and finish_reason ``abort``), ``/health``,
 ``/health_generate``, ``/get_model_info``, ``/get_server_info``, ``/flush_cache``,
-``/get_weight_version``, ``/update_weight_version``. ``EngineServer.start_background()`` runs it in-process for tests.
+``/get_weight_version``, ``/update_weight_version``, and SGLang's reply parsers ``/parse_function_call`` and
+``/separate_reasoning`` when the server is handed the parsers (``reply_parsers``: the Proxy's, given by
+whoever composes the engine). ``EngineServer.start_background()`` runs it in-process for tests.
 """
 
 from __future__ import annotations
@@ -65,8 +67,13 @@ class _InFlight:
         return len(targets)
 
 
-def create_app(engine: Engine) -> FastAPI:
-    """The FastAPI application serving ``engine`` with SGLang's routes."""
+def create_app(engine: Engine, reply_parsers: Any = None) -> FastAPI:
+    """The FastAPI application serving ``engine`` with SGLang's routes.
+
+    ``reply_parsers`` answers ``/parse_function_call`` and ``/separate_reasoning`` (an object with
+    those two methods, body -> answer; :class:`dressage.proxy.parsers.ParseEndpoints`); without it
+    both answer 404, as an SGLang server without parsers would not know the names asked for.
+    """
     cfg = engine.config
     inflight = _InFlight()
     app = FastAPI(title="dressage engine (SGLang protocol)", docs_url=None, redoc_url=None)
@@ -145,6 +152,26 @@ def create_app(engine: Engine) -> FastAPI:
         content = b"[" + b",".join(map(_answer_bytes, outs)) + b"]" if batch else _answer_bytes(outs[0])
         return Response(content=content, media_type="application/json")
 
+    async def parse_route(request: Request, method: str) -> Response:
+        if reply_parsers is None:
+            return error(404, f"this engine serves no reply parsers ({method})")
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            return error(400, f"the body is not valid JSON: {exc}")
+        try:
+            return json_response(getattr(reply_parsers, method)(body))
+        except EngineRequestError as exc:
+            return error(exc.status_code or 400, str(exc))
+
+    @app.post("/parse_function_call")
+    async def parse_function_call(request: Request) -> Response:
+        return await parse_route(request, "parse_function_call")
+
+    @app.post("/separate_reasoning")
+    async def separate_reasoning(request: Request) -> Response:
+        return await parse_route(request, "separate_reasoning")
+
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:
         try:
@@ -215,8 +242,9 @@ def create_app(engine: Engine) -> FastAPI:
 class EngineServer(UvicornServer):
     """Runs the engine's app under uvicorn: blocking (``serve``) or on a thread (``start_background``)."""
 
-    def __init__(self, config: EngineConfig | None = None, *, engine: Engine | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, *, engine: Engine | None = None,
+                 reply_parsers: Any = None) -> None:
         self.config = config or (engine.config if engine else EngineConfig())
         self.engine = engine or make_engine(self.config)
-        super().__init__(create_app(self.engine), host=self.config.host, port=self.config.port, name="engine",
+        super().__init__(create_app(self.engine, reply_parsers), host=self.config.host, port=self.config.port, name="engine",
                          log_level=self.config.log_level)

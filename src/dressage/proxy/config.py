@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ConfigError
 from dressage.flags import flag
+from dressage.proxy.parsers.registry import AUTO, REASONING_PARSERS, TOOL_CALL_PARSERS
 from dressage.tq.config import TransferQueueSelection, is_loopback
 
 __all__ = ["ProxyConfig", "ServerConfig", "AccessConfig", "EnginesConfig", "LimitsConfig", "SessionsConfig",
@@ -70,8 +71,25 @@ class ServerConfig:
     """A request body that has not fully arrived this long after its headers: the connection is closed."""
     keep_alive_timeout_s: float = field(default=30.0, metadata=flag("--keep-alive-timeout", metavar="S"))
     """An idle keep-alive connection is closed after this long."""
+    tool_call_parser: str = field(default=AUTO, metadata=flag(choices=(AUTO, *sorted(TOOL_CALL_PARSERS)),
+                                                              metavar="NAME"))
+    """How replies' tool calls are read (SGLang's parser names); ``auto``: from the served model's name
+    (the engine's ``model_path``, then ``--model``), see :mod:`dressage.proxy.parsers.registry`."""
+    reasoning_parser: str = field(default=AUTO, metadata=flag(choices=(AUTO, *sorted(REASONING_PARSERS)),
+                                                              metavar="NAME"))
+    """How replies' reasoning blocks are read (SGLang's parser names); ``auto``: the model's default."""
+    parse_on_engine: bool = False
+    """Ask the engine to parse whole replies (SGLang's ``/parse_function_call`` and
+    ``/separate_reasoning``, with the parser names above) instead of parsing them in the Proxy;
+    streamed text is still shown by the Proxy's parser of the same name."""
 
     def __post_init__(self) -> None:
+        if self.tool_call_parser != AUTO and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ConfigError(f"server.tool_call_parser: unknown parser {self.tool_call_parser!r}; "
+                              f"known: {AUTO}, {', '.join(sorted(TOOL_CALL_PARSERS))}")
+        if self.reasoning_parser != AUTO and self.reasoning_parser not in REASONING_PARSERS:
+            raise ConfigError(f"server.reasoning_parser: unknown parser {self.reasoning_parser!r}; "
+                              f"known: {AUTO}, {', '.join(sorted(REASONING_PARSERS))}")
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"server.port: {self.port!r} is not a port")
         if not isinstance(self.host, str) or not self.host:

@@ -14,6 +14,7 @@ import threading
 from typing import Any, Callable
 
 from dressage.proxy.config import ProxyConfig
+from dressage.proxy.parsers.registry import resolve
 from dressage.proxy.recording.core import FinalizedSession, ProxyCore
 from dressage.proxy.service import ProxyService
 
@@ -52,6 +53,11 @@ def checked_config(config: ProxyConfig, *, keep_tokenizer: bool = False) -> tupl
         changes["data_plane"] = dataclasses.replace(config.data_plane, model=check.model)
     if not keep_tokenizer and check.tokenizer != config.tokenizer:
         changes["tokenizer"] = check.tokenizer
+    parsers = resolve(config.server.tool_call_parser, config.server.reasoning_parser, check.model_path,
+                      config.data_plane.model.name)
+    if parsers != (config.server.tool_call_parser, config.server.reasoning_parser):
+        changes["server"] = dataclasses.replace(config.server, tool_call_parser=parsers[0],
+                                                reasoning_parser=parsers[1])
     return (dataclasses.replace(config, **changes) if changes else config), check
 
 

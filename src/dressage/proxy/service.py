@@ -17,7 +17,6 @@ from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.engines.rids import RidFactory
 from dressage.proxy.engines.startup import engine_clients
 from dressage.proxy.engines.versions import read_versions, update_versions
-from dressage.proxy.openai.chat.prompt import QwenToolCallParser, ToolCallParser
 from dressage.proxy.openai.chat.samples import ChatSampler
 from dressage.proxy.openai.chat.serving import ChatServing
 from dressage.proxy.openai.completions import CompletionsServing
@@ -25,6 +24,7 @@ from dressage.proxy.openai.model_calls import ModelCalls
 from dressage.proxy.openai.models import ModelsServing
 from dressage.proxy.openai.responses.protocol import ResponseMemory
 from dressage.proxy.openai.responses.serving import ResponsesServing
+from dressage.proxy.parsers import ToolCallParser, reply_parser
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.recording.limits import CallLimits
@@ -58,7 +58,9 @@ class ProxyService:
                 engine_clients(config.engines)
             self.engines = EnginePool(clients, failures_to_remove=config.engines.health_check_failures)
         self.engine = next(iter(self.engines.members.values())).client
-        self.parser = parser or QwenToolCallParser()
+        self.parser = parser or reply_parser(config.server.tool_call_parser, config.server.reasoning_parser,
+                                             config.data_plane.model.name,
+                                             engine=self.engine if config.server.parse_on_engine else None)
         self.versions = WeightVersions(partial_rollout=config.sessions.partial_rollout)
         self.pause = RolloutPause(self.versions)
         self.turns = TurnCache(config.sessions.max_cached_turns)
@@ -74,7 +76,8 @@ class ProxyService:
                                             self.versions.forget))
         """Header-created sessions, per-session forgetting and the call counters, shared by every endpoint."""
         calls = ModelCalls(config, core, tokenizer, engines=self.engines, pause=self.pause, versions=self.versions,
-                           limits=self.limits, rids=self.rids, in_flight=self.in_flight, book=self.book)
+                           limits=self.limits, rids=self.rids, in_flight=self.in_flight, book=self.book,
+                           keep_special_tokens=getattr(self.parser, "special_markers", False))
         self.chat = ChatServing(config, core, tokenizer, calls=calls,
                                 sampler=ChatSampler(config, calls, self.parser), turns=self.turns,
                                 limits=self.limits, in_flight=self.in_flight, book=self.book)

@@ -17,6 +17,7 @@ from dressage.engine.server import EngineServer
 from dressage.fields import ModelSpec, get_model
 from dressage.proxy.config import JournalConfig, ProxyConfig
 from dressage.proxy.deployment import Proxy
+from dressage.proxy.parsers import ParseEndpoints
 from dressage.rollout import RolloutManager
 
 __all__ = ["ProxyStack", "start_engine", "start_proxy", "TEST_MODEL"]
@@ -37,7 +38,8 @@ def start_engine(*, model: str | ModelSpec = TEST_MODEL, seed: int = 3, tool_cal
     ``make_engine(config)`` builds the :class:`~dressage.engine.Engine` to serve instead of the default."""
     cfg = EngineConfig(model=_model(model), port=0, seed=seed, tool_call_rate=tool_call_rate,
                        mean_response_tokens=mean_response_tokens, **config)
-    srv = EngineServer(cfg, engine=make_engine(cfg) if make_engine is not None else None)
+    srv = EngineServer(cfg, engine=make_engine(cfg) if make_engine is not None else None,
+                       reply_parsers=ParseEndpoints())
     srv.start_background()
     return srv
 

@@ -146,30 +146,40 @@ def test_tool_choice_none_offers_no_tools(api):
         assert "<tools>" not in load_tokenizer("byte").decode(api.steps(sid)[0].prompt_ids.tolist())
 
 
-def test_tool_choice_required_and_named_are_enforced(api):
-    redrawn = 0
-    for i in range(4):
+def test_tool_choice_required_and_named_are_kept_by_the_engines_grammar(api):
+    # Every seed gives a call at the first draw: the engine is sent the family's call grammar
+    # (SGLang's ebnf) and nothing is drawn again.
+    for i in range(16):
         msgs = [{"role": "user", "content": f"Compute {i} + 1."}]
-        # Seeded, so that the draws (and redraws) are the same on every run.
-        sid, out = api.ok(messages=msgs, tools=[CALC, SEARCH], tool_choice="required", max_tokens=120, seed=i)
+        sent = len(api.rec.bodies)
+        sid, out = api.ok(messages=msgs, tools=[CALC, SEARCH], tool_choice="required", max_tokens=300, seed=i)
         choice = out["choices"][0]
         assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"]
-        (step,) = api.steps(sid)  # refused draws are not recorded
-        assert step.metadata["assistant_message"] == choice["message"]
-        redrawn += step.metadata.get("refused_replies", 0)
-        sid, out = api.ok(messages=msgs, tools=[CALC, SEARCH], max_tokens=120, seed=i,
+        for c in choice["message"]["tool_calls"]:
+            args = json.loads(c["function"]["arguments"])
+            assert c["function"]["name"] in ("calculator", "search")
+            assert set(args) <= {"a", "q"} and all(isinstance(v, (int, float)) for k, v in args.items() if k == "a")
+        (body,) = api.rec.bodies[sent:]  # one engine request, no re-draw
+        assert "<tool_call>" in body["sampling_params"]["ebnf"]
+        (step,) = api.steps(sid)
+        assert step.metadata["assistant_message"] == choice["message"] and "refused_replies" not in step.metadata
+        assert _text(step.response_ids).startswith("<tool_call>")  # the tokens are the call's text
+        sid, out = api.ok(messages=msgs, tools=[CALC, SEARCH], max_tokens=300, seed=i, parallel_tool_calls=False,
                           tool_choice={"type": "function", "function": {"name": "search"}})
         calls = out["choices"][0]["message"]["tool_calls"]
-        assert {c["function"]["name"] for c in calls} == {"search"}
+        assert [c["function"]["name"] for c in calls] == ["search"]
         assert "calculator" not in load_tokenizer("byte").decode(api.steps(sid)[0].prompt_ids.tolist())
-    assert redrawn > 0  # some first draws called no tool and were drawn again
+    # A forced call cut short by max_tokens is no call: a 502 naming the rule, nothing recorded.
+    sid, r = api.chat(tools=[CALC], tool_choice="required", max_tokens=3, seed=1)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "reply_constraint_unmet"
+    assert api.steps(sid) == []
     sid, r = api.chat(tools=[CALC], tool_choice={"type": "function", "function": {"name": "nope"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
     # Streamed: the checked reply is sent once recorded, and adds up to the recorded message.
     sid = api.session()
     with api.client(sid) as c:
         chunks = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "Compute 0 + 1."}],
-                                                tools=[CALC, SEARCH], tool_choice="required", max_tokens=120,
+                                                tools=[CALC, SEARCH], tool_choice="required", max_tokens=300,
                                                 seed=0, stream=True))
     calls = [tc for ch in chunks for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices]
     (step,) = api.steps(sid)

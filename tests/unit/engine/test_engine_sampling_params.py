@@ -1,9 +1,10 @@
 """The built-in engine's SGLang sampling parameters: honoured (seed, greedy, penalties, json_schema,
-top logprobs) or refused by name (regex / grammar / logit_bias / n)."""
+ebnf, top logprobs) or refused by name (regex / structural tag / logit_bias / n)."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -30,7 +31,7 @@ def _words(out: dict) -> list[str]:
     return out["text"].replace(".", " ").lower().split()
 
 
-@pytest.mark.parametrize("key,value,what", [("regex", "a+", "regex"), ("ebnf", "root ::= 'a'", "grammar"),
+@pytest.mark.parametrize("key,value,what", [("regex", "a+", "regex"), ("structural_tag", '{"type": "structural_tag"}', "structural"),
                                             ("logit_bias", {"5": -100}, "logit_bias"), ("stop_regex", "x", "regex"),
                                             ("n", 2, "one sample"), ("custom_params", {"a": 1}, "custom")])
 def test_parameters_it_cannot_honour_are_refused_by_name(key, value, what):
@@ -88,6 +89,38 @@ def test_json_schema_replies_are_documents_of_the_schema():
         doc = json.loads(out["text"])
         assert doc["kind"] == "report" and len(doc["items"]) >= 2
         assert all(isinstance(it["id"], int) for it in doc["items"]) and len(doc["label"]) >= 3
+
+
+def test_ebnf_replies_are_texts_of_the_grammar_and_their_tokens_its_encoding():
+    grammar = 'root ::= "<call>" name (", " arg){1,3} "</call>"\nname ::= "f" | "g"\narg ::= [0-9]+ | "x" [^<,]*'
+    texts = set()
+    for i in range(8):
+        out = _answer({"ebnf": grammar, "sampling_seed": i}, f"grammar {i}")
+        text = out["text"]
+        assert out["meta_info"]["finish_reason"]["type"] == "stop"
+        assert re.fullmatch(r"<call>[fg](, ([0-9]+|x[^<,]*)){1,3}</call>", text), text
+        assert out["output_ids"][:-1] == TOK.encode(text) and out["output_ids"][-1] == TOK.im_end_token_id
+        assert len(out["meta_info"]["output_token_logprobs"]) == len(out["output_ids"])
+        texts.add(text)
+    assert len(texts) > 4  # the seed draws the derivation
+    again = _answer({"ebnf": grammar, "sampling_seed": 3}, "grammar 3")
+    assert again["text"] == _answer({"ebnf": grammar, "sampling_seed": 3}, "grammar 3")["text"]
+
+
+def test_a_recursive_grammar_always_ends():
+    grammar = 'root ::= value\nvalue ::= "[" (value (", " value)*)? "]" | "1"'
+    for i in range(10):
+        text = _answer({"ebnf": grammar, "sampling_seed": i}, f"deep {i}")["text"]
+        assert json.loads(text) is not None
+
+
+@pytest.mark.parametrize("grammar,word", [("root ::= missing", "undefined"), ("x ::= \"a\"", "no root"),
+                                          ('root ::= "a', "unterminated"), ("root ::= root", "no finite"),
+                                          ("root ::= 'a'", "unexpected"), ("", "non-empty")])
+def test_a_bad_grammar_is_a_400_naming_ebnf(grammar, word):
+    with pytest.raises(EngineRequestError, match=word) as info:
+        _answer({"ebnf": grammar})
+    assert "sampling_params.ebnf" in str(info.value) and info.value.status_code == 400
 
 
 @pytest.mark.parametrize("schema,word", [({"type": "string", "pattern": "a"}, "pattern"),

@@ -23,6 +23,7 @@ from dressage.harness.run.memory import PssSampler, process_vitals
 from dressage.harness.run.probe import check_engine_reachable
 from dressage.proxy.config import EnginesConfig, ProxyConfig
 from dressage.proxy.deployment import Proxy
+from dressage.proxy.parsers import ParseEndpoints
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
 from dressage.train import TrainingReader, release_batch
@@ -94,7 +95,8 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
                                                tokenizer=_TOKENIZER[inference.backend],
                                                mean_response_tokens=inference.mean_response_tokens,
                                                tool_call_rate=inference.tool_call_rate,
-                                               context_length=cfg.agents.context_length))
+                                               context_length=cfg.agents.context_length),
+                                  reply_parsers=ParseEndpoints())
             tokenizer = engine.engine.tokenizer
             engine_url = engine.start_background()
             stack.callback(engine.stop)

@@ -1,7 +1,8 @@
 """``SGLangClient``: the Proxy's async HTTP client for an SGLang (or built-in) engine.
 
 Speaks ``/generate``, ``/abort_request``, ``/health``, ``/model_info`` (``/get_model_info`` on
-older releases) and the weight-version calls. Every call crosses one seam, an :class:`~.transport.EngineTransport`
+older releases), the weight-version calls and the reply parsers (``/parse_function_call``,
+``/separate_reasoning``). Every call crosses one seam, an :class:`~.transport.EngineTransport`
 (:func:`engine_transport` by default: aiohttp's pool); its errors are translated here, at the boundary, into :class:`~dressage.errors.EngineError` subclasses. With R3 on,
 ``/generate`` answers come back with their routing already decoded (an array in the storage dtype).
 ``api_key`` is sent as SGLang's ``Authorization: Bearer`` key; a ``routing_key`` goes out as
@@ -301,6 +302,28 @@ class SGLangClient:
         out = self._json(resp, f"GET {path}")
         if not isinstance(out, dict):
             raise WireFormatError(f"GET {path}: expected a JSON object, got {type(out).__name__}")
+        return out
+
+    async def parse_function_call(self, text: str, tool_call_parser: str, tools: Sequence[Mapping[str, Any]],
+                                  timeout: float = 30.0) -> dict[str, Any]:
+        """``POST /parse_function_call``: ``{"normal_text", "calls": [{"tool_index", "name", "parameters"}]}``
+        of a reply's ``text`` read by the engine's parser ``tool_call_parser``."""
+        body = {"text": text, "tool_call_parser": tool_call_parser, "tools": list(tools)}
+        what = "POST /parse_function_call"
+        out = self._json(await self._request("POST", "/parse_function_call", json_body=body, timeout=timeout), what)
+        if not isinstance(out, dict) or not isinstance(out.get("normal_text"), str) \
+                or not isinstance(out.get("calls"), list):
+            raise WireFormatError(f"{what}: expected normal_text and calls, got {str(out)[:200]!r}")
+        return out
+
+    async def separate_reasoning(self, text: str, reasoning_parser: str, timeout: float = 30.0) -> dict[str, Any]:
+        """``POST /separate_reasoning``: ``{"text", "reasoning_text"}`` of a reply's ``text`` read by the
+        engine's parser ``reasoning_parser``."""
+        what = "POST /separate_reasoning"
+        out = self._json(await self._request("POST", "/separate_reasoning", timeout=timeout,
+                                             json_body={"text": text, "reasoning_parser": reasoning_parser}), what)
+        if not isinstance(out, dict) or not isinstance(out.get("text"), str):
+            raise WireFormatError(f"{what}: expected text and reasoning_text, got {str(out)[:200]!r}")
         return out
 
     async def get_weight_version(self, timeout: float = 30.0) -> str:

@@ -48,6 +48,8 @@ class EngineCheck:
     source: ShapeSource | None
     """``None`` when the shape was not checked (R3 off and no overrides)."""
     tokenizer: str
+    model_path: str | None = None
+    """The first engine's ``model_path`` (what it serves: the parsers' default follows its name)."""
 
     def describe(self) -> str:
         m = self.model
@@ -138,8 +140,9 @@ def check_engine(config: Any, infos: Sequence[Mapping[str, Any]], urls: Sequence
     if len(tokenizers) > 1:
         raise EngineMismatchError(f"the engines name different tokenizers {sorted(tokenizers)}; give --tokenizer")
     tokenizer = tokenizers.pop() if tokenizers else config.tokenizer
+    served = next((str(i["model_path"]) for i in infos if i.get("model_path")), None)
     if not dp.use_rollout_routing_replay and not overridden:
-        return EngineCheck(preset, None, tokenizer)
+        return EngineCheck(preset, None, tokenizer, served)
     model, source = preset, None
     for url, info in zip(urls, infos):
         shape = _engine_shape(info)
@@ -157,4 +160,4 @@ def check_engine(config: Any, infos: Sequence[Mapping[str, Any]], urls: Sequence
                 (model.num_layers, model.topk, model.num_experts):
             raise EngineMismatchError(f"the engines serve different model shapes: {model} and {spec} ({url})")
         model, source = spec, src
-    return EngineCheck(model, source, tokenizer)
+    return EngineCheck(model, source, tokenizer, served)

@@ -33,10 +33,14 @@ class ModelCalls:
 
     def __init__(self, config: ProxyConfig, core: ProxyCore, tokenizer: Any, *, engines: EnginePool,
                  pause: RolloutPause, versions: WeightVersions, limits: CallLimits, rids: RidFactory,
-                 in_flight: InFlight, book: SessionBook) -> None:
+                 in_flight: InFlight, book: SessionBook, keep_special_tokens: bool = False) -> None:
         self.config, self.core, self.tokenizer = config, core, tokenizer
         self.engines, self.pause, self.versions, self.limits = engines, pause, versions, limits
         self.rids, self.in_flight, self.book = rids, in_flight, book
+        self.keep_special_tokens = keep_special_tokens
+        """Reply texts keep special tokens (the reply parser's markers are special tokens: gpt-oss's
+        channels, Kimi-K2's call sections); the end-of-turn tokens are left out either way."""
+        self._stops = frozenset(int(t) for t in getattr(tokenizer, "stop_token_ids", ()) or ())
         self._tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------ before the engine
@@ -78,6 +82,8 @@ class ModelCalls:
         """The reply text of engine ids (typed errors only)."""
         self.check_vocab(ids)
         try:
+            if self.keep_special_tokens:
+                return self.tokenizer.decode([t for t in ids if t not in self._stops], skip_special_tokens=False)
             return self.tokenizer.decode(ids, skip_special_tokens=True)
         except (ValueError, KeyError, IndexError, OverflowError, TypeError) as exc:
             raise WireFormatError(f"the engine's token ids do not decode: {type(exc).__name__}: {exc}") from exc

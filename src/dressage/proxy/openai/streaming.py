@@ -61,19 +61,22 @@ class ChunkWriter:
         return sse(body)
 
 
-def _tool_call_deltas(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"index": i, "id": c["id"], "type": "function",
+def _tool_call_deltas(calls: list[dict[str, Any]], first: int = 0) -> list[dict[str, Any]]:
+    return [{"index": first + i, "id": c["id"], "type": "function",
              "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
             for i, c in enumerate(calls)]
 
 
 class ContentStream:
-    """Turns successive decoded texts of one reply into content / reasoning deltas."""
+    """Turns successive decoded texts of one reply into content / reasoning deltas, and, given the
+    reply's ``call_id_prefix``, tool-call deltas for each call once it is complete."""
 
-    def __init__(self, parser: Any) -> None:
+    def __init__(self, parser: Any, *, call_id_prefix: str | None = None, tools: Any = None) -> None:
         self.parser = parser
         self.sent_content = ""
         self.sent_reasoning = False
+        self.call_id_prefix, self.tools = call_id_prefix, tools
+        self.sent_calls: list[dict[str, Any]] = []
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """Deltas that ``text`` (the whole reply decoded so far) makes certain."""
@@ -85,6 +88,11 @@ class ContentStream:
         if len(content) > len(self.sent_content) and content.startswith(self.sent_content):
             out.append({"content": content[len(self.sent_content):]})
             self.sent_content = content
+        if self.call_id_prefix is not None:
+            calls = self.parser.stream_calls(text, call_id_prefix=self.call_id_prefix, tools=self.tools)
+            if len(calls) > len(self.sent_calls) and calls[:len(self.sent_calls)] == self.sent_calls:
+                out.append({"tool_calls": _tool_call_deltas(calls[len(self.sent_calls):], len(self.sent_calls))})
+                self.sent_calls = calls
         return out
 
     def finish(self, message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -104,21 +112,25 @@ class ContentStream:
             rest = ""
         if rest:
             out.append({"content": rest})
-        if message.get("tool_calls"):
-            out.append({"tool_calls": _tool_call_deltas(message["tool_calls"])})
+        calls = message.get("tool_calls") or []
+        sent = len(self.sent_calls) if calls[:len(self.sent_calls)] == self.sent_calls else 0
+        if calls[sent:]:
+            out.append({"tool_calls": _tool_call_deltas(calls[sent:], sent)})
         return out
 
 
 async def stream_completion(writer: ChunkWriter, parser: Any, events: AsyncIterator[Any],
                             commit: Callable[[Any], Awaitable[dict[str, Any]]], *,
-                            include_usage: bool) -> AsyncIterator[bytes]:
+                            include_usage: bool, call_id_prefix: str | None = None,
+                            tools: Any = None) -> AsyncIterator[bytes]:
     """SSE frames of one streamed call.
 
     ``events`` are the generation's: decoded text so far (``str``), keep-alives (``None``) and
     last its result, which ``commit`` records and turns into the chat completion; the frames
-    after it complete the message exactly as it was recorded.
+    after it complete the message exactly as it was recorded. With ``call_id_prefix`` (the ids the
+    reply's calls get) each tool call is sent as soon as it is complete.
     """
-    content = ContentStream(parser)
+    content = ContentStream(parser, call_id_prefix=call_id_prefix, tools=tools)
     yield writer.chunk({"role": "assistant", "content": ""})
     result = None
     async for event in events:

@@ -10,17 +10,21 @@ render of the conversation. The history is never re-rendered, so its tokens cann
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from dressage.errors import ChatTemplateError
+from dressage.proxy.parsers import ToolCallParser, assistant_message
+from dressage.proxy.parsers.hermes import HermesParser
 from dressage.trajectory import Session, StepRecord
 
 __all__ = ["ChatPrompt", "build_chat_prompt", "effective_tools", "assistant_message", "ToolCallParser",
            "QwenToolCallParser", "same_message"]
+
+QwenToolCallParser = HermesParser
+"""The Hermes / Qwen JSON family (:class:`dressage.proxy.parsers.hermes.HermesParser`)."""
 
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
@@ -180,102 +184,3 @@ def effective_tools(tools: Sequence[dict[str, Any]] | None, tool_choice: Any) ->
 
 def _full(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any) -> np.ndarray:
     return np.asarray(tokenizer.apply_chat_template(list(messages), tools or None, True), dtype=np.int32)
-
-
-def assistant_message(parser: "ToolCallParser", text: str, *, call_id_prefix: str,
-                      tool_calls: bool = True) -> dict[str, Any]:
-    """The OpenAI assistant message of a reply's text (as recorded and as returned to the agent).
-
-    Without ``tool_calls`` (``tool_choice: "none"``) no tool call is parsed: call-like text stays
-    in the content.
-    """
-    if tool_calls:
-        content, reasoning, calls = parser.parse(text, call_id_prefix=call_id_prefix)
-    else:
-        (content, reasoning), calls = parser.split_reasoning(text), []
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = calls
-    if reasoning is not None:
-        message["reasoning_content"] = reasoning
-    return message
-
-
-class ToolCallParser:
-    """Splits a model's reply text into content, reasoning and OpenAI ``tool_calls``.
-
-    ``parse`` is the one method a parser must have. ``stream_prefix`` lets streamed replies
-    show content early; the default streams nothing until the reply is complete.
-    """
-
-    def parse(self, text: str, *, call_id_prefix: str) -> tuple[str | None, str | None, list[dict[str, Any]]]:
-        raise NotImplementedError
-
-    def split_reasoning(self, text: str) -> tuple[str, str | None]:
-        """(content, reasoning) of a reply read without tool calls; the default has no reasoning."""
-        return text, None
-
-    def stream_prefix(self, text: str) -> tuple[str | None, str]:
-        """(reasoning, content) that any reply beginning with ``text`` certainly parses to.
-
-        ``reasoning`` is ``None`` until its block is closed; ``content`` must be a prefix of the
-        final content (up to surrounding whitespace) whatever text follows.
-        """
-        return None, ""
-
-
-class QwenToolCallParser(ToolCallParser):
-    """Qwen-style ``<tool_call>{json}</tool_call>`` blocks and ``<think>...</think>`` reasoning."""
-
-    _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-    _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
-
-    def parse(self, text: str, *, call_id_prefix: str) -> tuple[str | None, str | None, list[dict[str, Any]]]:
-        reasoning = None
-        m = self._THINK.match(text)
-        if m:
-            reasoning, text = m.group(1).strip(), text[m.end():]
-        calls: list[dict[str, Any]] = []
-        kept: list[str] = []
-        pos = 0
-        for i, m in enumerate(self._CALL.finditer(text)):
-            try:
-                obj = json.loads(m.group(1))
-            except ValueError:
-                continue  # not a well-formed call: it stays in the content
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                continue
-            kept.append(text[pos:m.start()])
-            pos = m.end()
-            args = obj.get("arguments", {})
-            calls.append({"id": f"{call_id_prefix}_{len(calls)}", "type": "function",
-                          "function": {"name": obj["name"],
-                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
-        kept.append(text[pos:])
-        content = "".join(kept).strip() if calls else text
-        return (content or None) if calls else content, reasoning, calls
-
-    def split_reasoning(self, text: str) -> tuple[str, str | None]:
-        m = self._THINK.match(text)
-        return (text[m.end():], m.group(1).strip()) if m else (text, None)
-
-    def stream_prefix(self, text: str) -> tuple[str | None, str]:
-        reasoning = None
-        m = self._THINK.match(text)
-        if m:
-            reasoning, text = m.group(1).strip(), text[m.end():]
-        else:
-            head = text.lstrip()
-            if head.startswith("<think>") or "<think>".startswith(head):
-                return None, ""  # may still become a reasoning block
-        cut = text.find("<tool_call>")
-        if cut >= 0:
-            text = text[:cut]
-        else:
-            # Hold back a tail that may be the start of a tool-call tag.
-            for k in range(min(len(text), len("<tool_call>") - 1), 0, -1):
-                if "<tool_call>".startswith(text[-k:]):
-                    text = text[:-k]
-                    break
-        # Trailing blanks may be stripped later; a replacement char may be half a UTF-8 sequence.
-        return reasoning, text.rstrip().rstrip("\ufffd").rstrip()

@@ -1,5 +1,5 @@
-"""The samples of one chat call: drawn (again, under a tool rule), cut at stop sequences, parsed,
-recorded as steps and answered as one chat completion with a choice per sample.
+"""The samples of one chat call: drawn, cut at stop sequences, parsed, checked against the call's
+tool rules, recorded as steps and answered as one chat completion with a choice per sample.
 
 :class:`ChatSampler` is a collaborator of :class:`dressage.proxy.openai.chat.serving.ChatServing`
 that turns engine results into choices; ``n`` samples are ``n`` engine calls of one prompt, each its own step.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from dressage.errors import ReplyConstraintError
-from dressage.proxy.openai.chat.prompt import ToolCallParser, assistant_message
+from dressage.proxy.parsers import ToolCallParser, read_assistant_message
 from dressage.proxy.openai.chat.reply import cut_at_stop, openai_logprobs, visible_prefix
 from dressage.proxy.engines.generation import GenerationPlan, GenerationResult
 from dressage.proxy.recording.turn_scope import turn_of
@@ -23,11 +23,12 @@ if TYPE_CHECKING:
     from dressage.proxy.openai.chat.serving import ChatCall
     from dressage.proxy.openai.model_calls import ModelCalls
 
-__all__ = ["ChatSample", "ChatSampler", "TOOL_RULE_ATTEMPTS", "seeded", "visible"]
+__all__ = ["ChatSample", "ChatSampler", "TOOL_RULE_ATTEMPTS", "call_id_prefix", "seeded", "visible"]
 
 TOOL_RULE_ATTEMPTS = 4
-"""Replies drawn per sample before a call under ``tool_choice`` "required" / a named function /
-``parallel_tool_calls: false`` fails (:class:`~dressage.errors.ReplyConstraintError`)."""
+"""Replies drawn per sample before a call under ``parallel_tool_calls: false`` (with ``tool_choice``
+"auto") fails (:class:`~dressage.errors.ReplyConstraintError`). A forced call (``"required"``, a named
+function) is drawn once: the engine's grammar makes it a call (:func:`~dressage.proxy.parsers.tool_call_constraint`)."""
 
 
 @dataclass(slots=True)
@@ -53,29 +54,37 @@ class ChatSampler:
     def __init__(self, config: "ProxyConfig", calls: "ModelCalls", parser: ToolCallParser) -> None:
         self.config, self.calls, self.parser = config, calls, parser
 
-    def reply(self, call: "ChatCall", index: int, plan: GenerationPlan, result: GenerationResult,
-              refused: int = 0) -> ChatSample:
+    async def reply(self, call: "ChatCall", index: int, plan: GenerationPlan, result: GenerationResult,
+                    refused: int = 0) -> ChatSample:
         """The reply's text cut at a stop sequence, parsed into the assistant message."""
         text = self.calls.decode(result.response_ids.tolist())
         text, stopped = cut_at_stop(text, call.options.stops)
-        prefix = f"call_{call.completion_id[-10:]}" + (f"_{index}" if index else "")
-        message = assistant_message(self.parser, text, call_id_prefix=prefix,
-                                    tool_calls=call.options.tool_mode != "none")
+        message = await read_assistant_message(self.parser, text,
+                                               call_id_prefix=call_id_prefix(call.completion_id, index),
+                                               tool_calls=call.options.tool_mode != "none", tools=call.tools)
         return ChatSample(index, plan, result, message, stopped, refused)
 
     async def sample(self, call: "ChatCall", index: int) -> ChatSample:
-        """One sample; under a tool rule, drawn again (new seed) until a reply keeps it."""
+        """One sample, checked against the call's tool rules.
+
+        A forced call comes from the engine's grammar: a reply that is still no call (cut by
+        ``max_tokens``, an engine that ignores the grammar) fails the call. Only the one-call rule
+        of an unforced call is kept by drawing again (new seed), as nothing constrains it.
+        """
         plan, opts = call.plans[index], call.options
-        attempts = TOOL_RULE_ATTEMPTS if opts.constrained else 1
+        attempts = TOOL_RULE_ATTEMPTS if opts.single_call and opts.tool_mode == "auto" else 1
         reason = None
         for attempt in range(attempts):
             if attempt:
                 plan = dataclasses.replace(plan, rid=self.calls.next_rid(call.session_id),
                                            sampling=seeded(plan.sampling, opts.sample_seed(index, attempt)))
-            sample = self.reply(call, index, plan, await self.calls.final(plan), attempt)
+            sample = await self.reply(call, index, plan, await self.calls.final(plan), attempt)
             reason = opts.violation(sample.message)
             if reason is None:
                 return sample
+        if attempts == 1:
+            raise ReplyConstraintError(f"the reply broke the call's tool rule under constrained decoding ({reason}); "
+                                       "it was not recorded")
         raise ReplyConstraintError(f"{attempts} sampled replies broke the call's tool rule (last: {reason}); "
                                    "none was recorded")
 
@@ -122,6 +131,11 @@ class ChatSampler:
             "usage": {"prompt_tokens": steps[0].prompt_len, "completion_tokens": completion,
                       "total_tokens": steps[0].prompt_len + completion},
         }
+
+
+def call_id_prefix(completion_id: str, index: int) -> str:
+    """The ids of sample ``index``'s tool calls are this prefix and ``_<k>``."""
+    return f"call_{completion_id[-10:]}" + (f"_{index}" if index else "")
 
 
 def seeded(sampling: dict[str, Any], seed: int | None) -> dict[str, Any]:

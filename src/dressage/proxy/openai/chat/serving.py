@@ -21,8 +21,10 @@ from dressage.errors import DressageError
 from dressage.proxy.config import ProxyConfig
 from dressage.proxy.openai.chat.prompt import ChatPrompt, build_chat_prompt, effective_tools
 from dressage.proxy.openai.chat.params import ChatOptions, chat_messages, chat_options
-from dressage.proxy.openai.chat.samples import TOOL_RULE_ATTEMPTS, ChatSample, ChatSampler, seeded, visible
+from dressage.proxy.openai.chat.samples import (TOOL_RULE_ATTEMPTS, ChatSample, ChatSampler, call_id_prefix, seeded,
+                                                visible)
 from dressage.proxy.openai.model_calls import ModelCalls
+from dressage.proxy.parsers import tool_call_constraint
 from dressage.proxy.engines.generation import KEEPALIVE_S, GenerationPlan, GenerationResult
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
 from dressage.proxy.openai.streaming import (DONE, KEEPALIVE, ChunkWriter, aiter_frames, error_payload, replay_chunks, sse,
@@ -98,6 +100,9 @@ class ChatServing:
         tools = effective_tools(req.tools, req.tool_choice)
         prompt = build_chat_prompt(session, self.tokenizer, messages, tools)
         sampling = self._sampling(req, len(prompt.prompt_ids), options)
+        # A forced call is the engine's to keep: a grammar of the family's call syntax, no re-draw.
+        sampling.update(tool_call_constraint(tools, req.tool_choice, self.sampler.parser.name,
+                                             single_call=options.single_call) or {})
         plans, url = [], ""
         for i in range(options.n):
             plan, url = self.calls.plan(session_id, prompt.prompt_ids, seeded(sampling, options.sample_seed(i, 0)),
@@ -181,8 +186,9 @@ class ChatServing:
 
         async def commit(result: GenerationResult) -> dict[str, Any]:
             nonlocal committing
+            sample = await self.sampler.reply(call, 0, call.plan, result)
             committing = True
-            return await asyncio.shield(self._commit_task(call, [self.sampler.reply(call, 0, call.plan, result)]))
+            return await asyncio.shield(self._commit_task(call, [sample]))
 
         def began() -> None:
             nonlocal committing
@@ -193,7 +199,9 @@ class ChatServing:
             frames = self._buffered_frames(call, began)
         else:
             events = visible(self.calls.generate(call.plan), call.options.stops)
-            frames = stream_completion(writer, self.sampler.parser, events, commit, include_usage=call.include_usage)
+            frames = stream_completion(writer, self.sampler.parser, events, commit, include_usage=call.include_usage,
+                                       call_id_prefix=None if call.options.tool_mode == "none" else
+                                       call_id_prefix(call.completion_id, 0), tools=call.tools)
         self.in_flight.enter(call.session_id)
         try:
             async for frame in frames:
@@ -245,7 +253,7 @@ class ChatServing:
                         result = event
                     else:
                         yield event
-                samples = [self.sampler.reply(call, 0, call.plan, result)]
+                samples = [await self.sampler.reply(call, 0, call.plan, result)]
             if on_commit is not None:
                 on_commit()
             yield await asyncio.shield(self._commit_task(call, samples))
