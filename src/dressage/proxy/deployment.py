@@ -42,7 +42,7 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
 
 
 def checked_config(config: ProxyConfig, *, keep_tokenizer: bool = False) -> tuple[ProxyConfig, Any]:
-    """``config`` with the model shape and tokenizer its engines' model infos settle (see
+    """``config`` with the model shape, tokenizer and context window its engines' infos settle (see
     :mod:`dressage.proxy.engines.startup`); raises before anything is started when they do not fit."""
     from dressage.proxy.engines.startup import check_engine, fetch_engine_infos
 
@@ -52,6 +52,10 @@ def checked_config(config: ProxyConfig, *, keep_tokenizer: bool = False) -> tupl
         changes["data_plane"] = dataclasses.replace(config.data_plane, model=check.model)
     if not keep_tokenizer and check.tokenizer != config.tokenizer:
         changes["tokenizer"] = check.tokenizer
+    window = config.limits.context_length
+    if check.context_length is not None and (window is None or check.context_length < window):
+        # A prompt the engine cannot take is then refused before any stream opens.
+        changes["limits"] = dataclasses.replace(config.limits, context_length=check.context_length)
     return (dataclasses.replace(config, **changes) if changes else config), check
 
 

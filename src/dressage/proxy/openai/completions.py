@@ -27,9 +27,6 @@ from dressage.proxy.recording.session_book import SessionBook
 
 __all__ = ["CompletionRequest", "CompletionsServing"]
 
-OPENAI_DEFAULT_MAX_TOKENS = 16
-"""``max_tokens`` of a text completion that leaves it out (OpenAI's documented default)."""
-
 
 class CompletionRequest(BaseModel):
     """``POST /v1/completions`` body; fields not listed (``user``, ...) are ignored."""
@@ -92,8 +89,7 @@ class CompletionsServing:
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stops) > 4 or not all(stops):
             raise UnsupportedParameterError("stop", "at most 4 stop sequences, none empty")
-        sp: dict[str, Any] = {"max_new_tokens": self.limits.max_new_tokens(req.max_tokens or OPENAI_DEFAULT_MAX_TOKENS,
-                                                                          prompt_len),
+        sp: dict[str, Any] = {**self.limits.sampling(req.max_tokens, prompt_len),
                               "stop_token_ids": list(self.tokenizer.stop_token_ids)}
         for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
             if getattr(req, name) is not None:

@@ -8,10 +8,13 @@ deltas an agent accumulates add up to the recorded assistant message.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
-__all__ = ["error_body", "error_payload", "sse", "DONE", "KEEPALIVE", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
+__all__ = ["error_body", "error_payload", "agent_message", "sse", "DONE", "KEEPALIVE", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
            "aiter_frames"]
+
+log = logging.getLogger("dressage.proxy")
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
@@ -24,13 +27,24 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 def error_payload(exc: Any) -> dict[str, Any]:
-    """The OpenAI error object of a Dressage error: its ``openai_type``, ``param`` and ``code`` (or class
-    name), and its ``details`` when it carries some."""
-    body = error_body(str(exc), exc.openai_type, param=getattr(exc, "param", None),
-                      code=getattr(exc, "code", None) or type(exc).__name__)
+    """The OpenAI error object of a Dressage error: its ``agent_message``, ``openai_type``, ``param`` and
+    ``code`` (or class name), and its ``details`` when it carries some. Where the agent's message
+    leaves out internals (an engine URL, say), the whole message goes to the Proxy's log."""
+    code = getattr(exc, "code", None) or type(exc).__name__
+    message = agent_message(exc)
+    body = error_body(message, exc.openai_type, param=getattr(exc, "param", None), code=code)
     if getattr(exc, "details", None):
         body["error"]["details"] = exc.details
     return body
+
+
+def agent_message(exc: Any) -> str:
+    """What an agent is told of ``exc`` (see :attr:`dressage.errors.DressageError.agent_message`);
+    the Proxy's log keeps the whole message when the two differ."""
+    message = getattr(exc, "agent_message", None) or str(exc)
+    if message != str(exc):
+        log.warning("%s answered as %r: %s", type(exc).__name__, message, exc)
+    return message
 
 
 def sse(obj: Any) -> bytes:

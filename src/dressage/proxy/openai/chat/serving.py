@@ -82,8 +82,7 @@ class ChatServing:
 
     def _sampling(self, req: ChatRequest, prompt_len: int, options: ChatOptions | None = None) -> dict[str, Any]:
         options = options or chat_options(req)
-        sp: dict[str, Any] = {"max_new_tokens": self.limits.max_new_tokens(
-            req.max_completion_tokens or req.max_tokens, prompt_len),
+        sp: dict[str, Any] = {**self.limits.sampling(req.max_completion_tokens or req.max_tokens, prompt_len),
                               "stop_token_ids": list(self.tokenizer.stop_token_ids)}
         sp.update(options.sampling)
         return sp
@@ -270,7 +269,7 @@ class ChatServing:
         self.calls.admit(session_id)
         prompt_ids = np.asarray(req.input_ids, dtype=np.int32)
         sp = dict(req.sampling_params or {})
-        sp["max_new_tokens"] = self.limits.max_new_tokens(sp.get("max_new_tokens"), len(prompt_ids))
+        sp.update(self.limits.sampling(sp.pop("max_new_tokens", None), len(prompt_ids)))
         plan, url = self.calls.plan(session_id, prompt_ids, sp, stream=False)
         self.in_flight.enter(session_id)
         try:

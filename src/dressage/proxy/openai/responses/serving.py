@@ -22,7 +22,7 @@ from dressage.proxy.openai.responses.protocol import (ResponseMemory, ResponsesR
                                                       item_ids, response_object)
 from dressage.proxy.openai.responses.stream import ResponseEvents, replay_events, stream_response
 from dressage.proxy.schemas import ChatRequest
-from dressage.proxy.openai.streaming import aiter_frames
+from dressage.proxy.openai.streaming import agent_message, aiter_frames
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.session_book import SessionBook
 from dressage.proxy.recording.turn_scope import turn_call_key
@@ -121,7 +121,7 @@ class ResponsesServing:
             if call.turn_id is not None and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
             self.book.failed_calls += 1
-            error = {"code": exc.code or type(exc).__name__, "message": str(exc), "type": exc.openai_type}
+            error = {"code": exc.code or type(exc).__name__, "message": agent_message(exc), "type": exc.openai_type}
             failed = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model,
                                      error=error)
             yield ev.event("response.failed", response=failed)
