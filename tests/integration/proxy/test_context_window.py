@@ -103,6 +103,7 @@ def test_an_engine_refusal_reaches_the_agent_without_the_engine_url(engine, capl
             with pytest.raises(openai.BadRequestError) as err:
                 client.chat.completions.create(model="m", messages=long)
             message = err.value.body["message"]
+            assert err.value.code == "context_overflow"            # the engine's refusal, by its words
             assert "context length" in message and str(WINDOW) in message
             assert _no_internals(message, engine.url)
             streamed = httpx.post(f"{base}/chat/completions", json={"model": "m", "messages": long, "stream": True},

@@ -54,6 +54,18 @@ def _without_urls(text: str) -> str:
     return _URL.sub("<engine>", text)[:500]
 
 
+_CONTEXT_REFUSAL = re.compile(r"context length|context window|maximum context", re.IGNORECASE)
+
+
+def _refusal(what: str, said: str, status: int | None) -> EngineRequestError:
+    """The engine's refusal of a request; one for a prompt beyond its context carries the code
+    ``context_overflow``, as the Proxy's own check of the window does."""
+    err = EngineRequestError(f"{what}: {said}", status_code=status, engine_message=_without_urls(said))
+    if _CONTEXT_REFUSAL.search(said):
+        err.code = "context_overflow"
+    return err
+
+
 def _chunk_error(error: Any) -> str:
     """The message of an ``error`` member of a streamed chunk (a string or an OpenAI error object)."""
     if isinstance(error, dict) and "message" in error:
@@ -173,9 +185,7 @@ class SGLangClient:
             raise EngineUnavailable(f"{what}: HTTP {status}: {_error_message(status, body)}", status_code=status)
         if status >= 400:
             # The engine's words on a refused request (a prompt beyond its context, say) are the agent's to read.
-            said = _error_message(status, body)
-            raise EngineRequestError(f"{what}: HTTP {status}: {said}", status_code=status,
-                                     engine_message=_without_urls(said))
+            raise _refusal(f"{what}: HTTP {status}", _error_message(status, body), status)
 
     @staticmethod
     def _json(body: bytes, what: str) -> Any:
@@ -280,8 +290,7 @@ class SGLangClient:
                     except (ValueError, RecursionError) as exc:
                         raise WireFormatError(f"{what}: a chunk is not JSON: {data[:200]!r}") from exc
                     if isinstance(chunk, dict) and "error" in chunk and "meta_info" not in chunk:
-                        said = _chunk_error(chunk["error"])
-                        raise EngineRequestError(f"{what}: {said}", engine_message=_without_urls(said))
+                        raise _refusal(what, _chunk_error(chunk["error"]), None)
                     if decode_routing and _finished(chunk):
                         chunk = decode_answer_routing(chunk, routed_experts_spec, want_logprobs=return_logprob)
                     yield chunk
