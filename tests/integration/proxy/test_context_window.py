@@ -106,9 +106,15 @@ def test_an_engine_refusal_reaches_the_agent_without_the_engine_url(engine, capl
             assert err.value.code == "context_overflow"            # the engine's refusal, by its words
             assert "context length" in message and str(WINDOW) in message
             assert _no_internals(message, engine.url)
+            # Streamed, the 200 waits for the engine's first answer: its refusal is a plain 400, not an
+            # error event inside a 200 stream (which agents such as Qwen Code take for a finished reply).
             streamed = httpx.post(f"{base}/chat/completions", json={"model": "m", "messages": long, "stream": True},
                                   timeout=10)
+            assert streamed.status_code == 400 and streamed.json()["error"]["code"] == "context_overflow"
             assert "context length" in streamed.text and _no_internals(streamed.text, engine.url)
+            text = httpx.post(f"{base}/completions", json={"model": "m", "prompt": "w" * (WINDOW + 50), "stream": True},
+                              timeout=10)
+            assert text.status_code == 400 and text.json()["error"]["code"] == "context_overflow"
         assert any(engine.url in record.getMessage() for record in caplog.records)   # the log keeps it
 
 
@@ -121,4 +127,5 @@ def test_an_unreachable_engine_is_reported_without_its_address():
         for stream in (False, True):
             r = httpx.post(f"{base}/chat/completions", timeout=30,
                            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+            assert r.status_code == 502 and r.json()["error"]["type"] == "engine_error"
             assert "inference engine" in r.text and _no_internals(r.text, url)

@@ -20,7 +20,7 @@ from dressage.proxy.config import ProxyConfig
 from dressage.proxy.openai.chat.params import _logit_bias
 from dressage.proxy.openai.chat.reply import cut_at_stop, visible_prefix
 from dressage.proxy.openai.model_calls import ModelCalls
-from dressage.proxy.openai.streaming import DONE, KEEPALIVE, error_payload, sse
+from dressage.proxy.openai.streaming import DONE, KEEPALIVE, error_payload, opened, sse
 from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.recording.limits import CallLimits
 from dressage.proxy.recording.session_book import SessionBook
@@ -152,7 +152,8 @@ class CompletionsServing:
         plan, url, stops = self._prepare_completion(session_id, req)
         completion_id, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
         if req.stream:
-            return self._stream_completion(session_id, plan, url, stops, req, completion_id, created)
+            # The 200 waits for the engine's first answer: a refusal before it is a plain error status.
+            return await opened(self._stream_completion(session_id, plan, url, stops, req, completion_id, created))
         self.in_flight.enter(session_id)
         try:
             result = await self.calls.final(plan)
@@ -170,20 +171,25 @@ class CompletionsServing:
 
         sent = ""
         result = None
+        began = False  # a frame was sent: the 200 with it
         self.in_flight.enter(session_id)
         try:
             async for event in self.calls.generate(plan):
                 if event is None:
+                    began = True
                     yield KEEPALIVE
                 elif isinstance(event, str):
                     text = visible_prefix(event, stops).rstrip("\ufffd")
                     if len(text) > len(sent) and text.startswith(sent):
+                        began = True
                         yield chunk(text[len(sent):])
                         sent = text
                 else:
                     result = event
             done = await self._record_completion(session_id, plan, url, result, stops, req, completion_id, created)
         except DressageError as exc:
+            if not began:
+                raise  # nothing sent yet (see opened): the agent gets the error's own status
             self.book.failed_calls += 1
             yield sse(error_payload(exc))
             return

@@ -12,7 +12,7 @@ import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
 __all__ = ["error_body", "error_payload", "agent_message", "sse", "DONE", "KEEPALIVE", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
-           "aiter_frames"]
+           "aiter_frames", "opened"]
 
 log = logging.getLogger("dressage.proxy")
 
@@ -133,9 +133,13 @@ async def stream_completion(writer: ChunkWriter, parser: Any, events: AsyncItera
     after it complete the message exactly as it was recorded.
     """
     content = ContentStream(parser)
-    yield writer.chunk({"role": "assistant", "content": ""})
+    role = writer.chunk({"role": "assistant", "content": ""})
     result = None
     async for event in events:
+        if role is not None:
+            # Only once the engine answered (see opened): a refusal before it is a plain error status.
+            yield role
+            role = None
         if event is None:
             yield KEEPALIVE
         elif isinstance(event, str):
@@ -143,6 +147,8 @@ async def stream_completion(writer: ChunkWriter, parser: Any, events: AsyncItera
                 yield writer.chunk(delta)
         else:
             result = event
+    if role is not None:
+        yield role
     response = await commit(result)
     choice = response["choices"][0]
     for delta in content.finish(choice["message"]):
@@ -172,6 +178,23 @@ def replay_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[
 class _NoStream:
     def stream_prefix(self, text: str) -> tuple[str | None, str]:
         return None, ""
+
+
+async def opened(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``frames`` once their first frame is there, which a streamed call sends only after the
+    engine answered: a call the engine refuses (or that fails) before then raises here, so that the
+    agent gets a plain error status instead of a 200 stream that carries the error."""
+    first = await frames.__anext__()
+
+    async def resumed() -> AsyncIterator[bytes]:
+        try:
+            yield first
+            async for frame in frames:
+                yield frame
+        finally:
+            await frames.aclose()
+
+    return resumed()
 
 
 async def aiter_frames(frames: Iterable[bytes]) -> AsyncIterator[bytes]:

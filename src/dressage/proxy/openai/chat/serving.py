@@ -25,7 +25,7 @@ from dressage.proxy.openai.chat.samples import TOOL_RULE_ATTEMPTS, ChatSample, C
 from dressage.proxy.openai.model_calls import ModelCalls
 from dressage.proxy.engines.generation import KEEPALIVE_S, GenerationPlan, GenerationResult
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
-from dressage.proxy.openai.streaming import (DONE, KEEPALIVE, ChunkWriter, aiter_frames, error_payload, replay_chunks, sse,
+from dressage.proxy.openai.streaming import (DONE, KEEPALIVE, ChunkWriter, aiter_frames, error_payload, opened, replay_chunks, sse,
                                       stream_completion)
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.lifecycle import InFlight
@@ -137,7 +137,9 @@ class ChatServing:
         try:
             call = self.prepare(session_id, req, turn_id=turn_id)
             if req.stream:
-                return self._stream(call)  # its turn begins when the response starts (see _stream)
+                # Its turn begins when the response starts (see _stream); the 200 waits for the
+                # engine's first answer, so a refusal or failure before it is a plain error status.
+                return await opened(self._stream(call))
             if turn_id is not None:
                 self.turns.begin(session_id, turn_id)
             return await self._complete(call)
@@ -194,16 +196,20 @@ class ChatServing:
             events = visible(self.calls.generate(call.plan), call.options.stops)
             frames = stream_completion(writer, self.sampler.parser, events, commit, include_usage=call.include_usage)
         self.in_flight.enter(call.session_id)
+        sent = False
         try:
             async for frame in frames:
+                sent = True
                 yield frame
         except Exception as exc:
             self._release_uncommitted(call, committing, exc)
-            # The stream has begun (200 sent): the error is its last event, then [DONE].
-            self.book.failed_calls += 1
             if not isinstance(exc, DressageError):
                 log.exception("streamed call %s failed", call.completion_id)
                 exc = DressageError(f"internal error: {type(exc).__name__}")
+            if not sent:
+                raise exc  # nothing sent yet (see opened): the agent gets the error's own status
+            # The stream has begun (200 sent): the error is its last event, then [DONE].
+            self.book.failed_calls += 1
             yield sse(error_payload(exc))
             yield DONE
         except BaseException as exc:
