@@ -115,6 +115,10 @@ def test_an_engine_refusal_reaches_the_agent_without_the_engine_url(engine, capl
             text = httpx.post(f"{base}/completions", json={"model": "m", "prompt": "w" * (WINDOW + 50), "stream": True},
                               timeout=10)
             assert text.status_code == 400 and text.json()["error"]["code"] == "context_overflow"
+            response = httpx.post(f"{base}/responses", json={"model": "m", "input": "w" * (WINDOW + 50), "stream": True},
+                                  timeout=10)
+            assert response.status_code == 400 and response.json()["error"]["code"] == "context_overflow"
+            assert _no_internals(response.text, engine.url)
         assert any(engine.url in record.getMessage() for record in caplog.records)   # the log keeps it
 
 
