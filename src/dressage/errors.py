@@ -7,7 +7,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     DressageError                    500 internal_error
     ├── ConfigError                  bad flag, YAML key or value (names the key)    400 invalid_request_error
     │   └── EngineMismatchError      the engine serves another model shape or tokenizer than the Proxy's
-    ├── ContextOverflowError         the prompt alone fills the context window       400 invalid_request_error
+    ├── ContextOverflowError         the prompt leaves no room for a reply           400 invalid_request_error
     ├── UnsupportedParameterError    a request parameter the Proxy cannot honour (names it) 400 invalid_request_error
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
@@ -59,6 +59,10 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
 
 Third-party errors (zmq, ray, httpx) are translated where they cross into Dressage:
 ``raise StorageUnitUnavailable(...) from exc``.
+
+An agent is told :attr:`DressageError.agent_message`, not ``str(exc)``: errors whose message names
+internals (an engine's URL, a StorageUnit's address, a wire-level detail) set ``public_message``,
+and the Proxy's log keeps the whole message.
 """
 
 from __future__ import annotations
@@ -85,6 +89,14 @@ class DressageError(Exception):
 
     http_status = 500
     openai_type = "internal_error"
+    public_message: str | None = None
+    """What an agent is told in place of the message, for a class whose message names internals
+    (``None``: the message is meant for the agent)."""
+
+    @property
+    def agent_message(self) -> str:
+        """The message an agent-facing answer carries (no URL, address or other internal detail)."""
+        return self.public_message or str(self)
 
 
 class ConfigError(DressageError, ValueError):
@@ -137,21 +149,40 @@ class WireFormatError(DressageError, ValueError):
 
     http_status = 502
     openai_type = "engine_error"
+    public_message = "the inference engine's answer was malformed; the call was not recorded"
 
 
 class EngineError(DressageError):
-    """A call to the inference engine failed; ``status_code`` is the HTTP status when there was one."""
+    """A call to the inference engine failed; ``status_code`` is the HTTP status when there was one.
+
+    The message names the engine (for the Proxy's log); ``engine_message`` is the engine's own
+    explanation, when it gave one, which an agent may read (its prompt was too long, say).
+    ``for_operator``: the answer goes to an admin call, which is told the whole message.
+    """
 
     http_status = 502
     openai_type = "engine_error"
+    public_message = "the inference engine failed the call; it was not recorded"
 
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+    def __init__(self, message: str, *, status_code: int | None = None, engine_message: str | None = None,
+                 for_operator: bool = False) -> None:
         self.status_code = status_code
+        self.engine_message = engine_message
+        if for_operator:  # an admin call's answer: whoever runs the engines is told which one failed
+            self.public_message = None
         super().__init__(message)
+
+    @property
+    def agent_message(self) -> str:
+        if self.engine_message:
+            return f"{self.public_message}: {self.engine_message}"
+        return self.public_message or str(self)
 
 
 class EngineUnavailable(EngineError):
     """The engine could not be reached, dropped the connection, or answered 5xx."""
+
+    public_message = "the inference engine could not be reached or failed the call; it was not recorded"
 
 
 class EngineTimeout(EngineError):
@@ -159,6 +190,7 @@ class EngineTimeout(EngineError):
 
     http_status = 504
     openai_type = "engine_timeout"
+    public_message = "the inference engine did not answer in time; the call was not recorded"
 
 
 class EngineRequestError(EngineError, ValueError):
@@ -166,6 +198,7 @@ class EngineRequestError(EngineError, ValueError):
 
     http_status = 400
     openai_type = "invalid_request_error"
+    public_message = "the inference engine refused the request"
 
 
 class ReplyConstraintError(EngineError):
@@ -174,6 +207,7 @@ class ReplyConstraintError(EngineError):
 
     openai_type = "engine_output_invalid"
     code = "reply_constraint_unmet"
+    public_message = None  # the message says which rule no reply met
 
 
 class NoHealthyEngineError(EngineUnavailable):
@@ -182,10 +216,11 @@ class NoHealthyEngineError(EngineUnavailable):
     http_status = 503
     openai_type = "engine_unavailable"
     code = "no_healthy_engine"
+    public_message = "no inference engine is healthy; retry later"
 
 
 class ContextOverflowError(DressageError, ValueError):
-    """The prompt already reaches the context window: no token could be generated."""
+    """The prompt leaves no room in the context window for a single reply token."""
 
     http_status = 400
     openai_type = "invalid_request_error"
@@ -193,8 +228,8 @@ class ContextOverflowError(DressageError, ValueError):
 
     def __init__(self, prompt_tokens: int, context_window: int) -> None:
         self.prompt_tokens, self.context_window = int(prompt_tokens), int(context_window)
-        super().__init__(f"the prompt has {self.prompt_tokens} tokens and the context window is "
-                         f"{self.context_window}: no room for a reply; compress or shorten the conversation")
+        super().__init__(f"the prompt has {self.prompt_tokens} tokens and the model's context window is "
+                         f"{self.context_window} tokens: no room for a reply; compress or shorten the conversation")
 
 
 class UnsupportedParameterError(DressageError, ValueError):
@@ -312,6 +347,7 @@ class TransferQueueError(DressageError):
 
     http_status = 503
     openai_type = "transfer_queue_unavailable"
+    public_message = "the TransferQueue could not store or read the call's data; retry later"
 
 
 class TransferWriteError(TransferQueueError):

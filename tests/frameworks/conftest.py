@@ -106,6 +106,10 @@ class ProxySession:
     def check_run(self, *, linear: bool | None, min_calls: int = 2) -> list[dict[str, Any]]:
         """The checks every framework run must pass; returns the session's Segments.
 
+        No HTTP error (nor an error event inside a stream); every call recorded once; the loss masks
+        count exactly the completion tokens ``usage`` reported; each Segment's R3 rows are its
+        tokens - 1 and its logprobs its response length.
+
         ``linear``: each request extends the previous reply, so the session is one Segment;
         ``False``: the framework rewrites or drops earlier turns, so there are several, each after
         the first labelled by how it leaves the earlier ones (never ``new_session``); ``None``:
@@ -124,6 +128,11 @@ class ProxySession:
         assert len(set(steps)) == len(calls)
         # Every generated token is trained exactly once: the loss masks count what usage reported.
         assert sum(sum(s["loss_mask"]) for s in segments) == self.log.completion_tokens > 0
+        for s in segments:
+            # R3 covers every position but the last (T - 1 rows); logprobs every response token.
+            fields = s["large_fields"]
+            assert fields["routed_experts"]["rows"] == len(s["tokens"]) - 1, fields
+            assert fields["logprobs"]["rows"] == s["response_length"] == len(s["loss_mask"]), fields
         return segments
 
 

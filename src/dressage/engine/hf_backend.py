@@ -5,7 +5,9 @@ download) on the engine's tokenizer. A reply's tokens follow the seeded planner 
 engine (readable words, a ``<think>`` block when the template is in thinking mode, ``<tool_call>``
 blocks when tools are offered) as constrained decoding would steer them; every logprob and every
 routed expert comes from one forward pass of the model over prompt + reply, the pass a trainer
-repeats with Rollout Routing Replay. ``model_info`` reports the model's true shape.
+repeats with Rollout Routing Replay. ``model_info`` reports the model's true shape, and the
+context window is the model's ``max_position_embeddings`` (40,960 positions, as Qwen3's), which a
+prompt longer than it gets a 400 for.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ class TransformersEngine(Engine):
         super().__init__(config, tokenizer)
         vocab = max(self.tokenizer.vocab_size, config.model.vocab_size)
         self.moe = model if model is not None else build_moe_model(config.model.name, vocab_size=vocab, seed=config.seed)
+        # The window is the model's: a longer prompt is refused with a 400 naming it, never run.
+        positions = int(self.moe.model.config.max_position_embeddings)
+        if config.context_length > positions:
+            self.config = dataclasses.replace(config, context_length=positions)
         spec = config.model
         if (spec.num_layers, spec.topk, spec.num_experts) != (self.moe.router.num_layers, self.moe.topk,
                                                               self.moe.num_experts):

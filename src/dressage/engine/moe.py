@@ -3,7 +3,9 @@
 ``build_moe_model`` makes the model of a JSON config shipped in ``dressage/engine/models`` (seeded:
 the same config and seed give the same weights bit for bit; nothing is downloaded). Weights are
 float64, so that a forward pass gives the same log-probabilities whether it covers one call or a
-whole multi-turn Segment (reported as float32).
+whole multi-turn Segment (reported as float32). Attention is torch's fused causal
+``scaled_dot_product_attention`` (no ``T x T`` score matrix is held) and log-probabilities are taken
+a block of positions at a time, so a 32K-token prompt runs in well under a GiB of activations.
 
 :class:`RouterControl` takes over every layer's router: it records the top-k expert ids per token
 per layer (what an engine returns as ``routed_experts``), or forces the experts to given ids
@@ -27,6 +29,7 @@ from dressage.errors import ConfigError, FieldShapeError
 __all__ = ["MoEModel", "build_moe_model", "MOE_CONFIGS", "RouterControl", "Scores"]
 
 _DIR = Path(__file__).with_name("models")
+_LOGIT_ROWS = 512
 MOE_CONFIGS = tuple(sorted(p.stem for p in _DIR.glob("*.json")))
 
 
@@ -126,11 +129,14 @@ class MoEModel:
         try:
             with torch.no_grad():
                 inp = torch.from_numpy(ids[:-1]).unsqueeze(0)
-                hidden = self.model.model(input_ids=inp).last_hidden_state[0]
-                logits = self.model.lm_head(hidden[score_from - 1:])
-                logp = torch.log_softmax(logits, dim=-1)
+                hidden = self.model.model(input_ids=inp).last_hidden_state[0][score_from - 1:]
                 target = torch.from_numpy(ids[score_from:]).unsqueeze(1)
-                picked = logp.gather(1, target)[:, 0]
+                # Vocabulary-wide logits a block of positions at a time: each row's value does not
+                # depend on the block, and a long reply never holds [reply, vocab] at once.
+                picked = torch.cat([
+                    torch.log_softmax(self.model.lm_head(hidden[i:i + _LOGIT_ROWS]), dim=-1)
+                    .gather(1, target[i:i + _LOGIT_ROWS])[:, 0]
+                    for i in range(0, hidden.shape[0], _LOGIT_ROWS)])
             rows = torch.stack(self.router.recorded, dim=1)
         finally:
             self.router.forced = None
@@ -160,9 +166,10 @@ def build_moe_model(name: str = "tiny-qwen3-moe", *, vocab_size: int, seed: int 
     router_std = float(cfg.pop("router_init_std", cfg["initializer_range"]))
     seed_value = cfg.pop("seed")
     config = transformers.Qwen3MoeConfig(vocab_size=int(vocab_size), **cfg)
-    # The plain per-expert loop and attention: they run in float64 on any CPU.
+    # The plain per-expert loop runs in float64 on any CPU. Attention is torch's fused causal kernel:
+    # eager attention holds a float64 [heads, T, T] score matrix (and its softmax), 20 GB at 17K tokens.
     config._experts_implementation = "eager"
-    config._attn_implementation = "eager"
+    config._attn_implementation = "sdpa"
     torch.manual_seed(seed_value)
     model = transformers.Qwen3MoeForCausalLM(config).to(torch.float64).eval()
     gen = torch.Generator().manual_seed(seed_value + 1)

@@ -203,19 +203,21 @@ class EnginesConfig:
 class LimitsConfig:
     """What one model call may ask for: its token budget and the context it may fill."""
 
-    default_max_new_tokens: int = field(default=1024, metadata=flag("--default-max-tokens", metavar="N"))
-    """max_new_tokens when a request gives no max_tokens (the engine's setting of the same name)."""
+    default_max_new_tokens: int | None = field(default=None, metadata=flag("--default-max-tokens", metavar="N"))
+    """max_new_tokens when a request gives no max_tokens. ``None``: the reply may run to what the
+    context window leaves (window - prompt - 1), or to the engine's own default when no window is known."""
     context_length: int | None = field(default=None, metadata=flag("--context-window", metavar="N"))
     """Prompt + reply tokens one call may use: max new tokens are clamped to what is left, and a
-    prompt that already fills it gets ``context_overflow`` (nothing recorded). ``None``: no limit."""
+    prompt that leaves no room for one token gets ``context_overflow`` (nothing recorded). ``None``:
+    the engines' own window, learnt from their model and server info at start-up (when they tell it);
+    a value larger than theirs is lowered to it."""
     max_output_tokens: int | None = field(default=None, metadata=flag(metavar="N"))
     """Cap on any call's new tokens, whatever the request asks."""
     max_steps_per_session: int | None = field(default=None, metadata=flag(metavar="N"))
     """Calls one session may record; the next gets ``max_steps_exceeded``. ``None``: no limit."""
 
     def __post_init__(self) -> None:
-        _positive_int("limits.default_max_new_tokens", self.default_max_new_tokens)
-        for key in ("context_length", "max_output_tokens", "max_steps_per_session"):
+        for key in ("default_max_new_tokens", "context_length", "max_output_tokens", "max_steps_per_session"):
             _optional_positive_int(f"limits.{key}", getattr(self, key))
 
 

@@ -43,7 +43,7 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
 
 
 def checked_config(config: ProxyConfig, *, keep_tokenizer: bool = False) -> tuple[ProxyConfig, Any]:
-    """``config`` with the model shape and tokenizer its engines' model infos settle (see
+    """``config`` with the model shape, tokenizer and context window its engines' infos settle (see
     :mod:`dressage.proxy.engines.startup`); raises before anything is started when they do not fit."""
     from dressage.proxy.engines.startup import check_engine, fetch_engine_infos
 
@@ -58,6 +58,10 @@ def checked_config(config: ProxyConfig, *, keep_tokenizer: bool = False) -> tupl
     if parsers != (config.server.tool_call_parser, config.server.reasoning_parser):
         changes["server"] = dataclasses.replace(config.server, tool_call_parser=parsers[0],
                                                 reasoning_parser=parsers[1])
+    window = config.limits.context_length
+    if check.context_length is not None and (window is None or check.context_length < window):
+        # A prompt the engine cannot take is then refused before any stream opens.
+        changes["limits"] = dataclasses.replace(config.limits, context_length=check.context_length)
     return (dataclasses.replace(config, **changes) if changes else config), check
 
 

@@ -69,6 +69,46 @@ def _canonical_tools(tools: Any) -> str | None:
     return None if tools is None else json.dumps(tools, sort_keys=True, separators=(",", ":"))
 
 
+_CLASSIFIED = frozenset({"new_session", "new_conversation", "history_rewrite", "tito_mismatch", "retry"})
+"""Boundary reasons :meth:`Session.route` derives from the session's steps (re-derived at commit)."""
+_OPENING_ROLES = ("system", "developer")
+
+
+def _opening_messages(messages: Any) -> list[tuple[Any, Any]] | None:
+    """Role and content of the messages that open a chat: its leading system / developer messages,
+    or its first message when it has none (``None``: no chat messages known)."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        return None
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in _OPENING_ROLES:
+            break
+        out.append((m.get("role"), m.get("content")))
+    if not out:
+        first = messages[0]
+        out = [(first.get("role"), first.get("content"))] if isinstance(first, dict) else [(None, first)]
+    return out
+
+
+def _opens_within(ids: np.ndarray, limit: int, special: frozenset[int]) -> bool:
+    """Whether the first message of ``ids`` ends within its first ``limit`` tokens.
+
+    The first message ends at the first special token after a plain one (ChatML's ``<|im_end|>``
+    closing the system message). Ids with no special token at all have no template to read:
+    their opening is their first token.
+    """
+    if not special:
+        return limit >= 1
+    head = ids[:limit]
+    marks = np.isin(head, np.fromiter(special, dtype=np.int64, count=len(special)))
+    plain = np.flatnonzero(~marks)
+    if plain.size and np.flatnonzero(marks[plain[0]:]).size:
+        return True
+    if len(ids) > limit and np.isin(ids, np.fromiter(special, dtype=np.int64, count=len(special))).any():
+        return False  # the first message ends after the shared prefix
+    return limit >= 1
+
+
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     if n == 0:
@@ -124,7 +164,7 @@ class Session:
         return [s for s in self.steps.values() if not self.children.get(s.step_id)]
 
     # ----------------------------------------------------------------- routing
-    def route(self, prompt_ids: Any, *, tools: Any = None) -> RouteDecision:
+    def route(self, prompt_ids: Any, *, tools: Any = None, messages: Any = None) -> RouteDecision:
         """Decide create / append / branch for a call with ``prompt_ids`` (reads no field data).
 
         The parent is the step whose prompt + response ids are the longest exact prefix of the
@@ -145,9 +185,39 @@ class Session:
                                               candidate_step=best.step_id))
             kind = "branch" if self.children.get(best.step_id) else "append"
             return RouteDecision(kind, best.step_id, best.end_row)
-        return RouteDecision("create", None, 0, self._classify_boundary(prompt, tools))
+        return RouteDecision("create", None, 0, self._classify_boundary(prompt, tools, messages))
 
-    def _classify_boundary(self, prompt: np.ndarray, tools: Any = None) -> Boundary:
+    def shares_opening(self, step: StepRecord, prompt: np.ndarray, messages: Any = None, tools: Any = None,
+                       lcp: int | None = None) -> bool:
+        """Whether a call (``prompt``, ``messages``, ``tools``) opens as ``step``'s conversation did.
+
+        A call that repeats the step's whole prompt does. Else, with chat messages on both: the same
+        leading system / developer messages (or, with none, the same first message) and the same tools. Otherwise on token ids: the longest common
+        prefix of the two prompts covers the first message of each (see :func:`_opens_within`).
+        A title-generation call or a sub-agent (another system prompt, other tools) shares no
+        opening with the agent loop beside it; a compressed history of the same chat does.
+        """
+        n = _common_prefix(prompt, step.prompt_ids) if lcp is None else min(lcp, step.prompt_len)
+        if n >= step.prompt_len:
+            return True  # it repeats the step's whole prompt: the same conversation, whatever follows
+        mine, theirs = _opening_messages(messages), _opening_messages(step.messages)
+        if mine is not None and theirs is not None:
+            return mine == theirs and (tools is None) == (step.tools is None) and (
+                tools is None or _canonical_tools(tools) == _canonical_tools(step.tools))
+        return _opens_within(prompt, n, self.special_ids) and _opens_within(step.prompt_ids, n, self.special_ids)
+
+    def _classify_boundary(self, prompt: np.ndarray, tools: Any = None, messages: Any = None) -> Boundary:
+        """Why a call that extends no step starts a Segment of its own:
+
+        - ``new_session``: the session has no step yet;
+        - ``retry`` / ``tool_schema_change``: an earlier root's prompt again (same / other tools);
+        - ``new_conversation``: it shares no opening (:meth:`shares_opening`) with any earlier step,
+          whatever order the steps were committed in (OpenCode's title call beside its agent loop,
+          a sub-agent);
+        - ``history_rewrite``: it diverges from a step of its own conversation before that step's
+          last reply (the history was compressed or edited);
+        - ``tito_mismatch``: it repeats a step's prompt and reply but with other ids after them.
+        """
         if not self.steps:
             return Boundary("new_session")
         for s in self.steps.values():
@@ -159,8 +229,10 @@ class Session:
         cand, lcp = None, -1
         for s in self.steps.values():
             n = _common_prefix(prompt, s.full_ids)
-            if n >= lcp:
+            if n >= lcp and self.shares_opening(s, prompt, messages, tools, lcp=n):
                 cand, lcp = s, n
+        if cand is None:
+            return Boundary("new_conversation")
         if lcp < cand.prompt_len:
             # Diverges before the candidate's last reply: the agent rewrote or compressed history.
             return Boundary("history_rewrite", matched_tokens=lcp, candidate_step=cand.step_id)
@@ -250,6 +322,9 @@ class Session:
             boundary = decision.boundary or Boundary(boundary_reason or "new_session")
             if boundary_reason:
                 boundary = Boundary(boundary_reason, boundary.drift, boundary.matched_tokens, boundary.candidate_step)
+            elif boundary.reason in _CLASSIFIED:
+                # Against the steps committed now, not those there were when the call was routed.
+                boundary = self._classify_boundary(prompt, tools, messages)
         now = time.time()
         return StepRecord(
             step_id=step_id, prompt_ids=prompt, response_ids=response, logprobs=logprobs,
@@ -276,14 +351,20 @@ class Session:
         Nothing is validated again, as nothing validated can have changed: an active session never
         drops a step and a step's ids never change, and ``fields`` are the stored rows of the values
         they replace. Only where the record attaches can change, when another call of the session
-        was inserted since it was prepared: its step id, and an append whose parent got a child
-        meanwhile becomes a branch. Returns ``rec`` itself when nothing differs, else a copy, so a
+        was inserted since it was prepared: its step id, an append whose parent got a child
+        meanwhile becomes a branch, and a root's boundary reason is derived again (a first call
+        committed after another conversation's is a ``new_conversation``, not a ``new_session``). Returns ``rec`` itself when nothing differs, else a copy, so a
         record already handed out stays as it was validated.
         """
         step_id, lineage, branch_from = self._attach(rec.parent_id)
         changes = {name: value for name, value in fields.items() if getattr(rec, name) is not value}
         if (step_id, lineage, branch_from) != (rec.step_id, rec.lineage_id, rec.branch_from):
             changes.update(step_id=step_id, lineage_id=lineage, branch_from=branch_from)
+        if rec.parent_id is None and rec.boundary is not None and rec.boundary.reason in _CLASSIFIED:
+            # Another conversation's step committed first: the root's reason follows what is there now.
+            boundary = self._classify_boundary(rec.prompt_ids, rec.tools, rec.messages)
+            if boundary != rec.boundary:
+                changes["boundary"] = boundary
         if not changes:
             return rec
         return replace(rec, metadata=dict(rec.metadata), **changes)  # the copy's metadata is its own
@@ -310,7 +391,7 @@ class Session:
 
     def add_step(self, prompt_ids: Any, response_ids: Any, **kwargs: Any) -> StepRecord:
         """Route and commit in one call (``tools`` also takes part in routing)."""
-        decision = self.route(prompt_ids, tools=kwargs.get("tools"))
+        decision = self.route(prompt_ids, tools=kwargs.get("tools"), messages=kwargs.get("messages"))
         return self.commit_step(decision, prompt_ids=prompt_ids, response_ids=response_ids, **kwargs)
 
     # --------------------------------------------------------------- lifecycle

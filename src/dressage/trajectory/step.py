@@ -24,8 +24,11 @@ LARGE_FIELDS = ("logprobs", "routed_experts")
 class Boundary:
     """Why a step starts a new lineage instead of extending an earlier step.
 
-    ``reason``: ``new_session`` | ``retry`` (the prompt of an earlier root again) |
-    ``history_rewrite`` | ``tool_schema_change`` | ``tito_mismatch`` | a caller-given reason
+    ``reason``: ``new_session`` (the session's first step) | ``new_conversation`` (a call that
+    shares no opening with any earlier step: another system prompt or other tools, such as a
+    title-generation call or a sub-agent; see :meth:`Session.shares_opening`) | ``retry`` (the
+    prompt of an earlier root again) | ``history_rewrite`` (the same conversation, its history
+    compressed or edited) | ``tool_schema_change`` | ``tito_mismatch`` | a caller-given reason
     (e.g. ``tito_fallback``). ``drift`` classifies a near miss:
     ``retokenization`` (same text, other ids), ``template`` (special tokens differ) or ``other``.
     """

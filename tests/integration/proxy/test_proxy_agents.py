@@ -176,7 +176,7 @@ def test_context_window_clamps_and_overflow_records_nothing():
         msgs = [{"role": "user", "content": "x" * 60}]
         r = client.chat.completions.create(model="m", messages=msgs, max_tokens=500)
         assert r.usage.total_tokens <= 160 and r.choices[0].finish_reason == "length"
-        assert r.usage.completion_tokens == min(100, 160 - r.usage.prompt_tokens)
+        assert r.usage.completion_tokens == min(100, 160 - r.usage.prompt_tokens - 1)
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "y" * 400}])
         assert err.value.code == "context_overflow" and err.value.status_code == 400

@@ -92,3 +92,28 @@ def test_cli_backend_picks_the_real_model_and_tokenizer():
     assert (real.backend, real.model.name, real.tokenizer) == ("transformers", "tiny-qwen3-moe", "qwen3")
     plain = config_from_args(build_parser().parse_args(["engine", "serve"]))
     assert (plain.backend, plain.tokenizer) == ("builtin", "byte") and plain.model.name != "tiny-qwen3-moe"
+
+
+def test_the_window_is_the_model_positions_and_a_longer_prompt_is_a_400_naming_it(hf_engine):
+    from dressage.errors import EngineRequestError
+
+    window = hf_engine.moe.model.config.max_position_embeddings
+    assert hf_engine.config.context_length == window == 40960        # sized for 32K-token prompts
+    (req,), _ = hf_engine.parse({"input_ids": [11] * (window + 5), "sampling_params": {"max_new_tokens": 4}})
+    with pytest.raises(EngineRequestError) as err:
+        hf_engine.start(req)
+    assert err.value.status_code == 400 and f"({window} tokens)" in str(err.value)
+    # a smaller window of the engine's own config is kept
+    small = TransformersEngine(EngineConfig(model=MODEL, backend="transformers", seed=2, tokenizer="qwen3",
+                                            context_length=1000), hf_engine.tokenizer, model=hf_engine.moe)
+    assert small.config.context_length == 1000
+
+
+def test_scoring_in_blocks_gives_each_row_the_value_of_one_pass(hf_engine):
+    # A reply longer than a block of logit rows: the values are those of scoring each prefix alone.
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 150000, 1200)
+    whole = hf_engine.moe.score(ids, 100)
+    part = hf_engine.moe.score(ids[:700], 100)
+    np.testing.assert_array_equal(whole.logprobs[:600].astype(np.float32), part.logprobs.astype(np.float32))
+    np.testing.assert_array_equal(whole.routed_experts[:699], part.routed_experts)

@@ -215,15 +215,31 @@ def test_call_limits_clamp_to_the_context_budget_and_the_step_limit():
                                      default_max_new_tokens=50))
     assert limits.max_new_tokens(None, 10) == 30          # default 50, capped by --max-output-tokens
     assert limits.max_new_tokens(8, 10) == 8              # the request's own max_tokens
-    assert limits.max_new_tokens(None, 95) == 5           # what the window leaves
+    assert limits.max_new_tokens(None, 95) == 4           # what the window leaves: 100 - 95 - 1
+    assert limits.max_new_tokens(None, 98) == 1
     with pytest.raises(ContextOverflowError) as err:
-        limits.max_new_tokens(1, 100)
-    assert err.value.code == "context_overflow" and "100 tokens" in str(err.value)
+        limits.max_new_tokens(1, 99)                      # prompt + one token would reach the window
+    assert err.value.code == "context_overflow" and "99 tokens" in str(err.value) and "100 tokens" in str(err.value)
+    assert limits.sampling(None, 10) == {"max_new_tokens": 30}
     session = SimpleNamespace(session_id="s", steps={0: None})
     limits.check_call(session)
     session.steps[1] = None
     with pytest.raises(StepLimitError):
         limits.check_call(session)
+
+
+def test_call_limits_without_max_tokens_run_to_the_window_or_the_engine_default():
+    from dressage.proxy.recording.limits import CallLimits
+
+    windowed = CallLimits(LimitsConfig(context_length=100))
+    assert windowed.max_new_tokens(None, 10) == 89        # no default: all the window leaves
+    assert windowed.max_new_tokens(500, 10) == 89         # an explicit max_tokens is clamped too
+    assert CallLimits(LimitsConfig(context_length=100, default_max_new_tokens=20)).max_new_tokens(None, 10) == 20
+    open_ended = CallLimits(LimitsConfig())
+    assert open_ended.max_new_tokens(None, 10) is None    # no window known: the engine's own default
+    assert open_ended.sampling(None, 10) == {}
+    assert open_ended.sampling(7, 10) == {"max_new_tokens": 7}
+    assert CallLimits(LimitsConfig(default_max_new_tokens=64)).sampling(None, 10) == {"max_new_tokens": 64}
 
 
 def test_weight_versions_hold_a_session_to_one_version_unless_partial_rollout():

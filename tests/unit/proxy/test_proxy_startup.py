@@ -159,3 +159,27 @@ def test_upstream_flag_names_are_accepted():
         proxy_config(build_parser().parse_args(["proxy", "serve"]))
     with pytest.raises(ConfigError, match="num_layers"):
         proxy_config(build_parser().parse_args(["proxy", "serve", "--engine-url", "http://e:2", "--num-layers", "0"]))
+
+
+def test_the_context_window_is_read_from_what_sglang_and_the_model_tell(tmp_path):
+    from dressage.proxy.engines.model_shape import context_window
+
+    assert context_window({"context_length": 4096}) == 4096
+    assert context_window({"max_context_length": 8192}) == 8192
+    # SGLang: --context-length in the server info, bounded by its KV cache and its longest prompt.
+    assert context_window({}, {"context_length": 32768, "max_total_num_tokens": 20000}) == 20000
+    assert context_window({}, {"context_length": None, "max_req_input_len": 40959}, {"max_position_embeddings": 40960}) \
+        == 40960
+    assert context_window({}, {"context_length": None}, {"text_config": {"max_position_embeddings": 2048}}) == 2048
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 1024}')
+    assert context_window({"model_path": str(tmp_path)}, {}) == 1024
+    assert context_window({"model_path": "/no/such/dir"}, {"context_length": 0}) is None
+
+
+def test_check_engine_takes_the_smallest_window_of_the_engines():
+    infos = [{"model_path": "byte", "tokenizer_path": "byte", "server_info": {"context_length": 4096}},
+             {"model_path": "byte", "tokenizer_path": "byte", "server_info": {"context_length": 2048}}]
+    check = check_engine(config(tokenizer="byte", r3=False), infos, urls=["http://a:1", "http://b:2"])
+    assert check.context_length == 2048 and "context window 2048 tokens" in check.describe()
+    no_window = [{"model_path": "byte", "tokenizer_path": "byte", "server_info": {}}]
+    assert check_engine(config(tokenizer="byte", r3=False), no_window, urls=["http://a:1"]).context_length is None

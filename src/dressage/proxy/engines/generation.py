@@ -152,7 +152,8 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
     prompt = plan.prompt_ids
     partial = PartialResponse(len(prompt), plan.decision.routed_experts_start)
     so_far: list[int] = []
-    budget = int(plan.sampling.get("max_new_tokens", 1))
+    # None: the call sent no max_new_tokens (the engine's default applies to each piece of it).
+    budget = plan.sampling.get("max_new_tokens")
     finish: str | None = None
     chunk_no = dropped = 0
     want_top = bool(plan.params.get("top_logprobs_num"))
@@ -172,7 +173,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
         params = dict(plan.params)
         if "routed_experts_start_len" in params:
             params["routed_experts_start_len"] = start
-        sampling = dict(plan.sampling, max_new_tokens=budget - len(so_far))
+        sampling = dict(plan.sampling) if budget is None else dict(plan.sampling, max_new_tokens=budget - len(so_far))
         # An array: the request's JSON is written from it (a list of up to 8K Python ints otherwise).
         input_ids = prompt if not so_far else np.concatenate([prompt, np.asarray(so_far, dtype=prompt.dtype)])
         rid = chunk_rid(plan.rid, chunk_no)
@@ -219,7 +220,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
         if not aborted:
             finish = out.finish_reason
             break
-        if len(so_far) >= budget:
+        if budget is not None and len(so_far) >= budget:
             finish = "length"
             break
     out = None  # its meta still references the engine's answer (and its routing)

@@ -19,7 +19,7 @@ from dressage.errors import ConfigError, EngineMismatchError
 from dressage.fields.models import ModelSpec
 
 __all__ = ["ShapeSource", "shape_from_config", "read_model_config", "discover_model_spec",
-           "fetch_model_spec", "resolve_tokenizer", "BYTE_TOKENIZER"]
+           "fetch_model_spec", "resolve_tokenizer", "context_window", "BYTE_TOKENIZER"]
 
 BYTE_TOKENIZER = "byte"
 """The Proxy's built-in tokenizer; only the built-in engine speaks it."""
@@ -64,6 +64,33 @@ def shape_from_config(cfg: Mapping[str, Any]) -> dict[str, int]:
     if vocab is not None:
         out["vocab_size"] = vocab
     return out
+
+
+def context_window(info: Mapping[str, Any] | None, server_info: Mapping[str, Any] | None = None,
+                   config: Mapping[str, Any] | None = None) -> int | None:
+    """The prompt + reply tokens one call to this engine may use; ``None`` when it does not tell.
+
+    The window is the first of: ``context_length`` / ``max_context_length`` in the model info,
+    ``context_length`` in the server info (SGLang's ``--context-length``, ``None`` unless given),
+    the model's ``max_position_embeddings`` (``config.json``, what SGLang derives its window from).
+    SGLang's server info also tells what its KV cache holds (``max_total_num_tokens``) and the
+    longest prompt it takes (``max_req_input_len``, one below the window it serves): a window
+    beyond either is lowered to it.
+    """
+    info, server_info = dict(info or {}), dict(server_info or {})
+    if config is None:
+        config = read_model_config(info.get("model_path")) or {}
+    if isinstance(config.get("text_config"), Mapping):
+        config = {**config, **config["text_config"]}
+    window = (_positive(info.get("context_length")) or _positive(info.get("max_context_length"))
+              or _positive(server_info.get("context_length")) or _positive(config.get("max_position_embeddings")))
+    bounds = [_positive(server_info.get("max_total_num_tokens"))]
+    longest_prompt = _positive(server_info.get("max_req_input_len"))
+    bounds.append(None if longest_prompt is None else longest_prompt + 1)
+    for bound in bounds:
+        if bound is not None:
+            window = bound if window is None else min(window, bound)
+    return window
 
 
 def read_model_config(model_path: Any) -> dict[str, Any] | None:

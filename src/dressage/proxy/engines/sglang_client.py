@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import http
 import json
+import re
 import socket
 from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
 
@@ -44,6 +45,33 @@ def engine_transport(max_connections: int = 1024) -> EngineTransport:
     return HttpxTransport(httpx.AsyncHTTPTransport(
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]))
+
+
+_URL = re.compile(r"\b(?:https?|tcp|ipc)://\S+")
+
+
+def _without_urls(text: str) -> str:
+    """``text`` with any URL in it replaced: what an agent reads of an engine's message names no host."""
+    return _URL.sub("<engine>", text)[:500]
+
+
+_CONTEXT_REFUSAL = re.compile(r"context length|context window|maximum context", re.IGNORECASE)
+
+
+def _refusal(what: str, said: str, status: int | None) -> EngineRequestError:
+    """The engine's refusal of a request; one for a prompt beyond its context carries the code
+    ``context_overflow``, as the Proxy's own check of the window does."""
+    err = EngineRequestError(f"{what}: {said}", status_code=status, engine_message=_without_urls(said))
+    if _CONTEXT_REFUSAL.search(said):
+        err.code = "context_overflow"
+    return err
+
+
+def _chunk_error(error: Any) -> str:
+    """The message of an ``error`` member of a streamed chunk (a string or an OpenAI error object)."""
+    if isinstance(error, dict) and "message" in error:
+        return str(error["message"])
+    return str(error)
 
 
 def _error_message(status: int, body: bytes) -> str:
@@ -157,7 +185,8 @@ class SGLangClient:
         if status >= 500:
             raise EngineUnavailable(f"{what}: HTTP {status}: {_error_message(status, body)}", status_code=status)
         if status >= 400:
-            raise EngineRequestError(f"{what}: HTTP {status}: {_error_message(status, body)}", status_code=status)
+            # The engine's words on a refused request (a prompt beyond its context, say) are the agent's to read.
+            raise _refusal(f"{what}: HTTP {status}", _error_message(status, body), status)
 
     @staticmethod
     def _json(body: bytes, what: str) -> Any:
@@ -262,7 +291,7 @@ class SGLangClient:
                     except (ValueError, RecursionError) as exc:
                         raise WireFormatError(f"{what}: a chunk is not JSON: {data[:200]!r}") from exc
                     if isinstance(chunk, dict) and "error" in chunk and "meta_info" not in chunk:
-                        raise EngineRequestError(f"{what}: {chunk['error']}")
+                        raise _refusal(what, _chunk_error(chunk["error"]), None)
                     if decode_routing and _finished(chunk):
                         chunk = decode_answer_routing(chunk, routed_experts_spec, want_logprobs=return_logprob)
                     yield chunk

@@ -11,6 +11,9 @@ read it) with the Proxy's ``--model`` and tokenizer before anything is served:
   the Proxy decodes that many rows. ``--num-layers`` / ``--topk`` / ``--num-experts`` override.
 - **Tokenizer**: a Proxy on the byte tokenizer refuses an engine that serves a real model, or
   takes the engine's ``tokenizer_path`` with ``--tokenizer-from-engine``.
+- **Context window**: what the engines tell (model info, ``/get_server_info``, ``config.json``; see
+  :func:`~dressage.proxy.engines.model_shape.context_window`), the smallest of them, so that a
+  prompt no engine can take is refused by the Proxy before any stream opens.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from typing import Any, Mapping, Sequence
 
 from dressage.errors import EngineError, EngineMismatchError, EngineUnavailable
 from dressage.fields.models import ModelSpec
-from dressage.proxy.engines.model_shape import ShapeSource, discover_model_spec, read_model_config, resolve_tokenizer, \
-    shape_from_config
+from dressage.proxy.engines.model_shape import ShapeSource, context_window, discover_model_spec, read_model_config, \
+    resolve_tokenizer, shape_from_config
 from dressage.proxy.engines.router_client import RouterClient
 from dressage.proxy.engines.sglang_client import SGLangClient
 
@@ -50,17 +53,24 @@ class EngineCheck:
     tokenizer: str
     model_path: str | None = None
     """The first engine's ``model_path`` (what it serves: the parsers' default follows its name)."""
+    context_length: int | None = None
+    """The smallest context window the engines tell (``None``: none tells one)."""
 
     def describe(self) -> str:
         m = self.model
         where = "" if self.source is None else " from " + ", ".join(
             f"{k}: {v}" for k, v in self.source.to_dict().items())
-        return f"model {m.name} ({m.num_layers} R3 layers, top-{m.topk} of {m.num_experts}{where}), tokenizer {self.tokenizer}"
+        window = "" if self.context_length is None else f", context window {self.context_length} tokens"
+        return (f"model {m.name} ({m.num_layers} R3 layers, top-{m.topk} of {m.num_experts}{where}), "
+                f"tokenizer {self.tokenizer}{window}")
 
 
 def fetch_engine_infos(engines: Any, *, transport: Any = None, timeout_s: float = INFO_TIMEOUT_S,
                        wait_s: float = 0.0, retry_s: float = 0.5) -> list[dict[str, Any]]:
     """Each engine's model info, asked on a private loop (the Proxy's own loop is not running yet).
+
+    Its ``server_info`` key holds the engine's ``/get_server_info`` answer (``{}`` when it has none:
+    a router may not forward it), where SGLang tells its context window.
 
     An engine that cannot be reached (or answers 5xx) is asked again for up to ``wait_s``: it may
     still be loading. Raises :class:`EngineUnavailable` naming the engine and the cause when one
@@ -83,7 +93,12 @@ def fetch_engine_infos(engines: Any, *, transport: Any = None, timeout_s: float 
             client = SGLangClient(url, timeout=timeout_s, api_key=engines.engine_api_key,
                                   **({} if transport is None else {"transport": transport}))
             try:
-                out.append(await info_of(client))
+                info = await info_of(client)
+                try:
+                    info["server_info"] = await client.server_info(timeout=timeout_s)
+                except EngineError:
+                    info["server_info"] = {}
+                out.append(info)
             except EngineError as exc:
                 raise EngineUnavailable(
                     f"the engine at {url} did not answer its model info: {exc}. Start the engine first (or point "
@@ -141,8 +156,10 @@ def check_engine(config: Any, infos: Sequence[Mapping[str, Any]], urls: Sequence
         raise EngineMismatchError(f"the engines name different tokenizers {sorted(tokenizers)}; give --tokenizer")
     tokenizer = tokenizers.pop() if tokenizers else config.tokenizer
     served = next((str(i["model_path"]) for i in infos if i.get("model_path")), None)
+    windows = [w for w in (context_window(info, info.get("server_info")) for info in infos) if w is not None]
+    window = min(windows) if windows else None
     if not dp.use_rollout_routing_replay and not overridden:
-        return EngineCheck(preset, None, tokenizer, served)
+        return EngineCheck(preset, None, tokenizer, served, window)
     model, source = preset, None
     for url, info in zip(urls, infos):
         shape = _engine_shape(info)
@@ -160,4 +177,4 @@ def check_engine(config: Any, infos: Sequence[Mapping[str, Any]], urls: Sequence
                 (model.num_layers, model.topk, model.num_experts):
             raise EngineMismatchError(f"the engines serve different model shapes: {model} and {spec} ({url})")
         model, source = spec, src
-    return EngineCheck(model, source, tokenizer, served)
+    return EngineCheck(model, source, tokenizer, served, window)

@@ -107,7 +107,7 @@ async def update_versions(pool: EnginePool, version: str, timeout: float = UPDAT
     if failed:
         err = EngineError(f"weight version {version!r} was not set on every engine; failed: "
                           + "; ".join(f"{u}: {why}" for u, why in failed.items())
-                          + f"; updated: {', '.join(updated) or 'none'}; the Proxy stays paused")
+                          + f"; updated: {', '.join(updated) or 'none'}; the Proxy stays paused", for_operator=True)
         err.code, err.param = "engine_update_failed", "update_engines"
         err.details = {"version": version, "updated": updated, "failed": failed}
         raise err

@@ -21,15 +21,12 @@ from dressage.proxy.openai.chat.params import _logit_bias
 from dressage.proxy.openai.chat.reply import cut_at_stop, visible_prefix
 from dressage.proxy.openai.model_calls import ModelCalls
 from dressage.proxy.openai.policy import IGNORED, REFUSED, USED, Param, ParamPolicy, request_fields
-from dressage.proxy.openai.streaming import DONE, KEEPALIVE, error_payload, sse
+from dressage.proxy.openai.streaming import DONE, KEEPALIVE, error_payload, opened, sse
 from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.recording.limits import CallLimits
 from dressage.proxy.recording.session_book import SessionBook
 
 __all__ = ["COMPLETIONS_PARAMS", "CompletionRequest", "CompletionsServing"]
-
-OPENAI_DEFAULT_MAX_TOKENS = 16
-"""``max_tokens`` of a text completion that leaves it out (OpenAI's documented default)."""
 
 
 def _one_sample(value: Any) -> str | None:
@@ -40,7 +37,8 @@ COMPLETIONS_PARAMS = ParamPolicy("text completions", (
     Param("prompt", USED, "one string (tokenized without a chat template) or one list of token ids; several "
           "prompts: 400"),
     Param("model", USED, "accepted; the one served model answers (its name is reported back)"),
-    Param("max_tokens", USED, "engine `max_new_tokens` (default 16, as OpenAI), capped by the Proxy's limits"),
+    Param("max_tokens", USED, "engine `max_new_tokens`; left out: what the context window leaves (or "
+          "`--default-max-tokens`)"),
     Param("temperature", USED, "engine `temperature`"),
     Param("top_p", USED, "engine `top_p`"),
     Param("presence_penalty", USED, "engine `presence_penalty`"),
@@ -118,8 +116,7 @@ class CompletionsServing:
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stops) > 4 or not all(stops):
             raise UnsupportedParameterError("stop", "at most 4 stop sequences, none empty")
-        sp: dict[str, Any] = {"max_new_tokens": self.limits.max_new_tokens(req.max_tokens or OPENAI_DEFAULT_MAX_TOKENS,
-                                                                          prompt_len),
+        sp: dict[str, Any] = {**self.limits.sampling(req.max_tokens, prompt_len),
                               "stop_token_ids": list(self.tokenizer.stop_token_ids)}
         for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
             if getattr(req, name) is not None:
@@ -182,7 +179,8 @@ class CompletionsServing:
         plan, url, stops = self._prepare_completion(session_id, req)
         completion_id, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
         if req.stream:
-            return self._stream_completion(session_id, plan, url, stops, req, completion_id, created)
+            # The 200 waits for the engine's first answer: a refusal before it is a plain error status.
+            return await opened(self._stream_completion(session_id, plan, url, stops, req, completion_id, created))
         self.in_flight.enter(session_id)
         try:
             result = await self.calls.final(plan)
@@ -200,20 +198,25 @@ class CompletionsServing:
 
         sent = ""
         result = None
+        began = False  # a frame was sent: the 200 with it
         self.in_flight.enter(session_id)
         try:
             async for event in self.calls.generate(plan):
                 if event is None:
+                    began = True
                     yield KEEPALIVE
                 elif isinstance(event, str):
                     text = visible_prefix(event, stops).rstrip("\ufffd")
                     if len(text) > len(sent) and text.startswith(sent):
+                        began = True
                         yield chunk(text[len(sent):])
                         sent = text
                 else:
                     result = event
             done = await self._record_completion(session_id, plan, url, result, stops, req, completion_id, created)
         except DressageError as exc:
+            if not began:
+                raise  # nothing sent yet (see opened): the agent gets the error's own status
             self.book.failed_calls += 1
             yield sse(error_payload(exc))
             return

@@ -8,10 +8,13 @@ deltas an agent accumulates add up to the recorded assistant message.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
-__all__ = ["error_body", "error_payload", "sse", "DONE", "KEEPALIVE", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
-           "aiter_frames"]
+__all__ = ["error_body", "error_payload", "agent_message", "sse", "DONE", "KEEPALIVE", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
+           "aiter_frames", "opened"]
+
+log = logging.getLogger("dressage.proxy")
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
@@ -24,13 +27,24 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
 
 
 def error_payload(exc: Any) -> dict[str, Any]:
-    """The OpenAI error object of a Dressage error: its ``openai_type``, ``param`` and ``code`` (or class
-    name), and its ``details`` when it carries some."""
-    body = error_body(str(exc), exc.openai_type, param=getattr(exc, "param", None),
-                      code=getattr(exc, "code", None) or type(exc).__name__)
+    """The OpenAI error object of a Dressage error: its ``agent_message``, ``openai_type``, ``param`` and
+    ``code`` (or class name), and its ``details`` when it carries some. Where the agent's message
+    leaves out internals (an engine URL, say), the whole message goes to the Proxy's log."""
+    code = getattr(exc, "code", None) or type(exc).__name__
+    message = agent_message(exc)
+    body = error_body(message, exc.openai_type, param=getattr(exc, "param", None), code=code)
     if getattr(exc, "details", None):
         body["error"]["details"] = exc.details
     return body
+
+
+def agent_message(exc: Any) -> str:
+    """What an agent is told of ``exc`` (see :attr:`dressage.errors.DressageError.agent_message`);
+    the Proxy's log keeps the whole message when the two differ."""
+    message = getattr(exc, "agent_message", None) or str(exc)
+    if message != str(exc):
+        log.warning("%s answered as %r: %s", type(exc).__name__, message, exc)
+    return message
 
 
 def sse(obj: Any) -> bytes:
@@ -131,9 +145,13 @@ async def stream_completion(writer: ChunkWriter, parser: Any, events: AsyncItera
     reply's calls get) each tool call is sent as soon as it is complete.
     """
     content = ContentStream(parser, call_id_prefix=call_id_prefix, tools=tools)
-    yield writer.chunk({"role": "assistant", "content": ""})
+    role = writer.chunk({"role": "assistant", "content": ""})
     result = None
     async for event in events:
+        if role is not None:
+            # Only once the engine answered (see opened): a refusal before it is a plain error status.
+            yield role
+            role = None
         if event is None:
             yield KEEPALIVE
         elif isinstance(event, str):
@@ -141,6 +159,8 @@ async def stream_completion(writer: ChunkWriter, parser: Any, events: AsyncItera
                 yield writer.chunk(delta)
         else:
             result = event
+    if role is not None:
+        yield role
     response = await commit(result)
     choice = response["choices"][0]
     for delta in content.finish(choice["message"]):
@@ -170,6 +190,23 @@ def replay_chunks(response: dict[str, Any], *, include_usage: bool) -> Iterator[
 class _NoStream:
     def stream_prefix(self, text: str) -> tuple[str | None, str]:
         return None, ""
+
+
+async def opened(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``frames`` once their first frame is there, which a streamed call sends only after the
+    engine answered: a call the engine refuses (or that fails) before then raises here, so that the
+    agent gets a plain error status instead of a 200 stream that carries the error."""
+    first = await frames.__anext__()
+
+    async def resumed() -> AsyncIterator[bytes]:
+        try:
+            yield first
+            async for frame in frames:
+                yield frame
+        finally:
+            await frames.aclose()
+
+    return resumed()
 
 
 async def aiter_frames(frames: Iterable[bytes]) -> AsyncIterator[bytes]:

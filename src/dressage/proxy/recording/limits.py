@@ -1,6 +1,7 @@
 """Per-call rules checked before anything is generated or recorded: context window and step limit.
 
-``CallLimits`` clamps a call's new tokens to the context budget and rejects prompts that fill it.
+``CallLimits`` clamps a call's new tokens to the context budget and rejects prompts that leave no room
+for a reply, before any engine request (so a streamed call gets a plain 400, not an error inside a 200).
 The weight-version rule (one version per trajectory with partial rollout off) is
 :class:`dressage.proxy.recording.weights.WeightVersions`'.
 """
@@ -19,17 +20,29 @@ class CallLimits:
     def __init__(self, config: LimitsConfig) -> None:
         self.config = config
 
-    def max_new_tokens(self, requested: int | None, prompt_len: int) -> int:
-        """min(request or default, --max-output-tokens, what the context window leaves)."""
+    def max_new_tokens(self, requested: int | None, prompt_len: int) -> int | None:
+        """min(request or --default-max-tokens, --max-output-tokens, what the context window leaves).
+
+        What the window leaves is ``window - prompt - 1``: SGLang refuses a call whose prompt plus
+        ``max_new_tokens`` reaches its context length. ``None`` (nothing asked, no default, no cap,
+        no window known): the caller sends no ``max_new_tokens`` and the engine's default applies.
+        """
         n = requested or self.config.default_max_new_tokens
-        if self.config.max_output_tokens is not None:
-            n = min(n, self.config.max_output_tokens)
+        cap = self.config.max_output_tokens
+        if cap is not None:
+            n = cap if n is None else min(n, cap)
         window = self.config.context_length
         if window is not None:
-            if prompt_len >= window:
+            room = window - prompt_len - 1
+            if room < 1:
                 raise ContextOverflowError(prompt_len, window)
-            n = min(n, window - prompt_len)
+            n = room if n is None else min(n, room)
         return n
+
+    def sampling(self, requested: int | None, prompt_len: int) -> dict[str, Any]:
+        """The ``max_new_tokens`` entry of a call's sampling parameters (empty: the engine's default)."""
+        n = self.max_new_tokens(requested, prompt_len)
+        return {} if n is None else {"max_new_tokens": n}
 
     def check_call(self, session: Any) -> None:
         """A new call of ``session`` (raises if the session has used up its steps)."""

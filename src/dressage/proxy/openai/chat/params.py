@@ -50,7 +50,8 @@ CHAT_PARAMS = ParamPolicy("chat completions", (
     Param("repetition_penalty", USED, "engine `repetition_penalty` (an SGLang / vLLM extension)"),
     Param("logit_bias", USED, "engine `logit_bias` (token id -> bias in -100..100)"),
     Param("max_completion_tokens", USED, "engine `max_new_tokens`, capped by the Proxy's limits"),
-    Param("max_tokens", USED, "engine `max_new_tokens`, capped by the Proxy's limits"),
+    Param("max_tokens", USED, "engine `max_new_tokens`, capped by the Proxy's limits; left out: what the "
+          "context window leaves (or `--default-max-tokens`)"),
     Param("min_tokens", USED, "engine `min_new_tokens` (an SGLang / vLLM extension)"),
     Param("stop", USED, "engine `stop` (up to 4); the reply text ends before the stop string"),
     Param("seed", USED, "engine `sampling_seed`"),

@@ -27,7 +27,7 @@ from dressage.proxy.openai.model_calls import ModelCalls
 from dressage.proxy.parsers import tool_call_constraint
 from dressage.proxy.engines.generation import KEEPALIVE_S, GenerationPlan, GenerationResult
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
-from dressage.proxy.openai.streaming import (DONE, KEEPALIVE, ChunkWriter, aiter_frames, error_payload, replay_chunks, sse,
+from dressage.proxy.openai.streaming import (DONE, KEEPALIVE, ChunkWriter, aiter_frames, error_payload, opened, replay_chunks, sse,
                                       stream_completion)
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.lifecycle import InFlight
@@ -84,8 +84,7 @@ class ChatServing:
 
     def _sampling(self, req: ChatRequest, prompt_len: int, options: ChatOptions | None = None) -> dict[str, Any]:
         options = options or chat_options(req)
-        sp: dict[str, Any] = {"max_new_tokens": self.limits.max_new_tokens(
-            req.max_completion_tokens or req.max_tokens, prompt_len),
+        sp: dict[str, Any] = {**self.limits.sampling(req.max_completion_tokens or req.max_tokens, prompt_len),
                               "stop_token_ids": list(self.tokenizer.stop_token_ids)}
         sp.update(options.sampling)
         return sp
@@ -143,7 +142,9 @@ class ChatServing:
         try:
             call = self.prepare(session_id, req, turn_id=turn_id)
             if req.stream:
-                return self._stream(call)  # its turn begins when the response starts (see _stream)
+                # Its turn begins when the response starts (see _stream); the 200 waits for the
+                # engine's first answer, so a refusal or failure before it is a plain error status.
+                return await opened(self._stream(call))
             if turn_id is not None:
                 self.turns.begin(session_id, turn_id)
             return await self._complete(call)
@@ -203,16 +204,20 @@ class ChatServing:
                                        call_id_prefix=None if call.options.tool_mode == "none" else
                                        call_id_prefix(call.completion_id, 0), tools=call.tools)
         self.in_flight.enter(call.session_id)
+        sent = False
         try:
             async for frame in frames:
+                sent = True
                 yield frame
         except Exception as exc:
             self._release_uncommitted(call, committing, exc)
-            # The stream has begun (200 sent): the error is its last event, then [DONE].
-            self.book.failed_calls += 1
             if not isinstance(exc, DressageError):
                 log.exception("streamed call %s failed", call.completion_id)
                 exc = DressageError(f"internal error: {type(exc).__name__}")
+            if not sent:
+                raise exc  # nothing sent yet (see opened): the agent gets the error's own status
+            # The stream has begun (200 sent): the error is its last event, then [DONE].
+            self.book.failed_calls += 1
             yield sse(error_payload(exc))
             yield DONE
         except BaseException as exc:
@@ -278,7 +283,7 @@ class ChatServing:
         self.calls.admit(session_id)
         prompt_ids = np.asarray(req.input_ids, dtype=np.int32)
         sp = dict(req.sampling_params or {})
-        sp["max_new_tokens"] = self.limits.max_new_tokens(sp.get("max_new_tokens"), len(prompt_ids))
+        sp.update(self.limits.sampling(sp.pop("max_new_tokens", None), len(prompt_ids)))
         plan, url = self.calls.plan(session_id, prompt_ids, sp, stream=False)
         self.in_flight.enter(session_id)
         try:

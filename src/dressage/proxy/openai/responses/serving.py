@@ -22,7 +22,7 @@ from dressage.proxy.openai.responses.protocol import (ResponseMemory, ResponsesR
                                                       item_ids, response_object)
 from dressage.proxy.openai.responses.stream import ResponseEvents, replay_events, stream_response
 from dressage.proxy.schemas import ChatRequest
-from dressage.proxy.openai.streaming import aiter_frames
+from dressage.proxy.openai.streaming import agent_message, aiter_frames, opened
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.session_book import SessionBook
 from dressage.proxy.recording.turn_scope import turn_call_key
@@ -87,7 +87,8 @@ class ResponsesServing:
                 completion = await asyncio.shield(pending)
                 return aiter_frames(replay_events(self._responded(session_id, req, completion, messages, n_instructions)))
         call = self.chat.prepare(session_id, chat, turn_id=turn_id)
-        return self._stream_response(call, req, messages, n_instructions)
+        # The 200 waits for the engine's first answer: a refusal or failure before it is a plain error status.
+        return await opened(self._stream_response(call, req, messages, n_instructions))
 
     async def _stream_response(self, call: ChatCall, req: ResponsesRequest, messages: list[dict[str, Any]],
                                n_instructions: int) -> AsyncIterator[bytes]:
@@ -113,15 +114,28 @@ class ResponsesServing:
         model = self.config.server.served_model_name
         ev = ResponseEvents()
         skeleton = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model)
+        events = self.chat.reply_events(call, began)
         try:  # reply_events counts the call in flight until its commit is done
+            first = await events.__anext__()  # no frame before the engine answered (see opened)
+        except BaseException as exc:
+            if call.turn_id is not None and not committing:
+                self.turns.abandon(sid, call.turn_id, exc)
+            raise
+
+        async def answered() -> AsyncIterator[Any]:
+            yield first
+            async for event in events:
+                yield event
+
+        try:
             async for frame in stream_response(ev, skeleton, item_ids(call.completion_id), self.parser,
-                                               self.chat.reply_events(call, began), finish):
+                                               answered(), finish):
                 yield frame
         except DressageError as exc:
             if call.turn_id is not None and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
             self.book.failed_calls += 1
-            error = {"code": exc.code or type(exc).__name__, "message": str(exc), "type": exc.openai_type}
+            error = {"code": exc.code or type(exc).__name__, "message": agent_message(exc), "type": exc.openai_type}
             failed = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model,
                                      error=error)
             yield ev.event("response.failed", response=failed)
