@@ -13,9 +13,9 @@ import openai
 
 from dressage.agents import SessionContext
 from dressage.errors import ConfigError
-from dressage.harness.agents.client import ProxyClient
 from dressage.harness.agents.conversation import Conversation
 from dressage.harness.agents.prompts import DEFAULT_SYSTEM, TaskPrompt
+from dressage.harness.agents.rollout import converse
 
 if TYPE_CHECKING:  # a type only: AgentConfig.session_agent() imports this module
     from dressage.harness.agents.config import AgentConfig
@@ -55,12 +55,7 @@ class SimulatedAgent:
         chat = openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0,
                                   timeout=cfg.request_timeout_s)
         try:
-            while not conv.done:
-                plan = conv.next_request()
-                reply = await ProxyClient.complete(chat, model=cfg.model, messages=plan.messages, tools=plan.tools,
-                                                   temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                                                   seed=plan.seed)
-                conv.observe(reply)
+            await converse(chat, conv, cfg)
         finally:
             await chat.close()
         return conv.reward()

@@ -18,7 +18,7 @@ from dressage.harness.agents.config import AgentConfig
 from dressage.harness.agents.conversation import Conversation
 from dressage.harness.agents.prompts import TaskPrompt, as_task_prompt
 
-__all__ = ["SessionResult", "RolloutReport", "run_rollout", "run_session"]
+__all__ = ["SessionResult", "RolloutReport", "run_rollout", "run_session", "converse"]
 
 
 @dataclass(slots=True)
@@ -121,6 +121,16 @@ async def _abort_quietly(client: ProxyClient, session_id: str) -> None:
         pass  # the session is already counted as failed; a second error adds nothing
 
 
+async def converse(chat: Any, conv: Conversation, config: AgentConfig) -> None:
+    """Run ``conv`` to its end against the chat client ``chat`` (one call per planned request)."""
+    while not conv.done:
+        plan = conv.next_request()
+        reply = await ProxyClient.complete(chat, model=config.model, messages=plan.messages, tools=plan.tools,
+                                           temperature=config.temperature, max_tokens=config.max_tokens,
+                                           seed=plan.seed)
+        conv.observe(reply)
+
+
 async def run_session(client: ProxyClient, prompt: TaskPrompt, group_index: int, sample_index: int,
                       config: AgentConfig, metadata: Mapping[str, Any] | None = None) -> SessionResult:
     """Create, converse, finalize with the reward; on a Proxy error abort and report it."""
@@ -137,12 +147,7 @@ async def run_session(client: ProxyClient, prompt: TaskPrompt, group_index: int,
     chat = client.chat_client(base_url)
     stage = "chat"
     try:
-        while not conv.done:
-            plan = conv.next_request()
-            reply = await client.complete(chat, model=config.model, messages=plan.messages, tools=plan.tools,
-                                          temperature=config.temperature, max_tokens=config.max_tokens,
-                                          seed=plan.seed)
-            conv.observe(reply)
+        await converse(chat, conv, config)
         stage = "finalize"
         reward = conv.reward()
         await client.finalize(result.session_id, reward)
