@@ -71,8 +71,8 @@ class Proxy:
         self.engine_check: Any = None
         """What the start-up check against the engines settled (``None``: not checked)."""
         self.spec_file: str | None = None
-        """The TransferQueue client spec file this Proxy wrote (``transfer_queue.spec_out``), removed at
-        :meth:`shutdown`."""
+        """The TransferQueue client spec file this Proxy wrote (``transfer_queue.spec_out``) before it
+        served, removed at :meth:`shutdown`."""
 
     @classmethod
     def start(cls, config: ProxyConfig, *, tq: Any = None, tq_client: Any = None, tokenizer: Any = None,
@@ -110,13 +110,16 @@ class Proxy:
         try:
             service, recovery = build_service(config, tq_client=tq_client, tokenizer=tokenizer, engine=engine,
                                               sink=sink, batch_tag=batch_tag, tq_spec=tq_spec)
+            if config.transfer_queue.spec_out is not None and tq_spec is not None:
+                # Before the server answers: whoever saw the Proxy serve finds the file in place.
+                spec_file = _write_spec(tq_spec(), config.transfer_queue.spec_out)
             server = ProxyServer(service)
             server.start_background()
-            if config.transfer_queue.spec_out is not None and tq_spec is not None:
-                spec_file = _write_spec(tq_spec(), config.transfer_queue.spec_out)
         except BaseException:
             if server is not None:
                 server.stop()
+            if spec_file is not None:
+                _remove(spec_file)
             if owns_tq:
                 tq.shutdown()
             if owned_client is not None:
@@ -150,8 +153,7 @@ class Proxy:
         self.server.stop()
         if self.spec_file is not None:
             # No process may join by a file that outlives the Proxy (and, when it owned it, the TQ) it named.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.spec_file)
+            _remove(self.spec_file)
             self.spec_file = None
         self.core.close()  # steps still being written land before the TQ goes
         if self._owned_client is not None:
@@ -180,3 +182,8 @@ def _write_spec(spec: dict[str, Any], path: str) -> str:
         raise ConfigError(f"transfer_queue.spec_out (--transfer-queue-spec-out) {path!r}: "
                           f"{exc.strerror or exc}") from None
     return path
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
