@@ -6,7 +6,8 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
 
     DressageError                    500 internal_error
     ├── ConfigError                  bad flag, YAML key or value (names the key)    400 invalid_request_error
-    │   └── EngineMismatchError      the engine serves another model shape or tokenizer than the Proxy's
+    │   ├── EngineMismatchError      the engine serves another model shape or tokenizer than the Proxy's
+    │   └── NoTransferQueueError     a Proxy without TransferQueue asked for its spec 409
     ├── ContextOverflowError         the prompt leaves no room for a reply           400 invalid_request_error
     ├── UnsupportedParameterError    a request parameter the Proxy cannot honour (names it) 400 invalid_request_error
     ├── SessionIdError               a session header that names no session          400 invalid_request_error
@@ -68,8 +69,8 @@ and the Proxy's log keeps the whole message.
 from __future__ import annotations
 
 __all__ = [
-    "DressageError", "ConfigError", "EngineMismatchError", "FieldError", "UnknownFieldError", "FieldShapeError",
-    "ExpertIdRangeError", "WireFormatError", "EngineError", "EngineUnavailable", "EngineTimeout",
+    "DressageError", "ConfigError", "EngineMismatchError", "NoTransferQueueError", "FieldError", "UnknownFieldError",
+    "FieldShapeError", "ExpertIdRangeError", "WireFormatError", "EngineError", "EngineUnavailable", "EngineTimeout",
     "EngineRequestError", "ReplyConstraintError", "UnsupportedParameterError", "TokenizerError",
     "ChatTemplateError", "JournalError", "JournalEncodeError", "ContextOverflowError", "SessionIdError",
     "MissingSessionIdError", "RequestRejected", "InputValueError", "BodyTooLargeError", "AuthenticationError",
@@ -110,6 +111,13 @@ class EngineMismatchError(ConfigError):
     """At start-up: the engine's model info contradicts the Proxy's ``--model`` / tokenizer (names both)."""
 
     code = "engine_mismatch"
+
+
+class NoTransferQueueError(ConfigError):
+    """The Proxy was asked for its TransferQueue (``GET /transfer_queue/spec``) but runs without one."""
+
+    http_status = 409
+    code = "no_transfer_queue"
 
 
 class FieldError(DressageError, ValueError):

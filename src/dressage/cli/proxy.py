@@ -65,6 +65,9 @@ def _serve(args: argparse.Namespace) -> int:
               f"{', '.join(cfg.engines.urls)} "
               f"(R3 {'on' if dp.use_rollout_routing_replay else 'off'}, TQ "
               f"{'on: ' + ','.join(dp.offloaded) if dp.enable_transfer_queue else 'off'})", flush=True)
+        if proxy.spec_file is not None:
+            print(f"dressage proxy: TransferQueue client spec in {proxy.spec_file} (training ranks may also ask "
+                  f"GET {proxy.url}/transfer_queue/spec)", flush=True)
         tune_gc_for_serving()  # start-up's objects frozen, the young generation collected less often
         proxy.wait()
     return 0

@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 from dressage.errors import ConfigError
 
-__all__ = ["load_object", "sampling_params", "rollout_settings", "check_against_proxy", "eval_prompt_sets",
-           "RESTORE_MODES"]
+__all__ = ["load_object", "sampling_params", "rollout_settings", "trainer_proxy", "check_against_proxy",
+           "eval_prompt_sets", "RESTORE_MODES"]
 
 RESTORE_MODES = ("rollout", "trainer")
 """``rollout``: the rollout function restores the large fields and releases their TQ keys;
@@ -127,6 +127,18 @@ def rollout_settings(args: Any) -> dict[str, Any]:
             "token": _token(args, "dressage_agent_token_env"),
             "admin_token": _token(args, "dressage_admin_token_env"),
             "restore": restore}
+
+
+def trainer_proxy(args: Any) -> tuple[str | None, str | None]:
+    """``(url, admin_token)`` of the Proxy a training process talks to: ``dressage_proxy_url`` (slime sets the
+    YAML's keys on the args every actor gets), else ``DRESSAGE_PROXY_URL`` (``None``: no Proxy); the token
+    from the environment variable ``dressage_admin_token_env`` names, else ``DRESSAGE_ADMIN_TOKEN``."""
+    url = getattr(args, "dressage_proxy_url", None) or os.environ.get("DRESSAGE_PROXY_URL") or None
+    if url is not None and (not isinstance(url, str) or not url.startswith(("http://", "https://"))):
+        raise ConfigError(f"dressage_proxy_url must be the Proxy's http(s)://host:port (or set DRESSAGE_PROXY_URL), "
+                          f"got {url!r}")
+    token = _token(args, "dressage_admin_token_env") or os.environ.get("DRESSAGE_ADMIN_TOKEN") or None
+    return url, token
 
 
 def check_against_proxy(args: Any, caps: Mapping[str, Any]) -> None:

@@ -26,7 +26,7 @@ from dressage.agents import SessionContext, reward_number
 from dressage.errors import ConfigError, ProxyStatusError, TrajectoryError
 from dressage.fields.versions import VersionTable
 from dressage.integrations.proxy_sessions import ProxySessions, fetch_capabilities
-from dressage.integrations.slime import SlimeSample, rollout_output_classes, to_slime_sample
+from dressage.integrations.slime import REFS_METADATA_KEY, SlimeSample, rollout_output_classes, to_slime_sample
 from dressage.integrations.slime_config import (RESTORE_MODES, check_against_proxy, eval_prompt_sets, load_object,
                                                 rollout_settings, sampling_params)
 from dressage.rollout.manager import sample_ref_keys
@@ -358,6 +358,8 @@ class SlimeRollout:
         out.reward = copy.deepcopy(f.reward)
         out.metadata = {**(getattr(f.source, "metadata", None) or {}), "session_id": f.session_id,
                         "segment_index": int(seg.segment_index), "segment_count": count}
+        if REFS_METADATA_KEY in shaped.metadata:  # the fields left in TQ: the training rank restores them
+            out.metadata[REFS_METADATA_KEY] = shaped.metadata[REFS_METADATA_KEY]
         return out
 
     def close(self) -> None:

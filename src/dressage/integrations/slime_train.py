@@ -5,8 +5,9 @@ with ``keep_refs``); :func:`convert_samples_to_train_data` (slime's ``--custom-c
 builds slime's train data with the refs under a key slime's DP split passes through; on each training rank
 :func:`restore_rollout_data` reads that rank's refs, one batched read per StorageUnit, and fills
 ``rollout_log_probs`` / ``rollout_routed_experts`` as the path without refs has them; :class:`RankRefs`
-releases them after the step. ``python -m dressage.integrations.slime_train`` is slime's ``train.py``
-with a training actor that does both and a Proxy paused around each weight update (:class:`ProxyRolloutControl`).
+releases them after the step; a rank finds the TransferQueue by asking the Proxy (:func:`tq_spec`).
+``python -m dressage.integrations.slime_train`` is slime's ``train.py`` with a training actor that does
+both and a Proxy paused around each weight update (:class:`ProxyRolloutControl`).
 Everything that needs slime, Megatron or Ray is imported where it is used, so the rest runs on CPU alone.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextvars
 import importlib
 import itertools
+import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -22,12 +24,13 @@ import numpy as np
 
 from dressage.errors import ConfigError, FieldShapeError, SampleWireError, TrajectoryError
 from dressage.integrations.slime import REFS_METADATA_KEY
+from dressage.integrations.slime_config import trainer_proxy
 from dressage.train.reader import TrainingReader, release_batch
 from dressage.trajectory import SAMPLE_LARGE_FIELDS, Sample
 from dressage.trajectory.sample_wire import SAMPLE_WIRE_VERSION, remote_from_wire
 
 __all__ = ["convert_samples_to_train_data", "restore_rollout_data", "carried_keys", "post_process_rewards",
-           "RankRefs", "ProxyRolloutControl", "REFS_TRAIN_KEY", "dressage_train_actor", "train", "main"]
+           "RankRefs", "ProxyRolloutControl", "REFS_TRAIN_KEY", "dressage_train_actor", "tq_spec", "train", "main"]
 
 REFS_TRAIN_KEY = "prompt"
 """The train-data key the refs ride under. slime's ``_split_train_data_by_dp`` copies a fixed list of keys
@@ -167,7 +170,8 @@ def _as_tensors(arrays: list[Any]) -> list[Any]:
         import torch
     except ImportError:
         return [np.asarray(a) for a in arrays]
-    return [torch.as_tensor(a) for a in arrays]
+    # A read-only array (one decoded straight from the read's bytes) is copied: a tensor may be written to.
+    return [torch.as_tensor(a if not isinstance(a, np.ndarray) or a.flags.writeable else a.copy()) for a in arrays]
 
 
 # ------------------------------------------------------------------ training-rank side
@@ -343,7 +347,8 @@ def _restoring_fetch(module: Any) -> None:
 def dressage_train_actor(base: type | None = None) -> type:
     """slime's Megatron training actor, restoring its rank's refs when it takes its rollout data and
     releasing them after the step. ``base`` defaults to slime's ``MegatronTrainRayActor``; the rank joins
-    the TransferQueue named by ``args.dressage_tq_spec`` on its first step."""
+    the Proxy's TransferQueue (:func:`tq_spec`: by default it asks the Proxy of ``args.dressage_proxy_url``)
+    on its first step."""
     if base is None:
         from slime.backends.megatron_utils.actor import MegatronTrainRayActor as base  # type: ignore
     # slime's ``_get_rollout_data`` fetches the rank's data through its module's ``process_rollout_data``
@@ -376,14 +381,37 @@ def dressage_train_actor(base: type | None = None) -> type:
     return DressageTrainRayActor
 
 
-def _tq_client(args: Any) -> Any:
-    from dressage.tq import TransferQueueClient
+def tq_spec(args: Any) -> dict[str, Any]:
+    """The TransferQueue client spec a training rank joins: ``args.dressage_tq_spec`` (a spec, or the path
+    of a spec file), else the file ``DRESSAGE_TQ_SPEC`` names, else the Proxy's own: ``GET
+    /transfer_queue/spec`` on ``args.dressage_proxy_url`` (or ``DRESSAGE_PROXY_URL``) with the admin token
+    (:func:`~dressage.integrations.slime_config.trainer_proxy`), the spec its reads hand out."""
+    from dressage.tq.client.spec import load_client_spec
 
     spec = getattr(args, "dressage_tq_spec", None)
     if spec is None:
-        raise ConfigError("dressage_restore: trainer needs args.dressage_tq_spec (the Proxy's TransferQueue "
-                          "client spec; DRESSAGE_TQ_SPEC names a JSON file of it)")
-    return TransferQueueClient.connect(spec)
+        spec = os.environ.get("DRESSAGE_TQ_SPEC") or None
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    if isinstance(spec, (str, os.PathLike)):
+        return load_client_spec(spec)
+    if spec is not None:
+        raise ConfigError(f"dressage_tq_spec: expected a TransferQueue client spec (a map) or the path of its file, "
+                          f"got {type(spec).__name__}")
+    url, token = trainer_proxy(args)
+    if url is None:
+        raise ConfigError("dressage_restore: trainer: the training ranks ask the Proxy for its TransferQueue; set "
+                          "dressage_proxy_url (the --custom-config-path YAML) or DRESSAGE_PROXY_URL, or give the "
+                          "client spec itself (dressage_tq_spec, DRESSAGE_TQ_SPEC)")
+    from dressage.train.remote import ProxyTrajectorySource
+
+    return ProxyTrajectorySource(url, token=token).transfer_queue_spec()
+
+
+def _tq_client(args: Any) -> Any:
+    from dressage.tq import TransferQueueClient
+
+    return TransferQueueClient.connect(tq_spec(args))
 
 
 def _release_untrained(args: Any, rollout_data_refs: Sequence[Any]) -> int:
@@ -473,10 +501,12 @@ def train(args: Any, *, control: ProxyRolloutControl | None = None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """slime's arguments, plus ``DRESSAGE_PROXY_URL`` / ``DRESSAGE_ADMIN_TOKEN`` (pause the Proxy around
-    weight updates) and ``DRESSAGE_TQ_SPEC`` (the TransferQueue client spec file each rank joins, as
-    ``TransferQueue.write_client_spec`` writes it)."""
-    import os
+    """slime's arguments (with its ``--custom-config-path`` YAML's ``dressage_*`` keys). The Proxy
+    (:func:`~dressage.integrations.slime_config.trainer_proxy`: ``dressage_proxy_url`` or
+    ``DRESSAGE_PROXY_URL``, and the admin token) is paused around weight updates, and the training
+    ranks ask it for its TransferQueue; a spec file (``DRESSAGE_TQ_SPEC``, as
+    ``TransferQueue.write_client_spec`` or ``dressage proxy serve --transfer-queue-spec-out`` writes
+    it) overrides that."""
     import sys
 
     try:
@@ -488,12 +518,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.argv = [sys.argv[0], *argv]
     args = parse_args()
     spec_path = os.environ.get("DRESSAGE_TQ_SPEC")
-    if spec_path:
+    if spec_path and getattr(args, "dressage_tq_spec", None) is None:
         from dressage.tq.client.spec import load_client_spec
 
+        # Read here: the actors get the args, not necessarily the driver's environment.
         args.dressage_tq_spec = load_client_spec(spec_path)
-    url = os.environ.get("DRESSAGE_PROXY_URL")
-    control = ProxyRolloutControl(url, token=os.environ.get("DRESSAGE_ADMIN_TOKEN")) if url else None
+    url, token = trainer_proxy(args)
+    control = ProxyRolloutControl(url, token=token) if url else None
     train(args, control=control)
 
 

@@ -336,6 +336,7 @@ class ProxyConfig:
         if self.access.api_token is None and not is_loopback(self.server.host):
             raise ConfigError(f"server.host: {self.server.host} is reachable from other machines; set an agent "
                               f"token (--api-token-file, ${AGENT_TOKEN_ENV}) or bind a loopback address")
-        if self.transfer_queue.spec is not None and not self.data_plane.enable_transfer_queue:
-            raise ConfigError("transfer_queue.spec (--transfer-queue-spec): set, but "
-                              "data_plane.enable_transfer_queue (--enable-transfer-queue) is off")
+        for key in ("spec", "spec_out"):
+            if getattr(self.transfer_queue, key) is not None and not self.data_plane.enable_transfer_queue:
+                raise ConfigError(f"transfer_queue.{key} (--transfer-queue-{key.replace('_', '-')}): set, but "
+                                  "data_plane.enable_transfer_queue (--enable-transfer-queue) is off")

@@ -8,7 +8,9 @@ here; :func:`build_service` is the same assembly without the HTTP server, for in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import signal
 import threading
 from typing import Any, Callable
@@ -78,6 +80,9 @@ class Proxy:
         self._owned_client = owned_client  # the client of a TQ this Proxy joined by its spec
         self.engine_check: Any = None
         """What the start-up check against the engines settled (``None``: not checked)."""
+        self.spec_file: str | None = None
+        """The TransferQueue client spec file this Proxy wrote (``transfer_queue.spec_out``) before it
+        served, removed at :meth:`shutdown`."""
 
     @classmethod
     def start(cls, config: ProxyConfig, *, tq: Any = None, tq_client: Any = None, tokenizer: Any = None,
@@ -111,15 +116,20 @@ class Proxy:
                 tq_client = tq.client()
         # A trainer process joins this TQ from a read's meta_info.
         tq_spec = tq.client_spec if tq is not None else (lambda: dict(joined)) if joined is not None else None
-        server = None
+        server, spec_file = None, None
         try:
             service, recovery = build_service(config, tq_client=tq_client, tokenizer=tokenizer, engine=engine,
                                               sink=sink, batch_tag=batch_tag, tq_spec=tq_spec)
+            if config.transfer_queue.spec_out is not None and tq_spec is not None:
+                # Before the server answers: whoever saw the Proxy serve finds the file in place.
+                spec_file = _write_spec(tq_spec(), config.transfer_queue.spec_out)
             server = ProxyServer(service)
             server.start_background()
         except BaseException:
             if server is not None:
                 server.stop()
+            if spec_file is not None:
+                _remove(spec_file)
             if owns_tq:
                 tq.shutdown()
             if owned_client is not None:
@@ -127,6 +137,7 @@ class Proxy:
             raise
         proxy = cls(config, service, server, tq, owns_tq, recovery, owned_client)
         proxy.engine_check = check
+        proxy.spec_file = spec_file
         return proxy
 
     @property
@@ -150,6 +161,10 @@ class Proxy:
 
     def shutdown(self) -> None:
         self.server.stop()
+        if self.spec_file is not None:
+            # No process may join by a file that outlives the Proxy (and, when it owned it, the TQ) it named.
+            _remove(self.spec_file)
+            self.spec_file = None
         self.core.close()  # steps still being written land before the TQ goes
         if self._owned_client is not None:
             self._owned_client.close()  # the joined TQ itself runs on: its owner stops it
@@ -163,3 +178,22 @@ class Proxy:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _write_spec(spec: dict[str, Any], path: str) -> str:
+    """Write ``spec`` to ``path`` (mode 0600, replaced in one step); a path that cannot be written is a
+    ConfigError naming ``transfer_queue.spec_out``."""
+    from dressage.errors import ConfigError
+    from dressage.tq.client.spec import write_client_spec
+
+    try:
+        write_client_spec(spec, path)
+    except OSError as exc:
+        raise ConfigError(f"transfer_queue.spec_out (--transfer-queue-spec-out) {path!r}: "
+                          f"{exc.strerror or exc}") from None
+    return path
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -204,6 +204,9 @@ class TransferQueueSelection:
     spec: str | None = field(default=None, metadata=flag("--transfer-queue-spec", metavar="FILE"))
     """Join the running TransferQueue whose client spec this file holds (``TransferQueue.write_client_spec``)
     instead of starting one: the Proxy then needs no Ray, even for a TQ deployed on Ray."""
+    spec_out: str | None = field(default=None, metadata=flag("--transfer-queue-spec-out", metavar="FILE"))
+    """Write the client spec of the TransferQueue in use to this file (JSON, mode 0600: it carries the
+    TQ's secret) once it runs, for processes that join it by file; the command removes it when it stops."""
 
     def __post_init__(self) -> None:
         if isinstance(self.config, Mapping):
@@ -219,6 +222,14 @@ class TransferQueueSelection:
             if self.config is not None:
                 raise ConfigError("transfer_queue.spec (--transfer-queue-spec) joins a running TransferQueue; it "
                                   "cannot go with transfer_queue.config (--transfer-queue-config), which starts one")
+        if self.spec_out is not None:
+            if isinstance(self.spec_out, os.PathLike):
+                self.spec_out = os.fspath(self.spec_out)
+            if not isinstance(self.spec_out, str) or not self.spec_out:
+                raise ConfigError(f"transfer_queue.spec_out: expected a file path, got {self.spec_out!r}")
+            if self.spec is not None and os.path.abspath(self.spec_out) == os.path.abspath(self.spec):
+                raise ConfigError("transfer_queue.spec_out (--transfer-queue-spec-out) names the file "
+                                  "transfer_queue.spec (--transfer-queue-spec) joins from")
 
     def settings(self) -> TransferQueueConfig:
         """The settings of the deployment to start (the file read now)."""

@@ -2,7 +2,8 @@
 
 ``POST /trajectory/read`` with ``"format": "samples"`` answers each trajectory's Samples in wire form
 (large fields as FieldRefs) and, in ``meta_info.transfer_queue``, the client spec of the Proxy's
-TransferQueue. This module joins that TQ, so the large fields go StorageUnit -> trainer directly.
+TransferQueue (``GET /transfer_queue/spec`` answers it alone). This module joins that TQ, so the large
+fields go StorageUnit -> trainer directly.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import msgpack
 
-from dressage.errors import ConfigError, ProxyConnectionError, ProxyStatusError, SampleWireError
+from dressage.errors import (ConfigError, NoTransferQueueError, ProxyConnectionError, ProxyStatusError,
+                             SampleWireError)
 from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE, sample_from_wire
 from dressage.trajectory import Sample
 
@@ -48,11 +50,19 @@ class ProxyTrajectorySource:
         self._spec: dict[str, Any] | None = None
 
     def _post(self, path: str, body: Mapping[str, Any]) -> Any:
+        return self._call("POST", path, json.dumps(body).encode())
+
+    def _get(self, path: str) -> Any:
+        return self._call("GET", path, None)
+
+    def _call(self, method: str, path: str, data: bytes | None) -> Any:
         # msgpack first: resident large fields (TQ off) come as raw bytes instead of base64 in JSON.
-        headers = {"content-type": "application/json", "accept": f"{MSGPACK_MEDIA_TYPE}, application/json"}
+        headers = {"accept": f"{MSGPACK_MEDIA_TYPE}, application/json"}
+        if data is not None:
+            headers["content-type"] = "application/json"
         if self.token:
             headers["authorization"] = f"Bearer {self.token}"
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers, method="POST")
+        req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 raw = resp.read()
@@ -102,14 +112,30 @@ class ProxyTrajectorySource:
             self._spec = dict(spec)
         return TrajectoryBatch(samples, spec, len(answer["data"]), dict(meta) if isinstance(meta, Mapping) else {})
 
+    def transfer_queue_spec(self) -> dict[str, Any]:
+        """The client spec of the Proxy's TransferQueue (``GET /transfer_queue/spec``, an admin endpoint:
+        the spec may carry the TQ's secret), without reading any trajectory. A Proxy without TQ is a
+        :class:`NoTransferQueueError`."""
+        try:
+            spec = self._get("/transfer_queue/spec")
+        except ProxyStatusError as exc:
+            if exc.status_code == 409 and NoTransferQueueError.code in str(exc):
+                raise NoTransferQueueError(f"{self.url} runs without TransferQueue (start it with "
+                                           "--enable-transfer-queue): it has no spec to join") from None
+            raise
+        if not isinstance(spec, Mapping) or "spec_version" not in spec:
+            raise SampleWireError(f"{self.url}/transfer_queue/spec: not a TransferQueue client spec: {str(spec)[:200]}")
+        self._spec = dict(spec)
+        return dict(spec)
+
     def client(self) -> Any:
-        """A TransferQueue client joined to the Proxy's TQ (after a read that carried its spec)."""
+        """A TransferQueue client joined to the Proxy's TQ: the spec of the last read that carried one,
+        else the one :meth:`transfer_queue_spec` asks for."""
         if self._client is None:
-            if self._spec is None:
-                raise ConfigError("the Proxy sent no TransferQueue spec: it runs without TQ, or nothing was read yet")
+            spec = self._spec if self._spec is not None else self.transfer_queue_spec()
             from dressage.tq import TransferQueueClient
 
-            self._client = TransferQueueClient.connect(self._spec)
+            self._client = TransferQueueClient.connect(spec)
         return self._client
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import openai
 import pytest
+import torch
 
 from dressage.agents import CommandAgent
 from dressage.errors import AgentCommandError, ConfigError, TrajectoryError
@@ -20,6 +21,9 @@ from dressage.integrations import slime_rollout
 from dressage.integrations.slime import SlimeSample
 from dressage.integrations.slime_rollout import SlimeRollout
 from dressage.testing.stack import start_proxy
+
+from slime_standins import (MegatronActorStandIn, assert_same, flatten_like_slime, interleaved, rank_data,
+                            split_like_slime, train_ranks)
 
 MODEL = get_model("tiny-moe")
 ENGINE = {"seed": 5, "mean_response_tokens": 10, "tool_call_rate": 0.5}
@@ -368,22 +372,74 @@ def test_the_constructor_wants_exactly_one_agent(engine):
         SlimeRollout(proxy_url="http://127.0.0.1:9")
 
 
-@pytest.mark.xfail(strict=False, raises=NotImplementedError,
-                   reason="Samples that keep their FieldRefs for the trainer (to_slime_sample keep_refs=True) "
-                          "are built by the trainer-side integration")
-def test_trainer_restore_leaves_field_refs_in_the_samples(engine):
+def test_trainer_restore_gives_each_rank_what_the_rollout_restore_gives_it(engine, monkeypatch):
+    """The same agent and data source, once with the large fields restored by the rollout function on a
+    Proxy without TQ, once left in TQ (2 StorageUnits) past slime's flatten, conversion and DP split:
+    each training rank, told only the Proxy's URL, asks the Proxy for its TQ and restores exactly the
+    data the TQ-off path hands it."""
+    from dressage.integrations.slime import REFS_METADATA_KEY
+    from dressage.integrations.slime_train import REFS_TRAIN_KEY, convert_samples_to_train_data, dressage_train_actor
     from dressage.tq import TransferQueue
 
-    tq = TransferQueue.start({"deployment": "local", "num_storage_units": 1, "retention_s": None})
+    for name in ("DRESSAGE_TQ_SPEC", "DRESSAGE_PROXY_URL", "DRESSAGE_ADMIN_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    args = slime_args(advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True)
+
+    def rollout(proxy_url, restore):
+        source = DataSource(["Add 2 and 3.", "Multiply 4 by 5."], metadata={"Multiply 4 by 5.": {"compress": True}})
+        fn = SlimeRollout(proxy_url=proxy_url, agent=tool_agent, concurrency=4, restore=restore)
+        try:
+            return fn(args, 0, source)
+        finally:
+            fn.close()
+
+    def per_rank(out):
+        samples = flatten_like_slime(out.samples)
+        data = convert_samples_to_train_data(args, samples)
+        return samples, split_like_slime(data, interleaved(len(samples), 2))
+
+    with start_proxy(engine.url, routed_experts_dtype="uint8") as plain:
+        off_samples, off_boxes = per_rank(rollout(plain.url, "rollout"))
+    assert all(s.rollout_routed_experts is not None and REFS_METADATA_KEY not in s.metadata for s in off_samples)
+
+    tq = TransferQueue.start({"deployment": "embedded", "num_storage_units": 2, "retention_s": None})
     try:
-        with start_proxy(engine.url, tq=tq) as proxy:
-            rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, restore="trainer")
+        with start_proxy(engine.url, tq=tq, routed_experts_dtype="uint8") as proxy:
+            out = rollout(proxy.url, "trainer")
+            samples, boxes = per_rank(out)
+            assert not proxy.service.trajectories.finalized  # handed over: the Proxy holds nothing
+            assert out.metrics["dressage/tq_bytes_restored"] == 0
+            # The rollout's output carries refs only: no large field on any slime Sample.
+            assert len(samples) == len(off_samples) == 6  # two of the four sessions have two Segments
+            assert all(s.rollout_log_probs is None and s.rollout_routed_experts is None
+                       and REFS_METADATA_KEY in s.metadata for s in samples)
+            keys = tq.client().total_keys()
+            assert keys > 0  # held for the training ranks
+            units = [int(row["keys"]) for row in tq.stats().values()]
+            assert len(units) == 2 and all(n > 0 for n in units)
+            for box in boxes:
+                data = rank_data(box)
+                assert REFS_TRAIN_KEY in data and "rollout_log_probs" not in data \
+                    and "rollout_routed_experts" not in data
+            ratio = sum(len(b) for b in boxes) / sum(len(b) for b in off_boxes)
+            print(f"\nper-rank rollout_data pickled, refs / restored: {[len(b) for b in boxes]} / "
+                  f"{[len(b) for b in off_boxes]} B, ratio {ratio:.3f}")
+            assert ratio < 0.35  # int32 R3 rows (4 layers x top-2: 32 B a token) are most of what refs leave out
+
+            # Each rank knows only the Proxy's URL (slime's YAML sets it on the args every actor gets).
+            actors = train_ranks(dressage_train_actor(MegatronActorStandIn),
+                                 SimpleNamespace(dressage_proxy_url=proxy.url), boxes)
             try:
-                out = rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
-            except NotImplementedError:
-                assert tq.client().total_keys() == 0   # refs nobody will read: their keys are released
-                raise
-            assert tq.client().total_keys() > 0   # the trainer restores and releases them
-            assert all(seg.rollout_routed_experts is None for sess in sessions_of(out.samples) for seg in sess)
+                for actor, want in zip(actors, off_boxes):
+                    assert_same(actor.taken, rank_data(want))  # bit for bit, dtypes and shapes included
+                    assert actor.taken["rollout_routed_experts"][0].dtype == torch.int32
+                    assert actor.taken["rollout_log_probs"][0].dtype == torch.float32
+                    assert REFS_TRAIN_KEY not in actor.taken
+            finally:
+                for actor in actors:
+                    if actor._dressage_refs is not None:
+                        actor._dressage_refs.client.close()
+            # Every rank released its keys after its step.
+            assert tq.client().total_keys() == 0 and sum(int(row["keys"]) for row in tq.stats().values()) == 0
     finally:
         tq.shutdown()

@@ -9,7 +9,6 @@ import asyncio
 import pickle
 import subprocess
 import sys
-import threading
 import types
 from types import SimpleNamespace
 
@@ -18,62 +17,31 @@ import numpy as np
 import pytest
 import torch
 
-from dressage.errors import ConfigError, FieldShapeError, LostSamplesError, SampleWireError, TrajectoryError
+from dressage.errors import (ConfigError, FieldShapeError, LostSamplesError, NoTransferQueueError, ProxyStatusError,
+                             SampleWireError, TrajectoryError)
 from dressage.fields.refs import FieldRef
 from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 from dressage.integrations.slime import REFS_METADATA_KEY, SlimeSample, to_slime_groups
 from dressage.integrations.slime_train import (REFS_TRAIN_KEY, ProxyRolloutControl, RankRefs, carried_keys,
                                                convert_samples_to_train_data, dressage_train_actor,
-                                               restore_rollout_data)
+                                               restore_rollout_data, tq_spec)
 from dressage.rollout.manager import sample_ref_keys
 from dressage.tq import TransferQueue
+from dressage.tq.client.spec import write_client_spec
 from dressage.train import TrainingReader
 from dressage.train.remote import ProxyTrajectorySource
 from dressage.trajectory import Sample
 from dressage.trajectory.pieces import Piece
+
+import slime_standins
+from slime_standins import (SLIME_FETCH, MegatronActorStandIn, assert_same, interleaved, rank_data, split_like_slime,
+                            train_ranks)
 
 ENGINE = {"seed": 11, "mean_response_tokens": 16, "tool_call_rate": 0.5}
 N_PROMPTS, N_SAMPLES, DP = 3, 2, 2
 ARGS = SimpleNamespace(advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
                        n_samples_per_prompt=N_SAMPLES, rollout_batch_size=N_PROMPTS, reward_key=None,
                        custom_reward_post_process_path=None)
-
-# --- a transcription of slime's RolloutManager._split_train_data_by_dp (slime/ray/rollout.py) and of
-# tensorize_rollout_data_for_training (slime/observability/rollout_data_utils.py), as far as they decide
-# which keys reach a training rank and in which form: only this fixed list of keys is copied per rank
-# (indexed by the rank's partition), ``raw_reward`` and ``total_lengths`` go whole, and the listed keys
-# become CPU tensors. The rank's data then crosses the Ray object store (pickled; imitated in-process).
-SLIME_SPLIT_KEYS = ("tokens", "multimodal_train_inputs", "response_lengths", "rewards", "truncated", "loss_masks",
-                    "round_number", "sample_indices", "rollout_ids", "rollout_mask_sums", "rollout_log_probs",
-                    "rollout_top_p_token_ids", "rollout_top_p_token_offsets", "rollout_routed_experts",
-                    "source_names", "prompt", "teacher_log_probs")
-SLIME_WHOLE_KEYS = ("raw_reward", "total_lengths")
-SLIME_TENSOR_DTYPES = {"tokens": torch.long, "loss_masks": torch.int, "rollout_log_probs": torch.float32,
-                       "rollout_top_p_token_ids": torch.int32, "rollout_top_p_token_offsets": torch.int32,
-                       "teacher_log_probs": torch.float32, "rollout_routed_experts": None}
-
-
-def split_like_slime(data: dict, partitions: list[list[int]]) -> list[bytes]:
-    """Each rank's ``rollout_data`` as slime's split packs it for ``partitions`` (sample indices per
-    rank; slime's schedule balances lengths), pickled as ``ray.put`` would."""
-    data["total_lengths"] = [len(t) for t in data["tokens"]]
-    out = []
-    for partition in partitions:
-        rank = {"partition": partition}
-        rank.update({k: [data[k][j] for j in partition] for k in SLIME_SPLIT_KEYS if k in data})
-        rank.update({k: data[k] for k in SLIME_WHOLE_KEYS if k in data})
-        for key, dtype in SLIME_TENSOR_DTYPES.items():
-            if key in rank:
-                rank[key] = [torch.as_tensor(v, dtype=dtype) if dtype is not None else torch.as_tensor(v)
-                             for v in rank[key]]
-        if "rollout_mask_sums" in rank:
-            rank["rollout_mask_sums"] = torch.as_tensor(rank["rollout_mask_sums"], dtype=torch.float32)
-        out.append(pickle.dumps(rank, protocol=5))
-    return out
-
-
-def interleaved(n: int, dp_size: int) -> list[list[int]]:
-    return [list(range(r, n, dp_size)) for r in range(dp_size)]
 
 
 def sharing_partitions(session_ids: list[str]) -> list[list[int]]:
@@ -92,71 +60,6 @@ def sharing_partitions(session_ids: list[str]) -> list[list[int]]:
     for k, i in enumerate(i for i in range(len(session_ids)) if i not in placed):
         ranks[(k + 1) % 2].append(i)
     return [sorted(r) for r in ranks]
-
-
-def process_rollout_data(args, rollout_data_ref, dp_rank, dp_size):
-    """slime.utils.data.process_rollout_data as far as the data goes: the rank's object from the store,
-    ``total_lengths`` narrowed to its partition."""
-    data = pickle.loads(rollout_data_ref[dp_rank])
-    data["total_lengths"] = [data["total_lengths"][i] for i in data["partition"]]
-    return data
-
-
-SLIME_FETCH = process_rollout_data
-
-
-class MegatronActorStandIn:
-    """slime's MegatronTrainRayActor below the Megatron boundary: ``_get_rollout_data`` fetches through
-    its module's ``process_rollout_data`` and then moves the data on (here: keeps it); ``train`` takes
-    the data and ends in the gradient all-reduce every DP rank joins (a barrier)."""
-
-    def __init__(self, args, rank: int, size: int, all_reduce: threading.Barrier) -> None:
-        self.args, self.rank, self.size, self.all_reduce = args, rank, size, all_reduce
-        self.taken = None
-
-    def _get_rollout_data(self, rollout_data_ref):
-        return process_rollout_data(self.args, rollout_data_ref, self.rank, self.size)
-
-    def train(self, rollout_id, rollout_data_ref, external_data=None):
-        self.taken = self._get_rollout_data(rollout_data_ref)
-        self.all_reduce.wait(timeout=60)
-
-
-def _train_ranks(actor_cls, args, boxes):
-    """Every rank's ``train`` at once, as slime's ``async_train`` runs them; the actors afterwards."""
-    barrier = threading.Barrier(len(boxes))
-    actors = [actor_cls(args, r, len(boxes), barrier) for r in range(len(boxes))]
-    errors = []
-
-    def run(actor):
-        try:
-            actor.train(0, boxes)
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the test's thread
-            errors.append(exc)
-            barrier.abort()
-
-    threads = [threading.Thread(target=run, args=(a,)) for a in actors]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    if errors:
-        raise errors[0]
-    return actors
-
-
-def _same(a: dict, b: dict) -> None:
-    assert sorted(a) == sorted(b)
-    for key in a:
-        x, y = a[key], b[key]
-        if isinstance(x, torch.Tensor):
-            assert x.dtype == y.dtype and torch.equal(x, y), key
-        elif x and isinstance(x, list) and isinstance(x[0], torch.Tensor):
-            assert len(x) == len(y), key
-            for u, v in zip(x, y):
-                assert u.dtype == v.dtype and u.shape == v.shape and torch.equal(u, v), key
-        else:
-            assert x == y, key
 
 
 @pytest.fixture()
@@ -199,7 +102,7 @@ def test_each_rank_restores_its_refs_after_slimes_split_as_the_rollout_path_has_
     assert client.total_keys() == len(keys)
     # Each rank joins the Proxy's TransferQueue from the spec the read carried, as a Ray actor would.
     args = SimpleNamespace(dressage_tq_spec=batch.transfer_queue)
-    actors = _train_ranks(dressage_train_actor(MegatronActorStandIn), args, boxes)
+    actors = train_ranks(dressage_train_actor(MegatronActorStandIn), args, boxes)
     for actor, want, mine in zip(actors, expected, rank_keys):
         refs = actor._dressage_refs
         plan = refs.reader.last_plan
@@ -209,19 +112,17 @@ def test_each_rank_restores_its_refs_after_slimes_split_as_the_rollout_path_has_
         assert plan.keys == len(mine) and refs.pending == []
         if actor.rank == 0:
             assert plan.pieces > plan.keys  # keys several Segments of a session share are read once
-        reference_rank = pickle.loads(want)
-        reference_rank["total_lengths"] = [reference_rank["total_lengths"][i] for i in reference_rank["partition"]]
-        _same(actor.taken, reference_rank)  # bit for bit, dtypes and shapes included
+        assert_same(actor.taken, rank_data(want))  # bit for bit, dtypes and shapes included
         assert actor.taken["rollout_routed_experts"][0].dtype == torch.int32
         assert actor.taken["rollout_log_probs"][0].dtype == torch.float32
     # Each rank released after its step; keys two ranks share were read by both before either released.
     assert client.total_keys() == 0 and sum(int(row["keys"]) for row in tq2.stats().values()) == 0
     # Outside an actor's ``_get_rollout_data`` the wrapped name answers what slime's function does.
-    wrapped = globals()["process_rollout_data"]
+    wrapped = slime_standins.process_rollout_data
     assert wrapped is not SLIME_FETCH and wrapped.__wrapped__ is SLIME_FETCH
     assert REFS_TRAIN_KEY in wrapped(None, boxes, 0, DP)
     dressage_train_actor(MegatronActorStandIn)
-    assert globals()["process_rollout_data"] is wrapped  # wrapped once
+    assert slime_standins.process_rollout_data is wrapped  # wrapped once
     for actor in actors:
         actor._dressage_refs.client.close()
 
@@ -382,3 +283,43 @@ def test_a_rank_whose_samples_carry_a_field_unevenly_is_refused_and_left_as_it_c
     assert len(keys) == 4 and REFS_TRAIN_KEY not in data
     assert [a.shape for a in data["rollout_routed_experts"]] == [(15, 2, 2)] * 2
     assert data["rollout_routed_experts"][0].dtype == np.int32 and data["rollout_log_probs"][1].dtype == np.float32
+
+
+def test_a_rank_finds_the_transfer_queue_by_asking_the_proxy_unless_given_a_spec(engine, tq, proxy_stack, tmp_path,
+                                                                                 monkeypatch):
+    for name in ("DRESSAGE_TQ_SPEC", "DRESSAGE_PROXY_URL", "DRESSAGE_ADMIN_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    proxy = proxy_stack(engine.url, tq=tq, admin_token="trainer-secret")
+    spec = tq.client_spec()
+    # The Proxy, by the YAML's dressage_proxy_url and the admin token the named variable holds.
+    monkeypatch.setenv("MY_ADMIN_TOKEN", "trainer-secret")
+    assert tq_spec(SimpleNamespace(dressage_proxy_url=proxy.url, dressage_admin_token_env="MY_ADMIN_TOKEN")) == spec
+    with pytest.raises(ProxyStatusError) as info:  # the spec may carry the TQ's secret: no token, no spec
+        tq_spec(SimpleNamespace(dressage_proxy_url=proxy.url))
+    assert info.value.status_code == 401
+    # ... or by the environment alone.
+    monkeypatch.setenv("DRESSAGE_PROXY_URL", proxy.url)
+    monkeypatch.setenv("DRESSAGE_ADMIN_TOKEN", "trainer-secret")
+    assert tq_spec(SimpleNamespace()) == spec
+    # Overrides: the spec itself, or a spec file, in args or DRESSAGE_TQ_SPEC; the Proxy is not asked.
+    other = dict(spec, request_timeout_s=7.0)
+    path = tmp_path / "tq.json"
+    write_client_spec(other, path)
+    assert tq_spec(SimpleNamespace(dressage_tq_spec=other)) == other
+    assert tq_spec(SimpleNamespace(dressage_tq_spec=str(path))) == other
+    monkeypatch.setenv("DRESSAGE_TQ_SPEC", str(path))
+    assert tq_spec(SimpleNamespace(dressage_proxy_url=proxy.url)) == other
+    with pytest.raises(ConfigError, match="dressage_tq_spec: expected"):
+        tq_spec(SimpleNamespace(dressage_tq_spec=42))
+    for name in ("DRESSAGE_TQ_SPEC", "DRESSAGE_PROXY_URL"):
+        monkeypatch.delenv(name)
+    with pytest.raises(ConfigError, match="set dressage_proxy_url"):
+        tq_spec(SimpleNamespace())
+    with pytest.raises(ConfigError, match="dressage_admin_token_env: the environment variable NOT_SET_HERE"):
+        tq_spec(SimpleNamespace(dressage_proxy_url=proxy.url, dressage_admin_token_env="NOT_SET_HERE"))
+
+
+def test_a_rank_of_a_proxy_without_transfer_queue_is_told_so(engine, proxy_stack):
+    proxy = proxy_stack(engine.url)
+    with pytest.raises(NoTransferQueueError, match="--enable-transfer-queue"):
+        tq_spec(SimpleNamespace(dressage_proxy_url=proxy.url))

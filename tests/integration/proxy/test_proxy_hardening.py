@@ -228,7 +228,7 @@ def test_agent_and_admin_tokens(hostile, tmp_path):
                           timeout=20).status_code == 200
         assert httpx.post(f"{url}/sessions/{sid}/finalize", json={"reward": 1}, headers=agent).status_code == 200
         for method, path in (("POST", "/trajectory/read"), ("GET", "/trajectory/stats"),
-                             ("POST", "/v1/rollout/resume"), ("GET", "/v1/engines")):
+                             ("GET", "/transfer_queue/spec"), ("POST", "/v1/rollout/resume"), ("GET", "/v1/engines")):
             r = httpx.request(method, url + path, headers=agent, json={} if method == "POST" else None)
             assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error", path
             assert httpx.request(method, url + path).status_code == 401

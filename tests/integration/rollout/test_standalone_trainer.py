@@ -142,3 +142,22 @@ def test_a_spec_that_is_not_one_stops_the_proxy_with_its_name(engine_process, tm
                            "--port", str(_free_port()), "--enable-transfer-queue", "--transfer-queue-spec", str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "tq.json" in proc.stderr and "spec" in proc.stderr
+
+
+def test_a_proxy_process_writes_its_spec_file_while_it_serves(engine_process, tmp_path):
+    """``--transfer-queue-spec-out``: the spec of the TQ the Proxy started, in a file for processes that
+    join by file, the same one ``GET /transfer_queue/spec`` answers; gone once the Proxy stopped."""
+    from dressage.tq.client.spec import load_client_spec
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    spec_file = tmp_path / "out" / "tq.json"
+    spec_file.parent.mkdir()
+    proxy = _start(["proxy", "serve", "--engine-url", engine_process, "--port", str(port), "--enable-transfer-queue",
+                    "--transfer-queue-spec-out", str(spec_file)], url)
+    try:
+        assert stat.S_IMODE(spec_file.stat().st_mode) == 0o600
+        assert load_client_spec(spec_file) == httpx.get(f"{url}/transfer_queue/spec", timeout=10).json()
+    finally:
+        _stop(proxy)
+    assert proxy.returncode == 0 and not spec_file.exists()

@@ -76,10 +76,12 @@ CASES = {
     "proxy serve": (_proxy,
                     ["--engine-url", "http://e:1", "--port", "9001", "--context-window", "4096", "--partial-rollout",
                      "--journal-fsync", "never", "--enable-transfer-queue", "--transfer-queue-spec", "tq.json",
+                     "--transfer-queue-spec-out", "out.json",
                      "--model", "tiny-moe", "--request-timeout", "7", "--api-token", "agent-token"],
                     ["--engines.engine_urls", "http://e:1", "--server.port", "9001", "--limits.context_length", "4096",
                      "--sessions.partial_rollout", "true", "--journal.fsync", "never",
                      "--data_plane.enable_transfer_queue", "true", "--transfer_queue.spec", "tq.json",
+                     "--transfer_queue.spec_out", "out.json",
                      "--data_plane.model", "tiny-moe", "--engines.request_timeout_s", "7",
                      "--access.api_token", "agent-token"],
                     ["--engine-url", "http://e:1"]),
@@ -129,6 +131,7 @@ def test_generated_flags_mean_what_they_say():
     cfg = _proxy(CASES["proxy serve"][1])
     assert (cfg.server.port, cfg.limits.context_length, cfg.sessions.partial_rollout) == (9001, 4096, True)
     assert cfg.engines.urls == ("http://e:1",) and cfg.transfer_queue.spec == "tq.json"
+    assert cfg.transfer_queue.spec_out == "out.json"
     assert _proxy(["--engine-url", "http://e:1"]).server.port == 8000  # the command's default, not the library's
     run = _run(CASES["run"][1])
     assert (run.rollout.num_rollouts, run.agents.context_length, run.cluster.ray) == (3, 8192, True)

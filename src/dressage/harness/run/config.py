@@ -158,6 +158,9 @@ class RunConfig:
         if self.transfer_queue.spec is not None:
             raise ConfigError("transfer_queue.spec: dressage run starts its own TransferQueue; give its settings "
                               "as transfer_queue.config")
+        if self.transfer_queue.spec_out is not None:
+            raise ConfigError("transfer_queue.spec_out: dressage run trains in its own processes, which join its "
+                              "TransferQueue without a file")
         if self.inference.backend == "transformers":
             if self.cluster.ray:
                 raise ConfigError("--engine transformers replays routing in this process's trainer; "

@@ -3,7 +3,7 @@
 Before a route runs it checks, in this order:
 
 - **tokens**: ``/health`` is open; admin endpoints (:data:`ADMIN_PREFIXES`: trajectory read and
-  drain, pause / resume, discard, engines) need the admin token; every other endpoint takes the
+  drain, the TransferQueue spec, pause / resume, discard, engines) need the admin token; every other endpoint takes the
   agent token or the admin token. With only one token configured it opens everything (the
   single-token setup). A missing or wrong token is 401, an agent token on an admin endpoint 403.
 - **body size on the bytes received**: a declared ``Content-Length`` over the limit is refused at
@@ -30,8 +30,8 @@ from dressage.proxy.openai.streaming import error_payload
 
 __all__ = ["RequestGuard", "ADMIN_PREFIXES", "is_admin_path", "check_json_values"]
 
-ADMIN_PREFIXES = ("/trajectory/", "/v1/rollout/", "/v1/engines", "/engines", "/session/discard", "/admin/",
-                  "/v1/weights", "/update_weight")
+ADMIN_PREFIXES = ("/trajectory/", "/transfer_queue/", "/v1/rollout/", "/v1/engines", "/engines", "/session/discard",
+                  "/admin/", "/v1/weights", "/update_weight")
 """Path prefixes of the trainer's (admin) endpoints; a session's own ``/sessions/{id}/discard`` too."""
 
 OPEN_PATHS = ("/health",)

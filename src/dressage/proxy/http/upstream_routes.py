@@ -1,4 +1,4 @@
-"""The routes upstream Dressage's clients call: finalize, discard, trajectory read, capabilities.
+"""The routes upstream Dressage's clients call: finalize, discard, trajectory read, TQ spec, capabilities.
 
 Bodies are strict (an unknown key is a 400: these calls change what is trained on); the session
 may be named in the body or by the ``X-Session-Id`` / ``X-SMG-Routing-Key`` header. The use cases
@@ -68,6 +68,11 @@ def upstream_router(service: Any) -> APIRouter:
         if binary:
             return Response(msgpack.packb(answer, use_bin_type=True), media_type=MSGPACK_MEDIA_TYPE)
         return _json(answer)
+
+    @router.get("/transfer_queue/spec")
+    async def transfer_queue_spec() -> Response:
+        # The spec may carry the TQ's shared secret: an admin path, guarded like the read that also hands it out.
+        return _json(service.trajectories.transfer_queue_spec())
 
     @router.get("/integration/capabilities")
     async def integration_capabilities() -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Iterable, Sequence
 
-from dressage.errors import ConfigError, SessionStateError, UnknownStepError
+from dressage.errors import ConfigError, NoTransferQueueError, SessionStateError, UnknownStepError
 from dressage.proxy.config import ProxyConfig
 from dressage.proxy.recording.core import FinalizedSession, ProxyCore
 from dressage.proxy.recording.heap import trim_heap
@@ -48,6 +48,19 @@ class Trajectories:
         """Finalizes under way (a concurrent repeat waits for the same answer)."""
         self.heap_trims, self.heap_trim_s = 0, 0.0
         """Trims after forgetting a batch of sessions, and the time they took."""
+
+    def _spec(self) -> dict[str, Any] | None:
+        return self._tq_spec() if self._tq_spec is not None else None
+
+    def transfer_queue_spec(self) -> dict[str, Any]:
+        """The client spec of this Proxy's TransferQueue, the one a read's ``meta_info.transfer_queue``
+        carries (``GET /transfer_queue/spec``: training ranks join it without reading); raises
+        :class:`NoTransferQueueError` when the Proxy runs without one."""
+        spec = self._spec()
+        if spec is None:
+            raise NoTransferQueueError("this Proxy runs without TransferQueue (start it with --enable-transfer-queue): "
+                                       "its reads carry the large fields themselves, there is no spec to join")
+        return spec
 
     def adopt(self, delivered: Iterable[FinalizedSession]) -> None:
         """Take back trajectories a journal replay found finalized and not yet read."""
@@ -200,7 +213,7 @@ class Trajectories:
                      "metadata": self.finalized[sid].metadata,
                      "samples": samples_wire(self.finalized[sid], binary=binary)}
                     for sid in selection.session_ids]
-            spec = self._tq_spec() if self._tq_spec is not None else None
+            spec = self._spec()
             answer = {"success": bool(data), "mode": "samples", "data": data, "drained": bool(drain),
                       "meta_info": {"trajectories": len(data), "groups": len(selection.groups),
                                     "transfer_queue": spec, "selection": selection.mode,
