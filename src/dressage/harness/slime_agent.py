@@ -13,9 +13,8 @@ import openai
 
 from dressage.agents import SessionContext
 from dressage.errors import ConfigError
-from dressage.harness.agents.conversation import Conversation
+from dressage.harness.agents.conversation import Conversation, converse
 from dressage.harness.agents.prompts import DEFAULT_SYSTEM, TaskPrompt
-from dressage.harness.agents.rollout import converse
 
 if TYPE_CHECKING:  # a type only: AgentConfig.session_agent() imports this module
     from dressage.harness.agents.config import AgentConfig

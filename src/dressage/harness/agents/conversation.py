@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dressage.errors import SessionStateError
-from dressage.harness.agents.client import ChatReply
+from dressage.harness.agents.client import ChatReply, ProxyClient
 from dressage.harness.agents.policy import SessionPolicy, TurnDecision, needs_compression, score_transcript, summarize
 from dressage.harness.agents.prompts import TaskPrompt
 from dressage.harness.agents.tools import TOOL_SPECS, execute_tool
@@ -19,7 +19,7 @@ from dressage.harness.agents.tools import TOOL_SPECS, execute_tool
 if TYPE_CHECKING:  # a type only: AgentConfig.session_agent() reaches this module at run time
     from dressage.harness.agents.config import AgentConfig
 
-__all__ = ["Conversation", "ChatRequestPlan"]
+__all__ = ["Conversation", "ChatRequestPlan", "converse"]
 
 Message = dict[str, Any]
 
@@ -118,3 +118,13 @@ class Conversation:
 
     def reward(self) -> float:
         return score_transcript(self.prompt, self.transcript)
+
+
+async def converse(chat: Any, conv: Conversation, config: "AgentConfig") -> None:
+    """Run ``conv`` to its end against the chat client ``chat`` (one call per planned request)."""
+    while not conv.done:
+        plan = conv.next_request()
+        reply = await ProxyClient.complete(chat, model=config.model, messages=plan.messages, tools=plan.tools,
+                                           temperature=config.temperature, max_tokens=config.max_tokens,
+                                           seed=plan.seed)
+        conv.observe(reply)

@@ -15,10 +15,10 @@ from typing import Any, Mapping, Sequence
 from dressage.errors import AgentError, ConfigError
 from dressage.harness.agents.client import ProxyClient, error_kind
 from dressage.harness.agents.config import AgentConfig
-from dressage.harness.agents.conversation import Conversation
+from dressage.harness.agents.conversation import Conversation, converse
 from dressage.harness.agents.prompts import TaskPrompt, as_task_prompt
 
-__all__ = ["SessionResult", "RolloutReport", "run_rollout", "run_session", "converse"]
+__all__ = ["SessionResult", "RolloutReport", "run_rollout", "run_session"]
 
 
 @dataclass(slots=True)
@@ -119,16 +119,6 @@ async def _abort_quietly(client: ProxyClient, session_id: str) -> None:
         await client.abort(session_id)
     except AgentError:
         pass  # the session is already counted as failed; a second error adds nothing
-
-
-async def converse(chat: Any, conv: Conversation, config: AgentConfig) -> None:
-    """Run ``conv`` to its end against the chat client ``chat`` (one call per planned request)."""
-    while not conv.done:
-        plan = conv.next_request()
-        reply = await ProxyClient.complete(chat, model=config.model, messages=plan.messages, tools=plan.tools,
-                                           temperature=config.temperature, max_tokens=config.max_tokens,
-                                           seed=plan.seed)
-        conv.observe(reply)
 
 
 async def run_session(client: ProxyClient, prompt: TaskPrompt, group_index: int, sample_index: int,
