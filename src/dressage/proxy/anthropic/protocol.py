@@ -23,9 +23,11 @@ __all__ = ["MessagesRequest", "CountTokensRequest", "NO_OP_PARAMS", "THINKING_SI
            "content_blocks", "usage_object", "count_body", "CHAT_NAMES"]
 
 NO_OP_PARAMS = frozenset({"thinking", "context_management", "output_config", "metadata", "service_tier",
-                          "container", "mcp_servers", "betas"})
+                          "container", "mcp_servers", "betas", "cache_control", "inference_geo", "speed",
+                          "diagnostics", "user_profile_id", "workspace_id"})
 """Accepted and ignored: Anthropic platform bookkeeping and settings the served model cannot take per call
-(the reasoning budget, context editing, effort, the caching tier); none changes a reply's tokens here.
+(the reasoning budget, context editing, effort, prompt caching, where and how fast Anthropic serves the
+call, its accounts); none changes a reply's tokens here.
 ``mcp_servers`` must be empty and ``output_config.format`` is served (as a chat ``response_format``)."""
 
 THINKING_SIGNATURE = "dressage"
