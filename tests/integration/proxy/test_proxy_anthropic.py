@@ -236,8 +236,8 @@ def test_header_form_probes_and_bad_requests_answer_in_anthropic_shape(proxy):
     assert "bash_20250124" in exc.value.message
 
 
-def test_the_agent_token_is_taken_from_x_api_key(engine, proxy_stack):
-    stack = proxy_stack(engine.url, api_token="agent-secret", r3=False)
+def test_the_agent_token_is_taken_from_x_api_key_and_refusals_take_anthropic_shape(engine, proxy_stack):
+    stack = proxy_stack(engine.url, api_token="agent-secret", r3=False, max_body_bytes=4096)
     sid = httpx.post(stack.url + "/sessions", json={}, headers={"authorization": "Bearer agent-secret"},
                      timeout=20).json()["session_id"]
     good = anthropic.Anthropic(base_url=f"{stack.url}/sessions/{sid}", api_key="agent-secret", max_retries=0)
@@ -246,6 +246,14 @@ def test_the_agent_token_is_taken_from_x_api_key(engine, proxy_stack):
     with pytest.raises(anthropic.AuthenticationError) as exc:
         wrong.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
     assert exc.value.status_code == 401 and exc.value.body["error"]["type"] == "authentication_error"
+    big = httpx.post(f"{stack.url}/sessions/{sid}/v1/messages", headers={"x-api-key": "agent-secret"}, timeout=20,
+                     json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x" * 5000}]})
+    assert big.status_code == 413 and big.json()["type"] == "error"
+    assert big.json()["error"]["type"] == "request_too_large"
+    chat = httpx.post(f"{stack.url}/sessions/{sid}/v1/chat/completions", headers={"x-api-key": "wrong"}, timeout=20,
+                      json={"messages": [{"role": "user", "content": "x"}]})
+    assert chat.status_code == 401 and chat.json()["error"]["type"] == "authentication_error"  # OpenAI's shape
+    assert "message" in chat.json()["error"] and "type" not in chat.json()
 
 
 @pytest.mark.parametrize("keep_thinking", [True, False], ids=["thinking_sent_back", "thinking_dropped"])

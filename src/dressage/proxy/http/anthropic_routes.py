@@ -9,6 +9,7 @@ with the status its class carries.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -24,6 +25,8 @@ from dressage.proxy.recording.turn_scope import identity_of
 __all__ = ["anthropic_router", "is_anthropic_path", "anthropic_error_response"]
 
 _SSE_HEADERS = {"cache-control": "no-cache"}
+
+log = logging.getLogger(__name__)
 
 
 def anthropic_error_response(book: Any, exc: DressageError) -> Response:
@@ -62,6 +65,9 @@ def anthropic_router(service: Any) -> APIRouter:
             out = await service.messages.open(session_id, req)
         except DressageError as exc:
             return anthropic_error_response(service.book, exc)
+        except Exception as exc:  # a bug still answers in the shape the client reads
+            log.exception("messages call failed")
+            return anthropic_error_response(service.book, DressageError(f"internal error: {type(exc).__name__}"))
         if isinstance(out, dict):
             return Response(fastjson.dumps(out), media_type="application/json")
         return StreamingResponse(out, media_type="text/event-stream", headers=_SSE_HEADERS)

@@ -276,3 +276,34 @@ def test_streamed_blocks_add_up_to_the_non_streamed_message(text):
     if "Plain" in text:
         assert kinds.count("content_block_delta") > 2  # the text went out as it came
     assert _accumulate(_events(replay_message(final))) == final
+
+
+# ------------------------------------------------------------------ a failure inside an open stream
+def test_a_stream_that_fails_after_it_began_ends_with_an_error_event():
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from dressage.errors import EngineTimeout
+    from dressage.proxy.anthropic.serving import MessagesServing
+
+    class Chat:
+        async def reply_events(self, call, on_commit=None):
+            yield "Some words"
+            raise EngineTimeout("the engine did not answer within 5s")
+
+    book = SimpleNamespace(failed_calls=0, dropped=[])
+    book.drop_if_unused = lambda sid: book.dropped.append(sid)
+    serving = MessagesServing(None, None, None, chat=Chat(), parser=QwenToolCallParser(), book=book)
+    call = SimpleNamespace(session_id="s1", completion_id=CID, prompt=SimpleNamespace(prompt_ids=np.arange(7)))
+
+    async def run():
+        return [f async for f in serving._stream(call, "m")]
+
+    evs = _events(asyncio.run(run()))
+    assert [e["type"] for e in evs][:2] == ["message_start", "ping"]
+    assert evs[0]["message"]["usage"]["input_tokens"] == 7
+    assert any(e["type"] == "content_block_delta" and e["delta"].get("text") == "Some words" for e in evs)
+    assert evs[-1] == {"type": "error", "error": {"type": "api_error",
+                                                  "message": "the engine did not answer within 5s"}}
+    assert book.failed_calls == 1 and book.dropped == ["s1"]  # nothing was committed: a fresh session goes
