@@ -3,7 +3,8 @@
 The built-in engine calls a tool on every user turn and answers in prose after tool results
 (``tool_call_rate=1``, ``answer_tool_results``): Claude Code streams its first call with its
 default tools, gets a ``tool_use`` for one of them with arguments drawn from that tool's schema,
-answers it with a ``tool_result`` and ends on the prose reply. Every Messages call is watched at
+answers it with a ``tool_result`` and ends on the prose reply. On the real Qwen3 template the replies
+open with reasoning, which Claude Code sends back as thinking blocks. Every Messages call is watched at
 the serving object (request, how it ended, the usage answered), and the recorded trajectory is
 checked against what Claude Code reported.
 """
@@ -88,10 +89,20 @@ def _conversations(calls: list[Call]) -> int:
     return roots
 
 
-@pytest.fixture
-def stack():
-    engine = start_engine(seed=5, tool_call_rate=1.0, answer_tool_results=True, mean_response_tokens=20)
-    proxy = start_proxy(engine.url, dp_size=1, request_timeout_s=60, served_model_name=MODEL)
+@pytest.fixture(params=["byte", "qwen3"])
+def stack(request):
+    """Engine + Proxy on the byte tokenizer, or on the real Qwen3 template (replies open with reasoning)."""
+    if request.param == "qwen3":
+        from dressage.engine.core import Engine
+
+        tok = request.getfixturevalue("qwen3")
+        engine = start_engine(seed=5, tokenizer="qwen3", tool_call_rate=1.0, answer_tool_results=True,
+                              mean_response_tokens=20, make_engine=lambda config: Engine(config, tok))
+        proxy = start_proxy(engine.url, dp_size=1, request_timeout_s=60, served_model_name=MODEL, tokenizer=tok,
+                            tokenizer_name="qwen3")
+    else:
+        engine = start_engine(seed=5, tool_call_rate=1.0, answer_tool_results=True, mean_response_tokens=20)
+        proxy = start_proxy(engine.url, dp_size=1, request_timeout_s=60, served_model_name=MODEL)
     try:
         yield proxy
     finally:
@@ -99,7 +110,7 @@ def stack():
         engine.stop()
 
 
-def test_claude_code_runs_its_tool_loop_through_the_proxy(stack, agent_cli, scratch_home, caplog):
+def test_claude_code_runs_its_tool_loop_through_the_proxy(stack, agent_cli, scratch_home, caplog, request):
     claude = agent_cli("claude")
     (scratch_home.work / "notes.txt").write_text("The answer is 42.\n")
     watch = MessagesWatch(stack.service)
@@ -129,6 +140,10 @@ def test_claude_code_runs_its_tool_loop_through_the_proxy(stack, agent_cli, scra
     answered = {b["tool_use_id"] for c in calls[1:] for m in c.request["messages"] if m["role"] == "user"
                 and isinstance(m["content"], list) for b in m["content"] if b.get("type") == "tool_result"}
     assert set(calls[0].tool_use_ids) <= answered
+    if request.node.callspec.params["stack"] == "qwen3":  # the model's thinking went back with its tool call
+        sent_back = [b["type"] for c in calls[1:] for m in c.request["messages"] if m["role"] == "assistant"
+                     for b in m["content"]]
+        assert "thinking" in sent_back and "tool_use" in sent_back
     reported = sum(u["outputTokens"] for u in result["modelUsage"].values())
     assert reported == sum(c.output_tokens for c in calls)
 
