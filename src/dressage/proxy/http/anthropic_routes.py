@@ -103,8 +103,12 @@ def anthropic_router(service: Any) -> APIRouter:
     async def session_probe(session_id: str) -> Response:
         return Response(status_code=200 if session_id in service.core.sessions else 404)
 
-    @router.api_route("/", methods=["GET", "HEAD"])
-    async def root_probe() -> dict[str, Any]:
+    @router.get("/")
+    async def root() -> dict[str, Any]:
         return {"status": "ok"}
+
+    @router.head("/")
+    async def root_probe() -> Response:
+        return Response(status_code=200)
 
     return router
