@@ -101,6 +101,29 @@ def _system_text(system: Any) -> str:
     return _texts(system, "system", allowed="text blocks")
 
 
+def _tool_result_text(content: Any, where: str) -> str:
+    """A ``tool_result``'s content as the tool turn's text.
+
+    A ``tool_reference`` block (what a tool search answers: a deferred tool made available) reads as
+    that tool's name: every tool of the request, deferred ones included, is in the rendered prompt
+    from the first turn, so the reference adds no definition the model lacks.
+    """
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise UnsupportedParameterError(where, "must be a string or a list of content blocks")
+    out = []
+    for j, block in enumerate(content):
+        kind = _kind(block)
+        if kind == "text" and isinstance(block.get("text"), str):
+            out.append(block["text"])
+        elif kind == "tool_reference" and isinstance(block.get("tool_name"), str):
+            out.append(block["tool_name"])
+        else:
+            raise _refused_block(f"{where}[{j}]", kind, "text, tool_reference")
+    return "\n\n".join(out)
+
+
 def _user_turns(content: Any, at: str) -> list[dict[str, Any]]:
     """Chat messages of one user message: ``tool_result`` blocks as tool turns, text as user turns, in order."""
     if isinstance(content, str):
@@ -123,8 +146,7 @@ def _user_turns(content: Any, at: str) -> list[dict[str, Any]]:
             if not isinstance(block.get("tool_use_id"), str):
                 raise UnsupportedParameterError(f"{where}.tool_use_id", "a tool_result block needs a tool_use_id")
             flush()
-            result = block.get("content")
-            text = "" if result is None else _texts(result, f"{where}.content", allowed="text blocks")
+            text = _tool_result_text(block.get("content"), f"{where}.content")
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
         else:
             raise _refused_block(where, kind, "text, tool_result")
@@ -212,7 +234,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         if tool.get("description") is not None:
             fn["description"] = tool["description"]
         fn["parameters"] = schema
-        out.append({"type": "function", "function": fn})
+        out.append({"type": "function", "function": fn})  # defer_loading too: the template renders every tool
     return out
 
 

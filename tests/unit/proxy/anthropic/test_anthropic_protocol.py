@@ -74,6 +74,10 @@ def test_tool_use_and_tool_results_as_string_or_blocks_become_tool_calls_and_too
     assert out[2:] == [{"role": "tool", "tool_call_id": "toolu_1", "content": "2"},
                        {"role": "tool", "tool_call_id": "toolu_2", "content": "bad\n\ninput"},
                        {"role": "user", "content": "go on"}]
+    searched = chat_messages(None, [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "tool_reference", "tool_name": "Write"},
+                                                                {"type": "text", "text": "loaded"}]}]}])
+    assert searched == [{"role": "tool", "tool_call_id": "t", "content": "Write\n\nloaded"}]
     only_call = chat_messages(None, [{"role": "assistant", "content": [
         {"type": "tool_use", "id": "t", "name": "f", "input": {"x": "y"}}]}])
     assert only_call[0]["content"] is None  # as a chat client sends a tool-only turn
@@ -110,7 +114,7 @@ def test_blocks_the_model_cannot_read_are_refused_by_name(block, where, word):
 
 def test_tools_translate_and_server_tools_are_refused_by_name():
     tools = [{"name": "calc", "description": "evaluate", "input_schema": {"type": "object"},
-              "cache_control": {"type": "ephemeral"}},
+              "cache_control": {"type": "ephemeral"}, "defer_loading": True},
              {"type": "custom", "name": "echo", "input_schema": {"type": "object", "properties": {}}}]
     assert chat_tools(tools) == [
         {"type": "function", "function": {"name": "calc", "description": "evaluate",
