@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from clients.conftest import client_env, run_cli
-from dressage.proxy.anthropic.protocol import chat_messages
+from dressage.proxy.anthropic.protocol import chat_messages, chat_tools
 from dressage.testing.stack import start_engine, start_proxy
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(360)]
@@ -77,16 +77,22 @@ class MessagesWatch:
             yield frame
 
 
-def _conversations(calls: list[Call]) -> int:
-    """Calls whose conversation extends no earlier call's (each starts a conversation of its own)."""
-    seen: list[list[dict[str, Any]]] = []
-    roots = 0
+def _tito_runs(calls: list[Call]) -> int:
+    """Calls that extend no earlier call with the same tools: each starts a Segment.
+
+    A conversation Claude Code starts anew (an auxiliary one, a sub-agent's) is one; so is a call
+    whose tools changed (its tool search loaded deferred tools): the rendered system turn differs,
+    TITO cannot hold and the Proxy names the boundary ``tool_schema_change``.
+    """
+    seen: list[tuple[list[dict[str, Any]], Any]] = []
+    runs = 0
     for call in calls:
         msgs = chat_messages(call.request.get("system"), call.request["messages"])
-        if not any(msgs[:len(earlier)] == earlier for earlier in seen):
-            roots += 1
-        seen.append(msgs)
-    return roots
+        tools = chat_tools(call.request.get("tools"))
+        if not any(msgs[:len(earlier)] == earlier and tools == same for earlier, same in seen):
+            runs += 1
+        seen.append((msgs, tools))
+    return runs
 
 
 @pytest.fixture(params=["byte", "qwen3"])
@@ -150,7 +156,8 @@ def test_claude_code_runs_its_tool_loop_through_the_proxy(stack, agent_cli, scra
     # The trajectory: one Segment per conversation while TITO holds, trained on exactly the reported tokens.
     fin = httpx.post(f"{stack.url}/sessions/{sid}/finalize", json={}, timeout=20).json()
     segs = httpx.get(f"{stack.url}/sessions/{sid}/segments", timeout=20).json()
-    assert fin["segments"] == len(segs) == _conversations(calls)
+    assert fin["segments"] == len(segs) == _tito_runs(calls)
+    assert segs[0]["boundary_reason"] == "new_session" and "tito_mismatch" not in [s["boundary_reason"] for s in segs]
     assert sum(len(s["step_ids"]) for s in segs) == len(calls)
     assert sum(sum(s["loss_mask"]) for s in segs) == reported
     for seg in segs:
