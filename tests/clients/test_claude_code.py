@@ -22,7 +22,7 @@ from clients.conftest import client_env, run_cli
 from dressage.proxy.anthropic.protocol import chat_messages, chat_tools
 from dressage.testing.stack import start_engine, start_proxy
 
-pytestmark = [pytest.mark.clients, pytest.mark.timeout(360)]
+pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
 
 TASK = "List the files in this directory and say what is in notes.txt."
 MODEL = "dressage-test-model"
@@ -78,18 +78,27 @@ class MessagesWatch:
 
 
 def _tito_runs(calls: list[Call]) -> int:
-    """Calls that extend no earlier call with the same tools: each starts a Segment.
+    """How many Segments the calls make while TITO holds: a call continues an earlier call's Segment
+    when it sends that call's conversation, then its reply, with the same tools, and no other call
+    continued it first.
 
-    A conversation Claude Code starts anew (an auxiliary one, a sub-agent's) is one; so is a call
-    whose tools changed (its tool search loaded deferred tools): the rendered system turn differs,
-    TITO cannot hold and the Proxy names the boundary ``tool_schema_change``.
+    Every other call starts a Segment: a conversation Claude Code starts anew (an auxiliary one, a
+    sub-agent's); a call whose tools changed (its tool search loaded deferred tools: the rendered
+    system turn differs, ``tool_schema_change``); a call that leaves a reply out (Claude Code drops
+    an empty one) or goes on from a call already continued (a ``branch`` from the last step both share).
     """
     seen: list[tuple[list[dict[str, Any]], Any]] = []
+    continued: set[int] = set()
     runs = 0
     for call in calls:
         msgs = chat_messages(call.request.get("system"), call.request["messages"])
         tools = chat_tools(call.request.get("tools"))
-        if not any(msgs[:len(earlier)] == earlier and tools == same for earlier, same in seen):
+        parents = [j for j, (earlier, same) in enumerate(seen)
+                   if j not in continued and tools == same and len(msgs) > len(earlier)
+                   and msgs[:len(earlier)] == earlier and msgs[len(earlier)]["role"] == "assistant"]
+        if parents:
+            continued.add(max(parents, key=lambda j: len(seen[j][0])))
+        else:
             runs += 1
         seen.append((msgs, tools))
     return runs
@@ -126,16 +135,16 @@ def test_claude_code_runs_its_tool_loop_through_the_proxy(stack, agent_cli, scra
                      CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1",
                      DISABLE_ERROR_REPORTING="1", CLAUDE_CODE_MAX_RETRIES="0")
     run = run_cli([claude, "-p", TASK, "--output-format", "json", "--allowedTools", "Bash,Read,Glob,Grep"],
-                  env=env, cwd=scratch_home.work, timeout_s=300)
+                  env=env, cwd=scratch_home.work, timeout_s=480)  # its waits (ScheduleWakeup) can add minutes
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout)
     assert result["type"] == "result" and result["is_error"] is False and result["subtype"] == "success", result
     assert result.get("api_error_status") is None
 
-    # Every call was streamed, with Claude Code's default tools, and answered without an error.
+    # Every call was answered without an error; the agent's own loop streams, with its default tools.
     calls = watch.calls
     assert calls and all(c.error is None for c in calls), [c.error for c in calls]
-    assert all(c.request.get("stream") for c in calls)
+    assert calls[0].request.get("stream") is True
     assert stack.service.stats()["failed_calls"] == 0
     assert not [r for r in caplog.records if r.name.startswith("dressage") and r.levelname in ("WARNING", "ERROR")]
     offered = {t["name"] for t in calls[0].request["tools"]}
