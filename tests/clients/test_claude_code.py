@@ -135,7 +135,7 @@ def test_claude_code_runs_its_tool_loop_through_the_proxy(stack, agent_cli, scra
                      CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_TELEMETRY="1", DISABLE_AUTOUPDATER="1",
                      DISABLE_ERROR_REPORTING="1", CLAUDE_CODE_MAX_RETRIES="0")
     run = run_cli([claude, "-p", TASK, "--output-format", "json", "--allowedTools", "Bash,Read,Glob,Grep"],
-                  env=env, cwd=scratch_home.work, timeout_s=480)  # its waits (ScheduleWakeup) can add minutes
+                  env=env, cwd=scratch_home.work, timeout_s=480)  # the tools it picks may wait
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout)
     assert result["type"] == "result" and result["is_error"] is False and result["subtype"] == "success", result
