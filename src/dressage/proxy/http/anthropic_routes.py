@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -25,6 +26,7 @@ from dressage.proxy.recording.turn_scope import identity_of
 __all__ = ["anthropic_router", "is_anthropic_path", "anthropic_error_response"]
 
 _SSE_HEADERS = {"cache-control": "no-cache"}
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +41,10 @@ def anthropic_error_response(book: Any, exc: DressageError) -> Response:
 async def _body(request: Request, model: type[BaseModel]) -> Any:
     raw = await request.body()
     try:
-        value = fastjson.loads(raw)
-    except ValueError:
-        try:
-            value = json.loads(raw)  # orjson refuses integers past 64 bits; the schema words the error
-        except ValueError as exc:
-            raise UnsupportedParameterError("body", f"malformed JSON: {exc}") from None
+        # orjson reads an integer past 64 bits as a float: such a body is read by the standard library.
+        value = json.loads(raw) if _LONG_DIGITS.search(raw) else fastjson.loads(raw)
+    except ValueError as exc:
+        raise UnsupportedParameterError("body", f"malformed JSON: {exc}") from None
     if not isinstance(value, dict):
         raise UnsupportedParameterError("body", "the request body must be a JSON object")
     try:
