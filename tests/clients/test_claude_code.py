@@ -46,11 +46,11 @@ class MessagesWatch:
         self._open = service.messages.open
         service.messages.open = self.open
 
-    async def open(self, session_id: str, req: Any) -> Any:
+    async def open(self, session_id: str, req: Any, **kw: Any) -> Any:
         call = Call(req.model_dump(exclude_none=True))
         self.calls.append(call)
         try:
-            out = await self._open(session_id, req)
+            out = await self._open(session_id, req, **kw)
         except Exception as exc:
             call.error = repr(exc)
             raise

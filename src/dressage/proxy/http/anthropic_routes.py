@@ -60,9 +60,10 @@ def anthropic_router(service: Any) -> APIRouter:
     async def messages(session_id: str | None, request: Request) -> Response:
         try:
             req = await _body(request, MessagesRequest)
+            ident = identity_of(request.headers)
             if session_id is None:
-                session_id = service.header_session(identity_of(request.headers))
-            out = await service.messages.open(session_id, req)
+                session_id = service.header_session(ident)
+            out = await service.messages.open(session_id, req, turn_id=ident.turn_id)
         except DressageError as exc:
             return anthropic_error_response(service.book, exc)
         except Exception as exc:  # a bug still answers in the shape the client reads

@@ -298,11 +298,12 @@ def test_a_stream_that_fails_after_it_began_ends_with_an_error_event():
 
     book = SimpleNamespace(failed_calls=0, dropped=[])
     book.drop_if_unused = lambda sid: book.dropped.append(sid)
-    serving = MessagesServing(None, None, None, chat=Chat(), parser=QwenToolCallParser(), book=book)
-    call = SimpleNamespace(session_id="s1", completion_id=CID, prompt=SimpleNamespace(prompt_ids=np.arange(7)))
+    serving = MessagesServing(None, None, None, chat=Chat(), parser=QwenToolCallParser(), turns=None, book=book)
+    call = SimpleNamespace(session_id="s1", completion_id=CID, prompt=SimpleNamespace(prompt_ids=np.arange(7)),
+                           turn_id=None)
 
     async def run():
-        return [f async for f in serving._stream(call, "m")]
+        return [f async for f in serving._stream(call, SimpleNamespace(model="m"))]
 
     evs = _events(asyncio.run(run()))
     assert [e["type"] for e in evs][:2] == ["message_start", "ping"]
