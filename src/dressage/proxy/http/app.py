@@ -5,7 +5,8 @@ service and calls one method, and returns its value as JSON. The hot routes (ses
 generate, finalize) are reached first through :class:`dressage.proxy.http.fast_routes.FastRoutes`
 (:class:`HotFirst`), with the same schemas and calls. A :class:`dressage.errors.DressageError` becomes an
 OpenAI-style error with the status and type the class carries (``http_status``, ``openai_type``).
-Agents use ``/sessions/{id}/v1`` as an OpenAI base URL, or ``/v1`` with session headers.
+Agents use ``/sessions/{id}/v1`` as an OpenAI base URL (``/sessions/{id}`` as an Anthropic one), or
+``/v1`` with session headers; the Messages routes answer errors in Anthropic's shape.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from starlette.middleware.errors import ServerErrorMiddleware
 
 from dressage.proxy import fastjson
 from dressage.errors import DressageError
+from dressage.proxy.http.anthropic_routes import anthropic_error_response, anthropic_router, is_anthropic_path
 from dressage.proxy.http.fast_routes import FastRoutes, dressage_error_response
 from dressage.proxy.http.guard import RequestGuard
 from dressage.proxy.http.upstream_routes import upstream_router
 from dressage.proxy.http.openai_routes import openai_router
 from dressage.proxy.http.rollout_routes import rollout_router
 from dressage.proxy.schemas import ChatRequest, CreateSession, GenerateRequest
+from dressage.proxy.anthropic.protocol import error_object
 from dressage.proxy.openai.streaming import error_body
 from dressage.proxy.recording.turn_scope import identity_of
 from dressage.serving import ConnectionLimits, UvicornServer
@@ -55,6 +58,8 @@ def _install_guards(app: FastAPI, service: Any) -> None:
 
     @app.exception_handler(DressageError)
     async def dressage_error(request: Request, exc: DressageError):
+        if is_anthropic_path(request.url.path):
+            return anthropic_error_response(service.book, exc)
         return dressage_error_response(service.book, exc)
 
     @app.exception_handler(RequestValidationError)
@@ -76,6 +81,8 @@ def _install_guards(app: FastAPI, service: Any) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
+        if is_anthropic_path(request.url.path):
+            return JSONResponse(error_object(exc.status_code, str(exc.detail)), exc.status_code)
         return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code)
 
 
@@ -141,6 +148,7 @@ def fastapi_app(service: Any) -> FastAPI:
         return await service.engine_state()
 
     app.include_router(openai_router(service))
+    app.include_router(anthropic_router(service))
 
     @app.get("/sessions/{session_id}")
     async def session_info(session_id: str) -> dict[str, Any]:

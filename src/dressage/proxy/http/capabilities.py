@@ -14,6 +14,8 @@ ENDPOINTS = (
     "GET /v1/rollout/pause_state", "GET /v1/engines", "GET /integration/capabilities", "GET /health",
     "POST /v1/responses", "POST /sessions/{id}/v1/responses", "POST /v1/completions",
     "POST /sessions/{id}/v1/completions", "GET /v1/models/{model}", "GET /sessions/{id}/v1/models/{model}",
+    "POST /v1/messages", "POST /sessions/{id}/v1/messages", "POST /v1/messages/count_tokens",
+    "POST /sessions/{id}/v1/messages/count_tokens", "HEAD /sessions/{id}", "HEAD /",
 )
 SESSION_HEADERS = {"session": ["X-Session-Id", "X-SMG-Routing-Key"], "instance": ["X-Instance-Id"],
                    "turn": ["X-Turn-Id"]}

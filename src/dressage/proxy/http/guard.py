@@ -14,7 +14,8 @@ Before a route runs it checks, in this order:
   ``invalid_value``. Bodies are scanned with one regular expression; only a body that may hold
   such a value is parsed (strictly) a second time.
 
-Each refusal is a :class:`dressage.errors.RequestRejected` answered in the OpenAI error form.
+Each refusal is a :class:`dressage.errors.RequestRejected` answered in the OpenAI error form (in
+Anthropic's on the Messages endpoints, whose clients send their token as ``x-api-key``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, Awaitable, Callable
 
 from dressage.errors import (AuthenticationError, BodyTooLargeError, InputValueError, PermissionDeniedError,
                              RequestRejected)
+from dressage.proxy.anthropic.protocol import dressage_error_object, is_anthropic_path
 from dressage.proxy.openai.streaming import error_payload
 
 __all__ = ["RequestGuard", "ADMIN_PREFIXES", "is_admin_path", "check_json_values"]
@@ -84,11 +86,15 @@ def check_json_values(body: bytes) -> None:
 
 
 def _bearer(scope: Scope) -> str:
+    """The bearer token, or an ``x-api-key`` header's (how Anthropic clients send their key)."""
+    api_key = ""
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
             text = value.decode("latin-1")
             return text[7:].strip() if text[:7].lower() == "bearer " else ""
-    return ""
+        if name == b"x-api-key":
+            api_key = value.decode("latin-1").strip()
+    return api_key
 
 
 def _same(given: str, token: str | None) -> bool:
@@ -164,7 +170,7 @@ class RequestGuard:
         except RequestRejected as exc:
             if self.on_reject is not None:
                 self.on_reject(exc)
-            await _answer(send, exc)
+            await _answer(send, exc, anthropic=is_anthropic_path(scope.get("path", "")))
             return
         await self.app(scope, replay_body(body, receive), send)
 
@@ -186,8 +192,8 @@ def replay_body(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _answer(send: Send, exc: RequestRejected) -> None:
-    data = json.dumps(error_payload(exc)).encode()
+async def _answer(send: Send, exc: RequestRejected, *, anthropic: bool = False) -> None:
+    data = json.dumps(dressage_error_object(exc) if anthropic else error_payload(exc)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
                (b"x-should-retry", b"false")]
     if isinstance(exc, BodyTooLargeError):

@@ -61,6 +61,8 @@ class ChatCall:
     """One plan per sample (``n``); ``plans[0]`` is ``plan``."""
     commit: Any = None
     """The task recording the call's steps, once it began (finalize waits for it)."""
+    samples: list[ChatSample] = field(default_factory=list)
+    """The replies being recorded, once drawn and accepted (other wire formats read how each ended)."""
 
     @property
     def buffered(self) -> bool:
@@ -153,6 +155,7 @@ class ChatServing:
             raise
 
     def _commit_task(self, call: ChatCall, samples: list[ChatSample]) -> asyncio.Future:
+        call.samples = samples
         task = call.commit = asyncio.ensure_future(self.sampler.commit(call, samples))
         if call.turn_id is not None:
             self.turns.settle(call.session_id, call.turn_id, task)
