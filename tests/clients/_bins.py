@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +20,8 @@ from dressage.engine.core import Engine
 from dressage.engine import core as engine_core
 from dressage.testing.stack import ProxyStack, start_engine, start_proxy
 
+from clients.conftest import find_cli, run_cli  # noqa: F401  (run_cli: the tests take it from here)
+
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = ROOT / ".deps" / "agent-clients"
 """Where ``npm install --prefix .deps/agent-clients @openai/codex @qwen-code/qwen-code opencode-ai`` puts them."""
@@ -30,10 +30,7 @@ SERVED_MODEL = "qwen3-local"
 
 def client_bin(name: str) -> str:
     """The path of CLI ``name`` (``codex``, ``qwen``, ``opencode``); the test skips when it is not installed."""
-    path = CLIENTS / "node_modules" / ".bin" / name
-    if not path.exists():
-        pytest.skip(f"{name} is not installed under {CLIENTS} (npm install --prefix .deps/agent-clients ...)")
-    return str(path)
+    return str(find_cli(name))
 
 
 def scratch_env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -171,24 +168,6 @@ def only_tools(monkeypatch: pytest.MonkeyPatch, names: set[str]) -> None:
         return [t for t in tools if t.get("name") in names] or tools
 
     monkeypatch.setattr(engine_core, "offered_tools", chosen)
-
-
-def run_cli(argv: list[str], *, env: dict[str, str], cwd: Path, timeout_s: float) -> subprocess.CompletedProcess:
-    """Run a CLI in its own process group, stdin closed; the whole group is ended when it returns or times out."""
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{argv[0]} did not finish in {timeout_s}s\nstdout: {out[-3000:]}\nstderr: {err[-3000:]}")
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # helpers it left behind (language servers, plugin hosts)
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def open_session(proxy: ProxyStack) -> tuple[str, str]:
