@@ -195,6 +195,25 @@ def test_behind_a_discovery_router_r3_goes_to_the_workers_and_each_session_stick
     asyncio.run(go())
 
 
+def test_a_pause_names_a_worker_its_abort_cannot_reach_instead_of_waiting_on_it():
+    async def go():
+        mock = MockSGLang([W1, W2], router=ROUTER)
+        service, h = make(mock, router=True)
+        mock.hold_all = True
+        call = asyncio.ensure_future(chat(h, "s", "hello"))
+        await mock.until_pending()
+        (running,) = {p.worker for p in mock.pending.values()}
+        mock.down.add(running)  # its aborts now fail to connect
+        out = await service.pause_rollout(timeout_s=0.3)
+        assert list(out["engines_unreachable"]) == [running] and out["still_running"] == 1
+        mock.down.clear()
+        mock.release()
+        await h.post("/v1/rollout/resume", json={"weight_version": 1})
+        assert (await call).status_code == 200
+
+    asyncio.run(go())
+
+
 def test_behind_a_discovery_router_a_dead_worker_fails_one_call_and_its_session_fails_over():
     async def go():
         mock = MockSGLang([W1, W2], router=ROUTER)

@@ -246,7 +246,10 @@ class EnginePool:
 
     async def _watch(self, interval_s: float) -> None:
         while True:
-            await asyncio.sleep(interval_s)
+            if self.members or self.discovery is None:  # a discovery that listed nothing yet is asked at once
+                await asyncio.sleep(interval_s)
+            else:
+                await asyncio.sleep(min(interval_s, 0.5))
             try:
                 await self.refresh()
             except EngineError:
