@@ -8,6 +8,7 @@ serve``) so that one can be killed mid-call; tests skip when the router is not i
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import socket
@@ -75,9 +76,7 @@ class Router:
     """The real sglang-router over ``workers`` (health checked every second, as docs/proxy.md advises)."""
 
     def __init__(self, workers: list[str], *, policy: str = "manual") -> None:
-        try:
-            import sglang_router  # noqa: F401
-        except ImportError:
+        if importlib.util.find_spec("sglang_router") is None:
             pytest.skip("sglang-router is not installed (pip install 'sglang-router==0.3.2')")
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
