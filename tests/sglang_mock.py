@@ -4,7 +4,8 @@ Shapes follow tests/fixtures/sglang (see docs/compat-facts.md): ``/generate`` an
 ``meta_info.weight_version`` and, when asked, base64 int32 ``routed_experts``; ``/abort_request``
 aborts every request whose rid *starts with* the given rid (SGLang's rule); a request aborted while
 it waits answers like ``_handle_abort_req`` (no ``prompt_tokens``, no ``routed_experts``, the ids so
-far). A router lists its workers at ``GET /workers`` and does not take ``/abort_request`` itself.
+far). A router lists its workers at ``GET /workers``, does not take ``/abort_request`` itself, and
+forwards ``/generate`` without the R3 fields and ``logit_bias`` (``ROUTER_DROPS``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ import numpy as np
 from dressage.fields.sglang import encode_routed_experts_b64
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures" / "sglang"
+
+
+ROUTER_DROPS = ("return_routed_experts", "routed_experts_start_len", "logit_bias")
+"""The ``/generate`` fields sglang-router drops when it rebuilds a body for a worker."""
 
 
 def routing_row(token: int, position: int, layers: int, topk: int, experts: int) -> np.ndarray:
@@ -92,6 +97,8 @@ class MockSGLang:
                 return httpx.Response(404, json={"detail": "Not Found"})
             if path == "/generate":  # the router keeps a routing key on one worker
                 key = request.headers.get("x-smg-routing-key", body.get("rid", ""))
+                # ... and rebuilds the body, without the fields it does not know (as sglang-router 0.3 does)
+                body = {k: v for k, v in body.items() if k not in ROUTER_DROPS}
                 return await self._generate(self.workers[zlib.crc32(key.encode()) % len(self.workers)], body)
             if path in ("/model_info", "/get_model_info"):
                 return httpx.Response(200, json=self.model_info)

@@ -135,6 +135,10 @@ class AccessConfig:
             raise ConfigError("access.admin_token: the same as the agents' api_token (leave it unset for one token)")
 
 
+ROUTER_MODES = ("discovery", "data_path")
+"""How a router is used: as the list of workers, or on the path of every ``/generate``."""
+
+
 @dataclass(kw_only=True, slots=True)
 class EnginesConfig:
     """The SGLang engines (or one router) behind the Proxy, and how they are called and checked."""
@@ -146,8 +150,12 @@ class EnginesConfig:
     router_url: str | None = field(default=None, metadata=flag("--sglang-router-url", metavar="URL"))
     """An sglang-router / model gateway as the one engine endpoint: the same as ``--engine-url URL --router``."""
     router: bool = False
-    """The engine URL is an sglang-router / model gateway: /generate goes through it, aborts and
-    weight-version calls go to each healthy worker it lists (``GET /workers``)."""
+    """The engine URL is an sglang-router / model gateway (how it is used: ``router_mode``)."""
+    router_mode: str = field(default="discovery", metadata=flag(choices=ROUTER_MODES, metavar="MODE"))
+    """With a router: ``discovery`` (the Proxy lists the router's workers, ``GET /workers``, places each
+    session on one itself and sends ``/generate`` straight to it, so R3 works behind any router) or
+    ``data_path`` (``/generate`` goes through the router, which must forward the R3 fields; aborts and
+    weight versions go to its workers)."""
     engine_api_key: str | None = field(default=None, metadata=flag(metavar="KEY"))
     """The engine's ``--api-key``: sent as ``Authorization: Bearer`` on every engine and worker call."""
     request_timeout_s: float = field(default=600.0, metadata=flag("--request-timeout", metavar="S"))
@@ -177,6 +185,8 @@ class EnginesConfig:
             self.engine_urls, self.router = (self.router_url,), True
         if self.engine_urls:
             self.engine_url = self.engine_urls[0]
+        if self.router_mode not in ROUTER_MODES:
+            raise ConfigError(f"engines.router_mode: expected one of {', '.join(ROUTER_MODES)}, got {self.router_mode!r}")
         if self.router and len(self.urls) > 1:
             raise ConfigError(f"engines.router: a router is one engine endpoint, got {len(self.urls)} engine URLs")
         if not _url_ok(self.engine_url):

@@ -47,9 +47,10 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
 def checked_config(config: ProxyConfig, *, keep_tokenizer: bool = False) -> tuple[ProxyConfig, Any]:
     """``config`` with the model shape, tokenizer and context window its engines' infos settle (see
     :mod:`dressage.proxy.engines.startup`); raises before anything is started when they do not fit."""
-    from dressage.proxy.engines.startup import check_engine, fetch_engine_infos
+    from dressage.proxy.engines.startup import check_engine, check_router_r3, fetch_engine_infos
 
     check = check_engine(config, fetch_engine_infos(config.engines, wait_s=config.engines.engine_wait_s))
+    check_router_r3(config)
     changes: dict[str, Any] = {}
     if check.model is not config.data_plane.model:
         changes["data_plane"] = dataclasses.replace(config.data_plane, model=check.model)

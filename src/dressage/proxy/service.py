@@ -16,7 +16,7 @@ from dressage.proxy.anthropic.serving import MessagesServing
 from dressage.proxy.config import JournalConfig, ProxyConfig
 from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.engines.rids import RidFactory
-from dressage.proxy.engines.startup import engine_clients
+from dressage.proxy.engines.startup import engine_clients, engine_pool
 from dressage.proxy.engines.versions import read_versions, update_versions
 from dressage.proxy.openai.chat.samples import ChatSampler
 from dressage.proxy.openai.chat.serving import ChatServing
@@ -57,8 +57,10 @@ class ProxyService:
         else:
             clients = engine if isinstance(engine, (list, tuple)) else [engine] if engine is not None else \
                 engine_clients(config.engines)
-            self.engines = EnginePool(clients, failures_to_remove=config.engines.health_check_failures)
-        self.engine = next(iter(self.engines.members.values())).client
+            self.engines = engine_pool(config.engines, clients)
+        discovery = self.engines.discovery
+        self.engine = discovery.router if discovery is not None else next(iter(self.engines.members.values())).client
+        """The engine the Proxy's own calls go to (reply parsers, the router behind a discovery)."""
         self.parser = parser or reply_parser(config.server.tool_call_parser, config.server.reasoning_parser,
                                              config.data_plane.model.name,
                                              engine=self.engine if config.server.parse_on_engine else None)
@@ -176,12 +178,15 @@ class ProxyService:
         return self.pause.resume(version)
 
     async def resume_updating_engines(self, version: int | str | None) -> dict[str, Any]:
-        """Set ``version`` on every engine (each worker behind a router), then resume; when an engine
-        fails, a 502 names it and the ones updated, and the Proxy stays as it was (paused)."""
+        """Set ``version`` on every engine (each worker behind a router), then resume; engines that are
+        gone are named in ``engines_unreachable`` (they take no session until they have the version);
+        when an engine answers and fails, a 502 names it and the ones updated, and the Proxy stays
+        as it was (paused)."""
         if version is None:
             raise ConfigError("resume: update_engines needs a weight_version or version to set")
-        updated = await update_versions(self.engines, str(version))
-        return {**self.pause.resume(version), "engines_updated": updated}
+        update = await update_versions(self.engines, str(version))
+        return {**self.pause.resume(version), "engines_updated": update.updated,
+                "engines_unreachable": update.unreachable}
 
     def pause_state(self) -> dict[str, Any]:
         return self.pause.state()

@@ -8,28 +8,31 @@ discard, trajectory read by id and by ``max_groups``, capabilities, body session
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import httpx
 import numpy as np
+import pytest
 
 from dressage.fields import get_model
 from dressage.proxy.config import DataPlaneConfig, EnginesConfig, ProxyConfig, SessionsConfig
 from dressage.proxy.deployment import build_service
 from dressage.proxy.http.app import build_app
 from dressage.proxy.engines.rids import RID_LENGTH
-from dressage.proxy.engines.startup import engine_clients
+from dressage.errors import EngineMismatchError
+from dressage.proxy.engines.startup import check_router_r3, engine_clients
 from sglang_mock import MockSGLang, routing_row
 
 MODEL = get_model("tiny-moe")
 W1, W2, ROUTER = "http://10.0.0.1:30001", "http://10.0.0.2:30002", "http://router.test:30000"
 
 
-def make(mock, *, r3=True, partial=True, router=False, tq=None, key=None, sink=None):
+def make(mock, *, r3=True, partial=True, router=False, tq=None, key=None, sink=None, router_mode="discovery"):
     """The Proxy service from the composition root (``build_service``), its engines on ``mock``'s
     transport, served in process over ASGI."""
     dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=r3, enable_transfer_queue=tq is not None)
     engines = EnginesConfig(engine_url=mock.router or mock.workers[0], router=router, engine_api_key=key,
-                            request_timeout_s=20)
+                            request_timeout_s=20, router_mode=router_mode)
     cfg = ProxyConfig(data_plane=dp, engines=engines, sessions=SessionsConfig(partial_rollout=partial))
     service, _ = build_service(cfg, tq_client=tq.client() if tq is not None else None,
                                engine=engine_clients(engines, transport=mock.transport()), sink=sink)
@@ -118,10 +121,10 @@ def test_a_pause_of_one_session_aborts_only_its_call_under_sglang_prefix_matchin
     asyncio.run(go())
 
 
-def test_behind_a_router_generate_carries_the_routing_key_and_aborts_fan_out_to_workers():
+def test_behind_a_data_path_router_generate_carries_the_routing_key_and_aborts_fan_out_to_workers():
     async def go():
         mock = MockSGLang([W1, W2], router=ROUTER, api_key="sk-engine")
-        service, h = make(mock, router=True, key="sk-engine")
+        service, h = make(mock, r3=False, router=True, key="sk-engine", router_mode="data_path")
         assert service.router
         mock.hold_all = True
         call = asyncio.ensure_future(chat(h, "sess-42", "hello"))
@@ -133,8 +136,9 @@ def test_behind_a_router_generate_carries_the_routing_key_and_aborts_fan_out_to_
         gens = mock.calls("/generate", ROUTER)
         assert len(gens) == 2 and {g["headers"]["x-smg-routing-key"] for g in gens} == {"sess-42"}
         aborts = mock.calls("/abort_request")
-        # Every healthy HTTP worker got it (not the unhealthy or gRPC one); the router was not needed.
-        assert {r["origin"] for r in aborts} == {W1, W2} and not mock.calls("/abort_request", ROUTER)
+        # Every listed HTTP worker got it (the unhealthy one too, not the gRPC one); the router was not needed.
+        assert {r["origin"] for r in aborts} == {W1, W2, "http://10.0.0.3:1"}
+        assert not mock.calls("/abort_request", ROUTER)
         assert all(r["body"] == {"rid": gens[0]["body"]["rid"], "abort_all": False} for r in aborts)
         assert all(r["headers"].get("authorization") == "Bearer sk-engine" for r in mock.requests)
         # Weight-version calls go to each worker too.
@@ -142,6 +146,96 @@ def test_behind_a_router_generate_carries_the_routing_key_and_aborts_fan_out_to_
         assert mock.versions == {W1: "step-9", W2: "step-9"} and await service.engine.get_weight_version() == "step-9"
         caps = (await h.get("/integration/capabilities")).json()
         assert caps["features"]["router_fanout"] is True and caps["engines"] == 1
+
+    asyncio.run(go())
+
+
+def test_a_data_path_router_that_drops_r3_is_refused_at_start_naming_the_mode():
+    mock = MockSGLang([W1, W2], router=ROUTER)
+    engines = EnginesConfig(router_url=ROUTER, router_mode="data_path")
+    cfg = ProxyConfig(data_plane=DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True), engines=engines)
+    with pytest.raises(EngineMismatchError, match="dropped return_routed_experts.*--router-mode discovery"):
+        check_router_r3(cfg, transport=mock.transport())
+    direct = EnginesConfig(engine_url=W1)  # a worker itself keeps the fields: nothing to refuse
+    check_router_r3(dataclasses.replace(cfg, engines=direct), transport=mock.transport())
+    check_router_r3(dataclasses.replace(cfg, engines=EnginesConfig(router_url=ROUTER)), transport=mock.transport())
+
+
+def test_behind_a_discovery_router_r3_goes_to_the_workers_and_each_session_sticks_to_one():
+    async def go():
+        mock = MockSGLang([W1, W2], router=ROUTER, api_key="sk-engine")
+        service, h = make(mock, router=True, key="sk-engine")
+        assert service.router and sorted(service.engines.members) == [W1, W2, "http://10.0.0.3:1"]
+        for turn in range(3):
+            for i in range(8):
+                r = await chat(h, f"sess-{i}", "hello " * (turn + 1))
+                assert r.status_code == 200, r.text
+        assert not mock.calls("/generate", ROUTER)  # the router only lists the workers
+        gens = mock.calls("/generate")
+        assert all(g["body"]["return_routed_experts"] is True for g in gens)
+        by_session: dict[str, set] = {}
+        for g in gens:
+            by_session.setdefault(g["headers"]["x-smg-routing-key"], set()).add(g["origin"])
+        assert len(by_session) == 8 and all(len(o) == 1 for o in by_session.values())
+        assert set().union(*by_session.values()) == {W1, W2}  # both live workers take sessions
+        for i in range(8):  # every step has its R3 rows (prompt + response - 1 of them)
+            for st in service.core.session(f"sess-{i}").steps.values():
+                assert st.routed_experts.shape[0] == st.seq_len - 1
+        # A pause aborts the call on the worker it runs on.
+        mock.hold_all = True
+        call = asyncio.ensure_future(chat(h, "sess-0", "again"))
+        await mock.until_pending()
+        (running,) = {p.worker for p in mock.pending.values()}
+        await h.post("/v1/rollout/pause")
+        assert {r["origin"] for r in mock.calls("/abort_request")} >= {running}
+        mock.release()
+        await h.post("/v1/rollout/resume", json={"weight_version": 1})
+        assert (await call).status_code == 200
+
+    asyncio.run(go())
+
+
+def test_a_pause_names_a_worker_its_abort_cannot_reach_instead_of_waiting_on_it():
+    async def go():
+        mock = MockSGLang([W1, W2], router=ROUTER)
+        service, h = make(mock, router=True)
+        mock.hold_all = True
+        call = asyncio.ensure_future(chat(h, "s", "hello"))
+        await mock.until_pending()
+        (running,) = {p.worker for p in mock.pending.values()}
+        mock.down.add(running)  # its aborts now fail to connect
+        out = await service.pause_rollout(timeout_s=0.3)
+        assert list(out["engines_unreachable"]) == [running] and out["still_running"] == 1
+        mock.down.clear()
+        mock.release()
+        await h.post("/v1/rollout/resume", json={"weight_version": 1})
+        assert (await call).status_code == 200
+
+    asyncio.run(go())
+
+
+def test_behind_a_discovery_router_a_dead_worker_fails_one_call_and_its_session_fails_over():
+    async def go():
+        mock = MockSGLang([W1, W2], router=ROUTER)
+        service, h = make(mock, router=True)
+        msgs = [{"role": "user", "content": "hello"}]
+        r = await h.post("/v1/chat/completions", headers={"X-Session-Id": "s"}, json={"messages": msgs, "max_tokens": 3})
+        assert r.status_code == 200
+        msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": "go on"}]
+        first = service.engines.engine_of("s")
+        mock.down.add(first)  # killed; the router still lists it healthy
+        again = {"messages": msgs, "max_tokens": 3}
+        r = await h.post("/v1/chat/completions", headers={"X-Session-Id": "s"}, json=again)
+        assert r.status_code == 502 and r.json()["error"]["type"] == "engine_error"
+        assert len(steps(service, "s")) == 1  # nothing recorded
+        r = await h.post("/v1/chat/completions", headers={"X-Session-Id": "s"}, json=again)
+        assert r.status_code == 200, r.text
+        other = service.engines.engine_of("s")
+        assert other != first and other in (W1, W2)
+        last = steps(service, "s")[-1]
+        assert last.metadata["engine"] == other and last.boundary.reason == "engine_failover"
+        engines = {e["url"]: e for e in (await h.get("/v1/engines")).json()["engines"]}
+        assert engines[first]["healthy"] is False and engines[first]["router_healthy"] is True
 
     asyncio.run(go())
 

@@ -23,12 +23,13 @@ MODEL = get_model("tiny-moe")
 W1, W2, ROUTER = "http://10.0.0.1:30001", "http://10.0.0.2:30002", "http://router.test:30000"
 
 
-def make(mock=None, *, router=False, engine_url=None, engine_urls=()):
+def make(mock=None, *, router=False, engine_url=None, engine_urls=(), router_mode="data_path"):
     """The Proxy service from the composition root, served in process over ASGI; its engines on
     ``mock``'s transport (or real HTTP when ``mock`` is None)."""
     dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True)
     url = engine_url or (mock.router or mock.workers[0])
-    engines = EnginesConfig(engine_url=url, engine_urls=tuple(engine_urls), router=router, request_timeout_s=20)
+    engines = EnginesConfig(engine_url=url, engine_urls=tuple(engine_urls), router=router, request_timeout_s=20,
+                            router_mode=router_mode)
     engine = engine_clients(engines, transport=mock.transport()) if mock is not None else None
     cfg = ProxyConfig(data_plane=dp, engines=engines, sessions=SessionsConfig(partial_rollout=True))
     service, _ = build_service(cfg, engine=engine)
@@ -94,7 +95,7 @@ def test_behind_a_router_each_healthy_worker_is_asked_and_reported():
 def test_resume_with_update_engines_sets_every_worker_and_the_next_tokens_carry_the_engine_version():
     async def go():
         mock = MockSGLang([W1, W2], router=ROUTER)
-        service, h = make(mock, router=True)
+        service, h = make(mock, router=True, router_mode="discovery")
         assert (await h.post("/v1/rollout/pause")).status_code == 200
         r = await h.post("/v1/rollout/resume", json={"version": "step-7", "update_engines": True})
         assert r.status_code == 200, r.text
@@ -115,13 +116,19 @@ def test_resume_with_update_engines_sets_every_worker_and_the_next_tokens_carry_
     asyncio.run(go())
 
 
-def test_one_failing_worker_is_a_502_naming_it_and_the_proxy_stays_paused():
+def test_a_worker_that_refuses_the_version_is_a_502_naming_it_and_the_proxy_stays_paused():
     async def go():
         mock = MockSGLang([W1, W2], router=ROUTER)
         mock.versions.update({W1: "1", W2: "1"})
-        service, h = make(mock, router=True)
+        service, h = make(mock, router=True, router_mode="discovery")
         await h.post("/v1/rollout/pause")
-        mock.down.add(W2)
+        worker = service.engine.worker(W2)
+        real = worker.update_weight_version
+
+        async def refuse(version, **kw):
+            return {"success": False, "message": "weights are loading"}
+
+        worker.update_weight_version = refuse
         r = await h.post("/v1/rollout/resume", json={"weight_version": 2, "update_engines": True})
         assert r.status_code == 502
         err = r.json()["error"]
@@ -134,11 +141,50 @@ def test_one_failing_worker_is_a_502_naming_it_and_the_proxy_stays_paused():
         for _ in range(20):
             await asyncio.sleep(0)
         assert not call.done() and not mock.calls("/generate")  # still held by the pause
-        mock.down.clear()  # the worker is back: the same resume now goes through
+        worker.update_weight_version = real  # the worker takes it now: the same resume goes through
         r = await h.post("/v1/rollout/resume", json={"weight_version": 2, "update_engines": True})
         assert r.status_code == 200 and r.json()["engines_updated"] == [W1, W2]
         assert (await call).status_code == 200
         assert last_step(service, "s").token_versions.tolist() == [2, 2, 2]
+
+    asyncio.run(go())
+
+
+def test_a_dead_worker_behind_a_router_is_reported_and_the_resume_goes_on():
+    async def go():
+        mock = MockSGLang([W1, W2], router=ROUTER)
+        service, h = make(mock, router=True)
+        await h.post("/v1/rollout/pause")
+        mock.down.add(W2)  # the router still lists it healthy
+        r = await h.post("/v1/rollout/resume", json={"weight_version": 2, "update_engines": True})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["engines_updated"] == [W1] and list(out["engines_unreachable"]) == [W2]
+        assert mock.versions[W1] == "2" and mock.versions[W2] == "default"
+
+    asyncio.run(go())
+
+
+def test_in_discovery_mode_a_dead_worker_is_reported_takes_no_session_and_gets_the_version_when_back():
+    async def go():
+        mock = MockSGLang([W1, W2], router=ROUTER)
+        service, h = make(mock, router=True, router_mode="discovery")
+        assert sorted(service.engines.members) == [W1, W2, "http://10.0.0.3:1"]
+        await h.post("/v1/rollout/pause")
+        mock.down.add(W2)
+        r = await h.post("/v1/rollout/resume", json={"weight_version": 2, "update_engines": True})
+        assert r.status_code == 200, r.text
+        out = r.json()
+        # The worker the router lists unhealthy is probed, found down and reported with the dead one.
+        assert out["engines_updated"] == [W1] and sorted(out["engines_unreachable"]) == [W2, "http://10.0.0.3:1"]
+        engines = {e["url"]: e for e in (await h.get("/v1/engines")).json()["engines"]}
+        assert engines[W2]["healthy"] is False and engines[W2]["version_behind"] == "2"
+        for i in range(6):  # every session goes to the live worker
+            assert (await chat(h, f"s{i}")).status_code == 200
+        assert {g["origin"] for g in mock.calls("/generate")} == {W1}
+        mock.down.clear()
+        await service.engines.check()  # the probe finds it back and sets the version it missed
+        assert mock.versions[W2] == "2" and service.engines.members[W2].placeable
 
     asyncio.run(go())
 

@@ -149,6 +149,12 @@ def test_upstream_flag_names_are_accepted():
     assert (cfg.tokenizer, cfg.num_layers, cfg.topk, cfg.num_experts, cfg.tokenizer_from_engine) == (
         "qwen3", 78, 8, 256, True)
     assert cfg.data_plane.model is get_model(GLM) and cfg.data_plane.use_rollout_routing_replay
+    assert e.router_mode == "discovery"  # the default behind a router
+    mode = build_parser().parse_args(["proxy", "serve", "--sglang-router-url", "http://r:1", "--router-mode",
+                                      "data_path"])
+    assert proxy_config(mode).engines.router_mode == "data_path"
+    with pytest.raises(ConfigError, match="engines.router_mode"):
+        EnginesConfig(router_url="http://r:1", router_mode="through")
     both = build_parser().parse_args(["proxy", "serve", "--sglang-router-url", "http://r:1",
                                       "--engine-url", "http://e:2"])
     with pytest.raises(ConfigError, match="router_url"):

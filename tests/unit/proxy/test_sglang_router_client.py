@@ -65,7 +65,7 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_abort_fans_out_to_healthy_http_workers_only():
+def test_abort_fans_out_to_every_listed_http_worker_healthy_or_not():
     cluster = Cluster()
 
     async def go():
@@ -74,7 +74,8 @@ def test_abort_fans_out_to_healthy_http_workers_only():
 
     run(go())
     aborts = cluster.calls("/abort_request")
-    assert sorted(o for o, _ in aborts) == [A, B]  # not the unhealthy one, not the gRPC one, not the router
+    # The unhealthy one too (the router's health lags), not the gRPC one, not the router.
+    assert sorted(o for o, _ in aborts) == [A, B, "http://10.0.0.3:1"]
     assert all(b == {"rid": "drabc_t0000000001_r000", "abort_all": False} for _, b in aborts)
     assert all(h.get("authorization") == "Bearer sk-engine" for _, p, _, h in cluster.seen)
 
@@ -91,6 +92,19 @@ def test_abort_falls_back_to_the_router_and_fails_when_nothing_takes_it():
     cluster = Cluster(worker_abort_status=503, router_abort_status=404)
     with pytest.raises(EngineUnavailable, match="reached no engine"):
         run(go())
+
+
+def test_abort_also_reaches_a_worker_removed_from_the_router():
+    cluster = Cluster()
+    gone = "http://10.0.0.7:30007"
+
+    async def go():
+        async with cluster.client() as c:
+            c.worker(gone)  # a worker the client talked to before the router dropped it
+            await c.abort("r9")
+
+    run(go())
+    assert gone in {o for o, _ in cluster.calls("/abort_request")}
 
 
 def test_empty_rid_abort_is_refused_before_sending():

@@ -1,9 +1,11 @@
 """``RouterClient``: an engine behind sglang-router / SGLang Model Gateway.
 
-``/generate`` goes through the router (with the session's routing key); the calls a router does
-not forward reliably go to its workers directly: ``/abort_request`` is sent to every healthy
-HTTP worker listed by ``GET /workers`` (falling back to the router itself when none takes it),
-and weight versions are read from and set on each worker.
+In ``data_path`` mode ``/generate`` goes through the router (with the session's routing key); the
+calls a router does not forward reliably go to its workers directly: ``/abort_request`` is sent to
+every HTTP worker listed by ``GET /workers``, healthy or not, and to any worker seen before (falling
+back to the router itself when none takes it); weight versions are read from and set on each
+healthy worker. In ``discovery`` mode only :meth:`RouterClient.list_workers` and :meth:`worker` are
+used (:mod:`.discovery`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,12 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from dressage.errors import EngineError, EngineUnavailable, WireFormatError
+from dressage.proxy.engines.httpx_lean import httpx
+from dressage.proxy.engines.httpx_transport import HttpxTransport
 from dressage.proxy.engines.sglang_client import SGLangClient
+
+UNHEALTHY_ABORT_TIMEOUT_S = 2.0
+"""How long an abort waits on a worker the router lists as unhealthy (it may be gone)."""
 
 __all__ = ["RouterClient", "WorkerInfo", "parse_workers"]
 
@@ -81,8 +88,14 @@ class RouterClient(SGLangClient):
         return parse_workers(self._json(resp, "GET /workers"), self.base_url)
 
     async def targets(self, timeout: float = 10.0) -> list[WorkerInfo]:
-        """The healthy HTTP workers, the ones control calls go to."""
+        """The healthy HTTP workers, the ones weight-version calls go to."""
         return [w for w in await self.list_workers(timeout) if w.healthy and w.is_http]
+
+    def seed_transport(self) -> Any:
+        """A transport another event loop may use to reach the router: a mock one (it holds no
+        connections), else ``None`` (that loop opens its own)."""
+        inner = getattr(self._transport, "transport", None) if isinstance(self._transport, HttpxTransport) else None
+        return inner if isinstance(inner, httpx.MockTransport) else None
 
     def worker(self, url: str) -> SGLangClient:
         """A client for one worker, with this client's API key (kept for reuse)."""
@@ -93,16 +106,21 @@ class RouterClient(SGLangClient):
         return client
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False, timeout: float = 30.0) -> None:
-        """Abort on every healthy worker; the router's own ``/abort_request`` only when no worker took it."""
+        """Abort on every listed HTTP worker (healthy or not: the router's health lags) and every worker
+        seen before (one removed from the router may still run the call); the router's own
+        ``/abort_request`` only when no worker took it."""
         if not rid and not abort_all:
             raise ValueError("abort needs a non-empty rid or abort_all=True")
         errors: list[str] = []
         try:
-            workers = await self.targets(timeout)
+            listed = [w for w in await self.list_workers(timeout) if w.is_http]
         except EngineError as exc:
-            workers, errors = [], [f"workers list: {exc}"]
-        results = await asyncio.gather(*(self.worker(w.url).abort(rid, abort_all=abort_all, timeout=timeout)
-                                         for w in workers), return_exceptions=True)
+            listed, errors = [], [f"workers list: {exc}"]
+        urls = {w.url for w in listed}
+        workers = listed + [WorkerInfo(url, False, "http") for url in self._workers if url not in urls]
+        results = await asyncio.gather(*(self.worker(w.url).abort(
+            rid, abort_all=abort_all, timeout=timeout if w.healthy else min(timeout, UNHEALTHY_ABORT_TIMEOUT_S))
+            for w in workers), return_exceptions=True)
         taken = 0
         for w, r in zip(workers, results):
             if isinstance(r, EngineError):

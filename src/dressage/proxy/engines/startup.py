@@ -1,7 +1,9 @@
 """The engines a Proxy talks to, and the start-up check against what they serve.
 
 :func:`engine_clients` makes one client per configured engine (a :class:`RouterClient` behind
-``--router``, the engine API key on every call). :func:`check_engine` compares each engine's model
+``--router``, the engine API key on every call); :func:`engine_pool` puts them in the pool (a router
+in ``discovery`` mode gives the pool of its workers). :func:`check_router_r3` refuses a ``data_path``
+router that drops the R3 fields. :func:`check_engine` compares each engine's model
 info (``/model_info`` or ``/get_model_info``, plus the model's ``config.json`` when the Proxy can
 read it) with the Proxy's ``--model`` and tokenizer before anything is served:
 
@@ -27,10 +29,12 @@ from dressage.errors import EngineError, EngineMismatchError, EngineUnavailable
 from dressage.fields.models import ModelSpec
 from dressage.proxy.engines.model_shape import ShapeSource, context_window, discover_model_spec, read_model_config, \
     resolve_tokenizer, shape_from_config
+from dressage.proxy.engines.discovery import RouterDiscovery
+from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.engines.router_client import RouterClient
 from dressage.proxy.engines.sglang_client import SGLangClient
 
-__all__ = ["engine_clients", "fetch_engine_infos", "check_engine", "EngineCheck"]
+__all__ = ["engine_clients", "engine_pool", "fetch_engine_infos", "check_engine", "check_router_r3", "EngineCheck"]
 
 INFO_TIMEOUT_S = 30.0
 
@@ -40,6 +44,18 @@ def engine_clients(engines: Any, *, transport: Any = None) -> list[SGLangClient]
     cls = RouterClient if engines.router else SGLangClient
     kw = {} if transport is None else {"transport": transport}
     return [cls(url, timeout=engines.request_timeout_s, api_key=engines.engine_api_key, **kw) for url in engines.urls]
+
+
+def engine_pool(engines: Any, clients: Sequence[Any]) -> EnginePool:
+    """The pool over ``clients``; one router in ``discovery`` mode gives a pool of the workers it lists
+    (listed once here, then refreshed with the health checks)."""
+    kw = {"failures_to_remove": engines.health_check_failures}
+    if engines.router_mode == "discovery" and len(clients) == 1 and getattr(clients[0], "is_router", False):
+        discovery = RouterDiscovery(clients[0])
+        pool = EnginePool([], discovery=discovery, **kw)
+        pool.sync(discovery.list_blocking())
+        return pool
+    return EnginePool(clients, **kw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +137,48 @@ def fetch_engine_infos(engines: Any, *, transport: Any = None, timeout_s: float 
     if "error" in result:
         raise result["error"]
     return result["value"]
+
+
+def check_router_r3(config: Any, *, transport: Any = None, timeout_s: float = INFO_TIMEOUT_S) -> None:
+    """With R3 on behind a ``data_path`` router, send one tiny ``/generate`` through it and refuse to
+    start (:class:`EngineMismatchError`) when the answer has no ``meta_info.routed_experts``: the
+    router rebuilt the body without ``return_routed_experts``. No-op in every other setting."""
+    engines = config.engines
+    if not (engines.router and engines.router_mode == "data_path" and config.data_plane.use_rollout_routing_replay):
+        return
+
+    async def ask() -> Any:
+        client = SGLangClient(engines.urls[0], timeout=timeout_s, api_key=engines.engine_api_key,
+                              **({} if transport is None else {"transport": transport}))
+        try:
+            return await client.generate([1, 2, 3], {"max_new_tokens": 1, "temperature": 0.0},
+                                         return_routed_experts=True, routed_experts_start_len=0)
+        finally:
+            await client.close()
+
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = asyncio.run(ask())
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+
+    worker = threading.Thread(target=run, name="dressage-router-r3-check", daemon=True)
+    worker.start()
+    worker.join()
+    if "error" in result:
+        exc = result["error"]
+        if isinstance(exc, EngineError):
+            raise EngineUnavailable(f"the R3 check through the router {engines.urls[0]} failed: {exc}") from exc
+        raise exc
+    meta = result["value"].get("meta_info")
+    if not isinstance(meta, Mapping) or meta.get("routed_experts") is None:
+        raise EngineMismatchError(
+            f"R3 is on, but a /generate through the router {engines.urls[0]} came back without "
+            "meta_info.routed_experts: the router dropped return_routed_experts from the request (sglang-router "
+            "rebuilds /generate bodies). Use --router-mode discovery (the Proxy sends /generate to the workers "
+            "itself), or turn R3 off")
 
 
 def _engine_shape(info: Mapping[str, Any]) -> dict[str, int]:

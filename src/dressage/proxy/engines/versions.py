@@ -1,11 +1,13 @@
 """The engines' own weight versions: read them for ``GET /v1/engines``, set them before a resume.
 
 Each engine of the pool is asked directly (``GET /get_weight_version``,
-``POST /update_weight_version``); an engine behind a router is asked on every healthy HTTP worker
-the router lists (:meth:`RouterClient.targets`), since the router does not forward these calls
-reliably. A read never fails as a whole: an engine or worker that does not answer gets an error
-string in its entry. An update either reaches every engine and worker, or fails with a 502 that
-names the ones that failed and the ones already updated.
+``POST /update_weight_version``); an engine behind a router in ``data_path`` mode is asked on every
+healthy HTTP worker the router lists (:meth:`RouterClient.targets`), since the router does not
+forward these calls reliably. A read never fails as a whole: an engine or worker that does not
+answer gets an error string in its entry. An update never waits on an engine that is gone: one
+that cannot be reached (or is known down and fails a quick probe) is reported ``unreachable``,
+taken out of placement and set when it comes back (:meth:`EnginePool.check`); an engine that
+answers and refuses fails the update with a 502 naming the ones that failed and the ones updated.
 """
 
 from __future__ import annotations
@@ -13,15 +15,28 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from dressage.errors import DressageError, EngineError
+from dataclasses import dataclass, field
+
+from dressage.errors import DressageError, EngineError, EngineTimeout, EngineUnavailable
 from dressage.proxy.engines.pool import EnginePool
 
-__all__ = ["read_versions", "update_versions", "READ_TIMEOUT_S", "UPDATE_TIMEOUT_S"]
+__all__ = ["read_versions", "update_versions", "VersionUpdate", "READ_TIMEOUT_S", "UPDATE_TIMEOUT_S",
+           "PROBE_TIMEOUT_S"]
 
 READ_TIMEOUT_S = 5.0
 """How long ``GET /v1/engines`` waits for one engine's version."""
 UPDATE_TIMEOUT_S = 30.0
 """How long a resume waits for one engine to take the new version."""
+PROBE_TIMEOUT_S = 2.0
+"""How long a resume probes an engine already known to be down before it reports it unreachable."""
+
+
+@dataclass(slots=True)
+class VersionUpdate:
+    """What an update reached: the engines (workers) updated, and those gone, with why."""
+
+    updated: list[str] = field(default_factory=list)
+    unreachable: dict[str, str] = field(default_factory=dict)
 
 
 def _reason(exc: BaseException) -> str:
@@ -72,15 +87,27 @@ async def read_versions(pool: EnginePool, timeout: float = READ_TIMEOUT_S) -> di
     return {m.url: e for m, e in zip(members, entries)}
 
 
-async def update_versions(pool: EnginePool, version: str, timeout: float = UPDATE_TIMEOUT_S) -> list[str]:
-    """Set ``version`` on every engine (every worker behind a router); the URLs updated.
+async def update_versions(pool: EnginePool, version: str, timeout: float = UPDATE_TIMEOUT_S) -> VersionUpdate:
+    """Set ``version`` on every engine (every healthy worker behind a ``data_path`` router).
 
-    Raises :class:`EngineError` (502) naming each engine or worker that failed, with the ones
-    updated in its message and ``details`` (``updated``, ``failed``).
+    Engines that cannot be reached are reported in :attr:`VersionUpdate.unreachable` (and marked
+    ``version_behind`` in the pool). Raises :class:`EngineError` (502) naming each engine or worker
+    that answered and failed, with the ones updated in its message and ``details`` (``updated``,
+    ``failed``, ``unreachable``).
     """
     failed: dict[str, str] = {}
-    targets: list[tuple[str, Any]] = []
-    for m in pool.members.values():
+    result = VersionUpdate()
+    targets: list[tuple[str, Any, Any]] = []
+    members = pool.control_targets()
+    known_down = [m for m in members if not m.healthy or not m.router_healthy]
+    probes = await asyncio.gather(*(m.client.health(timeout=PROBE_TIMEOUT_S) for m in known_down),
+                                  return_exceptions=True)
+    down = {m.url for m, ok in zip(known_down, probes) if ok is not True}
+    for m in members:
+        if m.url in down:
+            m.healthy, m.version_behind = False, version
+            result.unreachable[m.url] = "down (failed its health probe)"
+            continue
         if not hasattr(m.client, "update_weight_version"):
             failed[m.url] = "this engine client cannot set a weight version"
             continue
@@ -91,24 +118,33 @@ async def update_versions(pool: EnginePool, version: str, timeout: float = UPDAT
             continue
         if not ends:
             failed[m.url] = "the router lists no healthy HTTP worker"
-        targets += ends
-    results = await asyncio.gather(*(c.update_weight_version(version, timeout=timeout) for _, c in targets),
+        targets += [(u, c, m) for u, c in ends]
+    results = await asyncio.gather(*(c.update_weight_version(version, timeout=timeout) for _, c, _ in targets),
                                    return_exceptions=True)
-    updated = []
-    for (url, _), r in zip(targets, results):
+    for (url, _, member), r in zip(targets, results):
         if isinstance(r, BaseException) and not isinstance(r, Exception):
             raise r
-        if isinstance(r, Exception):
+        if isinstance(r, (EngineUnavailable, EngineTimeout)):
+            result.unreachable[url] = _reason(r)
+            if member.url == url:  # a pool member itself (not a worker behind a data-path router)
+                member.healthy, member.version_behind = False, version
+        elif isinstance(r, Exception):
             failed[url] = _reason(r)
         elif isinstance(r, dict) and r.get("success") is False:
             failed[url] = f"the engine refused: {r.get('message', r)}"
         else:
-            updated.append(url)
+            result.updated.append(url)
+            if member.url == url:
+                member.version_behind = None
+    if not result.updated and not failed:
+        failed.update(result.unreachable)  # nothing took the version: the rollout cannot go on
     if failed:
         err = EngineError(f"weight version {version!r} was not set on every engine; failed: "
                           + "; ".join(f"{u}: {why}" for u, why in failed.items())
-                          + f"; updated: {', '.join(updated) or 'none'}; the Proxy stays paused", for_operator=True)
+                          + f"; updated: {', '.join(result.updated) or 'none'}; the Proxy stays paused",
+                          for_operator=True)
         err.code, err.param = "engine_update_failed", "update_engines"
-        err.details = {"version": version, "updated": updated, "failed": failed}
+        err.details = {"version": version, "updated": result.updated, "failed": failed,
+                       "unreachable": result.unreachable}
         raise err
-    return updated
+    return result

@@ -41,7 +41,6 @@ class ModelCalls:
         """Reply texts keep special tokens (the reply parser's markers are special tokens: gpt-oss's
         channels, Kimi-K2's call sections); the end-of-turn tokens are left out either way."""
         self._stops = frozenset(int(t) for t in getattr(tokenizer, "stop_token_ids", ()) or ())
-        self._tasks: set[asyncio.Task] = set()
 
     # ------------------------------------------------------------ before the engine
     def admit(self, session_id: str) -> None:
@@ -116,17 +115,20 @@ class ModelCalls:
     async def generate(self, plan: GenerationPlan) -> AsyncIterator[str | GenerationResult | None]:
         """Reply texts so far (``str``), keep-alives (``None``), then the :class:`GenerationResult`."""
         self.book.calls += 1
+        member = self.engines.member_for(plan.client)
+        if member is not None:
+            member.in_flight += 1  # it gets aborts and updates while this runs, listed or not
         try:
             async for event in run_generation(
                     plan, self.pause, self._normalize, partial_rollout=self.config.sessions.partial_rollout,
                     timeout_s=self.config.engines.request_timeout_s, decode=self.decode):
                 yield event
         except EngineUnavailable:
-            if not self.engines.single:
-                task = asyncio.get_running_loop().create_task(self.engines.check())  # out before the retry
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            self.engines.report_failure(plan.client)  # out of placement before the retry, and probed
             raise
+        finally:
+            if member is not None:
+                member.in_flight -= 1
 
     async def final(self, plan: GenerationPlan) -> GenerationResult:
         """The whole result of a generation (its texts and keep-alives skipped)."""

@@ -21,7 +21,10 @@ from typing import Any, AsyncIterator
 from dressage.errors import EngineError
 from dressage.proxy.recording.weights import UNSET_ENGINE_VERSION, WeightVersions
 
-__all__ = ["RolloutPause", "UNSET_ENGINE_VERSION"]
+__all__ = ["RolloutPause", "UNSET_ENGINE_VERSION", "ABORT_CALL_TIMEOUT_S"]
+
+ABORT_CALL_TIMEOUT_S = 5.0
+"""How long one ``/abort_request`` may take: an engine that is gone must not hold the pause."""
 
 
 @dataclass(slots=True)
@@ -113,8 +116,9 @@ class RolloutPause:
             run.aborted = True
         deadline = asyncio.get_running_loop().time() + (self.abort_timeout_s if timeout_s is None else timeout_s)
         pending = {rid: r for rid, r in targets.items() if not r.done.is_set()}
+        unreachable: dict[str, str] = {}
         while pending and asyncio.get_running_loop().time() < deadline:
-            await asyncio.gather(*(self._abort(rid, r) for rid, r in pending.items()))
+            await asyncio.gather(*(self._abort(rid, r, unreachable) for rid, r in pending.items()))
             waits = [asyncio.ensure_future(r.done.wait()) for r in pending.values()]
             await asyncio.wait(waits, timeout=self.abort_retry_s * 4)
             for w in waits:
@@ -123,15 +127,19 @@ class RolloutPause:
         self.aborted_total += len(targets)
         out = {"paused": True, "aborted": len(targets), "still_running": len(pending),
                "weight_version": self.versions.current, "version": self.versions.label}
+        if unreachable:
+            out["engines_unreachable"] = unreachable
         if scoped:
             out["scope"] = {"session_id": session_id, "instance_id": instance_id}
         return out
 
-    async def _abort(self, rid: str, run: _Running) -> None:
+    async def _abort(self, rid: str, run: _Running, unreachable: dict[str, str]) -> None:
         try:
-            await run.client.abort(rid)
-        except EngineError:
-            pass  # the engine is gone: its request fails on its own and is not recorded
+            await asyncio.wait_for(run.client.abort(rid), ABORT_CALL_TIMEOUT_S)
+        except (EngineError, asyncio.TimeoutError) as exc:
+            # The engine is gone: its request fails on its own and is not recorded; the answer names it.
+            why = str(exc) or f"no answer to /abort_request within {ABORT_CALL_TIMEOUT_S} s"
+            unreachable[str(getattr(run.client, "base_url", "engine"))] = why
 
     @property
     def weight_version(self) -> int:

@@ -1,0 +1,69 @@
+"""A router as the Proxy's discovery: its ``GET /workers`` tells which engines exist and their health.
+
+With ``engines.router_mode: discovery`` the Proxy places each session on a worker itself and sends
+``/generate`` straight to it (a router rebuilds ``/generate`` bodies and drops the R3 fields); the
+router is only asked who the workers are. :class:`~.pool.EnginePool` follows the list it gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from dressage.errors import EngineError
+from dressage.proxy.engines.router_client import RouterClient, WorkerInfo
+from dressage.proxy.engines.sglang_client import SGLangClient
+
+__all__ = ["RouterDiscovery"]
+
+LIST_TIMEOUT_S = 5.0
+
+
+class RouterDiscovery:
+    """The HTTP workers ``router`` lists; a client per worker, sharing the router client's transport and key."""
+
+    def __init__(self, router: RouterClient, *, timeout_s: float = LIST_TIMEOUT_S) -> None:
+        self.router = router
+        self.timeout_s = float(timeout_s)
+
+    @property
+    def url(self) -> str:
+        return self.router.base_url
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The router's HTTP workers, healthy or not (gRPC ones cannot take our calls)."""
+        return [w for w in await self.router.list_workers(self.timeout_s) if w.is_http]
+
+    def client_for(self, url: str) -> SGLangClient:
+        return self.router.worker(url)
+
+    def list_blocking(self) -> list[WorkerInfo]:
+        """The workers, asked on a private loop (before the Proxy's loop runs); ``[]`` when the router
+        does not answer (the periodic refresh asks again).
+
+        A fresh client asks, so no connection of the Proxy's own pool is bound to that loop.
+        """
+        result: dict[str, Any] = {}
+
+        async def ask() -> list[WorkerInfo]:
+            client = RouterClient(self.url, timeout=self.timeout_s, api_key=self.router.api_key,
+                                  transport=self.router.seed_transport())
+            try:
+                return [w for w in await client.list_workers(self.timeout_s) if w.is_http]
+            finally:
+                await client.close()
+
+        def run() -> None:
+            try:
+                result["value"] = asyncio.run(ask())
+            except EngineError:
+                result["value"] = []
+
+        worker = threading.Thread(target=run, name="dressage-router-workers", daemon=True)
+        worker.start()
+        worker.join()
+        return result.get("value", [])
+
+    async def close(self) -> None:
+        await self.router.close()  # closes the worker clients it made too
