@@ -163,7 +163,8 @@ class ProxyService:
             tokens += sum(st.response_len for st in s.steps.values())
         book, done = self.book, self.trajectories
         return {"sessions": states, "steps": steps, "response_tokens": tokens,
-                "unread_trajectories": len(done.finalized),
+                "unread_trajectories": len(done.finalized), "leased_reads": len(done.leases),
+                "expired_leases": done.leases.expired,
                 "unread_segments": sum(len(d.segments) for d in done.finalized.values()),
                 "calls": book.calls, "failed_calls": book.failed_calls, "replayed_turns": book.replayed_turns,
                 "weight_version": self.weight_version, "pause": self.pause.state(),
