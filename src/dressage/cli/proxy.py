@@ -61,6 +61,8 @@ def _serve(args: argparse.Namespace) -> int:
             if report.mid_journal_damage:
                 print(f"dressage proxy: journal damaged, started on its intact prefix (--journal-recover "
                       f"truncate): {report.damage_text()}; set aside in {report.set_aside}", flush=True)
+            if report.tq_check_error is not None:
+                print(f"dressage proxy: could not check the journal's TQ keys: {report.tq_check_error}", flush=True)
             if report.lost_fields:
                 print(f"dressage proxy: {len(report.lost_fields)} finalized sessions name TQ keys the "
                       f"TransferQueue no longer holds: their large fields are lost; reads mark them "

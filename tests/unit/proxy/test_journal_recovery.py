@@ -6,12 +6,14 @@ memory, so a failed write leaves the session, and a replay, as they were."""
 from __future__ import annotations
 
 import errno
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from dressage.cli.journal import repair
-from dressage.errors import JournalDamagedError, JournalFullError, JournalWriteError, SessionStateError
+from dressage.errors import (JournalDamagedError, JournalFullError, JournalWriteError, SessionStateError,
+                             TransferQueueError)
 from dressage.proxy.config import DataPlaneConfig, EnginesConfig, JournalConfig, ProxyConfig
 from dressage.proxy.deployment import build_service
 from dressage.proxy.journal import log as journal_log
@@ -116,6 +118,14 @@ def test_a_replay_whose_tq_keys_are_gone_marks_those_trajectories(tmp_path):
         assert by_id[finalized[-1]].metadata[LOST_FIELDS_KEY] == len(set(gone))
         assert LOST_FIELDS_KEY not in by_id[keep].metadata
         assert "no longer holds" in report.summary()
+
+        def unreachable(keys):
+            raise TransferQueueError("controller did not answer")
+
+        blind = ProxyCore(cfg, SimpleNamespace(_controller=SimpleNamespace(where=unreachable)))
+        report = blind.recover(path)  # nothing is marked on a guess; the start says why it could not check
+        assert report.lost_fields == {} and "controller did not answer" in report.tq_check_error
+        assert all(LOST_FIELDS_KEY not in d.metadata for d in report.delivered) and len(report.delivered) == 2
     finally:
         old.shutdown()
 

@@ -58,6 +58,8 @@ class ReplayReport:
     """Where the bytes past the damage were kept when the Proxy started on the intact prefix."""
     lost_fields: dict[str, list[str]] = field(default_factory=dict)
     """Finalized sessions whose TQ keys the TransferQueue no longer holds: session id -> keys."""
+    tq_check_error: str | None = None
+    """Why the TransferQueue could not be asked which keys it holds (nothing was marked then)."""
 
     @property
     def mid_journal_damage(self) -> bool:
@@ -82,6 +84,8 @@ class ReplayReport:
             text += f"; {self.damage_text()}"
         if self.set_aside is not None:
             text += f"; the bytes after it were set aside in {self.set_aside}"
+        if self.tq_check_error is not None:
+            text += f"; the TransferQueue could not be asked for the journal's keys ({self.tq_check_error})"
         if self.lost_fields:
             text += (f"; {len(self.lost_fields)} finalized sessions name TQ keys the TransferQueue no longer "
                      "holds (their large fields are lost)")

@@ -25,6 +25,7 @@ from dressage.trajectory.sample import VERSION_LABELS_KEY
 
 __all__ = ["ProxyCore", "FinalizedSession", "LOST_FIELDS_KEY"]
 
+_WHERE_CHUNK = 4096
 LOST_FIELDS_KEY = "large_fields_lost"
 """Metadata of a trajectory recovered from a journal whose TQ keys are gone: how many keys are lost."""
 
@@ -427,7 +428,10 @@ class ProxyCore:
                     continue
                 self.sessions[sid] = s
                 self._calls[sid] = 0
-        report.lost_fields = self._missing_keys([self.sessions[sid] for sid in report.finalized])
+        try:
+            report.lost_fields = self._missing_keys([self.sessions[sid] for sid in report.finalized])
+        except DressageError as exc:  # the Controller did not answer: nothing is marked on a guess
+            report.tq_check_error = f"{type(exc).__name__}: {exc}"
         report.delivered = [self._deliver(self.sessions[sid], lost=len(report.lost_fields.get(sid, ())))
                             for sid in report.finalized]
         return report
@@ -441,10 +445,7 @@ class ProxyCore:
             return {}
         named = {s.session_id: sorted({r.key for r in s.large_field_refs() if hasattr(r, "key")}) for s in sessions}
         keys = [k for ks in named.values() for k in ks]
-        if not keys:
-            return {}
-        try:
-            held = where(keys)
-        except DressageError:
-            return {sid: ks for sid, ks in named.items() if ks}  # the directory is gone with its keys
+        held: set[str] = set()
+        for i in range(0, len(keys), _WHERE_CHUNK):  # bounded requests to the Controller
+            held.update(where(keys[i:i + _WHERE_CHUNK]))
         return {sid: lost for sid, ks in named.items() if (lost := [k for k in ks if k not in held])}
