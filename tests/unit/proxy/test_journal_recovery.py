@@ -71,9 +71,10 @@ def test_a_mid_journal_flip_is_refused_naming_the_offset_and_what_lies_after(tmp
 def test_journal_repair_lets_the_proxy_start_on_the_intact_prefix(tmp_path):
     path = tmp_path / "j"
     _journal_of(path, sessions=4)
-    off, records_after, _ = _flip_mid(path)
+    off, records_after, sessions_after = _flip_mid(path)
     out = repair(path)
     assert out["before"]["damage"]["offset"] == off and out["before"]["frames_after_damage"] == records_after
+    assert out["before"]["sessions_after_damage"] == len(sessions_after) > 0
     assert out["after"]["ok"] and out["set_aside"] == str(tmp_path / f"j.damaged-{off}")
     service, report = _service(path)
     assert report.damage is None and report.records == out["after"]["records"]
