@@ -35,7 +35,11 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     ├── TokenizerError               tokenizer or chat template
     │   └── ChatTemplateError        messages the template cannot render             400 invalid_request_error
     ├── JournalError                 the Proxy journal cannot be written or read back
-    │   └── JournalEncodeError       a value the journal cannot store (lone surrogate, int over 64 bits)
+    │   ├── JournalEncodeError       a value the journal cannot store (lone surrogate, int over 64 bits)
+    │   ├── JournalDamagedError      a journal damaged before its end: the Proxy does not start on it
+    │   └── JournalWriteError        an append failed; nothing was changed           503 journal_unavailable
+    │       └── JournalFullError     the journal's disk is full (ENOSPC, EDQUOT)     507 journal_disk_full
+    ├── AnswerEncodeError            a read answer that cannot be encoded; nothing was handed over
     ├── TrajectoryError              session / StepRecord / Segment semantics        409 session_state
     │   ├── SessionStateError        append to a finalized or aborted session
     │   │   └── StepLimitError       the session reached its maximum of steps
@@ -72,7 +76,8 @@ __all__ = [
     "DressageError", "ConfigError", "EngineMismatchError", "NoTransferQueueError", "FieldError", "UnknownFieldError",
     "FieldShapeError", "ExpertIdRangeError", "WireFormatError", "EngineError", "EngineUnavailable", "EngineTimeout",
     "EngineRequestError", "ReplyConstraintError", "UnsupportedParameterError", "TokenizerError",
-    "ChatTemplateError", "JournalError", "JournalEncodeError", "ContextOverflowError", "SessionIdError",
+    "ChatTemplateError", "JournalError", "JournalEncodeError", "JournalDamagedError", "JournalWriteError",
+    "JournalFullError", "AnswerEncodeError", "ContextOverflowError", "SessionIdError",
     "MissingSessionIdError", "RequestRejected", "InputValueError", "BodyTooLargeError", "AuthenticationError",
     "PermissionDeniedError", "SessionLimitError", "NoHealthyEngineError", "TrajectoryError", "SessionStateError",
     "StepLimitError", "WeightVersionChangedError", "UnknownStepError", "TransferQueueError", "TransferWriteError",
@@ -317,6 +322,35 @@ class JournalEncodeError(JournalError, ValueError):
 
     http_status = 400
     openai_type = "invalid_request_error"
+
+
+class JournalDamagedError(JournalError):
+    """A journal whose damage is not a torn tail: records after it would be lost by starting on its
+    intact prefix, so the Proxy refuses until ``journal repair`` or ``--journal-recover truncate``."""
+
+
+class JournalWriteError(JournalError):
+    """A journal append failed (an I/O error): the state change it carried was not made, the session
+    is as it was, and the call may be retried."""
+
+    code = "journal_unavailable"
+    http_status = 503
+    openai_type = "journal_unavailable"
+
+
+class JournalFullError(JournalWriteError):
+    """The journal's disk (or quota) is full: nothing was changed; retry once space is freed."""
+
+    code = "journal_disk_full"
+    http_status = 507
+    openai_type = "journal_disk_full"
+
+
+class AnswerEncodeError(DressageError):
+    """A read answer that cannot be encoded (JSON or msgpack): the read hands nothing over and
+    forgets nothing; its trajectories stay readable."""
+
+    code = "answer_not_encodable"
 
 
 class TrajectoryError(DressageError):

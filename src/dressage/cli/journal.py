@@ -68,10 +68,11 @@ def check(path: str | os.PathLike[str]) -> dict:
            "records": report.records, "intact_bytes": report.intact_bytes, "duplicates": report.duplicates,
            "sessions": {"active": len(report.active), "finalized": len(report.finalized),
                         "aborted": len(report.aborted)},
-           "damage": None, "frames_after_damage": 0}
+           "damage": None, "frames_after_damage": 0, "sessions_after_damage": 0}
     if report.damage is not None:
         out["damage"] = report.damage.to_dict()
         out["frames_after_damage"] = count_frames_after(p, report.damage.offset)
+        out["sessions_after_damage"] = len(report.sessions_after_damage)
     return out
 
 
@@ -115,8 +116,9 @@ def _print_check(report: dict) -> None:
         print("intact")
     else:
         print(f"DAMAGED: {d['kind']} at byte {d['offset']}: {d['detail']}; "
-              f"{d['dropped_bytes']} bytes ({report['frames_after_damage']} well-formed records) after it are not "
-              f"recovered; the first {report['records']} records are")
+              f"{d['dropped_bytes']} bytes ({report['frames_after_damage']} well-formed records of "
+              f"{report['sessions_after_damage']} sessions) after it are not recovered; the first "
+              f"{report['records']} records are")
 
 
 def _run_check(args: argparse.Namespace) -> int:

@@ -54,10 +54,20 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = proxy_config(args)
     with Proxy.start(cfg) as proxy:
         report = proxy.recovery
-        if report is not None and report.records:
+        if report is not None and (report.records or report.damage is not None):
             print(f"dressage proxy: journal {cfg.journal.path}: {len(report.active)} sessions resumed, "
                   f"{len(report.finalized)} finalized, {len(report.aborted)} aborted"
                   + (" (a torn last record was dropped)" if report.truncated_tail else ""), flush=True)
+            if report.mid_journal_damage:
+                print(f"dressage proxy: journal damaged, started on its intact prefix (--journal-recover "
+                      f"truncate): {report.damage_text()}; set aside in {report.set_aside}", flush=True)
+            if report.tq_check_error is not None:
+                print(f"dressage proxy: could not check the journal's TQ keys: {report.tq_check_error}", flush=True)
+            if report.lost_fields:
+                print(f"dressage proxy: {len(report.lost_fields)} finalized sessions name TQ keys the "
+                      f"TransferQueue no longer holds: their large fields are lost; reads mark them "
+                      f"(metadata.large_fields_lost): {', '.join(list(report.lost_fields)[:5])}"
+                      + (" ..." if len(report.lost_fields) > 5 else ""), flush=True)
         dp = proxy.config.data_plane
         if proxy.engine_check is not None:
             print(f"dressage proxy: engine check passed: {proxy.engine_check.describe()}", flush=True)

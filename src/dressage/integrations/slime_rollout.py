@@ -23,7 +23,7 @@ from typing import Any, Coroutine, Mapping, Sequence
 import numpy as np
 
 from dressage.agents import SessionContext, reward_number
-from dressage.errors import ConfigError, ProxyStatusError, TrajectoryError
+from dressage.errors import ConfigError, DressageError, ProxyStatusError, TrajectoryError
 from dressage.fields.versions import VersionTable
 from dressage.integrations.proxy_sessions import ProxySessions, fetch_capabilities
 from dressage.integrations.slime import REFS_METADATA_KEY, SlimeSample, rollout_output_classes, to_slime_sample
@@ -316,17 +316,31 @@ class SlimeRollout:
         """Read exactly these sessions' Samples from the Proxy, restore them (``restore="rollout"``) and
         shape them as ``groups[g][s] = [Segment, ...]``; returns the groups and the TQ bytes restored."""
         session_ids = [f.session_id for g in finished for f in g]
-        batch = self._source.read(session_ids=session_ids, drain=True)
+        batch = self._source.read(session_ids=session_ids, lease=True)
+        try:
+            groups, restored, consumed = self._shape(finished, session_ids, batch)
+        except BaseException:
+            try:  # nothing restored is acknowledged: the trajectories stay readable on the Proxy
+                self._source.release(batch)
+            except DressageError:
+                pass  # the lease then runs out on its own
+            raise
+        self._source.ack(batch)
+        if consumed:  # restored into the Samples and acknowledged: nothing of this rollout stays in TQ
+            release_batch(self._source.client(), consumed)
+        return groups, restored
+
+    def _shape(self, finished: list[list[_Finished]], session_ids: list[str],
+               batch: Any) -> tuple[list[list[list[Any]]], int, list[str]]:
+        """The groups, the TQ bytes restored, and the keys restored here (the caller releases them once
+        the read is acknowledged)."""
         keys = sample_ref_keys(batch.samples)
         samples, restored = batch.samples, 0
         if keys and self.restore == "rollout":
             client = self._source.client()
-            try:
-                remote = [(s, list(s.remote)) for s in samples]
-                samples = TrainingReader(client).restore(samples)
-                restored = sum(int(getattr(s, SAMPLE_LARGE_FIELDS[n]).nbytes) for s, names in remote for n in names)
-            finally:
-                release_batch(client, sorted(keys))  # consumed here: nothing of this rollout stays in TQ
+            remote = [(s, list(s.remote)) for s in samples]
+            samples = TrainingReader(client).restore(samples)
+            restored = sum(int(getattr(s, SAMPLE_LARGE_FIELDS[n]).nbytes) for s, names in remote for n in names)
         by_session: dict[str, list[Any]] = {}
         for s in samples:
             by_session.setdefault(s.session_id, []).append(s)
@@ -334,15 +348,11 @@ class SlimeRollout:
         if missing:
             raise TrajectoryError(f"{self.proxy_url}: the read returned no Samples for sessions {missing[:5]}")
         keep_refs = self.restore == "trainer"
-        try:
-            groups = [[[self._segment(f, seg, len(by_session[f.session_id]), keep_refs)
-                        for seg in sorted(by_session[f.session_id], key=lambda s: s.segment_index)]
-                       for f in g] for g in finished]
-        except BaseException:
-            if keys and keep_refs:  # no trainer will see these refs: their keys go now
-                release_batch(self._source.client(), sorted(keys))
-            raise
-        return groups, restored
+        # A failure here releases the read: the trajectories, and their keys, stay for another read.
+        groups = [[[self._segment(f, seg, len(by_session[f.session_id]), keep_refs)
+                    for seg in sorted(by_session[f.session_id], key=lambda s: s.segment_index)]
+                   for f in g] for g in finished]
+        return groups, restored, (sorted(keys) if self.restore == "rollout" else [])
 
     def _segment(self, f: _Finished, seg: Any, count: int, keep_refs: bool) -> Any:
         """One Segment as a copy of the data source's Sample with the Segment's fields."""

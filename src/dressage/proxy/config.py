@@ -19,6 +19,7 @@ __all__ = ["ProxyConfig", "ServerConfig", "AccessConfig", "EnginesConfig", "Limi
            "ReadsConfig", "JournalConfig", "DataPlaneConfig", "TransferQueueSelection"]
 
 FSYNC_POLICIES = ("always", "interval", "never")
+JOURNAL_RECOVER_MODES = ("refuse", "truncate")
 AGENT_TOKEN_ENV = "DRESSAGE_PROXY_TOKEN"
 ADMIN_TOKEN_ENV = "DRESSAGE_ADMIN_TOKEN"
 NO_AUTH = "no-auth"
@@ -274,9 +275,15 @@ class ReadsConfig:
     group_timeout_s: float = field(default=300.0, metadata=flag("--group-timeout", metavar="S"))
     """A group whose oldest finalized session is this old is handed over with what it has (its other
     sessions were lost or aborted). After a journal replay, the age counts from the replay."""
+    lease_s: float = field(default=600.0, metadata=flag("--read-lease", metavar="S"))
+    """How long a leasing (or draining) read holds its trajectories for an ack (``POST /trajectory/ack``);
+    past it they are readable again. A read may ask for another lease in its body (``lease_s``)."""
 
     def __post_init__(self) -> None:
         _positive_int("reads.min_group_size", self.min_group_size)
+        if isinstance(self.lease_s, bool) or not isinstance(self.lease_s, (int, float)) \
+                or not 0 < self.lease_s < float("inf"):
+            raise ConfigError(f"reads.lease_s must be a positive number of seconds, got {self.lease_s!r}")
         if isinstance(self.group_timeout_s, bool) or not isinstance(self.group_timeout_s, (int, float)) \
                 or not self.group_timeout_s > 0:
             raise ConfigError(f"reads.group_timeout_s must be positive, got {self.group_timeout_s!r}")
@@ -291,10 +298,16 @@ class JournalConfig:
     sessions. ``None``: no journal."""
     fsync: str = field(default="always", metadata=flag("--journal-fsync", choices=FSYNC_POLICIES))
     """When journal appends reach the disk: always (before the reply), interval or never."""
+    recover: str = field(default="refuse", metadata=flag("--journal-recover", choices=JOURNAL_RECOVER_MODES))
+    """A journal damaged before its end (not a torn tail): ``refuse`` to start (run ``dressage proxy journal
+    repair``), or ``truncate``: start on its intact prefix, the rest set aside as ``PATH.damaged-OFFSET``."""
 
     def __post_init__(self) -> None:
         if self.fsync not in FSYNC_POLICIES:
             raise ConfigError(f"journal.fsync: expected one of {', '.join(FSYNC_POLICIES)}, got {self.fsync!r}")
+        if self.recover not in JOURNAL_RECOVER_MODES:
+            raise ConfigError(f"journal.recover: expected one of {', '.join(JOURNAL_RECOVER_MODES)}, "
+                              f"got {self.recover!r}")
         if self.path is not None and not str(self.path):
             raise ConfigError("journal.path: an empty path")
 

@@ -7,7 +7,8 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 __all__ = ["ChatMessage", "ChatRequest", "GenerateRequest", "CreateSession", "FinalizeRequest",
-           "FinalizeSessionRequest", "TrajectoryReadRequest", "ResumeRequest", "PauseRequest", "DiscardRequest"]
+           "FinalizeSessionRequest", "TrajectoryReadRequest", "TrajectoryAckRequest", "ResumeRequest",
+           "PauseRequest", "DiscardRequest"]
 
 
 class _Body(BaseModel):
@@ -173,9 +174,23 @@ class TrajectoryReadRequest(_Control):
     """... or once its oldest finalized session is this many seconds old (default: ``--group-timeout``)."""
     segment_view: Optional[Literal["lineage", "timeline"]] = None
     drain: bool = False
+    """Forget what was read once the answer was written in full (an answer that cannot be written
+    forgets nothing)."""
+    lease: StrictBool = False
+    """Two-phase read: hand the trajectories out under the answer's ``read_id``; ``POST /trajectory/ack``
+    forgets them, ``POST /trajectory/release`` (or the lease running out) makes them readable again."""
+    lease_s: Any = None
+    """How long the lease holds (default: the Proxy's ``--read-lease``); checked by the read (a 400)."""
     format: Literal["segments", "samples"] = "segments"
     """``segments``: summaries (large fields as sizes); ``samples``: trainer-ready Samples with
     FieldRefs and the TransferQueue client spec (see :mod:`dressage.train.remote`)."""
+
+
+class TrajectoryAckRequest(_Control):
+    """``POST /trajectory/ack`` and ``POST /trajectory/release``: the read whose trajectories the reader
+    holds (forget them) or hands back (readable again)."""
+
+    read_id: StrictStr = Field(min_length=1, max_length=128)
 
 
 class ResumeRequest(_Control):

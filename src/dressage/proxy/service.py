@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from dressage.errors import ConfigError
+from dressage.errors import ConfigError, JournalDamagedError
 from dressage.proxy.anthropic.serving import MessagesServing
 from dressage.proxy.config import JournalConfig, ProxyConfig
 from dressage.proxy.engines.pool import EnginePool
@@ -97,15 +97,25 @@ class ProxyService:
     def recover(self, journal: JournalConfig) -> Any:
         """Replay ``journal`` into the (empty) core, take back what it held, then journal from there on.
 
-        Returns the journal's recovery report.
+        A journal damaged before its end is refused (:class:`JournalDamagedError`, naming the offset
+        and what lies after it) unless ``journal.recover`` is ``truncate``. Returns the recovery report.
         """
         from dressage.proxy.journal.log import Journal
 
-        report = self.core.recover(journal.path)
+        def accept(report: Any) -> None:
+            if report.mid_journal_damage and journal.recover != "truncate":
+                raise JournalDamagedError(
+                    f"journal {journal.path} is damaged: {report.damage_text()}. Starting would drop them: run "
+                    f"`dressage proxy journal repair {journal.path}` (the rest is kept aside), or start with "
+                    "--journal-recover truncate")
+
+        report = self.core.recover(journal.path, accept=accept)
         self.versions.restore(self.core.sessions.values())  # named versions keep their codes
         self.trajectories.adopt(report.delivered)
         # Appends start where replay stopped: a record the replay refused is cut (and set aside) too.
         self.core.journal = Journal(journal.path, fsync=journal.fsync, intact_bytes=report.intact_bytes)
+        if self.core.journal.set_aside is not None:
+            report.set_aside = str(self.core.journal.set_aside)
         self.book.keeper.adopt()  # resumed sessions expire like any other
         return report
 
@@ -158,7 +168,8 @@ class ProxyService:
             tokens += sum(st.response_len for st in s.steps.values())
         book, done = self.book, self.trajectories
         return {"sessions": states, "steps": steps, "response_tokens": tokens,
-                "unread_trajectories": len(done.finalized),
+                "unread_trajectories": len(done.finalized), "leased_reads": len(done.leases),
+                "expired_leases": done.leases.expired,
                 "unread_segments": sum(len(d.segments) for d in done.finalized.values()),
                 "calls": book.calls, "failed_calls": book.failed_calls, "replayed_turns": book.replayed_turns,
                 "weight_version": self.weight_version, "pause": self.pause.state(),

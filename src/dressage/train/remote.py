@@ -3,7 +3,8 @@
 ``POST /trajectory/read`` with ``"format": "samples"`` answers each trajectory's Samples in wire form
 (large fields as FieldRefs) and, in ``meta_info.transfer_queue``, the client spec of the Proxy's
 TransferQueue (``GET /transfer_queue/spec`` answers it alone). This module joins that TQ, so the large
-fields go StorageUnit -> trainer directly.
+fields go StorageUnit -> trainer directly. Reads are two-phase: a batch is leased, restored, then
+acknowledged (``/trajectory/ack``); a batch that cannot be restored is released and stays on the Proxy.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import msgpack
 
-from dressage.errors import (ConfigError, NoTransferQueueError, ProxyConnectionError, ProxyStatusError,
-                             SampleWireError)
+from dressage.errors import (ConfigError, DressageError, NoTransferQueueError, ProxyConnectionError,
+                             ProxyStatusError, SampleWireError)
 from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE, sample_from_wire
 from dressage.trajectory import Sample
 
@@ -32,6 +33,8 @@ class TrajectoryBatch:
     transfer_queue: dict[str, Any] | None
     trajectories: int = 0
     meta_info: dict[str, Any] = field(default_factory=dict)
+    read_id: str | None = None
+    """The lease the Proxy holds these trajectories under (a leasing read): ack or release it."""
 
 
 class ProxyTrajectorySource:
@@ -82,17 +85,20 @@ class ProxyTrajectorySource:
         except ValueError as exc:
             raise SampleWireError(f"{self.url}{path}: answer is not JSON ({exc})") from None
 
-    def read(self, *, drain: bool = True, max_groups: int | None = None, instance_id: str | None = None,
+    def read(self, *, drain: bool = False, lease: bool = False, lease_s: float | None = None,
+             max_groups: int | None = None, instance_id: str | None = None,
              session_ids: Sequence[str] | None = None, min_group_size: int | None = None,
              group_timeout_s: float | None = None) -> TrajectoryBatch:
-        """Finalized trajectories as Samples; ``drain`` hands them over (the Proxy forgets them,
-        the TQ keys stay until the trainer releases them). ``session_ids`` reads exactly those
-        sessions (each must be finalized and unread), whatever else waits in the Proxy.
+        """Finalized trajectories as Samples. ``lease`` hands them out under the batch's ``read_id``:
+        :meth:`ack` once they were restored (the Proxy forgets them; the TQ keys stay until the trainer
+        releases them), :meth:`release` when they could not be. ``drain`` instead has the Proxy forget
+        them once its answer was written; with neither, the read only looks. ``session_ids`` reads exactly
+        those sessions (each must be finalized and not acknowledged), whatever else waits in the Proxy.
         ``min_group_size`` / ``group_timeout_s``: only prompt groups with that many finalized
         sessions, or that waited that long (default: the Proxy's ``reads`` settings); the groups
         held back are in ``meta_info["incomplete_groups"]``."""
-        body: dict[str, Any] = {"format": "samples", "drain": drain}
-        for key, value in (("max_groups", max_groups), ("instance_id", instance_id),
+        body: dict[str, Any] = {"format": "samples", "drain": drain, "lease": lease}
+        for key, value in (("max_groups", max_groups), ("instance_id", instance_id), ("lease_s", lease_s),
                            ("min_group_size", min_group_size), ("group_timeout_s", group_timeout_s)):
             if value is not None:
                 body[key] = value
@@ -110,7 +116,21 @@ class ProxyTrajectorySource:
         spec = meta.get("transfer_queue") if isinstance(meta, Mapping) else None
         if spec is not None:
             self._spec = dict(spec)
-        return TrajectoryBatch(samples, spec, len(answer["data"]), dict(meta) if isinstance(meta, Mapping) else {})
+        read_id = answer.get("read_id")
+        return TrajectoryBatch(samples, spec, len(answer["data"]), dict(meta) if isinstance(meta, Mapping) else {},
+                               read_id=read_id if isinstance(read_id, str) else None)
+
+    def ack(self, batch: TrajectoryBatch) -> int:
+        """The batch was restored: the Proxy forgets its trajectories. Returns how many it forgot."""
+        if batch.read_id is None:
+            return 0
+        answer = self._post("/trajectory/ack", {"read_id": batch.read_id})
+        return int(answer.get("acknowledged", 0)) if isinstance(answer, Mapping) else 0
+
+    def release(self, batch: TrajectoryBatch) -> None:
+        """The batch could not be used: its trajectories are readable again at once."""
+        if batch.read_id is not None:
+            self._post("/trajectory/release", {"read_id": batch.read_id})
 
     def transfer_queue_spec(self) -> dict[str, Any]:
         """The client spec of the Proxy's TransferQueue (``GET /transfer_queue/spec``, an admin endpoint:
@@ -146,20 +166,27 @@ class ProxyTrajectorySource:
 
 def drain(source: ProxyTrajectorySource, *, max_groups: int | None = None, min_group_size: int | None = None,
           group_timeout_s: float | None = None) -> Iterator[TrajectoryBatch]:
-    """The Proxy's finalized trajectories, handed over (drained) ``max_groups`` prompt groups a read
-    (what one answer holds in memory on both sides; None: all in one), until a read finds none.
+    """The Proxy's finalized trajectories, ``max_groups`` prompt groups a read (what one answer holds
+    in memory on both sides; None: all in one), until a read finds none. Each batch is leased: it is
+    acknowledged when the consumer asks for the next one, released when the consumer raised.
     Groups still short of ``min_group_size`` (and younger than ``group_timeout_s``) stay on the Proxy."""
     while True:
-        batch = source.read(drain=True, max_groups=max_groups, min_group_size=min_group_size,
+        batch = source.read(lease=True, max_groups=max_groups, min_group_size=min_group_size,
                             group_timeout_s=group_timeout_s)
         if batch.trajectories == 0:
             return
-        yield batch
+        try:
+            yield batch
+        except BaseException:
+            source.release(batch)
+            raise
+        source.ack(batch)
 
 
 def consume(source: ProxyTrajectorySource, *, dp_size: int = 1, expect_sessions: int | None = None,
             timeout_s: float = 60.0, poll_s: float = 0.2, on_lost: str = "fail") -> dict[str, Any]:
-    """Drain the Proxy, shard by DP rank, restore each shard from TQ, check, release the keys.
+    """Read the Proxy (leased), shard by DP rank, restore each shard from TQ, check, acknowledge the
+    reads, release the keys. A restore or check that fails releases the reads: nothing is lost.
 
     Reads until ``expect_sessions`` trajectories arrived (or once, when ``None``). Answers what a
     driver logs: samples, sessions, the samples digest, bytes restored and the keys left in TQ.
@@ -175,10 +202,12 @@ def consume(source: ProxyTrajectorySource, *, dp_size: int = 1, expect_sessions:
     if not isinstance(dp_size, int) or isinstance(dp_size, bool) or dp_size < 1:
         raise ConfigError(f"dp_size must be a positive integer, got {dp_size!r}")
     samples: list[Sample] = []
+    batches: list[TrajectoryBatch] = []
     sessions, spec = 0, None
     deadline = time.monotonic() + timeout_s
     while True:
-        batch = source.read(drain=True)
+        batch = source.read(lease=True)
+        batches.append(batch)
         samples += batch.samples
         sessions += batch.trajectories
         spec = batch.transfer_queue or spec
@@ -190,18 +219,27 @@ def consume(source: ProxyTrajectorySource, *, dp_size: int = 1, expect_sessions:
         time.sleep(poll_s)
     keys = sample_ref_keys(samples)
     restored_bytes = 0
-    if keys:
-        reader = TrainingReader(source.client(), on_lost=on_lost)
-        kept: list[Sample] = []
-        for shard in shard_samples(samples, dp_size, keep_groups=True):
-            kept += reader.restore(shard)  # one batched read per StorageUnit per rank
-        samples = kept
-    for s in samples:
-        check_sample(s)
-        restored_bytes += sum(int(a.nbytes) for n, a in s.field_arrays().items() if n.startswith("rollout_"))
+    try:
+        if keys:
+            reader = TrainingReader(source.client(), on_lost=on_lost)
+            kept: list[Sample] = []
+            for shard in shard_samples(samples, dp_size, keep_groups=True):
+                kept += reader.restore(shard)  # one batched read per StorageUnit per rank
+            samples = kept
+        for s in samples:
+            check_sample(s)
+            restored_bytes += sum(int(a.nbytes) for n, a in s.field_arrays().items() if n.startswith("rollout_"))
+    except BaseException:
+        for batch in batches:  # nothing restored is acknowledged: the Proxy keeps every trajectory
+            try:
+                source.release(batch)
+            except DressageError:
+                pass  # the lease then runs out on its own
+        raise
+    acknowledged = sum(source.ack(batch) for batch in batches)
     released = release_batch(source.client(), sorted(keys)) if keys else 0
     keys_left = source.client().total_keys() if spec is not None else 0
-    return {"sessions": sessions, "samples": len(samples), "dp_size": dp_size,
+    return {"sessions": sessions, "acknowledged": acknowledged, "samples": len(samples), "dp_size": dp_size,
             "samples_digest": samples_digest(samples), "large_field_bytes_restored": restored_bytes,
             "tq_keys_read": len(keys), "tq_keys_released": released, "tq_keys_left": keys_left,
             "transfer_queue": spec is not None}

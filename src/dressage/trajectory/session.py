@@ -395,17 +395,25 @@ class Session:
         return self.commit_step(decision, prompt_ids=prompt_ids, response_ids=response_ids, **kwargs)
 
     # --------------------------------------------------------------- lifecycle
-    def finalize(self, reward: float | None = None) -> None:
+    def check_finalizable(self) -> None:
+        """Raise what :meth:`finalize` would, changing nothing (a caller journals in between)."""
         if self.state != "active":
             raise SessionStateError(f"session {self.session_id} is already {self.state}")
         if not self.steps:
             raise SessionStateError(f"session {self.session_id} has no steps to finalize")
+
+    def finalize(self, reward: float | None = None) -> None:
+        self.check_finalizable()
         self.reward = None if reward is None else float(reward)
         self.state = "finalized"
 
-    def abort(self, reason: str = "aborted") -> None:
+    def check_abortable(self) -> None:
+        """Raise what :meth:`abort` would, changing nothing."""
         if self.state == "finalized":
             raise SessionStateError(f"session {self.session_id} is already finalized")
+
+    def abort(self, reason: str = "aborted") -> None:
+        self.check_abortable()
         self.state, self.abort_reason = "aborted", reason
 
     def seal(self) -> None:

@@ -443,3 +443,33 @@ def test_trainer_restore_gives_each_rank_what_the_rollout_restore_gives_it(engin
             assert tq.client().total_keys() == 0 and sum(int(row["keys"]) for row in tq.stats().values()) == 0
     finally:
         tq.shutdown()
+
+
+def test_a_failed_restore_leaves_the_rollouts_trajectories_and_keys_on_the_proxy(engine, monkeypatch):
+    from dressage.errors import LostSamplesError
+    from dressage.tq import TransferQueue
+
+    class FailingReader:
+        def __init__(self, client, **kw):
+            pass
+
+        def restore(self, samples):
+            raise LostSamplesError("a StorageUnit lost these Samples")
+
+    tq = TransferQueue.start({"deployment": "embedded", "num_storage_units": 1, "retention_s": None})
+    try:
+        with start_proxy(engine.url, tq=tq, routed_experts_dtype="uint8") as proxy:
+            rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)
+            monkeypatch.setattr(slime_rollout, "TrainingReader", FailingReader)
+            with pytest.raises(LostSamplesError):
+                rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+            kept = proxy.service.trajectories
+            assert len(kept.finalized) == 2 and len(kept.leases) == 0  # released, not acknowledged
+            keys = tq.client().total_keys()
+            assert keys > 0  # their large fields stay for the next read
+            monkeypatch.undo()
+            batch = rollout._source.read(session_ids=list(kept.finalized), lease=True)
+            assert batch.trajectories == 2 and len({s.session_id for s in batch.samples}) == 2
+            rollout._source.release(batch)
+    finally:
+        tq.shutdown()

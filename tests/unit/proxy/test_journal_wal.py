@@ -1,6 +1,7 @@
 """The journal as a write-ahead log: every corruption class is reported and its intact prefix
 recovered, duplicates are skipped, size stays linear in what is live, files are 0600."""
 
+import dataclasses
 import json
 import os
 import stat
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from dressage.cli import main
+from dressage.errors import JournalDamagedError
 from dressage.proxy.config import DataPlaneConfig
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.journal.log import Journal, JournalEncodeError
@@ -342,6 +344,10 @@ def test_build_service_appends_where_replay_stopped(tmp_path):
     j.close()
     cfg = ProxyConfig(data_plane=_cfg(), journal=JournalConfig(path=str(path), fsync="never"),
                       engines=EnginesConfig(engine_url="http://127.0.0.1:9"))
+    with pytest.raises(JournalDamagedError, match=f"bad_record at byte {good}"):
+        build_service(cfg, tokenizer=load_tokenizer("byte"))  # refused by default, the journal untouched
+    assert path.stat().st_size > good
+    cfg = dataclasses.replace(cfg, journal=JournalConfig(path=str(path), fsync="never", recover="truncate"))
     service, report = build_service(cfg, tokenizer=load_tokenizer("byte"))
     assert report.intact_bytes == good and path.stat().st_size == good
     live = next(sid for sid, s in service.core.sessions.items() if s.state == "active")

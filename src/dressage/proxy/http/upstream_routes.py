@@ -1,4 +1,5 @@
-"""The routes upstream Dressage's clients call: finalize, discard, trajectory read, TQ spec, capabilities.
+"""The routes upstream Dressage's clients call: finalize, discard, trajectory read / ack / release, TQ spec,
+capabilities.
 
 Bodies are strict (an unknown key is a 400: these calls change what is trained on); the session
 may be named in the body or by the ``X-Session-Id`` / ``X-SMG-Routing-Key`` header. The use cases
@@ -7,19 +8,24 @@ are ``service.trajectories`` (:class:`dressage.proxy.upstream.trajectories.Traje
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import msgpack
 from fastapi import APIRouter, Request, Response
+from starlette.background import BackgroundTask
 
 from dressage.proxy import fastjson
-from dressage.errors import MissingSessionIdError
+from dressage.errors import AnswerEncodeError, DressageError, MissingSessionIdError
 from dressage.proxy.http.capabilities import capabilities
 from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE
-from dressage.proxy.schemas import DiscardRequest, FinalizeRequest, FinalizeSessionRequest, TrajectoryReadRequest
+from dressage.proxy.schemas import (DiscardRequest, FinalizeRequest, FinalizeSessionRequest, TrajectoryAckRequest,
+                                    TrajectoryReadRequest)
 from dressage.proxy.recording.turns import identity_from_headers
 
 __all__ = ["upstream_router"]
+
+log = logging.getLogger(__name__)
 
 
 def _json(value: Any) -> Response:
@@ -31,6 +37,18 @@ def _session(request: Request, given: str | None) -> str:
     if not sid:
         raise MissingSessionIdError("give session_id in the body or an X-Session-Id header")
     return sid
+
+
+def _encode_answer(answer: Any, binary: bool) -> bytes:
+    """The read answer's body; :class:`AnswerEncodeError` when a value in it cannot be written."""
+    try:
+        if binary:
+            return msgpack.packb(answer, use_bin_type=True)
+        return fastjson.dumps(answer)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise AnswerEncodeError(f"the read answer cannot be encoded as {'msgpack' if binary else 'JSON'} "
+                                f"({type(exc).__name__}: {str(exc)[:200]}); nothing was handed over, its "
+                                "trajectories stay readable") from None
 
 
 def upstream_router(service: Any) -> APIRouter:
@@ -64,10 +82,35 @@ def upstream_router(service: Any) -> APIRouter:
                                            max_groups=body.max_groups, segment_view=body.segment_view,
                                            drain=body.drain, format=body.format, binary=binary,
                                            min_group_size=body.min_group_size,
-                                           group_timeout_s=body.group_timeout_s)
-        if binary:
-            return Response(msgpack.packb(answer, use_bin_type=True), media_type=MSGPACK_MEDIA_TYPE)
-        return _json(answer)
+                                           group_timeout_s=body.group_timeout_s,
+                                           lease=body.lease, lease_s=body.lease_s)
+        read_id = answer.get("read_id")
+        try:
+            content = _encode_answer(answer, binary)
+        except AnswerEncodeError:
+            if read_id is not None:
+                service.trajectories.release(read_id)
+            raise
+        media = MSGPACK_MEDIA_TYPE if binary else "application/json"
+        if body.drain and read_id is not None:
+            # One call for upstream's clients, two phases here: forgotten once the answer is written whole.
+            return Response(content, media_type=media, background=BackgroundTask(drained, read_id))
+        return Response(content, media_type=media)
+
+    async def drained(read_id: str) -> None:
+        # On the loop, right after the last byte: a request that follows the answer sees it forgotten.
+        try:
+            service.trajectories.ack(read_id)
+        except DressageError as exc:  # the lease stays: its trajectories are readable again once it expires
+            log.warning("draining read %s was written but not forgotten: %s", read_id, exc)
+
+    @router.post("/trajectory/ack")
+    async def trajectory_ack(body: TrajectoryAckRequest) -> Response:
+        return _json(service.trajectories.ack(body.read_id))
+
+    @router.post("/trajectory/release")
+    async def trajectory_release(body: TrajectoryAckRequest) -> Response:
+        return _json(service.trajectories.release(body.read_id))
 
     @router.get("/transfer_queue/spec")
     async def transfer_queue_spec() -> Response:

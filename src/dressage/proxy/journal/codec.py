@@ -153,7 +153,14 @@ def apply(sessions: dict[str, Session], payload: bytes, *, decode=None, special_
         elif kind == "step":
             _apply_step(sessions[sid], rec)
         elif kind == "finalize":
-            sessions[sid].finalize(rec["reward"])
+            s = sessions[sid]
+            s.check_finalizable()
+            meta = rec.get("meta")
+            if meta is not None:
+                if not isinstance(meta, dict):
+                    raise JournalError(f"finalize record for session {sid!r}: meta is not a map")
+                s.metadata.update(meta)
+            s.finalize(rec["reward"])
         elif kind == "abort":
             sessions[sid].abort(rec["reason"])
         elif kind == "forget":

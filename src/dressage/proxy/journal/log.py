@@ -16,6 +16,7 @@ copies what was appended meanwhile under the lock and swaps the files.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -23,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dressage.errors import ConfigError, JournalEncodeError, JournalError
+from dressage.errors import ConfigError, JournalEncodeError, JournalError, JournalFullError, JournalWriteError
 from dressage.proxy.config import FSYNC_POLICIES
 from dressage.proxy.journal import codec as codec
-from dressage.proxy.journal.wal import FILE_MAGIC, HEADER, JournalDamage, Scan, frame
+from dressage.proxy.journal.wal import FILE_MAGIC, HEADER, JournalDamage, Scan, frame, frames_after
 from dressage.trajectory import RouteDecision, Session, StepRecord
 
 __all__ = ["Journal", "JournalError", "JournalEncodeError", "JournalDamage", "ReplayReport", "FSYNC_POLICIES"]
@@ -49,6 +50,30 @@ class ReplayReport:
     intact_bytes: int = 0
     delivered: list[Any] = field(default_factory=list)
     """FinalizedSessions handed to the sink again by ``ProxyCore.recover``."""
+    records_after_damage: int = 0
+    """Well-formed records past a damage other than a torn tail: what starting on the prefix drops."""
+    sessions_after_damage: list[str] = field(default_factory=list)
+    """The sessions those records belong to."""
+    set_aside: str | None = None
+    """Where the bytes past the damage were kept when the Proxy started on the intact prefix."""
+    lost_fields: dict[str, list[str]] = field(default_factory=dict)
+    """Finalized sessions whose TQ keys the TransferQueue no longer holds: session id -> keys."""
+    tq_check_error: str | None = None
+    """Why the TransferQueue could not be asked which keys it holds (nothing was marked then)."""
+
+    @property
+    def mid_journal_damage(self) -> bool:
+        """Damaged before its end: intact records may lie past the damage (a torn tail is a crash mid-write)."""
+        return self.damage is not None and not self.truncated_tail
+
+    def damage_text(self) -> str:
+        """The damage, with what lies after it."""
+        d = self.damage
+        if d is None:
+            return "intact"
+        return (f"{d.kind} at byte {d.offset} ({d.detail}); {self.records} records before it replay; "
+                f"{self.records_after_damage} intact records of {len(self.sessions_after_damage)} sessions "
+                f"({d.dropped_bytes} bytes) lie after it")
 
     def summary(self) -> str:
         text = (f"{self.records} records: {len(self.active)} sessions active, {len(self.finalized)} finalized, "
@@ -56,7 +81,14 @@ class ReplayReport:
         if self.duplicates:
             text += f"; {self.duplicates} duplicated records skipped"
         if self.damage is not None:
-            text += f"; {self.damage}"
+            text += f"; {self.damage_text()}"
+        if self.set_aside is not None:
+            text += f"; the bytes after it were set aside in {self.set_aside}"
+        if self.tq_check_error is not None:
+            text += f"; the TransferQueue could not be asked for the journal's keys ({self.tq_check_error})"
+        if self.lost_fields:
+            text += (f"; {len(self.lost_fields)} finalized sessions name TQ keys the TransferQueue no longer "
+                     "holds (their large fields are lost)")
         return text
 
 
@@ -84,6 +116,14 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _write_error(path: Path, exc: OSError) -> JournalWriteError:
+    """The typed error of a failed append: a full disk (507) or another I/O error (503)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return JournalFullError(f"cannot append to journal {path}: the disk is full ({exc.strerror or exc}); "
+                                "nothing was changed")
+    return JournalWriteError(f"cannot append to journal {path}: {exc}; nothing was changed")
 
 
 class Journal:
@@ -173,7 +213,7 @@ class Journal:
     @staticmethod
     def _account(live: dict[str, int], kind: str, sid: str, nbytes: int) -> int:
         """Add one record to the live bytes; returns the bytes that became dead."""
-        if kind == "forget":
+        if kind in ("forget", "abort"):  # an aborted session is gone: replay only remembers its id
             return live.pop(sid, 0) + nbytes
         live[sid] = live.get(sid, 0) + nbytes
         return 0
@@ -205,7 +245,7 @@ class Journal:
                     os.ftruncate(self._fd, self._size)
                 except OSError:
                     pass
-                raise JournalError(f"cannot append to journal {self.path}: {exc}") from exc
+                raise _write_error(self.path, exc) from exc
             self._seq += 1
             self._size += len(data)
             self._dead += self._account(self._live, kind, sid, len(data))
@@ -220,8 +260,12 @@ class Journal:
         """``session`` (holding the earlier steps) lets the record store only the new tokens."""
         self._append(codec.encode_step(session_id, decision, rec, session))
 
-    def finalized(self, session_id: str, reward: float | None) -> None:
-        self._append(codec.encode("finalize", session_id, {"reward": reward}))
+    def finalized(self, session_id: str, reward: float | None, metadata: dict[str, Any] | None = None) -> None:
+        """``metadata``: keys the finalize adds to the session's metadata (``instance_id``, ``label``)."""
+        body: dict[str, Any] = {"reward": reward}
+        if metadata:
+            body["meta"] = metadata
+        self._append(codec.encode("finalize", session_id, body))
 
     def aborted(self, session_id: str, reason: str) -> None:
         self._append(codec.encode("abort", session_id, {"reason": reason}))
@@ -326,6 +370,15 @@ class Journal:
         report = ReplayReport(records=scan.records, damage=scan.damage, duplicates=scan.duplicates,
                               truncated_tail=scan.damage is not None and scan.damage.kind == "torn_tail",
                               intact_bytes=scan.end)
+        if report.mid_journal_damage and scan.damage.kind != "not_a_journal":
+            after: dict[str, None] = {}
+            for payload in frames_after(path, scan.damage.offset):
+                report.records_after_damage += 1
+                try:
+                    after[codec.split(payload)[1]] = None
+                except JournalError:
+                    continue
+            report.sessions_after_damage = list(after)
         for sid, s in sessions.items():
             {"active": report.active, "finalized": report.finalized, "aborted": report.aborted}[s.state].append(sid)
         return sessions, report

@@ -24,7 +24,8 @@ from typing import BinaryIO, Iterator
 
 from dressage.errors import JournalError
 
-__all__ = ["FILE_MAGIC", "HEADER", "JournalDamage", "Scan", "count_frames_after", "crc32c", "frame", "DAMAGE_KINDS"]
+__all__ = ["FILE_MAGIC", "HEADER", "JournalDamage", "Scan", "count_frames_after", "crc32c", "frames_after", "frame",
+           "DAMAGE_KINDS"]
 
 FILE_MAGIC = b"DRSJWAL2"
 _FRAME_MAGIC = b"\xd5J"
@@ -198,13 +199,12 @@ class Scan:
                 return
 
 
-def count_frames_after(path: str | os.PathLike[str], offset: int) -> int:
-    """How many well-formed frames lie after ``offset`` (found by their magic and header checksum):
+def frames_after(path: str | os.PathLike[str], offset: int) -> Iterator[bytes]:
+    """The payloads of the well-formed frames after ``offset`` (found by their magic and checksums):
     what a damaged journal holds beyond the part that can be recovered."""
-    found = 0
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size <= offset + 1:
-            return 0
+            return
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             i = data.find(_FRAME_MAGIC, offset + 1)
             while i >= 0:
@@ -213,8 +213,12 @@ def count_frames_after(path: str | os.PathLike[str], offset: int) -> int:
                     _, length, _, pcrc = _HEAD.unpack_from(head)
                     body = data[i + HEADER:i + HEADER + length]
                     if len(body) == length and crc32c(body) == pcrc:
-                        found += 1
+                        yield body
                         i = data.find(_FRAME_MAGIC, i + HEADER + length)
                         continue
                 i = data.find(_FRAME_MAGIC, i + 1)
-    return found
+
+
+def count_frames_after(path: str | os.PathLike[str], offset: int) -> int:
+    """How many well-formed frames lie after ``offset`` (see :func:`frames_after`)."""
+    return sum(1 for _ in frames_after(path, offset))

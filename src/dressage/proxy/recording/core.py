@@ -23,7 +23,11 @@ from dressage.proxy.recording.write_behind import PendingStep, WriteBehind, done
 from dressage.trajectory import Boundary, RouteDecision, Segment, Session, StepRecord, build_segments
 from dressage.trajectory.sample import VERSION_LABELS_KEY
 
-__all__ = ["ProxyCore", "FinalizedSession"]
+__all__ = ["ProxyCore", "FinalizedSession", "LOST_FIELDS_KEY"]
+
+_WHERE_CHUNK = 4096
+LOST_FIELDS_KEY = "large_fields_lost"
+"""Metadata of a trajectory recovered from a journal whose TQ keys are gone: how many keys are lost."""
 
 
 @dataclass(slots=True)
@@ -136,10 +140,9 @@ class ProxyCore:
         return s.state if s is not None else self._gone.get(session_id)
 
     def _bury(self, session_id: str, state: str) -> None:
-        """Drop a session from memory, remembering only that it is ``state``."""
+        """Drop a session from memory, remembering only that it is ``state`` (its end is journaled)."""
         with self._lock:
-            if self.sessions.pop(session_id, None) is not None and self.journal is not None:
-                self.journal.forgotten(session_id)
+            self.sessions.pop(session_id, None)
             self._calls.pop(session_id, None)
             self._gone[session_id] = state
             self._gone.move_to_end(session_id)
@@ -303,17 +306,26 @@ class ProxyCore:
         self.write_behind.close()
 
     # --------------------------------------------------------------- lifecycle
-    def finalize(self, session_id: str, reward: float | None = None) -> FinalizedSession:
-        """Finalize, build Segments (no TQ reads), release refs no Segment uses, hand to the sink."""
+    def finalize(self, session_id: str, reward: float | None = None, *,
+                 metadata: Mapping[str, Any] | None = None) -> FinalizedSession:
+        """Finalize, build Segments (no TQ reads), release refs no Segment uses, hand to the sink.
+
+        ``metadata`` is merged into the session's (journaled with the finalize). The journal record is
+        written first: when it fails the session is left active and unchanged.
+        """
         self._settle(session_id)  # every step already answered is in the session first
         with self._lock:
             session = self.session(session_id)
-            session.finalize(reward)
+            session.check_finalizable()
+            reward = None if reward is None else float(reward)
+            update = dict(metadata or {})
             if self.journal is not None:
-                self.journal.finalized(session_id, session.reward)
+                self.journal.finalized(session_id, reward, update or None)
+            session.metadata.update(update)
+            session.finalize(reward)
         return self._deliver(session)
 
-    def _deliver(self, session: Session) -> FinalizedSession:
+    def _deliver(self, session: Session, *, lost: int = 0) -> FinalizedSession:
         session_id = session.session_id
         session.seal()  # chat histories and tool schemas are for routing calls; none come any more
         segments = build_segments(session, self.config.segment_view,
@@ -327,6 +339,8 @@ class ProxyCore:
         labels = {code: label for st in session.steps.values() for code, label in step_labels(st.metadata).items()}
         if labels:  # the engine's names of the session's named versions, for Sample.weight_versions
             metadata[VERSION_LABELS_KEY] = labels
+        if lost:  # its Samples' refs point at nothing: a reader must not take it as whole
+            metadata[LOST_FIELDS_KEY] = lost
         done = FinalizedSession(session_id, segments, session.reward, metadata, unused)
         if self.sink is not None:
             self.sink(done)
@@ -336,9 +350,10 @@ class ProxyCore:
         """Abort a session, delete its TQ keys and forget it; returns how many refs were released."""
         with self._lock:
             session = self.session(session_id)
-            session.abort(reason)
-            if self.journal is not None:
+            session.check_abortable()
+            if self.journal is not None:  # durable first: a failed write leaves the session as it was
                 self.journal.aborted(session_id, reason)
+            session.abort(reason)
         refs = session.large_field_refs()
         self._delete_quietly(refs)
         self._bury(session_id, "aborted")
@@ -356,10 +371,13 @@ class ProxyCore:
                 return {"session_id": session_id, "state": gone, "was": gone, "released_refs": 0, "samples": 0}
             session = self.session(session_id)
             was = session.state
+            if self.journal is not None:  # durable first: a failed write leaves the session as it was
+                if was == "active":
+                    self.journal.aborted(session_id, "discarded")
+                else:
+                    self.journal.forgotten(session_id)
             if was == "active":
                 session.abort("discarded")
-                if self.journal is not None:
-                    self.journal.aborted(session_id, "discarded")
         refs = session.large_field_refs()
         self._delete_quietly(refs)
         withdrawn = 0
@@ -375,9 +393,9 @@ class ProxyCore:
             s = self.sessions.get(session_id)
             if s is None or s.state != "active" or s.steps:
                 return False
-            del self.sessions[session_id]
             if self.journal is not None:
                 self.journal.forgotten(session_id)
+            del self.sessions[session_id]
             self._calls.pop(session_id, None)
         return True
 
@@ -387,17 +405,22 @@ class ProxyCore:
             s = self.sessions.get(session_id)
             if s is not None and s.state == "active":
                 raise SessionStateError(f"session {session_id} is still active")
-            if self.sessions.pop(session_id, None) is not None and self.journal is not None:
-                self.journal.forgotten(session_id)
+            if s is not None and self.journal is not None:
+                self.journal.forgotten(session_id)  # durable first: a failed write keeps the session
+            self.sessions.pop(session_id, None)
             self._calls.pop(session_id, None)
 
-    def recover(self, path: Any) -> Any:
+    def recover(self, path: Any, *, accept: Callable[[Any], None] | None = None) -> Any:
         """Replay a journal into this (empty) core: active sessions resume, finalized ones are
         delivered to the sink again (their Samples were not consumed yet), aborted ones are only
-        remembered as aborted."""
+        remembered as aborted. ``accept(report)`` may refuse the replay (raise) before anything is
+        taken. A finalized session whose TQ keys the TransferQueue no longer holds is delivered with
+        ``metadata["large_fields_lost"]`` (how many keys), and listed in ``report.lost_fields``."""
         from dressage.proxy.journal.log import Journal
 
         sessions, report = Journal.replay(path, decode=self._decode, special_ids=self._special_ids)
+        if accept is not None:
+            accept(report)
         with self._lock:
             for sid, s in sessions.items():
                 if s.state == "aborted":
@@ -405,5 +428,24 @@ class ProxyCore:
                     continue
                 self.sessions[sid] = s
                 self._calls[sid] = 0
-        report.delivered = [self._deliver(self.sessions[sid]) for sid in report.finalized]
+        try:
+            report.lost_fields = self._missing_keys([self.sessions[sid] for sid in report.finalized])
+        except DressageError as exc:  # the Controller did not answer: nothing is marked on a guess
+            report.tq_check_error = f"{type(exc).__name__}: {exc}"
+        report.delivered = [self._deliver(self.sessions[sid], lost=len(report.lost_fields.get(sid, ())))
+                            for sid in report.finalized]
         return report
+
+    def _missing_keys(self, sessions: Sequence[Session]) -> dict[str, list[str]]:
+        """Per session, the TQ keys its steps name that the TransferQueue's directory no longer holds
+        (a TQ that did not outlive the Proxy). Empty without TQ, or when the directory cannot be asked."""
+        controller = getattr(self.tq, "controller", None) or getattr(self.tq, "_controller", None)
+        where = getattr(controller, "where", None)
+        if where is None:
+            return {}
+        named = {s.session_id: sorted({r.key for r in s.large_field_refs() if hasattr(r, "key")}) for s in sessions}
+        keys = [k for ks in named.values() for k in ks]
+        held: set[str] = set()
+        for i in range(0, len(keys), _WHERE_CHUNK):  # bounded requests to the Controller
+            held.update(where(keys[i:i + _WHERE_CHUNK]))
+        return {sid: lost for sid, ks in named.items() if (lost := [k for k in ks if k not in held])}

@@ -1,9 +1,10 @@
-"""Finalized trajectories and the use cases over them: finalize, abort, discard, read, forget.
+"""Finalized trajectories and the use cases over them: finalize, abort, discard, read, ack, forget.
 
-:class:`Trajectories` owns what a Proxy keeps between a session's finalize and the trainer's read
-(finalized sessions in finalize order, the finalize ledger, finalizes under way). The routes
-upstream Dressage's clients call (``/session/finalize``, ``/session/discard``, ``/trajectory/read``)
-only parse bodies and call it; read selection and its envelope are :mod:`dressage.proxy.upstream.read`.
+:class:`Trajectories` owns what a Proxy keeps between a session's finalize and the trainer's ack
+(finalized sessions in finalize order, the finalize ledger, finalizes under way, read leases). The
+routes upstream Dressage's clients call only parse bodies and call it; read selection and its envelope
+are :mod:`dressage.proxy.upstream.read`, leases :mod:`dressage.proxy.upstream.leases`. A trajectory
+is forgotten only once its reader acknowledged it, or once a draining read's answer was written whole.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dressage.proxy.config import ProxyConfig
 from dressage.proxy.recording.core import FinalizedSession, ProxyCore
 from dressage.proxy.recording.heap import trim_heap
 from dressage.proxy.recording.lifecycle import InFlight
+from dressage.proxy.upstream.leases import ReadLeases
 from dressage.proxy.upstream.ledger import FinalizeLedger, count_turns
 from dressage.proxy.recording.session_book import SessionBook
 from dressage.proxy.recording.turns import instance_group
@@ -48,6 +50,8 @@ class Trajectories:
         """Finalizes under way (a concurrent repeat waits for the same answer)."""
         self.heap_trims, self.heap_trim_s = 0, 0.0
         """Trims after forgetting a batch of sessions, and the time they took."""
+        self.leases = ReadLeases()
+        """Trajectories handed out by a two-phase read and not acknowledged yet."""
 
     def _spec(self) -> dict[str, Any] | None:
         return self._tq_spec() if self._tq_spec is not None else None
@@ -68,9 +72,11 @@ class Trajectories:
             self.finalized[done.session_id] = done
 
     # ------------------------------------------------------------ finalize, abort
-    def finalize(self, session_id: str, reward: float | None) -> FinalizedSession:
-        """Cut the session's Segments now (no wait, no ledger: :meth:`finalize_session` is the client's)."""
-        done = self.core.finalize(session_id, reward)
+    def finalize(self, session_id: str, reward: float | None,
+                 metadata: dict[str, Any] | None = None) -> FinalizedSession:
+        """Cut the session's Segments now (no wait, no ledger: :meth:`finalize_session` is the client's);
+        ``metadata`` is merged into the session's with the finalize (journaled with it)."""
+        done = self.core.finalize(session_id, reward, metadata=metadata)
         self.book.keeper.release(session_id)
         self.finalized[session_id] = done
         return done
@@ -79,6 +85,7 @@ class Trajectories:
         """Abort a session: its TQ keys are deleted, nothing more may be recorded, it leaves memory."""
         released = self.core.abort(session_id)
         self.finalized.pop(session_id, None)
+        self.leases.drop(session_id)
         self.book.forget_state(session_id)
         return {"session_id": session_id, "state": "aborted", "released_refs": released}
 
@@ -97,14 +104,17 @@ class Trajectories:
         a batch left behind does not stay mapped as free heap into the next.
         """
         forgotten = 0
-        for sid in list(session_ids):
-            self.finalized.pop(sid, None)
-            self.core.forget(sid)
-            self.book.forget_state(sid)
-            forgotten += 1
-        if forgotten:
-            self.heap_trim_s += trim_heap()
-            self.heap_trims += 1
+        try:
+            for sid in list(session_ids):
+                self.core.forget(sid)  # journaled first: a failed write raises with the session still here
+                self.finalized.pop(sid, None)
+                self.leases.drop(sid)
+                self.book.forget_state(sid)
+                forgotten += 1
+        finally:
+            if forgotten:
+                self.heap_trim_s += trim_heap()
+                self.heap_trims += 1
 
     # ------------------------------------------------------------ upstream's clients
     def _answer(self, sid: str, done: Any, session: Any, waited: bool) -> dict[str, Any]:
@@ -152,13 +162,14 @@ class Trajectories:
             answer = self._answer(sid, done, session, waited)  # finalized before a restart (journal)
             self.ledger.put(sid, answer)
             return answer
+        update: dict[str, Any] = {}
         if session.state == "active":
             if instance_id is not None:
-                session.metadata["instance_id"] = str(instance_id)
-                session.metadata["group_index"] = instance_group(instance_id)
+                update["instance_id"] = str(instance_id)
+                update["group_index"] = instance_group(instance_id)
             if label is not None:
-                session.metadata["label"] = label
-        done = await asyncio.to_thread(self.finalize, sid, reward)
+                update["label"] = label
+        done = await asyncio.to_thread(self.finalize, sid, reward, update or None)
         answer = self._answer(sid, done, self.core.session(sid), waited)
         self.ledger.put(sid, answer)
         return answer
@@ -167,6 +178,7 @@ class Trajectories:
         """Drop a session (active or finalized) and its TransferQueue keys; a repeat is a no-op."""
         out = self.core.discard(sid)
         self.finalized.pop(sid, None)
+        self.leases.drop(sid)
         self.ledger.drop(sid)
         self.book.forget_state(sid)
         return {"success": True, **out}
@@ -175,8 +187,15 @@ class Trajectories:
              session_ids: Sequence[str] | None = None, instance_id: str | None = None,
              max_groups: int | None = None, segment_view: str | None = None,
              drain: bool = False, format: str = "segments", binary: bool = False,
-             min_group_size: int | None = None, group_timeout_s: float | None = None) -> dict[str, Any]:
+             min_group_size: int | None = None, group_timeout_s: float | None = None,
+             lease: bool = False, lease_s: float | None = None) -> dict[str, Any]:
         """``POST /trajectory/read`` in upstream's envelope (see :mod:`dressage.proxy.upstream.read`).
+
+        Nothing is forgotten here. ``lease`` (and ``drain``) hands the trajectories out under a
+        ``read_id`` (in the answer) for ``lease_s`` (default: the Proxy's ``reads.lease_s``): batch
+        reads skip them until :meth:`ack` forgets them, :meth:`release` hands them back, or the lease
+        expires. A draining read is acknowledged by its route once the answer was written in full;
+        one whose answer could not be written is released (:meth:`release`).
 
         A named trajectory that is not finalized is an error: 404 when unknown (or drained), 409 when
         still active or aborted. ``format="samples"`` answers, per trajectory, its Samples in wire form
@@ -188,7 +207,13 @@ class Trajectories:
         reads = self.config.reads
         rule = GroupRule(reads.min_group_size if min_group_size is None else min_group_size,
                          reads.group_timeout_s if group_timeout_s is None else group_timeout_s)
-        selection = select_trajectories(self.finalized, trajectory_id=trajectory_id, session_id=session_id,
+        hold = ReadLeases.check_lease_s(reads.lease_s if lease_s is None else lease_s)
+        self.leases.expire()
+        named = trajectory_id is not None or session_id is not None or bool(session_ids)
+        # A batch read skips what another read holds; a named read takes exactly what it names.
+        pool = self.finalized if named or not self.leases.open else \
+            {sid: done for sid, done in self.finalized.items() if self.leases.held(sid) is None}
+        selection = select_trajectories(pool, trajectory_id=trajectory_id, session_id=session_id,
                                         session_ids=session_ids, instance_id=instance_id, max_groups=max_groups,
                                         groups_rule=rule)
         for sid in selection.missing:
@@ -221,6 +246,32 @@ class Trajectories:
         else:
             answer = read_answer(selection, self.finalized, drained=drain, stats=self._stats(),
                                  segments_of=segments_of)
-        if drain:
-            self.forget(selection.session_ids)
+        if (lease or drain) and selection.session_ids:
+            granted = self.leases.grant(selection.session_ids, hold)
+            answer["read_id"], answer["lease_s"] = granted.read_id, hold
         return answer
+
+    def ack(self, read_id: str) -> dict[str, Any]:
+        """The reader holds what read ``read_id`` handed out: forget those trajectories.
+
+        A repeat answers ``already``; an ack after the lease expired (or was released) is a 409 (its
+        trajectories were readable again). A journal write that fails (507 / 503) forgets none of the
+        trajectories not yet forgotten; they stay under the lease and the ack may be repeated.
+        """
+        if self.leases.ended(read_id) == "acknowledged":
+            return {"success": True, "read_id": read_id, "acknowledged": 0, "already": True}
+        self.leases.expire()
+        lease = self.leases.lease(read_id)
+        sids = list(lease.session_ids)
+        self.forget(sids)
+        self.leases.finish(read_id, "acknowledged")
+        return {"success": True, "read_id": read_id, "acknowledged": len(sids), "already": False}
+
+    def release(self, read_id: str) -> dict[str, Any]:
+        """Hand read ``read_id``'s trajectories back (the reader could not use them): readable again now."""
+        if self.leases.ended(read_id) == "released":
+            return {"success": True, "read_id": read_id, "released": 0, "already": True}
+        self.leases.expire()
+        self.leases.lease(read_id)
+        sids = self.leases.finish(read_id, "released")
+        return {"success": True, "read_id": read_id, "released": len(sids), "already": False}

@@ -1,0 +1,120 @@
+"""Read leases: what a two-phase ``/trajectory/read`` handed out and not yet acknowledged.
+
+A read that leases (or drains) hands its trajectories out under a ``read_id``; batch reads skip them
+until the reader acknowledges (they are forgotten), releases them, or the lease expires (they are
+readable again). Nothing here forgets a trajectory: :class:`~dressage.proxy.upstream.trajectories.Trajectories`
+does, once the reader said it holds what it read.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from dressage.errors import ConfigError, SessionStateError, UnknownStepError
+
+__all__ = ["ReadLeases", "Lease", "DEFAULT_LEASE_S"]
+
+DEFAULT_LEASE_S = 600.0
+
+
+@dataclass(slots=True)
+class Lease:
+    read_id: str
+    session_ids: list[str]
+    expires_at: float
+    """On the leases' clock (``time.monotonic()`` unless a test gives another)."""
+
+
+class ReadLeases:
+    """Open leases by read id, the session each leased trajectory is held by, and how ended reads ended.
+
+    ``clock``: the time leases expire by. ``remember``: how many ended read ids are kept, so that a
+    repeated ack answers the same and an ack after expiry says so.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, remember: int = 10_000) -> None:
+        self.clock = clock
+        self.remember = int(remember)
+        self.open: dict[str, Lease] = {}
+        self._holder: dict[str, str] = {}
+        self._ended: OrderedDict[str, str] = OrderedDict()
+        self.expired = 0
+        """Leases that ran out before an ack: their trajectories were handed out again."""
+
+    @staticmethod
+    def check_lease_s(value: object, name: str = "lease_s") -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        return float(value)
+
+    def held(self, session_id: str) -> str | None:
+        """The read id holding ``session_id`` (after expiring what ran out), or ``None``."""
+        return self._holder.get(session_id)
+
+    def expire(self) -> list[str]:
+        """End the leases that ran out; returns the sessions readable again."""
+        now = self.clock()
+        freed: list[str] = []
+        for rid in [rid for rid, lease in self.open.items() if lease.expires_at <= now]:
+            freed += self._end(rid, "expired")
+            self.expired += 1
+        return freed
+
+    def grant(self, session_ids: Iterable[str], lease_s: float) -> Lease:
+        """Lease ``session_ids`` under a new read id; a session another lease held moves to this one
+        (a named read takes exactly what it names)."""
+        sids = list(session_ids)
+        for sid in sids:
+            old = self._holder.get(sid)
+            if old is not None:
+                lease = self.open[old]
+                lease.session_ids.remove(sid)
+                if not lease.session_ids:
+                    self._end(old, "taken over")
+        lease = Lease(secrets.token_urlsafe(12), sids, self.clock() + lease_s)
+        self.open[lease.read_id] = lease
+        for sid in sids:
+            self._holder[sid] = lease.read_id
+        return lease
+
+    def lease(self, read_id: str) -> Lease:
+        """The open lease ``read_id``: 409 when it ended (expired, released), 404 when never granted."""
+        lease = self.open.get(read_id)
+        if lease is not None:
+            return lease
+        how = self._ended.get(read_id)
+        if how is None:
+            raise UnknownStepError(f"unknown read_id {read_id!r}")
+        raise SessionStateError(f"read {read_id} is {how}; its trajectories were readable again")
+
+    def ended(self, read_id: str) -> str | None:
+        return self._ended.get(read_id)
+
+    def finish(self, read_id: str, how: str) -> list[str]:
+        """End the open lease ``read_id`` (``acknowledged`` / ``released``); returns its sessions."""
+        return self._end(read_id, how)
+
+    def drop(self, session_id: str) -> None:
+        """A leased session left (forgotten, discarded): its lease no longer covers it."""
+        rid = self._holder.pop(session_id, None)
+        if rid is not None:
+            lease = self.open[rid]
+            lease.session_ids.remove(session_id)
+
+    def _end(self, read_id: str, how: str) -> list[str]:
+        lease = self.open.pop(read_id)
+        for sid in lease.session_ids:
+            if self._holder.get(sid) == read_id:
+                del self._holder[sid]
+        self._ended[read_id] = how
+        self._ended.move_to_end(read_id)
+        while len(self._ended) > self.remember:
+            self._ended.popitem(last=False)
+        return list(lease.session_ids)
+
+    def __len__(self) -> int:
+        return len(self.open)

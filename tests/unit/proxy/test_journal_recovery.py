@@ -1,0 +1,178 @@
+"""Recovery that says what it did: a journal damaged mid-file is refused (offset, records and sessions
+after it named) until ``journal repair`` or ``--journal-recover truncate``; a replayed journal whose TQ
+keys are gone marks those trajectories; finalize / abort / discard / forget journal before they change
+memory, so a failed write leaves the session, and a replay, as they were."""
+
+from __future__ import annotations
+
+import errno
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dressage.cli.journal import repair
+from dressage.errors import (JournalDamagedError, JournalFullError, JournalWriteError, SessionStateError,
+                             TransferQueueError)
+from dressage.proxy.config import DataPlaneConfig, EnginesConfig, JournalConfig, ProxyConfig
+from dressage.proxy.deployment import build_service
+from dressage.proxy.journal import log as journal_log
+from dressage.proxy.journal.log import Journal
+from dressage.proxy.journal.wal import Scan
+from dressage.proxy.recording.core import LOST_FIELDS_KEY, ProxyCore
+from dressage.tokenizer import load_tokenizer
+from dressage.tq import TransferQueue
+from test_journal_wal import _cfg, _journal_of
+from test_offload import MODEL, SCRIPT, _drive
+from trajgen import sglang_body
+
+
+def _service(path, recover="refuse", tq=None):
+    cfg = ProxyConfig(data_plane=_cfg(), journal=JournalConfig(path=str(path), fsync="never", recover=recover),
+                      engines=EnginesConfig(engine_url="http://127.0.0.1:9"))
+    return build_service(cfg, tokenizer=load_tokenizer("byte"), tq_client=tq)
+
+
+def _flip_mid(path) -> tuple[int, int, set[str]]:
+    """Flip a byte in a record near the middle; returns its offset, the records and sessions after it."""
+    from dressage.proxy.journal import codec
+
+    frames = [(off, p) for _, p, off in Scan(path)]
+    off, payload = frames[len(frames) // 2]
+    after = frames[len(frames) // 2 + 1:]
+    with open(path, "r+b") as f:
+        f.seek(off + 30)
+        b = f.read(1)
+        f.seek(off + 30)
+        f.write(bytes([b[0] ^ 0xFF]))
+    return off, len(after), {codec.split(p)[1] for _, p in after}
+
+
+def test_a_mid_journal_flip_is_refused_naming_the_offset_and_what_lies_after(tmp_path):
+    path = tmp_path / "j"
+    _journal_of(path, sessions=4)
+    off, records_after, sessions_after = _flip_mid(path)
+    size = path.stat().st_size
+    with pytest.raises(JournalDamagedError) as err:
+        _service(path)
+    msg = str(err.value)
+    assert f"at byte {off}" in msg and f"{records_after} intact records of {len(sessions_after)} sessions" in msg
+    assert "journal repair" in msg and "--journal-recover truncate" in msg
+    assert path.stat().st_size == size and not list(tmp_path.glob("j.damaged-*"))  # nothing touched
+    service, report = _service(path, recover="truncate")  # the explicit choice starts on the prefix
+    assert report.records_after_damage == records_after and set(report.sessions_after_damage) == sessions_after
+    assert report.set_aside == str(tmp_path / f"j.damaged-{off}") and path.stat().st_size == off
+    assert f"at byte {off}" in report.summary() and "set aside" in report.summary()
+    service.core.journal.close()
+    _, again = Journal.replay(path)
+    assert again.damage is None  # the next start is clean
+
+
+def test_journal_repair_lets_the_proxy_start_on_the_intact_prefix(tmp_path):
+    path = tmp_path / "j"
+    _journal_of(path, sessions=4)
+    off, records_after, sessions_after = _flip_mid(path)
+    out = repair(path)
+    assert out["before"]["damage"]["offset"] == off and out["before"]["frames_after_damage"] == records_after
+    assert out["before"]["sessions_after_damage"] == len(sessions_after) > 0
+    assert out["after"]["ok"] and out["set_aside"] == str(tmp_path / f"j.damaged-{off}")
+    service, report = _service(path)
+    assert report.damage is None and report.records == out["after"]["records"]
+    service.core.journal.close()
+
+
+def test_a_torn_tail_still_starts_without_asking(tmp_path):
+    path = tmp_path / "j"
+    _journal_of(path, sessions=2)
+    with open(path, "ab") as f:
+        f.write(b"\xd5J\x10\x00")  # a crash mid-append
+    service, report = _service(path)
+    assert report.truncated_tail and not report.mid_journal_damage
+    service.core.journal.close()
+
+
+def _tq_core(path, tq):
+    cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=True,
+                          routed_experts_dtype="uint8")
+    core = ProxyCore(cfg, tq.client(), journal=Journal(path, fsync="never"), write_behind=False)
+    for g in range(2):
+        _drive(core, SCRIPT, group=g)
+    core.journal.close()
+    return cfg, core
+
+
+def test_a_replay_whose_tq_keys_are_gone_marks_those_trajectories(tmp_path):
+    path = tmp_path / "j"
+    old = TransferQueue.start({"deployment": "embedded", "num_storage_units": 1, "retention_s": None})
+    try:
+        cfg, core = _tq_core(path, old)
+        finalized = sorted(sid for sid, s in core.sessions.items() if s.state == "finalized")
+        assert len(finalized) == 2
+        keep = finalized[0]
+        gone = [r.key for r in core.sessions[finalized[-1]].large_field_refs()]
+        old.client().delete(gone)
+        fresh = ProxyCore(cfg, old.client())
+        report = fresh.recover(path)
+        assert list(report.lost_fields) == [finalized[-1]] and sorted(report.lost_fields[finalized[-1]]) == sorted(
+            set(gone))
+        by_id = {d.session_id: d for d in report.delivered}
+        assert by_id[finalized[-1]].metadata[LOST_FIELDS_KEY] == len(set(gone))
+        assert LOST_FIELDS_KEY not in by_id[keep].metadata
+        assert "no longer holds" in report.summary()
+
+        def unreachable(keys):
+            raise TransferQueueError("controller did not answer")
+
+        blind = ProxyCore(cfg, SimpleNamespace(_controller=SimpleNamespace(where=unreachable)))
+        report = blind.recover(path)  # nothing is marked on a guess; the start says why it could not check
+        assert report.lost_fields == {} and "controller did not answer" in report.tq_check_error
+        assert all(LOST_FIELDS_KEY not in d.metadata for d in report.delivered) and len(report.delivered) == 2
+    finally:
+        old.shutdown()
+
+
+def _full(monkeypatch, code=errno.ENOSPC):
+    def fail(fd, data):
+        raise OSError(code, "No space left on device")
+
+    monkeypatch.setattr(journal_log, "_write_all", fail)
+
+
+def test_a_failed_journal_write_leaves_the_session_and_the_replay_as_they_were(tmp_path, monkeypatch):
+    path = tmp_path / "j"
+    core = ProxyCore(_cfg(), None, journal=Journal(path, fsync="always"))
+    live = core.create_session({"group_index": 1})
+    prompt = np.asarray([1, 2, 3], np.int32)
+    core.ingest(live.session_id, core.plan(live.session_id, prompt), sglang_body(prompt, [40, 41], start=0),
+                prompt_ids=prompt)
+    sid = live.session_id
+    size = path.stat().st_size
+    _full(monkeypatch)
+    with pytest.raises(JournalFullError):
+        core.finalize(sid, 1.0, metadata={"instance_id": "7"})
+    s = core.session(sid)
+    assert s.state == "active" and s.reward is None and "instance_id" not in s.metadata
+    with pytest.raises(JournalFullError):
+        core.abort(sid)
+    assert core.session(sid).state == "active"
+    with pytest.raises(JournalFullError):
+        core.discard(sid)
+    assert core.session(sid).state == "active"
+    _full(monkeypatch, errno.EIO)
+    with pytest.raises(JournalWriteError) as err:
+        core.finalize(sid, 1.0)
+    assert not isinstance(err.value, JournalFullError) and err.value.http_status == 503
+    assert path.stat().st_size == size
+    monkeypatch.undo()
+    core.finalize(sid, 0.5, metadata={"instance_id": "7"})
+    _full(monkeypatch)
+    with pytest.raises(JournalFullError):
+        core.forget(sid)
+    assert sid in core.sessions
+    monkeypatch.undo()
+    core.journal.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and sessions[sid].state == "finalized" and sessions[sid].reward == 0.5
+    assert sessions[sid].metadata["instance_id"] == "7"  # the finalize's metadata is journaled with it
+    with pytest.raises(SessionStateError):
+        core.finalize(sid, 1.0)
