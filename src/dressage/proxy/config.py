@@ -151,7 +151,12 @@ class EnginesConfig:
     engine_api_key: str | None = field(default=None, metadata=flag(metavar="KEY"))
     """The engine's ``--api-key``: sent as ``Authorization: Bearer`` on every engine and worker call."""
     request_timeout_s: float = field(default=600.0, metadata=flag("--request-timeout", metavar="S"))
-    """Time-out of one engine call (a 504 to the agent when exceeded)."""
+    """Time-out of one engine call (a 504 to the agent when exceeded): a streamed call must end within it
+    as a whole, however often the engine sends keep-alives."""
+    max_answer_bytes: int = field(default=256 * 1024 * 1024,
+                                  metadata=flag("--max-engine-answer-bytes", metavar="N"))
+    """Cap on one engine answer (as declared or as received) and on one line of a streamed answer: beyond
+    it the call is a 502 ``engine_answer_too_large``, and the Proxy held at most this much of it."""
     health_check_interval_s: float = field(default=5.0, metadata=flag("--health-check-interval", metavar="S"))
     """Seconds between engine health checks when there are several engines (0: no checks)."""
     health_check_failures: int = field(default=1, metadata=flag(metavar="N"))
@@ -183,6 +188,7 @@ class EnginesConfig:
             raise ConfigError(f"engines.engine_url: expected http(s)://host:port, got {self.engine_url!r}")
         if not self.request_timeout_s > 0:
             raise ConfigError(f"engines.request_timeout_s must be positive, got {self.request_timeout_s!r}")
+        _positive_int("engines.max_answer_bytes", self.max_answer_bytes)
         if self.health_check_interval_s < 0:
             raise ConfigError(f"engines.health_check_interval_s must be >= 0, got {self.health_check_interval_s!r}")
         if isinstance(self.health_check_failures, bool) or not isinstance(self.health_check_failures, int) \
