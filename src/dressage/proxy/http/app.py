@@ -25,7 +25,7 @@ from dressage.proxy.http.guard import RequestGuard
 from dressage.proxy.http.upstream_routes import upstream_router
 from dressage.proxy.http.openai_routes import openai_router
 from dressage.proxy.http.rollout_routes import rollout_router
-from dressage.proxy.schemas import ChatRequest, CreateSession, GenerateRequest
+from dressage.proxy.schemas import BAD_REQUEST_ERRORS, ChatRequest, CreateSession, GenerateRequest
 from dressage.proxy.openai.streaming import error_body
 from dressage.proxy.recording.turn_scope import identity_of
 from dressage.serving import ConnectionLimits, UvicornServer
@@ -70,9 +70,10 @@ def _install_guards(app: FastAPI, service: Any) -> None:
         param = ".".join(loc) or None
         msg = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
                         for e in errors[:5])
-        # A key a strict (control) body does not know is a bad request, not a bad value.
-        unknown = any(e.get("type") == "extra_forbidden" for e in errors)
-        return JSONResponse(error_body(msg, "invalid_request_error", param=param), 400 if unknown else 422)
+        # A key a strict (control) body does not know, a boolean for a number, JSON nested too deep or a
+        # value nothing can store is a bad request, not a bad value.
+        malformed = any(e.get("type") in BAD_REQUEST_ERRORS for e in errors)
+        return JSONResponse(error_body(msg, "invalid_request_error", param=param), 400 if malformed else 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
