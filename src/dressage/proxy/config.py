@@ -58,6 +58,9 @@ class ServerConfig:
     """Bind address; loopback unless the agents run elsewhere."""
     port: int = 0
     """Port; 0 picks a free one."""
+    public_url: str | None = field(default=None, metadata=flag(metavar="URL"))
+    """The base URL agents reach this Proxy at (``http(s)://host:port[/prefix]``), used in the session URLs
+    it hands out; unset: the address each request's connection reached. Never the request's ``Host``."""
     served_model_name: str = field(default="dressage-policy", metadata=flag(metavar="NAME"))
     """``model`` reported in OpenAI responses and ``/v1/models``."""
     max_body_bytes: int = field(default=32 * 1024 * 1024, metadata=flag(metavar="N"))
@@ -94,6 +97,10 @@ class ServerConfig:
             raise ConfigError(f"server.port: {self.port!r} is not a port")
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError(f"server.host: expected a host name or address, got {self.host!r}")
+        if self.public_url is not None:
+            if not _url_ok(self.public_url) or any(c.isspace() for c in self.public_url):
+                raise ConfigError(f"server.public_url: expected http(s)://host:port, got {self.public_url!r}")
+            self.public_url = self.public_url.rstrip("/") + "/"
         for key in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"server.{key} must be positive, got {getattr(self, key)!r}")

@@ -20,6 +20,7 @@ class FakeService:
 
     def __init__(self) -> None:
         self.book = SimpleNamespace(failed_calls=0)
+        self.config = SimpleNamespace(server=SimpleNamespace(public_url=None))
         self.chat = SimpleNamespace(open=self.open_chat, generate_tokens=self.generate_tokens)
         self.calls: list[tuple] = []
 

@@ -20,7 +20,7 @@ from starlette.middleware.errors import ServerErrorMiddleware
 
 from dressage.proxy import fastjson
 from dressage.errors import DressageError
-from dressage.proxy.http.fast_routes import FastRoutes, dressage_error_response
+from dressage.proxy.http.fast_routes import FastRoutes, dressage_error_response, listener_url
 from dressage.proxy.http.guard import RequestGuard
 from dressage.proxy.http.upstream_routes import upstream_router
 from dressage.proxy.http.openai_routes import openai_router
@@ -77,7 +77,9 @@ def _install_guards(app: FastAPI, service: Any) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code)
+        # A 405 carries its Allow header (the methods the path takes).
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code,
+                            headers=getattr(exc, "headers", None))
 
 
 def build_app(service: Any) -> "HotFirst":
@@ -87,7 +89,8 @@ def build_app(service: Any) -> "HotFirst":
 
 def fastapi_app(service: Any) -> FastAPI:
     """The FastAPI app: one route per use case of ``service``."""
-    app = FastAPI(title="Dressage Proxy", version="0.1.0")
+    # No /docs or /redoc pages: both load their scripts from a CDN. The schema stays at /openapi.json.
+    app = FastAPI(title="Dressage Proxy", version="0.1.0", docs_url=None, redoc_url=None)
     _install_guards(app, service)
     app.include_router(upstream_router(service))
 
@@ -103,7 +106,8 @@ def fastapi_app(service: Any) -> FastAPI:
 
     @app.post("/sessions")
     async def create_session(request: Request, body: CreateSession | None = None) -> dict[str, Any]:
-        return service.create_session(body.metadata if body else None, str(request.base_url))
+        return service.create_session(body.metadata if body else None,
+                                      listener_url(request.scope, service.config.server.public_url))
 
     @app.post("/sessions/{session_id}/v1/chat/completions")
     async def chat(session_id: str, request: Request, body: ChatRequest) -> Response:
