@@ -40,6 +40,8 @@ def text_too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
 
 
 def _where(path: tuple[Any, ...]) -> str:
+    if len(path) > 12:  # the first steps say where; 60 more ".0" say nothing
+        return ".".join(str(p) for p in path[:12]) + "..."
     return ".".join(str(p) for p in path)
 
 
