@@ -48,7 +48,30 @@ def _where(path: tuple[Any, ...]) -> str:
 def nesting_problem(value: Any, path: tuple[Any, ...] = (), limit: int = MAX_DEPTH) -> str | None:
     """Why ``value`` (parsed JSON) nests too deep, naming the place by its dotted path; ``None`` when it
     does not. A string under an ``arguments`` key (a tool call's arguments, JSON text) is measured too."""
-    return _walk(value, path, limit, storable=False)
+    if type(value) is not dict and type(value) is not list or not _too_deep(value, limit):
+        return None
+    return _walk(value, path, limit, storable=False)  # again, naming the place (only for a refusal)
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    # The check every chat call pays for (~0.5 us per message): no paths, the containers only.
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth >= limit:
+            return True
+        if type(item) is dict:
+            args = item.get("arguments")
+            if type(args) is str and text_too_deep(args, limit):
+                return True
+            children = item.values()
+        else:
+            children = item
+        for child in children:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, depth + 1))
+    return False
 
 
 def storable_problem(value: Any, path: tuple[Any, ...] = (), limit: int = MAX_DEPTH) -> str | None:

@@ -74,9 +74,9 @@ class _Control(BaseModel):
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[Optional[Union[str, list[dict[str, Any]]]], Shallow] = None
+    content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
-    tool_calls: Annotated[Optional[list[dict[str, Any]]], Shallow] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
     reasoning_content: Optional[str] = None
 
@@ -90,7 +90,8 @@ class ChatRequest(_Body):
     model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None
-    messages: list[ChatMessage] = Field(min_length=1)
+    # One nesting check over the raw messages (content parts, tool calls and their arguments text).
+    messages: Annotated[list[ChatMessage], BeforeValidator(_shallow)] = Field(min_length=1)
     tools: Annotated[Optional[list[dict[str, Any]]], Shallow] = None
     tool_choice: Annotated[Any, Shallow] = None
     parallel_tool_calls: Optional[bool] = None

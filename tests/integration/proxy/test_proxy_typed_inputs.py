@@ -68,8 +68,8 @@ def test_tool_call_arguments_nested_too_deep_are_a_400_in_chat_and_responses(pro
     r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/chat/completions", json=chat, timeout=30)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
-    assert err["param"] == "messages.1.tool_calls"
-    assert "0.function.arguments" in err["message"] and f"deeper than {MAX_DEPTH}" in err["message"]
+    assert err["param"] == "messages"
+    assert "1.tool_calls.0.function.arguments" in err["message"] and f"deeper than {MAX_DEPTH}" in err["message"]
 
     items = [{"role": "user", "content": "hi"},
              {"type": "function_call", "call_id": "call_1", "name": "f",
