@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from dressage.errors import EngineAnswerTooLargeError, EngineTimeout
+from dressage.fields.r3_stream import RoutedExpertsSpec
 from dressage.proxy.engines.aio_transport import AiohttpTransport
 from dressage.proxy.engines.sglang_client import SGLangClient
 from dressage.testing.stack import start_proxy
@@ -37,24 +38,27 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-async def _call(url: str, transport: str, mode: str, *, stream: bool, timeout: float = 30.0):
+async def _call(url: str, transport: str, mode: str, *, stream: bool, timeout: float = 30.0, r3: bool = False):
     client = SGLangClient(url, timeout=timeout, transport=_transport(transport), max_answer_bytes=CAP)
+    # With R3 the body is fed piece by piece to the routing decoder instead of read whole: the same cap.
+    kw = {"return_routed_experts": True, "routed_experts_spec": RoutedExpertsSpec(4, 2, "uint8", 200)} if r3 else {}
     try:
         if stream:
-            return [chunk async for chunk in client.generate_stream([1, 2], {"mode": mode})]
-        return await client.generate([1, 2], {"mode": mode})
+            return [chunk async for chunk in client.generate_stream([1, 2], {"mode": mode}, **kw)]
+        return await client.generate([1, 2], {"mode": mode}, **kw)
     finally:
         await client.close()
 
 
 @pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
-@pytest.mark.parametrize("mode, stream", [("huge_declared", False), ("huge_chunked", False),
-                                          ("stream_huge_line", True)])
-def test_an_answer_over_the_cap_is_refused_holding_at_most_the_cap(hostile, transport, mode, stream):
+@pytest.mark.parametrize("mode, stream, r3", [("huge_declared", False, False), ("huge_chunked", False, False),
+                                              ("huge_declared", False, True), ("huge_chunked", False, True),
+                                              ("stream_huge_line", True, False)])
+def test_an_answer_over_the_cap_is_refused_holding_at_most_the_cap(hostile, transport, mode, stream, r3):
     hostile.mode = mode
     before = _rss_mib()
     with pytest.raises(EngineAnswerTooLargeError) as err:
-        asyncio.run(asyncio.wait_for(_call(hostile.url, transport, mode, stream=stream), 60))
+        asyncio.run(asyncio.wait_for(_call(hostile.url, transport, mode, stream=stream, r3=r3), 60))
     grown = _rss_mib() - before
     assert err.value.http_status == 502 and err.value.code == "engine_answer_too_large"
     assert str(CAP) in str(err.value)
@@ -123,3 +127,19 @@ def test_through_the_proxy_each_unbounded_answer_is_a_typed_error_and_records_no
             assert r.status_code == status, (mode, r.text)
             assert r.json()["error"]["code"] == code, (mode, r.text)
             assert httpx.get(f"{proxy.url}/sessions/{sid}").json()["steps"] == 0
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_the_cap_counts_the_bytes_of_an_ordinary_answer(hostile, transport):
+    hostile.mode = "ok"
+
+    async def go(cap):
+        client = SGLangClient(hostile.url, timeout=10, transport=_transport(transport), max_answer_bytes=cap)
+        try:
+            return await client.generate([1, 2], {})
+        finally:
+            await client.close()
+
+    assert asyncio.run(go(CAP))["output_ids"] == [72, 105]
+    with pytest.raises(EngineAnswerTooLargeError):
+        asyncio.run(go(64))  # the answer is ~250 bytes
