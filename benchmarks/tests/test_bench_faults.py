@@ -17,6 +17,18 @@ def test_engine_and_proxy_fault_cases_pass():
     assert by_name["engine_down_mid_session"]["detail"]["steps_after_failed_call"] == 1
 
 
+def test_unbounded_engine_answers_are_cut_within_the_cap_and_the_timeout():
+    report = run_faults(FaultsConfig(quick=True, only=("engine_keepalive_stream", "engine_huge_answer")))
+    by_name = {c["name"]: c for c in report["cases"]}
+    assert all(c["passed"] for c in report["cases"]), by_name
+    keepalive = by_name["engine_keepalive_stream"]["detail"]
+    assert keepalive["streamed_status"] == keepalive["plain_status"] == 504
+    assert keepalive["steps_recorded"] == 1 and keepalive["valid_call_after"] == 200
+    huge = by_name["engine_huge_answer"]["detail"]
+    assert set(huge["answers"].values()) == {"502 engine_answer_too_large"} and huge["steps_recorded"] == 0
+    assert huge["rss_growth_mib"] < 4 * huge["cap_mib"] < huge["declared_mib"]
+
+
 def test_http_fuzz_finds_no_server_errors(tmp_path, bench_command):
     out = tmp_path / "faults.json"
     rc = main(["bench", "faults", "--quick", "--cases", "http_fuzz", "--fuzz-inputs", "120", "--json", str(out)])

@@ -30,6 +30,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
     │   │   └── NoHealthyEngineError every engine failed its health check            503 engine_unavailable
     │   ├── EngineTimeout            no answer within the call's timeout             504 engine_timeout
+    │   ├── EngineAnswerTooLargeError  an answer or SSE line over --max-engine-answer-bytes  502
     │   ├── EngineRequestError       the engine rejected the request (4xx)           400 invalid_request_error
     │   └── ReplyConstraintError     no sampled reply met tool_choice / parallel_tool_calls 502 engine_output_invalid
     ├── TokenizerError               tokenizer or chat template
@@ -75,7 +76,7 @@ from __future__ import annotations
 __all__ = [
     "DressageError", "ConfigError", "EngineMismatchError", "NoTransferQueueError", "FieldError", "UnknownFieldError",
     "FieldShapeError", "ExpertIdRangeError", "WireFormatError", "EngineError", "EngineUnavailable", "EngineTimeout",
-    "EngineRequestError", "ReplyConstraintError", "UnsupportedParameterError", "TokenizerError",
+    "EngineRequestError", "EngineAnswerTooLargeError", "ReplyConstraintError", "UnsupportedParameterError", "TokenizerError",
     "ChatTemplateError", "JournalError", "JournalEncodeError", "JournalDamagedError", "JournalWriteError",
     "JournalFullError", "AnswerEncodeError", "ContextOverflowError", "SessionIdError",
     "MissingSessionIdError", "RequestRejected", "InputValueError", "BodyTooLargeError", "AuthenticationError",
@@ -204,6 +205,14 @@ class EngineTimeout(EngineError):
     http_status = 504
     openai_type = "engine_timeout"
     public_message = "the inference engine did not answer in time; the call was not recorded"
+
+
+class EngineAnswerTooLargeError(EngineError):
+    """The engine's answer (as declared or as received), or one line of a streamed answer, is over
+    the Proxy's cap (``engines.max_answer_bytes``); reading stopped at the cap."""
+
+    code = "engine_answer_too_large"
+    public_message = "the inference engine's answer was over the Proxy's size cap; the call was not recorded"
 
 
 class EngineRequestError(EngineError, ValueError):

@@ -56,6 +56,9 @@ class GenerateOutput:
         return self.finish_reason == "abort"
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def finish_type(meta: Mapping[str, Any]) -> str | None:
     """``finish_reason`` as a plain string (SGLang sends ``{"type": ...}`` or a string)."""
     finish = meta.get("finish_reason")
@@ -110,6 +113,10 @@ def decode_output_token_logprobs(entries: Any) -> tuple[np.ndarray, np.ndarray]:
         if not math.isfinite(lp):
             # NaN / Infinity would be trained on (and make every later read invalid JSON).
             raise WireFormatError(f"output_token_logprobs[{i}]: logprob {lp!r} is not finite")
+        if lp > 0 or lp < -_FLOAT32_MAX:
+            # A probability above 1, or a value float32 stores as -inf: not a logprob to train on.
+            raise WireFormatError(f"output_token_logprobs[{i}]: logprob {lp!r} is not in -3.4e38..0 "
+                                  "(a log-probability float32 can hold)")
         ids[i] = tid
         lps[i] = lp
     return ids, lps
@@ -125,7 +132,8 @@ def _plain_logprobs(entries: list) -> tuple[np.ndarray, np.ndarray] | None:
     except OverflowError:
         return None
     lps = np.array([e[0] for e in entries], dtype=np.float64)
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 2**31 or not np.isfinite(lps).all()):
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= 2**31 or not np.isfinite(lps).all()
+                     or float(lps.max()) > 0 or float(lps.min()) < -_FLOAT32_MAX):
         return None
     return ids.astype(np.int32), lps.astype(np.float32)
 

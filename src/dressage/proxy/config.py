@@ -59,6 +59,9 @@ class ServerConfig:
     """Bind address; loopback unless the agents run elsewhere."""
     port: int = 0
     """Port; 0 picks a free one."""
+    public_url: str | None = field(default=None, metadata=flag(metavar="URL"))
+    """The base URL agents reach this Proxy at (``http(s)://host:port[/prefix]``), used in the session URLs
+    it hands out; unset: the address each request's connection reached. Never the request's ``Host``."""
     served_model_name: str = field(default="dressage-policy", metadata=flag(metavar="NAME"))
     """``model`` reported in OpenAI responses and ``/v1/models``."""
     max_body_bytes: int = field(default=32 * 1024 * 1024, metadata=flag(metavar="N"))
@@ -95,6 +98,10 @@ class ServerConfig:
             raise ConfigError(f"server.port: {self.port!r} is not a port")
         if not isinstance(self.host, str) or not self.host:
             raise ConfigError(f"server.host: expected a host name or address, got {self.host!r}")
+        if self.public_url is not None:
+            if not _url_ok(self.public_url) or any(c.isspace() for c in self.public_url):
+                raise ConfigError(f"server.public_url: expected http(s)://host:port, got {self.public_url!r}")
+            self.public_url = self.public_url.rstrip("/") + "/"
         for key in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"server.{key} must be positive, got {getattr(self, key)!r}")
@@ -160,7 +167,12 @@ class EnginesConfig:
     engine_api_key: str | None = field(default=None, metadata=flag(metavar="KEY"))
     """The engine's ``--api-key``: sent as ``Authorization: Bearer`` on every engine and worker call."""
     request_timeout_s: float = field(default=600.0, metadata=flag("--request-timeout", metavar="S"))
-    """Time-out of one engine call (a 504 to the agent when exceeded)."""
+    """Time-out of one engine call (a 504 to the agent when exceeded): a streamed call must end within it
+    as a whole, however often the engine sends keep-alives."""
+    max_answer_bytes: int = field(default=256 * 1024 * 1024,
+                                  metadata=flag("--max-engine-answer-bytes", metavar="N"))
+    """Cap on one engine answer (as declared or as received) and on one line of a streamed answer: beyond
+    it the call is a 502 ``engine_answer_too_large``, and the Proxy held at most this much of it."""
     health_check_interval_s: float = field(default=5.0, metadata=flag("--health-check-interval", metavar="S"))
     """Seconds between engine health checks when there are several engines (0: no checks)."""
     health_check_failures: int = field(default=1, metadata=flag(metavar="N"))
@@ -194,6 +206,7 @@ class EnginesConfig:
             raise ConfigError(f"engines.engine_url: expected http(s)://host:port, got {self.engine_url!r}")
         if not self.request_timeout_s > 0:
             raise ConfigError(f"engines.request_timeout_s must be positive, got {self.request_timeout_s!r}")
+        _positive_int("engines.max_answer_bytes", self.max_answer_bytes)
         if self.health_check_interval_s < 0:
             raise ConfigError(f"engines.health_check_interval_s must be >= 0, got {self.health_check_interval_s!r}")
         if isinstance(self.health_check_failures, bool) or not isinstance(self.health_check_failures, int) \

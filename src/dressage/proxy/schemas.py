@@ -1,14 +1,66 @@
-"""Request bodies of the Proxy's HTTP API (pydantic), validated before anything is recorded."""
+"""Request bodies of the Proxy's HTTP API (pydantic), validated before anything is recorded.
+
+Besides the bodies, the value types every endpoint's schema shares: :data:`Integer` and :data:`Number`
+(a JSON ``true`` is not a number), :data:`Shallow` (JSON nested at most
+:data:`~dressage.proxy.json_values.MAX_DEPTH` levels, tool-call arguments included) and :data:`Storable`
+(what the journal and every answer format can hold). Their refusals are the error types in
+:data:`BAD_REQUEST_ERRORS`, answered 400 naming the field.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt,
+                      StrictStr, field_validator)
+from pydantic_core import PydanticCustomError
+
+from dressage.proxy.json_values import nesting_problem, storable_problem
 
 __all__ = ["ChatMessage", "ChatRequest", "GenerateRequest", "CreateSession", "FinalizeRequest",
-           "FinalizeSessionRequest", "TrajectoryReadRequest", "TrajectoryAckRequest", "ResumeRequest",
-           "PauseRequest", "DiscardRequest"]
+           "FinalizeSessionRequest", "TrajectoryReadRequest", "TrajectoryAckRequest", "ResumeRequest", "PauseRequest",
+           "DiscardRequest",
+           "Integer", "Number", "Shallow", "Storable", "BAD_REQUEST_ERRORS", "MAX_READ_SESSION_IDS"]
+
+BAD_REQUEST_ERRORS = frozenset({"extra_forbidden", "bool_not_number", "json_too_deep", "value_not_storable"})
+"""Validation error types answered 400 (a malformed request) rather than 422: an unknown key of a strict
+body, a boolean where a number goes, JSON nested too deep, a value nothing downstream can store."""
+MAX_READ_SESSION_IDS = 4096
+"""``session_ids`` one trajectory read may name (after duplicates are dropped)."""
+
+
+def _not_bool(value: Any) -> Any:
+    # pydantic reads true as 1 in lax mode; a client that sends true for a count sent a wrong type.
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_not_number", "a boolean is not a number")
+    return value
+
+
+def _shallow(value: Any) -> Any:
+    problem = nesting_problem(value)
+    if problem is not None:
+        raise PydanticCustomError("json_too_deep", "{problem}", {"problem": problem.lstrip(": ") or problem})
+    return value
+
+
+def _storable(value: Any) -> Any:
+    problem = storable_problem(value)
+    if problem is not None:
+        kind = "json_too_deep" if "nested deeper" in problem else "value_not_storable"
+        raise PydanticCustomError(kind, "{problem}", {"problem": problem.lstrip(": ") or problem})
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(_not_bool)]
+"""An integer field: ``true`` / ``false`` are refused (``bool_not_number``)."""
+Number = Annotated[float, BeforeValidator(_not_bool)]
+"""A number field: ``true`` / ``false`` are refused (``bool_not_number``)."""
+Shallow = AfterValidator(_shallow)
+"""Annotate a JSON-valued field the Proxy parses or renders: nested at most ``MAX_DEPTH`` levels
+(``json_too_deep``), a tool call's ``arguments`` text included."""
+Storable = AfterValidator(_storable)
+"""Annotate a JSON-valued field the Proxy stores: ``Shallow``, and only values the journal, msgpack and JSON
+answers hold (integers in int64, finite numbers, string keys; ``value_not_storable``)."""
 
 
 class _Body(BaseModel):
@@ -39,30 +91,31 @@ class ChatRequest(_Body):
     model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Any = None
+    # One nesting check over the raw messages (content parts, tool calls and their arguments text).
+    messages: Annotated[list[ChatMessage], BeforeValidator(_shallow)] = Field(min_length=1)
+    tools: Annotated[Optional[list[dict[str, Any]]], Shallow] = None
+    tool_choice: Annotated[Any, Shallow] = None
     parallel_tool_calls: Optional[bool] = None
-    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
-    top_k: Optional[int] = None
-    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
-    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
-    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
-    repetition_penalty: Optional[float] = Field(default=None, gt=0.0, le=2.0)
-    logit_bias: Optional[dict[str, float]] = None
-    max_tokens: Optional[int] = Field(default=None, ge=1)
-    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
-    min_tokens: Optional[int] = Field(default=None, ge=0)
+    temperature: Optional[Number] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[Number] = Field(default=None, gt=0.0, le=1.0)
+    top_k: Optional[Integer] = None
+    min_p: Optional[Number] = Field(default=None, ge=0.0, le=1.0)
+    frequency_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: Optional[Number] = Field(default=None, gt=0.0, le=2.0)
+    logit_bias: Optional[dict[str, Number]] = None
+    max_tokens: Optional[Integer] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[Integer] = Field(default=None, ge=1)
+    min_tokens: Optional[Integer] = Field(default=None, ge=0)
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
-    response_format: Optional[dict[str, Any]] = None
+    seed: Optional[Integer] = None
+    response_format: Annotated[Optional[dict[str, Any]], Shallow] = None
     logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    top_logprobs: Optional[Integer] = Field(default=None, ge=0, le=20)
     stream: bool = False
-    stream_options: Optional[dict[str, Any]] = None
+    stream_options: Annotated[Optional[dict[str, Any]], Shallow] = None
     """``{"include_usage": true}`` adds a last chunk with the call's usage."""
-    n: int = Field(default=1, ge=1, le=64)
+    n: Integer = Field(default=1, ge=1, le=64)
     """Samples of the prompt (a GRPO group): each is its own engine call and recorded step."""
     session_id: Optional[str] = None
     instance_id: Optional[Union[str, int]] = None
@@ -105,8 +158,8 @@ class ChatRequest(_Body):
 
 
 class GenerateRequest(_Body):
-    input_ids: list[int] = Field(min_length=1)
-    sampling_params: Optional[dict[str, Any]] = None
+    input_ids: list[Integer] = Field(min_length=1)
+    sampling_params: Annotated[Optional[dict[str, Any]], Shallow] = None
 
     @field_validator("input_ids")
     @classmethod
@@ -125,16 +178,17 @@ class GenerateRequest(_Body):
 
 
 class CreateSession(_Body):
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: Annotated[dict[str, Any], Storable] = Field(default_factory=dict)
+    """Kept with the session, journaled and handed to the trainer: only values every format holds."""
 
 
 class FinalizeRequest(_Control):
-    reward: Optional[float] = None
+    reward: Optional[Number] = None
     instance_id: Optional[str] = None
     """The prompt instance (GRPO group) of the session, when its calls did not name one."""
-    label: Optional[Any] = None
+    label: Annotated[Optional[Any], Storable] = None
     """The task's label (reference answer), kept with the trajectory."""
-    wait_s: Optional[float] = Field(default=None, ge=0, le=600)
+    wait_s: Optional[Number] = Field(default=None, ge=0, le=600)
     """How long to wait for the session's calls still in flight (default: the Proxy's setting)."""
 
 
@@ -163,8 +217,9 @@ class TrajectoryReadRequest(_Control):
     trajectory_id: Optional[str] = None
     session_id: Optional[str] = None
     session_ids: Optional[list[str]] = None
+    """Duplicates are dropped (the first of each kept, in order); at most :data:`MAX_READ_SESSION_IDS`."""
     instance_id: Optional[str] = None
-    max_groups: Optional[int] = Field(default=None, ge=1)
+    max_groups: Optional[Integer] = Field(default=None, ge=1)
     # The two group settings are checked by the read itself (GroupRule): a bad one is a 400 naming it,
     # like every other bad setting of what is handed over for training, not a schema 422.
     min_group_size: Any = None
@@ -184,6 +239,17 @@ class TrajectoryReadRequest(_Control):
     format: Literal["segments", "samples"] = "segments"
     """``segments``: summaries (large fields as sizes); ``samples``: trainer-ready Samples with
     FieldRefs and the TransferQueue client spec (see :mod:`dressage.train.remote`)."""
+
+    @field_validator("session_ids")
+    @classmethod
+    def _session_ids(cls, v: Optional[list[str]]) -> Optional[list[str]]:
+        if v is None:
+            return v
+        unique = list(dict.fromkeys(v))  # linear: a read naming 40,000 ids must not stall the event loop
+        if len(unique) > MAX_READ_SESSION_IDS:
+            raise ValueError(f"at most {MAX_READ_SESSION_IDS} distinct session ids per read, got {len(unique)}; "
+                             "read in batches")
+        return unique
 
 
 class TrajectoryAckRequest(_Control):
@@ -226,4 +292,4 @@ class PauseRequest(_Control):
     instance_id: Optional[str] = None
     reason: Optional[str] = None
     mode: Optional[Literal["preempt", "abort"]] = None
-    timeout_seconds: Optional[float] = Field(default=None, gt=0, le=600)
+    timeout_seconds: Optional[Number] = Field(default=None, gt=0, le=600)

@@ -20,6 +20,7 @@ class FakeService:
 
     def __init__(self) -> None:
         self.book = SimpleNamespace(failed_calls=0)
+        self.config = SimpleNamespace(server=SimpleNamespace(public_url=None))
         self.chat = SimpleNamespace(open=self.open_chat, generate_tokens=self.generate_tokens)
         self.calls: list[tuple] = []
 
@@ -102,7 +103,7 @@ def test_valid_hot_calls_are_answered_here():
     assert service.calls[5] == ("generate", "s1", [1, 2])
 
 
-@pytest.mark.parametrize("body", [b'{"metadata": {"k": 1, "k": 2}}', b'{"metadata": {"n": 1180591620717411303425, "m": -9223372036854775809}}',
+@pytest.mark.parametrize("body", [b'{"metadata": {"k": 1, "k": 2}}', b'{"metadata": {"n": 9223372036854775807, "m": -9223372036854775808}}',
                                   b'{"metadata": {"s": "\\u00e9\xc3\xa9", "f": 1e-7, "x": [true, null]}}'])
 def test_bodies_read_as_the_standard_library_reads_them(body):
     async def call(c):
@@ -113,6 +114,15 @@ def test_bodies_read_as_the_standard_library_reads_them(body):
     want = json.loads(body)["metadata"]
     assert service.calls == [("create", want, "http://proxy/")]
     assert [type(v) for v in service.calls[0][1].values()] == [type(v) for v in want.values()]
+
+
+def test_metadata_beyond_int64_is_not_taken_on_the_fast_path():
+    async def call(c):
+        return await c.post("/sessions", content=b'{"metadata": {"n": 1180591620717411303425}}',
+                            headers={"content-type": "application/json"})
+
+    r, service, app = _run(call)
+    assert service.calls == [] and len(app.seen) == 1  # the app answers it (a 400 naming metadata)
 
 
 def test_a_streamed_chat_is_an_event_stream():

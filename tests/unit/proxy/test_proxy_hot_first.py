@@ -24,7 +24,7 @@ from test_proxy_fast_routes import MSG, FakeService
 def _served(token=None, crash=False):
     service = FakeService()
     service.config = SimpleNamespace(access=SimpleNamespace(api_token=token, admin_token=None),
-                                     server=SimpleNamespace(max_body_bytes=4096))
+                                     server=SimpleNamespace(max_body_bytes=4096, public_url=None))
     if crash:
         def create_session(metadata, base_url):
             raise RuntimeError("boom")

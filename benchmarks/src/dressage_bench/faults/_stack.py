@@ -54,8 +54,10 @@ class Stack:
 
 
 def start_proxy(engine_url: str, *, tq_client: Any = None, journal: str | None = None, timeout_s: float = 30.0,
-                port: int = 0, r3: bool = True, skip_engine_check: bool = False, **sections: Any) -> Stack:
+                port: int = 0, r3: bool = True, skip_engine_check: bool = False,
+                max_answer_bytes: int | None = None, **sections: Any) -> Stack:
     """A Proxy on loopback (``Proxy.start``); ``journal``: a path it journals to and recovers from;
+    ``max_answer_bytes``: the cap on one engine answer (default: the Proxy's);
     ``sections``: other sections of the ProxyConfig (``access=AccessConfig(...)``)."""
     dp = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=r3, enable_transfer_queue=tq_client is not None,
                          routed_experts_dtype="uint8")
@@ -63,7 +65,9 @@ def start_proxy(engine_url: str, *, tq_client: Any = None, journal: str | None =
     server = sections.pop("server", ServerConfig())
     cfg = ProxyConfig(data_plane=dp, journal=JournalConfig(path=journal),
                       engines=EnginesConfig(engine_url=engine_url, request_timeout_s=timeout_s,
-                                            skip_engine_check=skip_engine_check),
+                                            skip_engine_check=skip_engine_check,
+                                            **({} if max_answer_bytes is None
+                                               else {"max_answer_bytes": max_answer_bytes})),
                       server=replace(server, port=port), **sections)
     proxy = Proxy.start(cfg, tq_client=tq_client, sink=rm)
     return Stack(proxy, proxy.core, rm)

@@ -16,6 +16,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dressage.errors import DressageError, UnsupportedParameterError
+from dressage.proxy.schemas import Integer, Number
 
 __all__ = ["MessagesRequest", "CountTokensRequest", "NO_OP_PARAMS", "THINKING_SIGNATURE", "chat_messages",
            "chat_tools", "chat_tool_choice", "chat_body", "message_object", "stop_reason", "message_ids",
@@ -43,15 +44,15 @@ class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str
-    max_tokens: int = Field(ge=1)
+    max_tokens: Integer = Field(ge=1)
     messages: list[dict[str, Any]] = Field(min_length=1)
     system: Optional[Union[str, list[dict[str, Any]]]] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Optional[dict[str, Any]] = None
     stop_sequences: Optional[list[str]] = None
-    temperature: Optional[float] = Field(default=None, ge=0.0, le=1.0)
-    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
-    top_k: Optional[int] = Field(default=None, ge=1)
+    temperature: Optional[Number] = Field(default=None, ge=0.0, le=1.0)
+    top_p: Optional[Number] = Field(default=None, gt=0.0, le=1.0)
+    top_k: Optional[Integer] = Field(default=None, ge=1)
     stream: Optional[bool] = None
 
 

@@ -17,7 +17,8 @@ import asyncio
 import contextlib
 from typing import Any, AsyncIterator, Iterator, Mapping
 
-from dressage.proxy.engines.transport import EngineResponse, EngineTransportError, EngineTransportTimeout
+from dressage.proxy.engines.transport import (EngineAnswerTooLarge, EngineResponse, EngineTransportError,
+                                              EngineTransportTimeout)
 
 __all__ = ["AiohttpTransport", "aiohttp_available"]
 
@@ -61,19 +62,20 @@ class _Response(EngineResponse):
         super().__init__(resp.status, resp.headers)
         self._resp, self._method, self._url = resp, method, url
 
-    async def read(self) -> bytes:
-        with _translated(self._method, self._url):
-            return await self._resp.read()
-
     async def pieces(self) -> AsyncIterator[bytes]:
         with _translated(self._method, self._url):
             async for piece in self._resp.content.iter_any():
                 yield piece
 
-    async def feed(self, sink: Any) -> None:
+    async def feed(self, sink: Any, limit: int | None = None) -> None:
         # The same as the default, without an async generator between aiohttp's stream and the sink.
+        self.check_declared(limit)
+        size = 0
         with _translated(self._method, self._url):
             async for piece in self._resp.content.iter_any():
+                size += len(piece)
+                if limit is not None and size > limit:
+                    raise EngineAnswerTooLarge(f"the answer is over the cap of {limit} bytes", limit)
                 sink.feed(piece)
 
     async def aclose(self) -> None:

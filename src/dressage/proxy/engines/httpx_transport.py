@@ -32,10 +32,6 @@ class _Response(EngineResponse):
         super().__init__(resp.status_code, resp.headers)
         self._resp = resp
 
-    async def read(self) -> bytes:
-        with _translated():
-            return await self._resp.aread()
-
     async def pieces(self) -> AsyncIterator[bytes]:
         with _translated():
             async for piece in self._resp.aiter_bytes():

@@ -102,7 +102,8 @@ class RouterClient(SGLangClient):
         client = self._workers.get(url)
         if client is None:
             client = self._workers[url] = SGLangClient(url, timeout=self.timeout, api_key=self.api_key,
-                                                       transport=self._transport)
+                                                       transport=self._transport,
+                                                       max_answer_bytes=self.max_answer_bytes)
         return client
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False, timeout: float = 30.0) -> None:

@@ -5,12 +5,16 @@ older releases), the weight-version calls and the reply parsers (``/parse_functi
 ``/separate_reasoning``). Every call crosses one seam, an :class:`~.transport.EngineTransport`
 (:func:`engine_transport` by default: aiohttp's pool); its errors are translated here, at the boundary, into :class:`~dressage.errors.EngineError` subclasses. With R3 on,
 ``/generate`` answers come back with their routing already decoded (an array in the storage dtype).
+Every answer is read up to ``max_answer_bytes`` (one line of a streamed answer likewise): beyond it the
+call fails with :class:`~dressage.errors.EngineAnswerTooLargeError` (a 502), having held at most the cap;
+a streamed ``/generate`` must end within the call's timeout as a whole (keep-alives do not extend it).
 ``api_key`` is sent as SGLang's ``Authorization: Bearer`` key; a ``routing_key`` goes out as
 ``X-SMG-Routing-Key`` so a router or model gateway keeps a session on the worker that caches its prefix.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http
 import json
@@ -20,7 +24,8 @@ from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from dressage.errors import EngineError, EngineRequestError, EngineTimeout, EngineUnavailable, WireFormatError
+from dressage.errors import (EngineAnswerTooLargeError, EngineError, EngineRequestError, EngineTimeout,
+                             EngineUnavailable, WireFormatError)
 from dressage.fields.r3_stream import RoutedExpertsSpec
 from dressage.fields.sglang import finish_type
 from dressage.proxy import fastjson
@@ -28,11 +33,15 @@ from dressage.proxy.engines.aio_transport import AiohttpTransport, aiohttp_avail
 from dressage.proxy.engines.httpx_lean import httpx
 from dressage.proxy.engines.httpx_transport import HttpxTransport
 from dressage.proxy.engines.r3_body import GenerateBodyReader, decode_answer_routing
-from dressage.proxy.engines.transport import EngineResponse, EngineTransport, EngineTransportError, EngineTransportTimeout
+from dressage.proxy.engines.transport import (EngineAnswerTooLarge, EngineResponse, EngineTransport,
+                                              EngineTransportError, EngineTransportTimeout)
 
-__all__ = ["SGLangClient", "ROUTING_KEY_HEADER", "engine_transport"]
+__all__ = ["SGLangClient", "ROUTING_KEY_HEADER", "DEFAULT_MAX_ANSWER_BYTES", "engine_transport"]
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+DEFAULT_MAX_ANSWER_BYTES = 256 * 1024 * 1024
+"""The cap on one engine answer (and one streamed line): well above an 8K-token answer with R3
+routing of a 40-layer top-8 model (~13 MiB), far below what would exhaust the Proxy."""
 _JSON = {"content-type": "application/json"}
 
 
@@ -106,14 +115,16 @@ class SGLangClient:
     """One engine at ``base_url``; share it between concurrent calls, ``close()`` when done.
 
     ``transport`` is an :class:`~.transport.EngineTransport`, or an httpx transport (``httpx.MockTransport``)
-    to send through (:class:`~.httpx_transport.HttpxTransport`)."""
+    to send through (:class:`~.httpx_transport.HttpxTransport`). ``max_answer_bytes`` caps each answer
+    and each line of a streamed one (``None``: no cap)."""
 
     def __init__(self, base_url: str, *, timeout: float = 600.0, max_connections: int = 1024,
                  headers: Mapping[str, str] | None = None,
                  transport: EngineTransport | httpx.AsyncBaseTransport | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, max_answer_bytes: int | None = DEFAULT_MAX_ANSWER_BYTES) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = float(timeout)
+        self.max_answer_bytes = None if max_answer_bytes is None else int(max_answer_bytes)
         headers = dict(headers or {})
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
@@ -130,9 +141,12 @@ class SGLangClient:
 
     @contextlib.contextmanager
     def _boundary(self, what: str, timeout: float | None) -> Iterator[None]:
-        """The transport's failures as :class:`EngineTimeout` / :class:`EngineUnavailable`."""
+        """The transport's failures as :class:`EngineTimeout` / :class:`EngineUnavailable` /
+        :class:`EngineAnswerTooLargeError`."""
         try:
             yield
+        except EngineAnswerTooLarge as exc:
+            raise EngineAnswerTooLargeError(f"{what}: {exc}") from exc
         except EngineTransportTimeout as exc:
             raise EngineTimeout(f"{what}: no answer within {timeout or self.timeout:g} s ({exc.kind})") from exc
         except EngineTransportError as exc:
@@ -157,7 +171,7 @@ class SGLangClient:
         with self._boundary(what, timeout):
             resp = await self._send(method, path, json_body=json_body, timeout=timeout, headers=headers)
             try:
-                body = await resp.read()
+                body = await resp.read(self.max_answer_bytes)
             finally:
                 await resp.aclose()
         self._check(resp.status, body, what)
@@ -172,9 +186,9 @@ class SGLangClient:
             resp = await self._send(method, path, json_body=json_body, timeout=timeout, headers=headers)
             try:
                 if resp.status >= 400:
-                    body = await resp.read()
+                    body = await resp.read(self.max_answer_bytes)
                 else:
-                    await resp.feed(sink)
+                    await resp.feed(sink, self.max_answer_bytes)
             finally:
                 await resp.aclose()
         if resp.status >= 400:
@@ -267,20 +281,22 @@ class SGLangClient:
 
         Each chunk is parsed whole; with ``return_routed_experts`` and a ``routed_experts_spec`` the
         routing string of the finished chunk (the one that carries it) comes back decoded, as from
-        :meth:`generate`."""
+        :meth:`generate`. The stream must end within ``timeout`` (the client's by default) as a whole:
+        lines that keep arriving (keep-alives, chunks) do not extend it."""
         body = self._generate_body(input_ids, sampling_params, return_logprob=return_logprob,
                                    return_routed_experts=return_routed_experts,
                                    routed_experts_start_len=routed_experts_start_len, rid=rid, stream=True,
                                    extra=extra)
         what = f"POST {self.base_url}/generate (stream)"
         decode_routing = return_routed_experts and routed_experts_spec is not None
+        deadline = asyncio.get_running_loop().time() + (self.timeout if timeout is None else timeout)
         with self._boundary(what, timeout):
             resp = await self._send("POST", "/generate", json_body=body, timeout=timeout,
                                     headers=self._routing_headers(routing_key))
             try:
                 if resp.status >= 400:
-                    self._check(resp.status, await resp.read(), what)
-                async for line in resp.lines():
+                    self._check(resp.status, await resp.read(self.max_answer_bytes), what)
+                async for line in resp.lines(self.max_answer_bytes, deadline):
                     if not line.startswith("data:"):
                         continue
                     data = line[len("data:"):].strip()

@@ -43,7 +43,8 @@ def engine_clients(engines: Any, *, transport: Any = None) -> list[SGLangClient]
     """One client per engine URL of ``engines`` (an EnginesConfig)."""
     cls = RouterClient if engines.router else SGLangClient
     kw = {} if transport is None else {"transport": transport}
-    return [cls(url, timeout=engines.request_timeout_s, api_key=engines.engine_api_key, **kw) for url in engines.urls]
+    return [cls(url, timeout=engines.request_timeout_s, api_key=engines.engine_api_key,
+                max_answer_bytes=engines.max_answer_bytes, **kw) for url in engines.urls]
 
 
 def engine_pool(engines: Any, clients: Sequence[Any]) -> EnginePool:
@@ -107,6 +108,7 @@ def fetch_engine_infos(engines: Any, *, transport: Any = None, timeout_s: float 
         for url in engines.urls:
             # The model info comes from a worker; a router forwards it.
             client = SGLangClient(url, timeout=timeout_s, api_key=engines.engine_api_key,
+                                  max_answer_bytes=engines.max_answer_bytes,
                                   **({} if transport is None else {"transport": transport}))
             try:
                 info = await info_of(client)

@@ -22,12 +22,12 @@ from starlette.middleware.errors import ServerErrorMiddleware
 from dressage.proxy import fastjson
 from dressage.errors import DressageError
 from dressage.proxy.http.anthropic_routes import anthropic_error_response, anthropic_router, is_anthropic_path
-from dressage.proxy.http.fast_routes import FastRoutes, dressage_error_response
+from dressage.proxy.http.fast_routes import FastRoutes, dressage_error_response, listener_url
 from dressage.proxy.http.guard import RequestGuard
 from dressage.proxy.http.upstream_routes import upstream_router
 from dressage.proxy.http.openai_routes import openai_router
 from dressage.proxy.http.rollout_routes import rollout_router
-from dressage.proxy.schemas import ChatRequest, CreateSession, GenerateRequest
+from dressage.proxy.schemas import BAD_REQUEST_ERRORS, ChatRequest, CreateSession, GenerateRequest
 from dressage.proxy.anthropic.protocol import error_object
 from dressage.proxy.openai.streaming import error_body
 from dressage.proxy.recording.turn_scope import identity_of
@@ -75,15 +75,18 @@ def _install_guards(app: FastAPI, service: Any) -> None:
         param = ".".join(loc) or None
         msg = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
                         for e in errors[:5])
-        # A key a strict (control) body does not know is a bad request, not a bad value.
-        unknown = any(e.get("type") == "extra_forbidden" for e in errors)
-        return JSONResponse(error_body(msg, "invalid_request_error", param=param), 400 if unknown else 422)
+        # A key a strict (control) body does not know, a boolean for a number, JSON nested too deep or a
+        # value nothing can store is a bad request, not a bad value.
+        malformed = any(e.get("type") in BAD_REQUEST_ERRORS for e in errors)
+        return JSONResponse(error_body(msg, "invalid_request_error", param=param), 400 if malformed else 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
+        # A 405 carries its Allow header (the methods the path takes).
+        headers = getattr(exc, "headers", None)
         if is_anthropic_path(request.url.path):
-            return JSONResponse(error_object(exc.status_code, str(exc.detail)), exc.status_code)
-        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code)
+            return JSONResponse(error_object(exc.status_code, str(exc.detail)), exc.status_code, headers=headers)
+        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code, headers=headers)
 
 
 def build_app(service: Any) -> "HotFirst":
@@ -93,7 +96,8 @@ def build_app(service: Any) -> "HotFirst":
 
 def fastapi_app(service: Any) -> FastAPI:
     """The FastAPI app: one route per use case of ``service``."""
-    app = FastAPI(title="Dressage Proxy", version="0.1.0")
+    # No /docs or /redoc pages: both load their scripts from a CDN. The schema stays at /openapi.json.
+    app = FastAPI(title="Dressage Proxy", version="0.1.0", docs_url=None, redoc_url=None)
     _install_guards(app, service)
     app.include_router(upstream_router(service))
 
@@ -109,7 +113,8 @@ def fastapi_app(service: Any) -> FastAPI:
 
     @app.post("/sessions")
     async def create_session(request: Request, body: CreateSession | None = None) -> dict[str, Any]:
-        return service.create_session(body.metadata if body else None, str(request.base_url))
+        return service.create_session(body.metadata if body else None,
+                                      listener_url(request.scope, service.config.server.public_url))
 
     @app.post("/sessions/{session_id}/v1/chat/completions")
     async def chat(session_id: str, request: Request, body: ChatRequest) -> Response:

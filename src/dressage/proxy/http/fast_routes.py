@@ -20,7 +20,6 @@ from typing import Any, Awaitable, Callable
 
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from dressage.errors import DressageError
@@ -31,7 +30,7 @@ from dressage.proxy.schemas import ChatRequest, CreateSession, FinalizeRequest, 
 from dressage.proxy.openai.streaming import error_payload
 from dressage.proxy.recording.turn_scope import identity_of
 
-__all__ = ["FastRoutes", "dressage_error_response"]
+__all__ = ["FastRoutes", "dressage_error_response", "listener_url"]
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -50,6 +49,19 @@ def dressage_error_response(book: Any, exc: DressageError) -> Response:
     # A 4xx here is final (a retry gets the same answer): tell OpenAI clients not to retry it.
     headers = {"x-should-retry": "false"} if exc.http_status < 500 else None
     return JSONResponse(error_payload(exc), exc.http_status, headers=headers)
+
+
+def listener_url(scope: Scope, public_url: str | None) -> str:
+    """The Proxy's base URL for an answer to send agents to: ``public_url`` when configured, else the
+    address the request's connection reached (its socket), never the client's ``Host`` header, which
+    the client chooses and which would send the next agent wherever it says."""
+    if public_url:
+        return public_url
+    host, port = scope.get("server") or ("127.0.0.1", None)
+    scheme = "https" if scope.get("scheme") == "https" else "http"
+    host = f"[{host}]" if ":" in str(host) else str(host)
+    default = port is None or (scheme, port) in (("http", 80), ("https", 443))
+    return f"{scheme}://{host}{'' if default else f':{port}'}{scope.get('root_path', '')}/"
 
 
 def _json_body(scope: Scope) -> bool:
@@ -145,7 +157,8 @@ class FastRoutes:
                 return _json(out, tally)
             return StreamingResponse(out, media_type="text/event-stream", headers=_SSE_HEADERS)
         if kind == "create":
-            return _json(service.create_session(req.metadata if req else None, str(Request(scope).base_url)))
+            return _json(service.create_session(req.metadata if req else None,
+                                                listener_url(scope, service.config.server.public_url)))
         if kind == "generate":
             tally = server_timing.start()
             return _json(await service.chat.generate_tokens(session_id, req), tally)

@@ -23,13 +23,32 @@ from dressage.proxy.schemas import (DiscardRequest, FinalizeRequest, FinalizeSes
                                     TrajectoryReadRequest)
 from dressage.proxy.recording.turns import identity_from_headers
 
-__all__ = ["upstream_router"]
+__all__ = ["upstream_router", "accepts"]
 
 log = logging.getLogger(__name__)
 
 
 def _json(value: Any) -> Response:
     return Response(fastjson.dumps(value), media_type="application/json")
+
+
+def accepts(accept: str, media_type: str) -> bool:
+    """Whether an ``Accept`` header value names ``media_type`` with a quality above 0 (``q=0``: "not this")."""
+    for part in accept.split(","):
+        kind, *params = (p.strip() for p in part.split(";"))
+        if kind.lower() != media_type:
+            continue
+        quality = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0  # a malformed weight is not an acceptance
+        if quality > 0:
+            return True
+    return False
 
 
 def _session(request: Request, given: str | None) -> str:
@@ -76,7 +95,7 @@ def upstream_router(service: Any) -> APIRouter:
     async def trajectory_read(request: Request, body: TrajectoryReadRequest | None = None) -> Response:
         body = body or TrajectoryReadRequest()
         # A reader that accepts msgpack gets the answer as msgpack, resident arrays as raw bytes.
-        binary = MSGPACK_MEDIA_TYPE in request.headers.get("accept", "")
+        binary = accepts(request.headers.get("accept", ""), MSGPACK_MEDIA_TYPE)
         answer = service.trajectories.read(trajectory_id=body.trajectory_id, session_id=body.session_id,
                                            session_ids=body.session_ids, instance_id=body.instance_id,
                                            max_groups=body.max_groups, segment_view=body.segment_view,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any, AsyncIterator, Optional, Union
+from typing import Annotated, Any, AsyncIterator, Optional, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -25,6 +25,7 @@ from dressage.proxy.openai.streaming import DONE, KEEPALIVE, error_payload, open
 from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.recording.limits import CallLimits
 from dressage.proxy.recording.session_book import SessionBook
+from dressage.proxy.schemas import Integer, Number, Shallow
 
 __all__ = ["COMPLETIONS_PARAMS", "CompletionRequest", "CompletionsServing"]
 
@@ -66,23 +67,23 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None
-    prompt: Union[str, list[int], list[str], list[list[int]]]
-    max_tokens: Optional[int] = Field(default=None, ge=1)
-    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    prompt: Union[str, list[Integer], list[str], list[list[Integer]]]
+    max_tokens: Optional[Integer] = Field(default=None, ge=1)
+    temperature: Optional[Number] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[Number] = Field(default=None, gt=0.0, le=1.0)
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
+    seed: Optional[Integer] = None
     stream: bool = False
-    stream_options: Optional[dict[str, Any]] = None
-    logprobs: Optional[int] = Field(default=None, ge=0, le=5)
+    stream_options: Annotated[Optional[dict[str, Any]], Shallow] = None
+    logprobs: Optional[Integer] = Field(default=None, ge=0, le=5)
     """Alternatives per token (OpenAI allows up to 5); each token's own logprob comes with any value."""
-    n: int = Field(default=1, ge=1)
-    best_of: Optional[int] = Field(default=None, ge=1)
+    n: Integer = Field(default=1, ge=1)
+    best_of: Optional[Integer] = Field(default=None, ge=1)
     echo: bool = False
     suffix: Optional[str] = None
-    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: Optional[dict[str, float]] = None
+    presence_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[str, Number]] = None
 
     @field_validator("prompt")
     @classmethod

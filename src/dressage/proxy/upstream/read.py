@@ -78,10 +78,8 @@ def select_trajectories(finalized: Mapping[str, Any], *, trajectory_id: str | No
     ``groups_rule`` applies to batch reads only (named trajectories are read as named); ``now`` is
     the ``time.monotonic()`` the group ages count to (each session's ``finalized_at``).
     """
-    named: list[str] = []
-    for sid in [trajectory_id, session_id, *(session_ids or [])]:
-        if sid is not None and sid not in named:
-            named.append(sid)
+    # Linear: a read may name thousands of sessions.
+    named = list(dict.fromkeys(sid for sid in (trajectory_id, session_id, *(session_ids or ())) if sid is not None))
     if trajectory_id is not None and session_id is not None and trajectory_id != session_id:
         raise ConfigError(f"trajectory_id {trajectory_id!r} and session_id {session_id!r} name different "
                           "trajectories; give one")

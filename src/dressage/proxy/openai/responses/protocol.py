@@ -19,12 +19,13 @@ new input.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Optional, Union
+from typing import Annotated, Any, Callable, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dressage.errors import UnknownResponseError, UnsupportedParameterError
 from dressage.proxy.openai.policy import IGNORED, REFUSED, USED, Param, ParamPolicy, request_fields
+from dressage.proxy.schemas import Integer, Number, Shallow, Storable
 
 __all__ = ["RESPONSES_PARAMS", "ResponsesRequest", "ResponseMemory", "conversation", "chat_body", "response_object",
            "input_messages", "chat_tools", "chat_tool_choice", "item_ids", "qualified_name", "tool_namespaces"]
@@ -113,27 +114,27 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None
-    input: Union[str, list[dict[str, Any]]] = ""
-    instructions: Optional[Union[str, list[dict[str, Any]]]] = None
-    tools: Optional[list[dict[str, Any]]] = None
-    tool_choice: Any = None
+    input: Annotated[Union[str, list[dict[str, Any]]], Shallow] = ""
+    instructions: Annotated[Optional[Union[str, list[dict[str, Any]]]], Shallow] = None
+    tools: Annotated[Optional[list[dict[str, Any]]], Shallow] = None
+    tool_choice: Annotated[Any, Shallow] = None
     parallel_tool_calls: Optional[bool] = None
-    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
-    max_output_tokens: Optional[int] = Field(default=None, ge=1)
+    temperature: Optional[Number] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[Number] = Field(default=None, gt=0.0, le=1.0)
+    max_output_tokens: Optional[Integer] = Field(default=None, ge=1)
     store: Optional[bool] = None
     previous_response_id: Optional[str] = None
     stream: bool = False
-    metadata: Optional[dict[str, Any]] = None
-    text: Optional[dict[str, Any]] = None
-    reasoning: Optional[dict[str, Any]] = None
+    metadata: Annotated[Optional[dict[str, Any]], Storable] = None
+    text: Annotated[Optional[dict[str, Any]], Shallow] = None
+    reasoning: Annotated[Optional[dict[str, Any]], Shallow] = None
     truncation: Optional[str] = None
     include: Optional[list[str]] = None
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
-    max_tool_calls: Optional[int] = None
+    top_logprobs: Optional[Integer] = Field(default=None, ge=0, le=20)
+    max_tool_calls: Optional[Integer] = None
     background: Optional[bool] = None
-    conversation: Any = None
-    prompt: Any = None
+    conversation: Annotated[Any, Shallow] = None
+    prompt: Annotated[Any, Shallow] = None
 
 
 class ResponseMemory:

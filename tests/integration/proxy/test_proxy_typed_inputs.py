@@ -1,0 +1,148 @@
+"""Every input typed: a boolean is not a number, JSON the Proxy stores or parses is nested at most 64 levels
+(tool-call arguments included), session metadata holds only what the journal and every answer format can
+hold, and a read's ``session_ids`` are deduplicated and capped. Each refusal is a 400 naming the field,
+with nothing created or recorded."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from dressage.proxy.json_values import MAX_DEPTH
+from dressage.proxy.schemas import MAX_READ_SESSION_IDS
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def proxy(engine):
+    from dressage.testing.stack import start_proxy
+
+    with start_proxy(engine.url, r3=False) as stack:
+        yield stack
+
+
+def _sid(proxy, **kw) -> str:
+    return httpx.post(proxy.url + "/sessions", **kw).json()["session_id"]
+
+
+def _steps(proxy) -> int:
+    return sum(len(s.steps) for s in proxy.service.core.sessions.values())
+
+
+def _nested(depth: int) -> object:
+    return json.loads("[" * depth + "]" * depth)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": True}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": USER, "temperature": False}, "temperature"),
+    ("/v1/chat/completions", {"messages": USER, "n": True}, "n"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {"prompt": [True, 5]}, "prompt"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": True}, "max_output_tokens"),
+    ("/generate", {"input_ids": [1, True]}, "input_ids"),
+])
+def test_a_boolean_is_not_a_number(proxy, path, body, param):
+    sid = _sid(proxy)
+    before = _steps(proxy)
+    r = httpx.post(f"{proxy.url}/sessions/{sid}{'' if path == '/generate' else '/v1'}"
+                   f"{path.removeprefix('/v1')}", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].split(".")[0] == param
+    assert "boolean is not a number" in r.json()["error"]["message"]
+    assert _steps(proxy) == before
+
+
+def _deep_call(depth: int) -> dict:
+    args = "{\"a\": " + "[" * depth + "]" * depth + "}"
+    return {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": args}}
+
+
+def test_tool_call_arguments_nested_too_deep_are_a_400_in_chat_and_responses(proxy):
+    sid = _sid(proxy)
+    chat = {"messages": [*USER, {"role": "assistant", "content": None, "tool_calls": [_deep_call(1000)]},
+                         {"role": "tool", "tool_call_id": "call_1", "content": "ok"}], "max_tokens": 4}
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/chat/completions", json=chat, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages"
+    assert "1.tool_calls.0.function.arguments" in err["message"] and f"deeper than {MAX_DEPTH}" in err["message"]
+
+    items = [{"role": "user", "content": "hi"},
+             {"type": "function_call", "call_id": "call_1", "name": "f",
+              "arguments": _deep_call(1000)["function"]["arguments"]},
+             {"type": "function_call_output", "call_id": "call_1", "output": "ok"}]
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/responses", json={"input": items}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "input" and "1.arguments" in r.json()["error"]["message"]
+    assert len(proxy.service.core.session(sid).steps) == 0
+
+    # Within the cap the same call goes through.
+    chat["messages"][1]["tool_calls"] = [_deep_call(MAX_DEPTH - 2)]
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/chat/completions", json=chat, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_tools_nested_too_deep_are_a_400(proxy):
+    sid = _sid(proxy)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                         "default": _nested(200)}}}
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/chat/completions",
+                   json={"messages": USER, "tools": [tool], "max_tokens": 4}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+
+
+@pytest.mark.parametrize("metadata, why", [
+    ('{"deep": ' + "[" * 300 + "]" * 300 + "}", "deeper than"),
+    ('{"deep": ' + "[" * 600 + "]" * 600 + "}", "deeper than"),
+    ('{"big": 18446744073709551616}', "64-bit"),
+    ('{"small": -9223372036854775809}', "64-bit"),
+])
+def test_metadata_nothing_can_store_is_refused_at_create(proxy, metadata, why):
+    sessions = len(proxy.service.core.sessions)
+    r = httpx.post(proxy.url + "/sessions", content='{"metadata": ' + metadata + "}",
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "metadata" and why in r.json()["error"]["message"]
+    assert len(proxy.service.core.sessions) == sessions
+
+
+def test_metadata_too_deep_to_parse_is_a_400_too(proxy):
+    sessions = len(proxy.service.core.sessions)
+    r = httpx.post(proxy.url + "/sessions", content='{"metadata": {"deep": ' + "[" * 990 + "]" * 990 + "}}",
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert len(proxy.service.core.sessions) == sessions
+
+
+def test_metadata_within_the_limits_is_kept_and_read_back(proxy):
+    metadata = {"deep": _nested(MAX_DEPTH - 1), "big": 2**63 - 1, "small": -(2**63), "f": 0.5, "s": "é"}
+    sid = _sid(proxy, json={"metadata": metadata})
+    r = httpx.get(f"{proxy.url}/sessions/{sid}")
+    assert r.status_code == 200 and r.json()["metadata"] == metadata
+
+
+def test_a_finalize_label_nothing_can_store_is_a_400(proxy):
+    sid = _sid(proxy)
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/finalize", json={"label": {"x": 2**64}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "label", r.text
+    assert proxy.service.core.session(sid).state == "active"
+
+
+def test_read_session_ids_are_deduplicated_and_capped(proxy):
+    sid = _sid(proxy)
+    httpx.post(f"{proxy.url}/sessions/{sid}/v1/chat/completions", json={"messages": USER, "max_tokens": 2},
+               timeout=30)
+    assert httpx.post(f"{proxy.url}/sessions/{sid}/finalize", json={"reward": 1.0}).status_code == 200
+    # 40,000 names of one session: one trajectory.
+    named = [sid] * 40_000
+    r = httpx.post(proxy.url + "/trajectory/read", json={"session_ids": named}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert [d["session_id"] for d in r.json()["data"]] == [sid]
+    too_many = [f"s{i}" for i in range(MAX_READ_SESSION_IDS + 1)]
+    r = httpx.post(proxy.url + "/trajectory/read", json={"session_ids": too_many}, timeout=60)
+    assert r.status_code == 422 and r.json()["error"]["param"] == "session_ids", r.text
+    assert str(MAX_READ_SESSION_IDS) in r.json()["error"]["message"]
