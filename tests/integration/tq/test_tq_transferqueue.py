@@ -146,3 +146,18 @@ def test_a_run_gives_the_same_samples_as_tq_off_in_upstreams_layout_and_leaves_n
         assert (parts[1], parts[2]) == (tag["trajectory_id"], tag["incarnation_id"])
         assert set(columns) <= {"response_logprobs", "response_routed_experts_chunks"}
     assert {c for p in puts for c in p[2]} == {"response_logprobs", "response_routed_experts_chunks"}
+
+
+def test_a_reader_joining_with_the_client_spec_restores_rows_over_zmq():
+    from dressage.tq import TransferQueueClient
+
+    store = "s" + uuid.uuid4().hex[:8]
+    with TransferQueue.start({"deployment": "transferqueue", "store_id": store}) as tq:
+        r3 = np.arange(5 * 2 * 2, dtype=np.uint16).reshape(5, 2, 2) * 300
+        ref = tq.client().put("routed_experts", r3, batch="b", key="t/e0.0/routed_experts")
+        with TransferQueueClient.connect(tq.client_spec()) as reader:
+            got = reader.get_many([ref, ref.narrow(1, 3)], consume=True)
+            np.testing.assert_array_equal(got[0], r3)
+            np.testing.assert_array_equal(got[1], r3[1:3])
+            assert reader.clear("b") == 1
+        assert _rows(store) == {} and tq.total_keys() == 0
