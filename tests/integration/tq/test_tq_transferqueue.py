@@ -161,3 +161,27 @@ def test_a_reader_joining_with_the_client_spec_restores_rows_over_zmq():
             np.testing.assert_array_equal(got[1], r3[1:3])
             assert reader.clear("b") == 1
         assert _rows(store) == {} and tq.total_keys() == 0
+
+
+def test_expired_rows_are_swept_in_the_background():
+    import torch
+
+    store = "s" + uuid.uuid4().hex[:8]
+    with TransferQueue.start({"deployment": "transferqueue", "store_id": store, "retention_s": 5}):
+        # Only the tag sweep can clear this row: our Controller never saw its key.
+        tq_api.kv_put(key=f"{store}:gone:e1:step:0", partition_id=step_partition(store),
+                      fields={"response_logprobs": torch.zeros(2)}, tag={"expires_at": time.time() - 1})
+        assert list(_rows(store)) == [f"{store}:gone:e1:step:0"]
+        for _ in range(300):  # the sweep runs every second here
+            if not _rows(store):
+                break
+            time.sleep(0.1)
+        assert _rows(store) == {}
+
+
+def test_upstream_field_refs_name_the_row_and_column_of_a_key():
+    from dressage.tq.storage.kv import upstream_field_ref
+
+    assert upstream_field_ref("run", "sess/ab12.2/logprobs") == {
+        "schema_version": "dressage.tq.field-ref.v1", "store_id": "run", "partition": "dressage:run:steps",
+        "key": "run:sess:ab12:step:2", "field": "response_logprobs", "incarnation_id": "ab12"}

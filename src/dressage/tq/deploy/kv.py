@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import uuid
 from typing import Any
 
@@ -49,6 +50,8 @@ class KVDeployment:
         self._started_ray = self._started_tq = False
         self.servers: EmbeddedServers | None = None
         self.janitor: Janitor | None = None
+        self._sweeper: threading.Thread | None = None
+        self._stop = threading.Event()
         try:
             if not ray.is_initialized():
                 ray.init(address=config.ray_address, include_dashboard=False)
@@ -64,6 +67,9 @@ class KVDeployment:
                                          retention_s=config.retention_s, strict_budget=True)
             self.janitor = Janitor(self.controller, self.units.get,
                                    interval_s=sweep_interval(config.retention_s)).start()
+            if config.retention_s is not None:
+                self._sweeper = threading.Thread(target=self._sweep_loop, name="tq-kv-retention", daemon=True)
+                self._sweeper.start()
         except BaseException:
             self.shutdown()
             raise
@@ -95,11 +101,26 @@ class KVDeployment:
         removed = self.janitor.run_once() if self.janitor is not None else 0
         return removed + self.unit.sweep_expired()
 
+    def _sweep_loop(self) -> None:
+        # Rows are swept by their ``expires_at`` tag, as upstream's retention loop does (our Controller's
+        # retention covers only the keys written here). Each sweep lists the whole partition: at most
+        # once a minute, and often enough that a row outlives its expiry by a tenth of retention_s at most.
+        interval = min(max(float(self.config.retention_s or 0) / 10.0, 1.0), 60.0)
+        while not self._stop.wait(interval):
+            try:
+                self.unit.sweep_expired()
+            except Exception as exc:  # noqa: BLE001 - the queue may be briefly out of reach; next round
+                log.warning("transferqueue retention sweep failed: %s", exc)
+
     def kv_rows(self) -> dict[str, dict[str, Any]]:
         """``{kv_key: tag}`` of this store's partition, as the public TransferQueue lists it."""
         return self.unit.kv_rows()
 
     def shutdown(self) -> None:
+        self._stop.set()
+        if self._sweeper is not None:
+            self._sweeper.join()
+            self._sweeper = None
         if self.janitor is not None:
             self.janitor.stop()
             self.janitor = None

@@ -22,7 +22,7 @@ import numpy as np
 from dressage.errors import KeyNotFoundError, StorageFullError, StorageUnitUnavailable, TransferQueueError
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit
 
-__all__ = ["KVStorageUnit", "KVLocation", "STEP_COLUMNS", "step_partition", "kv_location"]
+__all__ = ["KVStorageUnit", "KVLocation", "STEP_COLUMNS", "step_partition", "kv_location", "upstream_field_ref"]
 
 STEP_COLUMNS = {"logprobs": "response_logprobs", "routed_experts": "response_routed_experts_chunks"}
 """Our StepRecord's offloaded fields and the columns upstream's transport stores them under."""
@@ -54,6 +54,14 @@ def kv_location(store_id: str, key: str) -> KVLocation:
         return KVLocation(f"{store_id}:{session}:{epoch}:step:{int(m['call'])}", STEP_COLUMNS[m["field"]],
                           {"trajectory_id": session, "incarnation_id": epoch})
     return KVLocation(f"{store_id}:{key}", _OTHER_COLUMN, {})
+
+
+def upstream_field_ref(store_id: str, key: str) -> dict[str, Any]:
+    """Upstream Dressage's reference (``dressage.tq.field-ref.v1``) to the column holding ``key``: what its
+    trainer's hydration reads with ``kv_batch_get(keys=[key], partition_id=partition, select_fields=field)``."""
+    loc = kv_location(store_id, key)
+    return {"schema_version": "dressage.tq.field-ref.v1", "store_id": store_id, "partition": step_partition(store_id),
+            "key": loc.kv_key, "field": loc.column, "incarnation_id": loc.tag.get("incarnation_id", "")}
 
 
 class KVStorageUnit(StorageUnit):
