@@ -127,9 +127,14 @@ def test_a_run_gives_the_same_samples_as_tq_off_in_upstreams_layout_and_leaves_n
     puts = []
     real_put = tq_api.kv_put
 
+    listed = []
+
     def spy(**kw):
         puts.append((kw["key"], kw["partition_id"], sorted(kw["fields"]), dict(kw["tag"])))
-        return real_put(**kw)
+        out = real_put(**kw)
+        if not listed:  # the row as kv_list shows it while the run holds it
+            listed.append(tq_api.kv_list(partition_id=kw["partition_id"])[kw["partition_id"]].get(kw["key"]))
+        return out
 
     monkeypatch.setattr(tq_api, "kv_put", spy)
     store = "run" + uuid.uuid4().hex[:6]
@@ -140,6 +145,7 @@ def test_a_run_gives_the_same_samples_as_tq_off_in_upstreams_layout_and_leaves_n
     assert on.tq_keys_left == 0
     assert _rows(store) == {}
     assert puts and {p[1] for p in puts} == {f"dressage:{store}:steps"}
+    assert listed[0] is not None and listed[0]["trajectory_id"] == puts[0][3]["trajectory_id"]
     for key, _, columns, tag in puts:
         parts = key.split(":")
         assert len(parts) == 5 and parts[0] == store and parts[3] == "step" and parts[4].isdigit()
