@@ -57,7 +57,8 @@ class KVDeployment:
                 ray.init(address=config.ray_address, include_dashboard=False)
                 self._started_ray = True
             self._started_tq = not _running(ray)
-            transfer_queue.init(_tq_settings(config) if self._started_tq else None)
+            _init_within(transfer_queue, _tq_settings(config) if self._started_tq else None,
+                         config.startup_timeout_s)
             self.store_id = config.store_id or uuid.uuid4().hex[:12]
             self.unit = KVStorageUnit(UNIT_ID, store_id=self.store_id, api=transfer_queue,
                                       memory_budget=config.budget_bytes, retention_s=config.retention_s)
@@ -147,6 +148,28 @@ def _running(ray: Any) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _init_within(api: Any, settings: Any, timeout_s: float) -> None:
+    """``api.init(settings)``, or StorageUnitUnavailable after ``timeout_s``: its actors wait for Ray
+    resources without a deadline of their own (its controller and storage units on a cluster too small)."""
+    failure: list[BaseException] = []
+
+    def init() -> None:
+        try:
+            api.init(settings)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=init, name="tq-kv-init", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise StorageUnitUnavailable(
+            f"the public TransferQueue did not start within {timeout_s:g} s (startup_timeout_s); its controller "
+            "and storage units are Ray actors: does the cluster have the CPUs for them?")
+    if failure:
+        raise StorageUnitUnavailable(f"the public TransferQueue did not start: {failure[0]}") from failure[0]
 
 
 def _tq_settings(config: TransferQueueConfig) -> Any:
