@@ -50,6 +50,8 @@ def test_step_keys_map_to_upstream_rows_columns_and_tags():
     assert kv_location("run", "sess-1/a1b2c3.4/logprobs").column == "response_logprobs"
     other = kv_location("run", "abc-7")
     assert (other.kv_key, other.column, other.tag) == ("run:abc-7", "value", {})
+    # A call index written differently is another key, so it must not share the Step's row.
+    assert kv_location("run", "sess-1/a1b2c3.04/logprobs").kv_key == "run:sess-1/a1b2c3.04/logprobs"
 
 
 def test_store_id_is_checked_at_the_edge():

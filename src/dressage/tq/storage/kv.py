@@ -29,7 +29,7 @@ STEP_COLUMNS = {"logprobs": "response_logprobs", "routed_experts": "response_rou
 _CHUNKED = "response_routed_experts_chunks"
 _OTHER_COLUMN = "value"
 # ``{session}/{epoch}.{call}/{field}``: the keys ProxyCore gives each offloaded field of a Step.
-_STEP_KEY = re.compile(r"^(?P<session>.+)/(?P<epoch>[^/.]+)\.(?P<call>\d+)/(?P<field>[^/]+)$")
+_STEP_KEY = re.compile(r"^(?P<session>.+)/(?P<epoch>[^/.]+)\.(?P<call>0|[1-9]\d*)/(?P<field>[^/]+)$")
 
 
 def step_partition(store_id: str) -> str:
