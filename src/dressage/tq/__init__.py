@@ -1,7 +1,7 @@
 """TransferQueue: large trajectory fields live in StorageUnits; only FieldRefs travel.
 
-``TransferQueue.start(config)`` brings up a deployment (embedded, local processes, or Ray actors);
-``.client()`` puts arrays and gets them back by reference. See docs/transferqueue.md.
+``TransferQueue.start(config)`` brings up a deployment (embedded, local processes, Ray actors, or the
+public TransferQueue on Ray); ``.client()`` puts arrays and gets them back by reference. See docs/transferqueue.md.
 """
 
 from dressage.tq.client.client import ClientCounters, TransferQueueClient

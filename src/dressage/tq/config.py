@@ -21,7 +21,7 @@ __all__ = ["TransferQueueConfig", "TransferQueueSelection", "tq_default", "DEPLO
            "EXAMPLE_CONFIG", "SECRET_ENV",
            "is_loopback"]
 
-DEPLOYMENTS = ("embedded", "local", "ray")
+DEPLOYMENTS = ("embedded", "local", "ray", "transferqueue")
 ON_FULL = ("spill", "wait", "error")
 _PREFIX = "transfer_queue"
 # The shipped example (the same text as examples/transfer_queue.yaml), readable from an installed wheel.
@@ -45,8 +45,9 @@ class TransferQueueConfig:
 
     deployment: str = "embedded"
     """``embedded`` (one process, the default), ``local`` (Controller and StorageUnits as processes on
-    this host) or ``ray`` (one StorageUnit actor per node, the head excepted, and the Controller as a
-    process beside the driver)."""
+    this host), ``ray`` (one StorageUnit actor per node, the head excepted, and the Controller as a
+    process beside the driver) or ``transferqueue`` (the payload in a public TransferQueue on Ray, PyPI
+    ``transferqueue``, in upstream Dressage's step layout; see docs/transferqueue.md)."""
     num_storage_units: int | None = None
     """Number of StorageUnits; ``None`` means 1 for embedded/local and one per alive node for ray."""
     head_storage_unit: bool = False
@@ -99,6 +100,9 @@ class TransferQueueConfig:
     (written 0600, handed to its processes, actors and ``client_spec()``)."""
     authenticate: bool = True
     """A MAC on every message, on loopback too. ``false`` serves unauthenticated frames (loopback only)."""
+    store_id: str | None = None
+    """transferqueue: the store whose partition ``dressage:{store_id}:steps`` holds the Steps (keys
+    ``{store_id}:{trajectory_id}:{incarnation_id}:step:{i}``); ``None``: a random id per deployment."""
 
     def __post_init__(self) -> None:
         _choice("deployment", self.deployment, DEPLOYMENTS)
@@ -138,6 +142,9 @@ class TransferQueueConfig:
         if self.auth_secret is not None and (not isinstance(self.auth_secret, str)
                                              or len(self.auth_secret) < _MIN_SECRET):
             raise ConfigError(f"{_PREFIX}.auth_secret: expected a string of at least {_MIN_SECRET} characters")
+        if self.store_id is not None and (not isinstance(self.store_id, str) or not self.store_id
+                                          or ":" in self.store_id):
+            raise ConfigError(f"{_PREFIX}.store_id: expected a non-empty string without ':', got {self.store_id!r}")
         if not isinstance(self.authenticate, bool):
             raise ConfigError(f"{_PREFIX}.authenticate: expected true or false, got {self.authenticate!r}")
         if not self.authenticate and self.auth_secret is not None:

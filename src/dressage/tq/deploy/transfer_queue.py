@@ -1,7 +1,7 @@
 """TransferQueue.start(config): bring up a deployment, hand out clients, shut down.
 
-The deployment ``config.deployment`` names (``embedded``, ``local``, ``ray``: one module each under
-``tq/deploy/``) is reached only through the ``Deployment`` protocol; clients look the same in all three.
+The deployment ``config.deployment`` names (``embedded``, ``local``, ``ray``, ``transferqueue``: one
+module each under ``tq/deploy/``) is reached only through the ``Deployment`` protocol; clients look the same in all three.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ def start_deployment(config: TransferQueueConfig) -> Deployment:
         from dressage.tq.deploy.local import LocalDeployment
 
         return LocalDeployment(config)
+    if config.deployment == "transferqueue":  # brings Ray and the public TransferQueue
+        from dressage.tq.deploy.kv import KVDeployment
+
+        return KVDeployment(config)
     from dressage.tq.deploy.ray_actors import RayDeployment
 
     return RayDeployment(config)
