@@ -163,7 +163,10 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
     (traj,) = read["trajectories"]
     assert traj["reward"] == 0.5 and traj["metadata"]["instance_id"] == "3"
     assert len(traj["segments"][0]["step_ids"]) == 2
-    assert httpx.post(url + "/trajectory/read", json={"session_id": "agent-7"}).status_code == 404  # drained
+    drained = httpx.post(url + "/trajectory/read", json={"session_id": "agent-7"})  # upstream's answer
+    assert drained.status_code == 200
+    assert (drained.json()["success"], drained.json()["data"], drained.json()["meta_info"]["missing"]) == \
+        (False, [], ["agent-7"])
     assert httpx.post(url + "/trajectory/read", json={"session_id": "agent-8"}).status_code == 409  # active
 
 

@@ -295,7 +295,9 @@ def test_read_by_trajectory_id_returns_exactly_that_trajectory():
         timeline = (await h.post("/trajectory/read", json={"trajectory_id": "b1", "segment_view": "timeline"})).json()
         assert timeline["data"][0]["tokens"] == lineage["data"][0]["tokens"] and len(timeline["data"]) == 1
         assert (await h.post("/trajectory/read", json={"traj_id": "a2"})).status_code == 400
-        assert (await h.post("/trajectory/read", json={"trajectory_id": "nope"})).status_code == 404
+        unknown = await h.post("/trajectory/read", json={"trajectory_id": "nope"})
+        assert unknown.status_code == 200
+        assert (unknown.json()["success"], unknown.json()["meta_info"]["missing"]) == (False, ["nope"])
         await chat(h, "live", "x")
         assert (await h.post("/trajectory/read", json={"trajectory_id": "live"})).status_code == 409
 

@@ -13,11 +13,12 @@ import msgpack
 from fastapi import APIRouter, Request, Response
 
 from dressage.proxy import fastjson
-from dressage.errors import MissingSessionIdError
+from dressage.errors import MissingSessionIdError, UnknownStepError
 from dressage.proxy.http.capabilities import capabilities
 from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE
 from dressage.proxy.schemas import DiscardRequest, FinalizeRequest, FinalizeSessionRequest, TrajectoryReadRequest
 from dressage.proxy.recording.turns import identity_from_headers
+from dressage.proxy.upstream.read import unknown_read_answer
 
 __all__ = ["upstream_router"]
 
@@ -59,12 +60,21 @@ def upstream_router(service: Any) -> APIRouter:
         body = body or TrajectoryReadRequest()
         # A reader that accepts msgpack gets the answer as msgpack, resident arrays as raw bytes.
         binary = MSGPACK_MEDIA_TYPE in request.headers.get("accept", "")
-        answer = service.trajectories.read(trajectory_id=body.trajectory_id, session_id=body.session_id,
-                                           session_ids=body.session_ids, instance_id=body.instance_id,
-                                           max_groups=body.max_groups, segment_view=body.segment_view,
-                                           drain=body.drain, format=body.format, binary=binary,
-                                           min_group_size=body.min_group_size,
-                                           group_timeout_s=body.group_timeout_s)
+        try:
+            answer = service.trajectories.read(trajectory_id=body.trajectory_id, session_id=body.session_id,
+                                               session_ids=body.session_ids, instance_id=body.instance_id,
+                                               max_groups=body.max_groups, segment_view=body.segment_view,
+                                               drain=body.drain, format=body.format, binary=binary,
+                                               min_group_size=body.min_group_size,
+                                               group_timeout_s=body.group_timeout_s)
+        except UnknownStepError:
+            # Upstream's client raises on any error status: a trajectory it does not hold (never
+            # finalized here, or drained already) is a 200 with success false, as upstream answers.
+            # Our trainer's Sample reads stay strict (a 404 names what is missing).
+            if body.format == "samples":
+                raise
+            named = [s for s in (body.trajectory_id, body.session_id, *(body.session_ids or ())) if s]
+            answer = unknown_read_answer(list(dict.fromkeys(named)), drained=body.drain, stats=service.stats())
         if binary:
             return Response(msgpack.packb(answer, use_bin_type=True), media_type=MSGPACK_MEDIA_TYPE)
         return _json(answer)

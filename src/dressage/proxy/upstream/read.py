@@ -11,18 +11,31 @@ Two modes, as upstream's clients expect them:
   ``meta_info.incomplete_groups``.
 
 The answer is upstream's envelope (``success``, ``mode``, ``data``, ``meta_info``, ``drained``)
-plus ``trajectories`` (our per-session view, kept as an alias of the same read).
+plus ``trajectories`` (our per-session view, kept as an alias of the same read). Each Segment object
+carries upstream's fields (``tokens``, ``full_loss_mask``, ``full_logprobs``, ``full_versions``,
+``routed_experts_chunks``, ``extra_info.finalization_id``) beside our summary, so upstream's rollout
+consumer expands it into the same slime Sample as our ``format: samples``.
 """
 
 from __future__ import annotations
 
+import base64
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
+
 from dressage.errors import ConfigError
 
-__all__ = ["ReadSelection", "GroupRule", "select_trajectories", "read_answer", "group_key"]
+__all__ = ["ReadSelection", "GroupRule", "select_trajectories", "read_answer", "unknown_read_answer", "group_key",
+           "finalization_id", "upstream_segment_fields"]
+
+# Fixed namespace of finalization ids: the same finalize of the same session always names the same id.
+_FINALIZATION_NS = uuid.UUID("6f1c2b7e-4d0a-5e8b-9c3f-2a1d0e9b8c7a")
+# Token version of a context token in upstream's ``full_versions`` (its readers treat "-1" as "no policy").
+_CONTEXT_VERSION = "-1"
 
 
 @dataclass(slots=True)
@@ -113,11 +126,44 @@ def select_trajectories(finalized: Mapping[str, Any], *, trajectory_id: str | No
     return ReadSelection("batch", chosen, [], incomplete)
 
 
+def finalization_id(done: Any) -> str:
+    """The id of one finalize of ``done`` (its finalize answer and every Segment's ``extra_info`` carry it):
+    upstream's Harbor integration accepts a read only when all its Segments name one finalization."""
+    return uuid.uuid5(_FINALIZATION_NS, f"{done.session_id}:{getattr(done, 'finalized_at', 0.0)!r}").hex
+
+
+def upstream_segment_fields(seg: Any) -> dict[str, Any]:
+    """Upstream's per-token arrays of one Segment, each over all ``tokens`` (prompt included):
+    ``full_loss_mask`` (0 on the prompt), ``full_logprobs`` (0.0 on the prompt), ``full_versions``
+    (``"-1"`` on the prompt and on environment tokens) and, with R3, ``routed_experts_chunks`` (one
+    chunk of the T-1 rows, base64 of int32). A large field still in the TransferQueue is left out here:
+    its references travel in ``format: samples``."""
+    prompt = int(seg.prompt_length)
+    out: dict[str, Any] = {
+        "full_loss_mask": [0] * prompt + seg.loss_mask.astype(np.int64).tolist(),
+        "full_versions": [_CONTEXT_VERSION] * prompt
+                         + [str(int(v)) if v >= 0 else _CONTEXT_VERSION for v in seg.token_versions.tolist()],
+    }
+    if "logprobs" in seg.large and seg.is_resident("logprobs"):
+        logprobs = seg.materialize("logprobs")
+        out["full_logprobs"] = [0.0] * prompt + logprobs.astype(np.float64).tolist()
+    if "routed_experts" in seg.large and seg.is_resident("routed_experts"):
+        rows = np.ascontiguousarray(seg.materialize("routed_experts"), dtype=np.int32)
+        out["routed_experts_chunks"] = [{"data": base64.b64encode(rows.tobytes()).decode("ascii"),
+                                         "row_count": int(rows.shape[0]), "dtype": "int32"}]
+    return out
+
+
 def _segment_record(done: Any, seg: Any, count: int) -> dict[str, Any]:
     meta = getattr(done, "metadata", {}) or {}
     out = seg.to_summary()
     out.update(trajectory_id=done.session_id, instance_id=meta.get("instance_id"), label=meta.get("label"),
-               reward=done.reward, segment_index=seg.index, segment_count=count)
+               reward=done.reward, segment_index=seg.index, segment_count=count,
+               uid=f"{done.session_id}:{seg.index}", aligned_response_length=int(seg.loss_mask.sum()))
+    out.update(upstream_segment_fields(seg))
+    out["extra_info"] = {"finalization_id": finalization_id(done), "finalization_complete": True,
+                         "boundary_reason": seg.boundary_reason,
+                         "step_ids": list(seg.step_ids), "trajectory_num_segments": count}
     return out
 
 
@@ -142,3 +188,11 @@ def read_answer(selection: ReadSelection, finalized: Mapping[str, Any], *, drain
             "meta_info": {**stats, "missing": selection.missing, "groups": len(selection.groups)
                           if selection.mode == "batch" else None, "incomplete_groups": selection.incomplete},
             "drained": bool(drained), "trajectories": trajectories}
+
+
+def unknown_read_answer(missing: Sequence[str], *, drained: bool, stats: Mapping[str, Any]) -> dict[str, Any]:
+    """A named read of trajectories this Proxy does not hold (never finalized here, or drained):
+    upstream's clients raise on any error status and expect ``success: false`` with empty ``data``."""
+    return {"success": False, "mode": "trajectory", "data": [],
+            "meta_info": {**stats, "missing": list(missing), "groups": None, "incomplete_groups": []},
+            "drained": bool(drained), "trajectories": []}

@@ -19,7 +19,7 @@ from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.upstream.ledger import FinalizeLedger, count_turns
 from dressage.proxy.recording.session_book import SessionBook
 from dressage.proxy.recording.turns import instance_group
-from dressage.proxy.upstream.read import GroupRule, read_answer, select_trajectories
+from dressage.proxy.upstream.read import GroupRule, finalization_id, read_answer, select_trajectories
 from dressage.trajectory import build_segments
 from dressage.trajectory.sample_wire import samples_wire
 
@@ -100,7 +100,7 @@ class Trajectories:
                 "label": meta.get("label"), "reward": done.reward, "num_steps": len(session.steps),
                 "num_turns": count_turns(session.steps.values()), "num_segments": len(done.segments),
                 "segments": len(done.segments), "in_flight_done": waited,
-                "segment_view": self.core.config.segment_view}
+                "segment_view": self.core.config.segment_view, "finalization_id": finalization_id(done)}
 
     async def finalize_session(self, sid: str, *, reward: float | None = None, instance_id: str | None = None,
                                label: Any = None, wait_s: float | None = None) -> dict[str, Any]:
@@ -153,10 +153,12 @@ class Trajectories:
     def discard(self, sid: str) -> dict[str, Any]:
         """Drop a session (active or finalized) and its TransferQueue keys; a repeat is a no-op."""
         out = self.core.discard(sid)
-        self.finalized.pop(sid, None)
+        done = self.finalized.pop(sid, None)
         self.ledger.drop(sid)
         self.book.forget_state(sid)
-        return {"success": True, **out}
+        # Upstream's keys: whether this call removed a session, and how many unread Segments went with it.
+        return {"success": True, **out, "session_removed": out.get("was") in ("active", "finalized"),
+                "segments_removed": len(done.segments) if done is not None else 0}
 
     def read(self, *, trajectory_id: str | None = None, session_id: str | None = None,
              session_ids: Sequence[str] | None = None, instance_id: str | None = None,
@@ -165,8 +167,8 @@ class Trajectories:
              min_group_size: int | None = None, group_timeout_s: float | None = None) -> dict[str, Any]:
         """``POST /trajectory/read`` in upstream's envelope (see :mod:`dressage.proxy.upstream.read`).
 
-        A named trajectory that is not finalized is an error: 404 when unknown (or drained), 409 when
-        still active or aborted. ``format="samples"`` answers, per trajectory, its Samples in wire form
+        A named trajectory that is not finalized is an error: ``UnknownStepError`` when unknown (or
+        drained; the route answers upstream's 200 ``success: false``), 409 when still active or aborted. ``format="samples"`` answers, per trajectory, its Samples in wire form
         (large fields as FieldRefs when TQ is on) with the TQ client spec in ``meta_info``: what a
         trainer in another process needs (:mod:`dressage.train.remote`); ``binary`` gives resident arrays
         as bytes, for a msgpack answer. ``min_group_size`` / ``group_timeout_s`` override the Proxy's

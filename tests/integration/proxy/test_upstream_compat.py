@@ -1,0 +1,93 @@
+"""Upstream Dressage's clients against our Proxy, as black-box HTTP: its Segment objects expand into the
+same slime Samples as our ``format: samples``; its exact reads of unknown or drained trajectories; its
+finalize / discard keys; its capability document."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import numpy as np
+
+from dressage.trajectory.sample_wire import sample_from_wire
+
+ENGINE = {"tool_call_rate": 0.0}
+
+
+def _call(url: str, sid: str, content: str, **headers: str) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions",
+                      json={"messages": [{"role": "user", "content": content}], "max_tokens": 8},
+                      headers={"X-Session-Id": sid, **headers}, timeout=30)
+
+
+def _upstream_sample(segment: dict, num_layers: int, topk: int) -> dict:
+    """What upstream's rollout consumer makes of one Segment object (its documented expansion):
+    the response starts at the first trainable token; per-token arrays are cut there."""
+    for key in ("tokens", "full_loss_mask", "full_logprobs"):
+        assert key in segment, f"selected segment missing required field: {key}"
+    tokens, mask = segment["tokens"], segment["full_loss_mask"]
+    assert len(mask) == len(tokens) == len(segment["full_logprobs"]) == len(segment["full_versions"])
+    start = next((i for i, m in enumerate(mask) if m == 1), len(tokens))
+    rows = [np.frombuffer(base64.b64decode(c["data"]), dtype=c["dtype"]).astype(np.int32).reshape(-1, num_layers, topk)
+            for c in segment["routed_experts_chunks"]]
+    return {"tokens": tokens, "response_length": len(tokens) - start, "loss_mask": mask[start:],
+            "rollout_log_probs": np.asarray(segment["full_logprobs"][start:], dtype=np.float32),
+            "rollout_routed_experts": np.concatenate(rows)[:len(tokens) - 1]}
+
+
+def test_multi_segment_read_in_upstreams_format_expands_into_our_samples(engine, proxy_stack):
+    proxy = proxy_stack(engine.url)
+    url = proxy.url
+    # A rewritten history starts a second Segment in the same session.
+    assert _call(url, "ms", "first question").status_code == 200
+    assert _call(url, "ms", "an unrelated history").status_code == 200
+    fin = httpx.post(url + "/session/finalize", json={"session_id": "ms", "instance_id": "g1", "reward": 1.0}).json()
+    assert fin["success"] is True and fin["num_segments"] == 2 and fin["finalization_id"]
+
+    ours = httpx.post(url + "/trajectory/read", json={"session_id": "ms", "format": "samples"}).json()
+    samples = [sample_from_wire(s) for s in ours["data"][0]["samples"]]
+    theirs = httpx.post(url + "/trajectory/read", json={"trajectory_id": "ms"}).json()
+    assert theirs["success"] is True and theirs["mode"] == "trajectory"
+    segments = sorted(theirs["data"], key=lambda s: s["segment_index"])
+    assert [s["segment_index"] for s in segments] == [0, 1] and {s["segment_count"] for s in segments} == {2}
+    # Upstream's Harbor integration: one finalization, complete, named the same as the finalize answer.
+    assert {(s["extra_info"]["finalization_id"], s["extra_info"]["finalization_complete"]) for s in segments} \
+        == {(fin["finalization_id"], True)}
+    model = proxy.service.core.config.model
+    assert len(samples) == len(segments) == 2
+    for ours_s, seg in zip(samples, segments):
+        up = _upstream_sample(seg, model.num_layers, model.topk)
+        assert up["tokens"] == ours_s.tokens.tolist()
+        assert up["response_length"] == ours_s.response_length
+        assert up["loss_mask"] == ours_s.loss_mask.tolist()
+        np.testing.assert_array_equal(up["rollout_log_probs"], ours_s.rollout_log_probs)
+        np.testing.assert_array_equal(up["rollout_routed_experts"], ours_s.rollout_routed_experts)
+        assert seg["full_versions"][len(seg["tokens"]) - ours_s.response_length:] == \
+            [str(v) for v in ours_s.token_versions.tolist()]
+
+
+def test_exact_read_of_unknown_or_drained_trajectory_is_200_without_success(engine, proxy_stack):
+    url = proxy_stack(engine.url).url
+    unknown = httpx.post(url + "/trajectory/read", json={"trajectory_id": "never"})
+    assert unknown.status_code == 200
+    assert (unknown.json()["success"], unknown.json()["data"], unknown.json()["mode"]) == (False, [], "trajectory")
+    assert _call(url, "d1", "hello").status_code == 200
+    assert httpx.post(url + "/session/finalize", json={"session_id": "d1"}).status_code == 200
+    first = httpx.post(url + "/trajectory/read", json={"trajectory_id": "d1", "drain": True}).json()
+    assert first["success"] is True and first["drained"] is True and len(first["data"]) == 1
+    again = httpx.post(url + "/trajectory/read", json={"trajectory_id": "d1"})
+    assert again.status_code == 200 and again.json()["success"] is False and again.json()["data"] == []
+    # Our own Sample reads stay strict: a trainer asking for a trajectory that is gone is told so.
+    strict = httpx.post(url + "/trajectory/read", json={"trajectory_id": "d1", "format": "samples"})
+    assert strict.status_code == 404
+
+
+def test_discard_answers_upstreams_keys(engine, proxy_stack):
+    url = proxy_stack(engine.url).url
+    assert _call(url, "x1", "hello").status_code == 200
+    assert httpx.post(url + "/session/finalize", json={"session_id": "x1"}).status_code == 200
+    out = httpx.post(url + "/session/discard", json={"session_id": "x1"}).json()
+    assert (out["success"], out["session_id"], out["session_removed"], out["segments_removed"]) == \
+        (True, "x1", True, 1)
+    again = httpx.post(url + "/session/discard", json={"session_id": "x1"}).json()
+    assert (again["success"], again["session_removed"], again["segments_removed"]) == (True, False, 0)
