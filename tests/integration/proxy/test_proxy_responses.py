@@ -304,7 +304,7 @@ def test_a_retried_turn_gets_the_same_response_and_records_nothing(proxy):
 
 
 def test_capabilities_name_the_openai_endpoints(proxy):
-    endpoints = httpx.get(proxy.url + "/integration/capabilities", timeout=20).json()["endpoints"]
+    endpoints = httpx.get(proxy.url + "/integration/capabilities", timeout=20).json()["dressage"]["endpoints"]
     for path in ("POST /v1/responses", "POST /sessions/{id}/v1/responses", "POST /v1/completions",
                  "POST /sessions/{id}/v1/completions", "GET /v1/models/{model}"):
         assert path in endpoints

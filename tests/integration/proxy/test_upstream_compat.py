@@ -91,3 +91,17 @@ def test_discard_answers_upstreams_keys(engine, proxy_stack):
         (True, "x1", True, 1)
     again = httpx.post(url + "/session/discard", json={"session_id": "x1"}).json()
     assert (again["success"], again["session_removed"], again["segments_removed"]) == (True, False, 0)
+
+
+def test_capabilities_answer_upstreams_schema_with_ours_nested(engine, proxy_stack):
+    url = proxy_stack(engine.url, max_output_tokens=64).url
+    caps = httpx.get(url + "/integration/capabilities").json()
+    assert caps["schema_version"] == "dressage.proxy.integration/v1"
+    upstream_keys = {"token_build_mode", "token_build_model", "tokenizer_id", "chat_template_fingerprint",
+                     "record_token_versions", "mask_nonlast_version_tokens", "max_output_tokens", "partial_rollout",
+                     "max_partial_rollout_preempts", "current_weight_version", "cached_weight_version",
+                     "weight_version_authoritative", "weight_versions_consistent", "weight_version_source",
+                     "weight_version_worker_count", "supports_expected_version"}
+    assert upstream_keys <= set(caps)
+    assert (caps["token_build_mode"], caps["record_token_versions"], caps["max_output_tokens"]) == ("tito", True, 64)
+    assert caps["dressage"]["service"] == "dressage-proxy" and "POST /trajectory/read" in caps["dressage"]["endpoints"]

@@ -140,7 +140,7 @@ def test_behind_a_router_generate_carries_the_routing_key_and_aborts_fan_out_to_
         # Weight-version calls go to each worker too.
         await service.engine.update_weight_version("step-9")
         assert mock.versions == {W1: "step-9", W2: "step-9"} and await service.engine.get_weight_version() == "step-9"
-        caps = (await h.get("/integration/capabilities")).json()
+        caps = (await h.get("/integration/capabilities")).json()["dressage"]
         assert caps["features"]["router_fanout"] is True and caps["engines"] == 1
 
     asyncio.run(go())
@@ -331,7 +331,7 @@ def test_session_ids_in_the_body_name_the_call_as_upstream_clients_send_them():
         assert (await h.post("/v1/chat/completions", json=body)).status_code == 200  # replayed
         assert len(steps(service, "body-s")) == 1
         assert service.core.sessions["body-s"].metadata["instance_id"] == "9"
-        caps = (await h.get("/integration/capabilities")).json()
+        caps = (await h.get("/integration/capabilities")).json()["dressage"]
         assert "POST /session/discard" in caps["endpoints"] and caps["features"]["finalize_idempotent"]
 
     asyncio.run(go())

@@ -1,10 +1,19 @@
-"""``GET /integration/capabilities``: what this Proxy speaks, so a client can check before it relies on it."""
+"""``GET /integration/capabilities``: what this Proxy speaks, so a client can check before it relies on it.
+
+The document is upstream Dressage's (``schema_version`` ``dressage.proxy.integration/v1``: its Harbor
+integration requires those keys); ours, with endpoints, features and the model shape, is under ``dressage``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["capabilities", "ENDPOINTS", "SESSION_HEADERS"]
+__all__ = ["capabilities", "upstream_capabilities", "ENDPOINTS", "SESSION_HEADERS", "UPSTREAM_SCHEMA_VERSION",
+           "OURS_KEY"]
+
+UPSTREAM_SCHEMA_VERSION = "dressage.proxy.integration/v1"
+OURS_KEY = "dressage"
+"""The key of our own capability document inside upstream's."""
 
 ENDPOINTS = (
     "POST /v1/chat/completions", "GET /v1/models", "POST /sessions", "POST /sessions/{id}/v1/chat/completions",
@@ -51,4 +60,36 @@ def capabilities(*, partial_rollout: bool, rollout_routing_replay: bool, transfe
         },
         "engines": engines,
         "model": model,
+    }
+
+
+def upstream_capabilities(ours: dict[str, Any], *, tokenizer: str, max_output_tokens: int | None,
+                          partial_rollout: bool, max_partial_rollout_preempts: int | None,
+                          mask_nonlast_version_tokens: bool, weight_version: str,
+                          chat_template_fingerprint: str | None = None) -> dict[str, Any]:
+    """Upstream's document with ``ours`` under :data:`OURS_KEY`.
+
+    Token versions are always recorded and turns always built token-in-token-out here. The weight
+    version is the one the engines' last answer stamped (the Proxy does not poll the workers for
+    it), so it is reported as observed, not authoritative.
+    """
+    return {
+        "schema_version": UPSTREAM_SCHEMA_VERSION,
+        "token_build_mode": "tito",
+        "token_build_model": tokenizer,
+        "tokenizer_id": tokenizer,
+        "chat_template_fingerprint": chat_template_fingerprint,
+        "record_token_versions": True,
+        "mask_nonlast_version_tokens": mask_nonlast_version_tokens,
+        "max_output_tokens": max_output_tokens,
+        "partial_rollout": partial_rollout,
+        "max_partial_rollout_preempts": max_partial_rollout_preempts,
+        "current_weight_version": weight_version,
+        "cached_weight_version": weight_version,
+        "weight_version_authoritative": False,
+        "weight_versions_consistent": False,
+        "weight_version_source": "generation_observation",
+        "weight_version_worker_count": 0,
+        "supports_expected_version": False,
+        OURS_KEY: ours,
     }

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request, Response
 
 from dressage.proxy import fastjson
 from dressage.errors import MissingSessionIdError, UnknownStepError
-from dressage.proxy.http.capabilities import capabilities
+from dressage.proxy.http.capabilities import capabilities, upstream_capabilities
 from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE
 from dressage.proxy.schemas import DiscardRequest, FinalizeRequest, FinalizeSessionRequest, TrajectoryReadRequest
 from dressage.proxy.recording.turns import identity_from_headers
@@ -82,7 +82,7 @@ def upstream_router(service: Any) -> APIRouter:
     @router.get("/integration/capabilities")
     async def integration_capabilities() -> dict[str, Any]:
         cfg, dp = service.config, service.core.config
-        return capabilities(partial_rollout=cfg.sessions.partial_rollout,
+        ours = capabilities(partial_rollout=cfg.sessions.partial_rollout,
                             rollout_routing_replay=dp.use_rollout_routing_replay,
                             transfer_queue=dp.enable_transfer_queue, segment_view=dp.segment_view,
                             engines=len(service.engines.members), router=service.router,
@@ -91,5 +91,9 @@ def upstream_router(service: Any) -> APIRouter:
                                    "routed_experts_dtype": dp.routed_experts_dtype,
                                    "served_model_name": cfg.server.served_model_name},
                             finalize_wait_s=cfg.sessions.finalize_wait_s)
+        return upstream_capabilities(ours, tokenizer=cfg.tokenizer, max_output_tokens=cfg.limits.max_output_tokens,
+                                     partial_rollout=cfg.sessions.partial_rollout,
+                                     max_partial_rollout_preempts=None, mask_nonlast_version_tokens=False,
+                                     weight_version=service.versions.label)
 
     return router
