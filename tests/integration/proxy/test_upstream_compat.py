@@ -5,6 +5,9 @@ finalize / discard keys; its capability document."""
 from __future__ import annotations
 
 import base64
+import os
+import subprocess
+import sys
 
 import httpx
 import numpy as np
@@ -105,3 +108,38 @@ def test_capabilities_answer_upstreams_schema_with_ours_nested(engine, proxy_sta
     assert upstream_keys <= set(caps)
     assert (caps["token_build_mode"], caps["record_token_versions"], caps["max_output_tokens"]) == ("tito", True, 64)
     assert caps["dressage"]["service"] == "dressage-proxy" and "POST /trajectory/read" in caps["dressage"]["endpoints"]
+
+
+def test_upstreams_launch_flags_start_the_proxy_as_its_own_module(engine):
+    """``python -m dressage.proxy.server`` with the proxy arguments of upstream's blackbox launch script
+    (its tokenizer and router swapped for this test's) serves chat and reads in upstream's shapes."""
+    args = ["--tokenizer-path", "byte", "--host", "127.0.0.1", "--port", "0", "--token-build-mode", "tito",
+            "--token-build-model", "qwen3_5", "--tito-model", "qwen3_5", "--model-mask-type", "qwen3_5",
+            "--model-tool-call-type", "qwen3_5", "--tool-call-parse-backend", "local", "--model-reasoning-type",
+            "qwen3", "--reasoning-parse-backend", "local", "--rollout-temperature", "1.0", "--context-window", "4096",
+            "--record-token-versions", "--mask-nonlast-version-tokens", "--dressage-partial-rollout",
+            "--sglang-router-url", engine.url, "--model", "tiny-moe"]
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "..", "src")
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "dressage.proxy.server", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        line = ""
+        for line in proc.stdout:
+            if "serving on" in line:
+                break
+        assert "serving on" in line, line
+        url = line.split("serving on ", 1)[1].split(" ", 1)[0]
+        assert _call(url, "up1", "hello").status_code == 200
+        fin = httpx.post(url + "/session/finalize", json={"session_id": "up1"}).json()
+        assert fin["success"] is True and fin["finalization_id"]
+        read = httpx.post(url + "/trajectory/read", json={"trajectory_id": "up1"}).json()
+        (seg,) = read["data"]
+        assert seg["extra_info"]["mask_nonlast_version_tokens"] is True and len(seg["full_versions"]) == \
+            len(seg["tokens"])
+        caps = httpx.get(url + "/integration/capabilities").json()
+        assert (caps["token_build_model"], caps["partial_rollout"], caps["mask_nonlast_version_tokens"]) == \
+            ("qwen3_5", True, True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -63,23 +63,25 @@ def capabilities(*, partial_rollout: bool, rollout_routing_replay: bool, transfe
     }
 
 
-def upstream_capabilities(ours: dict[str, Any], *, tokenizer: str, max_output_tokens: int | None,
-                          partial_rollout: bool, max_partial_rollout_preempts: int | None,
+def upstream_capabilities(ours: dict[str, Any], *, tokenizer: str, token_build_model: str | None,
+                          max_output_tokens: int | None, partial_rollout: bool,
+                          max_partial_rollout_preempts: int | None, record_token_versions: bool,
                           mask_nonlast_version_tokens: bool, weight_version: str,
                           chat_template_fingerprint: str | None = None) -> dict[str, Any]:
     """Upstream's document with ``ours`` under :data:`OURS_KEY`.
 
-    Token versions are always recorded and turns always built token-in-token-out here. The weight
+    Turns are always built token-in-token-out here (``token_build_model``: upstream's family when one
+    was named, else the tokenizer). The weight
     version is the one the engines' last answer stamped (the Proxy does not poll the workers for
     it), so it is reported as observed, not authoritative.
     """
     return {
         "schema_version": UPSTREAM_SCHEMA_VERSION,
         "token_build_mode": "tito",
-        "token_build_model": tokenizer,
+        "token_build_model": token_build_model or tokenizer,
         "tokenizer_id": tokenizer,
         "chat_template_fingerprint": chat_template_fingerprint,
-        "record_token_versions": True,
+        "record_token_versions": record_token_versions,
         "mask_nonlast_version_tokens": mask_nonlast_version_tokens,
         "max_output_tokens": max_output_tokens,
         "partial_rollout": partial_rollout,

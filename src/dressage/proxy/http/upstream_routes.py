@@ -91,9 +91,12 @@ def upstream_router(service: Any) -> APIRouter:
                                    "routed_experts_dtype": dp.routed_experts_dtype,
                                    "served_model_name": cfg.server.served_model_name},
                             finalize_wait_s=cfg.sessions.finalize_wait_s)
-        return upstream_capabilities(ours, tokenizer=cfg.tokenizer, max_output_tokens=cfg.limits.max_output_tokens,
+        return upstream_capabilities(ours, tokenizer=cfg.tokenizer, token_build_model=cfg.token_build.family,
+                                     max_output_tokens=cfg.limits.max_output_tokens,
                                      partial_rollout=cfg.sessions.partial_rollout,
-                                     max_partial_rollout_preempts=None, mask_nonlast_version_tokens=False,
+                                     max_partial_rollout_preempts=cfg.sessions.max_partial_rollout_preempts,
+                                     record_token_versions=cfg.reads.record_token_versions,
+                                     mask_nonlast_version_tokens=cfg.reads.mask_nonlast_version_tokens,
                                      weight_version=service.versions.label)
 
     return router

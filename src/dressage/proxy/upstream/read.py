@@ -29,7 +29,7 @@ import numpy as np
 
 from dressage.errors import ConfigError
 
-__all__ = ["ReadSelection", "GroupRule", "select_trajectories", "read_answer", "unknown_read_answer", "group_key",
+__all__ = ["ReadSelection", "GroupRule", "SegmentFormat", "select_trajectories", "read_answer", "unknown_read_answer", "group_key",
            "finalization_id", "upstream_segment_fields"]
 
 # Fixed namespace of finalization ids: the same finalize of the same session always names the same id.
@@ -132,18 +132,17 @@ def finalization_id(done: Any) -> str:
     return uuid.uuid5(_FINALIZATION_NS, f"{done.session_id}:{getattr(done, 'finalized_at', 0.0)!r}").hex
 
 
-def upstream_segment_fields(seg: Any) -> dict[str, Any]:
+def upstream_segment_fields(seg: Any, *, versions: bool = True) -> dict[str, Any]:
     """Upstream's per-token arrays of one Segment, each over all ``tokens`` (prompt included):
     ``full_loss_mask`` (0 on the prompt), ``full_logprobs`` (0.0 on the prompt), ``full_versions``
     (``"-1"`` on the prompt and on environment tokens) and, with R3, ``routed_experts_chunks`` (one
     chunk of the T-1 rows, base64 of int32). A large field still in the TransferQueue is left out here:
-    its references travel in ``format: samples``."""
+    its references travel in ``format: samples``. ``versions`` false leaves ``full_versions`` out."""
     prompt = int(seg.prompt_length)
-    out: dict[str, Any] = {
-        "full_loss_mask": [0] * prompt + seg.loss_mask.astype(np.int64).tolist(),
-        "full_versions": [_CONTEXT_VERSION] * prompt
-                         + [str(int(v)) if v >= 0 else _CONTEXT_VERSION for v in seg.token_versions.tolist()],
-    }
+    out: dict[str, Any] = {"full_loss_mask": [0] * prompt + seg.loss_mask.astype(np.int64).tolist()}
+    if versions:
+        out["full_versions"] = [_CONTEXT_VERSION] * prompt + [str(int(v)) if v >= 0 else _CONTEXT_VERSION
+                                                              for v in seg.token_versions.tolist()]
     if "logprobs" in seg.large and seg.is_resident("logprobs"):
         logprobs = seg.materialize("logprobs")
         out["full_logprobs"] = [0.0] * prompt + logprobs.astype(np.float64).tolist()
@@ -154,21 +153,32 @@ def upstream_segment_fields(seg: Any) -> dict[str, Any]:
     return out
 
 
-def _segment_record(done: Any, seg: Any, count: int) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class SegmentFormat:
+    """What upstream's Segment objects carry (the Proxy's ``reads`` settings)."""
+
+    record_token_versions: bool = True
+    mask_nonlast_version_tokens: bool = False
+
+
+def _segment_record(done: Any, seg: Any, count: int, form: SegmentFormat = SegmentFormat()) -> dict[str, Any]:
     meta = getattr(done, "metadata", {}) or {}
     out = seg.to_summary()
     out.update(trajectory_id=done.session_id, instance_id=meta.get("instance_id"), label=meta.get("label"),
                reward=done.reward, segment_index=seg.index, segment_count=count,
                uid=f"{done.session_id}:{seg.index}", aligned_response_length=int(seg.loss_mask.sum()))
-    out.update(upstream_segment_fields(seg))
+    out.update(upstream_segment_fields(seg, versions=form.record_token_versions))
     out["extra_info"] = {"finalization_id": finalization_id(done), "finalization_complete": True,
-                         "boundary_reason": seg.boundary_reason,
+                         "token_build_mode": "tito", "boundary_reason": seg.boundary_reason,
                          "step_ids": list(seg.step_ids), "trajectory_num_segments": count}
+    if form.mask_nonlast_version_tokens:
+        out["extra_info"]["mask_nonlast_version_tokens"] = True
     return out
 
 
 def read_answer(selection: ReadSelection, finalized: Mapping[str, Any], *, drained: bool,
-                stats: Mapping[str, Any], segments_of: Callable[[Any], list[Any]] | None = None) -> dict[str, Any]:
+                stats: Mapping[str, Any], segments_of: Callable[[Any], list[Any]] | None = None,
+                form: SegmentFormat = SegmentFormat()) -> dict[str, Any]:
     """Upstream's envelope for ``selection`` (``segments_of(done)`` may rebuild Segments in another view)."""
     segs = segments_of or (lambda done: done.segments)
     per_session: dict[str, list[dict[str, Any]]] = {}
@@ -176,7 +186,7 @@ def read_answer(selection: ReadSelection, finalized: Mapping[str, Any], *, drain
     for sid in selection.session_ids:
         done = finalized[sid]
         seg_list = segs(done)
-        records = [_segment_record(done, seg, len(seg_list)) for seg in seg_list]
+        records = [_segment_record(done, seg, len(seg_list), form) for seg in seg_list]
         per_session[sid] = records
         trajectories.append({"session_id": sid, "reward": done.reward, "metadata": done.metadata,
                              "segments": records})

@@ -19,7 +19,8 @@ from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.upstream.ledger import FinalizeLedger, count_turns
 from dressage.proxy.recording.session_book import SessionBook
 from dressage.proxy.recording.turns import instance_group
-from dressage.proxy.upstream.read import GroupRule, finalization_id, read_answer, select_trajectories
+from dressage.proxy.upstream.read import (GroupRule, SegmentFormat, finalization_id, read_answer,
+                                          select_trajectories)
 from dressage.trajectory import build_segments
 from dressage.trajectory.sample_wire import samples_wire
 
@@ -209,7 +210,8 @@ class Trajectories:
                                     "incomplete_groups": selection.incomplete}}
         else:
             answer = read_answer(selection, self.finalized, drained=drain, stats=self._stats(),
-                                 segments_of=segments_of)
+                                 segments_of=segments_of,
+                                 form=SegmentFormat(reads.record_token_versions, reads.mask_nonlast_version_tokens))
         if drain:
             self.forget(selection.session_ids)
         return answer

@@ -283,7 +283,7 @@ class ChatServing:
         self.calls.admit(session_id)
         prompt_ids = np.asarray(req.input_ids, dtype=np.int32)
         sp = dict(req.sampling_params or {})
-        sp.update(self.limits.sampling(sp.pop("max_new_tokens", None), len(prompt_ids)))
+        sp = {**self.limits.sampling(sp.pop("max_new_tokens", None), len(prompt_ids)), **sp}
         plan, url = self.calls.plan(session_id, prompt_ids, sp, stream=False)
         self.in_flight.enter(session_id)
         try:
