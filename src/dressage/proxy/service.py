@@ -61,7 +61,8 @@ class ProxyService:
         self.parser = parser or reply_parser(config.server.tool_call_parser, config.server.reasoning_parser,
                                              config.data_plane.model.name,
                                              engine=self.engine if config.server.parse_on_engine else None)
-        self.versions = WeightVersions(partial_rollout=config.sessions.partial_rollout)
+        self.versions = WeightVersions(partial_rollout=config.sessions.partial_rollout,
+                                       max_preempts=config.sessions.max_partial_rollout_preempts)
         self.pause = RolloutPause(self.versions)
         self.turns = TurnCache(config.sessions.max_cached_turns)
         self.limits = CallLimits(config.limits)

@@ -255,7 +255,11 @@ def test_weight_version_change_is_rejected_without_partial_rollout(slow_engine):
         client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0)
         kw = dict(model="m", messages=[{"role": "user", "content": "Write at length."}], max_tokens=60)
         _, _, _, (cut,) = asyncio.run(_pause_mid_generation(p.url, [client.chat.completions.create(**kw)]))
-        assert isinstance(cut, openai.ConflictError) and cut.code == "weight_version_changed"
+        # Upstream's shape: a 502 its harness reads as an invalidated rollout (detail.error), not retried.
+        assert isinstance(cut, openai.InternalServerError) and cut.status_code == 502
+        assert cut.code == "generation_preempted" and cut.body is not None
+        assert cut.response.json()["detail"]["error"] == "generation_preempted"
+        assert cut.response.headers["x-should-retry"] == "false"
         assert len(p.steps(sid)) == 0                     # the cut call left nothing behind
         sid, base = _new_session(p.url)
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0)
@@ -263,9 +267,11 @@ def test_weight_version_change_is_rejected_without_partial_rollout(slow_engine):
         r = client.chat.completions.create(**kw)
         httpx.post(p.url + "/v1/rollout/resume", json={"weight_version": 2})
         msgs = kw["messages"] + [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go"}]
-        with pytest.raises(openai.ConflictError) as err:
+        with pytest.raises(openai.InternalServerError) as err:
             client.chat.completions.create(**{**kw, "messages": msgs})
-        assert err.value.code == "weight_version_changed" and "weight version 1" in err.value.message
+        assert err.value.code == "trajectory_version_changed" and "weight version 1" in err.value.message
+        assert err.value.status_code == 502
+        assert err.value.response.json()["detail"]["error"] == "trajectory_version_changed"
         assert len(p.steps(sid)) == 1
     finally:
         p.close()

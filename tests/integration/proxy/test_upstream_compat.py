@@ -143,3 +143,55 @@ def test_upstreams_launch_flags_start_the_proxy_as_its_own_module(engine):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_session_spanning_more_versions_than_allowed_gets_upstreams_502(engine, proxy_stack):
+    proxy = proxy_stack(engine.url, partial_rollout=True, max_partial_rollout_preempts=0)
+    url = proxy.url
+    assert _call(url, "pr", "first").status_code == 200
+    assert httpx.post(url + "/v1/rollout/resume", json={"weight_version": 1}).status_code == 200
+    cut = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "again"}],
+                                                         "max_tokens": 8}, headers={"X-Session-Id": "pr"})
+    assert cut.status_code == 502 and cut.headers["x-should-retry"] == "false"
+    detail = cut.json()["detail"]
+    assert (detail["error"], detail["versions"], detail["version_switches"], detail["max_preempts"]) == \
+        ("partial_rollout_staleness_exceeded", ["0", "1"], 1, 0)
+    assert cut.json()["error"]["code"] == "partial_rollout_staleness_exceeded"
+    assert len(proxy.steps("pr")) == 1                     # nothing recorded for the refused call
+    # A new session under the new version is within the limit.
+    assert _call(url, "pr2", "fresh").status_code == 200
+
+
+def test_one_version_change_is_within_one_allowed_preempt(engine, proxy_stack):
+    proxy = proxy_stack(engine.url, partial_rollout=True, max_partial_rollout_preempts=1)
+    assert _call(proxy.url, "ok", "first").status_code == 200
+    httpx.post(proxy.url + "/v1/rollout/resume", json={"weight_version": 1})
+    assert _call(proxy.url, "ok", "second").status_code == 200
+    httpx.post(proxy.url + "/v1/rollout/resume", json={"weight_version": 2})
+    assert _call(proxy.url, "ok", "third").json()["detail"]["error"] == "partial_rollout_staleness_exceeded"
+    assert len(proxy.steps("ok")) == 2
+
+
+def _sse_lines(url: str, sid: str) -> list[str]:
+    with httpx.stream("POST", url + "/v1/chat/completions", headers={"X-Session-Id": sid}, timeout=30,
+                      json={"messages": [{"role": "user", "content": "Write at length."}], "max_tokens": 24,
+                            "stream": True}) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line]
+
+
+def test_quiet_streams_carry_heartbeat_comments_and_the_same_reply(proxy_stack):
+    from dressage.testing.stack import start_engine
+
+    # 4 tokens per engine frame, 10 ms a token: the stream is quiet far longer than the heartbeat.
+    slow = start_engine(mean_response_tokens=2000, tool_call_rate=0.0, token_delay_s=0.01, stream_interval=4)
+    try:
+        beating = proxy_stack(slow.url, stream_heartbeat_interval_s=0.002)
+        lines = _sse_lines(beating.url, "hb")
+        assert ": dressage-heartbeat" in lines and lines[-1] == "data: [DONE]"
+        silent = proxy_stack(slow.url, stream_heartbeat_interval_s=0)
+        assert ": dressage-heartbeat" not in _sse_lines(silent.url, "quiet")
+        recorded = beating.steps("hb")
+        assert len(recorded) == 1 and len(next(iter(recorded.values())).response_ids) == 24
+    finally:
+        slow.stop()

@@ -47,8 +47,10 @@ _REFUSED = object()
 def dressage_error_response(book: Any, exc: DressageError) -> Response:
     """The OpenAI-style error answer of ``exc``; counts a failed call in ``book`` (the session book)."""
     book.failed_calls += 1
-    # A 4xx here is final (a retry gets the same answer): tell OpenAI clients not to retry it.
-    headers = {"x-should-retry": "false"} if exc.http_status < 500 else None
+    # A 4xx here is final (a retry gets the same answer): tell OpenAI clients not to retry it. So is a
+    # rollout the weights invalidated (a 502 for upstream's harness, not an engine fault to retry).
+    final = exc.http_status < 500 or getattr(exc, "upstream_detail", False)
+    headers = {"x-should-retry": "false"} if final else None
     return JSONResponse(error_payload(exc), exc.http_status, headers=headers)
 
 

@@ -169,7 +169,7 @@ class ModelCalls:
         else:  # a synchronous commit (the journal write with TQ off) runs on a thread, as it always did
             pending = await asyncio.to_thread(self.core.begin_step, sid, plan.decision, **step_fields)
         step = await asyncio.wrap_future(pending.future) if committed else pending.preview
-        self.versions.recorded(sid, int(result.token_versions[0]))
+        self.versions.recorded(sid, int(result.token_versions[0]), codes_of(result.token_versions))
         self.book.recorded(sid)
         self.engines.settle(sid)
         return step

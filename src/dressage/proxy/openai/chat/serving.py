@@ -144,7 +144,7 @@ class ChatServing:
             if req.stream:
                 # Its turn begins when the response starts (see _stream); the 200 waits for the
                 # engine's first answer, so a refusal or failure before it is a plain error status.
-                return await opened(self._stream(call))
+                return await opened(self._stream(call), heartbeat_s=self.config.server.stream_heartbeat_interval_s)
             if turn_id is not None:
                 self.turns.begin(session_id, turn_id)
             return await self._complete(call)

@@ -88,7 +88,8 @@ class ResponsesServing:
                 return aiter_frames(replay_events(self._responded(session_id, req, completion, messages, n_instructions)))
         call = self.chat.prepare(session_id, chat, turn_id=turn_id)
         # The 200 waits for the engine's first answer: a refusal or failure before it is a plain error status.
-        return await opened(self._stream_response(call, req, messages, n_instructions))
+        return await opened(self._stream_response(call, req, messages, n_instructions),
+                            heartbeat_s=self.config.server.stream_heartbeat_interval_s)
 
     async def _stream_response(self, call: ChatCall, req: ResponsesRequest, messages: list[dict[str, Any]],
                                n_instructions: int) -> AsyncIterator[bytes]:
