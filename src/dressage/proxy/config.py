@@ -293,7 +293,8 @@ class SessionsConfig:
     """Live (active) sessions the Proxy holds; a new one beyond it gets 429 ``too_many_sessions``
     once no idle session is left to evict."""
     max_cached_turns: int = field(default=65_536, metadata=flag(metavar="N"))
-    """Recorded ``X-Turn-Id`` replies kept for retries (the oldest settled ones go first)."""
+    """Recorded replies kept for transport retries (``Idempotency-Key``, the OpenAI SDK's own retries; the
+    oldest settled ones go first)."""
     max_partial_rollout_preempts: int | None = field(default=None, metadata=flag(metavar="N"))
     """With partial rollout: weight-version changes one session may span; a call that would record
     tokens of one more version is refused with 502 ``partial_rollout_staleness_exceeded`` (nothing

@@ -130,17 +130,18 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", default_headers=headers, max_retries=0)
     assert [m.id for m in client.models.list().data] == ["dressage-policy"]
     msgs = [{"role": "user", "content": "hello"}]
-    first = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, extra_headers={"X-Turn-Id": "t1"})
-    again = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, extra_headers={"X-Turn-Id": "t1"})
+    t1 = {"X-Turn-Id": "t1", "Idempotency-Key": "call-1"}
+    first = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, extra_headers=t1)
+    again = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, extra_headers=t1)
     assert again.id == first.id and again.choices[0].message.content == first.choices[0].message.content
     replay = list(client.chat.completions.create(model="m", messages=msgs, max_tokens=12, stream=True,
-                                                 extra_headers={"X-Turn-Id": "t1"}))
+                                                 extra_headers=t1))
     assert "".join(c.choices[0].delta.content or "" for c in replay if c.choices).strip() == \
         (first.choices[0].message.content or "").strip()
     msgs += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
     client.chat.completions.create(model="m", messages=msgs, max_tokens=12, extra_headers={"X-Turn-Id": "t2"})
     session = proxy.service.core.sessions["agent-7"]
-    assert len(session.steps) == 2 and session.metadata["group_index"] == 3   # the retried turn recorded once
+    assert len(session.steps) == 2 and session.metadata["group_index"] == 3   # the retried call recorded once
     # The other upstream header and the base-URL form work side by side.
     other = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                           default_headers={"X-SMG-Routing-Key": "agent-8"})
@@ -340,11 +341,12 @@ def test_two_engines_keep_sessions_sticky_and_move_them_when_one_fails():
         p.close(); e1.stop(); e2.stop()
 
 
-def test_concurrent_retries_of_one_turn_generate_and_record_once(slow_engine):
+def test_concurrent_retries_of_one_call_generate_and_record_once(slow_engine):
     p = start_proxy(slow_engine.url)
     try:
         client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="none", max_retries=0,
-                                    default_headers={"X-Session-Id": "dup", "X-Turn-Id": "turn-1"})
+                                    default_headers={"X-Session-Id": "dup", "X-Turn-Id": "turn-1",
+                                                     "Idempotency-Key": "once"})
         kw = dict(model="m", messages=[{"role": "user", "content": "Write at length."}], max_tokens=20)
 
         async def both():

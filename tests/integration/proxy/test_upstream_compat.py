@@ -195,3 +195,72 @@ def test_quiet_streams_carry_heartbeat_comments_and_the_same_reply(proxy_stack):
         assert len(recorded) == 1 and len(next(iter(recorded.values())).response_ids) == 24
     finally:
         slow.stop()
+
+
+def test_a_resend_under_the_same_turn_generates_again_as_a_branch(engine, proxy_stack):
+    proxy = proxy_stack(engine.url)
+    body = {"messages": [{"role": "user", "content": "parse this"}], "max_tokens": 8}
+    h = {"X-Session-Id": "rs", "X-Turn-Id": "t1"}
+    first = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=h).json()
+    again = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=h).json()
+    assert again["id"] != first["id"] and proxy.service.book.calls == 2 and proxy.service.book.replayed_turns == 0
+    a, b = (proxy.steps("rs")[k] for k in sorted(proxy.steps("rs")))
+    assert a.parent_id == b.parent_id and a.metadata["turn_id"] == b.metadata["turn_id"] == "t1"  # siblings
+    fin = httpx.post(proxy.url + "/session/finalize", json={"session_id": "rs"}).json()
+    assert (fin["num_steps"], fin["num_turns"]) == (2, 1)
+
+
+def test_an_idempotency_key_retry_is_replayed_without_an_engine_call(engine, proxy_stack):
+    proxy = proxy_stack(engine.url)
+    body = {"messages": [{"role": "user", "content": "once"}], "max_tokens": 8}
+    h = {"X-Session-Id": "ik", "Idempotency-Key": "req-42"}
+    first = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=h).json()
+    again = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers=h).json()
+    assert again == first and proxy.service.book.calls == 1 and len(proxy.steps("ik")) == 1
+    other = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers={**h, "Idempotency-Key": "req-43"})
+    assert other.json()["id"] != first["id"] and len(proxy.steps("ik")) == 2
+
+
+class _LostFirstAnswer(httpx.BaseTransport):
+    """The first chat answer is lost on the way back (the Proxy recorded it): the SDK retries by itself."""
+
+    def __init__(self) -> None:
+        self.inner, self.sent = httpx.HTTPTransport(), []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append((request.headers.get("x-stainless-retry-count"), request.content))
+        response = self.inner.handle_request(request)
+        if len(self.sent) == 1:
+            response.read()
+            response.close()
+            raise httpx.ReadError("connection reset", request=request)
+        return response
+
+
+def test_the_openai_sdks_own_retry_of_an_identical_body_is_replayed(engine, proxy_stack):
+    import openai
+
+    proxy = proxy_stack(engine.url)
+    transport = _LostFirstAnswer()
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="none", max_retries=2,
+                           default_headers={"X-Session-Id": "sdk", "X-Turn-Id": "t1"},
+                           http_client=httpx.Client(transport=transport))
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+    assert [count for count, _ in transport.sent] == ["0", "1"] and transport.sent[0][1] == transport.sent[1][1]
+    assert proxy.service.book.calls == 1 and proxy.service.book.replayed_turns == 1
+    (step,) = proxy.steps("sdk").values()
+    assert reply.usage.completion_tokens == len(step.response_ids)
+
+
+def test_expected_version_pins_the_call_and_a_moved_policy_is_upstreams_502(engine, proxy_stack):
+    proxy = proxy_stack(engine.url, partial_rollout=True)
+    url = proxy.url
+    assert _call(url, "ev", "hello", **{"X-Dressage-Expected-Version": "0"}).status_code == 200
+    httpx.post(url + "/v1/rollout/resume", json={"weight_version": 1})
+    moved = _call(url, "ev", "again", **{"X-Dressage-Expected-Version": "0"})
+    assert moved.status_code == 502
+    assert {k: moved.json()["detail"][k] for k in ("error", "expected", "observed", "session_id")} == \
+        {"error": "weight_version_mismatch", "expected": "0", "observed": "1", "session_id": "ev"}
+    assert len(proxy.steps("ev")) == 1                            # nothing recorded for the refused call
+    assert _call(url, "ev", "again", **{"X-Dressage-Expected-Version": "1"}).status_code == 200
+    assert httpx.get(url + "/integration/capabilities").json()["supports_expected_version"] is True

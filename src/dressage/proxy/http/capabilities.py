@@ -25,7 +25,8 @@ ENDPOINTS = (
     "POST /sessions/{id}/v1/completions", "GET /v1/models/{model}", "GET /sessions/{id}/v1/models/{model}",
 )
 SESSION_HEADERS = {"session": ["X-Session-Id", "X-SMG-Routing-Key"], "instance": ["X-Instance-Id"],
-                   "turn": ["X-Turn-Id"]}
+                   "turn": ["X-Turn-Id"], "retry": ["Idempotency-Key", "x-stainless-retry-count"],
+                   "expected_version": ["X-Dressage-Expected-Version"]}
 
 
 def capabilities(*, partial_rollout: bool, rollout_routing_replay: bool, transfer_queue: bool,
@@ -39,7 +40,8 @@ def capabilities(*, partial_rollout: bool, rollout_routing_replay: bool, transfe
         "body_ids": ["session_id", "instance_id", "turn_id"],
         "features": {
             "turn_scope": True,
-            "turn_replay_key": "turn_id + request hash",
+            "turn_replay_key": "Idempotency-Key, or turn_id + request hash on x-stainless-retry-count > 0",
+            "turn_resend": "generates again (a branch)",
             "finalize_idempotent": True,
             "finalize_fields": ["session_id", "reward", "instance_id", "label", "wait_s"],
             "finalize_waits_for_in_flight_s": finalize_wait_s,
@@ -92,6 +94,6 @@ def upstream_capabilities(ours: dict[str, Any], *, tokenizer: str, token_build_m
         "weight_versions_consistent": False,
         "weight_version_source": "generation_observation",
         "weight_version_worker_count": 0,
-        "supports_expected_version": False,
+        "supports_expected_version": True,
         OURS_KEY: ours,
     }

@@ -29,7 +29,7 @@ from dressage.proxy.engines import server_timing
 from dressage.proxy.http.guard import replay_body
 from dressage.proxy.schemas import ChatRequest, CreateSession, FinalizeRequest, GenerateRequest
 from dressage.proxy.openai.streaming import error_payload
-from dressage.proxy.recording.turn_scope import identity_of
+from dressage.proxy.recording.turn_scope import identity_of, scope_of
 
 __all__ = ["FastRoutes", "dressage_error_response"]
 
@@ -142,7 +142,7 @@ class FastRoutes:
             if session_id is None:
                 session_id = service.header_session(identity_of(headers, req))
             tally = server_timing.start()
-            out = await service.chat.open(session_id, req, turn_id=identity_of(headers, req).turn_id)
+            out = await service.chat.open(session_id, req, scope=scope_of(headers, req))
             if isinstance(out, dict):
                 return _json(out, tally)
             return StreamingResponse(out, media_type="text/event-stream", headers=_SSE_HEADERS)

@@ -144,9 +144,14 @@ class ModelCalls:
             commit.add_done_callback(lambda _: self.in_flight.exit(session_id))
 
     # ------------------------------------------------------------ recording
-    def check_generated(self, session_id: str, results: Iterable[GenerationResult]) -> None:
-        """The call's generated tokens may all join the session (checked once, before any is recorded)."""
-        self.versions.check_generated(session_id, [r.token_versions for r in results])
+    def check_generated(self, session_id: str, results: Iterable[GenerationResult], *,
+                        expected_version: str | None = None) -> None:
+        """The call's generated tokens may all join the session (checked once, before any is recorded);
+        with ``expected_version`` (``X-Dressage-Expected-Version``) they must all carry that version."""
+        versions = [r.token_versions for r in results]
+        if expected_version is not None:
+            self.versions.check_expected(session_id, expected_version, versions)
+        self.versions.check_generated(session_id, versions)
 
     async def record(self, sid: str, plan: GenerationPlan, result: GenerationResult, engine_url: str, *,
                      metadata: dict[str, Any], committed: bool = False, **step_kwargs: Any) -> Any:

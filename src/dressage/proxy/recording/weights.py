@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from dressage.errors import PartialRolloutStalenessError, WeightVersionChangedError
+from dressage.errors import PartialRolloutStalenessError, WeightVersionChangedError, WeightVersionMismatchError
 from dressage.fields.versions import NAMED_BASE, VersionTable
 
 __all__ = ["codes_of", "WeightVersions", "UNSET_ENGINE_VERSION", "STEP_LABELS_KEY"]
@@ -158,6 +158,17 @@ class WeightVersions:
             return
         for tv in responses:
             self.check(session_id, codes_of(tv))
+
+    def check_expected(self, session_id: str, expected: str, responses: Sequence[Any]) -> None:
+        """Every generated token carries weight version ``expected`` (the engine's string, or the
+        number the Proxy was resumed at), else ``WeightVersionMismatchError``: the policy moved."""
+        codes = sorted({c for tv in responses for c in codes_of(tv) if c >= 0})
+        observed = [self.table.label(c) for c in codes]
+        if any(label != str(expected) for label in observed):
+            raise WeightVersionMismatchError(
+                f"the call expected weight version {expected} and was served by {', '.join(observed)}; "
+                "nothing of it is recorded", expected=str(expected), observed=observed[-1],
+                observed_versions=observed, session_id=session_id)
 
     def recorded(self, session_id: str, first_code: int, codes: Iterable[int] = ()) -> None:
         """A step of the session was recorded: its first token's version pins the session, and under
