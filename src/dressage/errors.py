@@ -45,6 +45,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   │                                                                  502 partial_rollout_staleness_exceeded
     │   ├── WeightVersionMismatchError  the policy is not the X-Dressage-Expected-Version  502 weight_version_mismatch
     │   └── UnknownStepError         a session, parent or step id that does not exist 404 not_found
+    ├── ToolCallHookError            a required tool-call hook failed or overran     502 tool_call_hook_failed
     ├── TransferQueueError           TransferQueue controller, StorageUnits, client  503 transfer_queue_unavailable
     │   ├── TransferWriteError       a step's large fields could not be written; nothing recorded
     │   ├── KeyNotFoundError         unknown, cleared or consumed key
@@ -82,7 +83,7 @@ __all__ = [
     "MissingSessionIdError", "RequestRejected", "InputValueError", "BodyTooLargeError", "AuthenticationError",
     "PermissionDeniedError", "SessionLimitError", "NoHealthyEngineError", "TrajectoryError", "SessionStateError",
     "StepLimitError", "WeightVersionChangedError", "GenerationPreemptedError", "PartialRolloutStalenessError",
-    "WeightVersionMismatchError", "UnknownStepError", "TransferQueueError", "TransferWriteError",
+    "WeightVersionMismatchError", "UnknownStepError", "ToolCallHookError", "TransferQueueError", "TransferWriteError",
     "KeyNotFoundError", "RowRangeError", "StorageUnitUnavailable", "StorageFullError", "LostSamplesError",
     "ProtocolError", "IntegrityError", "AgentError", "ProxyConnectionError", "ProxyTimeout", "ProxyStatusError",
     "ProxyReplyError", "AgentCommandError", "SampleWireError", "UnknownResponseError", "ModelNotFoundError"
@@ -387,6 +388,19 @@ class UnknownStepError(TrajectoryError, LookupError):
 
     http_status = 404
     openai_type = "not_found"
+
+
+class ToolCallHookError(DressageError):
+    """A required tool-call hook failed, or overran its time-out: the call fails, nothing is recorded."""
+
+    http_status = 502
+    openai_type = "tool_call_hook_failed"
+    code = "tool_call_hook_failed"
+    upstream_detail = True
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = {k: v for k, v in details.items() if v is not None}
 
 
 class TransferQueueError(DressageError):

@@ -1,8 +1,8 @@
 """The Proxy's configuration: the root :class:`ProxyConfig` that :meth:`Proxy.start` takes, and its sections.
 
 Sections: ``server`` (the HTTP listener), ``access`` (tokens), ``engines``, ``limits`` (per call),
-``sessions``, ``reads`` (what a batch trajectory read hands over), ``token_build``, ``journal``,
-``transfer_queue`` and ``data_plane``. Every value is checked once, in ``__post_init__``, with its dotted
+``sessions``, ``reads`` (what a batch trajectory read hands over), ``token_build``, ``tool_call_hooks``,
+``journal``, ``transfer_queue`` and ``data_plane``. Every value is checked once, in ``__post_init__``, with its dotted
 key in the message; the tree is ``dressage proxy serve``'s flags and YAML. Upstream Dressage's flags are
 flat aliases of the same settings, and :func:`upstream_environment` reads its ``DRESSAGE_*`` variables.
 """
@@ -20,7 +20,7 @@ from dressage.proxy.parsers.registry import AUTO, REASONING_PARSERS, TOOL_CALL_P
 from dressage.tq.config import TransferQueueSelection, is_loopback
 
 __all__ = ["ProxyConfig", "ServerConfig", "AccessConfig", "EnginesConfig", "LimitsConfig", "SessionsConfig",
-           "ReadsConfig", "TokenBuildConfig", "JournalConfig", "DataPlaneConfig", "TransferQueueSelection",
+           "ReadsConfig", "TokenBuildConfig", "ToolCallHooksConfig", "JournalConfig", "DataPlaneConfig", "TransferQueueSelection",
            "upstream_environment", "environment_overrides", "PARSE_BACKENDS", "UPSTREAM_TOOL_CALL_TYPES", "UPSTREAM_REASONING_TYPES"]
 
 FSYNC_POLICIES = ("always", "interval", "never")
@@ -382,6 +382,25 @@ class TokenBuildConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ToolCallHooksConfig:
+    """Side effects at agents' tool-call boundaries (upstream's hooks, :mod:`dressage.proxy.tool_call_hooks`)."""
+
+    hooks: tuple[str, ...] = field(default=(), metadata=flag("--tool-call-hooks", metavar="REF"))
+    """Hooks to run: ``package.module:Class``, ``/path/file.py:Class``, or the ``name`` of a hook such a
+    module defines; loaded at start (a reference that loads nothing stops it)."""
+    before_timeout_s: float | None = field(default=None, metadata=flag("--tool-call-hook-before-timeout",
+                                                                       metavar="S"))
+    """Time each ``before_tool_call`` hook has; a required one that overruns fails the call. ``None``: no limit."""
+
+    def __post_init__(self) -> None:
+        self.hooks = tuple(str(h) for h in (self.hooks or ()))
+        t = self.before_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)
+                              or t <= 0):
+            raise ConfigError(f"tool_call_hooks.before_timeout_s must be a positive number, got {t!r}")
+
+
+@dataclass(kw_only=True, slots=True)
 class JournalConfig:
     """Where the Proxy journals committed steps, and when appends reach the disk."""
 
@@ -426,6 +445,8 @@ class ProxyConfig:
     """Whole prompt groups on batch trajectory reads."""
     token_build: TokenBuildConfig = field(default_factory=TokenBuildConfig)
     """Upstream's token-build settings (TITO always)."""
+    tool_call_hooks: ToolCallHooksConfig = field(default_factory=ToolCallHooksConfig)
+    """Hooks at agents' tool-call boundaries (none by default)."""
     journal: JournalConfig = field(default_factory=JournalConfig)
     """The step journal (off unless ``journal.path`` is set)."""
     transfer_queue: TransferQueueSelection = field(default_factory=TransferQueueSelection)
@@ -436,7 +457,8 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         for key, cls in (("server", ServerConfig), ("access", AccessConfig), ("engines", EnginesConfig),
                          ("limits", LimitsConfig), ("sessions", SessionsConfig), ("reads", ReadsConfig),
-                         ("token_build", TokenBuildConfig), ("journal", JournalConfig),
+                         ("token_build", TokenBuildConfig), ("tool_call_hooks", ToolCallHooksConfig),
+                         ("journal", JournalConfig),
                          ("transfer_queue", TransferQueueSelection), ("data_plane", DataPlaneConfig)):
             if not isinstance(getattr(self, key), cls):
                 raise ConfigError(f"{key}: expected a {cls.__name__}, got {type(getattr(self, key)).__name__}")

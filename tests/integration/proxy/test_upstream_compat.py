@@ -264,3 +264,76 @@ def test_expected_version_pins_the_call_and_a_moved_policy_is_upstreams_502(engi
     assert len(proxy.steps("ev")) == 1                            # nothing recorded for the refused call
     assert _call(url, "ev", "again", **{"X-Dressage-Expected-Version": "1"}).status_code == 200
     assert httpx.get(url + "/integration/capabilities").json()["supports_expected_version"] is True
+
+
+HOOKS = '''
+import json, pathlib
+from dressage.proxy.tool_call_hooks import ToolCallHook, register_tool_call_hook
+
+LOG = pathlib.Path(__file__).with_suffix(".log")
+
+
+def note(stage, ctx):
+    with LOG.open("a") as f:
+        f.write(json.dumps({"stage": stage, "session": ctx.session_id, "sandbox": ctx.sandbox_id, "turn": ctx.turn_id,
+                            "step": ctx.step_index, "calls": len(ctx.tool_calls or ())}) + "\\n")
+
+
+@register_tool_call_hook
+class Snapshot(ToolCallHook):
+    name = "snapshot"
+
+    async def before_tool_call(self, ctx):
+        note("before", ctx)
+
+    async def after_tool_call(self, ctx):
+        note("after", ctx)
+
+
+class Gate(ToolCallHook):
+    name = "gate"
+    required = True
+
+    async def before_tool_call(self, ctx):
+        raise RuntimeError("network rule not applied")
+'''
+
+
+def _tool_call(url: str, sid: str, messages: list, **headers: str) -> httpx.Response:
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "evaluate",
+                                               "parameters": {"type": "object", "properties": {"a": {"type": "number"}}}}}]
+    return httpx.post(url + "/v1/chat/completions", json={"messages": messages, "tools": tools, "max_tokens": 400},
+                      headers={"X-Session-Id": sid, **headers}, timeout=30)
+
+
+def test_tool_call_hooks_run_at_the_step_boundaries_of_a_sandboxed_agent(tmp_path, proxy_stack):
+    import json
+
+    from dressage.proxy.config import ToolCallHooksConfig
+    from dressage.testing.stack import start_engine
+
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    tools_engine = start_engine(tool_call_rate=1.0, mean_response_tokens=20)
+    try:
+        proxy = proxy_stack(tools_engine.url, tool_call_hooks=ToolCallHooksConfig(
+            hooks=(f"{tmp_path / 'hooks.py'}:Snapshot",), before_timeout_s=5.0))
+        sandbox = {"X-Dressage-Sandbox-Id": "sbx-1", "X-Turn-Id": "t1"}
+        msgs = [{"role": "user", "content": "compute"}]
+        first = _tool_call(proxy.url, "hk", msgs, **sandbox).json()
+        call = first["choices"][0]["message"]["tool_calls"][0]
+        msgs += [first["choices"][0]["message"], {"role": "tool", "tool_call_id": call["id"], "content": "4"}]
+        assert _tool_call(proxy.url, "hk", msgs, **sandbox).status_code == 200
+        assert _tool_call(proxy.url, "plain", [{"role": "user", "content": "x"}]).status_code == 200  # no sandbox
+        log = [json.loads(line) for line in (tmp_path / "hooks.log").read_text().splitlines()]
+        assert [(e["stage"], e["step"], e["sandbox"], e["turn"]) for e in log] == \
+            [("before", 0, "sbx-1", "t1"), ("after", 1, "sbx-1", "t1"), ("before", 1, "sbx-1", "t1")]
+        assert log[0]["calls"] >= 1 and log[0]["session"] == "hk"
+
+        gated = proxy_stack(tools_engine.url,
+                            tool_call_hooks=ToolCallHooksConfig(hooks=(f"{tmp_path / 'hooks.py'}:Gate",)))
+        refused = _tool_call(gated.url, "g", [{"role": "user", "content": "compute"}], **sandbox)
+        assert refused.status_code == 502 and refused.json()["detail"]["error"] == "tool_call_hook_failed"
+        assert refused.json()["detail"]["hook"] == "gate"
+        assert "g" not in gated.service.core.sessions   # nothing recorded: the failed first call left no session
+    finally:
+        tools_engine.stop()

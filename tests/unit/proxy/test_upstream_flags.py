@@ -117,3 +117,22 @@ def test_window_clamping_and_default_temperature_follow_the_limits():
     assert fixed.sampling(500, 40) == {"max_new_tokens": 500} and fixed.sampling(None, 40) == {}
     with pytest.raises(Exception, match="context"):
         fixed.sampling(5, 100)
+
+
+def test_tool_call_hook_flags_load_hooks_by_reference_and_name(tmp_path):
+    from dressage.proxy.tool_call_hooks import load_tool_call_hooks
+
+    (tmp_path / "my_hooks.py").write_text(
+        "from dressage.proxy.tool_call_hooks import ToolCallHook, register_tool_call_hook\n"
+        "@register_tool_call_hook\nclass A(ToolCallHook):\n    name = 'a'\n    order = 2\n"
+        "class B(ToolCallHook):\n    name = 'b'\n    order = 1\n")
+    path = str(tmp_path / "my_hooks.py")
+    cfg = upstream_config(["--tool-call-hooks", f"{path}:A", "b", "--tool-call-hook-before-timeout", "2.5"], environ={})
+    assert cfg.tool_call_hooks.hooks == (f"{path}:A", "b") and cfg.tool_call_hooks.before_timeout_s == 2.5
+    assert [h.name for h in load_tool_call_hooks(cfg.tool_call_hooks.hooks)] == ["a", "b"]
+    with pytest.raises(ConfigError, match="no loaded hook is named 'c'"):
+        load_tool_call_hooks([f"{path}:A", "c"])
+    with pytest.raises(ConfigError, match="defines 2 hooks"):
+        load_tool_call_hooks([path])
+    with pytest.raises(SystemExit):
+        upstream_config(["--tool-call-hook-before-timeout", "0"], environ={})

@@ -22,11 +22,14 @@ from dressage.errors import SessionIdError
 from dressage.proxy.recording.turns import MAX_ID_CHARS, CallIdentity, checked_identity, identity_from_headers
 
 __all__ = ["request_hash", "turn_call_key", "turn_of", "identity_of", "scope_of", "CallScope", "CallKey",
-           "DELIVERY_FIELDS", "IDENTITY_FIELDS", "IDEMPOTENCY_HEADER", "SDK_RETRY_HEADER", "EXPECTED_VERSION_HEADER"]
+           "DELIVERY_FIELDS", "IDENTITY_FIELDS", "IDEMPOTENCY_HEADER", "SDK_RETRY_HEADER", "EXPECTED_VERSION_HEADER",
+           "SANDBOX_HEADER"]
 
 IDEMPOTENCY_HEADER = "idempotency-key"
 SDK_RETRY_HEADER = "x-stainless-retry-count"
 """The OpenAI SDKs send it on every request: 0 on the first attempt, n on their n-th retry."""
+SANDBOX_HEADER = "x-dressage-sandbox-id"
+"""The sandbox a call's agent runs in, for tool-call hooks (:mod:`dressage.proxy.tool_call_hooks`)."""
 EXPECTED_VERSION_HEADER = "x-dressage-expected-version"
 """Upstream's pin: the call must be served by this weight version (502 ``weight_version_mismatch``)."""
 
@@ -74,6 +77,8 @@ class CallScope:
     sdk_retry: int | None = None
     """``x-stainless-retry-count``; ``None`` when the client sent none."""
     expected_version: str | None = None
+    sandbox_id: str | None = None
+    """``X-Dressage-Sandbox-Id``: the sandbox upstream's tool-call hooks act on."""
 
     def key(self, body: Mapping[str, Any]) -> CallKey:
         turn = self.turn_id or ""
@@ -95,10 +100,12 @@ def scope_of(headers: Mapping[str, str], body: Any = None) -> CallScope:
     retry = headers.get(SDK_RETRY_HEADER)
     count = int(retry) if retry is not None and retry.strip().isdigit() else (0 if retry is not None else None)
     key, version = headers.get(IDEMPOTENCY_HEADER) or None, headers.get(EXPECTED_VERSION_HEADER) or None
-    for name, value in (("Idempotency-Key", key), ("X-Dressage-Expected-Version", version)):
+    sandbox = headers.get(SANDBOX_HEADER) or None
+    for name, value in (("Idempotency-Key", key), ("X-Dressage-Expected-Version", version),
+                        ("X-Dressage-Sandbox-Id", sandbox)):
         if value is not None and (len(value) > MAX_ID_CHARS or not value.isprintable()):
             raise SessionIdError(f"{name}: at most {MAX_ID_CHARS} printable characters, got {len(value)}")
-    return CallScope(turn, key, count, version)
+    return CallScope(turn, key, count, version, sandbox)
 
 
 def identity_of(headers: Mapping[str, str], body: Any = None) -> CallIdentity:

@@ -33,7 +33,8 @@ from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.recording.limits import CallLimits
 from dressage.proxy.recording.session_book import SessionBook
-from dressage.proxy.recording.turn_scope import CallKey, CallScope
+from dressage.proxy.recording.turn_scope import CallKey, CallScope, turn_of
+from dressage.proxy.tool_call_hooks import ToolCallContext, ToolCallHooks
 from dressage.proxy.recording.turns import TurnCache
 
 __all__ = ["ChatServing", "ChatCall", "ChatSample", "TOOL_RULE_ATTEMPTS"]
@@ -68,6 +69,8 @@ class ChatCall:
     """It is a transport retry (a concurrent first attempt under ``turn_id`` answers it)."""
     expected_version: str | None = None
     """``X-Dressage-Expected-Version``: every generated token must carry this weight version."""
+    sandbox_id: str | None = None
+    """``X-Dressage-Sandbox-Id``: the sandbox tool-call hooks act on (none: no hook runs)."""
 
     @property
     def buffered(self) -> bool:
@@ -84,10 +87,35 @@ class ChatServing:
 
     def __init__(self, config: ProxyConfig, core: ProxyCore, tokenizer: Any, *, calls: ModelCalls,
                  sampler: ChatSampler, turns: TurnCache, limits: CallLimits, in_flight: InFlight,
-                 book: SessionBook) -> None:
+                 book: SessionBook, hooks: ToolCallHooks | None = None) -> None:
         self.config, self.core, self.tokenizer = config, core, tokenizer
         self.calls, self.sampler, self.turns = calls, sampler, turns
         self.limits, self.in_flight, self.book = limits, in_flight, book
+        self.hooks = hooks or ToolCallHooks()
+
+    # -------------------------------------------------------------- tool-call hooks
+    def _hook_context(self, call: ChatCall, stage: str, tool_calls: list[dict[str, Any]] | None = None
+                      ) -> ToolCallContext:
+        session = self.core.session(call.session_id)
+        turn = turn_of(call.turn_id) if call.turn_id is not None else ""
+        step = len(session.steps)
+        return ToolCallContext(instance_id=session.metadata.get("instance_id"), session_id=call.session_id,
+                               turn_id=turn or None, step_index=step, sandbox_id=str(call.sandbox_id),
+                               tool_calls=tool_calls, idempotency_key=f"{call.session_id}:{turn or '-'}:{step}:{stage}")
+
+    async def after_tool_results(self, call: ChatCall) -> None:
+        """``after_tool_call`` hooks, before generation, when the request ends with a tool result."""
+        if self.hooks and call.sandbox_id and call.messages and call.messages[-1].get("role") == "tool":
+            await self.hooks.dispatch("after", self._hook_context(call, "after"))
+
+    async def _hooked_commit(self, call: ChatCall, samples: list[ChatSample]) -> Any:
+        """``before_tool_call`` hooks when a reply holds tool calls, then the commit (a required hook that
+        fails leaves nothing recorded)."""
+        if self.hooks and call.sandbox_id:
+            tool_calls = [tc for s in samples for tc in (s.message.get("tool_calls") or ())]
+            if tool_calls:
+                await self.hooks.dispatch("before", self._hook_context(call, "before", tool_calls))
+        return await self.sampler.commit(call, samples)
 
     def _sampling(self, req: ChatRequest, prompt_len: int, options: ChatOptions | None = None) -> dict[str, Any]:
         options = options or chat_options(req)
@@ -98,7 +126,7 @@ class ChatServing:
 
     # -------------------------------------------------------------- chat
     def prepare(self, session_id: str, req: ChatRequest, *, key: CallKey = CallKey(),
-                expected_version: str | None = None) -> ChatCall:
+                scope: CallScope | None = None) -> ChatCall:
         """Validate and plan a chat call (every 4xx is raised here, before any engine request)."""
         self.calls.admit(session_id)
         session = self.core.session(session_id)
@@ -121,7 +149,8 @@ class ChatServing:
         include_usage = bool(req.stream_options and req.stream_options.get("include_usage"))
         return ChatCall(session_id, messages, tools, prompt, plans[0], url, f"chatcmpl-{secrets.token_hex(12)}",
                         int(time.time()), include_usage, key.key, options, plans, cached=key.cached, retry=key.retry,
-                        expected_version=expected_version)
+                        expected_version=scope.expected_version if scope else None,
+                        sandbox_id=scope.sandbox_id if scope else None)
 
     async def open(self, session_id: str, req: ChatRequest, *,
                    scope: CallScope | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
@@ -151,7 +180,8 @@ class ChatServing:
                 return response
         await self.core.settled(session_id)  # the previous step's write-behind, before this call routes
         try:
-            call = self.prepare(session_id, req, key=key, expected_version=scope.expected_version)
+            call = self.prepare(session_id, req, key=key, scope=scope)
+            await self.after_tool_results(call)
             if req.stream:
                 # Its turn begins when the response starts (see _stream); the 200 waits for the
                 # engine's first answer, so a refusal or failure before it is a plain error status.
@@ -164,7 +194,7 @@ class ChatServing:
             raise
 
     def _commit_task(self, call: ChatCall, samples: list[ChatSample]) -> asyncio.Future:
-        task = call.commit = asyncio.ensure_future(self.sampler.commit(call, samples))
+        task = call.commit = asyncio.ensure_future(self._hooked_commit(call, samples))
         if call.cached:
             self.turns.settle(call.session_id, call.turn_id, task)
         return task

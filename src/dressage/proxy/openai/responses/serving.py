@@ -88,7 +88,8 @@ class ResponsesServing:
                 self.book.replayed_turns += 1
                 completion = await asyncio.shield(pending)
                 return aiter_frames(replay_events(self._responded(session_id, req, completion, messages, n_instructions)))
-        call = self.chat.prepare(session_id, chat, key=key, expected_version=scope.expected_version)
+        call = self.chat.prepare(session_id, chat, key=key, scope=scope)
+        await self.chat.after_tool_results(call)
         # The 200 waits for the engine's first answer: a refusal or failure before it is a plain error status.
         return await opened(self._stream_response(call, req, messages, n_instructions),
                             heartbeat_s=self.config.server.stream_heartbeat_interval_s)
