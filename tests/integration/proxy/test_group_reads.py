@@ -81,6 +81,7 @@ def test_group_timeout_hands_over_the_partial_group(proxy):
     timed_out = _read(url, drain=True, group_timeout_s=100.0)
     assert [sorted(seg["trajectory_id"] for seg in g) for g in timed_out["data"]] == [["late-0", "late-1"]]
     assert timed_out["meta_info"]["incomplete_groups"] == []
+    assert timed_out["meta_info"]["timed_out_groups"] == ["3"]   # flagged: handed over short of min_group_size
     assert _read(url, drain=True)["meta_info"]["incomplete_groups"] == []
 
 

@@ -7,8 +7,8 @@ Two modes, as upstream's clients expect them:
 - ``batch``: nothing named; finalized trajectories are read in whole prompt-instance groups
   (``instance_id``), oldest group first, at most ``max_groups`` groups. ``data`` is one list of
   Segments per group. A group is handed over once ``min_group_size`` of its sessions finalized, or
-  once its oldest finalized session is ``group_timeout_s`` old; the others wait, listed in
-  ``meta_info.incomplete_groups``.
+  once its oldest finalized session is ``group_timeout_s`` old (then flagged in
+  ``meta_info.timed_out_groups``); the others wait, listed in ``meta_info.incomplete_groups``.
 
 The answer is upstream's envelope (``success``, ``mode``, ``data``, ``meta_info``, ``drained``)
 plus ``trajectories`` (our per-session view, kept as an alias of the same read). Each Segment object
@@ -48,6 +48,8 @@ class ReadSelection:
     """Named trajectories that are not finalized (unknown, active, aborted or already drained)."""
     incomplete: list[dict[str, Any]] = field(default_factory=list)
     """Groups a batch read held back: ``key``, ``finalized`` (sessions so far), ``age_s`` (of the oldest)."""
+    timed_out: list[str] = field(default_factory=list)
+    """Keys of the groups a batch read hands over short of ``min_group_size`` (their time-out passed)."""
 
     @property
     def session_ids(self) -> list[str]:
@@ -113,17 +115,18 @@ def select_trajectories(finalized: Mapping[str, Any], *, trajectory_id: str | No
             groups.setdefault(key, []).append(sid)
     rule = groups_rule or GroupRule()
     now = time.monotonic() if now is None else now
-    chosen: list[list[str]] = []
+    chosen: list[tuple[str, list[str]]] = []
     incomplete: list[dict[str, Any]] = []
     for key, members in groups.items():
         age = max(0.0, now - min(float(getattr(finalized[sid], "finalized_at", now)) for sid in members))
         if rule.ready(len(members), age):
-            chosen.append(members)
+            chosen.append((key, members))
         else:
             incomplete.append({"key": key, "finalized": len(members), "age_s": round(age, 3)})
     if max_groups is not None:
         chosen = chosen[:max_groups]
-    return ReadSelection("batch", chosen, [], incomplete)
+    timed_out = [key for key, members in chosen if len(members) < rule.min_size]
+    return ReadSelection("batch", [members for _, members in chosen], [], incomplete, timed_out)
 
 
 def finalization_id(done: Any) -> str:
@@ -196,7 +199,8 @@ def read_answer(selection: ReadSelection, finalized: Mapping[str, Any], *, drain
         data = [[r for sid in group for r in per_session[sid]] for group in selection.groups]
     return {"success": bool(selection.session_ids), "mode": selection.mode, "data": data,
             "meta_info": {**stats, "missing": selection.missing, "groups": len(selection.groups)
-                          if selection.mode == "batch" else None, "incomplete_groups": selection.incomplete},
+                          if selection.mode == "batch" else None, "incomplete_groups": selection.incomplete,
+                          "timed_out_groups": selection.timed_out},
             "drained": bool(drained), "trajectories": trajectories}
 
 

@@ -207,7 +207,8 @@ class Trajectories:
             answer = {"success": bool(data), "mode": "samples", "data": data, "drained": bool(drain),
                       "meta_info": {"trajectories": len(data), "groups": len(selection.groups),
                                     "transfer_queue": spec, "selection": selection.mode,
-                                    "incomplete_groups": selection.incomplete}}
+                                    "incomplete_groups": selection.incomplete,
+                                    "timed_out_groups": selection.timed_out}}
         else:
             answer = read_answer(selection, self.finalized, drained=drain, stats=self._stats(),
                                  segments_of=segments_of,
