@@ -3,7 +3,7 @@
 Upstream's launch scripts run this module with upstream's flags and ``DRESSAGE_*`` environment. Every
 flag is a flat name of a :class:`~dressage.proxy.config.ProxyConfig` setting (``dressage proxy serve``
 takes the same ones); only upstream's defaults differ: port 8800, every interface, ``--api-key no-auth``,
-and the SGLang router that ``SGLANG_ROUTER_URL`` / ``SGLANG_ROUTER_HOST`` / ``SGLANG_ROUTER_PORT`` /
+SSE heartbeats every 15 s, and the SGLang router that ``SGLANG_ROUTER_URL`` / ``SGLANG_ROUTER_HOST`` / ``SGLANG_ROUTER_PORT`` /
 ``MASTER_ADDR`` name when no engine is given.
 """
 
@@ -18,7 +18,8 @@ from dressage.proxy.config import NO_AUTH, ProxyConfig, environment_overrides
 
 __all__ = ["UPSTREAM_DEFAULTS", "upstream_config", "main"]
 
-UPSTREAM_DEFAULTS = {"server.port": 8800, "server.host": "0.0.0.0", "access.api_token": NO_AUTH}
+UPSTREAM_DEFAULTS = {"server.port": 8800, "server.host": "0.0.0.0", "access.api_token": NO_AUTH,
+                     "server.stream_heartbeat_interval_s": 15.0}
 """Upstream's Proxy defaults where they differ from ``dressage proxy serve``'s."""
 _ROUTER_PORT = 8000  # upstream's default SGLang router port
 

@@ -55,7 +55,8 @@ def test_upstreams_launch_script_flags_configure_the_proxy():
 def test_upstreams_defaults_and_router_environment_apply_without_flags():
     cfg = upstream_config(["--tokenizer-path", "byte"], environ={"SGLANG_ROUTER_HOST": "10.0.0.7",
                                                                  "SGLANG_ROUTER_PORT": "31000"})
-    assert (cfg.server.port, cfg.server.host, cfg.access.no_auth) == (8800, "0.0.0.0", True)
+    assert (cfg.server.port, cfg.server.host, cfg.access.no_auth, cfg.server.stream_heartbeat_interval_s) == \
+        (8800, "0.0.0.0", True, 15.0)
     assert cfg.engines.urls == ("http://10.0.0.7:31000",) and cfg.engines.router
     assert upstream_config(["--tokenizer-path", "byte"], environ={"MASTER_ADDR": "h"}).engines.urls == ("http://h:8000",)
     token = upstream_config(["--api-key", "s3cret"], environ={})
