@@ -107,6 +107,7 @@ def test_capabilities_answer_upstreams_schema_with_ours_nested(engine, proxy_sta
                      "weight_version_worker_count", "supports_expected_version"}
     assert upstream_keys <= set(caps)
     assert (caps["token_build_mode"], caps["record_token_versions"], caps["max_output_tokens"]) == ("tito", True, 64)
+    assert caps["chat_template_fingerprint"] is None   # the byte tokenizer has no template source
     assert caps["dressage"]["service"] == "dressage-proxy" and "POST /trajectory/read" in caps["dressage"]["endpoints"]
 
 
@@ -337,3 +338,14 @@ def test_tool_call_hooks_run_at_the_step_boundaries_of_a_sandboxed_agent(tmp_pat
         assert "g" not in gated.service.core.sessions   # nothing recorded: the failed first call left no session
     finally:
         tools_engine.stop()
+
+
+def test_capabilities_fingerprint_the_chat_template_as_upstream():
+    import hashlib
+
+    from dressage.proxy.http.capabilities import template_fingerprint
+    from dressage.tokenizer import load_tokenizer
+
+    qwen = load_tokenizer("qwen3")
+    assert template_fingerprint(qwen) == hashlib.sha256(qwen.template_source.encode()).hexdigest()
+    assert template_fingerprint(load_tokenizer("byte")) is None

@@ -6,9 +6,10 @@ integration requires those keys); ours, with endpoints, features and the model s
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
-__all__ = ["capabilities", "upstream_capabilities", "ENDPOINTS", "SESSION_HEADERS", "UPSTREAM_SCHEMA_VERSION",
+__all__ = ["capabilities", "upstream_capabilities", "template_fingerprint", "ENDPOINTS", "SESSION_HEADERS", "UPSTREAM_SCHEMA_VERSION",
            "OURS_KEY"]
 
 UPSTREAM_SCHEMA_VERSION = "dressage.proxy.integration/v1"
@@ -63,6 +64,13 @@ def capabilities(*, partial_rollout: bool, rollout_routing_replay: bool, transfe
         "engines": engines,
         "model": model,
     }
+
+
+def template_fingerprint(tokenizer: object) -> str | None:
+    """SHA-256 of the tokenizer's chat template source (upstream's ``chat_template_fingerprint``);
+    ``None`` for a tokenizer without one (the byte tokenizer)."""
+    source = getattr(tokenizer, "template_source", None)
+    return hashlib.sha256(source.encode("utf-8")).hexdigest() if isinstance(source, str) and source else None
 
 
 def upstream_capabilities(ours: dict[str, Any], *, tokenizer: str, token_build_model: str | None,

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request, Response
 
 from dressage.proxy import fastjson
 from dressage.errors import MissingSessionIdError, UnknownStepError
-from dressage.proxy.http.capabilities import capabilities, upstream_capabilities
+from dressage.proxy.http.capabilities import capabilities, template_fingerprint, upstream_capabilities
 from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE
 from dressage.proxy.schemas import DiscardRequest, FinalizeRequest, FinalizeSessionRequest, TrajectoryReadRequest
 from dressage.proxy.recording.turns import identity_from_headers
@@ -97,6 +97,7 @@ def upstream_router(service: Any) -> APIRouter:
                                      max_partial_rollout_preempts=cfg.sessions.max_partial_rollout_preempts,
                                      record_token_versions=cfg.reads.record_token_versions,
                                      mask_nonlast_version_tokens=cfg.reads.mask_nonlast_version_tokens,
-                                     weight_version=service.versions.label)
+                                     weight_version=service.versions.label,
+                                     chat_template_fingerprint=template_fingerprint(service.tokenizer))
 
     return router
