@@ -45,8 +45,13 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   ├── SessionStateError        append to a finalized or aborted session
     │   │   └── StepLimitError       the session reached its maximum of steps
     │   ├── WeightVersionChangedError  weights changed mid-trajectory, partial rollout off
-    │   │                                                                            409 weight_version_changed
+    │   │   │                                                                        502 trajectory_version_changed
+    │   │   ├── GenerationPreemptedError  a weight update cut the call, partial rollout off  502 generation_preempted
+    │   │   └── PartialRolloutStalenessError  one more version than max_partial_rollout_preempts allows
+    │   │                                                                  502 partial_rollout_staleness_exceeded
+    │   ├── WeightVersionMismatchError  the policy is not the X-Dressage-Expected-Version  502 weight_version_mismatch
     │   └── UnknownStepError         a session, parent or step id that does not exist 404 not_found
+    ├── ToolCallHookError            a required tool-call hook failed or overran     502 tool_call_hook_failed
     ├── TransferQueueError           TransferQueue controller, StorageUnits, client  503 transfer_queue_unavailable
     │   ├── TransferWriteError       a step's large fields could not be written; nothing recorded
     │   ├── KeyNotFoundError         unknown, cleared or consumed key
@@ -66,6 +71,9 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
 Third-party errors (zmq, ray, httpx) are translated where they cross into Dressage:
 ``raise StorageUnitUnavailable(...) from exc``.
 
+The 502s of a rollout the weights invalidated (``upstream_detail``) also carry upstream Dressage's
+``detail`` object (``{"error": code, "message", ...details}``), which its in-sandbox harness reads.
+
 An agent is told :attr:`DressageError.agent_message`, not ``str(exc)``: errors whose message names
 internals (an engine's URL, a StorageUnit's address, a wire-level detail) set ``public_message``,
 and the Proxy's log keeps the whole message.
@@ -81,7 +89,8 @@ __all__ = [
     "JournalFullError", "AnswerEncodeError", "ContextOverflowError", "SessionIdError",
     "MissingSessionIdError", "RequestRejected", "InputValueError", "BodyTooLargeError", "AuthenticationError",
     "PermissionDeniedError", "SessionLimitError", "NoHealthyEngineError", "TrajectoryError", "SessionStateError",
-    "StepLimitError", "WeightVersionChangedError", "UnknownStepError", "TransferQueueError", "TransferWriteError",
+    "StepLimitError", "WeightVersionChangedError", "GenerationPreemptedError", "PartialRolloutStalenessError",
+    "WeightVersionMismatchError", "UnknownStepError", "ToolCallHookError", "TransferQueueError", "TransferWriteError",
     "KeyNotFoundError", "RowRangeError", "StorageUnitUnavailable", "StorageFullError", "LostSamplesError",
     "ProtocolError", "IntegrityError", "AgentError", "ProxyConnectionError", "ProxyTimeout", "ProxyStatusError",
     "ProxyReplyError", "AgentCommandError", "SampleWireError", "UnknownResponseError", "ModelNotFoundError"
@@ -99,6 +108,8 @@ class DressageError(Exception):
     public_message: str | None = None
     """What an agent is told in place of the message, for a class whose message names internals
     (``None``: the message is meant for the agent)."""
+    upstream_detail = False
+    """The answer also carries upstream Dressage's ``detail`` object (its harness reads the code there)."""
 
     @property
     def agent_message(self) -> str:
@@ -380,10 +391,47 @@ class StepLimitError(SessionStateError):
 
 
 class WeightVersionChangedError(TrajectoryError):
-    """The policy's weight version changed inside one trajectory while partial rollout is off."""
+    """The policy's weight version changed inside one trajectory while partial rollout is off.
 
-    openai_type = "weight_version_changed"
-    code = "weight_version_changed"
+    A 502, as upstream Dressage answers it: its harness ends the rollout on these codes instead of
+    handing the failure to the agent. ``details`` (session, versions) go into the answer."""
+
+    http_status = 502
+    openai_type = "trajectory_version_changed"
+    code = "trajectory_version_changed"
+    upstream_detail = True
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = {k: v for k, v in details.items() if v is not None}
+
+
+class GenerationPreemptedError(WeightVersionChangedError):
+    """A weight update paused the call while it generated, and partial rollout is off: it is dropped."""
+
+    openai_type = "generation_preempted"
+    code = "generation_preempted"
+
+
+class PartialRolloutStalenessError(WeightVersionChangedError):
+    """With partial rollout: the call would make the session span more weight-version changes than
+    ``sessions.max_partial_rollout_preempts`` allows; nothing of it is recorded."""
+
+    openai_type = "partial_rollout_staleness_exceeded"
+    code = "partial_rollout_staleness_exceeded"
+
+
+class WeightVersionMismatchError(TrajectoryError):
+    """The call's ``X-Dressage-Expected-Version`` is not the policy version that would serve it."""
+
+    http_status = 502
+    openai_type = "weight_version_mismatch"
+    code = "weight_version_mismatch"
+    upstream_detail = True
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = {k: v for k, v in details.items() if v is not None}
 
 
 class UnknownStepError(TrajectoryError, LookupError):
@@ -391,6 +439,19 @@ class UnknownStepError(TrajectoryError, LookupError):
 
     http_status = 404
     openai_type = "not_found"
+
+
+class ToolCallHookError(DressageError):
+    """A required tool-call hook failed, or overran its time-out: the call fails, nothing is recorded."""
+
+    http_status = 502
+    openai_type = "tool_call_hook_failed"
+    code = "tool_call_hook_failed"
+    upstream_detail = True
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.details = {k: v for k, v in details.items() if v is not None}
 
 
 class TransferQueueError(DressageError):

@@ -32,19 +32,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 def proxy_config(args: argparse.Namespace):
     """The validated :class:`ProxyConfig` of ``dressage proxy serve``'s flags (and ``--config`` file)."""
     from dressage.errors import ConfigError
-    from dressage.proxy.config import ADMIN_TOKEN_ENV, AGENT_TOKEN_ENV
+    from dressage.proxy.config import environment_overrides
 
     tree = _tree()
     values = tree.values(args)
-    engines, access = values.get("engines", {}), values.get("access", {})
+    engines = values.get("engines", {})
     if not engines.get("engine_urls") and not engines.get("router_url") and not engines.get("engine_url"):
         raise ConfigError("proxy serve: give the engine with --engine-url URL (or a router with --sglang-router-url URL)")
-    # Tokens come from a flag, a file or the environment (arguments show in `ps`; the others do not).
-    extra = {}
-    for key, env in (("api_token", AGENT_TOKEN_ENV), ("admin_token", ADMIN_TOKEN_ENV)):
-        if access.get(key) is None and access.get(key + "_file") is None and os.environ.get(env):
-            extra["access." + key] = os.environ[env]
-    return tree.build(values, **extra)
+    # Tokens (and upstream's DRESSAGE_* settings) may come from the environment; flags win.
+    return tree.build(values, **environment_overrides(os.environ, values))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -87,12 +87,14 @@ class ProxySessions:
 
 
 def fetch_capabilities(proxy_url: str, *, token: str | None = None, timeout_s: float = 30.0) -> dict[str, Any]:
-    """``GET {proxy_url}/integration/capabilities``: what the Proxy records (model shape, R3, TQ)."""
+    """``GET {proxy_url}/integration/capabilities``: what the Proxy records (model shape, R3, TQ); our own
+    document, which the Proxy nests under ``dressage`` in upstream's."""
     req = urllib.request.Request(proxy_url.rstrip("/") + "/integration/capabilities",
                                  headers={"authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read())
+            doc = json.loads(resp.read())
+        return doc.get("dressage", doc) if isinstance(doc, dict) else doc
     except urllib.error.HTTPError as exc:
         raise ProxyStatusError(f"{proxy_url}/integration/capabilities: HTTP {exc.code}",
                                status_code=exc.code) from None

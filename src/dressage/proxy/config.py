@@ -1,13 +1,17 @@
 """The Proxy's configuration: the root :class:`ProxyConfig` that :meth:`Proxy.start` takes, and its sections.
 
 Sections: ``server`` (the HTTP listener), ``access`` (tokens), ``engines``, ``limits`` (per call),
-``sessions``, ``reads`` (what a batch trajectory read hands over), ``journal``, ``transfer_queue`` and ``data_plane``. Every value is checked once, in
-``__post_init__``, with its dotted key in the message; the tree is ``dressage proxy serve``'s flags and YAML.
+``sessions``, ``reads`` (what a batch trajectory read hands over), ``token_build``, ``tool_call_hooks``,
+``journal``, ``transfer_queue`` and ``data_plane``. Every value is checked once, in ``__post_init__``, with its dotted
+key in the message; the tree is ``dressage proxy serve``'s flags and YAML. Upstream Dressage's flags are
+flat aliases of the same settings, and :func:`upstream_environment` reads its ``DRESSAGE_*`` variables.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ConfigError
@@ -16,7 +20,8 @@ from dressage.proxy.parsers.registry import AUTO, REASONING_PARSERS, TOOL_CALL_P
 from dressage.tq.config import TransferQueueSelection, is_loopback
 
 __all__ = ["ProxyConfig", "ServerConfig", "AccessConfig", "EnginesConfig", "LimitsConfig", "SessionsConfig",
-           "ReadsConfig", "JournalConfig", "DataPlaneConfig", "TransferQueueSelection"]
+           "ReadsConfig", "TokenBuildConfig", "ToolCallHooksConfig", "JournalConfig", "DataPlaneConfig", "TransferQueueSelection",
+           "upstream_environment", "environment_overrides", "PARSE_BACKENDS", "UPSTREAM_TOOL_CALL_TYPES", "UPSTREAM_REASONING_TYPES"]
 
 FSYNC_POLICIES = ("always", "interval", "never")
 JOURNAL_RECOVER_MODES = ("refuse", "truncate")
@@ -24,6 +29,15 @@ AGENT_TOKEN_ENV = "DRESSAGE_PROXY_TOKEN"
 ADMIN_TOKEN_ENV = "DRESSAGE_ADMIN_TOKEN"
 NO_AUTH = "no-auth"
 """The ``--api-key`` value upstream's Proxy takes for "no bearer check" (its default)."""
+PARSE_BACKENDS = ("local", "sglang_api", "hybrid")
+"""Upstream's ``--tool-call-parse-backend`` / ``--reasoning-parse-backend`` values."""
+UPSTREAM_TOOL_CALL_TYPES = {"qwen3_5": "qwen3_coder", "qwen3_6": "qwen3_coder"}
+"""Upstream's ``--model-tool-call-type`` model names -> the SGLang parser that reads that family's calls
+(its other value, ``hermes``, is a parser name already)."""
+UPSTREAM_REASONING_TYPES = {"qwen3_5": "qwen3", "qwen3_6": "qwen3"}
+"""Upstream's ``--model-reasoning-type`` model names -> the SGLang reasoning parser of that family."""
+TOKEN_BUILD_MODELS = ("qwen3_5", "qwen3_6")
+"""Upstream's ``--token-build-model`` / ``--tito-model`` families."""
 
 
 def _url_ok(url: object) -> bool:
@@ -75,19 +89,48 @@ class ServerConfig:
     """A request body that has not fully arrived this long after its headers: the connection is closed."""
     keep_alive_timeout_s: float = field(default=30.0, metadata=flag("--keep-alive-timeout", metavar="S"))
     """An idle keep-alive connection is closed after this long."""
-    tool_call_parser: str = field(default=AUTO, metadata=flag(choices=(AUTO, *sorted(TOOL_CALL_PARSERS)),
-                                                              metavar="NAME"))
-    """How replies' tool calls are read (SGLang's parser names); ``auto``: from the served model's name
-    (the engine's ``model_path``, then ``--model``), see :mod:`dressage.proxy.parsers.registry`."""
-    reasoning_parser: str = field(default=AUTO, metadata=flag(choices=(AUTO, *sorted(REASONING_PARSERS)),
-                                                              metavar="NAME"))
-    """How replies' reasoning blocks are read (SGLang's parser names); ``auto``: the model's default."""
+    tool_call_parser: str = field(default=AUTO, metadata=flag(metavar="NAME", aliases=("--model-tool-call-type",)))
+    """How replies' tool calls are read (SGLang's parser names, or upstream's model names ``qwen3_5`` /
+    ``qwen3_6``); ``auto``: from the served model's name (the engine's ``model_path``, then ``--model``),
+    see :mod:`dressage.proxy.parsers.registry`."""
+    reasoning_parser: str = field(default=AUTO, metadata=flag(metavar="NAME", aliases=("--model-reasoning-type",)))
+    """How replies' reasoning blocks are read (SGLang's parser names, or upstream's model names);
+    ``auto``: the model's default."""
     parse_on_engine: bool = False
     """Ask the engine to parse whole replies (SGLang's ``/parse_function_call`` and
     ``/separate_reasoning``, with the parser names above) instead of parsing them in the Proxy;
     streamed text is still shown by the Proxy's parser of the same name."""
+    tool_call_parse_backend: str | None = field(default=None, metadata=flag(choices=PARSE_BACKENDS))
+    """Upstream's choice of where tool calls are parsed: ``sglang_api`` sets ``parse_on_engine``;
+    ``local`` and ``hybrid`` (local first) parse in the Proxy, whose parsers cover every family it names."""
+    reasoning_parse_backend: str | None = field(default=None, metadata=flag(choices=PARSE_BACKENDS))
+    """Upstream's choice of where reasoning is separated; the same values. Both parse in one place here:
+    given together they must agree."""
+    stream_heartbeat_interval_s: float = field(default=0.0, metadata=flag("--stream-heartbeat-interval-seconds",
+                                                                          metavar="S"))
+    """While a streamed call has sent nothing for this long, an SSE comment line (``: dressage-heartbeat``)
+    keeps idle-timeout proxies and clients from closing it; 0: none (a paused call still sends
+    keep-alives). Upstream's module defaults to 15; each streamed frame then costs ~15 us more."""
 
     def __post_init__(self) -> None:
+        self.tool_call_parser = UPSTREAM_TOOL_CALL_TYPES.get(self.tool_call_parser, self.tool_call_parser)
+        self.reasoning_parser = UPSTREAM_REASONING_TYPES.get(self.reasoning_parser, self.reasoning_parser)
+        backends = {b for b in (self.tool_call_parse_backend, self.reasoning_parse_backend) if b is not None}
+        for key in ("tool_call_parse_backend", "reasoning_parse_backend"):
+            if getattr(self, key) not in (None, *PARSE_BACKENDS):
+                raise ConfigError(f"server.{key}: expected one of {', '.join(PARSE_BACKENDS)}, got {getattr(self, key)!r}")
+        on_engine = {b == "sglang_api" for b in backends}
+        if len(on_engine) > 1:
+            raise ConfigError("server.tool_call_parse_backend and server.reasoning_parse_backend: this Proxy parses "
+                              f"tool calls and reasoning in one place; got {self.tool_call_parse_backend!r} and "
+                              f"{self.reasoning_parse_backend!r}")
+        if on_engine:
+            self.parse_on_engine = on_engine.pop()
+        if isinstance(self.stream_heartbeat_interval_s, bool) \
+                or not isinstance(self.stream_heartbeat_interval_s, (int, float)) \
+                or not math.isfinite(self.stream_heartbeat_interval_s) or self.stream_heartbeat_interval_s < 0:
+            raise ConfigError(f"server.stream_heartbeat_interval_s must be a finite number >= 0, "
+                              f"got {self.stream_heartbeat_interval_s!r}")
         if self.tool_call_parser != AUTO and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ConfigError(f"server.tool_call_parser: unknown parser {self.tool_call_parser!r}; "
                               f"known: {AUTO}, {', '.join(sorted(TOOL_CALL_PARSERS))}")
@@ -125,10 +168,13 @@ class AccessConfig:
     endpoints need it (agent tokens get 403 there); it opens the agent endpoints too."""
     admin_token_file: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Read the admin token from this file (first line)."""
+    no_auth: bool = False
+    """Serve without an agents' token even on an address other machines reach (``--api-key no-auth``
+    says the same, as upstream's Proxy does by default)."""
 
     def __post_init__(self) -> None:
         if self.api_token == NO_AUTH:
-            self.api_token = None
+            self.api_token, self.no_auth = None, True
         for key in ("api_token", "admin_token"):
             path = getattr(self, key + "_file")
             if path is not None:
@@ -239,10 +285,21 @@ class LimitsConfig:
     """Cap on any call's new tokens, whatever the request asks."""
     max_steps_per_session: int | None = field(default=None, metadata=flag(metavar="N"))
     """Calls one session may record; the next gets ``max_steps_exceeded``. ``None``: no limit."""
+    dynamic_max_tokens: bool = field(default=True, metadata=flag("--no-dynamic-max-tokens"))
+    """Derive a call's max new tokens from what the context window leaves, and clamp what it asks to
+    that; off (``--no-dynamic-max-tokens``): the request's (or the default) budget goes to the engine
+    as asked (a prompt that fills the window is still refused)."""
+    default_temperature: float | None = field(default=None, metadata=flag("--rollout-temperature", metavar="T"))
+    """Sampling temperature of a call whose body gives none; ``None``: the engine's default."""
 
     def __post_init__(self) -> None:
         for key in ("default_max_new_tokens", "context_length", "max_output_tokens", "max_steps_per_session"):
             _optional_positive_int(f"limits.{key}", getattr(self, key))
+        if not isinstance(self.dynamic_max_tokens, bool):
+            raise ConfigError(f"limits.dynamic_max_tokens must be true or false, got {self.dynamic_max_tokens!r}")
+        t = self.default_temperature
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 2):
+            raise ConfigError(f"limits.default_temperature must be in [0, 2], got {t!r}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -261,9 +318,17 @@ class SessionsConfig:
     """Live (active) sessions the Proxy holds; a new one beyond it gets 429 ``too_many_sessions``
     once no idle session is left to evict."""
     max_cached_turns: int = field(default=65_536, metadata=flag(metavar="N"))
-    """Recorded ``X-Turn-Id`` replies kept for retries (the oldest settled ones go first)."""
+    """Recorded replies kept for transport retries (``Idempotency-Key``, the OpenAI SDK's own retries; the
+    oldest settled ones go first)."""
+    max_partial_rollout_preempts: int | None = field(default=None, metadata=flag(metavar="N"))
+    """With partial rollout: weight-version changes one session may span; a call that would record
+    tokens of one more version is refused with 502 ``partial_rollout_staleness_exceeded`` (nothing
+    recorded). ``None``: no limit."""
 
     def __post_init__(self) -> None:
+        n = self.max_partial_rollout_preempts
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ConfigError(f"sessions.max_partial_rollout_preempts must be an integer >= 0, got {n!r}")
         if not self.finalize_wait_s >= 0:
             raise ConfigError(f"sessions.finalize_wait_s must be >= 0, got {self.finalize_wait_s!r}")
         if not isinstance(self.partial_rollout, bool):
@@ -291,8 +356,17 @@ class ReadsConfig:
     lease_s: float = field(default=600.0, metadata=flag("--read-lease", metavar="S"))
     """How long a leasing (or draining) read holds its trajectories for an ack (``POST /trajectory/ack``);
     past it they are readable again. A read may ask for another lease in its body (``lease_s``)."""
+    record_token_versions: bool = True
+    """Segment objects carry ``full_versions`` (upstream's switch; this Proxy always records versions,
+    so off only leaves them out of upstream's Segment objects)."""
+    mask_nonlast_version_tokens: bool = False
+    """Segment objects say ``extra_info.mask_nonlast_version_tokens``: upstream's trainer then trains
+    only the tokens of a Segment's last weight version (with ``full_versions``)."""
 
     def __post_init__(self) -> None:
+        if self.mask_nonlast_version_tokens and not self.record_token_versions:
+            raise ConfigError("reads.mask_nonlast_version_tokens needs reads.record_token_versions "
+                              "(the trainer masks by the versions it reads)")
         _positive_int("reads.min_group_size", self.min_group_size)
         if isinstance(self.lease_s, bool) or not isinstance(self.lease_s, (int, float)) \
                 or not 0 < self.lease_s < float("inf"):
@@ -300,6 +374,61 @@ class ReadsConfig:
         if isinstance(self.group_timeout_s, bool) or not isinstance(self.group_timeout_s, (int, float)) \
                 or not self.group_timeout_s > 0:
             raise ConfigError(f"reads.group_timeout_s must be positive, got {self.group_timeout_s!r}")
+
+
+@dataclass(kw_only=True, slots=True)
+class TokenBuildConfig:
+    """How a call's tokens are built (upstream's token-build flags).
+
+    This Proxy always builds token-in-token-out: a turn's prompt extends the tokens the engine gave
+    before, the chat template only renders what is new (:mod:`dressage.tokenizer`), for every family
+    its tokenizer knows. Upstream's ``snapshot`` mode (re-render the whole history each turn) drifts
+    tokens, so it is refused, not emulated.
+    """
+
+    mode: str = field(default="tito", metadata=flag("--token-build-mode", choices=("tito", "snapshot")))
+    """``tito`` (the only mode here)."""
+    model: str | None = field(default=None, metadata=flag("--token-build-model", metavar="FAMILY"))
+    """Upstream's model family (``qwen3_5``, ``qwen3_6``) naming its TITO, mask and parser defaults; here
+    the tokenizer decides TITO, and the family is the default of the parsers left at ``auto``."""
+    tito_model: str | None = field(default=None, metadata=flag(metavar="FAMILY"))
+    """Upstream's TITO family (``qwen3_5``, ``qwen3_6``); the same as ``model`` here."""
+    model_mask_type: str | None = field(default=None, metadata=flag(metavar="FAMILY"))
+    """Upstream's snapshot-mode assistant-mask template; unused with TITO (as upstream), accepted."""
+
+    def __post_init__(self) -> None:
+        if self.mode != "tito":
+            raise ConfigError(f"token_build.mode: {self.mode!r} is not built here: this Proxy builds every turn "
+                              "token-in-token-out (tito); re-rendering the history drifts tokens")
+        for key in ("model", "tito_model"):
+            value = getattr(self, key)
+            if value is not None and value not in TOKEN_BUILD_MODELS:
+                raise ConfigError(f"token_build.{key}: expected one of {', '.join(TOKEN_BUILD_MODELS)}, got {value!r}")
+        if self.model is not None and self.tito_model is not None and self.model != self.tito_model:
+            raise ConfigError(f"token_build.tito_model {self.tito_model!r} differs from token_build.model {self.model!r}")
+
+    @property
+    def family(self) -> str | None:
+        return self.tito_model or self.model
+
+
+@dataclass(kw_only=True, slots=True)
+class ToolCallHooksConfig:
+    """Side effects at agents' tool-call boundaries (upstream's hooks, :mod:`dressage.proxy.tool_call_hooks`)."""
+
+    hooks: tuple[str, ...] = field(default=(), metadata=flag("--tool-call-hooks", metavar="REF"))
+    """Hooks to run: ``package.module:Class``, ``/path/file.py:Class``, or the ``name`` of a hook such a
+    module defines; loaded at start (a reference that loads nothing stops it)."""
+    before_timeout_s: float | None = field(default=None, metadata=flag("--tool-call-hook-before-timeout",
+                                                                       metavar="S"))
+    """Time each ``before_tool_call`` hook has; a required one that overruns fails the call. ``None``: no limit."""
+
+    def __post_init__(self) -> None:
+        self.hooks = tuple(str(h) for h in (self.hooks or ()))
+        t = self.before_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)
+                              or t <= 0):
+            raise ConfigError(f"tool_call_hooks.before_timeout_s must be a positive number, got {t!r}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -351,6 +480,10 @@ class ProxyConfig:
     """Session lifetime and weight updates."""
     reads: ReadsConfig = field(default_factory=ReadsConfig)
     """Whole prompt groups on batch trajectory reads."""
+    token_build: TokenBuildConfig = field(default_factory=TokenBuildConfig)
+    """Upstream's token-build settings (TITO always)."""
+    tool_call_hooks: ToolCallHooksConfig = field(default_factory=ToolCallHooksConfig)
+    """Hooks at agents' tool-call boundaries (none by default)."""
     journal: JournalConfig = field(default_factory=JournalConfig)
     """The step journal (off unless ``journal.path`` is set)."""
     transfer_queue: TransferQueueSelection = field(default_factory=TransferQueueSelection)
@@ -361,6 +494,7 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         for key, cls in (("server", ServerConfig), ("access", AccessConfig), ("engines", EnginesConfig),
                          ("limits", LimitsConfig), ("sessions", SessionsConfig), ("reads", ReadsConfig),
+                         ("token_build", TokenBuildConfig), ("tool_call_hooks", ToolCallHooksConfig),
                          ("journal", JournalConfig),
                          ("transfer_queue", TransferQueueSelection), ("data_plane", DataPlaneConfig)):
             if not isinstance(getattr(self, key), cls):
@@ -369,10 +503,82 @@ class ProxyConfig:
             raise ConfigError(f"tokenizer: expected 'byte' or a tokenizer path, got {self.tokenizer!r}")
         for key in ("num_layers", "topk", "num_experts"):
             _optional_positive_int(key, getattr(self, key))
-        if self.access.api_token is None and not is_loopback(self.server.host):
+        if self.access.api_token is None and not self.access.no_auth and not is_loopback(self.server.host):
             raise ConfigError(f"server.host: {self.server.host} is reachable from other machines; set an agent "
-                              f"token (--api-token-file, ${AGENT_TOKEN_ENV}) or bind a loopback address")
+                              f"token (--api-token-file, ${AGENT_TOKEN_ENV}), bind a loopback address, or "
+                              "say --no-auth")
+        family = self.token_build.family
+        if family is not None:  # upstream's family names the parsers it leaves to their defaults
+            if self.server.tool_call_parser == AUTO:
+                self.server.tool_call_parser = UPSTREAM_TOOL_CALL_TYPES[family]
+            if self.server.reasoning_parser == AUTO:
+                self.server.reasoning_parser = UPSTREAM_REASONING_TYPES[family]
+        if self.sessions.max_partial_rollout_preempts is not None and not self.sessions.partial_rollout:
+            raise ConfigError("sessions.max_partial_rollout_preempts (--max-partial-rollout-preempts): set, but "
+                              "sessions.partial_rollout (--partial-rollout) is off")
         for key in ("spec", "spec_out"):
             if getattr(self.transfer_queue, key) is not None and not self.data_plane.enable_transfer_queue:
                 raise ConfigError(f"transfer_queue.{key} (--transfer-queue-{key.replace('_', '-')}): set, but "
                                   "data_plane.enable_transfer_queue (--enable-transfer-queue) is off")
+
+
+_ENV_FLAGS = {"", "0", "false", "no", "off"}
+
+
+def upstream_environment(environ: Mapping[str, str], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Dotted settings from upstream Dressage's ``DRESSAGE_*`` variables, for those ``given`` (the nested
+    map of what flags and ``--config`` set) leaves unset; flags win, as upstream's.
+
+    ``DRESSAGE_ENABLE_TRANSFER_QUEUE`` (a switch), and with TransferQueue on
+    ``DRESSAGE_TRANSFER_QUEUE_CONFIG``, ``DRESSAGE_TRANSFER_QUEUE_RETENTION_SECONDS`` and
+    ``DRESSAGE_TRANSFER_PARAMS`` (names split on spaces or commas); ``DRESSAGE_PROXY_MAX_STEPS_PER_SESSION``
+    (0: no limit). A malformed value is a ``ConfigError`` naming the variable.
+    """
+    def unset(path: str) -> bool:
+        node: Any = given
+        for part in path.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return True
+            node = node[part]
+        return node is None
+
+    def number(name: str, kind: type) -> Any:
+        try:
+            value = kind(environ[name])
+        except ValueError:
+            raise ConfigError(f"${name}: expected a number, got {environ[name]!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"${name}: expected a finite number >= 0, got {environ[name]!r}")
+        return value
+
+    out: dict[str, Any] = {}
+    if unset("data_plane.enable_transfer_queue") and "DRESSAGE_ENABLE_TRANSFER_QUEUE" in environ:
+        out["data_plane.enable_transfer_queue"] = \
+            environ["DRESSAGE_ENABLE_TRANSFER_QUEUE"].strip().lower() not in _ENV_FLAGS
+    tq_on = out.get("data_plane.enable_transfer_queue",
+                    (given.get("data_plane") or {}).get("enable_transfer_queue", False))
+    if tq_on:
+        if unset("transfer_queue.config") and environ.get("DRESSAGE_TRANSFER_QUEUE_CONFIG"):
+            out["transfer_queue.config"] = environ["DRESSAGE_TRANSFER_QUEUE_CONFIG"]
+        if unset("transfer_queue.retention_s") and environ.get("DRESSAGE_TRANSFER_QUEUE_RETENTION_SECONDS"):
+            out["transfer_queue.retention_s"] = number("DRESSAGE_TRANSFER_QUEUE_RETENTION_SECONDS", float)
+        names = environ.get("DRESSAGE_TRANSFER_PARAMS", "").replace(",", " ").split()
+        if unset("data_plane.transfer_params") and names:
+            out["data_plane.transfer_params"] = tuple(names)
+    if unset("limits.max_steps_per_session") and environ.get("DRESSAGE_PROXY_MAX_STEPS_PER_SESSION"):
+        steps = number("DRESSAGE_PROXY_MAX_STEPS_PER_SESSION", int)
+        if steps:
+            out["limits.max_steps_per_session"] = steps
+    return out
+
+
+def environment_overrides(environ: Mapping[str, str], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Every dotted setting the environment gives where ``given`` (flags and ``--config``) leaves it unset:
+    the tokens (``$DRESSAGE_PROXY_TOKEN``, ``$DRESSAGE_ADMIN_TOKEN``: arguments show in ``ps``, the
+    environment does not) and upstream's variables (:func:`upstream_environment`)."""
+    access = given.get("access") or {}
+    out = upstream_environment(environ, given)
+    for key, env in (("api_token", AGENT_TOKEN_ENV), ("admin_token", ADMIN_TOKEN_ENV)):
+        if access.get(key) is None and access.get(key + "_file") is None and environ.get(env):
+            out["access." + key] = environ[env]
+    return out

@@ -33,6 +33,7 @@ from dressage.proxy.recording.pause import RolloutPause
 from dressage.proxy.recording.session_book import SessionBook
 from dressage.proxy.recording.turns import CallIdentity, TurnCache
 from dressage.proxy.recording.weights import WeightVersions
+from dressage.proxy.tool_call_hooks import ToolCallHooks, load_tool_call_hooks
 from dressage.proxy.upstream.trajectories import Trajectories
 
 __all__ = ["ProxyService"]
@@ -64,7 +65,8 @@ class ProxyService:
         self.parser = parser or reply_parser(config.server.tool_call_parser, config.server.reasoning_parser,
                                              config.data_plane.model.name,
                                              engine=self.engine if config.server.parse_on_engine else None)
-        self.versions = WeightVersions(partial_rollout=config.sessions.partial_rollout)
+        self.versions = WeightVersions(partial_rollout=config.sessions.partial_rollout,
+                                       max_preempts=config.sessions.max_partial_rollout_preempts)
         self.pause = RolloutPause(self.versions)
         self.turns = TurnCache(config.sessions.max_cached_turns)
         self.limits = CallLimits(config.limits)
@@ -81,9 +83,13 @@ class ProxyService:
         calls = ModelCalls(config, core, tokenizer, engines=self.engines, pause=self.pause, versions=self.versions,
                            limits=self.limits, rids=self.rids, in_flight=self.in_flight, book=self.book,
                            keep_special_tokens=getattr(self.parser, "special_markers", False))
+        hooks = config.tool_call_hooks
+        self.tool_call_hooks = ToolCallHooks(load_tool_call_hooks(hooks.hooks), before_timeout_s=hooks.before_timeout_s)
+        """Upstream's tool-call hooks (none unless configured)."""
         self.chat = ChatServing(config, core, tokenizer, calls=calls,
                                 sampler=ChatSampler(config, calls, self.parser), turns=self.turns,
-                                limits=self.limits, in_flight=self.in_flight, book=self.book)
+                                limits=self.limits, in_flight=self.in_flight, book=self.book,
+                                hooks=self.tool_call_hooks)
         self.responses = ResponsesServing(config, core, chat=self.chat, memory=memory, parser=self.parser,
                                           turns=self.turns, book=self.book)
         self.messages = MessagesServing(config, core, tokenizer, chat=self.chat, parser=self.parser, turns=self.turns,

@@ -214,8 +214,16 @@ class TransferQueueSelection:
     spec_out: str | None = field(default=None, metadata=flag("--transfer-queue-spec-out", metavar="FILE"))
     """Write the client spec of the TransferQueue in use to this file (JSON, mode 0600: it carries the
     TQ's secret) once it runs, for processes that join it by file; the command removes it when it stops."""
+    retention_s: float | None = field(default=None, metadata=flag("--transfer-queue-retention-seconds", metavar="S"))
+    """Overrides the started deployment's ``retention_s``: keys nobody cleared are removed this long
+    after their last write or read. ``None``: the deployment's own setting."""
 
     def __post_init__(self) -> None:
+        if self.retention_s is not None:
+            self.retention_s = _seconds("retention_s", self.retention_s)
+            if self.spec is not None:
+                raise ConfigError("transfer_queue.retention_s (--transfer-queue-retention-seconds) applies to a "
+                                  "TransferQueue this command starts, not one joined with transfer_queue.spec")
         if isinstance(self.config, Mapping):
             self.config = TransferQueueConfig.from_dict(self.config)
         elif isinstance(self.config, os.PathLike):
@@ -239,8 +247,9 @@ class TransferQueueSelection:
                                   "transfer_queue.spec (--transfer-queue-spec) joins from")
 
     def settings(self) -> TransferQueueConfig:
-        """The settings of the deployment to start (the file read now)."""
-        return load_config(self.config)
+        """The settings of the deployment to start (the file read now, ``retention_s`` applied)."""
+        cfg = load_config(self.config)
+        return cfg if self.retention_s is None else dataclasses.replace(cfg, retention_s=self.retention_s)
 
 
 def tq_default(name: str) -> Any:

@@ -58,6 +58,7 @@ def test_drained_batch_read_never_hands_over_a_partial_group(proxy):
         _session(url, f"g8-{i}", "8")
     read = _read(url, drain=True)
     assert [[seg["trajectory_id"] for seg in group] for group in read["data"]] == [[f"g8-{i}" for i in range(4)]]
+    assert read["meta_info"]["timed_out_groups"] == []   # a whole group is not flagged
     (held,) = read["meta_info"]["incomplete_groups"]
     assert (held["key"], held["finalized"]) == ("7", 3) and 0 <= held["age_s"] < 600
     again = _read(url, drain=True)  # still 3 of 4: nothing handed over, the group stays listed
@@ -81,6 +82,7 @@ def test_group_timeout_hands_over_the_partial_group(proxy):
     timed_out = _read(url, drain=True, group_timeout_s=100.0)
     assert [sorted(seg["trajectory_id"] for seg in g) for g in timed_out["data"]] == [["late-0", "late-1"]]
     assert timed_out["meta_info"]["incomplete_groups"] == []
+    assert timed_out["meta_info"]["timed_out_groups"] == ["3"]   # flagged: handed over short of min_group_size
     assert _read(url, drain=True)["meta_info"]["incomplete_groups"] == []
 
 

@@ -130,17 +130,18 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", default_headers=headers, max_retries=0)
     assert [m.id for m in client.models.list().data] == ["dressage-policy"]
     msgs = [{"role": "user", "content": "hello"}]
-    first = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, extra_headers={"X-Turn-Id": "t1"})
-    again = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, extra_headers={"X-Turn-Id": "t1"})
+    t1 = {"X-Turn-Id": "t1", "Idempotency-Key": "call-1"}
+    first = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, extra_headers=t1)
+    again = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, extra_headers=t1)
     assert again.id == first.id and again.choices[0].message.content == first.choices[0].message.content
     replay = list(client.chat.completions.create(model="m", messages=msgs, max_tokens=12, stream=True,
-                                                 extra_headers={"X-Turn-Id": "t1"}))
+                                                 extra_headers=t1))
     assert "".join(c.choices[0].delta.content or "" for c in replay if c.choices).strip() == \
         (first.choices[0].message.content or "").strip()
     msgs += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
     client.chat.completions.create(model="m", messages=msgs, max_tokens=12, extra_headers={"X-Turn-Id": "t2"})
     session = proxy.service.core.sessions["agent-7"]
-    assert len(session.steps) == 2 and session.metadata["group_index"] == 3   # the retried turn recorded once
+    assert len(session.steps) == 2 and session.metadata["group_index"] == 3   # the retried call recorded once
     # The other upstream header and the base-URL form work side by side.
     other = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                           default_headers={"X-SMG-Routing-Key": "agent-8"})
@@ -163,7 +164,10 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
     (traj,) = read["trajectories"]
     assert traj["reward"] == 0.5 and traj["metadata"]["instance_id"] == "3"
     assert len(traj["segments"][0]["step_ids"]) == 2
-    assert httpx.post(url + "/trajectory/read", json={"session_id": "agent-7"}).status_code == 404  # drained
+    drained = httpx.post(url + "/trajectory/read", json={"session_id": "agent-7"})  # upstream's answer
+    assert drained.status_code == 200
+    assert (drained.json()["success"], drained.json()["data"], drained.json()["meta_info"]["missing"]) == \
+        (False, [], ["agent-7"])
     assert httpx.post(url + "/trajectory/read", json={"session_id": "agent-8"}).status_code == 409  # active
 
 
@@ -252,7 +256,11 @@ def test_weight_version_change_is_rejected_without_partial_rollout(slow_engine):
         client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0)
         kw = dict(model="m", messages=[{"role": "user", "content": "Write at length."}], max_tokens=60)
         _, _, _, (cut,) = asyncio.run(_pause_mid_generation(p.url, [client.chat.completions.create(**kw)]))
-        assert isinstance(cut, openai.ConflictError) and cut.code == "weight_version_changed"
+        # Upstream's shape: a 502 its harness reads as an invalidated rollout (detail.error), not retried.
+        assert isinstance(cut, openai.InternalServerError) and cut.status_code == 502
+        assert cut.code == "generation_preempted" and cut.body is not None
+        assert cut.response.json()["detail"]["error"] == "generation_preempted"
+        assert cut.response.headers["x-should-retry"] == "false"
         assert len(p.steps(sid)) == 0                     # the cut call left nothing behind
         sid, base = _new_session(p.url)
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0)
@@ -260,9 +268,11 @@ def test_weight_version_change_is_rejected_without_partial_rollout(slow_engine):
         r = client.chat.completions.create(**kw)
         httpx.post(p.url + "/v1/rollout/resume", json={"weight_version": 2})
         msgs = kw["messages"] + [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "go"}]
-        with pytest.raises(openai.ConflictError) as err:
+        with pytest.raises(openai.InternalServerError) as err:
             client.chat.completions.create(**{**kw, "messages": msgs})
-        assert err.value.code == "weight_version_changed" and "weight version 1" in err.value.message
+        assert err.value.code == "trajectory_version_changed" and "weight version 1" in err.value.message
+        assert err.value.status_code == 502
+        assert err.value.response.json()["detail"]["error"] == "trajectory_version_changed"
         assert len(p.steps(sid)) == 1
     finally:
         p.close()
@@ -331,11 +341,12 @@ def test_two_engines_keep_sessions_sticky_and_move_them_when_one_fails():
         p.close(); e1.stop(); e2.stop()
 
 
-def test_concurrent_retries_of_one_turn_generate_and_record_once(slow_engine):
+def test_concurrent_retries_of_one_call_generate_and_record_once(slow_engine):
     p = start_proxy(slow_engine.url)
     try:
         client = openai.AsyncOpenAI(base_url=p.url + "/v1", api_key="none", max_retries=0,
-                                    default_headers={"X-Session-Id": "dup", "X-Turn-Id": "turn-1"})
+                                    default_headers={"X-Session-Id": "dup", "X-Turn-Id": "turn-1",
+                                                     "Idempotency-Key": "once"})
         kw = dict(model="m", messages=[{"role": "user", "content": "Write at length."}], max_tokens=20)
 
         async def both():

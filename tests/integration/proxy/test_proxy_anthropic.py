@@ -294,7 +294,7 @@ def test_qwen3_template_thinking_and_tool_loop_is_one_segment(qwen3, keep_thinki
 
 
 def test_a_retried_turn_gets_the_same_message_and_records_nothing(proxy):
-    h = {"X-Session-Id": "anthropic-turns-1", "X-Turn-Id": "t1"}
+    h = {"X-Session-Id": "anthropic-turns-1", "X-Turn-Id": "t1", "Idempotency-Key": "k1"}
     msgs = [{"role": "user", "content": "Say a few words."}]
     full = httpx.post(proxy.url + "/v1/messages", headers={"X-Session-Id": "anthropic-turns-0"}, timeout=20,
                       json={"model": "m", "max_tokens": 40, "temperature": 0.5, "messages": msgs}).json()
@@ -302,13 +302,14 @@ def test_a_retried_turn_gets_the_same_message_and_records_nothing(proxy):
     body = {"model": "m", "max_tokens": 40, "temperature": 0.5, "messages": msgs, "stop_sequences": [text[4:6]]}
     first = httpx.post(proxy.url + "/v1/messages", headers=h, json=body, timeout=20).json()
     again = httpx.post(proxy.url + "/v1/messages", headers=h, json=body, timeout=20).json()
-    assert first["stop_reason"] == "stop_sequence" and again == first
+    assert first["stop_reason"] == "stop_sequence" and again == first   # a transport retry: replayed
     client = anthropic.Anthropic(base_url=proxy.url, api_key="dummy", max_retries=0, default_headers=h)
     with client.messages.stream(**{k: v for k, v in body.items() if k != "temperature"}, extra_body=T05) as events:
         replayed = events.get_final_message()
     assert replayed.model_dump(exclude_none=True) == anthropic.types.Message(**first).model_dump(exclude_none=True)
     assert httpx.get(proxy.url + "/sessions/anthropic-turns-1", timeout=20).json()["steps"] == 1
-    # Another request under the same turn is the turn's next call.
-    other = httpx.post(proxy.url + "/v1/messages", headers=h, json={**body, "max_tokens": 41}, timeout=20)
+    # The same request under the same turn without a retry header generates again (a branch).
+    plain = {k: v for k, v in h.items() if k != "Idempotency-Key"}
+    other = httpx.post(proxy.url + "/v1/messages", headers=plain, json=body, timeout=20)
     assert other.status_code == 200 and other.json()["id"] != first["id"]
     assert httpx.get(proxy.url + "/sessions/anthropic-turns-1", timeout=20).json()["steps"] == 2

@@ -341,10 +341,11 @@ def test_a_retried_n_sample_turn_is_replayed_whole(api):
     sid = api.session()
     url = f"{api.url}/sessions/{sid}/v1/chat/completions"
     body = {"messages": USER, "n": 2, "max_tokens": 20}
-    first = httpx.post(url, json=body, headers={"X-Turn-Id": "t1"}, timeout=30).json()
-    again = httpx.post(url, json=body, headers={"X-Turn-Id": "t1"}, timeout=30).json()
+    h = {"X-Turn-Id": "t1", "Idempotency-Key": "k1"}
+    first = httpx.post(url, json=body, headers=h, timeout=30).json()
+    again = httpx.post(url, json=body, headers=h, timeout=30).json()
     assert again == first and len(api.steps(sid)) == 2
-    events = httpx.post(url, json={**body, "stream": True}, headers={"X-Turn-Id": "t1"}, timeout=30).text
+    events = httpx.post(url, json={**body, "stream": True}, headers=h, timeout=30).text
     chunks = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: {")]
     texts = {0: "", 1: ""}
     for ch in chunks:

@@ -284,12 +284,14 @@ def test_async_client_stream_create_true(proxy):
     assert final.usage.output_tokens == plain.usage.output_tokens
 
 
-def test_a_retried_turn_gets_the_same_response_and_records_nothing(proxy):
-    h = {"X-Session-Id": "resp-turns-1", "X-Turn-Id": "t1"}
+def test_an_sdk_retry_gets_the_same_response_and_records_nothing(proxy):
+    h = {"X-Session-Id": "resp-turns-1", "X-Turn-Id": "t1", "x-stainless-retry-count": "0"}
+    retry = {**h, "x-stainless-retry-count": "1"}  # the OpenAI SDK's own retry of the same body
     body = {"input": "Tell me one thing.", "max_output_tokens": 30}
     first = httpx.post(proxy.url + "/v1/responses", headers=h, json=body, timeout=20).json()
-    again = httpx.post(proxy.url + "/v1/responses", headers=h, json=body, timeout=20).json()
-    with httpx.stream("POST", proxy.url + "/v1/responses", headers=h, json={**body, "stream": True}, timeout=20) as r:
+    again = httpx.post(proxy.url + "/v1/responses", headers=retry, json=body, timeout=20).json()
+    with httpx.stream("POST", proxy.url + "/v1/responses", headers=retry, json={**body, "stream": True},
+                      timeout=20) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     replayed = json.loads(lines[-1][len("data: "):])
     assert again["id"] == first["id"] and again["output"] == first["output"]
@@ -304,7 +306,7 @@ def test_a_retried_turn_gets_the_same_response_and_records_nothing(proxy):
 
 
 def test_capabilities_name_the_openai_endpoints(proxy):
-    endpoints = httpx.get(proxy.url + "/integration/capabilities", timeout=20).json()["endpoints"]
+    endpoints = httpx.get(proxy.url + "/integration/capabilities", timeout=20).json()["dressage"]["endpoints"]
     for path in ("POST /v1/responses", "POST /sessions/{id}/v1/responses", "POST /v1/completions",
                  "POST /sessions/{id}/v1/completions", "GET /v1/models/{model}"):
         assert path in endpoints

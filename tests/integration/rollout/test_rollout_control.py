@@ -140,7 +140,7 @@ def test_named_versions_keep_their_codes_across_a_journal_restart(engine, tmp_pa
             # The recovered session still keeps its version: the engine moved on, so its call is refused.
             r = h.post(f"{proxy.url}/sessions/{sid}/generate", json={"input_ids": PROMPT})
             message = r.json()["error"]["message"]
-            assert r.status_code == 409 and "rl-step-7" in message and "rl-step-8" in message, message
+            assert r.status_code == 502 and "rl-step-7" in message and "rl-step-8" in message, message
             assert len(proxy.core.session(sid).steps) == 1
             other = _session(h, proxy.url)
             _generate(h, proxy.url, other)
@@ -195,5 +195,6 @@ def test_a_session_pause_cuts_only_that_sessions_call_in_flight(slow_engine, par
             versions = [int(v) for v in step_a.token_versions]
             assert versions[-1] == rl1 and versions == sorted(versions) and set(versions) <= {0, rl1}
         else:
-            assert out_a.status_code == 409 and out_a.json()["error"]["code"] == "weight_version_changed"
+            assert out_a.status_code == 502 and out_a.json()["error"]["code"] == "generation_preempted"
+            assert out_a.json()["detail"]["error"] == "generation_preempted"
             assert not proxy.core.session(a).steps     # nothing recorded for the cut call

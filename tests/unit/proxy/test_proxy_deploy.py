@@ -39,12 +39,14 @@ def make(mock, *, r3=True, partial=True, router=False, tq=None, key=None, sink=N
     return service, httpx.AsyncClient(transport=httpx.ASGITransport(app=build_app(service)), base_url="http://proxy")
 
 
-def chat(h, sid, text, *, turn=None, instance=None, max_tokens=3, **extra):
+def chat(h, sid, text, *, turn=None, instance=None, max_tokens=3, retry=None, **extra):
     headers = {"X-Session-Id": sid}
     if turn is not None:
         headers["X-Turn-Id"] = turn
     if instance is not None:
         headers["X-Instance-Id"] = instance
+    if retry is not None:  # as the OpenAI SDK sends it: 0 on the first attempt
+        headers["x-stainless-retry-count"] = str(retry)
     return h.post("/v1/chat/completions", headers=headers,
                   json={"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, **extra})
 
@@ -144,7 +146,7 @@ def test_behind_a_data_path_router_generate_carries_the_routing_key_and_aborts_f
         # Weight-version calls go to each worker too.
         await service.engine.update_weight_version("step-9")
         assert mock.versions == {W1: "step-9", W2: "step-9"} and await service.engine.get_weight_version() == "step-9"
-        caps = (await h.get("/integration/capabilities")).json()
+        caps = (await h.get("/integration/capabilities")).json()["dressage"]
         assert caps["features"]["router_fanout"] is True and caps["engines"] == 1
 
     asyncio.run(go())
@@ -242,20 +244,27 @@ def test_behind_a_discovery_router_a_dead_worker_fails_one_call_and_its_session_
 
 # ----------------------------------------------------------------------------- upstream clients
 
-def test_a_turn_scope_holds_several_calls_and_a_true_duplicate_replays_once():
+def test_a_turn_scope_holds_several_calls_an_sdk_retry_replays_and_a_resend_branches():
     async def go():
         mock = MockSGLang([W1])
         service, h = make(mock)
-        first = (await chat(h, "s", "plan", turn="t1")).json()
-        second = (await chat(h, "s", "act", turn="t1")).json()        # same turn, another call
-        again = (await chat(h, "s", "plan", turn="t1")).json()         # the first call retried
-        streamed = await chat(h, "s", "act", turn="t1", stream=True)  # a retry that switched to streaming
+        first = (await chat(h, "s", "plan", turn="t1", retry=0)).json()
+        second = (await chat(h, "s", "act", turn="t1", retry=0)).json()        # same turn, another call
+        again = (await chat(h, "s", "plan", turn="t1", retry=1)).json()         # the SDK retried the first
+        streamed = await chat(h, "s", "act", turn="t1", retry=2, stream=True)  # a retry that switched to streaming
         assert again == first and second["id"] != first["id"] and streamed.status_code == 200
         assert "data: [DONE]" in streamed.text
         assert (await chat(h, "s", "next", turn="t2")).status_code == 200
         assert len(mock.calls("/generate")) == 3 and service.book.replayed_turns == 2
+        # The agent asks the same again (no retry header): a new generation, recorded as a branch.
+        resent = (await chat(h, "s", "plan", turn="t1")).json()
+        assert resent["id"] != first["id"] and len(mock.calls("/generate")) == 4
+        s = service.core.sessions["s"]
+        first_step, resent_step = (s.steps[k] for k in sorted(s.steps) if s.steps[k].metadata.get("turn_id") == "t1"
+                                   and s.steps[k].messages[-1]["content"] == "plan")
+        assert resent_step.parent_id == first_step.parent_id  # a sibling of the first attempt
         fin = (await h.post("/session/finalize", json={"session_id": "s"})).json()
-        assert (fin["num_steps"], fin["num_turns"]) == (3, 2)
+        assert (fin["num_steps"], fin["num_turns"]) == (4, 2)
 
     asyncio.run(go())
 
@@ -341,7 +350,7 @@ def test_discard_drops_active_finalized_and_aborted_sessions_and_their_keys():
             rm = RolloutManager()
             service, h = make(mock, tq=tq, sink=rm)
             for sid in ("act", "fin", "abo", "keep"):
-                assert (await chat(h, sid, "hello", turn="t")).status_code == 200
+                assert (await chat(h, sid, "hello", turn="t", retry=0)).status_code == 200
                 await service.core.settled(sid)  # the TQ write lands behind the answer
             assert tq.total_keys() == 8
             await h.post("/session/finalize", json={"session_id": "fin"})
@@ -389,7 +398,9 @@ def test_read_by_trajectory_id_returns_exactly_that_trajectory():
         timeline = (await h.post("/trajectory/read", json={"trajectory_id": "b1", "segment_view": "timeline"})).json()
         assert timeline["data"][0]["tokens"] == lineage["data"][0]["tokens"] and len(timeline["data"]) == 1
         assert (await h.post("/trajectory/read", json={"traj_id": "a2"})).status_code == 400
-        assert (await h.post("/trajectory/read", json={"trajectory_id": "nope"})).status_code == 404
+        unknown = await h.post("/trajectory/read", json={"trajectory_id": "nope"})
+        assert unknown.status_code == 200
+        assert (unknown.json()["success"], unknown.json()["meta_info"]["missing"]) == (False, ["nope"])
         await chat(h, "live", "x")
         assert (await h.post("/trajectory/read", json={"trajectory_id": "live"})).status_code == 409
 
@@ -419,11 +430,13 @@ def test_session_ids_in_the_body_name_the_call_as_upstream_clients_send_them():
         service, h = make(mock)
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "session_id": "body-s",
                 "instance_id": "9", "turn_id": "t"}
-        assert (await h.post("/v1/chat/completions", json=body)).status_code == 200
-        assert (await h.post("/v1/chat/completions", json=body)).status_code == 200  # replayed
+        assert (await h.post("/v1/chat/completions", json=body,
+                             headers={"x-stainless-retry-count": "0"})).status_code == 200
+        assert (await h.post("/v1/chat/completions", json=body,
+                             headers={"x-stainless-retry-count": "1"})).status_code == 200  # replayed
         assert len(steps(service, "body-s")) == 1
         assert service.core.sessions["body-s"].metadata["instance_id"] == "9"
-        caps = (await h.get("/integration/capabilities")).json()
+        caps = (await h.get("/integration/capabilities")).json()["dressage"]
         assert "POST /session/discard" in caps["endpoints"] and caps["features"]["finalize_idempotent"]
 
     asyncio.run(go())

@@ -111,7 +111,7 @@ def test_resume_with_update_engines_sets_every_worker_and_the_next_tokens_carry_
         assert code >= NAMED_BASE and service.versions.table.label(code) == "step-7"
         assert step.metadata["weight_versions"] == {str(code): "step-7"}
         assert (await h.get("/v1/engines")).json()["engines"][0]["weight_version"] == "step-7"
-        assert (await h.get("/integration/capabilities")).json()["features"]["resume_update_engines"] is True
+        assert (await h.get("/integration/capabilities")).json()["dressage"]["features"]["resume_update_engines"] is True
 
     asyncio.run(go())
 

@@ -32,8 +32,8 @@ class FakeService:
         self.calls.append(("header_session", identity.session_id))
         return identity.session_id
 
-    async def open_chat(self, session_id, req, *, turn_id=None):
-        self.calls.append(("chat", session_id, [m.content for m in req.messages], turn_id, req.max_tokens))
+    async def open_chat(self, session_id, req, *, scope=None):
+        self.calls.append(("chat", session_id, [m.content for m in req.messages], scope.turn_id, req.max_tokens))
         if session_id == "gone":
             raise UnknownStepError("unknown session 'gone'")
         if req.stream:

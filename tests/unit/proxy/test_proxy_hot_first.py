@@ -144,6 +144,7 @@ def _same_but_ids(answer):
     if "base_url" in body:  # a created session: its id is random
         text = text.replace(body["session_id"], "<sid>")
     text = re.sub(r"(chatcmpl|call)[-_][0-9a-f]+", "<id>", text)
+    text = re.sub(r'"finalization_id": "[0-9a-f]+"', '"finalization_id": "<id>"', text)
     return status, kind, re.sub(r'"created": ?[0-9]+', '"created": 0', text)
 
 

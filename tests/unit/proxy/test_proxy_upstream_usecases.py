@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from dressage.errors import ConfigError
@@ -18,6 +19,9 @@ from dressage.proxy.recording.turn_scope import request_hash, turn_call_key, tur
 class Seg:
     def __init__(self, sid, i):
         self.session_id, self.index = sid, i
+        self.tokens, self.prompt_length = np.array([1, 2]), 1
+        self.loss_mask, self.token_versions = np.array([1]), np.array([0])
+        self.large, self.boundary_reason, self.step_ids, self.total_length = {}, "end", (i,), 2
 
     def to_summary(self):
         return {"session_id": self.session_id, "index": self.index, "tokens": [1, 2]}

@@ -26,7 +26,7 @@ from dressage.proxy.openai.chat.serving import ChatCall, ChatServing
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.openai.streaming import aiter_frames
 from dressage.proxy.recording.session_book import SessionBook
-from dressage.proxy.recording.turn_scope import turn_call_key
+from dressage.proxy.recording.turn_scope import CallKey, CallScope
 from dressage.proxy.recording.turns import TurnCache
 from dressage.proxy.schemas import ChatRequest
 
@@ -60,28 +60,30 @@ class MessagesServing:
             raise invalid_body(exc, CHAT_NAMES) from None
 
     async def open(self, session_id: str, req: MessagesRequest, *,
-                   turn_id: str | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
+                   scope: CallScope | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
         """A Message (dict) or, for ``stream``, its event stream; every 4xx is raised before generation.
 
-        ``turn_id`` (``X-Turn-Id``) scopes the call to an agent turn as for chat: the same request
-        sent again under that turn gets the recorded reply, and nothing is recorded again.
+        ``scope`` (the call's headers) as for chat: a transport retry (an ``Idempotency-Key`` seen
+        before, or the SDK's retry of an identical body) gets the recorded Message and nothing is
+        recorded again; any other re-send under the same ``X-Turn-Id`` generates again (a branch).
         """
+        scope = scope or CallScope()
         try:
             chat = self._chat_of(session_id, req)
-            if turn_id is not None:
-                turn_id = turn_call_key(turn_id, chat.model_dump(exclude_none=True))  # the key chat uses
-                replayed = await self._replayed(session_id, turn_id, req)
+            key = scope.key(chat.model_dump(exclude_none=True)) if scope != CallScope() else CallKey()
+            if key.retry:
+                replayed = await self._replayed(session_id, key.key, req)
                 if replayed is not None:
                     return replayed
             await self.core.settled(session_id)  # the previous step's write-behind, before this call routes
-            call = self.chat.prepare(session_id, chat, turn_id=turn_id)
+            call = self.chat.prepare(session_id, chat, key=key, scope=scope)
         except BaseException:
             self.book.drop_if_unused(session_id)
             raise
         if req.stream:
             return self._stream(call, req)
-        if turn_id is not None:
-            self.turns.begin(session_id, turn_id)
+        if call.cached:
+            self.turns.begin(session_id, call.turn_id)
         completion = None
         try:
             async for event in self.chat.reply_events(call):
@@ -89,8 +91,8 @@ class MessagesServing:
                     completion = event
         except BaseException as exc:
             if call.commit is None:
-                if turn_id is not None:
-                    self.turns.abandon(session_id, turn_id, exc)
+                if call.cached:
+                    self.turns.abandon(session_id, call.turn_id, exc)
                 self.book.drop_if_unused(session_id)
             raise
         return self._message(call, completion, req.model)
@@ -117,7 +119,7 @@ class MessagesServing:
 
     def _message(self, call: ChatCall, completion: dict[str, Any], model: str) -> dict[str, Any]:
         matched = self._matched(call)
-        if matched is not None and call.turn_id is not None:
+        if matched is not None and call.cached:
             self._stops[completion["id"]] = matched
             while len(self._stops) > _KEPT_STOPS:
                 self._stops.popitem(last=False)
@@ -125,11 +127,11 @@ class MessagesServing:
 
     async def _stream(self, call: ChatCall, req: MessagesRequest) -> AsyncIterator[bytes]:
         sid, model = call.session_id, req.model
-        if call.turn_id is not None:
+        if call.cached:
             # The turn begins when the response starts, as chat's: a response that never starts must
             # not leave its retries waiting on a turn nobody runs.
-            replayed = await self._replayed(sid, call.turn_id, req)
-            if replayed is not None:  # a concurrent retry of this turn started first
+            replayed = await self._replayed(sid, call.turn_id, req) if call.retry else None
+            if replayed is not None:  # the attempt this retry repeats started first
                 async for frame in replayed:
                     yield frame
                 return
@@ -151,7 +153,7 @@ class MessagesServing:
             # The stream has begun (200 sent): the error is its last event.
             self.book.failed_calls += 1
             if not committing:
-                if call.turn_id is not None:
+                if call.cached:
                     self.turns.abandon(sid, call.turn_id, exc)
                 self.book.drop_if_unused(sid)
             if not isinstance(exc, DressageError):
@@ -159,7 +161,7 @@ class MessagesServing:
                 exc = DressageError(f"internal error: {type(exc).__name__}")
             yield error_event(exc.http_status, str(exc))
         except BaseException as exc:
-            if call.turn_id is not None and not committing:
+            if call.cached and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
             raise
 

@@ -19,8 +19,7 @@ from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 
-from dressage.errors import EngineError, EngineTimeout, EngineUnavailable, WireFormatError
-from dressage.errors import WeightVersionChangedError
+from dressage.errors import EngineError, EngineTimeout, EngineUnavailable, GenerationPreemptedError, WireFormatError
 from dressage.fields.sglang import finish_type, is_queued_abort
 from dressage.proxy.engines import server_timing
 from dressage.proxy.recording.pause import RolloutPause
@@ -146,7 +145,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
     ``None`` is a keep-alive while a streamed call waits for resume.
 
     ``normalize(body, prompt_len=, decision=)`` is the core's response decoder (it checks every
-    length). Raises :class:`WeightVersionChangedError` when a pause cuts the call and partial
+    length). Raises :class:`GenerationPreemptedError` when a pause cuts the call and partial
     rollout is off; nothing is recorded here.
     """
     prompt = plan.prompt_ids
@@ -206,7 +205,7 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
         if aborted and not run.aborted:
             raise EngineUnavailable(f"the engine aborted request {rid} (not a pause of this Proxy)")
         if aborted and not partial_rollout:
-            raise WeightVersionChangedError(
+            raise GenerationPreemptedError(
                 "a weight update paused this generation and partial rollout is off: its tokens would mix "
                 "policy versions; the call is dropped (start the Proxy with --partial-rollout to resume it)")
         version = pause.versions.stamp(getattr(out, "weight_version", None), version)

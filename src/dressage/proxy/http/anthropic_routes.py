@@ -21,7 +21,7 @@ from dressage.errors import DressageError, UnsupportedParameterError
 from dressage.proxy import fastjson
 from dressage.proxy.anthropic.protocol import (CountTokensRequest, MessagesRequest, dressage_error_object,
                                                invalid_body, is_anthropic_path)
-from dressage.proxy.recording.turn_scope import identity_of
+from dressage.proxy.recording.turn_scope import identity_of, scope_of
 
 __all__ = ["anthropic_router", "is_anthropic_path", "anthropic_error_response"]
 
@@ -63,7 +63,7 @@ def anthropic_router(service: Any) -> APIRouter:
             ident = identity_of(request.headers)
             if session_id is None:
                 session_id = service.header_session(ident)
-            out = await service.messages.open(session_id, req, turn_id=ident.turn_id)
+            out = await service.messages.open(session_id, req, scope=scope_of(request.headers))
         except DressageError as exc:
             return anthropic_error_response(service.book, exc)
         except Exception as exc:  # a bug still answers in the shape the client reads

@@ -30,7 +30,7 @@ from dressage.proxy.http.rollout_routes import rollout_router
 from dressage.proxy.schemas import BAD_REQUEST_ERRORS, ChatRequest, CreateSession, GenerateRequest
 from dressage.proxy.anthropic.protocol import error_object
 from dressage.proxy.openai.streaming import error_body
-from dressage.proxy.recording.turn_scope import identity_of
+from dressage.proxy.recording.turn_scope import identity_of, scope_of
 from dressage.serving import ConnectionLimits, UvicornServer
 
 __all__ = ["build_app", "fastapi_app", "HotFirst", "ProxyServer", "status_for"]
@@ -102,7 +102,7 @@ def fastapi_app(service: Any) -> FastAPI:
     app.include_router(upstream_router(service))
 
     async def answer(session_id: str, request: Request, body: ChatRequest) -> Response:
-        out = await service.chat.open(session_id, body, turn_id=identity_of(request.headers, body).turn_id)
+        out = await service.chat.open(session_id, body, scope=scope_of(request.headers, body))
         if isinstance(out, dict):
             return _json(out)
         return StreamingResponse(out, media_type="text/event-stream", headers={"cache-control": "no-cache"})

@@ -28,7 +28,7 @@ from dressage.proxy.engines import server_timing
 from dressage.proxy.http.guard import replay_body
 from dressage.proxy.schemas import ChatRequest, CreateSession, FinalizeRequest, GenerateRequest
 from dressage.proxy.openai.streaming import error_payload
-from dressage.proxy.recording.turn_scope import identity_of
+from dressage.proxy.recording.turn_scope import identity_of, scope_of
 
 __all__ = ["FastRoutes", "dressage_error_response", "listener_url"]
 
@@ -46,8 +46,10 @@ _REFUSED = object()
 def dressage_error_response(book: Any, exc: DressageError) -> Response:
     """The OpenAI-style error answer of ``exc``; counts a failed call in ``book`` (the session book)."""
     book.failed_calls += 1
-    # A 4xx here is final (a retry gets the same answer): tell OpenAI clients not to retry it.
-    headers = {"x-should-retry": "false"} if exc.http_status < 500 else None
+    # A 4xx here is final (a retry gets the same answer): tell OpenAI clients not to retry it. So is a
+    # rollout the weights invalidated (a 502 for upstream's harness, not an engine fault to retry).
+    final = exc.http_status < 500 or getattr(exc, "upstream_detail", False)
+    headers = {"x-should-retry": "false"} if final else None
     return JSONResponse(error_payload(exc), exc.http_status, headers=headers)
 
 
@@ -152,7 +154,7 @@ class FastRoutes:
             if session_id is None:
                 session_id = service.header_session(identity_of(headers, req))
             tally = server_timing.start()
-            out = await service.chat.open(session_id, req, turn_id=identity_of(headers, req).turn_id)
+            out = await service.chat.open(session_id, req, scope=scope_of(headers, req))
             if isinstance(out, dict):
                 return _json(out, tally)
             return StreamingResponse(out, media_type="text/event-stream", headers=_SSE_HEADERS)

@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 from dressage.proxy import fastjson
 from dressage.proxy.openai.completions import CompletionRequest
 from dressage.proxy.openai.responses.protocol import ResponsesRequest
-from dressage.proxy.recording.turn_scope import identity_of
+from dressage.proxy.recording.turn_scope import identity_of, scope_of
 
 __all__ = ["openai_router"]
 
@@ -36,8 +36,7 @@ def openai_router(service: Any) -> APIRouter:
         return service.header_session(identity_of(request.headers, body))
 
     async def respond(session_id: str, request: Request, body: ResponsesRequest) -> Response:
-        turn_id = identity_of(request.headers, body).turn_id
-        return _answer(await service.responses.open(session_id, body, turn_id=turn_id))
+        return _answer(await service.responses.open(session_id, body, scope=scope_of(request.headers, body)))
 
     @router.post("/sessions/{session_id}/v1/responses")
     async def responses(session_id: str, request: Request, body: ResponsesRequest) -> Response:

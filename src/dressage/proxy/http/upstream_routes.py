@@ -16,12 +16,13 @@ from fastapi import APIRouter, Request, Response
 from starlette.background import BackgroundTask
 
 from dressage.proxy import fastjson
-from dressage.errors import AnswerEncodeError, DressageError, MissingSessionIdError
-from dressage.proxy.http.capabilities import capabilities
+from dressage.errors import AnswerEncodeError, DressageError, MissingSessionIdError, UnknownStepError
+from dressage.proxy.http.capabilities import capabilities, template_fingerprint, upstream_capabilities
 from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE
 from dressage.proxy.schemas import (DiscardRequest, FinalizeRequest, FinalizeSessionRequest, TrajectoryAckRequest,
                                     TrajectoryReadRequest)
 from dressage.proxy.recording.turns import identity_from_headers
+from dressage.proxy.upstream.read import unknown_read_answer
 
 __all__ = ["upstream_router", "accepts"]
 
@@ -96,13 +97,22 @@ def upstream_router(service: Any) -> APIRouter:
         body = body or TrajectoryReadRequest()
         # A reader that accepts msgpack gets the answer as msgpack, resident arrays as raw bytes.
         binary = accepts(request.headers.get("accept", ""), MSGPACK_MEDIA_TYPE)
-        answer = service.trajectories.read(trajectory_id=body.trajectory_id, session_id=body.session_id,
-                                           session_ids=body.session_ids, instance_id=body.instance_id,
-                                           max_groups=body.max_groups, segment_view=body.segment_view,
-                                           drain=body.drain, format=body.format, binary=binary,
-                                           min_group_size=body.min_group_size,
-                                           group_timeout_s=body.group_timeout_s,
-                                           lease=body.lease, lease_s=body.lease_s)
+        try:
+            answer = service.trajectories.read(trajectory_id=body.trajectory_id, session_id=body.session_id,
+                                               session_ids=body.session_ids, instance_id=body.instance_id,
+                                               max_groups=body.max_groups, segment_view=body.segment_view,
+                                               drain=body.drain, format=body.format, binary=binary,
+                                               min_group_size=body.min_group_size,
+                                               group_timeout_s=body.group_timeout_s,
+                                               lease=body.lease, lease_s=body.lease_s)
+        except UnknownStepError:
+            # Upstream's client raises on any error status: a trajectory it does not hold (never
+            # finalized here, or drained already) is a 200 with success false, as upstream answers.
+            # Our trainer's Sample reads stay strict (a 404 names what is missing).
+            if body.format == "samples":
+                raise
+            named = [s for s in (body.trajectory_id, body.session_id, *(body.session_ids or ())) if s]
+            answer = unknown_read_answer(list(dict.fromkeys(named)), drained=body.drain, stats=service.stats())
         read_id = answer.get("read_id")
         try:
             content = _encode_answer(answer, binary)
@@ -139,7 +149,7 @@ def upstream_router(service: Any) -> APIRouter:
     @router.get("/integration/capabilities")
     async def integration_capabilities() -> dict[str, Any]:
         cfg, dp = service.config, service.core.config
-        return capabilities(partial_rollout=cfg.sessions.partial_rollout,
+        ours = capabilities(partial_rollout=cfg.sessions.partial_rollout,
                             rollout_routing_replay=dp.use_rollout_routing_replay,
                             transfer_queue=dp.enable_transfer_queue, segment_view=dp.segment_view,
                             engines=len(service.engines.members), router=service.router,
@@ -148,5 +158,13 @@ def upstream_router(service: Any) -> APIRouter:
                                    "routed_experts_dtype": dp.routed_experts_dtype,
                                    "served_model_name": cfg.server.served_model_name},
                             finalize_wait_s=cfg.sessions.finalize_wait_s)
+        return upstream_capabilities(ours, tokenizer=cfg.tokenizer, token_build_model=cfg.token_build.family,
+                                     max_output_tokens=cfg.limits.max_output_tokens,
+                                     partial_rollout=cfg.sessions.partial_rollout,
+                                     max_partial_rollout_preempts=cfg.sessions.max_partial_rollout_preempts,
+                                     record_token_versions=cfg.reads.record_token_versions,
+                                     mask_nonlast_version_tokens=cfg.reads.mask_nonlast_version_tokens,
+                                     weight_version=service.versions.label,
+                                     chat_template_fingerprint=template_fingerprint(service.tokenizer))
 
     return router

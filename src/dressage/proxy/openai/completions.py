@@ -181,7 +181,8 @@ class CompletionsServing:
         completion_id, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
         if req.stream:
             # The 200 waits for the engine's first answer: a refusal before it is a plain error status.
-            return await opened(self._stream_completion(session_id, plan, url, stops, req, completion_id, created))
+            return await opened(self._stream_completion(session_id, plan, url, stops, req, completion_id, created),
+                                heartbeat_s=self.config.server.stream_heartbeat_interval_s)
         self.in_flight.enter(session_id)
         try:
             result = await self.calls.final(plan)

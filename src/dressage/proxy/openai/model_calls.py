@@ -146,9 +146,14 @@ class ModelCalls:
             commit.add_done_callback(lambda _: self.in_flight.exit(session_id))
 
     # ------------------------------------------------------------ recording
-    def check_generated(self, session_id: str, results: Iterable[GenerationResult]) -> None:
-        """The call's generated tokens may all join the session (checked once, before any is recorded)."""
-        self.versions.check_generated(session_id, [r.token_versions for r in results])
+    def check_generated(self, session_id: str, results: Iterable[GenerationResult], *,
+                        expected_version: str | None = None) -> None:
+        """The call's generated tokens may all join the session (checked once, before any is recorded);
+        with ``expected_version`` (``X-Dressage-Expected-Version``) they must all carry that version."""
+        versions = [r.token_versions for r in results]
+        if expected_version is not None:
+            self.versions.check_expected(session_id, expected_version, versions)
+        self.versions.check_generated(session_id, versions)
 
     async def record(self, sid: str, plan: GenerationPlan, result: GenerationResult, engine_url: str, *,
                      metadata: dict[str, Any], committed: bool = False, **step_kwargs: Any) -> Any:
@@ -171,7 +176,7 @@ class ModelCalls:
         else:  # a synchronous commit (the journal write with TQ off) runs on a thread, as it always did
             pending = await asyncio.to_thread(self.core.begin_step, sid, plan.decision, **step_fields)
         step = await asyncio.wrap_future(pending.future) if committed else pending.preview
-        self.versions.recorded(sid, int(result.token_versions[0]))
+        self.versions.recorded(sid, int(result.token_versions[0]), codes_of(result.token_versions))
         self.book.recorded(sid)
         self.engines.settle(sid)
         return step

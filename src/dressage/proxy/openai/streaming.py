@@ -7,11 +7,12 @@ deltas an agent accumulates add up to the recorded assistant message.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
-__all__ = ["error_body", "error_payload", "agent_message", "sse", "DONE", "KEEPALIVE", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
+__all__ = ["error_body", "error_payload", "agent_message", "sse", "DONE", "KEEPALIVE", "HEARTBEAT", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
            "aiter_frames", "opened"]
 
 log = logging.getLogger("dressage.proxy")
@@ -19,6 +20,8 @@ log = logging.getLogger("dressage.proxy")
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
 """An SSE comment: clients ignore it, connections and read time-outs stay alive."""
+HEARTBEAT = b": dressage-heartbeat\n\n"
+"""The comment a quiet stream sends every ``server.stream_heartbeat_interval_s`` (upstream's words)."""
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -35,6 +38,9 @@ def error_payload(exc: Any) -> dict[str, Any]:
     body = error_body(message, exc.openai_type, param=getattr(exc, "param", None), code=code)
     if getattr(exc, "details", None):
         body["error"]["details"] = exc.details
+    if getattr(exc, "upstream_detail", False):
+        # Upstream Dressage's shape beside ours: its harness reads ``detail.error``.
+        body["detail"] = {"error": code, "message": message, **(getattr(exc, "details", None) or {})}
     return body
 
 
@@ -192,10 +198,13 @@ class _NoStream:
         return None, ""
 
 
-async def opened(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def opened(frames: AsyncIterator[bytes], heartbeat_s: float = 0.0) -> AsyncIterator[bytes]:
     """``frames`` once their first frame is there, which a streamed call sends only after the
     engine answered: a call the engine refuses (or that fails) before then raises here, so that the
-    agent gets a plain error status instead of a 200 stream that carries the error."""
+    agent gets a plain error status instead of a 200 stream that carries the error.
+
+    ``heartbeat_s`` > 0: whenever the stream has sent nothing for that long (a long prefill, a slow
+    engine), a :data:`HEARTBEAT` comment goes out, so that idle time-outs in between do not cut it."""
     first = await frames.__anext__()
 
     async def resumed() -> AsyncIterator[bytes]:
@@ -206,7 +215,28 @@ async def opened(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         finally:
             await frames.aclose()
 
-    return resumed()
+    async def beating() -> AsyncIterator[bytes]:
+        pending: asyncio.Future | None = None
+        try:
+            yield first
+            while True:
+                pending = asyncio.ensure_future(frames.__anext__())
+                while not (await asyncio.wait({pending}, timeout=heartbeat_s))[0]:
+                    yield HEARTBEAT
+                try:
+                    frame = pending.result()
+                except StopAsyncIteration:
+                    return
+                finally:
+                    pending = None
+                yield frame
+        finally:
+            if pending is not None:  # the client left while a frame was awaited: stop that first
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+            await frames.aclose()
+
+    return beating() if heartbeat_s > 0 else resumed()
 
 
 async def aiter_frames(frames: Iterable[bytes]) -> AsyncIterator[bytes]:

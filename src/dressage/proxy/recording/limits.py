@@ -21,7 +21,8 @@ class CallLimits:
         self.config = config
 
     def max_new_tokens(self, requested: int | None, prompt_len: int) -> int | None:
-        """min(request or --default-max-tokens, --max-output-tokens, what the context window leaves).
+        """min(request or --default-max-tokens, --max-output-tokens, what the context window leaves);
+        with ``dynamic_max_tokens`` off the window only refuses a prompt that fills it.
 
         What the window leaves is ``window - prompt - 1``: SGLang refuses a call whose prompt plus
         ``max_new_tokens`` reaches its context length. ``None`` (nothing asked, no default, no cap,
@@ -36,13 +37,18 @@ class CallLimits:
             room = window - prompt_len - 1
             if room < 1:
                 raise ContextOverflowError(prompt_len, window)
-            n = room if n is None else min(n, room)
+            if self.config.dynamic_max_tokens:
+                n = room if n is None else min(n, room)
         return n
 
     def sampling(self, requested: int | None, prompt_len: int) -> dict[str, Any]:
-        """The ``max_new_tokens`` entry of a call's sampling parameters (empty: the engine's default)."""
+        """A call's ``max_new_tokens`` (left out: the engine's default) and, when the Proxy sets one,
+        its default ``temperature``: the request's own sampling parameters go over these."""
         n = self.max_new_tokens(requested, prompt_len)
-        return {} if n is None else {"max_new_tokens": n}
+        out: dict[str, Any] = {} if n is None else {"max_new_tokens": n}
+        if self.config.default_temperature is not None:
+            out["temperature"] = float(self.config.default_temperature)
+        return out
 
     def check_call(self, session: Any) -> None:
         """A new call of ``session`` (raises if the session has used up its steps)."""

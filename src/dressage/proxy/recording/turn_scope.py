@@ -1,21 +1,37 @@
-"""Turn scopes: ``X-Turn-Id`` names one agent turn, which may hold several model calls.
+"""Turn scopes and retries: ``X-Turn-Id`` names one agent turn, which may hold several model calls.
 
-A call is replayed (its recorded reply returned, nothing recorded again) only when the same
-turn sends the *same* request again; the same turn id with a different body is the turn's next
-call. :func:`turn_call_key` is the key of that idempotency: turn id + a hash of the request,
-without the fields that only shape delivery (``stream``, ``stream_options``), so a retry that
-switches to streaming still replays, and without the ids a body may carry instead of headers.
+Retries are safe both ways. A call is answered from the record (its reply returned, no engine
+call, nothing recorded again) only when it is a *transport* retry: it carries an ``Idempotency-Key``
+an earlier call of the session carried, or it is the OpenAI SDK's own retry of an identical body
+(``x-stainless-retry-count`` > 0). The same request sent again under the same turn without those is
+an agent asking again (after an unparsable reply, say): it generates again and is recorded as a
+branch, as upstream Dressage does. :func:`turn_call_key` keys the identical-body case: turn id + a
+hash of the request, without the fields that only shape delivery (``stream``, ``stream_options``),
+so a retry that switches to streaming still replays, and without the ids a body may carry instead
+of headers. :class:`CallScope` is what a call's headers say; :meth:`CallScope.key` its :class:`CallKey`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dressage.proxy.recording.turns import CallIdentity, checked_identity, identity_from_headers
+from dressage.errors import SessionIdError
+from dressage.proxy.recording.turns import MAX_ID_CHARS, CallIdentity, checked_identity, identity_from_headers
 
-__all__ = ["request_hash", "turn_call_key", "turn_of", "identity_of", "DELIVERY_FIELDS", "IDENTITY_FIELDS"]
+__all__ = ["request_hash", "turn_call_key", "turn_of", "identity_of", "scope_of", "CallScope", "CallKey",
+           "DELIVERY_FIELDS", "IDENTITY_FIELDS", "IDEMPOTENCY_HEADER", "SDK_RETRY_HEADER", "EXPECTED_VERSION_HEADER",
+           "SANDBOX_HEADER"]
+
+IDEMPOTENCY_HEADER = "idempotency-key"
+SDK_RETRY_HEADER = "x-stainless-retry-count"
+"""The OpenAI SDKs send it on every request: 0 on the first attempt, n on their n-th retry."""
+SANDBOX_HEADER = "x-dressage-sandbox-id"
+"""The sandbox a call's agent runs in, for tool-call hooks (:mod:`dressage.proxy.tool_call_hooks`)."""
+EXPECTED_VERSION_HEADER = "x-dressage-expected-version"
+"""Upstream's pin: the call must be served by this weight version (502 ``weight_version_mismatch``)."""
 
 DELIVERY_FIELDS = frozenset({"stream", "stream_options"})
 IDENTITY_FIELDS = frozenset({"session_id", "instance_id", "turn_id"})
@@ -36,8 +52,60 @@ def turn_call_key(turn_id: str, body: Mapping[str, Any]) -> str:
 
 
 def turn_of(key: str) -> str:
-    """The turn id of a :func:`turn_call_key`."""
+    """The turn id of a :func:`turn_call_key` (or of a :class:`CallKey`'s key; empty: no turn)."""
     return key.split("\x1f", 1)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class CallKey:
+    """How one call meets the record of earlier calls."""
+
+    key: str | None = None
+    """Its turn id (:func:`turn_of`) and what names the request: the idempotency key, or the body hash."""
+    cached: bool = False
+    """Its reply is kept under ``key``, for a transport retry to be answered from."""
+    retry: bool = False
+    """It is a transport retry: a reply kept under ``key`` answers it (a concurrent first attempt is awaited)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallScope:
+    """What a call's headers say beyond its session: its turn, its retry headers, the version it expects."""
+
+    turn_id: str | None = None
+    idempotency_key: str | None = None
+    sdk_retry: int | None = None
+    """``x-stainless-retry-count``; ``None`` when the client sent none."""
+    expected_version: str | None = None
+    sandbox_id: str | None = None
+    """``X-Dressage-Sandbox-Id``: the sandbox upstream's tool-call hooks act on."""
+
+    def key(self, body: Mapping[str, Any]) -> CallKey:
+        turn = self.turn_id or ""
+        if self.idempotency_key is not None:
+            return CallKey(f"{turn}\x1fkey:{self.idempotency_key}", cached=True, retry=True)
+        if self.sdk_retry is not None:  # an SDK that retries by itself: keep the reply for its retry
+            return CallKey(turn_call_key(turn, body), cached=True, retry=self.sdk_retry > 0)
+        if self.turn_id is not None:  # the turn is recorded; asking again generates again
+            return CallKey(turn_call_key(turn, body))
+        return CallKey()
+
+
+def scope_of(headers: Mapping[str, str], body: Any = None) -> CallScope:
+    """A call's :class:`CallScope` from its headers (the turn also from its body, see :func:`identity_of`).
+
+    A malformed retry count counts as a first attempt; an idempotency key or expected version over
+    the id limits is a 400 (:class:`~dressage.errors.SessionIdError`)."""
+    turn = identity_of(headers, body).turn_id
+    retry = headers.get(SDK_RETRY_HEADER)
+    count = int(retry) if retry is not None and retry.strip().isdigit() else (0 if retry is not None else None)
+    key, version = headers.get(IDEMPOTENCY_HEADER) or None, headers.get(EXPECTED_VERSION_HEADER) or None
+    sandbox = headers.get(SANDBOX_HEADER) or None
+    for name, value in (("Idempotency-Key", key), ("X-Dressage-Expected-Version", version),
+                        ("X-Dressage-Sandbox-Id", sandbox)):
+        if value is not None and (len(value) > MAX_ID_CHARS or not value.isprintable()):
+            raise SessionIdError(f"{name}: at most {MAX_ID_CHARS} printable characters, got {len(value)}")
+    return CallScope(turn, key, count, version, sandbox)
 
 
 def identity_of(headers: Mapping[str, str], body: Any = None) -> CallIdentity:

@@ -15,6 +15,9 @@
   Sample's ``weight_versions`` lists the engine's strings as they were sent.
 - With partial rollout off, a session keeps the version of its first step: checked before a call
   (:meth:`check_current`) and on its generated tokens (:meth:`check_generated`).
+- With partial rollout on and ``max_preempts`` set, a session's tokens may span at most
+  ``max_preempts + 1`` versions; the same two checks refuse a call that would add one more
+  (``PartialRolloutStalenessError``, nothing recorded).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from dressage.errors import WeightVersionChangedError
+from dressage.errors import PartialRolloutStalenessError, WeightVersionChangedError, WeightVersionMismatchError
 from dressage.fields.versions import NAMED_BASE, VersionTable
 
 __all__ = ["codes_of", "WeightVersions", "UNSET_ENGINE_VERSION", "STEP_LABELS_KEY"]
@@ -47,13 +50,17 @@ def codes_of(token_versions: Any) -> list[int]:
 class WeightVersions:
     """Current version, engine-string table and per-session pins of one Proxy."""
 
-    def __init__(self, initial: int | str = 0, *, partial_rollout: bool = False) -> None:
+    def __init__(self, initial: int | str = 0, *, partial_rollout: bool = False,
+                 max_preempts: int | None = None) -> None:
         self.table = VersionTable()
         self.current = self.table.code(initial)
         self.partial_rollout = bool(partial_rollout)
+        self.max_preempts = max_preempts if self.partial_rollout else None
         self.from_engine = 0
         """Answers whose tokens carry the engine's own version (not the fallback)."""
         self._pins: dict[str, int] = {}
+        self._spans: dict[str, set[int]] = {}
+        """Versions the recorded tokens of each session span (kept only under ``max_preempts``)."""
 
     # ------------------------------------------------------------ the current version
     @property
@@ -91,7 +98,8 @@ class WeightVersions:
                 if len(step.token_versions):
                     self.current = max(self.current, int(step.token_versions.max()))
             if steps and session.state == "active" and len(steps[0].token_versions):
-                self.recorded(session.session_id, int(steps[0].token_versions[0]))
+                self.recorded(session.session_id, int(steps[0].token_versions[0]),
+                              [c for step in steps for c in codes_of(step.token_versions)])
 
     # ------------------------------------------------------------ per-session rule
     # With partial rollout off a call meets the rule twice, and the two checks are different facts:
@@ -99,11 +107,26 @@ class WeightVersions:
     # new call once the policy moved on), :meth:`check_generated` once the tokens are back (a pause
     # and resume may have changed the version while the call ran, and siblings of one call must agree).
     def check(self, session_id: str, codes: Iterable[int]) -> None:
-        """Tokens of ``codes`` may join the session (always true with partial rollout)."""
+        """Tokens of ``codes`` may join the session (with partial rollout: within ``max_preempts``)."""
+        if self.partial_rollout:
+            self._check_span(session_id, codes)
+            return
         first = self._pins.get(session_id)
-        if self.partial_rollout or first is None:
+        if first is None:
             return
         self._refuse_other(session_id, first, codes)
+
+    def _check_span(self, session_id: str, codes: Iterable[int]) -> None:
+        if self.max_preempts is None:
+            return
+        span = self._spans.get(session_id, set()) | {int(c) for c in codes if int(c) >= 0}
+        if len(span) - 1 > self.max_preempts:
+            labels = [self.table.label(c) for c in sorted(span)]
+            raise PartialRolloutStalenessError(
+                f"session {session_id} would span weight versions {', '.join(labels)}: more than the "
+                f"{self.max_preempts} version change(s) --max-partial-rollout-preempts allows; the call is refused",
+                session_id=session_id, versions=labels, version_span=len(span), version_switches=len(span) - 1,
+                max_preempts=self.max_preempts, max_version_span=self.max_preempts + 1)
 
     def _refuse_other(self, session_id: str, first: int, codes: Iterable[int]) -> None:
         for v in codes:
@@ -123,7 +146,10 @@ class WeightVersions:
         A session with no step yet is pinned by the first response's first token, as
         :meth:`recorded` will pin it; every later sibling is held to that version.
         """
-        if self.partial_rollout or not responses:
+        if not responses:
+            return
+        if self.partial_rollout:
+            self._check_span(session_id, [c for tv in responses for c in codes_of(tv)])
             return
         if session_id not in self._pins:
             pin = int(np.asarray(responses[0]).flat[0])
@@ -133,11 +159,27 @@ class WeightVersions:
         for tv in responses:
             self.check(session_id, codes_of(tv))
 
-    def recorded(self, session_id: str, first_code: int) -> None:
+    def check_expected(self, session_id: str, expected: str, responses: Sequence[Any]) -> None:
+        """Every generated token carries weight version ``expected`` (the engine's string, or the
+        number the Proxy was resumed at), else ``WeightVersionMismatchError``: the policy moved."""
+        codes = sorted({c for tv in responses for c in codes_of(tv) if c >= 0})
+        observed = [self.table.label(c) for c in codes]
+        if any(label != str(expected) for label in observed):
+            raise WeightVersionMismatchError(
+                f"the call expected weight version {expected} and was served by {', '.join(observed)}; "
+                "nothing of it is recorded", expected=str(expected), observed=observed[-1],
+                observed_versions=observed, session_id=session_id)
+
+    def recorded(self, session_id: str, first_code: int, codes: Iterable[int] = ()) -> None:
+        """A step of the session was recorded: its first token's version pins the session, and under
+        ``max_preempts`` its versions (``codes``) join the session's span."""
         self._pins.setdefault(session_id, int(first_code))
+        if self.max_preempts is not None:
+            self._spans.setdefault(session_id, set()).update(int(c) for c in codes if int(c) >= 0)
 
     def forget(self, session_id: str) -> None:
         self._pins.pop(session_id, None)
+        self._spans.pop(session_id, None)
 
     def state(self) -> dict[str, Any]:
         return {"weight_version": self.current, "version": self.label, "from_engine": self.from_engine,

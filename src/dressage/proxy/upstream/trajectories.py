@@ -21,7 +21,8 @@ from dressage.proxy.upstream.leases import ReadLeases
 from dressage.proxy.upstream.ledger import FinalizeLedger, count_turns
 from dressage.proxy.recording.session_book import SessionBook
 from dressage.proxy.recording.turns import instance_group
-from dressage.proxy.upstream.read import GroupRule, read_answer, select_trajectories
+from dressage.proxy.upstream.read import (GroupRule, SegmentFormat, finalization_id, read_answer,
+                                          select_trajectories)
 from dressage.trajectory import build_segments
 from dressage.trajectory.sample_wire import samples_wire
 
@@ -123,7 +124,7 @@ class Trajectories:
                 "label": meta.get("label"), "reward": done.reward, "num_steps": len(session.steps),
                 "num_turns": count_turns(session.steps.values()), "num_segments": len(done.segments),
                 "segments": len(done.segments), "in_flight_done": waited,
-                "segment_view": self.core.config.segment_view}
+                "segment_view": self.core.config.segment_view, "finalization_id": finalization_id(done)}
 
     async def finalize_session(self, sid: str, *, reward: float | None = None, instance_id: str | None = None,
                                label: Any = None, wait_s: float | None = None) -> dict[str, Any]:
@@ -177,11 +178,13 @@ class Trajectories:
     def discard(self, sid: str) -> dict[str, Any]:
         """Drop a session (active or finalized) and its TransferQueue keys; a repeat is a no-op."""
         out = self.core.discard(sid)
-        self.finalized.pop(sid, None)
+        done = self.finalized.pop(sid, None)
         self.leases.drop(sid)
         self.ledger.drop(sid)
         self.book.forget_state(sid)
-        return {"success": True, **out}
+        # Upstream's keys: whether this call removed a session, and how many unread Segments went with it.
+        return {"success": True, **out, "session_removed": out.get("was") in ("active", "finalized"),
+                "segments_removed": len(done.segments) if done is not None else 0}
 
     def read(self, *, trajectory_id: str | None = None, session_id: str | None = None,
              session_ids: Sequence[str] | None = None, instance_id: str | None = None,
@@ -197,8 +200,8 @@ class Trajectories:
         expires. A draining read is acknowledged by its route once the answer was written in full;
         one whose answer could not be written is released (:meth:`release`).
 
-        A named trajectory that is not finalized is an error: 404 when unknown (or drained), 409 when
-        still active or aborted. ``format="samples"`` answers, per trajectory, its Samples in wire form
+        A named trajectory that is not finalized is an error: ``UnknownStepError`` when unknown (or
+        drained; the route answers upstream's 200 ``success: false``), 409 when still active or aborted. ``format="samples"`` answers, per trajectory, its Samples in wire form
         (large fields as FieldRefs when TQ is on) with the TQ client spec in ``meta_info``: what a
         trainer in another process needs (:mod:`dressage.train.remote`); ``binary`` gives resident arrays
         as bytes, for a msgpack answer. ``min_group_size`` / ``group_timeout_s`` override the Proxy's
@@ -242,10 +245,12 @@ class Trajectories:
             answer = {"success": bool(data), "mode": "samples", "data": data, "drained": bool(drain),
                       "meta_info": {"trajectories": len(data), "groups": len(selection.groups),
                                     "transfer_queue": spec, "selection": selection.mode,
-                                    "incomplete_groups": selection.incomplete}}
+                                    "incomplete_groups": selection.incomplete,
+                                    "timed_out_groups": selection.timed_out}}
         else:
             answer = read_answer(selection, self.finalized, drained=drain, stats=self._stats(),
-                                 segments_of=segments_of)
+                                 segments_of=segments_of,
+                                 form=SegmentFormat(reads.record_token_versions, reads.mask_nonlast_version_tokens))
         if (lease or drain) and selection.session_ids:
             granted = self.leases.grant(selection.session_ids, hold)
             answer["read_id"], answer["lease_s"] = granted.read_id, hold

@@ -300,7 +300,7 @@ def test_a_stream_that_fails_after_it_began_ends_with_an_error_event():
     book.drop_if_unused = lambda sid: book.dropped.append(sid)
     serving = MessagesServing(None, None, None, chat=Chat(), parser=QwenToolCallParser(), turns=None, book=book)
     call = SimpleNamespace(session_id="s1", completion_id=CID, prompt=SimpleNamespace(prompt_ids=np.arange(7)),
-                           turn_id=None)
+                           turn_id=None, cached=False, retry=False)
 
     async def run():
         return [f async for f in serving._stream(call, SimpleNamespace(model="m"))]

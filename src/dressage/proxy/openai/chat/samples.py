@@ -102,7 +102,7 @@ class ChatSampler:
     async def commit(self, call: "ChatCall", samples: list[ChatSample]) -> dict[str, Any]:
         """Record each sample as its own step (siblings when ``n > 1``) and answer the completion."""
         # Every sample may join the session, or none is recorded.
-        self.calls.check_generated(call.session_id, [s.result for s in samples])
+        self.calls.check_generated(call.session_id, [s.result for s in samples], expected_version=call.expected_version)
         choices, steps = [], []
         for s in samples:
             meta: dict[str, Any] = {"assistant_message": s.message, "finish_reason": s.result.finish_reason}
@@ -110,7 +110,7 @@ class ChatSampler:
                 meta["sample_index"] = s.index
             if s.refused:
                 meta["refused_replies"] = s.refused
-            if call.turn_id is not None:
+            if call.turn_id is not None and turn_of(call.turn_id):
                 meta["turn_id"] = turn_of(call.turn_id)  # finalize counts turns by it
             step = await self.calls.record(call.session_id, s.plan, s.result, call.engine_url,
                                            messages=call.messages, tools=call.tools,

@@ -33,7 +33,8 @@ from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.recording.limits import CallLimits
 from dressage.proxy.recording.session_book import SessionBook
-from dressage.proxy.recording.turn_scope import turn_call_key
+from dressage.proxy.recording.turn_scope import CallKey, CallScope, turn_of
+from dressage.proxy.tool_call_hooks import ToolCallContext, ToolCallHooks
 from dressage.proxy.recording.turns import TurnCache
 
 __all__ = ["ChatServing", "ChatCall", "ChatSample", "TOOL_RULE_ATTEMPTS"]
@@ -55,7 +56,8 @@ class ChatCall:
     created: int
     include_usage: bool
     turn_id: str | None
-    """The call's replay key in its turn (:func:`turn_call_key`), ``None`` without ``X-Turn-Id``."""
+    """The call's key (:class:`CallKey`): its turn (``turn_of``) and what names the request; ``None``
+    without a turn or retry header."""
     options: ChatOptions = field(default_factory=lambda: ChatOptions({}))
     plans: list[GenerationPlan] = field(default_factory=list)
     """One plan per sample (``n``); ``plans[0]`` is ``plan``."""
@@ -63,6 +65,14 @@ class ChatCall:
     """The task recording the call's steps, once it began (finalize waits for it)."""
     samples: list[ChatSample] = field(default_factory=list)
     """The replies being recorded, once drawn and accepted (other wire formats read how each ended)."""
+    cached: bool = False
+    """Its reply is kept under ``turn_id`` for transport retries."""
+    retry: bool = False
+    """It is a transport retry (a concurrent first attempt under ``turn_id`` answers it)."""
+    expected_version: str | None = None
+    """``X-Dressage-Expected-Version``: every generated token must carry this weight version."""
+    sandbox_id: str | None = None
+    """``X-Dressage-Sandbox-Id``: the sandbox tool-call hooks act on (none: no hook runs)."""
 
     @property
     def buffered(self) -> bool:
@@ -79,10 +89,35 @@ class ChatServing:
 
     def __init__(self, config: ProxyConfig, core: ProxyCore, tokenizer: Any, *, calls: ModelCalls,
                  sampler: ChatSampler, turns: TurnCache, limits: CallLimits, in_flight: InFlight,
-                 book: SessionBook) -> None:
+                 book: SessionBook, hooks: ToolCallHooks | None = None) -> None:
         self.config, self.core, self.tokenizer = config, core, tokenizer
         self.calls, self.sampler, self.turns = calls, sampler, turns
         self.limits, self.in_flight, self.book = limits, in_flight, book
+        self.hooks = hooks or ToolCallHooks()
+
+    # -------------------------------------------------------------- tool-call hooks
+    def _hook_context(self, call: ChatCall, stage: str, tool_calls: list[dict[str, Any]] | None = None
+                      ) -> ToolCallContext:
+        session = self.core.session(call.session_id)
+        turn = turn_of(call.turn_id) if call.turn_id is not None else ""
+        step = len(session.steps)
+        return ToolCallContext(instance_id=session.metadata.get("instance_id"), session_id=call.session_id,
+                               turn_id=turn or None, step_index=step, sandbox_id=str(call.sandbox_id),
+                               tool_calls=tool_calls, idempotency_key=f"{call.session_id}:{turn or '-'}:{step}:{stage}")
+
+    async def after_tool_results(self, call: ChatCall) -> None:
+        """``after_tool_call`` hooks, before generation, when the request ends with a tool result."""
+        if self.hooks and call.sandbox_id and call.messages and call.messages[-1].get("role") == "tool":
+            await self.hooks.dispatch("after", self._hook_context(call, "after"))
+
+    async def _hooked_commit(self, call: ChatCall, samples: list[ChatSample]) -> Any:
+        """``before_tool_call`` hooks when a reply holds tool calls, then the commit (a required hook that
+        fails leaves nothing recorded)."""
+        if self.hooks and call.sandbox_id:
+            tool_calls = [tc for s in samples for tc in (s.message.get("tool_calls") or ())]
+            if tool_calls:
+                await self.hooks.dispatch("before", self._hook_context(call, "before", tool_calls))
+        return await self.sampler.commit(call, samples)
 
     def _sampling(self, req: ChatRequest, prompt_len: int, options: ChatOptions | None = None) -> dict[str, Any]:
         options = options or chat_options(req)
@@ -92,7 +127,8 @@ class ChatServing:
         return sp
 
     # -------------------------------------------------------------- chat
-    def prepare(self, session_id: str, req: ChatRequest, *, turn_id: str | None = None) -> ChatCall:
+    def prepare(self, session_id: str, req: ChatRequest, *, key: CallKey = CallKey(),
+                scope: CallScope | None = None) -> ChatCall:
         """Validate and plan a chat call (every 4xx is raised here, before any engine request)."""
         self.calls.admit(session_id)
         session = self.core.session(session_id)
@@ -114,19 +150,23 @@ class ChatServing:
             plans.append(plan)
         include_usage = bool(req.stream_options and req.stream_options.get("include_usage"))
         return ChatCall(session_id, messages, tools, prompt, plans[0], url, f"chatcmpl-{secrets.token_hex(12)}",
-                        int(time.time()), include_usage, turn_id, options, plans)
+                        int(time.time()), include_usage, key.key, options, plans, cached=key.cached, retry=key.retry,
+                        expected_version=scope.expected_version if scope else None,
+                        sandbox_id=scope.sandbox_id if scope else None)
 
     async def open(self, session_id: str, req: ChatRequest, *,
-                   turn_id: str | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
+                   scope: CallScope | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
         """A chat completion (dict) or, for ``stream``, its SSE byte stream.
 
-        ``turn_id`` (``X-Turn-Id``) scopes the call to an agent turn: the same turn sending the same
-        request again gets the recorded reply (replayed once, nothing recorded again); a different
-        request under that turn is the turn's next call.
+        ``scope`` (the call's headers, :class:`CallScope`): its turn (``X-Turn-Id``), recorded with its
+        steps; a transport retry (an ``Idempotency-Key`` seen before, or the OpenAI SDK's retry of an
+        identical body) gets the recorded reply (nothing generated or recorded again); any other
+        re-send generates again (a branch). ``X-Dressage-Expected-Version`` pins the weight version.
         """
-        if turn_id is not None:
-            turn_id = turn_call_key(turn_id, req.model_dump(exclude_none=True))
-            pending = self.turns.get(session_id, turn_id)
+        scope = scope or CallScope()
+        key = scope.key(req.model_dump(exclude_none=True)) if scope != CallScope() else CallKey()
+        if key.retry:
+            pending = self.turns.get(session_id, key.key)
             if pending is not None:
                 try:
                     response = await asyncio.shield(pending)
@@ -142,13 +182,14 @@ class ChatServing:
                 return response
         await self.core.settled(session_id)  # the previous step's write-behind, before this call routes
         try:
-            call = self.prepare(session_id, req, turn_id=turn_id)
+            call = self.prepare(session_id, req, key=key, scope=scope)
+            await self.after_tool_results(call)
             if req.stream:
                 # Its turn begins when the response starts (see _stream); the 200 waits for the
                 # engine's first answer, so a refusal or failure before it is a plain error status.
-                return await opened(self._stream(call))
-            if turn_id is not None:
-                self.turns.begin(session_id, turn_id)
+                return await opened(self._stream(call), heartbeat_s=self.config.server.stream_heartbeat_interval_s)
+            if call.cached:
+                self.turns.begin(session_id, call.turn_id)
             return await self._complete(call)
         except BaseException:
             self.book.drop_if_unused(session_id)
@@ -156,8 +197,8 @@ class ChatServing:
 
     def _commit_task(self, call: ChatCall, samples: list[ChatSample]) -> asyncio.Future:
         call.samples = samples
-        task = call.commit = asyncio.ensure_future(self.sampler.commit(call, samples))
-        if call.turn_id is not None:
+        task = call.commit = asyncio.ensure_future(self._hooked_commit(call, samples))
+        if call.cached:
             self.turns.settle(call.session_id, call.turn_id, task)
         return task
 
@@ -167,7 +208,7 @@ class ChatServing:
             try:
                 samples = await self.sampler.samples(call)
             except BaseException as exc:
-                if call.turn_id is not None:
+                if call.cached:
                     self.turns.abandon(call.session_id, call.turn_id, exc)
                 raise
             # Shielded: an agent that hangs up now still gets its steps recorded whole, or not at all.
@@ -176,11 +217,11 @@ class ChatServing:
             self.calls.leave(call.session_id, call.commit)
 
     async def _stream(self, call: ChatCall) -> AsyncIterator[bytes]:
-        if call.turn_id is not None:
+        if call.cached:
             # The turn begins here, not when the call was planned: a response that never starts
             # (the agent left first) must not leave its retries waiting on a turn nobody runs.
-            pending = self.turns.get(call.session_id, call.turn_id)
-            if pending is not None:  # a concurrent retry of this turn started first
+            pending = self.turns.get(call.session_id, call.turn_id) if call.retry else None
+            if pending is not None:  # the attempt this retry repeats started first
                 self.book.replayed_turns += 1
                 for frame in replay_chunks(await asyncio.shield(pending), include_usage=call.include_usage):
                     yield frame
@@ -234,7 +275,7 @@ class ChatServing:
         if committing:
             return
         self.book.drop_if_unused(call.session_id, own_calls=1)
-        if call.turn_id is not None:
+        if call.cached:
             self.turns.abandon(call.session_id, call.turn_id, exc)
 
     async def reply_events(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[str | None | dict[str, Any]]:
@@ -286,7 +327,7 @@ class ChatServing:
         self.calls.admit(session_id)
         prompt_ids = np.asarray(req.input_ids, dtype=np.int32)
         sp = dict(req.sampling_params or {})
-        sp.update(self.limits.sampling(sp.pop("max_new_tokens", None), len(prompt_ids)))
+        sp = {**self.limits.sampling(sp.pop("max_new_tokens", None), len(prompt_ids)), **sp}
         plan, url = self.calls.plan(session_id, prompt_ids, sp, stream=False)
         self.in_flight.enter(session_id)
         try:

@@ -25,7 +25,7 @@ from dressage.proxy.schemas import ChatRequest
 from dressage.proxy.openai.streaming import agent_message, aiter_frames, opened
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.session_book import SessionBook
-from dressage.proxy.recording.turn_scope import turn_call_key
+from dressage.proxy.recording.turn_scope import CallScope
 from dressage.proxy.recording.turns import TurnCache
 
 __all__ = ["ResponsesServing"]
@@ -73,29 +73,33 @@ class ResponsesServing:
         return response
 
     async def open(self, session_id: str, req: ResponsesRequest, *,
-                            turn_id: str | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
-        """A Response (dict) or, for ``stream``, its event stream; every 4xx is raised before generation."""
+                   scope: CallScope | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
+        """A Response (dict) or, for ``stream``, its event stream; every 4xx is raised before generation.
+        ``scope``: the call's turn and retry headers, as :meth:`ChatServing.open` takes them."""
         chat, messages, n_instructions = self._chat_of_response(session_id, req)
         if not req.stream:
-            completion = await self.chat.open(session_id, chat, turn_id=turn_id)
+            completion = await self.chat.open(session_id, chat, scope=scope)
             return self._responded(session_id, req, completion, messages, n_instructions)
-        if turn_id is not None:
-            turn_id = turn_call_key(turn_id, chat.model_dump(exclude_none=True))  # the key ChatServing.open uses
-            pending = self.turns.get(session_id, turn_id)
+        scope = scope or CallScope()
+        key = scope.key(chat.model_dump(exclude_none=True))  # the key ChatServing.open uses
+        if key.retry:
+            pending = self.turns.get(session_id, key.key)
             if pending is not None and not pending.cancelled():
                 self.book.replayed_turns += 1
                 completion = await asyncio.shield(pending)
                 return aiter_frames(replay_events(self._responded(session_id, req, completion, messages, n_instructions)))
-        call = self.chat.prepare(session_id, chat, turn_id=turn_id)
+        call = self.chat.prepare(session_id, chat, key=key, scope=scope)
+        await self.chat.after_tool_results(call)
         # The 200 waits for the engine's first answer: a refusal or failure before it is a plain error status.
-        return await opened(self._stream_response(call, req, messages, n_instructions))
+        return await opened(self._stream_response(call, req, messages, n_instructions),
+                            heartbeat_s=self.config.server.stream_heartbeat_interval_s)
 
     async def _stream_response(self, call: ChatCall, req: ResponsesRequest, messages: list[dict[str, Any]],
                                n_instructions: int) -> AsyncIterator[bytes]:
         sid = call.session_id
-        if call.turn_id is not None:
-            pending = self.turns.get(sid, call.turn_id)
-            if pending is not None:  # a concurrent retry of this turn started first
+        if call.cached:
+            pending = self.turns.get(sid, call.turn_id) if call.retry else None
+            if pending is not None:  # the attempt this retry repeats started first
                 self.book.replayed_turns += 1
                 completion = await asyncio.shield(pending)
                 for frame in replay_events(self._responded(sid, req, completion, messages, n_instructions)):
@@ -118,7 +122,7 @@ class ResponsesServing:
         try:  # reply_events counts the call in flight until its commit is done
             first = await events.__anext__()  # no frame before the engine answered (see opened)
         except BaseException as exc:
-            if call.turn_id is not None and not committing:
+            if call.cached and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
             raise
 
@@ -132,7 +136,7 @@ class ResponsesServing:
                                                answered(), finish):
                 yield frame
         except DressageError as exc:
-            if call.turn_id is not None and not committing:
+            if call.cached and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
             self.book.failed_calls += 1
             error = {"code": exc.code or type(exc).__name__, "message": agent_message(exc), "type": exc.openai_type}
@@ -140,6 +144,6 @@ class ResponsesServing:
                                      error=error)
             yield ev.event("response.failed", response=failed)
         except BaseException as exc:
-            if call.turn_id is not None and not committing:
+            if call.cached and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
             raise
