@@ -226,7 +226,7 @@ def test_header_form_probes_and_bad_requests_answer_in_anthropic_shape(proxy):
     assert httpx.head(proxy.url + "/", timeout=20).status_code == 200
     assert httpx.get(proxy.url + "/", timeout=20).status_code == 200
     assert httpx.head(proxy.url + "/sessions/no-such-session", timeout=20).status_code == 404
-    endpoints = httpx.get(proxy.url + "/integration/capabilities", timeout=20).json()["endpoints"]
+    endpoints = httpx.get(proxy.url + "/integration/capabilities", timeout=20).json()["dressage"]["endpoints"]
     assert {"POST /sessions/{id}/v1/messages", "POST /v1/messages/count_tokens", "HEAD /"} <= set(endpoints)
     # The SDK raises its typed errors from these bodies.
     _, client = _session(proxy)

@@ -91,3 +91,25 @@ def test_a_worker_that_missed_a_version_takes_no_session_until_a_probe_sets_it()
     assert {pool.place(f"s{i}").member.url for i in range(4)} == {"http://a"}
     asyncio.run(pool.check())
     assert b.client.version == "v2" and b.version_behind is None and b.placeable
+
+
+def test_a_router_url_without_a_workers_route_is_the_one_engine():
+    import httpx
+
+    from dressage.proxy.engines.discovery import RouterDiscovery
+    from dressage.proxy.engines.router_client import RouterClient
+
+    def answer(request):
+        if request.url.path == "/workers":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        return httpx.Response(500, text="down")
+
+    router = RouterClient("http://engine:30000", transport=httpx.MockTransport(answer))
+    discovery = RouterDiscovery(router)
+    assert discovery.list_blocking() == [WorkerInfo("http://engine:30000", True)]
+    assert asyncio.run(discovery.workers()) == [WorkerInfo("http://engine:30000", True)]
+
+    def broken(request):
+        return httpx.Response(500, text="down")
+
+    assert RouterDiscovery(RouterClient("http://r:1", transport=httpx.MockTransport(broken))).list_blocking() == []

@@ -8,6 +8,7 @@ router is only asked who the workers are. :class:`~.pool.EnginePool` follows the
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 
@@ -16,6 +17,8 @@ from dressage.proxy.engines.router_client import RouterClient, WorkerInfo
 from dressage.proxy.engines.sglang_client import SGLangClient
 
 __all__ = ["RouterDiscovery"]
+
+log = logging.getLogger(__name__)
 
 LIST_TIMEOUT_S = 5.0
 
@@ -26,6 +29,7 @@ class RouterDiscovery:
     def __init__(self, router: RouterClient, *, timeout_s: float = LIST_TIMEOUT_S) -> None:
         self.router = router
         self.timeout_s = float(timeout_s)
+        self._single = False
 
     @property
     def url(self) -> str:
@@ -33,7 +37,20 @@ class RouterDiscovery:
 
     async def workers(self) -> list[WorkerInfo]:
         """The router's HTTP workers, healthy or not (gRPC ones cannot take our calls)."""
-        return [w for w in await self.router.list_workers(self.timeout_s) if w.is_http]
+        return await self._ask(self.router)
+
+    async def _ask(self, client: RouterClient) -> list[WorkerInfo]:
+        try:
+            return [w for w in await client.list_workers(self.timeout_s) if w.is_http]
+        except EngineError as exc:
+            if exc.status_code != 404:
+                raise
+        # No ``/workers`` route: the URL names an SGLang server itself (launch scripts pass one engine as
+        # their router URL when there is one worker); it is then the one worker.
+        if not self._single:
+            log.warning("%s has no /workers route: serving it as the one engine", self.url)
+            self._single = True
+        return [WorkerInfo(self.url, healthy=True)]
 
     def client_for(self, url: str) -> SGLangClient:
         return self.router.worker(url)
@@ -50,7 +67,7 @@ class RouterDiscovery:
             client = RouterClient(self.url, timeout=self.timeout_s, api_key=self.router.api_key,
                                   transport=self.router.seed_transport())
             try:
-                return [w for w in await client.list_workers(self.timeout_s) if w.is_http]
+                return await self._ask(client)
             finally:
                 await client.close()
 
