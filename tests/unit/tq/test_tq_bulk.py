@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -355,3 +356,73 @@ def test_messages_sent_back_to_back_are_each_read_whole(secret):
     finally:
         sock.close()
         server.stop()
+
+
+def _rss_bytes(pid: str = "self") -> int:
+    """Resident memory of a process, its shared-memory pages included."""
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_an_unauthenticated_512_mib_declaration_allocates_nothing_and_moves_unit_memory_by_less_than_the_cap():
+    backend = MemoryStorageUnit("d0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, shared_memory=True, secret=SECRET, max_message_bytes=1 << 34).start()
+    allocated = []
+    receive = server.bulk._alloc
+    server.bulk._alloc = lambda n: (allocated.append(n), receive(n))[1]
+    cap = 16 * MiB
+    sock = socket.create_connection(("127.0.0.1", server.bulk.port), timeout=5)
+    try:
+        rss, shm_before = _rss_bytes(), server.shm.stats()["shm_bytes"]
+        # A peer without the secret declares one 512 MiB payload, sends a forged head tag and a few
+        # bytes, and keeps the connection open.
+        prefix = bulk._PREFIX.pack(bulk.MAGIC, 10, 1)
+        forged = prefix + wire.auth_head(b"x" * 16, 1) + (512 * MiB).to_bytes(8, "little") + bytes(16)
+        sock.sendall(forged + bytes(4096))
+        _wait_for(lambda: server.bulk.rejected == 1, "the forged head is refused")
+        assert allocated == []
+        assert _rss_bytes() - rss < cap
+        assert server.shm.stats()["shm_bytes"] == shm_before
+        assert backend.list() == [] and server.bulk.untyped == 0
+        # A client with the secret is still served.
+        remote = RemoteStorageUnit.describe("d0", server.address, timeout_s=10, secret=SECRET)
+        remote.put("k", _payload(3))
+        np.testing.assert_array_equal(remote.get("k"), _payload(3))
+        remote.close()
+    finally:
+        sock.close()
+        server.stop()
+        backend.close()
+
+
+def test_a_replayed_head_is_refused_before_its_payloads_are_received():
+    backend = MemoryStorageUnit("r0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, shared_memory=False, secret=SECRET).start()
+    allocated = []
+    receive = server.bulk._alloc
+    server.bulk._alloc = lambda n: (allocated.append(n), receive(n))[1]
+    try:
+        good = _put_message("k", _payload(4), SECRET, seq=7)
+        assert _send_raw(server, good)["ok"] is True
+        sizes = list(allocated)
+        replay = _send_raw(server, good[:64 + 8 + 16])  # the head alone: its payload never sent
+        assert replay["ok"] is False and "replay" in replay["message"]
+        assert allocated == sizes and backend.list() == ["k"]
+    finally:
+        server.stop()
+        backend.close()
+
+
+def test_the_unit_zmq_socket_takes_no_frame_larger_than_its_small_cap_when_it_has_a_bulk_stream():
+    from dressage.tq.storage.config import UNIT_ZMQ_MAX_MESSAGE
+
+    backend = MemoryStorageUnit("z0", memory_budget=64 * MiB)
+    with_bulk = StorageUnitServer(backend, shared_memory=False, secret=SECRET)
+    without = StorageUnitServer(backend, shared_memory=False, secret=SECRET, bulk=False, max_message_bytes=1 << 30)
+    try:
+        assert with_bulk.rpc.max_message_bytes == UNIT_ZMQ_MAX_MESSAGE < with_bulk.bulk.max_message_bytes
+        assert without.rpc.max_message_bytes == 1 << 30
+    finally:
+        with_bulk.stop()
+        without.stop()
+        backend.close()

@@ -21,7 +21,7 @@ from dressage.tq.transport.bulk_rpc import BulkServer
 from dressage.tq.storage.integrity import Checksums, block_rows_for
 from dressage.tq.transport.shm import SHM_MIN_BYTES, ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
-from dressage.tq.storage.config import UNIT_MAX_MESSAGE
+from dressage.tq.storage.config import UNIT_MAX_MESSAGE, UNIT_ZMQ_MAX_MESSAGE
 from dressage.tq.transport.zmq import RpcServer
 from dressage.tq.transport.wire import (MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, array_from_frame, array_meta, check_dtype, text,
                               text_list, uint)
@@ -81,7 +81,8 @@ class StorageUnitServer:
         self.host_id = host_id() if shared_memory else None
         self.shm = ShmRegistry(shm_token) if self.host_id else None
         self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret,
-                             max_message_bytes=max_message_bytes)
+                             max_message_bytes=min(max_message_bytes, UNIT_ZMQ_MAX_MESSAGE) if bulk
+                             else max_message_bytes)
         # Checksums a put's writer did not compute are hashed after its reply, before the next request.
         self.rpc.after_reply = getattr(backend, "seal", None)
         # Liveness probes get their own socket and thread: a ping queued behind a multi-GiB put would
