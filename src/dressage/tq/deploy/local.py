@@ -3,14 +3,17 @@
 Children are started with the current interpreter (``tq/deploy/children.py``), exit when this process
 dies, and are terminated (then killed) on shutdown. A unit process that exits is reported to the
 Controller as dead at once (``_ExitWatcher``); one that stops answering is found by the Controller's probes.
+A Controller process that exits is started again on its port and rebuilds its directory from the units.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from dressage.errors import TransferQueueError
@@ -27,14 +30,20 @@ from dressage.tq.transport import shm
 
 __all__ = ["LocalDeployment"]
 
+log = logging.getLogger(__name__)
+
 
 class _ExitWatcher:
-    """Polls the unit processes; tells the Controller the moment one exits (killed, crashed, OOM)."""
+    """Polls the child processes; tells the Controller the moment a unit exits (killed, crashed, OOM),
+    and starts the Controller again when its own process exits (it rebuilds its directory from the units)."""
 
-    def __init__(self, procs: dict[str, subprocess.Popen], controller: Any, interval_s: float = 0.05) -> None:
+    def __init__(self, procs: dict[str, subprocess.Popen], controller: Any, interval_s: float = 0.05,
+                 restart_controller: Callable[[], None] | None = None) -> None:
+        self._all = procs
         self._procs = {u: p for u, p in procs.items() if u != "controller"}
         self._controller = controller
         self._interval = interval_s
+        self._restart = restart_controller
         self._stop = threading.Event()
         self._reported: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="tq-exit-watch", daemon=True)
@@ -45,6 +54,13 @@ class _ExitWatcher:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
+            ctl = self._all.get("controller")
+            if self._restart is not None and ctl is not None and ctl.poll() is not None:
+                self._reported.clear()  # the new Controller has not heard of dead units yet
+                try:
+                    self._restart()
+                except TransferQueueError as exc:
+                    log.error("the Controller process exited and could not be started again: %s", exc)
             for uid, proc in self._procs.items():
                 if uid in self._reported or proc.poll() is None:
                     continue
@@ -95,9 +111,14 @@ class LocalDeployment:
             args = controller_args(config, json.dumps([u.to_wire() for u in infos]))
             proc, address = spawn(args, "Controller", config.startup_timeout_s, secret)
             self._procs["controller"] = proc
+            # Started again, it binds the same port: clients' sockets reconnect to it by themselves.
+            self._controller_args = controller_args(config.replace(controller_port=int(address.rsplit(":", 1)[1])),
+                                                    json.dumps([u.to_wire() for u in infos]))
+            self.controller_restarts = 0
             self.controller = RemoteController(address, timeout_s=config.request_timeout_s, secret=secret)
             # Its own directory handle: a watcher report never waits behind a client's call.
-            self._watcher = _ExitWatcher(self._procs, RemoteController(address, timeout_s=2.0, secret=secret)).start()
+            self._watcher = _ExitWatcher(self._procs, RemoteController(address, timeout_s=2.0, secret=secret),
+                                         restart_controller=self._restart_controller).start()
         except BaseException:
             self.shutdown()
             raise
@@ -105,6 +126,16 @@ class LocalDeployment:
         self._spec = make_spec(address, infos, supports_spill=config.on_full == "spill",
                                timeout_s=config.request_timeout_s, on_full=config.on_full,
                                full_wait_s=config.full_wait_s, secret=secret)
+
+    def _restart_controller(self) -> None:
+        """Start the Controller process again on its port; it adopts every key its units hold."""
+        old = self._procs.get("controller")
+        if old is not None:
+            stop_children([old])
+        proc, _ = spawn(self._controller_args, "Controller", self.config.startup_timeout_s, self._secret.value)
+        self._procs["controller"] = proc
+        self.controller_restarts += 1
+        log.warning("the Controller process exited; started again as pid %d", proc.pid)
 
     # docstrings inherited from tq/deploy/base.py:Deployment
     def client(self, node_id: str | None) -> TransferQueueClient:

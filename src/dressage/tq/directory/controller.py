@@ -190,6 +190,25 @@ class Controller:
             self._count[unit_id] += 1
             self._tombstones.pop(key, None)
 
+    def adopt(self, unit_id: str, items: Iterable[tuple[str, int]]) -> int:
+        """Record keys a unit already holds ``(key, nbytes)`` as written there: how a restarted Controller
+        rebuilds its directory from its units' contents. Keys the directory knows are left as they are.
+        Returns how many were adopted."""
+        n = 0
+        with self._lock:
+            if unit_id not in self._units:
+                raise TransferQueueError(f"adopt: unknown StorageUnit {unit_id!r}")
+            now = self._clock()
+            for key, nbytes in items:
+                if key in self._entries:
+                    continue
+                self._entries[key] = Entry(unit_id, int(nbytes), None, "", KeyState.WRITTEN, now, now)
+                self._used[unit_id] += int(nbytes)
+                self._count[unit_id] += 1
+                self._tombstones.pop(key, None)
+                n += 1
+        return n
+
     # -- placement leases (the protocol: tq/directory/lease.py) --------------------------------
     def lease(self, nbytes: int, *, node_id: str | None = None, returning: str | None = None) -> dict[str, Any] | None:
         """Set capacity aside for a writer's next puts (at least ``nbytes`` on each unit), ending the

@@ -282,6 +282,24 @@ class RemoteStorageUnit(StorageUnit):
         reply, _ = self._rpc.call("list")
         return list(reply["keys"])
 
+    def inventory(self) -> list[tuple[str, int]]:
+        # docstring inherited
+        out: list[tuple[str, int]] = []
+        start: Any = 0
+        while start is not None:
+            reply, _ = self._rpc.call("inventory", {"start": start})
+            items = reply.get("items")
+            if not isinstance(items, list) or not all(
+                    isinstance(i, list) and len(i) == 2 and isinstance(i[0], str) and isinstance(i[1], int)
+                    for i in items):
+                raise ProtocolError(f"{self.unit_id}: an inventory answer is a list of [key, nbytes]")
+            out.extend((k, n) for k, n in items)
+            nxt = reply.get("next")
+            if nxt is not None and (not isinstance(nxt, int) or nxt <= start):
+                raise ProtocolError(f"{self.unit_id}: an inventory answer names no later page")
+            start = nxt
+        return out
+
     def usage(self) -> dict[str, int]:
         # docstring inherited
         s = self.stats()

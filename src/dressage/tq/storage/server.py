@@ -32,7 +32,8 @@ __all__ = ["StorageUnitServer", "main"]
 _MAX_DIM = 1 << 48
 _MAX_NDIM = 32
 _MAX_ROW = 1 << 62
-HEARTBEAT_MAX_MESSAGE = 64 * 1024  # the probe socket reads ping frames only (ZMQ_MAXMSGSIZE)
+HEARTBEAT_MAX_MESSAGE = 64 * 1024
+INVENTORY_PAGE = 20_000  # keys per ``inventory`` answer  # the probe socket reads ping frames only (ZMQ_MAXMSGSIZE)
 
 
 def _key(value: Any) -> str:
@@ -72,7 +73,7 @@ def _given_sums(value: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Checksum
 
 
 class StorageUnitServer:
-    """Serves one backend over ZMQ; ops: put, get, delete, exists, list, info, stats, ping."""
+    """Serves one backend over ZMQ; ops: put, get, delete, exists, list, inventory, info, stats, ping."""
 
     def __init__(self, backend: StorageUnit, *, host: str = "127.0.0.1", port: int = 0,
                  shared_memory: bool = True, shm_token: str | None = None, secret: bytes | None = None,
@@ -217,6 +218,12 @@ class StorageUnitServer:
             return {"exists": unit.exists(_key(control.get("key")))}, ()
         if op == "list":
             return {"keys": unit.list()}, ()
+        if op == "inventory":  # paged, so no answer grows with the number of keys
+            start = uint(control.get("start", 0), "start", 1 << 62)
+            items = unit.inventory()
+            page = items[start:start + INVENTORY_PAGE]
+            more = start + INVENTORY_PAGE < len(items)
+            return {"items": [[k, n] for k, n in page], "next": start + INVENTORY_PAGE if more else None}, ()
         if op == "info":
             info = unit.info(_key(control.get("key")))
             return {"info": [info.key, info.dtype, list(info.shape), info.nbytes, info.spilled]}, ()
