@@ -426,3 +426,39 @@ def test_the_unit_zmq_socket_takes_no_frame_larger_than_its_small_cap_when_it_ha
         with_bulk.stop()
         without.stop()
         backend.close()
+
+
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["stream", "shm"])
+def test_a_get_answer_is_bounded_and_the_client_pages_through_the_rest(shared_memory):
+    backend = MemoryStorageUnit("p0", memory_budget=256 * MiB)
+    server = StorageUnitServer(backend, shared_memory=shared_memory, secret=SECRET, max_reply_bytes=5 * MiB).start()
+    remote = RemoteStorageUnit.describe("p0", server.address, timeout_s=10, secret=SECRET)
+    answers = []
+    handle = server._handle
+
+    def spy(control, frames):
+        reply, payloads = handle(control, frames)
+        if control["op"] == "get":
+            answers.append((len(reply["arrays"]), sum(p.nbytes for p in payloads)))
+        return reply, payloads
+
+    server.bulk._handler = spy
+    try:
+        arrays = [_payload(i, 2 * MiB) for i in range(7)] + [_payload(99, 12 * MiB)]
+        for i, a in enumerate(arrays):
+            remote.put(f"k{i}", a)
+        got = remote.get_many([(f"k{i}", 0, None) for i in range(len(arrays))] + [("k1", 2, 5)])
+        for a, b in zip(arrays, got):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(got[-1], arrays[1][2:5])
+        if shared_memory:  # on the unit's host the answer names segments: no payload bytes to bound
+            assert answers == [(len(arrays) + 1, 0)]
+            return
+        # 2 MiB blobs two to an answer (a third would pass 5 MiB), the 12 MiB blob alone, the slice last.
+        assert [n for n, _ in answers] == [2, 2, 2, 1, 1, 1]
+        assert sum(n for n, _ in answers) == len(arrays) + 1
+        assert all(nbytes <= 5 * MiB or n == 1 for n, nbytes in answers)
+    finally:
+        remote.close()
+        server.stop()
+        backend.close()

@@ -25,6 +25,9 @@ __all__ = ["Controller"]
 log = logging.getLogger(__name__)
 _TOMBSTONES = 100_000  # how many cleared keys the directory remembers, for ``state()``
 UNIT_DOWN_S = 10.0    # a unit a writer found unavailable gets no new keys for this long
+# What one unit's directory may hold however placements are sent: far above any real unit, far below
+# the int64 that every counter of ``stats`` must stay within.
+MAX_UNIT_DIRECTORY_BYTES = 1 << 56
 
 
 class Controller:
@@ -128,8 +131,15 @@ class Controller:
                 raise StorageFullError("the TransferQueue has no StorageUnits")
             self._check_new_keys(items, "place_many")
             unit_id = self._choose(sum(int(n) for _, n, _ in items), node_id)
+            self._check_bounded(unit_id, items)
             self._record_pending(unit_id, items, batch)
             return unit_id
+
+    def _check_bounded(self, unit_id: str, items: Sequence[tuple[str, int, str]]) -> None:
+        total = sum(int(n) for _, n, _ in items)
+        if self._used[unit_id] + total > MAX_UNIT_DIRECTORY_BYTES:
+            raise StorageFullError(f"StorageUnit {unit_id}: placing {total} more bytes would take its directory past "
+                                   f"{MAX_UNIT_DIRECTORY_BYTES} bytes ({self._used[unit_id]} placed)")
 
     def _candidates(self, nbytes: int, node_id: str | None) -> tuple[list[str], list[str], list[str]]:
         """The units of the first pool where ``nbytes`` fit, the last pool, and every unit usable now."""
@@ -244,6 +254,7 @@ class Controller:
             if not self._is_live(unit_id):
                 raise StorageUnitUnavailable(f"StorageUnit {unit_id} is dead; its leases ended")
             self._check_new_keys(items, "place_leased")
+            self._check_bounded(unit_id, items)
             total = sum(int(n) for _, n, _ in items)
             covered = min(self._leases.left(lease_id, unit_id), total)
             if self._strict and total - covered > self._free(unit_id):

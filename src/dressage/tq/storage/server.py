@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from dressage.errors import ProtocolError
+from dressage.errors import KeyNotFoundError, ProtocolError
 from dressage.tq.transport.bulk_rpc import BulkServer
 from dressage.tq.storage.integrity import Checksums, block_rows_for
 from dressage.tq.transport.shm import SHM_MIN_BYTES, ShmRegistry, host_id
@@ -33,7 +33,8 @@ _MAX_DIM = 1 << 48
 _MAX_NDIM = 32
 _MAX_ROW = 1 << 62
 HEARTBEAT_MAX_MESSAGE = 64 * 1024
-INVENTORY_PAGE = 20_000  # keys per ``inventory`` answer  # the probe socket reads ping frames only (ZMQ_MAXMSGSIZE)
+INVENTORY_PAGE = 20_000  # keys per ``inventory`` answer
+GET_REPLY_BYTES = 256 << 20  # payload bytes per ``get`` answer (a larger single blob goes alone)  # the probe socket reads ping frames only (ZMQ_MAXMSGSIZE)
 
 
 def _key(value: Any) -> str:
@@ -77,8 +78,10 @@ class StorageUnitServer:
 
     def __init__(self, backend: StorageUnit, *, host: str = "127.0.0.1", port: int = 0,
                  shared_memory: bool = True, shm_token: str | None = None, secret: bytes | None = None,
-                 max_message_bytes: int = UNIT_MAX_MESSAGE, bulk: bool = True) -> None:
+                 max_message_bytes: int = UNIT_MAX_MESSAGE, bulk: bool = True,
+                 max_reply_bytes: int = GET_REPLY_BYTES) -> None:
         self.backend = backend
+        self.max_reply_bytes = int(max_reply_bytes)
         self.host_id = host_id() if shared_memory else None
         self.shm = ShmRegistry(shm_token) if self.host_id else None
         self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret,
@@ -144,6 +147,19 @@ class StorageUnitServer:
                 "heartbeat": self.heartbeat.address, "bulk_port": self.bulk.port if self.bulk else None,
                 "checksums": bool(getattr(unit, "checksums", False))}
 
+    def _page(self, requests: list[tuple[str, int, int | None]]) -> int:
+        """How many of ``requests``, from the first, one get answer serves: their blobs' whole sizes (an
+        upper bound of the rows asked for) within ``max_reply_bytes``, and at least one."""
+        total = 0
+        for i, (key, _, _) in enumerate(requests):
+            try:
+                total += self.backend.info(key).nbytes
+            except KeyNotFoundError:
+                continue  # get_many names it
+            if total > self.max_reply_bytes and i > 0:
+                return i
+        return len(requests)
+
     def _beat(self, control: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
         if control["op"] != "ping" or frames:
             raise ProtocolError("the heartbeat socket answers only ping")
@@ -202,7 +218,9 @@ class StorageUnitServer:
                 plans = shm_reads(requests, self.shm.locate)  # type: ignore[union-attr]
                 if plans is not None:
                     return {"arrays": plans}, ()
-            arrays = unit.get_many(requests)
+            # One answer carries at most max_reply_bytes (and always one array): the reader asks again
+            # for the rest, so no request makes the unit build an answer of unbounded size.
+            arrays = unit.get_many(requests[:self._page(requests)])
             metas, payloads = [], []
             for a in arrays:
                 where = self.shm.locate(a) if use_shm else None  # type: ignore[union-attr]
