@@ -74,3 +74,23 @@ def test_after_the_controller_process_is_killed_it_is_started_again_and_every_co
         assert tq.total_keys() == 1
     finally:
         tq.shutdown()
+
+
+def test_a_leased_placement_of_a_key_the_restarted_controller_adopted_claims_it_instead_of_conflicting():
+    ctl = Controller([UnitInfo("u0", memory_budget=64 * MiB), UnitInfo("u1", memory_budget=64 * MiB)])
+    ctl.adopt("u0", [("k", 40), ("other", 8)])
+    grant = ctl.lease(100)
+    ctl.place_leased(grant["lease"], "u0", [("k", 40, "logprobs")], batch="rollout-3")  # the writer's claim
+    assert ctl.keys("rollout-3") == ["k"] and ctl.stats()["u0"]["directory_bytes"] == 48  # charged once
+    # A different size, another unit, or a second claim is a write-once conflict as before.
+    for unit, size in (("u0", 41), ("u1", 8)):
+        try:
+            ctl.place_leased(grant["lease"], unit, [("other", size, "logprobs")])
+            raise AssertionError("a mismatched claim was accepted")
+        except Exception as exc:
+            assert "write-once" in str(exc)
+    try:
+        ctl.place_leased(grant["lease"], "u0", [("k", 40, "logprobs")])
+        raise AssertionError("a key was claimed twice")
+    except Exception as exc:
+        assert "write-once" in str(exc)

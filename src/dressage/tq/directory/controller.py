@@ -135,6 +135,20 @@ class Controller:
             self._record_pending(unit_id, items, batch)
             return unit_id
 
+    def _claim_adopted(self, unit_id: str, items: Sequence[tuple[str, int, str]],
+                       batch: str | None) -> list[tuple[str, int, str]]:
+        """A leased put writes its payload while its placement is on the way: when the Controller was
+        started again in between, it adopted the key from the unit already. Such a placement (same key,
+        unit and size) is the writer claiming it, not a second write: it takes its batch and field."""
+        rest = []
+        for item in items:
+            entry = self._entries.get(item[0])
+            if entry is not None and entry.adopted and entry.unit_id == unit_id and entry.nbytes == int(item[1]):
+                entry.adopted, entry.batch, entry.field = False, batch, item[2]
+            else:
+                rest.append(item)
+        return rest
+
     def _check_bounded(self, unit_id: str, items: Sequence[tuple[str, int, str]]) -> None:
         total = sum(int(n) for _, n, _ in items)
         if self._used[unit_id] + total > MAX_UNIT_DIRECTORY_BYTES:
@@ -212,7 +226,7 @@ class Controller:
             for key, nbytes in items:
                 if key in self._entries:
                     continue
-                self._entries[key] = Entry(unit_id, int(nbytes), None, "", KeyState.WRITTEN, now, now)
+                self._entries[key] = Entry(unit_id, int(nbytes), None, "", KeyState.WRITTEN, now, now, adopted=True)
                 self._used[unit_id] += int(nbytes)
                 self._count[unit_id] += 1
                 self._tombstones.pop(key, None)
@@ -253,6 +267,9 @@ class Controller:
                 raise TransferQueueError(f"place_leased: unknown StorageUnit {unit_id!r}")
             if not self._is_live(unit_id):
                 raise StorageUnitUnavailable(f"StorageUnit {unit_id} is dead; its leases ended")
+            items = self._claim_adopted(unit_id, items, batch)
+            if not items:
+                return
             self._check_new_keys(items, "place_leased")
             self._check_bounded(unit_id, items)
             total = sum(int(n) for _, n, _ in items)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,11 +43,17 @@ def recover_directory(controller: Controller, units: Mapping[str, Any]) -> Recov
     directory. A unit that does not answer is
     reported, not fatal: its keys stay unknown until the Controller is started again with it up."""
     out = Recovery()
-    for unit_id, unit in units.items():
+
+    def one(unit_id: str) -> None:
         try:
-            out.adopted[unit_id] = controller.adopt(unit_id, unit.inventory())
+            out.adopted[unit_id] = controller.adopt(unit_id, units[unit_id].inventory())
         except TransferQueueError as exc:
             out.unreachable[unit_id] = str(exc)
+
+    # Asked together: a unit that does not answer costs its timeout once, not once per unit.
+    if units:
+        with ThreadPoolExecutor(max_workers=min(len(units), 32), thread_name_prefix="tq-recovery") as pool:
+            list(pool.map(one, list(units)))
     if out.keys or out.unreachable:
         log.warning("Controller: %s", out.describe())
     return out
