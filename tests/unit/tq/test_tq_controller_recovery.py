@@ -8,6 +8,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 from dressage.errors import StorageUnitUnavailable
 from dressage.tq import TransferQueue
@@ -94,3 +95,32 @@ def test_a_leased_placement_of_a_key_the_restarted_controller_adopted_claims_it_
         raise AssertionError("a key was claimed twice")
     except Exception as exc:
         assert "write-once" in str(exc)
+
+
+@pytest.mark.ray
+def test_on_ray_the_controller_process_is_started_again_and_every_committed_key_is_readable():
+    pytest.importorskip("ray")
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("Ray is already initialised in this process")
+    tq = TransferQueue.start({"deployment": "ray", "unit_memory_budget": "16MiB", "request_timeout_s": 10,
+                              "retention_s": None, "startup_timeout_s": 120})
+    try:
+        client = tq.client()
+        arrays = [np.full((100 + i, 4), i, dtype=np.float32) for i in range(8)]
+        refs = [client.put("logprobs", a) for a in arrays]
+        old_pid = tq.processes()["controller"]
+        os.kill(old_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while tq._deployment.controller_restarts < 1:
+            assert time.monotonic() < deadline, "the Controller was not started again"
+            time.sleep(0.05)
+        assert tq.processes()["controller"] != old_pid and tq.total_keys() == len(refs)
+        for a, b in zip(arrays, client.get_many(refs, copy=True)):
+            np.testing.assert_array_equal(a, b)
+        assert client.delete(refs) == len(refs)
+    finally:
+        tq.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()

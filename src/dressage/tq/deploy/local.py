@@ -9,18 +9,16 @@ A Controller process that exits is started again on its port and rebuilds its di
 from __future__ import annotations
 
 import json
-import logging
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from dressage.errors import TransferQueueError
 from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.client.spec import make_spec
 from dressage.tq.config import TransferQueueConfig
-from dressage.tq.deploy.children import controller_args, spawn, stop_children
+from dressage.tq.deploy.children import ControllerSupervisor, controller_args, spawn, stop_children
 from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.secret import DeploymentSecret
@@ -30,20 +28,14 @@ from dressage.tq.transport import shm
 
 __all__ = ["LocalDeployment"]
 
-log = logging.getLogger(__name__)
-
 
 class _ExitWatcher:
-    """Polls the child processes; tells the Controller the moment a unit exits (killed, crashed, OOM),
-    and starts the Controller again when its own process exits (it rebuilds its directory from the units)."""
+    """Polls the unit processes; tells the Controller the moment one exits (killed, crashed, OOM)."""
 
-    def __init__(self, procs: dict[str, subprocess.Popen], controller: Any, interval_s: float = 0.05,
-                 restart_controller: Callable[[], None] | None = None) -> None:
-        self._all = procs
+    def __init__(self, procs: dict[str, subprocess.Popen], controller: Any, interval_s: float = 0.05) -> None:
         self._procs = {u: p for u, p in procs.items() if u != "controller"}
         self._controller = controller
         self._interval = interval_s
-        self._restart = restart_controller
         self._stop = threading.Event()
         self._reported: set[str] = set()
         self._thread = threading.Thread(target=self._run, name="tq-exit-watch", daemon=True)
@@ -52,15 +44,12 @@ class _ExitWatcher:
         self._thread.start()
         return self
 
+    def forget_reports(self) -> None:
+        """A new Controller process knows of no dead unit yet: report them all again."""
+        self._reported = set()
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            ctl = self._all.get("controller")
-            if self._restart is not None and ctl is not None and ctl.poll() is not None:
-                self._reported.clear()  # the new Controller has not heard of dead units yet
-                try:
-                    self._restart()
-                except TransferQueueError as exc:
-                    log.error("the Controller process exited and could not be started again: %s", exc)
             for uid, proc in self._procs.items():
                 if uid in self._reported or proc.poll() is None:
                     continue
@@ -111,14 +100,11 @@ class LocalDeployment:
             args = controller_args(config, json.dumps([u.to_wire() for u in infos]))
             proc, address = spawn(args, "Controller", config.startup_timeout_s, secret)
             self._procs["controller"] = proc
-            # Started again, it binds the same port: clients' sockets reconnect to it by themselves.
-            self._controller_args = controller_args(config.replace(controller_port=int(address.rsplit(":", 1)[1])),
-                                                    json.dumps([u.to_wire() for u in infos]))
-            self.controller_restarts = 0
             self.controller = RemoteController(address, timeout_s=config.request_timeout_s, secret=secret)
             # Its own directory handle: a watcher report never waits behind a client's call.
-            self._watcher = _ExitWatcher(self._procs, RemoteController(address, timeout_s=2.0, secret=secret),
-                                         restart_controller=self._restart_controller).start()
+            self._watcher = _ExitWatcher(self._procs, RemoteController(address, timeout_s=2.0, secret=secret)).start()
+            self._supervisor = ControllerSupervisor(proc, address, config, json.dumps([u.to_wire() for u in infos]),
+                                                    secret, on_restart=self._controller_restarted).start()
         except BaseException:
             self.shutdown()
             raise
@@ -127,15 +113,16 @@ class LocalDeployment:
                                timeout_s=config.request_timeout_s, on_full=config.on_full,
                                full_wait_s=config.full_wait_s, secret=secret)
 
-    def _restart_controller(self) -> None:
-        """Start the Controller process again on its port; it adopts every key its units hold."""
-        old = self._procs.get("controller")
-        if old is not None:
-            stop_children([old])
-        proc, _ = spawn(self._controller_args, "Controller", self.config.startup_timeout_s, self._secret.value)
+    def _controller_restarted(self, proc: subprocess.Popen) -> None:
         self._procs["controller"] = proc
-        self.controller_restarts += 1
-        log.warning("the Controller process exited; started again as pid %d", proc.pid)
+        if self._watcher is not None:
+            self._watcher.forget_reports()
+
+    @property
+    def controller_restarts(self) -> int:
+        """How many times the Controller process was started again."""
+        supervisor = getattr(self, "_supervisor", None)
+        return supervisor.restarts if supervisor is not None else 0
 
     # docstrings inherited from tq/deploy/base.py:Deployment
     def client(self, node_id: str | None) -> TransferQueueClient:
@@ -155,6 +142,9 @@ class LocalDeployment:
         return self.controller.run_janitor()
 
     def shutdown(self) -> None:
+        supervisor = getattr(self, "_supervisor", None)
+        if supervisor is not None:
+            supervisor.stop()  # first: a Controller stopped below must not be started again
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()

@@ -32,9 +32,9 @@ __all__ = ["StorageUnitServer", "main"]
 _MAX_DIM = 1 << 48
 _MAX_NDIM = 32
 _MAX_ROW = 1 << 62
-HEARTBEAT_MAX_MESSAGE = 64 * 1024
+HEARTBEAT_MAX_MESSAGE = 64 * 1024  # the probe socket reads ping frames only (ZMQ_MAXMSGSIZE)
 INVENTORY_PAGE = 20_000  # keys per ``inventory`` answer
-GET_REPLY_BYTES = 256 << 20  # payload bytes per ``get`` answer (a larger single blob goes alone)  # the probe socket reads ping frames only (ZMQ_MAXMSGSIZE)
+GET_REPLY_BYTES = 256 << 20  # payload bytes per ``get`` answer (a larger single blob goes alone)
 
 
 def _key(value: Any) -> str:
