@@ -101,12 +101,16 @@ def test_a_leased_placement_of_a_key_the_restarted_controller_adopted_claims_it_
 def test_on_ray_the_controller_process_is_started_again_and_every_committed_key_is_readable():
     pytest.importorskip("ray")
     import ray
+    from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         pytest.skip("Ray is already initialised in this process")
-    tq = TransferQueue.start({"deployment": "ray", "unit_memory_budget": "16MiB", "request_timeout_s": 10,
-                              "retention_s": None, "startup_timeout_s": 120})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    ray.init(address=cluster.address, include_dashboard=False)  # its own cluster, never one found running
+    tq = None
     try:
+        tq = TransferQueue.start({"deployment": "ray", "unit_memory_budget": "16MiB", "request_timeout_s": 10,
+                                  "retention_s": None, "startup_timeout_s": 120})
         client = tq.client()
         arrays = [np.full((100 + i, 4), i, dtype=np.float32) for i in range(8)]
         refs = [client.put("logprobs", a) for a in arrays]
@@ -121,6 +125,7 @@ def test_on_ray_the_controller_process_is_started_again_and_every_committed_key_
             np.testing.assert_array_equal(a, b)
         assert client.delete(refs) == len(refs)
     finally:
-        tq.shutdown()
-        if ray.is_initialized():
-            ray.shutdown()
+        if tq is not None:
+            tq.shutdown()
+        ray.shutdown()
+        cluster.shutdown()
