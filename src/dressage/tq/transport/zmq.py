@@ -37,7 +37,9 @@ _ZERO_COPY_MIN = 64 * 1024
 # While waiting for a reply, how often the caller's ``abort`` check runs (a dead peer ends the wait).
 _ABORT_POLL_S = 0.1
 _LOUD_REJECTIONS = 10  # rejected frames logged as warnings; later ones at debug level
-CONTROL_MAX_MESSAGE = 64 * 1024 * 1024  # Controller and heartbeat sockets: control frames only
+# Controller and heartbeat sockets: control frames only (the decoder takes 16 MiB), and libzmq buffers a
+# whole frame before its MAC can be checked, so nothing larger is read.
+CONTROL_MAX_MESSAGE = 17 * 1024 * 1024
 _NO_NONCE = bytes(16)
 
 
