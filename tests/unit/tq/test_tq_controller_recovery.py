@@ -129,3 +129,39 @@ def test_on_ray_the_controller_process_is_started_again_and_every_committed_key_
             tq.shutdown()
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_a_call_in_flight_when_the_controller_process_dies_ends_at_once_and_the_next_one_is_served():
+    from dressage.tq.directory.service import RemoteController
+
+    with TransferQueue.start({"deployment": "local", "unit_memory_budget": "16MiB", "retention_s": None}) as tq:
+        spec = tq.client_spec()
+        ctl = RemoteController(spec["controller"], timeout_s=120, secret=spec["auth_secret"].encode())
+        try:
+            assert ctl.ping() == tq.processes()["controller"]
+            pid = tq.processes()["controller"]
+            os.kill(pid, signal.SIGSTOP)  # it reads nothing now: the next request stays unanswered
+            outcome = {}
+
+            def call():
+                try:
+                    outcome["pid"] = ctl.ping()
+                except StorageUnitUnavailable as exc:
+                    outcome["error"] = str(exc)
+
+            import threading
+
+            thread = threading.Thread(target=call)
+            thread.start()
+            time.sleep(0.3)  # the request is on its way (a wait for the sender, not a measurement)
+            os.kill(pid, signal.SIGKILL)
+            thread.join(60)
+            assert not thread.is_alive(), "the call waited out its 120 s timeout"
+            assert "connection closed before the reply" in outcome.get("error", ""), outcome
+            deadline = time.monotonic() + 60
+            while tq._deployment.controller_restarts < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert ctl.ping() == tq.processes()["controller"] != pid
+        finally:
+            ctl.close()

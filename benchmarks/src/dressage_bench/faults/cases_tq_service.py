@@ -39,9 +39,7 @@ def _wait(check: Any, timeout_s: float) -> float | None:
 def controller_killed(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     """A writer puts Samples without pause; the Controller process is SIGKILLed mid-run. Every put that
     returned (acknowledged) must be readable afterwards, and writes go on once it is back."""
-    # A request the killed Controller had received but not answered is lost with it: its caller waits
-    # out request_timeout_s (then retries), so the case keeps that short.
-    tq = TransferQueue.start(_local(2, request_timeout_s=5))
+    tq = TransferQueue.start(_local(2))
     pids = tq.processes()
     client = tq.client()
     acked: list[Any] = []
