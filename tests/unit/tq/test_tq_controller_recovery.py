@@ -165,3 +165,26 @@ def test_a_call_in_flight_when_the_controller_process_dies_ends_at_once_and_the_
             assert ctl.ping() == tq.processes()["controller"] != pid
         finally:
             ctl.close()
+
+
+def test_a_unit_inventory_is_paged_and_names_spilled_keys_with_their_sizes(tmp_path, monkeypatch):
+    from dressage.tq.storage import SpillStorageUnit
+    from dressage.tq.storage import server as unit_server
+    from dressage.tq.storage.remote import RemoteStorageUnit
+    from dressage.tq.storage.server import StorageUnitServer
+
+    monkeypatch.setattr(unit_server, "INVENTORY_PAGE", 2)
+    backend = SpillStorageUnit("s0", memory_budget=100, spill_dir=tmp_path)
+    sizes = {f"k{i}": 8 * (i + 1) for i in range(5)}
+    for key, n in sizes.items():
+        backend.put(key, np.zeros(n, dtype=np.uint8))
+    assert any(backend.info(k).spilled for k in sizes)
+    server = StorageUnitServer(backend, shared_memory=False).start()
+    remote = RemoteStorageUnit("s0", server.address, timeout_s=10)
+    try:
+        assert sorted(remote.inventory()) == sorted(sizes.items())
+        assert server.rpc.served >= 3  # three pages of at most two keys
+    finally:
+        remote.close()
+        server.stop()
+        backend.close()
