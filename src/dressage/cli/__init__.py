@@ -29,7 +29,7 @@ EXTRA_OF_MODULE = {"fastapi": "server", "uvicorn": "server", "httpx": "server", 
                    "matplotlib": "plot", "torch": "torch", "transformers": "hf", "tokenizers": "hf"}
 
 # Subcommand modules, in the order `dressage --help` lists them.
-COMMANDS = ("run", "proxy", "engine", "capacity", "trainer")
+COMMANDS = ("run", "proxy", "engine", "tq", "capacity", "trainer")
 ENTRY_POINT_GROUP = "dressage.commands"
 # Commands that packages of this repository provide, with how to get them when they are missing.
 KNOWN_PLUGINS = {

@@ -105,9 +105,10 @@ class Proxy:
         if tq_client is None and config.data_plane.enable_transfer_queue:
             if tq is None and config.transfer_queue.spec is not None:
                 from dressage.tq import TransferQueueClient
-                from dressage.tq.client.spec import load_client_spec
+                from dressage.tq.client.spec import check_controller, load_client_spec
 
                 joined = load_client_spec(config.transfer_queue.spec)
+                check_controller(joined)  # a Controller that does not answer is refused now, not per call
                 tq_client = owned_client = TransferQueueClient.connect(joined)
             else:
                 if tq is None:

@@ -161,3 +161,49 @@ def test_a_proxy_process_writes_its_spec_file_while_it_serves(engine_process, tm
     finally:
         _stop(proxy)
     assert proxy.returncode == 0 and not spec_file.exists()
+
+
+def test_the_standalone_recipe_with_tq_serve_loses_nothing_across_a_proxy_restart(engine_process, tmp_path):
+    """README's recipe: ``dressage tq serve`` runs the TQ apart; a Proxy with a journal joins it, the agents
+    finish, the Proxy is restarted, and the trainer (of the restarted Proxy) restores every large field."""
+    config = tmp_path / "tq.yaml"
+    config.write_text("deployment: local\nnum_storage_units: 2\nretention_s: null\n")
+    spec_file = tmp_path / "run" / "tq-spec.json"
+    tq = subprocess.Popen([sys.executable, "-m", "dressage", "tq", "serve", "--config", str(config),
+                           "--spec-out", str(spec_file)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not spec_file.exists():
+            assert tq.poll() is None and time.monotonic() < deadline, tq.stdout.read() if tq.poll() else "no spec"
+            time.sleep(0.05)
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        args = ["proxy", "serve", "--engine-url", engine_process, "--port", str(port), "--use-rollout-routing-replay",
+                "--routed-experts-dtype", "uint8", "--enable-transfer-queue", "--transfer-queue-spec", str(spec_file),
+                "--journal", str(tmp_path / "journal.bin")]
+        proxy = _start(args, url)
+        try:
+            report = asyncio.run(run_rollout(url, make_prompts(N_PROMPTS, seed=5), N_SAMPLES,
+                                             AgentConfig(seed=11, max_turns=3), concurrency=3))
+            assert report.errors == 0, report.errors_by_kind
+        finally:
+            _stop(proxy)
+        proxy = _start(args, url)  # the restarted Proxy: sessions from its journal, fields still in the TQ
+        try:
+            out = tmp_path / "trainer.json"
+            trainer = subprocess.run(
+                [sys.executable, "-m", "dressage", "trainer", "--proxy-url", url, "--dp-size", "2",
+                 "--expect-sessions", str(N_PROMPTS * N_SAMPLES), "--timeout", "30", "--json", str(out)],
+                capture_output=True, text=True, timeout=120)
+            assert trainer.returncode == 0, trainer.stdout + trainer.stderr
+            result = json.loads(out.read_text())
+        finally:
+            _stop(proxy)
+        assert result["transfer_queue"] is True and result["sessions"] == N_PROMPTS * N_SAMPLES
+        assert result["tq_keys_read"] > 0 and result["tq_keys_released"] == result["tq_keys_read"]
+        assert result["large_field_bytes_restored"] > 0 and result["tq_keys_left"] == 0
+    finally:
+        tq.terminate()
+        assert tq.wait(60) == 0
+        tq.stdout.close()
+    assert not spec_file.exists()

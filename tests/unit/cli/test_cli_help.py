@@ -11,7 +11,7 @@ import pytest
 
 from dressage.cli import build_parser
 
-EXPECTED = {"run", "proxy serve", "proxy journal check", "proxy journal repair", "engine serve", "capacity",
+EXPECTED = {"run", "proxy serve", "proxy journal check", "proxy journal repair", "engine serve", "tq serve", "capacity",
             "trainer"}
 BENCH = {"bench tq", "bench memory", "bench faults"}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -355,3 +356,109 @@ def test_messages_sent_back_to_back_are_each_read_whole(secret):
     finally:
         sock.close()
         server.stop()
+
+
+def _rss_bytes(pid: str = "self") -> int:
+    """Resident memory of a process, its shared-memory pages included."""
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_an_unauthenticated_512_mib_declaration_allocates_nothing_and_moves_unit_memory_by_less_than_the_cap():
+    backend = MemoryStorageUnit("d0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, shared_memory=True, secret=SECRET, max_message_bytes=1 << 34).start()
+    allocated = []
+    receive = server.bulk._alloc
+    server.bulk._alloc = lambda n: (allocated.append(n), receive(n))[1]
+    cap = 16 * MiB
+    sock = socket.create_connection(("127.0.0.1", server.bulk.port), timeout=5)
+    try:
+        rss, shm_before = _rss_bytes(), server.shm.stats()["shm_bytes"]
+        # A peer without the secret declares one 512 MiB payload, sends a forged head tag and a few
+        # bytes, and keeps the connection open.
+        prefix = bulk._PREFIX.pack(bulk.MAGIC, 10, 1)
+        forged = prefix + wire.auth_head(b"x" * 16, 1) + (512 * MiB).to_bytes(8, "little") + bytes(16)
+        sock.sendall(forged + bytes(4096))
+        _wait_for(lambda: server.bulk.rejected == 1, "the forged head is refused")
+        assert allocated == []
+        assert _rss_bytes() - rss < cap
+        assert server.shm.stats()["shm_bytes"] == shm_before
+        assert backend.list() == [] and server.bulk.untyped == 0
+        # A client with the secret is still served.
+        remote = RemoteStorageUnit.describe("d0", server.address, timeout_s=10, secret=SECRET)
+        remote.put("k", _payload(3))
+        np.testing.assert_array_equal(remote.get("k"), _payload(3))
+        remote.close()
+    finally:
+        sock.close()
+        server.stop()
+        backend.close()
+
+
+def test_a_replayed_head_is_refused_before_its_payloads_are_received():
+    backend = MemoryStorageUnit("r0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, shared_memory=False, secret=SECRET).start()
+    allocated = []
+    receive = server.bulk._alloc
+    server.bulk._alloc = lambda n: (allocated.append(n), receive(n))[1]
+    try:
+        good = _put_message("k", _payload(4), SECRET, seq=7)
+        assert _send_raw(server, good)["ok"] is True
+        sizes = list(allocated)
+        replay = _send_raw(server, good[:64 + 8 + 16])  # the head alone: its payload never sent
+        assert replay["ok"] is False and "replay" in replay["message"]
+        assert allocated == sizes and backend.list() == ["k"]
+    finally:
+        server.stop()
+        backend.close()
+
+
+def test_the_unit_zmq_socket_takes_no_frame_larger_than_its_small_cap_when_it_has_a_bulk_stream():
+    from dressage.tq.storage.config import UNIT_ZMQ_MAX_MESSAGE
+
+    backend = MemoryStorageUnit("z0", memory_budget=64 * MiB)
+    with_bulk = StorageUnitServer(backend, shared_memory=False, secret=SECRET)
+    without = StorageUnitServer(backend, shared_memory=False, secret=SECRET, bulk=False, max_message_bytes=1 << 30)
+    try:
+        assert with_bulk.rpc.max_message_bytes == UNIT_ZMQ_MAX_MESSAGE < with_bulk.bulk.max_message_bytes
+        assert without.rpc.max_message_bytes == 1 << 30
+    finally:
+        with_bulk.stop()
+        without.stop()
+        backend.close()
+
+
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["stream", "shm"])
+def test_a_get_answer_is_bounded_and_the_client_pages_through_the_rest(shared_memory):
+    backend = MemoryStorageUnit("p0", memory_budget=256 * MiB)
+    server = StorageUnitServer(backend, shared_memory=shared_memory, secret=SECRET, max_reply_bytes=5 * MiB).start()
+    remote = RemoteStorageUnit.describe("p0", server.address, timeout_s=10, secret=SECRET)
+    answers = []
+    handle = server._handle
+
+    def spy(control, frames):
+        reply, payloads = handle(control, frames)
+        if control["op"] == "get":
+            answers.append((len(reply["arrays"]), sum(p.nbytes for p in payloads)))
+        return reply, payloads
+
+    server.bulk._handler = spy
+    try:
+        arrays = [_payload(i, 2 * MiB) for i in range(7)] + [_payload(99, 12 * MiB)]
+        for i, a in enumerate(arrays):
+            remote.put(f"k{i}", a)
+        got = remote.get_many([(f"k{i}", 0, None) for i in range(len(arrays))] + [("k1", 2, 5)])
+        for a, b in zip(arrays, got):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(got[-1], arrays[1][2:5])
+        if shared_memory:  # on the unit's host the answer names segments: no payload bytes to bound
+            assert answers == [(len(arrays) + 1, 0)]
+            return
+        # 2 MiB blobs two to an answer (a third would pass 5 MiB), the 12 MiB blob alone, the slice last.
+        assert [n for n, _ in answers] == [2, 2, 2, 1, 1, 1]
+        assert sum(n for n, _ in answers) == len(arrays) + 1
+        assert all(nbytes <= 5 * MiB or n == 1 for n, nbytes in answers)
+    finally:
+        remote.close()
+        server.stop()
+        backend.close()

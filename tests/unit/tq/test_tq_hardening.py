@@ -48,6 +48,8 @@ def controller(request):
 @pytest.mark.parametrize("items", [
     [["k", 2**64 - 1, "f"]], [["k", 2**48 + 1, "f"]], [["k", -1, "f"]], [["k", True, "f"]],
     [["", 1, "f"]], [["k" * 2000, 1, "f"]], [["k", 1, "f" * 5000]], [["k%d" % i, 1, ""] for i in range(100_001)],
+    [["k%d" % i, 2**48, ""] for i in range(70_000)],  # each in range, 2^64 bytes in all
+    [["a", 2**48, ""], ["b", 1, ""]],
 ])
 def test_place_with_out_of_range_values_is_refused_and_stats_still_answers(controller, items):
     ctl, server, remote = controller
@@ -194,3 +196,18 @@ def test_a_reply_to_another_request_is_not_taken():
         a.close()
         server.stop()
         backend.close()
+
+
+def test_placements_are_bounded_in_total_per_unit_and_stats_keeps_answering(controller):
+    from dressage.errors import StorageFullError
+    from dressage.tq.directory.controller import MAX_UNIT_DIRECTORY_BYTES
+
+    ctl, server, remote = controller
+    placed = 0
+    with pytest.raises(StorageFullError, match="directory past"):
+        for i in range(MAX_UNIT_DIRECTORY_BYTES // 2**48 + 1):
+            remote._rpc.call("place", {"items": [[f"k{i}", 2**48, ""]]})
+            placed += 1
+    assert placed == MAX_UNIT_DIRECTORY_BYTES // 2**48
+    stats = remote.stats()
+    assert stats["u0"]["directory_bytes"] == MAX_UNIT_DIRECTORY_BYTES and server.rpc.untyped == 0

@@ -73,3 +73,22 @@ class TestRemoteStorageUnitOverSpill(StorageUnitTests):
         remote = serve_unit(SpillStorageUnit("rspill", memory_budget=memory_budget, spill_dir=self.root))
         assert remote.supports_spill and remote.remote
         return remote
+
+
+def test_spilled_blobs_are_0600_in_a_0700_directory(tmp_path):
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        unit = SpillStorageUnit("s0", memory_budget=0, spill_dir=tmp_path)
+        unit.put("k", np.arange(64, dtype=np.float32))
+    finally:
+        os.umask(old)
+    try:
+        assert unit.info("k").spilled
+        assert stat.S_IMODE(os.stat(unit.spill_dir).st_mode) == 0o700
+        blobs = os.listdir(unit.spill_dir)
+        assert blobs and all(stat.S_IMODE(os.stat(os.path.join(unit.spill_dir, b)).st_mode) == 0o600 for b in blobs)
+        np.testing.assert_array_equal(unit.get("k"), np.arange(64, dtype=np.float32))
+    finally:
+        unit.close()

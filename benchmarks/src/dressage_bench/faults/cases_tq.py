@@ -221,7 +221,8 @@ def corrupted_blob(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
 def wire_fuzz(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     from dressage.tq.directory.service import RemoteController
     from dressage.tq.storage.remote import RemoteStorageUnit
-    from dressage.tq.storage.server import HEARTBEAT_MAX_MESSAGE, UNIT_MAX_MESSAGE
+    from dressage.tq.storage.config import UNIT_ZMQ_MAX_MESSAGE
+    from dressage.tq.storage.server import HEARTBEAT_MAX_MESSAGE
     from dressage.tq.transport.zmq import CONTROL_MAX_MESSAGE
     from dressage.testing.wirefuzz import fuzz_server
 
@@ -244,7 +245,7 @@ def wire_fuzz(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
             # requires that drop. Any other unanswered message still counts as a hang.
             rep = fuzz_server(unit.address, cfg.fuzz_inputs, seed=cfg.seed, secret=key, check_valid=check,
                               untyped_counter=lambda: int(unit.stats()["untyped_errors"]),
-                              max_frame_bytes=UNIT_MAX_MESSAGE)
+                              max_frame_bytes=UNIT_ZMQ_MAX_MESSAGE)
             ctl = RemoteController(spec["controller"], timeout_s=10, secret=key)
             crep = fuzz_server(spec["controller"], cfg.fuzz_inputs // 2, seed=cfg.seed + 1, secret=key,
                                check_valid=ctl.ping, max_frame_bytes=CONTROL_MAX_MESSAGE)
@@ -284,10 +285,13 @@ def storage_unit_killed_ray(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         ray.init(address=cluster.address, include_dashboard=False, logging_level="ERROR")
-        tq = TransferQueue.start({"deployment": "ray", "unit_memory_budget": "8MiB", "request_timeout_s": 20,
+        # Two units (on the worker node: the head keeps none): the survivor takes the puts after the kill.
+        # With one unit per worker node and one worker, the kill would leave no live unit to place on.
+        tq = TransferQueue.start({"deployment": "ray", "num_storage_units": 2, "unit_memory_budget": "8MiB",
+                                  "request_timeout_s": 20,
                                   "heartbeat_interval_s": _HEARTBEAT_S, "unit_dead_after_s": _DEAD_AFTER_S,
                                   "retention_s": None, "startup_timeout_s": 120})
-        # Rollout workers on both nodes: each writes to its own node's unit.
+        # One rollout worker per unit, on the unit's node.
         unit_nodes = {u.unit_id: u.node_id for u in tq.units()}
         writers = [tq.client(node_id=node) for node in unit_nodes.values()]
         passed, detail = _killed_case(tq, cfg, writers)

@@ -74,7 +74,7 @@ def case(name: str):
 def load_cases() -> dict[str, Callable[[FaultsConfig], tuple[bool, dict[str, Any]]]]:
     """Import the case modules (importing registers their cases)."""
     from dressage_bench.faults import (cases_backpressure, cases_durability, cases_engine,  # noqa: F401
-                                       cases_inputs, cases_proxy, cases_tq, fuzz, load, soak)
+                                       cases_inputs, cases_proxy, cases_tq, cases_tq_service, fuzz, load, soak)
 
     return CASES
 

@@ -1,21 +1,31 @@
-"""Build a TransferQueueClient from a client spec: the plain dict ``TransferQueue.client_spec()`` returns."""
+"""Build a TransferQueueClient from a client spec: the plain dict ``TransferQueue.client_spec()`` returns.
+
+A spec carries the TQ's secret: its file is written 0600 (in a 0700 directory when one is made for
+it), one that others can read is refused, and every value is checked before any socket is opened.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import stat
 from collections.abc import Mapping
 from typing import Any
 
-from dressage.errors import ConfigError
+from dressage.errors import ConfigError, TransferQueueError
 from dressage.tq.client.node import current_node_id
 from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.storage.remote import RemoteStorageUnit
 
-__all__ = ["SPEC_VERSION", "make_spec", "connect_spec", "write_client_spec", "load_client_spec"]
+__all__ = ["SPEC_VERSION", "make_spec", "connect_spec", "write_client_spec", "load_client_spec", "check_spec",
+           "check_controller", "CONTROLLER_CHECK_S"]
 
 SPEC_VERSION = 1
+CONTROLLER_CHECK_S = 5.0  # how long a joining process waits for the spec's Controller to answer at start
+_ON_FULL = ("spill", "wait", "error")
+_MIN_SECRET = 16
 
 
 def make_spec(controller_address: str, units: list[UnitInfo], *, supports_spill: bool, timeout_s: float,
@@ -35,11 +45,83 @@ def make_spec(controller_address: str, units: list[UnitInfo], *, supports_spill:
     return spec
 
 
+def _address(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value.startswith("tcp://") or len(value) > 300 \
+            or not value.rpartition(":")[2].isdigit():
+        raise ConfigError(f"TransferQueue client spec: {what}: expected an address tcp://HOST:PORT, got {value!r:.80}")
+    return value
+
+
+def _optional_text(value: Any, what: str) -> None:
+    if value is not None and (not isinstance(value, str) or len(value) > 300):
+        raise ConfigError(f"TransferQueue client spec: {what}: expected a string or null, got {value!r:.80}")
+
+
+def _number(value: Any, what: str, *, zero: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (value == 0 and not zero):
+        raise ConfigError(f"TransferQueue client spec: {what}: expected {'>= 0' if zero else '> 0'} seconds, "
+                          f"got {value!r:.80}")
+
+
+def check_spec(spec: Any) -> dict[str, Any]:
+    """``spec`` when every value is of its type and range, else ConfigError naming the one that is not
+    (one line, no traceback: a spec file is edited by hand too)."""
+    if not isinstance(spec, Mapping) or spec.get("spec_version") != SPEC_VERSION or "controller" not in spec:
+        raise ConfigError(f"TransferQueue client spec: not a spec of version {SPEC_VERSION} "
+                          "(write it with TransferQueue.write_client_spec or dressage tq serve)")
+    _address(spec.get("controller"), "controller")
+    units = spec.get("units")
+    if not isinstance(units, list) or not 0 < len(units) <= 4096:
+        raise ConfigError("TransferQueue client spec: units: expected a list of 1 to 4096 unit descriptions")
+    seen = set()
+    for i, u in enumerate(units):
+        where = f"units[{i}]"
+        if not isinstance(u, Mapping):
+            raise ConfigError(f"TransferQueue client spec: {where}: expected a map, got {u!r:.80}")
+        uid = u.get("unit_id")
+        if not isinstance(uid, str) or not uid or len(uid) > 200 or uid in seen:
+            raise ConfigError(f"TransferQueue client spec: {where}.unit_id: expected a unique name, got {uid!r:.80}")
+        seen.add(uid)
+        _address(u.get("address"), f"{where}.address")
+        for key in ("node_id", "host_id", "shm_token", "heartbeat"):
+            _optional_text(u.get(key), f"{where}.{key}")
+        budget = u.get("memory_budget")
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget < 1 << 62:
+            raise ConfigError(f"TransferQueue client spec: {where}.memory_budget: expected bytes as an integer, "
+                              f"got {budget!r:.80}")
+    _number(spec.get("request_timeout_s", 30.0), "request_timeout_s", zero=False)
+    _number(spec.get("full_wait_s", 30.0), "full_wait_s", zero=True)
+    if spec.get("on_full", "spill") not in _ON_FULL:
+        raise ConfigError(f"TransferQueue client spec: on_full: expected one of {', '.join(_ON_FULL)}, "
+                          f"got {spec.get('on_full')!r:.80}")
+    secret = spec.get("auth_secret")
+    if secret is not None and (not isinstance(secret, str) or len(secret) < _MIN_SECRET):
+        raise ConfigError(f"TransferQueue client spec: auth_secret: expected a string of at least {_MIN_SECRET} "
+                          "characters")
+    return dict(spec)
+
+
+def check_controller(spec: Mapping[str, Any], timeout_s: float = CONTROLLER_CHECK_S) -> int:
+    """Ping the spec's Controller once, within ``timeout_s``: its pid, or ConfigError saying it does not
+    answer (a process that joins a TQ learns at start, not at its first call, that nothing serves it)."""
+    check_spec(spec)
+    secret = str(spec["auth_secret"]).encode() if spec.get("auth_secret") else None
+    controller = RemoteController(str(spec["controller"]), timeout_s=timeout_s, secret=secret)
+    try:
+        return controller.ping(timeout_s=timeout_s)
+    except TransferQueueError as exc:
+        raise ConfigError(f"TransferQueue client spec: its Controller at {spec['controller']} does not answer "
+                          f"within {timeout_s:g} s ({type(exc).__name__}); is the TransferQueue running "
+                          "(dressage tq serve)?") from None
+    finally:
+        controller.close()
+
+
 def connect_spec(cls: Any, spec: Mapping[str, Any], *, node_id: str | None = None, **client_options: Any) -> Any:
     """A ``cls`` (TransferQueueClient) over ZMQ handles of the spec's Controller and units;
     ``client_options`` go to its constructor."""
-    if not isinstance(spec, Mapping) or spec.get("spec_version") != SPEC_VERSION:
-        raise ConfigError(f"transfer_queue client spec: expected spec_version {SPEC_VERSION}, got {spec!r:.200}")
+    spec = check_spec(spec)
     timeout = float(spec.get("request_timeout_s", 30.0))
     secret = str(spec["auth_secret"]).encode() if spec.get("auth_secret") else None
     if node_id is None and spec.get("deployment") == "ray":
@@ -64,9 +146,12 @@ def write_client_spec(spec: Mapping[str, Any], path: str | os.PathLike[str]) -> 
     :func:`load_client_spec` (``dressage proxy serve --transfer-queue-spec FILE``)."""
     if not isinstance(spec, Mapping) or spec.get("spec_version") != SPEC_VERSION:
         raise ConfigError(f"write_client_spec: not a TransferQueue client spec (spec_version {SPEC_VERSION})")
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    os.makedirs(folder, mode=0o700, exist_ok=True)  # a directory made for it is its owner's alone
     tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
+        os.fchmod(fd, 0o600)  # a leftover temporary file keeps its mode through O_TRUNC
         with os.fdopen(fd, "w") as f:
             json.dump(dict(spec), f)
         os.replace(tmp, path)
@@ -77,16 +162,24 @@ def write_client_spec(spec: Mapping[str, Any], path: str | os.PathLike[str]) -> 
 
 
 def load_client_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The client spec :func:`write_client_spec` wrote; a missing, unreadable or foreign file is a
-    ConfigError that names it."""
+    """The client spec :func:`write_client_spec` wrote; a missing, unreadable, foreign or malformed file,
+    or one that its group or others can read (it carries the secret), is a one-line ConfigError naming it."""
+    name = os.fspath(path)
     try:
-        with open(path) as f:
-            spec = json.load(f)
+        with open(path, "rb") as f:
+            mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+            text = f.read(1 << 24)
     except OSError as exc:
-        raise ConfigError(f"TransferQueue client spec {os.fspath(path)!r}: {exc.strerror or exc}") from None
+        raise ConfigError(f"TransferQueue client spec {name!r}: {exc.strerror or exc}") from None
+    if mode & 0o044:
+        raise ConfigError(f"TransferQueue client spec {name!r} is readable by its group or others (mode {mode:04o}) "
+                          f"and carries the TransferQueue's secret: chmod 600 {name}")
+    try:
+        spec = json.loads(text)
     except ValueError as exc:
-        raise ConfigError(f"TransferQueue client spec {os.fspath(path)!r} is not JSON: {exc}") from None
-    if not isinstance(spec, dict) or spec.get("spec_version") != SPEC_VERSION or not spec.get("controller"):
-        raise ConfigError(f"TransferQueue client spec {os.fspath(path)!r}: not a spec of version {SPEC_VERSION} "
-                          "(write it with TransferQueue.write_client_spec)")
-    return spec
+        raise ConfigError(f"TransferQueue client spec {name!r} is not JSON: {exc}") from None
+    try:
+        return check_spec(spec)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("TransferQueue client spec:", f"TransferQueue client spec {name!r}:", 1)) \
+            from None

@@ -1,22 +1,28 @@
 """Child processes of a deployment: start ``python -m ...`` with the secret in its environment, wait for
 its ``READY <address> <pid>`` line, and stop it (terminate, then kill). Shared by the ``local`` and
-``ray`` deployments, which both run the Controller as such a child.
+``ray`` deployments, which both run the Controller as such a child and keep it running with a
+:class:`ControllerSupervisor` (a Controller started again rebuilds its directory from the units).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 from dressage.errors import StorageUnitUnavailable, TransferQueueError
 from dressage.tq.config import SECRET_ENV, TransferQueueConfig
 from dressage.tq.directory.janitor import sweep_interval
 
-__all__ = ["launch_child", "await_ready", "spawn", "stop_children", "controller_args"]
+__all__ = ["launch_child", "await_ready", "spawn", "stop_children", "controller_args", "ControllerSupervisor"]
+
+log = logging.getLogger(__name__)
 
 
 def _child_env(secret: bytes | None) -> dict[str, str]:
@@ -88,3 +94,53 @@ def controller_args(config: TransferQueueConfig, units: str) -> list[str]:
     if config.on_full != "spill":
         args.append("--strict-budget")
     return args
+
+
+class ControllerSupervisor:
+    """Starts the Controller process again, on the port it had, whenever it exits: clients' sockets
+    reconnect by themselves, and the new process adopts every key its units hold before it serves.
+    ``on_restart(proc)`` runs after each restart (the deployment records the new pid)."""
+
+    def __init__(self, proc: subprocess.Popen, address: str, config: TransferQueueConfig, units: str,
+                 secret: bytes | None, on_restart: Callable[[subprocess.Popen], None] | None = None,
+                 interval_s: float = 0.05) -> None:
+        port = int(address.rsplit(":", 1)[1])
+        self.proc = proc
+        self.restarts = 0
+        self._args = controller_args(config.replace(controller_port=port), units)
+        self._timeout_s = config.startup_timeout_s
+        self._secret = secret
+        self._on_restart = on_restart
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tq-controller-watch", daemon=True)
+
+    def start(self) -> "ControllerSupervisor":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            if self.proc.poll() is None:
+                continue
+            log.warning("the Controller process %d exited with code %s; starting it again",
+                        self.proc.pid, self.proc.returncode)
+            stop_children([self.proc])  # closes its pipes
+            try:
+                proc, _ = spawn(self._args, "Controller", self._timeout_s, self._secret)
+            except TransferQueueError as exc:
+                log.error("the Controller could not be started again: %s", exc)
+                continue
+            if self._stop.is_set():  # the deployment shut down meanwhile: this one goes too
+                stop_children([proc])
+                return
+            self.proc = proc
+            self.restarts += 1
+            if self._on_restart is not None:
+                self._on_restart(proc)
+
+    def stop(self) -> None:
+        """Stop watching (before the deployment stops the Controller itself)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._timeout_s + 5)

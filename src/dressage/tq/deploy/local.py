@@ -3,6 +3,7 @@
 Children are started with the current interpreter (``tq/deploy/children.py``), exit when this process
 dies, and are terminated (then killed) on shutdown. A unit process that exits is reported to the
 Controller as dead at once (``_ExitWatcher``); one that stops answering is found by the Controller's probes.
+A Controller process that exits is started again on its port and rebuilds its directory from the units.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dressage.errors import TransferQueueError
 from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.client.spec import make_spec
 from dressage.tq.config import TransferQueueConfig
-from dressage.tq.deploy.children import controller_args, spawn, stop_children
+from dressage.tq.deploy.children import ControllerSupervisor, controller_args, spawn, stop_children
 from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.secret import DeploymentSecret
@@ -42,6 +43,10 @@ class _ExitWatcher:
     def start(self) -> "_ExitWatcher":
         self._thread.start()
         return self
+
+    def forget_reports(self) -> None:
+        """A new Controller process knows of no dead unit yet: report them all again."""
+        self._reported = set()
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -98,6 +103,8 @@ class LocalDeployment:
             self.controller = RemoteController(address, timeout_s=config.request_timeout_s, secret=secret)
             # Its own directory handle: a watcher report never waits behind a client's call.
             self._watcher = _ExitWatcher(self._procs, RemoteController(address, timeout_s=2.0, secret=secret)).start()
+            self._supervisor = ControllerSupervisor(proc, address, config, json.dumps([u.to_wire() for u in infos]),
+                                                    secret, on_restart=self._controller_restarted).start()
         except BaseException:
             self.shutdown()
             raise
@@ -105,6 +112,17 @@ class LocalDeployment:
         self._spec = make_spec(address, infos, supports_spill=config.on_full == "spill",
                                timeout_s=config.request_timeout_s, on_full=config.on_full,
                                full_wait_s=config.full_wait_s, secret=secret)
+
+    def _controller_restarted(self, proc: subprocess.Popen) -> None:
+        self._procs["controller"] = proc
+        if self._watcher is not None:
+            self._watcher.forget_reports()
+
+    @property
+    def controller_restarts(self) -> int:
+        """How many times the Controller process was started again."""
+        supervisor = getattr(self, "_supervisor", None)
+        return supervisor.restarts if supervisor is not None else 0
 
     # docstrings inherited from tq/deploy/base.py:Deployment
     def client(self, node_id: str | None) -> TransferQueueClient:
@@ -124,6 +142,9 @@ class LocalDeployment:
         return self.controller.run_janitor()
 
     def shutdown(self) -> None:
+        supervisor = getattr(self, "_supervisor", None)
+        if supervisor is not None:
+            supervisor.stop()  # first: a Controller stopped below must not be started again
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()

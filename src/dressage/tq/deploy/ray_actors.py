@@ -23,7 +23,7 @@ from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.client.node import current_node_id
 from dressage.tq.client.spec import make_spec
 from dressage.tq.config import TransferQueueConfig
-from dressage.tq.deploy.children import await_ready, controller_args, launch_child, stop_children
+from dressage.tq.deploy.children import ControllerSupervisor, await_ready, controller_args, launch_child, stop_children
 from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.secret import DeploymentSecret
@@ -194,6 +194,9 @@ class RayDeployment:
                            for d in described]
             self._pids.update({d["unit_id"]: int(d["pid"]) for d in described})
             address = self._start_controller([u.to_wire() for u in self._infos])
+            self._supervisor = ControllerSupervisor(self._controller_proc, address, config,
+                                                    json.dumps([u.to_wire() for u in self._infos]), secret,
+                                                    on_restart=self._controller_restarted).start()
             self.controller = RemoteController(address, timeout_s=config.request_timeout_s, secret=secret)
             self._unit_actors = {d["unit_id"]: a for d, a in zip(described, actors)}
             self._watcher = _ActorWatcher(
@@ -227,6 +230,16 @@ class RayDeployment:
         host, _, port = address.removeprefix("tcp://").rpartition(":")
         return f"tcp://{_advertised(host)}:{port}"
 
+    def _controller_restarted(self, proc: Any) -> None:
+        self._controller_proc = proc
+        self._pids["controller"] = proc.pid
+
+    @property
+    def controller_restarts(self) -> int:
+        """How many times the Controller process was started again."""
+        supervisor = getattr(self, "_supervisor", None)
+        return supervisor.restarts if supervisor is not None else 0
+
     def _wait(self, refs: list[Any], what: str) -> list[Any]:
         ray = _ray()
         try:
@@ -258,6 +271,9 @@ class RayDeployment:
 
     def shutdown(self) -> None:
         ray = _ray()
+        supervisor = getattr(self, "_supervisor", None)
+        if supervisor is not None:
+            supervisor.stop()  # first: a Controller stopped below must not be started again
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()

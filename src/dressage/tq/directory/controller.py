@@ -25,6 +25,9 @@ __all__ = ["Controller"]
 log = logging.getLogger(__name__)
 _TOMBSTONES = 100_000  # how many cleared keys the directory remembers, for ``state()``
 UNIT_DOWN_S = 10.0    # a unit a writer found unavailable gets no new keys for this long
+# What one unit's directory may hold however placements are sent: far above any real unit, far below
+# the int64 that every counter of ``stats`` must stay within.
+MAX_UNIT_DIRECTORY_BYTES = 1 << 56
 
 
 class Controller:
@@ -128,8 +131,29 @@ class Controller:
                 raise StorageFullError("the TransferQueue has no StorageUnits")
             self._check_new_keys(items, "place_many")
             unit_id = self._choose(sum(int(n) for _, n, _ in items), node_id)
+            self._check_bounded(unit_id, items)
             self._record_pending(unit_id, items, batch)
             return unit_id
+
+    def _claim_adopted(self, unit_id: str, items: Sequence[tuple[str, int, str]],
+                       batch: str | None) -> list[tuple[str, int, str]]:
+        """A leased put writes its payload while its placement is on the way: when the Controller was
+        started again in between, it adopted the key from the unit already. Such a placement (same key,
+        unit and size) is the writer claiming it, not a second write: it takes its batch and field."""
+        rest = []
+        for item in items:
+            entry = self._entries.get(item[0])
+            if entry is not None and entry.adopted and entry.unit_id == unit_id and entry.nbytes == int(item[1]):
+                entry.adopted, entry.batch, entry.field = False, batch, item[2]
+            else:
+                rest.append(item)
+        return rest
+
+    def _check_bounded(self, unit_id: str, items: Sequence[tuple[str, int, str]]) -> None:
+        total = sum(int(n) for _, n, _ in items)
+        if self._used[unit_id] + total > MAX_UNIT_DIRECTORY_BYTES:
+            raise StorageFullError(f"StorageUnit {unit_id}: placing {total} more bytes would take its directory past "
+                                   f"{MAX_UNIT_DIRECTORY_BYTES} bytes ({self._used[unit_id]} placed)")
 
     def _candidates(self, nbytes: int, node_id: str | None) -> tuple[list[str], list[str], list[str]]:
         """The units of the first pool where ``nbytes`` fit, the last pool, and every unit usable now."""
@@ -190,6 +214,25 @@ class Controller:
             self._count[unit_id] += 1
             self._tombstones.pop(key, None)
 
+    def adopt(self, unit_id: str, items: Iterable[tuple[str, int]]) -> int:
+        """Record keys a unit already holds ``(key, nbytes)`` as written there: how a restarted Controller
+        rebuilds its directory from its units' contents. Keys the directory knows are left as they are.
+        Returns how many were adopted."""
+        n = 0
+        with self._lock:
+            if unit_id not in self._units:
+                raise TransferQueueError(f"adopt: unknown StorageUnit {unit_id!r}")
+            now = self._clock()
+            for key, nbytes in items:
+                if key in self._entries:
+                    continue
+                self._entries[key] = Entry(unit_id, int(nbytes), None, "", KeyState.WRITTEN, now, now, adopted=True)
+                self._used[unit_id] += int(nbytes)
+                self._count[unit_id] += 1
+                self._tombstones.pop(key, None)
+                n += 1
+        return n
+
     # -- placement leases (the protocol: tq/directory/lease.py) --------------------------------
     def lease(self, nbytes: int, *, node_id: str | None = None, returning: str | None = None) -> dict[str, Any] | None:
         """Set capacity aside for a writer's next puts (at least ``nbytes`` on each unit), ending the
@@ -224,7 +267,11 @@ class Controller:
                 raise TransferQueueError(f"place_leased: unknown StorageUnit {unit_id!r}")
             if not self._is_live(unit_id):
                 raise StorageUnitUnavailable(f"StorageUnit {unit_id} is dead; its leases ended")
+            items = self._claim_adopted(unit_id, items, batch)
+            if not items:
+                return
             self._check_new_keys(items, "place_leased")
+            self._check_bounded(unit_id, items)
             total = sum(int(n) for _, n, _ in items)
             covered = min(self._leases.left(lease_id, unit_id), total)
             if self._strict and total - covered > self._free(unit_id):

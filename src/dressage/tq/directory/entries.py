@@ -68,3 +68,5 @@ class Entry:
     state: KeyState
     written_at: float
     touched_at: float
+    adopted: bool = False
+    """Taken from its unit's inventory by a restarted Controller; its writer's placement may still come."""

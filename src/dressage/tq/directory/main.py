@@ -1,8 +1,9 @@
 """The Controller's process: ``python -m dressage.tq.directory.main --units JSON ...``.
 
-It prints ``READY <address> <pid>`` once bound, serves the directory (:class:`ControllerServer`, ZMQ and
-its stream socket), sweeps deletions (``Janitor``) and probes its units (``LivenessMonitor``); with
-``$DRESSAGE_TQ_SECRET`` set, every frame is authenticated.
+It adopts the keys its units already hold (``recovery.py``), prints ``READY <address> <pid>`` once bound,
+serves the directory (:class:`ControllerServer`, ZMQ and its stream socket), sweeps deletions
+(``Janitor``) and probes its units (``LivenessMonitor``); with ``$DRESSAGE_TQ_SECRET`` set, every frame
+is authenticated.
 """
 
 from __future__ import annotations
@@ -19,10 +20,13 @@ from dressage.tq.directory.janitor import Janitor
 
 __all__ = ["main"]
 
+RECOVERY_TIMEOUT_S = 5.0  # how long a starting Controller waits for each unit's inventory
+
 
 def main(argv: list[str] | None = None) -> int:
     from dressage.tq.config import SECRET_ENV
     from dressage.tq.directory.liveness import LivenessMonitor
+    from dressage.tq.directory.recovery import recover_directory
     from dressage.tq.storage.remote import RemoteStorageUnit
     from dressage.tq.storage.server import serve_until_signalled
 
@@ -47,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
                for u in units if u.address}
     for uid, h in handles.items():  # a janitor delete on a unit found dead ends at once
         h.attach_liveness(lambda uid=uid: controller.dead_reason(uid))
+    # A Controller started again over running units (its process died) takes their keys back first;
+    # a unit that does not answer soon is reported and does not hold the start up.
+    asked = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address, timeout_s=min(live.timeout_s, RECOVERY_TIMEOUT_S),
+                                          secret=secret) for u in units if u.address}
+    try:
+        recover_directory(controller, asked)
+    finally:
+        for h in asked.values():
+            h.close()
     janitor = Janitor(controller, handles.get, interval_s=cfg.sweep_s).start()
     # Own sockets, to the units' heartbeat endpoints: neither a slow janitor delete nor a long client
     # request delays a probe.

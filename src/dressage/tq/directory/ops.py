@@ -35,6 +35,9 @@ def place_items(items: Any) -> list[tuple[str, int, str]]:
             raise ProtocolError(f"bad place item {item!r:.100}")
         checked.append((text(item[0], "key", max_len=MAX_KEY_BYTES, empty=False),
                         uint(item[1], "nbytes", MAX_NBYTES), text(item[2], "field", max_len=MAX_KEY_BYTES)))
+    total = sum(n for _, n, _ in checked)
+    if total > MAX_NBYTES:  # one blob's limit bounds a whole placement too
+        raise ProtocolError(f"place: {len(checked)} items of {total} bytes in all exceed {MAX_NBYTES} per request")
     return checked
 
 

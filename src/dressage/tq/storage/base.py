@@ -147,6 +147,16 @@ class StorageUnit(ABC):
         """Whether ``key`` is stored (called under the lock; backends answer it without a BlobInfo)."""
         return self._info(key) is not None
 
+    def inventory(self) -> list[tuple[str, int]]:
+        """Every stored key with its size in bytes: what a restarted Controller rebuilds its directory from."""
+        out = []
+        for key in self.list():
+            with self._lock:
+                info = self._info(key)
+            if info is not None:  # deleted since the listing
+                out.append((key, info.nbytes))
+        return out
+
     def info(self, key: str) -> BlobInfo:
         with self._lock:
             info = self._info(key)

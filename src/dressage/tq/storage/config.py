@@ -13,9 +13,13 @@ from dressage.errors import ConfigError
 from dressage.flags import flag
 from dressage.tq.config import ON_FULL, tq_default
 
-__all__ = ["UnitProcessConfig", "UnitServerConfig", "UNIT_MAX_MESSAGE"]
+__all__ = ["UnitProcessConfig", "UnitServerConfig", "UNIT_MAX_MESSAGE", "UNIT_ZMQ_MAX_MESSAGE"]
 
-UNIT_MAX_MESSAGE = 1 << 34  # 16 GiB: the largest put a unit reads from one peer (ZMQ_MAXMSGSIZE)
+UNIT_MAX_MESSAGE = 1 << 34  # 16 GiB: the largest put a unit reads from one peer
+# libzmq buffers a whole frame before the MAC can be checked, so a unit with a bulk stream (which
+# authenticates a message's head before it allocates) takes on ZMQ only what clients send there: a
+# control frame (at most 16 MiB) and small payloads (under ``remote.BULK_MIN_BYTES``).
+UNIT_ZMQ_MAX_MESSAGE = 17 << 20
 
 
 @dataclass(kw_only=True, slots=True)

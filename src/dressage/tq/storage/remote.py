@@ -196,6 +196,13 @@ class RemoteStorageUnit(StorageUnit):
     def get_many(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
         # docstring inherited
         reqs = [[k, int(a), None if b is None else int(b)] for k, a, b in requests]
+        out: list[np.ndarray] = []
+        while True:  # a unit answers a bounded page of the requests, from the first; ask on for the rest
+            out.extend(self._get_page(reqs[len(out):]))
+            if len(out) >= len(reqs):
+                return out
+
+    def _get_page(self, reqs: list[list[Any]]) -> list[np.ndarray]:
         keys = [r[0] for r in reqs]
         bulk = self._bulk_client(keys)
         if bulk is not None:  # received into pooled buffers (see ``bulk.RecvPool``); segments as names
@@ -205,7 +212,7 @@ class RemoteStorageUnit(StorageUnit):
         else:
             reply, frames = self._rpc.call("get", {"reqs": reqs, "shm": self.shm_token is not None}, keys=keys)
         metas = reply.get("arrays")
-        if not isinstance(metas, list) or len(metas) != len(reqs):
+        if not isinstance(metas, list) or len(metas) > len(reqs) or (reqs and not metas):
             raise ProtocolError(f"StorageUnit {self.unit_id}: get reply does not match its {len(reqs)} requests")
         out: list[Any] = []
         checks: list[tuple[int, Any]] = []
@@ -281,6 +288,24 @@ class RemoteStorageUnit(StorageUnit):
         # docstring inherited
         reply, _ = self._rpc.call("list")
         return list(reply["keys"])
+
+    def inventory(self) -> list[tuple[str, int]]:
+        # docstring inherited
+        out: list[tuple[str, int]] = []
+        start: Any = 0
+        while start is not None:
+            reply, _ = self._rpc.call("inventory", {"start": start})
+            items = reply.get("items")
+            if not isinstance(items, list) or not all(
+                    isinstance(i, list) and len(i) == 2 and isinstance(i[0], str) and isinstance(i[1], int)
+                    for i in items):
+                raise ProtocolError(f"{self.unit_id}: an inventory answer is a list of [key, nbytes]")
+            out.extend((k, n) for k, n in items)
+            nxt = reply.get("next")
+            if nxt is not None and (not isinstance(nxt, int) or nxt <= start):
+                raise ProtocolError(f"{self.unit_id}: an inventory answer names no later page")
+            start = nxt
+        return out
 
     def usage(self) -> dict[str, int]:
         # docstring inherited

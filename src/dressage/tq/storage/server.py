@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from dressage.errors import ProtocolError
+from dressage.errors import KeyNotFoundError, ProtocolError
 from dressage.tq.transport.bulk_rpc import BulkServer
 from dressage.tq.storage.integrity import Checksums, block_rows_for
 from dressage.tq.transport.shm import SHM_MIN_BYTES, ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
-from dressage.tq.storage.config import UNIT_MAX_MESSAGE
+from dressage.tq.storage.config import UNIT_MAX_MESSAGE, UNIT_ZMQ_MAX_MESSAGE
 from dressage.tq.transport.zmq import RpcServer
 from dressage.tq.transport.wire import (MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, array_from_frame, array_meta, check_dtype, text,
                               text_list, uint)
@@ -33,6 +33,8 @@ _MAX_DIM = 1 << 48
 _MAX_NDIM = 32
 _MAX_ROW = 1 << 62
 HEARTBEAT_MAX_MESSAGE = 64 * 1024  # the probe socket reads ping frames only (ZMQ_MAXMSGSIZE)
+INVENTORY_PAGE = 20_000  # keys per ``inventory`` answer
+GET_REPLY_BYTES = 256 << 20  # payload bytes per ``get`` answer (a larger single blob goes alone)
 
 
 def _key(value: Any) -> str:
@@ -72,16 +74,19 @@ def _given_sums(value: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Checksum
 
 
 class StorageUnitServer:
-    """Serves one backend over ZMQ; ops: put, get, delete, exists, list, info, stats, ping."""
+    """Serves one backend over ZMQ; ops: put, get, delete, exists, list, inventory, info, stats, ping."""
 
     def __init__(self, backend: StorageUnit, *, host: str = "127.0.0.1", port: int = 0,
                  shared_memory: bool = True, shm_token: str | None = None, secret: bytes | None = None,
-                 max_message_bytes: int = UNIT_MAX_MESSAGE, bulk: bool = True) -> None:
+                 max_message_bytes: int = UNIT_MAX_MESSAGE, bulk: bool = True,
+                 max_reply_bytes: int = GET_REPLY_BYTES) -> None:
         self.backend = backend
+        self.max_reply_bytes = int(max_reply_bytes)
         self.host_id = host_id() if shared_memory else None
         self.shm = ShmRegistry(shm_token) if self.host_id else None
         self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret,
-                             max_message_bytes=max_message_bytes)
+                             max_message_bytes=min(max_message_bytes, UNIT_ZMQ_MAX_MESSAGE) if bulk
+                             else max_message_bytes)
         # Checksums a put's writer did not compute are hashed after its reply, before the next request.
         self.rpc.after_reply = getattr(backend, "seal", None)
         # Liveness probes get their own socket and thread: a ping queued behind a multi-GiB put would
@@ -142,6 +147,19 @@ class StorageUnitServer:
                 "heartbeat": self.heartbeat.address, "bulk_port": self.bulk.port if self.bulk else None,
                 "checksums": bool(getattr(unit, "checksums", False))}
 
+    def _page(self, requests: list[tuple[str, int, int | None]]) -> int:
+        """How many of ``requests``, from the first, one get answer serves: their blobs' whole sizes (an
+        upper bound of the rows asked for) within ``max_reply_bytes``, and at least one."""
+        total = 0
+        for i, (key, _, _) in enumerate(requests):
+            try:
+                total += self.backend.info(key).nbytes
+            except KeyNotFoundError:
+                continue  # get_many names it
+            if total > self.max_reply_bytes and i > 0:
+                return i
+        return len(requests)
+
     def _beat(self, control: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
         if control["op"] != "ping" or frames:
             raise ProtocolError("the heartbeat socket answers only ping")
@@ -200,7 +218,9 @@ class StorageUnitServer:
                 plans = shm_reads(requests, self.shm.locate)  # type: ignore[union-attr]
                 if plans is not None:
                     return {"arrays": plans}, ()
-            arrays = unit.get_many(requests)
+            # One answer carries at most max_reply_bytes (and always one array): the reader asks again
+            # for the rest, so no request makes the unit build an answer of unbounded size.
+            arrays = unit.get_many(requests[:self._page(requests)])
             metas, payloads = [], []
             for a in arrays:
                 where = self.shm.locate(a) if use_shm else None  # type: ignore[union-attr]
@@ -216,6 +236,12 @@ class StorageUnitServer:
             return {"exists": unit.exists(_key(control.get("key")))}, ()
         if op == "list":
             return {"keys": unit.list()}, ()
+        if op == "inventory":  # paged, so no answer grows with the number of keys
+            start = uint(control.get("start", 0), "start", 1 << 62)
+            items = unit.inventory()
+            page = items[start:start + INVENTORY_PAGE]
+            more = start + INVENTORY_PAGE < len(items)
+            return {"items": [[k, n] for k, n in page], "next": start + INVENTORY_PAGE if more else None}, ()
         if op == "info":
             info = unit.info(_key(control.get("key")))
             return {"info": [info.key, info.dtype, list(info.shape), info.nbytes, info.spilled]}, ()

@@ -52,7 +52,8 @@ class SpillStorageUnit(MemoryStorageUnit):
         else:
             self._dir = os.path.join(os.fspath(spill_dir), unit_id)
             self._owns_dir = not os.path.exists(self._dir)
-            os.makedirs(self._dir, exist_ok=True)
+            os.makedirs(self._dir, mode=0o700, exist_ok=True)
+            os.chmod(self._dir, 0o700)  # spilled blobs are trajectory data: their owner's alone
         self._spilled: dict[str, _Spilled] = {}
         self._spilled_bytes = 0
         self._seq = itertools.count()
@@ -72,7 +73,7 @@ class SpillStorageUnit(MemoryStorageUnit):
         elif sums is None:
             sums = checksum(array)
         try:
-            with open(tmp, "wb") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as f:
                 array.tofile(f)  # contiguous: written straight from the array's buffer
                 if sums is not None:
                     f.write(sums.to_bytes())  # the checksums travel with the bytes they cover

@@ -9,13 +9,17 @@ unit into its own recycled blob buffers (the stored blob *is* the receive buffer
 One connection carries one request, then its reply, at a time. A message is::
 
     "DQB1" | control length u32 | payload count u32 | [auth head, 48 bytes]
-    | payload lengths (u64 each) | control (version byte + msgpack) | payloads | [tag, 16 bytes]
+    | payload lengths (u64 each) | [head tag, 16 bytes] | control (version byte + msgpack) | payloads
+    | [tag, 16 bytes]
 
-With a secret, the tag is ``wire.FrameMac`` over ``[control, *payloads]`` exactly as ``wire.sign`` tags a
+With a secret, the head tag is ``wire.FrameMac`` over the prefix and the payload lengths under a key label of
+its own: the receiver checks it, and the replay window, before it allocates the control frame or any
+payload, so a peer without the secret costs the unit the ~100 bytes it sent, never the sizes it
+declares. The tag is ``wire.FrameMac`` over ``[control, *payloads]`` exactly as ``wire.sign`` tags a
 ZMQ message, under its own key label (a message tagged for one socket never opens on the other), and
 computed piece by piece as bytes go out or come in, while each piece is still in cache. The receiver
-checks the tag, then the replay window, before it reads the control map: nothing is stored from a
-message that fails either, or that ends early. Nothing is ever unpickled.
+checks it before it reads the control map: nothing is stored from a message that fails a check, or
+that ends early. Nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -34,11 +38,12 @@ import numpy as np
 from dressage.tq.transport.wire import AUTH_HEAD_BYTES, MAC_BYTES, MAX_KEYS, Auth, FrameMac, auth_head, parse_head
 from dressage.errors import ProtocolError
 
-__all__ = ["MAGIC", "CHUNK_BYTES", "READ_AHEAD", "STREAM_LABEL", "StreamBroken", "StreamClosed", "RecvPool",
+__all__ = ["MAGIC", "CHUNK_BYTES", "READ_AHEAD", "STREAM_LABEL", "HEAD_LABEL", "StreamBroken", "StreamClosed", "RecvPool",
            "Conn", "read_message", "write_message", "tune", "shared_pool"]
 
 MAGIC = b"DQB1"
 STREAM_LABEL = b"dressage-tq-stream-key\x00"
+HEAD_LABEL = b"dressage-tq-stream-head\x00"
 _PREFIX = struct.Struct("<4sII")
 _MAX_CONTROL = 16 * 1024 * 1024
 # Bytes moved per recv/send call and MAC update: large enough to keep syscalls rare, small enough
@@ -157,14 +162,24 @@ def _bytes_of(payload: Any) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
+def _head_tag(secret: bytes, head: bytes, prefix: bytes, sizes: bytes) -> bytes:
+    """The tag over a message's framing (its prefix and payload lengths), checked before any allocation."""
+    mac = FrameMac(secret, head, HEAD_LABEL)
+    mac.update(prefix)
+    mac.update(sizes)
+    return mac.finalize()
+
+
 def write_message(conn: Conn, control_frame: bytes, payloads: Sequence[Any], *, secret: bytes | None,
                   nonce: bytes = _NO_NONCE, seq: int = 0) -> None:
     """Send one message (``control_frame`` is ``wire.encode``'s first frame)."""
     views = [_bytes_of(p) for p in payloads]
     head = auth_head(nonce, seq) if secret is not None else b""
     mac = FrameMac(secret, head, STREAM_LABEL) if secret is not None else None
-    prelude = b"".join((_PREFIX.pack(MAGIC, len(control_frame), len(views)), head,
-                        struct.pack(f"<{len(views)}Q", *(len(v) for v in views)), control_frame))
+    prefix = _PREFIX.pack(MAGIC, len(control_frame), len(views))
+    sizes = struct.pack(f"<{len(views)}Q", *(len(v) for v in views))
+    head_tag = _head_tag(secret, head, prefix, sizes) if secret is not None else b""
+    prelude = b"".join((prefix, head, sizes, head_tag, control_frame))
     if mac is not None:
         mac.frame(len(control_frame))
         mac.update(control_frame)
@@ -190,10 +205,13 @@ def write_message(conn: Conn, control_frame: bytes, payloads: Sequence[Any], *, 
 
 
 def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.ndarray], max_bytes: int,
-                 first: Callable[[float], None] | None = None) -> tuple[bytes, list[np.ndarray], Auth | None]:
+                 first: Callable[[float], None] | None = None,
+                 admit: Callable[[Auth], None] | None = None) -> tuple[bytes, list[np.ndarray], Auth | None]:
     """Receive one message: its control frame, its payloads (each in a buffer from ``alloc``) and,
     with a secret, who sent it. ProtocolError when its tag does not match (the stream stays in step);
-    StreamBroken, or ProtocolError with ``broken = True``, when the stream cannot be read on."""
+    StreamBroken, or ProtocolError with ``broken = True``, when the stream cannot be read on (a head
+    tag that does not match: nothing after it is read, so the stream is out of step). ``admit(auth)``
+    runs once the head tag matched and before anything is allocated (the replay window)."""
     try:
         prefix = conn.recv_bytes(_PREFIX.size, patience=first)
     except StreamBroken as exc:
@@ -208,7 +226,19 @@ def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.
     if n_payloads > MAX_KEYS:
         raise _broken(f"bulk stream: {n_payloads} payloads exceed {MAX_KEYS}")
     head = conn.recv_bytes(AUTH_HEAD_BYTES) if secret is not None else b""
-    sizes = struct.unpack(f"<{n_payloads}Q", conn.recv_bytes(8 * n_payloads))
+    raw_sizes = conn.recv_bytes(8 * n_payloads)
+    if secret is not None:
+        # Authenticate the framing before the declared sizes are believed: nothing is allocated for a
+        # peer that cannot tag what it declares.
+        if not hmac.compare_digest(_head_tag(secret, head, prefix, raw_sizes), conn.recv_bytes(MAC_BYTES)):
+            raise _broken("unauthenticated frame rejected: the head MAC does not match (wrong or no secret)")
+        if admit is not None:
+            try:
+                admit(parse_head(head))
+            except ProtocolError as exc:  # the payloads stay unread: the stream is out of step
+                exc.broken = True  # type: ignore[attr-defined]
+                raise
+    sizes = struct.unpack(f"<{n_payloads}Q", raw_sizes)
     if sum(sizes) > max_bytes:
         raise _broken(f"bulk stream: message of {sum(sizes)} bytes exceeds this socket's {max_bytes}")
     mac = FrameMac(secret, head, STREAM_LABEL) if secret is not None else None

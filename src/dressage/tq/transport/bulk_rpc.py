@@ -27,7 +27,7 @@ from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueue
 from dressage.tq.transport.bulk import (Conn, RecvPool, StreamBroken, StreamClosed, read_message, shared_pool, tune,
                               write_message)
 from dressage.tq.transport.zmq import Handler
-from dressage.tq.transport.wire import ReplayGuard, decode_control, encode, error_from_wire, error_to_wire
+from dressage.tq.transport.wire import Auth, ReplayGuard, decode_control, encode, error_from_wire, error_to_wire
 
 __all__ = ["BulkServer", "BulkClient", "BulkPending"]
 
@@ -120,15 +120,18 @@ class BulkServer:
         with self._lock:
             setattr(self, name, getattr(self, name) + 1)
 
+    def _admit(self, auth: Auth) -> None:  # a replayed head is refused before its payloads are read
+        if self._guard is not None:
+            with self._guard_lock:
+                self._guard.check(auth)
+
     def _one(self, conn: Conn) -> bool:
         """Serve one message; False when the connection must close."""
         auth, req_id, keep = None, None, True
         try:
             control_frame, payloads, auth = read_message(conn, secret=self._secret, alloc=self._alloc,
-                                                         max_bytes=self.max_message_bytes, first=self._idle)
-            if self._guard is not None:
-                with self._guard_lock:
-                    self._guard.check(auth)  # type: ignore[arg-type]
+                                                         max_bytes=self.max_message_bytes, first=self._idle,
+                                                         admit=self._admit)
             control = decode_control(control_frame)
             req_id = control.get("id")
             if not isinstance(control.get("op"), str):

@@ -6,7 +6,9 @@ sockets so threads can call concurrently, and turns silence into StorageUnitUnav
 (or sooner, when a caller-supplied check says the peer is known dead). With a shared secret, every
 message both ways carries a MAC frame (``wire.sign``) and anything without a valid one is ProtocolError;
 each request is accepted once (nonce and sequence window) and each reply names the request it
-answers. ``ZMQ_MAXMSGSIZE`` bounds what a listening socket reads from any peer.
+answers. ``ZMQ_MAXMSGSIZE`` bounds what a listening socket reads from any peer. A request whose
+connection closes before its reply (the peer process died) ends at once: the reply is lost with the
+connection, so waiting out the timeout would only delay the caller.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ _ZERO_COPY_MIN = 64 * 1024
 # While waiting for a reply, how often the caller's ``abort`` check runs (a dead peer ends the wait).
 _ABORT_POLL_S = 0.1
 _LOUD_REJECTIONS = 10  # rejected frames logged as warnings; later ones at debug level
-CONTROL_MAX_MESSAGE = 64 * 1024 * 1024  # Controller and heartbeat sockets: control frames only
+# Controller and heartbeat sockets: control frames only (the decoder takes 16 MiB), and libzmq buffers a
+# whole frame before its MAC can be checked, so nothing larger is read.
+CONTROL_MAX_MESSAGE = 17 * 1024 * 1024
 _NO_NONCE = bytes(16)
 
 
@@ -212,6 +216,7 @@ class RpcClient:
         self.name = name
         self._ctx = zmq.Context.instance()
         self._idle: list[zmq.Socket] = []
+        self._monitors: dict[int, zmq.Socket] = {}  # per socket: its connection's disconnect events
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._nonce = os.urandom(16)        # this client's name in the server's replay window
@@ -227,10 +232,15 @@ class RpcClient:
             if self._closed:
                 raise TransferQueueError(f"{self.name}: client is closed")
             if self._idle:
-                return self._idle.pop()
+                sock = self._idle.pop()
+                _drain(self._monitors[id(sock)])  # disconnects before this request are no news for it
+                return sock
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.connect(self.address)
+        with self._lock:
+            self._monitors[id(sock)] = monitor
         return sock
 
     def _give_back(self, sock: zmq.Socket) -> None:
@@ -238,6 +248,17 @@ class RpcClient:
             if not self._closed and len(self._idle) < 16:
                 self._idle.append(sock)
                 return
+        self._discard(sock)
+
+    def _discard(self, sock: zmq.Socket) -> None:
+        with self._lock:
+            monitor = self._monitors.pop(id(sock), None)
+        if monitor is not None:
+            try:
+                sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            monitor.close(0)
         sock.close(0)
 
     def send_oneway(self, op: str, control: dict[str, Any] | None = None, *, keys: Sequence[str] = ()) -> None:
@@ -248,7 +269,7 @@ class RpcClient:
         try:
             sock.send_multipart(self._frames(message, ())[0], flags=zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            sock.close(0)
+            self._discard(sock)
             raise self._unavailable(op, keys, f"send failed: {exc}") from exc
         self._give_back(sock)
 
@@ -286,7 +307,7 @@ class RpcClient:
             frames, seq = self._frames(message, payloads)
             send_frames(sock, frames, zmq.NOBLOCK)
         except BaseException as exc:
-            sock.close(0)
+            self._discard(sock)
             if isinstance(exc, zmq.ZMQError):
                 raise self._unavailable(op, keys, f"send failed: {exc}") from exc
             raise
@@ -294,6 +315,12 @@ class RpcClient:
 
     def _await(self, p: "PendingReply") -> tuple[dict[str, Any], list[Any]]:
         sock, abort, op, keys = p.sock, p.abort, p.op, p.keys
+        with self._lock:
+            monitor = self._monitors.get(id(sock))
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
         healthy = False
         try:
             while True:
@@ -301,7 +328,11 @@ class RpcClient:
                 if left <= 0:
                     raise self._unavailable(op, keys, f"no reply within {p.timeout:g} s")
                 step = left if abort is None else min(left, _ABORT_POLL_S)
-                if not sock.poll(int(step * 1000) + 1, zmq.POLLIN):
+                ready = dict(poller.poll(int(step * 1000) + 1))
+                if sock not in ready:
+                    if monitor is not None and monitor in ready and _drain(monitor):
+                        raise self._unavailable(op, keys, "the connection closed before the reply (the peer "
+                                                          "process exited or restarted)")
                     why = abort() if abort is not None else None
                     if why:
                         raise self._unavailable(op, keys, why)
@@ -325,7 +356,7 @@ class RpcClient:
             if healthy:
                 self._give_back(sock)
             else:
-                sock.close(0)
+                self._discard(sock)
         if not reply.get("ok"):
             raise error_from_wire(reply, f"{self.name} at {self.address}")
         return reply, frames[1:]
@@ -341,7 +372,19 @@ class RpcClient:
             self._closed = True
             idle, self._idle = self._idle, []
         for sock in idle:
-            sock.close(0)
+            self._discard(sock)
+
+
+def _drain(monitor: zmq.Socket) -> int:
+    """Read every pending event of a socket monitor; how many disconnects there were."""
+    n = 0
+    while True:
+        try:
+            frames = monitor.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return n
+        if frames and len(frames[0]) >= 2 and int.from_bytes(frames[0][:2], "little") == zmq.EVENT_DISCONNECTED:
+            n += 1
 
 
 class PendingReply:
