@@ -211,7 +211,9 @@ def test_pause_aborts_calls_on_every_worker_including_one_removed_mid_call(slow_
         for i in range(4):
             (step,) = p.steps(f"p{i}").values()
             assert step.metadata["engine_requests"] == 2  # cut by the pause, resumed on the same worker
-            assert len(step.response_ids) == 300
+            # The whole budget, unless the engine drew its end-of-turn token first (a 4000-token mean).
+            finish = results[f"p{i}"].json()["choices"][0]["finish_reason"]
+            assert len(step.response_ids) == 300 if finish == "length" else finish == "stop"
 
 
 def test_resume_updating_engines_sets_live_workers_and_reports_a_dead_one(cluster):

@@ -84,8 +84,9 @@ def test_spec_out_writes_the_proxys_spec_for_its_lifetime(engine, tmp_path):
 
 
 def test_spec_out_is_refused_where_it_cannot_be_honoured(engine, tmp_path):
+    (tmp_path / "a-file").write_text("")
     with pytest.raises(ConfigError, match=r"transfer_queue\.spec_out \(--transfer-queue-spec-out\)"):
-        Proxy.start(_config(engine.url, str(tmp_path / "no-such-dir" / "tq.json")))
+        Proxy.start(_config(engine.url, str(tmp_path / "a-file" / "tq.json")))  # no directory can be made there
     with pytest.raises(ConfigError, match=r"transfer_queue\.spec_out .*enable_transfer_queue .* is off"):
         ProxyConfig(transfer_queue=TransferQueueSelection(spec_out="tq.json"))
     with pytest.raises(ConfigError, match="names the file transfer_queue.spec"):

@@ -7,12 +7,10 @@ router is only asked who the workers are. :class:`~.pool.EnginePool` follows the
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
-from typing import Any
 
 from dressage.errors import EngineError
+from dressage.proxy.engines.private_loop import run_on_private_loop
 from dressage.proxy.engines.router_client import RouterClient, WorkerInfo
 from dressage.proxy.engines.sglang_client import SGLangClient
 
@@ -61,8 +59,6 @@ class RouterDiscovery:
 
         A fresh client asks, so no connection of the Proxy's own pool is bound to that loop.
         """
-        result: dict[str, Any] = {}
-
         async def ask() -> list[WorkerInfo]:
             client = RouterClient(self.url, timeout=self.timeout_s, api_key=self.router.api_key,
                                   transport=self.router.seed_transport())
@@ -71,16 +67,10 @@ class RouterDiscovery:
             finally:
                 await client.close()
 
-        def run() -> None:
-            try:
-                result["value"] = asyncio.run(ask())
-            except EngineError:
-                result["value"] = []
-
-        worker = threading.Thread(target=run, name="dressage-router-workers", daemon=True)
-        worker.start()
-        worker.join()
-        return result.get("value", [])
+        try:
+            return run_on_private_loop(ask, name="dressage-router-workers")
+        except EngineError:
+            return []
 
     async def close(self) -> None:
         await self.router.close()  # closes the worker clients it made too

@@ -21,7 +21,6 @@ read it) with the Proxy's ``--model`` and tokenizer before anything is served:
 from __future__ import annotations
 
 import asyncio
-import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -31,6 +30,7 @@ from dressage.proxy.engines.model_shape import ShapeSource, context_window, disc
     resolve_tokenizer, shape_from_config
 from dressage.proxy.engines.discovery import RouterDiscovery
 from dressage.proxy.engines.pool import EnginePool
+from dressage.proxy.engines.private_loop import run_on_private_loop
 from dressage.proxy.engines.router_client import RouterClient
 from dressage.proxy.engines.sglang_client import SGLangClient
 
@@ -125,20 +125,7 @@ def fetch_engine_infos(engines: Any, *, transport: Any = None, timeout_s: float 
                 await client.close()
         return out
 
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["value"] = asyncio.run(ask())
-        except BaseException as exc:  # re-raised in the caller's thread
-            result["error"] = exc
-
-    worker = threading.Thread(target=run, name="dressage-engine-check", daemon=True)
-    worker.start()
-    worker.join()
-    if "error" in result:
-        raise result["error"]
-    return result["value"]
+    return run_on_private_loop(ask, name="dressage-engine-check")
 
 
 def check_router_r3(config: Any, *, transport: Any = None, timeout_s: float = INFO_TIMEOUT_S) -> None:
@@ -158,23 +145,11 @@ def check_router_r3(config: Any, *, transport: Any = None, timeout_s: float = IN
         finally:
             await client.close()
 
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["value"] = asyncio.run(ask())
-        except BaseException as exc:  # re-raised in the caller's thread
-            result["error"] = exc
-
-    worker = threading.Thread(target=run, name="dressage-router-r3-check", daemon=True)
-    worker.start()
-    worker.join()
-    if "error" in result:
-        exc = result["error"]
-        if isinstance(exc, EngineError):
-            raise EngineUnavailable(f"the R3 check through the router {engines.urls[0]} failed: {exc}") from exc
-        raise exc
-    meta = result["value"].get("meta_info")
+    try:
+        answer = run_on_private_loop(ask, name="dressage-router-r3-check")
+    except EngineError as exc:
+        raise EngineUnavailable(f"the R3 check through the router {engines.urls[0]} failed: {exc}") from exc
+    meta = answer.get("meta_info")
     if not isinstance(meta, Mapping) or meta.get("routed_experts") is None:
         raise EngineMismatchError(
             f"R3 is on, but a /generate through the router {engines.urls[0]} came back without "
