@@ -1,10 +1,16 @@
 """``dressage export``: a Proxy's (or a journal's) finalized trajectories as Parquet, JSONL and slime's
-debug-rollout dump, equal value for value to the trajectory read, and the read left in place unless drained."""
+debug-rollout dump, equal value for value to the trajectory read, and the read left in place unless drained;
+and the session viewer in a real headless Chromium (Debian's package driven by Playwright, no browser
+download): the exported page and the Proxy's live page show the sessions, the step tree with its branch and
+history rewrite, the right Segments and trained tokens, and tokens in the loss-mask colours."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import os
+import shutil
 
 import httpx
 import numpy as np
@@ -12,6 +18,7 @@ import pytest
 
 from dressage.cli import main
 from dressage.proxy.config import JournalConfig
+from dressage.proxy.http.viewer_page import PROMPT_RGB, TRAINED_RGB, UNTRAINED_RGB
 from dressage.train.remote import ProxyTrajectorySource
 
 ENGINE = {"tool_call_rate": 0.0, "mean_response_tokens": 8}
@@ -141,3 +148,65 @@ def test_export_refuses_ambiguous_sources_with_a_clear_error(capsys):
     assert "exactly one of --proxy-url and --journal" in capsys.readouterr().err
     assert main(["export", "--journal", "j", "--format", "jsonl", "--html", "v.html"]) == 2
     assert "--format and --out go together" in capsys.readouterr().err
+
+
+CHROMIUM = os.environ.get("DRESSAGE_CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM) and shutil.which("chromium") is None:
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; `make viewer-deps` does it as root)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the 'test' extra)")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+                               args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def _colour_pixels(png: bytes, rgb: tuple[int, int, int]) -> int:
+    from PIL import Image
+
+    img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    return int(np.all(img == np.array(rgb, dtype=np.uint8), axis=-1).sum())
+
+
+def test_viewer_renders_tree_segments_and_mask_colours_exported_and_live(engine, proxy_stack, browser, tmp_path):
+    proxy = proxy_stack(engine.url)
+    drive_branch_and_rewrite(proxy.url)
+    _chat(proxy.url, "s-live", [{"role": "user", "content": "still running"}])  # an active session
+    samples = _read(proxy.url)
+    trained = int(sum(int(s.loss_mask.sum()) for s in samples))
+    html = tmp_path / "report.html"
+    assert main(["export", "--proxy-url", proxy.url, "--html", str(html)]) == 0
+    assert "http://" not in html.read_text().replace(proxy.url, "")  # self-contained: no external assets
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(html.as_uri())
+    summary = page.locator("#summary")
+    assert summary.get_attribute("data-segments") == str(len(samples))
+    assert summary.get_attribute("data-trained-tokens") == str(trained)
+    assert page.locator(".segment").count() == len(samples)
+    reasons = page.locator(".segment").evaluate_all("els => els.map(e => e.dataset.reason)")
+    assert reasons == [s.metadata["boundary_reason"] for s in samples] and "history_rewrite" in reasons
+    tree = page.locator("#step-tree").inner_text()
+    assert "history_rewrite" in tree and "branch from 0" in tree
+    assert page.locator("#step-tree li.step").count() == 4
+    hover = page.locator(".tok.m1").first.get_attribute("title")
+    assert "logprob" in hover and "version" in hover
+    shot = page.screenshot(full_page=True)
+    assert _colour_pixels(shot, TRAINED_RGB) > 500
+    assert _colour_pixels(shot, UNTRAINED_RGB) > 100  # the user turn between two trained responses
+    assert _colour_pixels(shot, PROMPT_RGB) > 500
+    page.close()
+
+    live = browser.new_page()
+    live.goto(proxy.url + "/admin/viewer")
+    live.wait_for_function("document.querySelectorAll('.session').length === 2")
+    states = live.locator(".session").evaluate_all("els => els.map(e => [e.dataset.id, e.dataset.state])")
+    assert sorted(states) == [["s-live", "active"], ["s-tree", "finalized"]]
+    live.wait_for_function(f"document.querySelectorAll('.segment').length === {len(samples)}")
+    assert live.locator("#summary").get_attribute("data-trained-tokens") == str(trained)
+    live.close()
+    assert httpx.get(proxy.url + "/admin/sessions/nope", timeout=10).status_code == 404
