@@ -62,8 +62,9 @@ clients:
 venv: $(STAMP) tokenizers
 
 # The main job: 2 rollouts of agents -> Proxy -> engine, R3 stored as uint8, large fields through TQ;
-# then the same seed with TQ off. The last line is the verdict (PASS, or FAIL and a non-zero exit).
-RUN_ARGS ?= --use-rollout-routing-replay --enable-transfer-queue --routed-experts-dtype uint8 --compare-without-tq --json out/run.json
+# then the same seed with TQ off. The last line is the verdict (PASS, or FAIL and a non-zero exit); the
+# line before it names out/report.html, the session viewer of the last rollout with the memory timeline.
+RUN_ARGS ?= --use-rollout-routing-replay --enable-transfer-queue --routed-experts-dtype uint8 --compare-without-tq --json out/run.json --html out/report.html
 run: $(STAMP) tokenizers
 	@mkdir -p out
 	$(VENV)/bin/dressage run $(RUN_ARGS) $(ARGS)

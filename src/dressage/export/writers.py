@@ -110,12 +110,14 @@ def write_slime(sessions: Sequence[ExportedSession], path: str | os.PathLike[str
 
 def write_html(sessions: Sequence[ExportedSession] | Sequence[Mapping[str, Any]], path: str | os.PathLike[str], *,
                title: str = "Dressage sessions", figures: Sequence[str | os.PathLike[str]] = (),
-               capacity: Mapping[str, Any] | None = None) -> Path:
-    """The session viewer as one file with its data inside; ``figures`` are PNG files embedded as pictures."""
+               capacity: Mapping[str, Any] | None = None,
+               timeline: Sequence[Mapping[str, Any]] = ()) -> Path:
+    """The session viewer as one file with its data inside; ``figures`` are PNG files embedded as pictures,
+    ``timeline`` the run's memory samples (``{"label", "bytes"}``)."""
     from dressage.proxy.http.viewer_page import render_viewer
 
     docs = [s.document if isinstance(s, ExportedSession) else dict(s) for s in sessions]
     pics = [{"name": Path(f).name, "png_base64": base64.b64encode(Path(f).read_bytes()).decode("ascii")}
             for f in figures if Path(f).is_file()]
-    page = render_viewer(docs, title=title, figures=pics, capacity=capacity)
+    page = render_viewer(docs, title=title, figures=pics, capacity=capacity, timeline=timeline)
     return _atomic(path, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))

@@ -210,3 +210,29 @@ def test_viewer_renders_tree_segments_and_mask_colours_exported_and_live(engine,
     assert live.locator("#summary").get_attribute("data-trained-tokens") == str(trained)
     live.close()
     assert httpx.get(proxy.url + "/admin/sessions/nope", timeout=10).status_code == 404
+
+
+def _embedded(page: str) -> dict:
+    start = page.index('<script id="viewer-data" type="application/json">') + len(
+        '<script id="viewer-data" type="application/json">')
+    return json.loads(page[start:page.index("</script>", start)])
+
+
+def test_run_command_writes_the_session_viewer_and_names_it_before_the_verdict(tmp_path, capsys):
+    out, html = tmp_path / "run.json", tmp_path / "report.html"
+    rc = main(["run", "--num-rollouts", "1", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+               "--max-turns", "2", "--max-tokens", "32", "--use-rollout-routing-replay", "--enable-transfer-queue",
+               "--routed-experts-dtype", "uint8", "--no-progress", "--json", str(out), "--html", str(html),
+               "--figures", "docs/img/memory_timeline_full_uint8.png", str(tmp_path / "absent.png")])
+    assert rc == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2] == f"session viewer written to {html}" and lines[-1].startswith("PASS")
+    report = json.loads(out.read_text())
+    data = _embedded(html.read_text())
+    assert len(data["sessions"]) == report["sessions"] == 4
+    assert sum(len(d["segments"]) for d in data["sessions"]) == report["segments"]
+    assert sum(d["trained_tokens"] for d in data["sessions"]) == report["trained_tokens"]
+    assert all(d["state"] == "finalized" for d in data["sessions"])
+    assert [f["name"] for f in data["figures"]] == ["memory_timeline_full_uint8.png"]
+    assert [p["label"] for p in data["timeline"]] == ["rollout 0"] and data["timeline"][0]["bytes"] > 0
+    assert data["capacity"]["TQ keys left"] == 0

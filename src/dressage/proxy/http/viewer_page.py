@@ -158,9 +158,30 @@ function show(id) {
   for (const row of document.querySelectorAll(".session")) row.classList.toggle("sel", row.dataset.id === id);
 }
 function select(id) { selected = id; if (LIVE) refresh(); else show(id); }
-function figures(figs, capacity) {
+function memoryTimeline(points) {
+  const NS = "http://www.w3.org/2000/svg", W = 600, H = 160, pad = 30;
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("width", W); svg.setAttribute("height", H); svg.setAttribute("id", "memory-timeline");
+  const top = Math.max(...points.map(p => p.bytes), 1);
+  const xy = points.map((p, i) => [pad + (W - 2 * pad) * (points.length > 1 ? i / (points.length - 1) : 0.5),
+                                   H - pad - (H - 2 * pad) * p.bytes / top]);
+  const line = document.createElementNS(NS, "polyline");
+  line.setAttribute("points", xy.map(q => q.join(",")).join(" "));
+  line.setAttribute("fill", "none"); line.setAttribute("stroke", "#1f6feb"); line.setAttribute("stroke-width", "2");
+  svg.append(line);
+  xy.forEach((q, i) => {
+    const t = document.createElementNS(NS, "text");
+    t.setAttribute("x", q[0]); t.setAttribute("y", q[1] - 6); t.setAttribute("font-size", "10");
+    t.setAttribute("text-anchor", "middle");
+    t.textContent = points[i].label + ": " + (points[i].bytes / 1048576).toFixed(1) + " MiB";
+    svg.append(t);
+  });
+  return svg;
+}
+function figures(figs, capacity, timeline) {
   const box = document.getElementById("figures");
   const kids = [];
+  if (timeline && timeline.length) kids.push(el("h3", {text: "Memory timeline (process PSS)"}), memoryTimeline(timeline));
   if (figs && figs.length) kids.push(el("h3", {text: "Run figures"}),
     ...figs.map(f => el("figure", {}, el("img", {src: "data:image/png;base64," + f.png_base64, alt: f.name}),
                          el("figcaption", {text: f.name}))));
@@ -190,19 +211,21 @@ else {
   for (const d of DATA.sessions) { docs[d.session_id] = d; order.push(d.session_id); }
   selected = order.length ? order[0] : null;
   sideList(Object.fromEntries(DATA.sessions.map(d => [d.session_id, d.state])));
-  summary(); show(selected); figures(DATA.figures, DATA.capacity);
+  summary(); show(selected); figures(DATA.figures, DATA.capacity, DATA.timeline);
 }
 </script></body></html>
 """
 
 
 def render_viewer(sessions: Sequence[Mapping[str, Any]] | None = None, *, title: str = "Dressage sessions",
-                  figures: Sequence[Mapping[str, str]] = (), capacity: Mapping[str, Any] | None = None) -> str:
+                  figures: Sequence[Mapping[str, str]] = (), capacity: Mapping[str, Any] | None = None,
+                  timeline: Sequence[Mapping[str, Any]] = ()) -> str:
     """The viewer page. ``sessions`` (session documents) embeds the data: a file that needs no server;
     ``None``: the live page, which polls the Proxy's admin endpoints beside it. ``figures`` are
-    ``{"name", "png_base64"}`` pictures of the run, ``capacity`` its capacity figures."""
+    ``{"name", "png_base64"}`` pictures of the run, ``capacity`` its capacity figures, ``timeline`` its
+    memory samples (``{"label", "bytes"}``, drawn as a line)."""
     data = None if sessions is None else {"sessions": list(sessions), "figures": list(figures),
-                                          "capacity": dict(capacity or {})}
+                                          "capacity": dict(capacity or {}), "timeline": list(timeline)}
     # "</" inside the script element would end it early: JSON allows the escaped slash.
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     esc = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
