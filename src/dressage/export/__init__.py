@@ -5,7 +5,7 @@ Sits above the Proxy and the trainer (it reads one and restores like the other);
 never imports it.
 """
 
-from dressage.export.rows import ExportedSession, segment_rows
+from dressage.trajectory.rows import ExportedSession, segment_rows
 from dressage.export.sources import from_journal, from_proxy
 from dressage.export.writers import FORMATS, write_html, write_jsonl, write_parquet, write_slime
 

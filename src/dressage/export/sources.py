@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dressage.errors import DressageError, JournalError
-from dressage.export.rows import ExportedSession
+from dressage.trajectory.rows import ExportedSession
 from dressage.trajectory import Sample, build_segments
 from dressage.trajectory.view import session_document
 

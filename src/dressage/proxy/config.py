@@ -16,7 +16,7 @@ from dressage.proxy.parsers.registry import AUTO, REASONING_PARSERS, TOOL_CALL_P
 from dressage.tq.config import TransferQueueSelection, is_loopback
 
 __all__ = ["ProxyConfig", "ServerConfig", "AccessConfig", "EnginesConfig", "LimitsConfig", "SessionsConfig",
-           "ReadsConfig", "JournalConfig", "DataPlaneConfig", "TransferQueueSelection"]
+           "ReadsConfig", "JournalConfig", "TrajectoryExportConfig", "DataPlaneConfig", "TransferQueueSelection"]
 
 FSYNC_POLICIES = ("always", "interval", "never")
 JOURNAL_RECOVER_MODES = ("refuse", "truncate")
@@ -325,6 +325,26 @@ class JournalConfig:
             raise ConfigError("journal.path: an empty path")
 
 
+EXPORT_DIR_FORMATS = ("jsonl", "parquet")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrajectoryExportConfig:
+    """Where the Proxy writes each finalized trajectory as a file of its own (besides keeping it for reads)."""
+
+    dir: str | None = field(default=None, metadata=flag("--export-dir", metavar="DIR"))
+    """Write each finalized trajectory to DIR/<session id>.<format>, atomically (temporary file, then
+    rename). ``None``: not written."""
+    format: str = field(default="jsonl", metadata=flag("--export-format", choices=EXPORT_DIR_FORMATS))
+    """One row per Segment as JSONL, or as Parquet (the 'export' extra: pyarrow)."""
+
+    def __post_init__(self) -> None:
+        if self.format not in EXPORT_DIR_FORMATS:
+            raise ConfigError(f"export.format: expected one of {', '.join(EXPORT_DIR_FORMATS)}, got {self.format!r}")
+        if self.dir is not None and not str(self.dir):
+            raise ConfigError("export.dir: an empty path")
+
+
 @dataclass(kw_only=True, slots=True)
 class ProxyConfig:
     """Everything one Proxy needs; :meth:`dressage.proxy.Proxy.start` builds the Proxy from it."""
@@ -353,6 +373,8 @@ class ProxyConfig:
     """Whole prompt groups on batch trajectory reads."""
     journal: JournalConfig = field(default_factory=JournalConfig)
     """The step journal (off unless ``journal.path`` is set)."""
+    export: TrajectoryExportConfig = field(default_factory=TrajectoryExportConfig)
+    """Finalized trajectories written to a directory (off unless ``export.dir`` is set)."""
     transfer_queue: TransferQueueSelection = field(default_factory=TransferQueueSelection)
     """Which TransferQueue holds the offloaded fields when the data plane turns it on."""
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
@@ -361,7 +383,7 @@ class ProxyConfig:
     def __post_init__(self) -> None:
         for key, cls in (("server", ServerConfig), ("access", AccessConfig), ("engines", EnginesConfig),
                          ("limits", LimitsConfig), ("sessions", SessionsConfig), ("reads", ReadsConfig),
-                         ("journal", JournalConfig),
+                         ("journal", JournalConfig), ("export", TrajectoryExportConfig),
                          ("transfer_queue", TransferQueueSelection), ("data_plane", DataPlaneConfig)):
             if not isinstance(getattr(self, key), cls):
                 raise ConfigError(f"{key}: expected a {cls.__name__}, got {type(getattr(self, key)).__name__}")

@@ -153,8 +153,10 @@ def test_export_refuses_ambiguous_sources_with_a_clear_error(capsys):
 CHROMIUM = os.environ.get("DRESSAGE_CHROMIUM", "/usr/bin/chromium")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def browser():
+    # Function scope: Playwright's sync API holds an event loop on this thread while it runs, which
+    # the tests after this one (asyncio.run in dressage run) must not find.
     if not os.path.exists(CHROMIUM) and shutil.which("chromium") is None:
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; `make viewer-deps` does it as root)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the 'test' extra)")
@@ -180,7 +182,9 @@ def test_viewer_renders_tree_segments_and_mask_colours_exported_and_live(engine,
     trained = int(sum(int(s.loss_mask.sum()) for s in samples))
     html = tmp_path / "report.html"
     assert main(["export", "--proxy-url", proxy.url, "--html", str(html)]) == 0
-    assert "http://" not in html.read_text().replace(proxy.url, "")  # self-contained: no external assets
+    text = html.read_text()
+    for external in ('src="http', "src='http", 'href="http', "url(http", "@import", "<link"):
+        assert external not in text  # self-contained: no external assets
 
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(html.as_uri())
@@ -236,3 +240,19 @@ def test_run_command_writes_the_session_viewer_and_names_it_before_the_verdict(t
     assert [f["name"] for f in data["figures"]] == ["memory_timeline_full_uint8.png"]
     assert [p["label"] for p in data["timeline"]] == ["rollout 0"] and data["timeline"][0]["bytes"] > 0
     assert data["capacity"]["TQ keys left"] == 0
+
+
+def test_export_dir_writes_each_finalized_trajectory_as_one_file(engine, proxy_stack, tmp_path):
+    import pyarrow.parquet as pq
+
+    from dressage.proxy.config import TrajectoryExportConfig
+
+    out = tmp_path / "trajectories"
+    proxy = proxy_stack(engine.url, export=TrajectoryExportConfig(dir=str(out), format="parquet"))
+    drive_branch_and_rewrite(proxy.url)
+    drive_branch_and_rewrite(proxy.url, sid="../escape")
+    samples = [s for s in _read(proxy.url) if s.session_id == "s-tree"]
+    assert sorted(p.name for p in out.iterdir()) == [".._escape.parquet", "s-tree.parquet"]  # no temporary left
+    rows = pq.read_table(out / "s-tree.parquet").to_pylist()
+    _check_rows_equal_read(rows, samples)
+    assert _unread(proxy) == ["../escape", "s-tree"]  # written besides, still read by the trainer

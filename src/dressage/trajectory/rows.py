@@ -1,4 +1,4 @@
-"""One row per Segment: the trained values of a Sample with the session's tree facts beside them.
+"""One row per Segment, for export: the trained values of a Sample with the session's tree facts beside them.
 
 R3 is written as compact ids (the narrowest unsigned dtype that holds them) with its shape and dtype,
 so a reader restores int32 ``[T-1, layers, top-k]`` exactly; messages, tools and metadata as JSON text.
@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from dressage.trajectory import Sample
+from dressage.trajectory.sample import Sample
 
 __all__ = ["ExportedSession", "segment_rows", "compact_r3", "ROW_FIELDS"]
 
