@@ -25,27 +25,32 @@ ENGINE = {"tool_call_rate": 0.0, "mean_response_tokens": 8}
 SYSTEM = {"role": "system", "content": "You are terse."}
 
 
-def _chat(url: str, sid: str, messages: list[dict]) -> str:
+def _auth(token: str | None) -> dict:
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def _chat(url: str, sid: str, messages: list[dict], token: str | None = None) -> str:
     r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 8},
-                   headers={"X-Session-Id": sid, "X-Instance-Id": "g0"}, timeout=30)
+                   headers={"X-Session-Id": sid, "X-Instance-Id": "g0", **_auth(token)}, timeout=30)
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]["content"] or ""
 
 
-def drive_branch_and_rewrite(url: str, sid: str = "s-tree") -> None:
+def drive_branch_and_rewrite(url: str, sid: str = "s-tree", token: str | None = None) -> None:
     """Four calls: a turn, its continuation, a branch from the first turn, a rewritten history."""
     first = [SYSTEM, {"role": "user", "content": "list the files"}]
-    a1 = _chat(url, sid, first)
+    a1 = _chat(url, sid, first, token)
     turn = first + [{"role": "assistant", "content": a1}]
-    _chat(url, sid, turn + [{"role": "user", "content": "now count them"}])
-    _chat(url, sid, turn + [{"role": "user", "content": "now sort them instead"}])
-    _chat(url, sid, [SYSTEM, {"role": "user", "content": "summary: files listed; count them"}])
-    r = httpx.post(url + "/session/finalize", json={"session_id": sid, "instance_id": "g0", "reward": 0.5}, timeout=30)
+    _chat(url, sid, turn + [{"role": "user", "content": "now count them"}], token)
+    _chat(url, sid, turn + [{"role": "user", "content": "now sort them instead"}], token)
+    _chat(url, sid, [SYSTEM, {"role": "user", "content": "summary: files listed; count them"}], token)
+    r = httpx.post(url + "/session/finalize", json={"session_id": sid, "instance_id": "g0", "reward": 0.5},
+                   headers=_auth(token), timeout=30)
     assert r.status_code == 200, r.text
 
 
-def _read(url: str):
-    source = ProxyTrajectorySource(url)
+def _read(url: str, token: str | None = None):
+    source = ProxyTrajectorySource(url, token=token)
     try:
         return source.read().samples
     finally:
@@ -175,13 +180,15 @@ def _colour_pixels(png: bytes, rgb: tuple[int, int, int]) -> int:
 
 
 def test_viewer_renders_tree_segments_and_mask_colours_exported_and_live(engine, proxy_stack, browser, tmp_path):
-    proxy = proxy_stack(engine.url)
-    drive_branch_and_rewrite(proxy.url)
-    _chat(proxy.url, "s-live", [{"role": "user", "content": "still running"}])  # an active session
-    samples = _read(proxy.url)
+    agent, admin = "agent-secret", "admin-secret"
+    proxy = proxy_stack(engine.url, api_token=agent, admin_token=admin)
+    drive_branch_and_rewrite(proxy.url, token=agent)
+    _chat(proxy.url, "s-live", [{"role": "user", "content": "still running"}], agent)  # an active session
+    samples = _read(proxy.url, admin)
     trained = int(sum(int(s.loss_mask.sum()) for s in samples))
-    html = tmp_path / "report.html"
-    assert main(["export", "--proxy-url", proxy.url, "--html", str(html)]) == 0
+    html, token_file = tmp_path / "report.html", tmp_path / "admin.token"
+    token_file.write_text(admin + "\n")
+    assert main(["export", "--proxy-url", proxy.url, "--admin-token-file", str(token_file), "--html", str(html)]) == 0
     text = html.read_text()
     for external in ('src="http', "src='http", 'href="http', "url(http", "@import", "<link"):
         assert external not in text  # self-contained: no external assets
@@ -205,15 +212,20 @@ def test_viewer_renders_tree_segments_and_mask_colours_exported_and_live(engine,
     assert _colour_pixels(shot, PROMPT_RGB) > 500
     page.close()
 
+    # Live: the page is open, the data it polls is not; the admin token comes in the URL fragment.
+    assert httpx.get(proxy.url + "/admin/viewer", timeout=10).status_code == 200
+    assert httpx.get(proxy.url + "/admin/sessions", timeout=10).status_code == 401
+    assert httpx.get(proxy.url + "/admin/sessions", headers=_auth(agent), timeout=10).status_code == 403
     live = browser.new_page()
-    live.goto(proxy.url + "/admin/viewer")
+    live.goto(proxy.url + "/admin/viewer#token=" + admin)
     live.wait_for_function("document.querySelectorAll('.session').length === 2")
+    assert "token" not in live.url  # taken out of the address bar
     states = live.locator(".session").evaluate_all("els => els.map(e => [e.dataset.id, e.dataset.state])")
     assert sorted(states) == [["s-live", "active"], ["s-tree", "finalized"]]
     live.wait_for_function(f"document.querySelectorAll('.segment').length === {len(samples)}")
     assert live.locator("#summary").get_attribute("data-trained-tokens") == str(trained)
     live.close()
-    assert httpx.get(proxy.url + "/admin/sessions/nope", timeout=10).status_code == 404
+    assert httpx.get(proxy.url + "/admin/sessions/nope", headers=_auth(admin), timeout=10).status_code == 404
 
 
 def _embedded(page: str) -> dict:

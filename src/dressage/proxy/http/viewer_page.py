@@ -53,6 +53,12 @@ table.kv td{padding:1px 8px 1px 0}
 const DATA = JSON.parse(document.getElementById("viewer-data").textContent);
 const LIVE = DATA === null;
 let docs = {}, order = [], selected = null, colourBy = "mask";
+// The admin token rides in the URL fragment (#token=...), which the browser never sends to a server;
+// it is kept for this tab only and sent as a bearer token to the admin endpoints the page polls.
+const hashToken = new URLSearchParams(location.hash.slice(1)).get("token");
+if (hashToken) { sessionStorage.setItem("dressage-admin-token", hashToken); history.replaceState(null, "", location.pathname); }
+const TOKEN = sessionStorage.getItem("dressage-admin-token");
+const AUTH = TOKEN ? {headers: {"Authorization": "Bearer " + TOKEN}} : {};
 function el(tag, attrs, ...kids) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -192,7 +198,9 @@ function figures(figs, capacity, timeline) {
 }
 async function refresh() {
   try {
-    const list = await (await fetch("sessions")).json();
+    const answer = await fetch("sessions", AUTH);
+    if (!answer.ok) throw new Error("HTTP " + answer.status + " (open the page as /admin/viewer#token=ADMIN_TOKEN)");
+    const list = await answer.json();
     const states = {};
     order = list.sessions.map(s => s.session_id);
     for (const s of list.sessions) states[s.session_id] = s.state;
@@ -200,7 +208,7 @@ async function refresh() {
     for (const s of list.sessions) {
       const known = docs[s.session_id];
       if (!known || known.state !== s.state || known.steps.length !== s.steps || s.session_id === selected)
-        docs[s.session_id] = await (await fetch("sessions/" + encodeURIComponent(s.session_id))).json();
+        docs[s.session_id] = await (await fetch("sessions/" + encodeURIComponent(s.session_id), AUTH)).json();
     }
     for (const id of Object.keys(docs)) if (!states[id]) delete docs[id];
     sideList(states); summary(); show(selected);
