@@ -8,8 +8,6 @@ draining unless ``--drain``.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from dataclasses import dataclass, field
 
 from dressage.errors import ConfigError
@@ -39,7 +37,8 @@ class ExportConfig:
     admin_token_file: str | None = None
     """A file holding the Proxy's admin token (default: the environment's)."""
     tq_spec: str | None = None
-    """A JSON file with a TransferQueue client spec: restores a journal's large fields kept as refs."""
+    """A TransferQueue client spec file (the Proxy's --transfer-queue-spec-out): restores a journal's large
+    fields kept as refs."""
     segment_view: str = field(default="lineage", metadata=flag(choices=("lineage", "timeline")))
     """How a journal's sessions are cut into Segments (the Proxy's --segment-view)."""
     timeout_s: float = 60.0
@@ -86,8 +85,9 @@ def export(cfg: ExportConfig) -> dict:
     else:
         spec = None
         if cfg.tq_spec is not None:
-            with open(cfg.tq_spec, encoding="utf-8") as f:
-                spec = json.load(f)
+            from dressage.tq.client.spec import load_client_spec
+
+            spec = load_client_spec(cfg.tq_spec)
         sessions = from_journal(cfg.journal, tq_spec=spec, segment_view=cfg.segment_view)
     samples = [s for ex in sessions for s in ex.samples]
     report = {"sessions": len(sessions), "segments": len(samples),

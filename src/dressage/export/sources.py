@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from dressage.errors import DressageError, JournalError
+from dressage.errors import JournalError
 from dressage.trajectory.rows import ExportedSession
 from dressage.trajectory import Sample, build_segments
 from dressage.trajectory.view import session_document
@@ -81,8 +81,6 @@ def from_journal(path: str | os.PathLike[str], *, tq_spec: Mapping[str, Any] | N
         client = TransferQueueClient.connect(dict(tq_spec))
         try:
             _restore([s for ex in out for s in ex.samples], client)
-        except DressageError:
-            raise
         finally:
             client.close()
     return out

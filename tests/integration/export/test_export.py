@@ -268,3 +268,45 @@ def test_export_dir_writes_each_finalized_trajectory_as_one_file(engine, proxy_s
     rows = pq.read_table(out / "s-tree.parquet").to_pylist()
     _check_rows_equal_read(rows, samples)
     assert _unread(proxy) == ["../escape", "s-tree"]  # written besides, still read by the trainer
+
+
+def test_export_with_transfer_queue_restores_without_releasing_and_a_journal_keeps_refs(engine, proxy_stack, tq,
+                                                                                         tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from dressage.train.reader import TrainingReader
+
+    journal = tmp_path / "proxy.journal"
+    proxy = proxy_stack(engine.url, tq=tq, journal=JournalConfig(path=str(journal), fsync="always"))
+    drive_branch_and_rewrite(proxy.url)
+    keys = tq.total_keys()
+    assert keys > 0
+    out = tmp_path / "tq.parquet"
+    assert main(["export", "--proxy-url", proxy.url, "--format", "parquet", "--out", str(out)]) == 0
+    assert tq.total_keys() == keys and _unread(proxy) == ["s-tree"]  # the trainer still reads and releases them
+    samples = _read(proxy.url)
+    TrainingReader(tq.client()).restore(samples)
+    rows = pq.read_table(out).to_pylist()
+    _check_rows_equal_read(rows, samples)
+    assert all(r["large_field_refs"] is None for r in rows)
+
+    capsys.readouterr()
+    jl = tmp_path / "refs.jsonl"
+    assert main(["export", "--journal", str(journal), "--format", "jsonl", "--out", str(jl)]) == 0
+    assert f"{len(samples)} Segments keep large fields as TransferQueue refs" in capsys.readouterr().out
+    refs = [json.loads(line) for line in jl.read_text().splitlines()]
+    assert [r["tokens"] for r in refs] == [s.tokens.tolist() for s in samples]
+    for r, s in zip(refs, samples):
+        assert r["rollout_log_probs"] is None and r["r3_ids"] is None
+        sizes = json.loads(r["large_field_refs"])
+        assert sizes["routed_experts"]["rows"] == len(s.tokens) - 1 and sizes["logprobs"]["rows"] == s.response_length
+        assert sizes["routed_experts"]["keys"]
+    assert main(["export", "--journal", str(journal), "--format", "slime", "--out", str(tmp_path / "d.pt")]) == 2
+    assert "give --tq-spec to restore them" in capsys.readouterr().err
+    spec = tmp_path / "tq.json"
+    tq.write_client_spec(spec)
+    restored = tmp_path / "restored.parquet"
+    assert main(["export", "--journal", str(journal), "--tq-spec", str(spec), "--format", "parquet",
+                 "--out", str(restored)]) == 0
+    _check_rows_equal_read(pq.read_table(restored).to_pylist(), samples)
+    assert tq.total_keys() == keys
