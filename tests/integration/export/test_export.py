@@ -163,7 +163,7 @@ def browser():
     # Function scope: Playwright's sync API holds an event loop on this thread while it runs, which
     # the tests after this one (asyncio.run in dressage run) must not find.
     if not os.path.exists(CHROMIUM) and shutil.which("chromium") is None:
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium; `make viewer-deps` does it as root)")
+        pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; `make browser` does it as root)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the 'test' extra)")
     with sync_api.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
