@@ -7,7 +7,7 @@ versions and, when resident, response logprobs. Large fields behind references a
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -29,9 +29,12 @@ def step_document(step: StepRecord, *, retry_orphan: bool = False) -> dict[str, 
             "messages": step.messages, "tools": step.tools}
 
 
-def segment_document(seg: Segment) -> dict[str, Any]:
-    """One Segment with every token-level value (logprobs only when resident in the Proxy)."""
+def segment_document(seg: Segment, token_text: Callable[[int], str | None] | None = None) -> dict[str, Any]:
+    """One Segment with every token-level value (logprobs only when resident in the Proxy);
+    ``token_text(id)`` adds each token's text (``token_text``)."""
     out = seg.to_summary()
+    if token_text is not None:
+        out["token_text"] = [token_text(int(t)) for t in seg.tokens]
     out["token_versions"] = seg.token_versions.tolist()
     out["trained_tokens"] = int(np.count_nonzero(seg.loss_mask))
     logprobs = seg.materialize("logprobs") if seg.is_resident("logprobs") else None
@@ -40,12 +43,13 @@ def segment_document(seg: Segment) -> dict[str, Any]:
 
 
 def session_document(session: Session, segments: Sequence[Segment] | None = None, *,
-                     reward: float | None = None) -> dict[str, Any]:
+                     reward: float | None = None,
+                     token_text: Callable[[int], str | None] | None = None) -> dict[str, Any]:
     """``session`` with its steps in call order and ``segments`` (none yet while it is active)."""
     orphans = session.retry_orphans() if session.steps else set()
     segs = list(segments or ())
     return {"session_id": session.session_id, "state": session.state,
             "reward": session.reward if reward is None else reward, "metadata": dict(session.metadata),
             "steps": [step_document(session.steps[i], retry_orphan=i in orphans) for i in sorted(session.steps)],
-            "segments": [segment_document(s) for s in segs],
+            "segments": [segment_document(s, token_text) for s in segs],
             "trained_tokens": sum(int(np.count_nonzero(s.loss_mask)) for s in segs)}

@@ -206,6 +206,9 @@ def test_viewer_renders_tree_segments_and_mask_colours_exported_and_live(engine,
     assert page.locator("#step-tree li.step").count() == 4
     hover = page.locator(".tok.m1").first.get_attribute("title")
     assert "logprob" in hover and "version" in hover
+    # Tokens read as the Proxy's tokenizer decodes them: the system prompt is legible in the first Segment.
+    first = "".join(page.locator(".segment").first.locator(".tok.mp").all_inner_texts()).replace("\u00b7", " ")
+    assert "You are terse." in first
     shot = page.screenshot(full_page=True)
     assert _colour_pixels(shot, TRAINED_RGB) > 500
     assert _colour_pixels(shot, UNTRAINED_RGB) > 100  # the user turn between two trained responses

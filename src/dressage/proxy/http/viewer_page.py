@@ -130,16 +130,18 @@ function segmentView(doc, seg) {
   const steps = Object.fromEntries(doc.steps.map(s => [s.step_id, s]));
   const toks = el("div", {class: "tokens"});
   const p = seg.prompt_length;
+  const shown = t => JSON.stringify(t).slice(1, -1).replace(/ /g, "\u00b7");  // whitespace made visible
   seg.tokens.forEach((t, i) => {
     const r = i - p;
-    let cls = "tok mp", title = "token " + t + " (prompt)";
+    const text = seg.token_text && seg.token_text[i] !== null ? seg.token_text[i] : null;
+    let cls = "tok mp", title = "token " + t + (text !== null ? " " + JSON.stringify(text) : "") + " (prompt)";
     if (r >= 0) {
       const m = seg.loss_mask[r], v = seg.token_versions[r];
       cls = "tok " + (m ? "m1" : "m0");
-      title = "token " + t + ", mask " + m + ", version " + v +
+      title = "token " + t + (text !== null ? " " + JSON.stringify(text) : "") + ", mask " + m + ", version " + v +
               (seg.logprobs ? ", logprob " + seg.logprobs[r].toFixed(4) : "");
     }
-    const span = el("span", {class: cls, title: title, text: String(t)});
+    const span = el("span", {class: cls, title: title, text: text !== null && text !== "" ? shown(text) : String(t)});
     if (r >= 0 && colourBy === "version") span.style.background = versionColour(seg.token_versions[r]);
     toks.append(span);
   });

@@ -16,7 +16,7 @@ from dressage.proxy import fastjson
 from dressage.proxy.http.viewer_page import render_viewer
 from dressage.trajectory.view import session_document
 
-__all__ = ["viewer_router", "sessions_overview", "session_view"]
+__all__ = ["viewer_router", "sessions_overview", "session_view", "TokenText"]
 
 
 def sessions_overview(service: Any) -> dict[str, Any]:
@@ -31,16 +31,36 @@ def sessions_overview(service: Any) -> dict[str, Any]:
     return {"sessions": rows}
 
 
-def session_view(service: Any, session_id: str) -> dict[str, Any]:
+class TokenText:
+    """Each token id's text as the Proxy's tokenizer decodes it alone, remembered per id: a page that
+    polls a long session decodes each distinct id once (at most the vocabulary)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._decode = getattr(tokenizer, "decode", None)
+        self._known: dict[int, str | None] = {}
+
+    def __call__(self, token_id: int) -> str | None:
+        text = self._known.get(token_id, "")
+        if text == "" and token_id not in self._known:
+            try:
+                text = None if self._decode is None else str(self._decode([token_id]))
+            except Exception:  # a tokenizer's own error on one id only costs that token its text
+                text = None
+            self._known[token_id] = text
+        return text
+
+
+def session_view(service: Any, session_id: str, token_text: Any = None) -> dict[str, Any]:
     """One session as :func:`~dressage.trajectory.view.session_document` (404 when unknown)."""
     session = service.core.session(session_id)
     done = service.trajectories.finalized.get(session_id)
     return session_document(session, None if done is None else done.segments,
-                            reward=None if done is None else done.reward)
+                            reward=None if done is None else done.reward, token_text=token_text)
 
 
 def viewer_router(service: Any) -> APIRouter:
     router = APIRouter(prefix="/admin")
+    token_text = TokenText(getattr(service, "tokenizer", None))
 
     @router.get("/viewer")
     async def viewer() -> HTMLResponse:
@@ -52,6 +72,6 @@ def viewer_router(service: Any) -> APIRouter:
 
     @router.get("/sessions/{session_id}")
     async def session(session_id: str) -> Response:
-        return Response(fastjson.dumps(session_view(service, session_id)), media_type="application/json")
+        return Response(fastjson.dumps(session_view(service, session_id, token_text)), media_type="application/json")
 
     return router
