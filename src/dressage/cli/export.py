@@ -39,6 +39,9 @@ class ExportConfig:
     tq_spec: str | None = None
     """A TransferQueue client spec file (the Proxy's --transfer-queue-spec-out): restores a journal's large
     fields kept as refs."""
+    tokenizer: str | None = None
+    """Show a journal's tokens as text in the --html page, decoded with this tokenizer ('byte', 'qwen3', or a
+    tokenizer path: the Proxy's --tokenizer). A Proxy's pages come decoded by its own."""
     segment_view: str = field(default="lineage", metadata=flag(choices=("lineage", "timeline")))
     """How a journal's sessions are cut into Segments (the Proxy's --segment-view)."""
     timeout_s: float = 60.0
@@ -88,7 +91,13 @@ def export(cfg: ExportConfig) -> dict:
             from dressage.tq.client.spec import load_client_spec
 
             spec = load_client_spec(cfg.tq_spec)
-        sessions = from_journal(cfg.journal, tq_spec=spec, segment_view=cfg.segment_view)
+        token_text = None
+        if cfg.tokenizer is not None:
+            from dressage.tokenizer import load_tokenizer
+            from dressage.trajectory.view import TokenText
+
+            token_text = TokenText(load_tokenizer(cfg.tokenizer).decode)
+        sessions = from_journal(cfg.journal, tq_spec=spec, segment_view=cfg.segment_view, token_text=token_text)
     samples = [s for ex in sessions for s in ex.samples]
     report = {"sessions": len(sessions), "segments": len(samples),
               "trained_tokens": int(sum(int(s.loss_mask.sum()) for s in samples)),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from dressage.errors import JournalError
 from dressage.trajectory.rows import ExportedSession
@@ -58,9 +58,11 @@ def from_proxy(url: str, *, token: str | None = None, drain: bool = False,
 
 
 def from_journal(path: str | os.PathLike[str], *, tq_spec: Mapping[str, Any] | None = None,
-                 segment_view: str = "lineage") -> list[ExportedSession]:
+                 segment_view: str = "lineage", token_text: Callable[[int], str | None] | None = None
+                 ) -> list[ExportedSession]:
     """The finalized sessions a journal replays to (read only), their Segments built in ``segment_view``.
-    Large fields the journal holds only as refs are restored from the TQ of ``tq_spec`` when given."""
+    Large fields the journal holds only as refs are restored from the TQ of ``tq_spec`` when given;
+    ``token_text(id)`` gives the session documents each token's text."""
     from dressage.proxy.journal.log import Journal
 
     p = Path(path)
@@ -73,7 +75,7 @@ def from_journal(path: str | os.PathLike[str], *, tq_spec: Mapping[str, Any] | N
             continue
         segs = build_segments(session, segment_view)  # type: ignore[arg-type]
         samples = [Sample.from_segment(seg, reward=session.reward) for seg in segs]
-        out.append(ExportedSession(sid, samples, session_document(session, segs), reward=session.reward,
+        out.append(ExportedSession(sid, samples, session_document(session, segs, token_text=token_text), reward=session.reward,
                                    metadata=dict(session.metadata)))
     if tq_spec is not None and any(s.remote for ex in out for s in ex.samples):
         from dressage.tq import TransferQueueClient

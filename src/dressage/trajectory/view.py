@@ -15,7 +15,25 @@ from dressage.trajectory.segment import Segment
 from dressage.trajectory.session import Session
 from dressage.trajectory.step import StepRecord
 
-__all__ = ["session_document", "segment_document", "step_document"]
+__all__ = ["session_document", "segment_document", "step_document", "TokenText"]
+
+
+class TokenText:
+    """Each token id's text as ``decode([id])`` gives it, remembered per id: a page that polls a long
+    session decodes each distinct id once (at most the vocabulary)."""
+
+    def __init__(self, decode: Callable[[list[int]], Any] | None) -> None:
+        self._decode = decode
+        self._known: dict[int, str | None] = {}
+
+    def __call__(self, token_id: int) -> str | None:
+        if token_id not in self._known:
+            try:
+                text = None if self._decode is None else str(self._decode([token_id]))
+            except Exception:  # a tokenizer's own error on one id only costs that token its text
+                text = None
+            self._known[token_id] = text
+        return self._known[token_id]
 
 
 def step_document(step: StepRecord, *, retry_orphan: bool = False) -> dict[str, Any]:
@@ -38,7 +56,9 @@ def segment_document(seg: Segment, token_text: Callable[[int], str | None] | Non
     out["token_versions"] = seg.token_versions.tolist()
     out["trained_tokens"] = int(np.count_nonzero(seg.loss_mask))
     logprobs = seg.materialize("logprobs") if seg.is_resident("logprobs") else None
-    out["logprobs"] = None if logprobs is None else [float(x) for x in np.asarray(logprobs, dtype=np.float32)]
+    # JSON has no -inf: a logprob the engine gave as -inf is shown as missing.
+    out["logprobs"] = None if logprobs is None else \
+        [float(x) if np.isfinite(x) else None for x in np.asarray(logprobs, dtype=np.float32)]
     return out
 
 

@@ -139,8 +139,12 @@ def test_journal_export_equals_the_proxy_read_and_keeps_messages(engine, proxy_s
     proxy = proxy_stack(engine.url, journal=JournalConfig(path=str(journal), fsync="always"))
     drive_branch_and_rewrite(proxy.url)
     samples = _read(proxy.url)
-    out = tmp_path / "j.parquet"
-    assert main(["export", "--journal", str(journal), "--format", "parquet", "--out", str(out)]) == 0
+    out, html = tmp_path / "j.parquet", tmp_path / "j.html"
+    assert main(["export", "--journal", str(journal), "--format", "parquet", "--out", str(out), "--html", str(html),
+                 "--tokenizer", "byte"]) == 0
+    docs = _embedded(html.read_text())["sessions"]
+    assert [d["session_id"] for d in docs] == ["s-tree"] and len(docs[0]["segments"]) == len(samples)
+    assert "You are terse." in "".join(docs[0]["segments"][0]["token_text"])
     rows = pq.read_table(out).to_pylist()
     assert [r["tokens"] for r in rows] == [s.tokens.tolist() for s in samples]
     assert [r["loss_mask"] for r in rows] == [s.loss_mask.tolist() for s in samples]

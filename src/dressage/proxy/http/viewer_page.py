@@ -139,7 +139,7 @@ function segmentView(doc, seg) {
       const m = seg.loss_mask[r], v = seg.token_versions[r];
       cls = "tok " + (m ? "m1" : "m0");
       title = "token " + t + (text !== null ? " " + JSON.stringify(text) : "") + ", mask " + m + ", version " + v +
-              (seg.logprobs ? ", logprob " + seg.logprobs[r].toFixed(4) : "");
+              (seg.logprobs ? ", logprob " + (seg.logprobs[r] === null ? "-inf" : seg.logprobs[r].toFixed(4)) : "");
     }
     const span = el("span", {class: cls, title: title, text: text !== null && text !== "" ? shown(text) : String(t)});
     if (r >= 0 && colourBy === "version") span.style.background = versionColour(seg.token_versions[r]);

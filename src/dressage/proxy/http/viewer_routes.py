@@ -14,9 +14,9 @@ from fastapi.responses import HTMLResponse, Response
 
 from dressage.proxy import fastjson
 from dressage.proxy.http.viewer_page import render_viewer
-from dressage.trajectory.view import session_document
+from dressage.trajectory.view import TokenText, session_document
 
-__all__ = ["viewer_router", "sessions_overview", "session_view", "TokenText"]
+__all__ = ["viewer_router", "sessions_overview", "session_view"]
 
 
 def sessions_overview(service: Any) -> dict[str, Any]:
@@ -31,25 +31,6 @@ def sessions_overview(service: Any) -> dict[str, Any]:
     return {"sessions": rows}
 
 
-class TokenText:
-    """Each token id's text as the Proxy's tokenizer decodes it alone, remembered per id: a page that
-    polls a long session decodes each distinct id once (at most the vocabulary)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._decode = getattr(tokenizer, "decode", None)
-        self._known: dict[int, str | None] = {}
-
-    def __call__(self, token_id: int) -> str | None:
-        text = self._known.get(token_id, "")
-        if text == "" and token_id not in self._known:
-            try:
-                text = None if self._decode is None else str(self._decode([token_id]))
-            except Exception:  # a tokenizer's own error on one id only costs that token its text
-                text = None
-            self._known[token_id] = text
-        return text
-
-
 def session_view(service: Any, session_id: str, token_text: Any = None) -> dict[str, Any]:
     """One session as :func:`~dressage.trajectory.view.session_document` (404 when unknown)."""
     session = service.core.session(session_id)
@@ -60,7 +41,7 @@ def session_view(service: Any, session_id: str, token_text: Any = None) -> dict[
 
 def viewer_router(service: Any) -> APIRouter:
     router = APIRouter(prefix="/admin")
-    token_text = TokenText(getattr(service, "tokenizer", None))
+    token_text = TokenText(getattr(getattr(service, "tokenizer", None), "decode", None))
 
     @router.get("/viewer")
     async def viewer() -> HTMLResponse:
