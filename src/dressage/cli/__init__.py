@@ -26,10 +26,10 @@ __all__ = ["main", "build_parser", "ENTRY_POINT_GROUP", "plugin_commands"]
 # Third-party modules an optional extra brings, so a missing one is a one-line hint, not a traceback.
 EXTRA_OF_MODULE = {"fastapi": "server", "uvicorn": "server", "httpx": "server", "openai": "server",
                    "starlette": "server", "pydantic": "server", "ray": "ray", "grpc": "ray",
-                   "matplotlib": "plot", "torch": "torch", "transformers": "hf", "tokenizers": "hf"}
+                   "matplotlib": "plot", "pyarrow": "export", "torch": "torch", "transformers": "hf", "tokenizers": "hf"}
 
 # Subcommand modules, in the order `dressage --help` lists them.
-COMMANDS = ("run", "proxy", "engine", "tq", "capacity", "trainer")
+COMMANDS = ("run", "proxy", "engine", "tq", "capacity", "trainer", "export")
 ENTRY_POINT_GROUP = "dressage.commands"
 # Commands that packages of this repository provide, with how to get them when they are missing.
 KNOWN_PLUGINS = {

@@ -53,8 +53,23 @@ def _run(args: argparse.Namespace) -> int:
                        "baseline_samples_digest": baseline.samples_digest if baseline is not None else None},
                       f, indent=2)
         print(f"report written to {cfg.report.json}")
+    if cfg.report.html:
+        print(f"session viewer written to {write_run_page(report, cfg.report.html, cfg.report.figures)}")
     print(verdict.line, file=sys.stdout if verdict.ok else sys.stderr)
     return 0 if verdict.ok else 1
+
+
+def write_run_page(r, path: str, figures=()) -> str:
+    """The run's session viewer: the last rollout's sessions, the memory timeline, the capacity figures."""
+    from dressage.export import write_html
+
+    capacity = {f"peak {k}": format_bytes(v) for k, v in sorted(r.peak_memory_bytes.items())}
+    capacity.update({"large fields as stored": format_bytes(r.stored_large_field_bytes),
+                     "TQ bytes written / read": f"{format_bytes(r.tq_bytes_written)} / {format_bytes(r.tq_bytes_read)}",
+                     "TQ keys left": r.tq_keys_left, "segments": r.segments, "trained tokens": r.trained_tokens})
+    timeline = [{"label": f"rollout {x['rollout']}", "bytes": x["pss_bytes"]} for x in r.rollouts if "pss_bytes" in x]
+    return str(write_html(r.session_views, path, title="dressage run", figures=figures, capacity=capacity,
+                          timeline=timeline))
 
 
 def render_report(r) -> str:

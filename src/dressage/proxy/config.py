@@ -20,8 +20,9 @@ from dressage.proxy.parsers.registry import AUTO, REASONING_PARSERS, TOOL_CALL_P
 from dressage.tq.config import TransferQueueSelection, is_loopback
 
 __all__ = ["ProxyConfig", "ServerConfig", "AccessConfig", "EnginesConfig", "LimitsConfig", "SessionsConfig",
-           "ReadsConfig", "TokenBuildConfig", "ToolCallHooksConfig", "JournalConfig", "DataPlaneConfig", "TransferQueueSelection",
-           "upstream_environment", "environment_overrides", "PARSE_BACKENDS", "UPSTREAM_TOOL_CALL_TYPES", "UPSTREAM_REASONING_TYPES"]
+           "ReadsConfig", "TokenBuildConfig", "ToolCallHooksConfig", "JournalConfig", "TrajectoryExportConfig",
+           "DataPlaneConfig", "TransferQueueSelection", "upstream_environment", "environment_overrides",
+           "PARSE_BACKENDS", "UPSTREAM_TOOL_CALL_TYPES", "UPSTREAM_REASONING_TYPES"]
 
 FSYNC_POLICIES = ("always", "interval", "never")
 JOURNAL_RECOVER_MODES = ("refuse", "truncate")
@@ -454,6 +455,26 @@ class JournalConfig:
             raise ConfigError("journal.path: an empty path")
 
 
+EXPORT_DIR_FORMATS = ("jsonl", "parquet")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrajectoryExportConfig:
+    """Where the Proxy writes each finalized trajectory as a file of its own (besides keeping it for reads)."""
+
+    dir: str | None = field(default=None, metadata=flag("--export-dir", metavar="DIR"))
+    """Write each finalized trajectory to DIR/<session id>.<format>, atomically (temporary file, then
+    rename). ``None``: not written."""
+    format: str = field(default="jsonl", metadata=flag("--export-format", choices=EXPORT_DIR_FORMATS))
+    """One row per Segment as JSONL, or as Parquet (the 'export' extra: pyarrow)."""
+
+    def __post_init__(self) -> None:
+        if self.format not in EXPORT_DIR_FORMATS:
+            raise ConfigError(f"export.format: expected one of {', '.join(EXPORT_DIR_FORMATS)}, got {self.format!r}")
+        if self.dir is not None and not str(self.dir):
+            raise ConfigError("export.dir: an empty path")
+
+
 @dataclass(kw_only=True, slots=True)
 class ProxyConfig:
     """Everything one Proxy needs; :meth:`dressage.proxy.Proxy.start` builds the Proxy from it."""
@@ -486,6 +507,8 @@ class ProxyConfig:
     """Hooks at agents' tool-call boundaries (none by default)."""
     journal: JournalConfig = field(default_factory=JournalConfig)
     """The step journal (off unless ``journal.path`` is set)."""
+    export: TrajectoryExportConfig = field(default_factory=TrajectoryExportConfig)
+    """Finalized trajectories written to a directory (off unless ``export.dir`` is set)."""
     transfer_queue: TransferQueueSelection = field(default_factory=TransferQueueSelection)
     """Which TransferQueue holds the offloaded fields when the data plane turns it on."""
     data_plane: DataPlaneConfig = field(default_factory=DataPlaneConfig)
@@ -495,7 +518,7 @@ class ProxyConfig:
         for key, cls in (("server", ServerConfig), ("access", AccessConfig), ("engines", EnginesConfig),
                          ("limits", LimitsConfig), ("sessions", SessionsConfig), ("reads", ReadsConfig),
                          ("token_build", TokenBuildConfig), ("tool_call_hooks", ToolCallHooksConfig),
-                         ("journal", JournalConfig),
+                         ("journal", JournalConfig), ("export", TrajectoryExportConfig),
                          ("transfer_queue", TransferQueueSelection), ("data_plane", DataPlaneConfig)):
             if not isinstance(getattr(self, key), cls):
                 raise ConfigError(f"{key}: expected a {cls.__name__}, got {type(getattr(self, key)).__name__}")

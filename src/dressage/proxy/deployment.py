@@ -39,6 +39,10 @@ def build_service(config: ProxyConfig, *, tq_client: Any = None, tokenizer: Any 
     tok = TimedTokenizer(tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer))
     core = ProxyCore(config.data_plane, tq_client, sink=sink, decode=tok.decode, special_ids=tok.special_token_ids,
                      batch_tag=batch_tag)
+    if config.export.dir is not None:  # before the journal replays: recovered trajectories are written too
+        from dressage.proxy.trajectory_files import TrajectoryDirWriter
+
+        core.sink = TrajectoryDirWriter(config.export.dir, config.export.format).tee(core.sink, core.session)
     service = ProxyService(config, core, tok, engine, tq_spec=tq_spec)
     report = service.recover(config.journal) if config.journal.path is not None else None
     return service, report

@@ -95,7 +95,8 @@ def start_proxy(engine_urls: str | Sequence[str], *, model: str | ModelSpec = TE
     the Proxy keeps them. ``engine`` replaces the Proxy's SGLang client (a recording transport, say);
     ``tokenizer`` is a tokenizer object shared with the engine, ``tokenizer_name`` the Proxy's setting;
     ``check_engine`` false starts without asking the engine for its model info. ``settings`` are other
-    settings of the Proxy's sections (server, access, engines, limits, sessions, reads, tool_call_hooks) by field name; ``data_plane`` replaces the whole data-plane
+    settings of the Proxy's sections (server, access, engines, limits, sessions, reads, tool_call_hooks,
+    export) by field name; ``data_plane`` replaces the whole data-plane
     config built from ``model``, ``r3``, ``tq`` and ``routed_experts_dtype``.
     """
     urls = (engine_urls,) if isinstance(engine_urls, str) else tuple(engine_urls)
@@ -119,7 +120,7 @@ def _sections(settings: dict[str, Any]) -> dict[str, Any]:
     its name, or single settings by field name (applied over it); a name no section has is a ``TypeError``."""
     default = ProxyConfig()
     sections = {name: getattr(default, name) for name in ("server", "access", "engines", "limits", "sessions",
-                                                                    "reads", "tool_call_hooks")}
+                                                                    "reads", "tool_call_hooks", "export")}
     given = {key: settings.pop(key) for key in list(settings) if key in sections}
     fields = {name: {f.name for f in dataclasses.fields(section)} for name, section in sections.items()}
     grouped: dict[str, dict[str, Any]] = {}

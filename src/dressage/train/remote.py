@@ -132,6 +132,15 @@ class ProxyTrajectorySource:
         if batch.read_id is not None:
             self._post("/trajectory/release", {"read_id": batch.read_id})
 
+    def session_document(self, session_id: str) -> dict[str, Any]:
+        """One session's step tree and Segments (``GET /admin/sessions/{id}``, an admin endpoint)."""
+        from urllib.parse import quote
+
+        doc = self._get("/admin/sessions/" + quote(session_id, safe=""))
+        if not isinstance(doc, Mapping) or "steps" not in doc:
+            raise SampleWireError(f"{self.url}: not a session document: {str(doc)[:200]}")
+        return dict(doc)
+
     def transfer_queue_spec(self) -> dict[str, Any]:
         """The client spec of the Proxy's TransferQueue (``GET /transfer_queue/spec``, an admin endpoint:
         the spec may carry the TQ's secret), without reading any trajectory. A Proxy without TQ is a

@@ -182,6 +182,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"rollout"},
     {"engine", "proxy", "train", "capacity", "agents"},
     {"integrations", "testing"},
+    {"export"},
     {"harness"},
     {"cli"},
     {"__main__", ""},   # "" is the root package, dressage/__init__.py

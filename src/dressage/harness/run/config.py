@@ -125,6 +125,11 @@ class ReportConfig:
 
     json: str | None = field(default=None, metadata=flag(metavar="PATH"))
     """Write the report as JSON (none: not written)."""
+    html: str | None = field(default=None, metadata=flag(metavar="PATH"))
+    """Write the session viewer of the last rollout, with the run's memory timeline and figures, as one
+    self-contained HTML file (none: not written)."""
+    figures: tuple[str, ...] = field(default=(), metadata=flag(metavar="PNG"))
+    """PNG pictures to embed in the --html page (files that do not exist are left out)."""
     progress: bool = field(default=True, metadata=flag("--no-progress"))
     """A progress bar on stderr (only when stderr is a terminal)."""
 

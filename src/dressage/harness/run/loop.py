@@ -58,9 +58,11 @@ class RunReport:
     recorded logprobs (:func:`dressage.harness.replay.replay_summary`, summed over every Sample)."""
     rollouts: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
+    session_views: list[dict[str, Any]] = field(default_factory=list)
+    """The last rollout's sessions as session documents (the viewer's data; not in :meth:`to_dict`)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in self.__slots__ if name != "session_views"}
 
 
 def _peak(report: RunReport, name: str, value: int) -> None:
@@ -149,6 +151,8 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
                 report.replay = merge_replay(report.replay, out["replay"])
             finished = [sid for sid, s in core.sessions.items() if s.state != "active"]
             report.sessions += len(finished)
+            if cfg.report.html:  # only the last rollout's: the page stays the size of one batch
+                report.session_views = [_session_view(core, service, sid) for sid in finished]
             service.trajectories.forget(finished)
             keys_left = tq.total_keys() if tq is not None else 0
             report.rollouts.append({"rollout": i, "sessions": len(finished), "segments": out["segments"],
@@ -168,6 +172,14 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
         _peak(report, "process_pss", sampler.peak)
     report.wall_s = time.perf_counter() - t0
     return report
+
+
+def _session_view(core: Any, service: Any, session_id: str) -> dict[str, Any]:
+    from dressage.trajectory.view import session_document
+
+    done = service.trajectories.finalized.get(session_id)
+    return session_document(core.session(session_id), None if done is None else done.segments,
+                            reward=None if done is None else done.reward)
 
 
 # The tokenizer the started engine and the Proxy share.

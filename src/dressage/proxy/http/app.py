@@ -27,6 +27,7 @@ from dressage.proxy.http.guard import RequestGuard
 from dressage.proxy.http.upstream_routes import upstream_router
 from dressage.proxy.http.openai_routes import openai_router
 from dressage.proxy.http.rollout_routes import rollout_router
+from dressage.proxy.http.viewer_routes import viewer_router
 from dressage.proxy.schemas import BAD_REQUEST_ERRORS, ChatRequest, CreateSession, GenerateRequest
 from dressage.proxy.anthropic.protocol import error_object
 from dressage.proxy.openai.streaming import error_body
@@ -160,6 +161,7 @@ def fastapi_app(service: Any) -> FastAPI:
         return service.session_info(session_id)
 
     app.include_router(rollout_router(service))
+    app.include_router(viewer_router(service))
     return app
 
 

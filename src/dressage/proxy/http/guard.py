@@ -2,8 +2,9 @@
 
 Before a route runs it checks, in this order:
 
-- **tokens**: ``/health`` is open; admin endpoints (:data:`ADMIN_PREFIXES`: trajectory read and
-  drain, the TransferQueue spec, pause / resume, discard, engines) need the admin token; every other endpoint takes the
+- **tokens**: ``/health`` and the session viewer's page (static; the data it polls is admin) are
+  open; admin endpoints (:data:`ADMIN_PREFIXES`: trajectory read and drain, the TransferQueue spec,
+  pause / resume, discard, engines, the viewer's data) need the admin token; every other endpoint takes the
   agent token or the admin token. With only one token configured it opens everything (the
   single-token setup). A missing or wrong token is 401, an agent token on an admin endpoint 403.
 - **body size on the bytes received**: a declared ``Content-Length`` over the limit is refused at
@@ -36,7 +37,7 @@ ADMIN_PREFIXES = ("/trajectory/", "/transfer_queue/", "/v1/rollout/", "/v1/engin
                   "/admin/", "/v1/weights", "/update_weight")
 """Path prefixes of the trainer's (admin) endpoints; a session's own ``/sessions/{id}/discard`` too."""
 
-OPEN_PATHS = ("/health",)
+OPEN_PATHS = ("/health", "/admin/viewer")
 
 _SUSPECT = re.compile(rb"\\u[dD][89a-fA-F]|NaN|Infinity|[eE]\+?[0-9]{3}|[0-9]{300}")
 _BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
