@@ -13,17 +13,18 @@ from __future__ import annotations
 import time
 from contextvars import ContextVar
 
-__all__ = ["Tally", "engine_wait", "header_value", "start"]
+__all__ = ["Tally", "current", "engine_wait", "header_value", "start"]
 
 class Tally:
-    """The engine wait of one request: ``seconds`` so far, and the calls outstanding now."""
+    """The engine wait of one request: ``seconds`` so far, the engine ``calls`` made, and those outstanding now."""
 
-    __slots__ = ("seconds", "_open", "_since")
+    __slots__ = ("seconds", "calls", "_open", "_since")
 
     def __init__(self) -> None:
-        self.seconds, self._open, self._since = 0.0, 0, 0.0
+        self.seconds, self.calls, self._open, self._since = 0.0, 0, 0, 0.0
 
     def enter(self) -> None:
+        self.calls += 1
         if self._open == 0:
             self._since = time.perf_counter()
         self._open += 1
@@ -42,6 +43,12 @@ def start() -> Tally:
     tally = Tally()
     _tally.set(tally)
     return tally
+
+
+def current() -> Tally:
+    """The tally of the request the calling task serves; a fresh one when none was started."""
+    tally = _tally.get()
+    return start() if tally is None else tally
 
 
 class engine_wait:
