@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ConfigError
 from dressage.flags import flag
+from dressage.observe.logs import LOG_FORMATS
 from dressage.proxy.parsers.registry import AUTO, REASONING_PARSERS, TOOL_CALL_PARSERS
 from dressage.tq.config import TransferQueueSelection, is_loopback
 
@@ -82,12 +83,17 @@ class ServerConfig:
     reasoning_parser: str = field(default=AUTO, metadata=flag(choices=(AUTO, *sorted(REASONING_PARSERS)),
                                                               metavar="NAME"))
     """How replies' reasoning blocks are read (SGLang's parser names); ``auto``: the model's default."""
+    log_format: str = field(default="text", metadata=flag(choices=LOG_FORMATS))
+    """Log lines as ``text`` or as ``json``: one object a line, with the session, call and trace ids of the
+    call being served (``dressage proxy serve`` sets the process's logging up so)."""
     parse_on_engine: bool = False
     """Ask the engine to parse whole replies (SGLang's ``/parse_function_call`` and
     ``/separate_reasoning``, with the parser names above) instead of parsing them in the Proxy;
     streamed text is still shown by the Proxy's parser of the same name."""
 
     def __post_init__(self) -> None:
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"server.log_format: expected one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if self.tool_call_parser != AUTO and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ConfigError(f"server.tool_call_parser: unknown parser {self.tool_call_parser!r}; "
                               f"known: {AUTO}, {', '.join(sorted(TOOL_CALL_PARSERS))}")

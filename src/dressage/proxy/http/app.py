@@ -239,7 +239,7 @@ class ProxyServer(UvicornServer):
         limits = ConnectionLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
                                   keep_alive_s=cfg.keep_alive_timeout_s, max_header_bytes=cfg.max_header_bytes)
         super().__init__(build_app(service), host=cfg.host, port=cfg.port, name="proxy",
-                         limits=limits)
+                         limits=limits, own_log_handlers=cfg.log_format == "text")
 
     async def after_serving(self) -> None:
         await self.service.aclose()  # the engine clients' pools live on this loop
