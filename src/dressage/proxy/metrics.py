@@ -4,7 +4,8 @@ Everything but the per-call histograms is read at scrape time from what the Prox
 sessions (by state, steps, tokens), the session book's call counters, the pause, the finalized
 Segments not yet read, the journal, the TransferQueue client's counters and, in an embedded deployment,
 its StorageUnits' stats. The histograms (whole call, the Proxy's own share of it, the engine wait) are
-observed once per call by the HTTP app, from the engine-wait tally the call already keeps.
+observed once per call by the HTTP app, from the engine-wait tally the call already keeps; the TQ write
+and commit histograms once per step written behind its answer.
 """
 
 from __future__ import annotations
@@ -43,6 +44,19 @@ class ProxyMetrics:
         self.engine_wait_seconds = Histogram(
             "dressage_engine_wait_seconds", "Model calls: seconds with at least one engine request outstanding.",
             buckets=CALL_BUCKETS_S, registry=self.registry)
+
+        self.tq_write_seconds = Histogram(
+            "dressage_tq_write_seconds", "Steps written behind their answer: seconds from the submit to the "
+            "TransferQueue write landing (batching included).", buckets=CALL_BUCKETS_S, registry=self.registry)
+        self.commit_seconds = Histogram(
+            "dressage_commit_seconds", "Steps written behind their answer: seconds of the local commit (journal "
+            "and insert) once their keys were written.", buckets=CALL_BUCKETS_S, registry=self.registry)
+        service.core.write_behind.observe = self.observe_write
+
+    def observe_write(self, write_s: float, commit_s: float) -> None:
+        """One step's TQ write and local commit (told by the write-behind, on its thread)."""
+        self.tq_write_seconds.observe(write_s)
+        self.commit_seconds.observe(commit_s)
 
     def observe_call(self, seconds: float, engine_s: float) -> None:
         """One model call served: ``seconds`` in all, ``engine_s`` of them waiting on the engine."""

@@ -82,6 +82,8 @@ def test_metrics_count_the_calls_tokens_failures_and_tq_bytes_of_known_traffic(e
         assert m[("dressage_engine_wait_seconds_count", ())] == 3
         assert m[("dressage_proxy_seconds_sum", ())] <= m[("dressage_call_seconds_sum", ())]
         assert m[("dressage_engine_wait_seconds_sum", ())] > 0
+        # Each recorded step's TQ write and commit, behind its answer.
+        assert m[("dressage_tq_write_seconds_count", ())] == 3 == m[("dressage_commit_seconds_count", ())]
     finally:
         tq.shutdown()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -81,6 +82,9 @@ class WriteBehind:
         """Steps whose write failed after their call had answered (nothing of them was recorded)."""
         self.committed = 0
         """Steps committed behind their answer."""
+        self.observe: Callable[[float, float], None] | None = None
+        """Told ``(write_s, commit_s)`` of each step: its TQ write (from submit, batching included) and its
+        local commit (the Proxy's metrics)."""
 
     def submit(self, session_id: str, preview: StepRecord, items: list[tuple[str, Any]], keys: list[str],
                batch: str | None, commit: Commit) -> PendingStep:
@@ -98,6 +102,7 @@ class WriteBehind:
             return done_step(commit(dict(zip((n for n, _ in items), refs))))
         names = [n for n, _ in items]
         done: Future = Future()
+        began = time.perf_counter()
 
         def land(put: Future) -> None:
             try:
@@ -105,10 +110,14 @@ class WriteBehind:
             except BaseException as exc:  # noqa: BLE001 - reported through the step's future
                 done.set_exception(_write_failed(session_id, exc))
                 return
+            landed = time.perf_counter()
             try:
                 done.set_result(commit(refs))
             except BaseException as exc:  # noqa: BLE001 - the commit deleted its keys already
                 done.set_exception(exc)
+                return
+            if self.observe is not None:
+                self.observe(landed - began, time.perf_counter() - landed)
 
         put = self._batcher().submit(items, keys=keys, batch=batch)  # raises (nothing queued) when closed
         self._track(session_id, done)
