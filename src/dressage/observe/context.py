@@ -12,8 +12,10 @@ import os
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["CallContext", "bind_call", "current_call", "parse_traceparent", "new_span_id"]
+__all__ = ["CallContext", "bind_call", "current_call", "parse_traceparent", "new_span_id", "engine_request",
+           "engine_span_id"]
 
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:-.*)?")
 
@@ -49,6 +51,10 @@ class CallContext:
     parent_span_id: str | None = None
     flags: str = "01"
     session_id: str | None = None
+    span: Any = None
+    """The call's OpenTelemetry span when spans are exported (:mod:`dressage.observe.otel`), else ``None``."""
+    tracing: Any = None
+    """The :class:`~dressage.observe.otel.CallTracing` that made ``span``."""
 
     def traceparent(self, span_id: str | None = None) -> str:
         """The ``traceparent`` of a child request: this trace, ``span_id`` (the call's span by default)."""
@@ -56,6 +62,34 @@ class CallContext:
 
 
 _current: ContextVar[CallContext | None] = ContextVar("dressage_call", default=None)
+_engine_span: ContextVar[str | None] = ContextVar("dressage_engine_span", default=None)
+
+
+def engine_span_id() -> str:
+    """The span id an engine request's ``traceparent`` names: its exported span's, else a fresh one."""
+    return _engine_span.get() or new_span_id()
+
+
+class engine_request:
+    """``with engine_request(): await engine_call``: an exported child span of the call around the request
+    (when the call has one), whose id the request's ``traceparent`` carries. Nothing when spans are off."""
+
+    __slots__ = ("_cm", "_before")
+
+    def __enter__(self) -> None:
+        ctx = _current.get()
+        self._cm = None
+        if ctx is not None and ctx.span is not None:
+            self._cm = ctx.tracing.child(ctx, "engine /generate")
+            span = self._cm.__enter__()
+            self._before = _engine_span.get()
+            _engine_span.set(f"{span.get_span_context().span_id:016x}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._cm is not None:
+            # set, not reset: a streamed request's block may end in another context than it began in
+            _engine_span.set(self._before)
+            self._cm.__exit__(*exc)
 
 
 def bind_call(*, traceparent: str | None = None, session_id: str | None = None) -> CallContext:

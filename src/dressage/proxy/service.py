@@ -19,6 +19,7 @@ from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.engines.rids import RidFactory
 from dressage.proxy.engines.startup import engine_clients, engine_pool
 from dressage.proxy.engines.versions import read_versions, update_versions
+from dressage.observe.otel import call_tracing
 from dressage.proxy.metrics import ProxyMetrics
 from dressage.proxy.openai.chat.samples import ChatSampler
 from dressage.proxy.openai.chat.serving import ChatServing
@@ -98,6 +99,8 @@ class ProxyService:
         self.replay_s: float | None = None
         """Seconds the journal replay took at start (``None``: nothing was replayed)."""
         self.metrics = ProxyMetrics(self)
+        self.tracing = call_tracing(config.server.otel_exporter)
+        """OpenTelemetry spans of each call (``None``: not exported)."""
         """``GET /metrics``: read from the collaborators above at scrape time, plus the call histograms."""
 
     def recover(self, journal: JournalConfig) -> Any:
@@ -131,6 +134,8 @@ class ProxyService:
         """Stop the engine health checks and close the engine clients this service made, on the event loop
         that used them (the server's, once it stopped serving)."""
         await self.engines.close(clients=self._owns_engines)
+        if self.tracing is not None:
+            self.tracing.close()  # the spans still batched are exported
 
     @property
     def weight_version(self) -> int:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from contextvars import ContextVar
 
+from dressage.observe.context import engine_request
+
 __all__ = ["Tally", "current", "engine_wait", "header_value", "start"]
 
 class Tally:
@@ -52,16 +54,20 @@ def current() -> Tally:
 
 
 class engine_wait:
-    """``with engine_wait(): await engine_call`` counts the time inside as the request's engine wait."""
+    """``with engine_wait(): await engine_call`` counts the time inside as the request's engine wait, and
+    is the engine request's span when spans are exported (:class:`dressage.observe.context.engine_request`)."""
 
-    __slots__ = ("_tally",)
+    __slots__ = ("_tally", "_span")
 
     def __enter__(self) -> None:
         self._tally = _tally.get()
         if self._tally is not None:
             self._tally.enter()
+        self._span = engine_request()
+        self._span.__enter__()
 
     def __exit__(self, *exc: object) -> None:
+        self._span.__exit__(*exc)
         if self._tally is not None:
             self._tally.leave()
 

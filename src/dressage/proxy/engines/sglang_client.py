@@ -27,7 +27,7 @@ import numpy as np
 from dressage.errors import (EngineAnswerTooLargeError, EngineError, EngineRequestError, EngineTimeout,
                              EngineUnavailable, WireFormatError)
 from dressage.fields.r3_stream import RoutedExpertsSpec
-from dressage.observe.context import current_call, new_span_id
+from dressage.observe.context import current_call, engine_span_id
 from dressage.fields.sglang import finish_type
 from dressage.proxy import fastjson
 from dressage.proxy.engines.aio_transport import AiohttpTransport, aiohttp_available
@@ -241,7 +241,7 @@ class SGLangClient:
         call = current_call()
         if call is None:
             return None if routing_key is None else {ROUTING_KEY_HEADER: str(routing_key)}
-        headers = {"traceparent": call.traceparent(new_span_id())}
+        headers = {"traceparent": call.traceparent(engine_span_id())}
         if routing_key is not None:
             headers[ROUTING_KEY_HEADER] = str(routing_key)
         return headers

@@ -189,7 +189,7 @@ class HotFirst:
     def __init__(self, app: FastAPI, service: Any) -> None:
         self.app = app
         self._fast = FastRoutes(app, service=service)
-        self._metrics = service.metrics
+        self._metrics, self._service = service.metrics, service
         self._hot = ServerErrorMiddleware(RequestGuard(self._fast, **_guard_kwargs(service)), debug=app.debug)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -197,7 +197,11 @@ class HotFirst:
             await self.app(scope, receive, send)
             return
         # The call's ids (log lines, the engine's traceparent) and its engine-wait tally, for every route.
-        bind_call(traceparent=_header(scope, b"traceparent"), session_id=_session_of(scope))
+        call = bind_call(traceparent=_header(scope, b"traceparent"), session_id=_session_of(scope))
+        tracing = self._service.tracing
+        if tracing is not None:
+            tracing.start_call(call, f"{scope.get('method')} {scope.get('path')}", session_id=call.session_id,
+                               call_id=call.call_id)
         tally = server_timing.start()
         began = time.perf_counter()
         try:
@@ -206,6 +210,8 @@ class HotFirst:
             else:
                 await self.app(scope, receive, send)
         finally:
+            if tracing is not None:
+                tracing.end_call(call)
             if tally.calls:  # a model call: it reached the engine
                 seconds = time.perf_counter() - began
                 self._metrics.observe_call(seconds, tally.seconds)

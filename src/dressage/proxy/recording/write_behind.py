@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from dressage.errors import DressageError, TransferWriteError
+from dressage.observe.context import current_call
 from dressage.tq.client.batching import PutBatcher
 from dressage.trajectory import StepRecord
 
@@ -103,6 +104,9 @@ class WriteBehind:
         names = [n for n, _ in items]
         done: Future = Future()
         began = time.perf_counter()
+        call = current_call()
+        traced = call is not None and call.span is not None
+        began_ns = time.time_ns() if traced else 0
 
         def land(put: Future) -> None:
             try:
@@ -111,6 +115,7 @@ class WriteBehind:
                 done.set_exception(_write_failed(session_id, exc))
                 return
             landed = time.perf_counter()
+            landed_ns = time.time_ns() if traced else 0
             try:
                 done.set_result(commit(refs))
             except BaseException as exc:  # noqa: BLE001 - the commit deleted its keys already
@@ -118,6 +123,9 @@ class WriteBehind:
                 return
             if self.observe is not None:
                 self.observe(landed - began, time.perf_counter() - landed)
+            if traced:  # the call's spans of the work behind its answer, at the times it was measured
+                call.tracing.record(call, "tq.write", began_ns, landed_ns, keys=len(keys))
+                call.tracing.record(call, "commit", landed_ns, time.time_ns(), session_id=session_id)
 
         put = self._batcher().submit(items, keys=keys, batch=batch)  # raises (nothing queued) when closed
         self._track(session_id, done)
