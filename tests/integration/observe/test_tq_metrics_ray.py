@@ -23,7 +23,8 @@ def scrape(url: str) -> dict:
 
 
 def test_ray_controller_and_unit_actor_serve_metrics():
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024)
+    # address="local": a cluster of this test's own, never one another process on the host started
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=80 * 1024 * 1024)
     try:
         arrays = [np.full((64, 4, 2), i, dtype=np.uint8) for i in range(5)]
         with TransferQueue.start({"deployment": "ray", "unit_memory_budget": "16MiB", "metrics_port": 0,
