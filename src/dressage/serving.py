@@ -180,8 +180,11 @@ def _event_loop() -> str:
 
 class UvicornServer:
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "server",
-                 log_level: str = "warning", limits: ConnectionLimits | None = None, http: str = "auto") -> None:
+                 log_level: str = "warning", limits: ConnectionLimits | None = None, http: str = "auto",
+                 own_log_handlers: bool = True) -> None:
         self.app, self.host, self.port, self.name, self.log_level = app, host, int(port), name, log_level
+        self.own_log_handlers = own_log_handlers
+        """uvicorn installs its text handlers; ``False`` leaves its records to the root logger's (JSON lines)."""
         self.limits = limits or ConnectionLimits()
         self.protocol = guarded_protocol(self.limits, http)
         self._server: Any = None
@@ -223,7 +226,8 @@ class UvicornServer:
                     await after_serving()
 
         lim = self.limits
-        return Server(uvicorn.Config(self.app, log_level=self.log_level, access_log=False,
+        log_kw = {} if self.own_log_handlers else {"log_config": None}
+        return Server(uvicorn.Config(self.app, log_level=self.log_level, access_log=False, **log_kw,
                                      lifespan="off", timeout_keep_alive=lim.keep_alive_s, loop=_event_loop(),
                                      http=self.protocol, h11_max_incomplete_event_size=lim.max_header_bytes))
 

@@ -48,6 +48,10 @@ def _serve(args: argparse.Namespace) -> int:
     from dressage.serving import tune_gc_for_serving
 
     cfg = proxy_config(args)
+    if cfg.server.log_format != "text":
+        from dressage.observe.logs import configure_logging
+
+        configure_logging(cfg.server.log_format, process="proxy")
     with Proxy.start(cfg) as proxy:
         report = proxy.recovery
         if report is not None and (report.records or report.damage is not None):

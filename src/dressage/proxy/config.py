@@ -16,6 +16,8 @@ from typing import Any, Mapping
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ConfigError
 from dressage.flags import flag
+from dressage.observe.logs import LOG_FORMATS
+from dressage.observe.otel import OTEL_EXPORTERS
 from dressage.proxy.parsers.registry import AUTO, REASONING_PARSERS, TOOL_CALL_PARSERS
 from dressage.tq.config import TransferQueueSelection, is_loopback
 
@@ -97,6 +99,13 @@ class ServerConfig:
     reasoning_parser: str = field(default=AUTO, metadata=flag(metavar="NAME", aliases=("--model-reasoning-type",)))
     """How replies' reasoning blocks are read (SGLang's parser names, or upstream's model names);
     ``auto``: the model's default."""
+    log_format: str = field(default="text", metadata=flag(choices=LOG_FORMATS))
+    """Log lines as ``text`` or as ``json``: one object a line, with the session, call and trace ids of the
+    call being served (``dressage proxy serve`` sets the process's logging up so)."""
+    otel_exporter: str = field(default="none", metadata=flag(choices=OTEL_EXPORTERS))
+    """OpenTelemetry spans (one per call; the engine request, the TQ write and the commit as children):
+    ``none``, ``console`` (stdout) or ``otlp`` (the ``OTEL_EXPORTER_OTLP_*`` variables name the collector);
+    needs ``pip install 'dressage[otel]'``."""
     parse_on_engine: bool = False
     """Ask the engine to parse whole replies (SGLang's ``/parse_function_call`` and
     ``/separate_reasoning``, with the parser names above) instead of parsing them in the Proxy;
@@ -132,6 +141,11 @@ class ServerConfig:
                 or not math.isfinite(self.stream_heartbeat_interval_s) or self.stream_heartbeat_interval_s < 0:
             raise ConfigError(f"server.stream_heartbeat_interval_s must be a finite number >= 0, "
                               f"got {self.stream_heartbeat_interval_s!r}")
+        if self.otel_exporter not in OTEL_EXPORTERS:
+            raise ConfigError(f"server.otel_exporter: expected one of {', '.join(OTEL_EXPORTERS)}, "
+                              f"got {self.otel_exporter!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"server.log_format: expected one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if self.tool_call_parser != AUTO and self.tool_call_parser not in TOOL_CALL_PARSERS:
             raise ConfigError(f"server.tool_call_parser: unknown parser {self.tool_call_parser!r}; "
                               f"known: {AUTO}, {', '.join(sorted(TOOL_CALL_PARSERS))}")

@@ -126,6 +126,8 @@ class Proxy:
         try:
             service, recovery = build_service(config, tq_client=tq_client, tokenizer=tokenizer, engine=engine,
                                               sink=sink, batch_tag=batch_tag, tq_spec=tq_spec)
+            if tq is not None and tq.deployment == "embedded":  # its units live here: /metrics shows them
+                service.metrics.units = tq.storage_units
             if config.transfer_queue.spec_out is not None and tq_spec is not None:
                 # Before the server answers: whoever saw the Proxy serve finds the file in place.
                 spec_file = _write_spec(tq_spec(), config.transfer_queue.spec_out)

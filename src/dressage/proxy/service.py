@@ -9,6 +9,7 @@ sessions, stats, pause / resume, engines). :mod:`dressage.proxy.http.app` maps a
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from dressage.errors import ConfigError, JournalDamagedError
@@ -18,6 +19,8 @@ from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.engines.rids import RidFactory
 from dressage.proxy.engines.startup import engine_clients, engine_pool
 from dressage.proxy.engines.versions import read_versions, update_versions
+from dressage.observe.otel import call_tracing
+from dressage.proxy.metrics import ProxyMetrics
 from dressage.proxy.openai.chat.samples import ChatSampler
 from dressage.proxy.openai.chat.serving import ChatServing
 from dressage.proxy.openai.completions import CompletionsServing
@@ -99,6 +102,12 @@ class ProxyService:
         self.models = ModelsServing(config, core)
         self.trajectories = Trajectories(config, core, in_flight=self.in_flight, book=self.book, stats=self.stats,
                                          tq_spec=tq_spec)
+        self.replay_s: float | None = None
+        """Seconds the journal replay took at start (``None``: nothing was replayed)."""
+        self.metrics = ProxyMetrics(self)
+        self.tracing = call_tracing(config.server.otel_exporter)
+        """OpenTelemetry spans of each call (``None``: not exported)."""
+        """``GET /metrics``: read from the collaborators above at scrape time, plus the call histograms."""
 
     def recover(self, journal: JournalConfig) -> Any:
         """Replay ``journal`` into the (empty) core, take back what it held, then journal from there on.
@@ -115,7 +124,9 @@ class ProxyService:
                     f"`dressage proxy journal repair {journal.path}` (the rest is kept aside), or start with "
                     "--journal-recover truncate")
 
+        began = time.perf_counter()
         report = self.core.recover(journal.path, accept=accept)
+        self.replay_s = time.perf_counter() - began
         self.versions.restore(self.core.sessions.values())  # named versions keep their codes
         self.trajectories.adopt(report.delivered)
         # Appends start where replay stopped: a record the replay refused is cut (and set aside) too.
@@ -129,6 +140,8 @@ class ProxyService:
         """Stop the engine health checks and close the engine clients this service made, on the event loop
         that used them (the server's, once it stopped serving)."""
         await self.engines.close(clients=self._owns_engines)
+        if self.tracing is not None:
+            self.tracing.close()  # the spans still batched are exported
 
     @property
     def weight_version(self) -> int:

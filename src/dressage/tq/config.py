@@ -103,6 +103,13 @@ class TransferQueueConfig:
     store_id: str | None = None
     """transferqueue: the store whose partition ``dressage:{store_id}:steps`` holds the Steps (keys
     ``{store_id}:{trajectory_id}:{incarnation_id}:step:{i}``); ``None``: a random id per deployment."""
+    metrics_port: int | None = None
+    """Prometheus ``/metrics`` of the Controller and of each StorageUnit process (local and ray), bound on
+    ``host``: ``None`` (the default) serves none; ``0`` serves each on a free port (listed by
+    ``TransferQueue.metrics_urls()``); ``N`` the Controller on ``N`` and StorageUnit ``i`` on ``N + 1 + i``.
+    An embedded deployment's units are shown by the Proxy's own ``/metrics``."""
+    log_format: str = "text"
+    """Log lines of the Controller and StorageUnit processes: ``text`` or ``json`` (one object a line)."""
 
     def __post_init__(self) -> None:
         _choice("deployment", self.deployment, DEPLOYMENTS)
@@ -127,6 +134,9 @@ class TransferQueueConfig:
             raise ConfigError(f"{_PREFIX}.host: expected a host name or IP address, got {self.host!r}")
         _int("controller_port", self.controller_port, lo=0, hi=65535)
         _int("unit_base_port", self.unit_base_port, lo=0, hi=65535)
+        if self.metrics_port is not None:
+            _int("metrics_port", self.metrics_port, lo=0, hi=65535)
+        _choice("log_format", self.log_format, ("text", "json"))
         if self.ray_address is not None and not isinstance(self.ray_address, str):
             raise ConfigError(f"{_PREFIX}.ray_address: expected a string, got {self.ray_address!r}")
         if not isinstance(self.checksums, bool):

@@ -173,7 +173,7 @@ def test_the_cycle_finder_sees_deferred_imports_and_skips_type_checking_ones():
 # sits above the whole product, so nothing the product ships depends on it.
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"errors"},
-    {"units", "_lazy", "flags", "serving"},
+    {"units", "_lazy", "flags", "serving", "observe"},
     {"fields"},
     {"trajectory"},
     {"tokenizer"},

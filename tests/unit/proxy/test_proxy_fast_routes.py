@@ -15,11 +15,24 @@ from dressage.errors import UnknownStepError
 from dressage.proxy.http.fast_routes import FastRoutes
 
 
-class FakeService:
-    """The service's face the hot routes use: sessions, ``chat`` (its serving object) and ``book``."""
+class FakeBook:
+    """The session book's failure counter."""
 
     def __init__(self) -> None:
-        self.book = SimpleNamespace(failed_calls=0)
+        self.failed_calls = 0
+
+    def failed(self, exc) -> None:
+        self.failed_calls += 1
+
+
+class FakeService:
+    """The service's face the hot routes use: sessions, ``chat`` (its serving object), ``book``, and the
+    metrics and tracing the app front reads."""
+
+    def __init__(self) -> None:
+        self.book = FakeBook()
+        self.metrics = SimpleNamespace(observe_call=lambda seconds, engine_s: None)
+        self.tracing = None
         self.config = SimpleNamespace(server=SimpleNamespace(public_url=None))
         self.chat = SimpleNamespace(open=self.open_chat, generate_tokens=self.generate_tokens)
         self.calls: list[tuple] = []

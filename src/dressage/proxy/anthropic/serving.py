@@ -151,7 +151,7 @@ class MessagesServing:
                 yield frame
         except Exception as exc:
             # The stream has begun (200 sent): the error is its last event.
-            self.book.failed_calls += 1
+            self.book.failed(exc)
             if not committing:
                 if call.cached:
                     self.turns.abandon(sid, call.turn_id, exc)

@@ -180,10 +180,11 @@ async def run_generation(plan: GenerationPlan, pause: RolloutPause, normalize: C
             try:
                 if plan.stream:
                     answer = _StreamedAnswer()
-                    async for chunk in plan.client.generate_stream(input_ids, sampling, rid=rid, **call_kw,
-                                                                     **params):
-                        answer.add(chunk)
-                        yield text.extend_to(so_far + answer.ids)
+                    with server_timing.engine_wait():  # the agent reads as the engine writes: one wait
+                        async for chunk in plan.client.generate_stream(input_ids, sampling, rid=rid, **call_kw,
+                                                                         **params):
+                            answer.add(chunk)
+                            yield text.extend_to(so_far + answer.ids)
                     body = answer.body()
                     answer = chunk = None  # the last chunk's meta holds the routing too
                 else:

@@ -13,17 +13,20 @@ from __future__ import annotations
 import time
 from contextvars import ContextVar
 
-__all__ = ["Tally", "engine_wait", "header_value", "start"]
+from dressage.observe.context import engine_request
+
+__all__ = ["Tally", "current", "engine_wait", "header_value", "start"]
 
 class Tally:
-    """The engine wait of one request: ``seconds`` so far, and the calls outstanding now."""
+    """The engine wait of one request: ``seconds`` so far, the engine ``calls`` made, and those outstanding now."""
 
-    __slots__ = ("seconds", "_open", "_since")
+    __slots__ = ("seconds", "calls", "_open", "_since")
 
     def __init__(self) -> None:
-        self.seconds, self._open, self._since = 0.0, 0, 0.0
+        self.seconds, self.calls, self._open, self._since = 0.0, 0, 0, 0.0
 
     def enter(self) -> None:
+        self.calls += 1
         if self._open == 0:
             self._since = time.perf_counter()
         self._open += 1
@@ -44,17 +47,27 @@ def start() -> Tally:
     return tally
 
 
-class engine_wait:
-    """``with engine_wait(): await engine_call`` counts the time inside as the request's engine wait."""
+def current() -> Tally:
+    """The tally of the request the calling task serves; a fresh one when none was started."""
+    tally = _tally.get()
+    return start() if tally is None else tally
 
-    __slots__ = ("_tally",)
+
+class engine_wait:
+    """``with engine_wait(): await engine_call`` counts the time inside as the request's engine wait, and
+    is the engine request's span when spans are exported (:class:`dressage.observe.context.engine_request`)."""
+
+    __slots__ = ("_tally", "_span")
 
     def __enter__(self) -> None:
         self._tally = _tally.get()
         if self._tally is not None:
             self._tally.enter()
+        self._span = engine_request()
+        self._span.__enter__()
 
     def __exit__(self, *exc: object) -> None:
+        self._span.__exit__(*exc)
         if self._tally is not None:
             self._tally.leave()
 

@@ -27,6 +27,7 @@ import numpy as np
 from dressage.errors import (EngineAnswerTooLargeError, EngineError, EngineRequestError, EngineTimeout,
                              EngineUnavailable, WireFormatError)
 from dressage.fields.r3_stream import RoutedExpertsSpec
+from dressage.observe.context import current_call, engine_span_id
 from dressage.fields.sglang import finish_type
 from dressage.proxy import fastjson
 from dressage.proxy.engines.aio_transport import AiohttpTransport, aiohttp_available
@@ -235,7 +236,15 @@ class SGLangClient:
 
     @staticmethod
     def _routing_headers(routing_key: str | None) -> dict[str, str] | None:
-        return None if routing_key is None else {ROUTING_KEY_HEADER: str(routing_key)}
+        """The routing key, and the call's W3C ``traceparent`` (a child span per engine request), which
+        SGLang's request tracing continues."""
+        call = current_call()
+        if call is None:
+            return None if routing_key is None else {ROUTING_KEY_HEADER: str(routing_key)}
+        headers = {"traceparent": call.traceparent(engine_span_id())}
+        if routing_key is not None:
+            headers[ROUTING_KEY_HEADER] = str(routing_key)
+        return headers
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any] | None = None, *,
                        return_logprob: bool = True, return_routed_experts: bool = False,

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def anthropic_error_response(book: Any, exc: DressageError) -> Response:
     """The Anthropic error answer of ``exc``; counts a failed call in ``book`` (the session book)."""
-    book.failed_calls += 1
+    book.failed(exc)
     headers = {"x-should-retry": "false"} if exc.http_status < 500 else None
     return JSONResponse(dressage_error_object(exc), exc.http_status, headers=headers)
 

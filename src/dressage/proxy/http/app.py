@@ -11,6 +11,8 @@ Agents use ``/sessions/{id}/v1`` as an OpenAI base URL (``/sessions/{id}`` as an
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -19,7 +21,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
 
+from dressage.observe.context import bind_call
+from dressage.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dressage.proxy import fastjson
+from dressage.proxy.engines import server_timing
 from dressage.errors import DressageError
 from dressage.proxy.http.anthropic_routes import anthropic_error_response, anthropic_router, is_anthropic_path
 from dressage.proxy.http.fast_routes import FastRoutes, dressage_error_response, listener_url
@@ -35,6 +40,8 @@ from dressage.proxy.recording.turn_scope import identity_of, scope_of
 from dressage.serving import ConnectionLimits, UvicornServer
 
 __all__ = ["build_app", "fastapi_app", "HotFirst", "ProxyServer", "status_for"]
+
+log = logging.getLogger(__name__)
 
 
 def status_for(exc: DressageError) -> tuple[int, str]:
@@ -149,6 +156,10 @@ def fastapi_app(service: Any) -> FastAPI:
     async def trajectory_stats() -> dict[str, Any]:
         return service.stats()
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
     @app.get("/v1/engines")
     async def engines() -> dict[str, Any]:
         return await service.engine_state()
@@ -180,13 +191,51 @@ class HotFirst:
     def __init__(self, app: FastAPI, service: Any) -> None:
         self.app = app
         self._fast = FastRoutes(app, service=service)
+        self._metrics, self._service = service.metrics, service
         self._hot = ServerErrorMiddleware(RequestGuard(self._fast, **_guard_kwargs(service)), debug=app.debug)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not self.app.root_path and self._fast.route(scope) is not None:
-            await self._hot(scope, receive, send)
-        else:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        # The call's ids (log lines, the engine's traceparent) and its engine-wait tally, for every route.
+        call = bind_call(traceparent=_header(scope, b"traceparent"), session_id=_session_of(scope))
+        tracing = self._service.tracing
+        if tracing is not None:
+            tracing.start_call(call, f"{scope.get('method')} {scope.get('path')}", session_id=call.session_id,
+                               call_id=call.call_id)
+        tally = server_timing.start()
+        began = time.perf_counter()
+        try:
+            if not self.app.root_path and self._fast.route(scope) is not None:
+                await self._hot(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+        finally:
+            if tracing is not None:
+                tracing.end_call(call)
+            if tally.calls:  # a model call: it reached the engine
+                seconds = time.perf_counter() - began
+                self._metrics.observe_call(seconds, tally.seconds)
+                if log.isEnabledFor(logging.INFO):
+                    log.info("model call %s %s: %.3f s, engine %.3f s", scope.get("method"), scope.get("path"),
+                             seconds, tally.seconds)
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _session_of(scope: dict[str, Any]) -> str | None:
+    """The session a request names: its ``/sessions/{id}/...`` path, else its session header."""
+    path = scope.get("path", "")
+    if path.startswith("/sessions/"):
+        sid = path[10:].split("/", 1)[0]
+        return sid or None
+    return _header(scope, b"x-session-id") or _header(scope, b"x-smg-routing-key")
 
 
 class ProxyServer(UvicornServer):
@@ -198,7 +247,7 @@ class ProxyServer(UvicornServer):
         limits = ConnectionLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
                                   keep_alive_s=cfg.keep_alive_timeout_s, max_header_bytes=cfg.max_header_bytes)
         super().__init__(build_app(service), host=cfg.host, port=cfg.port, name="proxy",
-                         limits=limits)
+                         limits=limits, own_log_handlers=cfg.log_format == "text")
 
     async def after_serving(self) -> None:
         await self.service.aclose()  # the engine clients' pools live on this loop

@@ -20,7 +20,7 @@ ENDPOINTS = (
     "POST /v1/chat/completions", "GET /v1/models", "POST /sessions", "POST /sessions/{id}/v1/chat/completions",
     "POST /sessions/{id}/generate", "POST /sessions/{id}/finalize", "POST /sessions/{id}/abort",
     "GET /sessions/{id}", "GET /sessions/{id}/segments", "POST /session/finalize", "POST /session/discard",
-    "POST /trajectory/read", "POST /trajectory/ack", "POST /trajectory/release", "GET /trajectory/stats",
+    "POST /trajectory/read", "POST /trajectory/ack", "POST /trajectory/release", "GET /trajectory/stats", "GET /metrics",
     "GET /transfer_queue/spec", "POST /v1/rollout/pause", "POST /v1/rollout/resume",
     "GET /v1/rollout/pause_state", "GET /v1/engines", "GET /integration/capabilities", "GET /health",
     "POST /v1/responses", "POST /sessions/{id}/v1/responses", "POST /v1/completions",

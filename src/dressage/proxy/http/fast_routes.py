@@ -45,7 +45,7 @@ _REFUSED = object()
 
 def dressage_error_response(book: Any, exc: DressageError) -> Response:
     """The OpenAI-style error answer of ``exc``; counts a failed call in ``book`` (the session book)."""
-    book.failed_calls += 1
+    book.failed(exc)
     # A 4xx here is final (a retry gets the same answer): tell OpenAI clients not to retry it. So is a
     # rollout the weights invalidated (a 502 for upstream's harness, not an engine fault to retry).
     final = exc.http_status < 500 or getattr(exc, "upstream_detail", False)
@@ -153,7 +153,7 @@ class FastRoutes:
             headers = Headers(scope=scope)
             if session_id is None:
                 session_id = service.header_session(identity_of(headers, req))
-            tally = server_timing.start()
+            tally = server_timing.current()  # the app's, which the call's metrics read
             out = await service.chat.open(session_id, req, scope=scope_of(headers, req))
             if isinstance(out, dict):
                 return _json(out, tally)
@@ -162,7 +162,7 @@ class FastRoutes:
             return _json(service.create_session(req.metadata if req else None,
                                                 listener_url(scope, service.config.server.public_url)))
         if kind == "generate":
-            tally = server_timing.start()
+            tally = server_timing.current()  # the app's, which the call's metrics read
             return _json(await service.chat.generate_tokens(session_id, req), tally)
         req = req or FinalizeRequest()
         return _json(await service.trajectories.finalize_session(session_id, reward=req.reward,

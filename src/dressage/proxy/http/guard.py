@@ -34,8 +34,9 @@ from dressage.proxy.openai.streaming import error_payload
 __all__ = ["RequestGuard", "ADMIN_PREFIXES", "is_admin_path", "check_json_values"]
 
 ADMIN_PREFIXES = ("/trajectory/", "/transfer_queue/", "/v1/rollout/", "/v1/engines", "/engines", "/session/discard",
-                  "/admin/", "/v1/weights", "/update_weight")
-"""Path prefixes of the trainer's (admin) endpoints; a session's own ``/sessions/{id}/discard`` too."""
+                  "/admin/", "/v1/weights", "/update_weight", "/metrics")
+"""Path prefixes of the trainer's (admin) endpoints; a session's own ``/sessions/{id}/discard`` too.
+``/metrics`` is one: with an admin token set, a scraper sends it (Prometheus ``authorization``)."""
 
 OPEN_PATHS = ("/health", "/admin/viewer")
 

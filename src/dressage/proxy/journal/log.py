@@ -148,6 +148,9 @@ class Journal:
         self._compacting = threading.Lock()
         self._compactor: threading.Thread | None = None
         self.compactions = 0
+        self.fsyncs = 0
+        self.fsync_s = 0.0
+        """Appends' fsyncs and the seconds they took (``dressage_journal_fsync_seconds``)."""
         self.compaction_error: BaseException | None = None
         self._closed = False
         try:
@@ -238,7 +241,9 @@ class Journal:
                 now = time.monotonic()
                 if self.fsync == "always" or (self.fsync == "interval" and now - self._last_sync >= self.fsync_interval_s):
                     os.fsync(self._fd)
-                    self._last_sync = now
+                    self._last_sync = time.monotonic()
+                    self.fsyncs += 1
+                    self.fsync_s += self._last_sync - now
             except OSError as exc:
                 # A partial frame may be on disk: cut it so the next append starts clean.
                 try:

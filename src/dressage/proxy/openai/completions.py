@@ -219,7 +219,7 @@ class CompletionsServing:
         except DressageError as exc:
             if not began:
                 raise  # nothing sent yet (see opened): the agent gets the error's own status
-            self.book.failed_calls += 1
+            self.book.failed(exc)
             yield sse(error_payload(exc))
             return
         finally:

@@ -177,6 +177,10 @@ class ModelCalls:
             pending = await asyncio.to_thread(self.core.begin_step, sid, plan.decision, **step_fields)
         step = await asyncio.wrap_future(pending.future) if committed else pending.preview
         self.versions.recorded(sid, int(result.token_versions[0]), codes_of(result.token_versions))
-        self.book.recorded(sid)
+        book = self.book
+        book.recorded(sid)
+        book.generated_tokens += len(result.response_ids)
+        for name, value in (("logprobs", result.logprobs), ("routed_experts", result.routed_experts)):
+            book.field_bytes[name] += int(getattr(value, "nbytes", 0))
         self.engines.settle(sid)
         return step

@@ -109,6 +109,8 @@ class ProxyCore:
         # late call gets "session is aborted" rather than "unknown session".
         self._gone: OrderedDict[str, str] = OrderedDict()
         self.gone_capacity = 100_000
+        self.trained_tokens = 0
+        """Tokens under a loss mask of 1 in every Segment handed over (``dressage_trained_tokens_total``)."""
 
     # ----------------------------------------------------------------- sessions
     def create_session(self, metadata: Mapping[str, Any] | None = None, session_id: str | None = None) -> Session:
@@ -342,6 +344,7 @@ class ProxyCore:
         if lost:  # its Samples' refs point at nothing: a reader must not take it as whole
             metadata[LOST_FIELDS_KEY] = lost
         done = FinalizedSession(session_id, segments, session.reward, metadata, unused)
+        self.trained_tokens += sum(int(np.count_nonzero(seg.loss_mask)) for seg in segments)
         if self.sink is not None:
             self.sink(done)
         return done

@@ -24,6 +24,10 @@ class InFlight:
         if ev is not None:
             ev.clear()
 
+    def total(self) -> int:
+        """Calls in flight, every session."""
+        return sum(self._running.values())
+
     def exit(self, session_id: str) -> None:
         n = self._running.get(session_id, 0) - 1
         if n > 0:

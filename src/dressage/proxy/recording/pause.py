@@ -45,6 +45,8 @@ class RolloutPause:
         self.paused = False
         self.paused_at: float | None = None
         self.pauses = 0
+        self.paused_s = 0.0
+        """Seconds spent under a global pause that ended (``dressage_paused_seconds_total`` adds the current one)."""
         self.aborted_total = 0
         self.abort_timeout_s = float(abort_timeout_s)
         self.abort_retry_s = float(abort_retry_s)
@@ -152,6 +154,8 @@ class RolloutPause:
         if weight_version is not None:
             self.versions.set(weight_version)
         was = self.paused or bool(self.scopes)
+        if self.paused_at is not None:
+            self.paused_s += max(time.time() - self.paused_at, 0.0)
         self.paused, self.paused_at = False, None
         self.scopes.clear()
         self._event().set()

@@ -35,6 +35,12 @@ class SessionBook:
         """Generations started (an engine call each, retries of a tool rule included)."""
         self.failed_calls = 0
         """Requests answered with an error (streamed ones included)."""
+        self.failed_by: dict[tuple[int, str], int] = {}
+        """Failed calls by (HTTP status, error code): ``dressage_failed_calls_total``'s labels."""
+        self.generated_tokens = 0
+        """Response tokens of every recorded step."""
+        self.field_bytes: dict[str, int] = {"logprobs": 0, "routed_experts": 0}
+        """Bytes of the large fields of every recorded step, as the engine answered them."""
         self.replayed_turns = 0
         """Calls answered from a recorded turn (``X-Turn-Id``) instead of the engine."""
         self._fresh: set[str] = set()
@@ -65,6 +71,12 @@ class SessionBook:
             self.keeper.touch(sid)
             self._fresh.add(sid)
         return sid
+
+    def failed(self, exc: BaseException) -> None:
+        """Count a request answered with ``exc`` (its status and stable code; 500 for what is not ours)."""
+        self.failed_calls += 1
+        key = (int(getattr(exc, "http_status", 500) or 500), str(getattr(exc, "code", None) or type(exc).__name__))
+        self.failed_by[key] = self.failed_by.get(key, 0) + 1
 
     def recorded(self, session_id: str) -> None:
         """A step of the session was recorded: it is in use (and no longer a failed first call's)."""

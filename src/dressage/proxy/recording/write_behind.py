@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from dressage.errors import DressageError, TransferWriteError
+from dressage.observe.context import current_call
 from dressage.tq.client.batching import PutBatcher
 from dressage.trajectory import StepRecord
 
@@ -81,6 +83,9 @@ class WriteBehind:
         """Steps whose write failed after their call had answered (nothing of them was recorded)."""
         self.committed = 0
         """Steps committed behind their answer."""
+        self.observe: Callable[[float, float], None] | None = None
+        """Told ``(write_s, commit_s)`` of each step: its TQ write (from submit, batching included) and its
+        local commit (the Proxy's metrics)."""
 
     def submit(self, session_id: str, preview: StepRecord, items: list[tuple[str, Any]], keys: list[str],
                batch: str | None, commit: Commit) -> PendingStep:
@@ -98,6 +103,10 @@ class WriteBehind:
             return done_step(commit(dict(zip((n for n, _ in items), refs))))
         names = [n for n, _ in items]
         done: Future = Future()
+        began = time.perf_counter()
+        call = current_call()
+        traced = call is not None and call.span is not None
+        began_ns = time.time_ns() if traced else 0
 
         def land(put: Future) -> None:
             try:
@@ -105,10 +114,18 @@ class WriteBehind:
             except BaseException as exc:  # noqa: BLE001 - reported through the step's future
                 done.set_exception(_write_failed(session_id, exc))
                 return
+            landed = time.perf_counter()
+            landed_ns = time.time_ns() if traced else 0
             try:
                 done.set_result(commit(refs))
             except BaseException as exc:  # noqa: BLE001 - the commit deleted its keys already
                 done.set_exception(exc)
+                return
+            if self.observe is not None:
+                self.observe(landed - began, time.perf_counter() - landed)
+            if traced:  # the call's spans of the work behind its answer, at the times it was measured
+                call.tracing.record(call, "tq.write", began_ns, landed_ns, keys=len(keys))
+                call.tracing.record(call, "commit", landed_ns, time.time_ns(), session_id=session_id)
 
         put = self._batcher().submit(items, keys=keys, batch=batch)  # raises (nothing queued) when closed
         self._track(session_id, done)

@@ -20,7 +20,8 @@ from dressage.errors import StorageUnitUnavailable, TransferQueueError
 from dressage.tq.config import SECRET_ENV, TransferQueueConfig
 from dressage.tq.directory.janitor import sweep_interval
 
-__all__ = ["launch_child", "await_ready", "spawn", "stop_children", "controller_args", "ControllerSupervisor"]
+__all__ = ["launch_child", "await_ready", "read_ready", "spawn", "spawn_observed", "stop_children", "controller_args",
+           "observe_args", "ControllerSupervisor"]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,14 @@ def spawn(args: list[str], what: str, timeout_s: float, secret: bytes | None = N
     return await_ready(launch_child(args, secret), what, timeout_s)
 
 
+def spawn_observed(args: list[str], what: str, timeout_s: float,
+                   secret: bytes | None = None) -> tuple[subprocess.Popen, str, str | None]:
+    """:func:`spawn`, with the metrics URL the child's READY line names (``None``: it serves none)."""
+    proc = launch_child(args, secret)
+    address, metrics = read_ready(proc, what, timeout_s)
+    return proc, address, metrics
+
+
 def launch_child(args: list[str], secret: bytes | None = None, *, stdin: bool = False) -> subprocess.Popen:
     """Start ``python -m args``; ``stdin`` keeps a pipe open to it (for input it reads before READY)."""
     return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE,
@@ -46,6 +55,11 @@ def launch_child(args: list[str], secret: bytes | None = None, *, stdin: bool = 
 
 def await_ready(proc: subprocess.Popen, what: str, timeout_s: float) -> tuple[subprocess.Popen, str]:
     """Wait for the child's ``READY <address> <pid>`` line; stop it and raise if it does not come."""
+    return proc, read_ready(proc, what, timeout_s)[0]
+
+
+def read_ready(proc: subprocess.Popen, what: str, timeout_s: float) -> tuple[str, str | None]:
+    """The child's ``READY <address> <pid> [<metrics url>]`` line: its address and metrics URL."""
     deadline = time.monotonic() + timeout_s
     line = b""
     if proc.stdout is None:
@@ -60,10 +74,10 @@ def await_ready(proc: subprocess.Popen, what: str, timeout_s: float) -> tuple[su
             raise StorageUnitUnavailable(f"{what} process {why} (exit code {proc.returncode})")
         line += chunk
     parts = line.decode().split()
-    if len(parts) != 3 or parts[0] != "READY":
+    if len(parts) not in (3, 4) or parts[0] != "READY":
         stop_children([proc])
         raise TransferQueueError(f"{what} process printed {line!r:.200} instead of READY")
-    return proc, parts[1]
+    return parts[1], parts[3] if len(parts) == 4 else None
 
 
 def stop_children(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
@@ -93,6 +107,16 @@ def controller_args(config: TransferQueueConfig, units: str) -> list[str]:
         args += ["--retention-s", str(config.retention_s)]
     if config.on_full != "spill":
         args.append("--strict-budget")
+    return args + observe_args(config, None)
+
+
+def observe_args(config: TransferQueueConfig, unit_index: int | None) -> list[str]:
+    """The metrics and log flags of the Controller (``unit_index`` ``None``) or of StorageUnit ``unit_index``."""
+    args = ["--log-format", config.log_format] if config.log_format != "text" else []
+    if config.metrics_port is not None:
+        port = config.metrics_port if not config.metrics_port or unit_index is None \
+            else config.metrics_port + 1 + unit_index
+        args += ["--metrics-port", str(port)]
     return args
 
 

@@ -18,7 +18,8 @@ from dressage.errors import TransferQueueError
 from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.client.spec import make_spec
 from dressage.tq.config import TransferQueueConfig
-from dressage.tq.deploy.children import ControllerSupervisor, controller_args, spawn, stop_children
+from dressage.tq.deploy.children import (ControllerSupervisor, controller_args, observe_args, spawn_observed,
+                                         stop_children)
 from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.secret import DeploymentSecret
@@ -77,6 +78,7 @@ class LocalDeployment:
         self._watcher: _ExitWatcher | None = None
         self._procs: dict[str, subprocess.Popen] = {}
         self._units: dict[str, RemoteStorageUnit] = {}
+        self._metrics: dict[str, str] = {}
         infos: list[UnitInfo] = []
         self._infos = infos
         try:
@@ -91,15 +93,20 @@ class LocalDeployment:
                     args.append("--no-shared-memory")
                 if not config.checksums:
                     args.append("--no-checksums")
-                proc, address = spawn(args, f"StorageUnit {uid}", config.startup_timeout_s, secret)
+                args += observe_args(config, i)
+                proc, address, metrics = spawn_observed(args, f"StorageUnit {uid}", config.startup_timeout_s, secret)
                 self._procs[uid] = proc
+                if metrics is not None:
+                    self._metrics[uid] = metrics
                 handle = RemoteStorageUnit.describe(uid, address, timeout_s=config.request_timeout_s, secret=secret)
                 self._units[uid] = handle
                 infos.append(UnitInfo(uid, None, config.budget_bytes, address, host_id=handle.host_id,
                                       shm_token=handle.shm_token, heartbeat=handle.heartbeat))
             args = controller_args(config, json.dumps([u.to_wire() for u in infos]))
-            proc, address = spawn(args, "Controller", config.startup_timeout_s, secret)
+            proc, address, metrics = spawn_observed(args, "Controller", config.startup_timeout_s, secret)
             self._procs["controller"] = proc
+            if metrics is not None:
+                self._metrics["controller"] = metrics
             self.controller = RemoteController(address, timeout_s=config.request_timeout_s, secret=secret)
             # Its own directory handle: a watcher report never waits behind a client's call.
             self._watcher = _ExitWatcher(self._procs, RemoteController(address, timeout_s=2.0, secret=secret)).start()
@@ -134,6 +141,10 @@ class LocalDeployment:
 
     def unit_handles(self) -> dict[str, StorageUnit]:
         return dict(self._units)
+
+    def metrics_urls(self) -> dict[str, str]:
+        """The Prometheus endpoint of each process (``controller``, ``unit0``, ...) that serves one."""
+        return dict(self._metrics)
 
     def processes(self) -> dict[str, int]:
         return {name: p.pid for name, p in self._procs.items()}

@@ -23,7 +23,8 @@ from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.client.node import current_node_id
 from dressage.tq.client.spec import make_spec
 from dressage.tq.config import TransferQueueConfig
-from dressage.tq.deploy.children import ControllerSupervisor, await_ready, controller_args, launch_child, stop_children
+from dressage.tq.deploy.children import (ControllerSupervisor, controller_args, launch_child, read_ready,
+                                         stop_children)
 from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.secret import DeploymentSecret
@@ -57,7 +58,8 @@ class _UnitActor:
     """Runs a StorageUnit server in the actor's process; the actor itself carries no payload."""
 
     def __init__(self, unit_id: str, memory_budget: int, on_full: str, spill_dir: str | None, host: str,
-                 port: int, shared_memory: bool, secret: bytes | None = None, checksums: bool = True) -> None:
+                 port: int, shared_memory: bool, secret: bytes | None = None, checksums: bool = True,
+                 metrics_port: int | None = None) -> None:
         import ray
 
         from dressage.tq.storage import make_storage_unit
@@ -67,12 +69,15 @@ class _UnitActor:
         self.backend = make_storage_unit(unit_id, node_id=node_id, memory_budget=memory_budget,
                                          on_full=on_full, spill_dir=spill_dir, checksums=checksums)
         self.server = StorageUnitServer(self.backend, host=host, port=port, shared_memory=shared_memory,
-                                        secret=secret).start()
+                                        secret=secret, metrics_port=metrics_port).start()
+        metrics = self.server.metrics_url
         self.info = {"unit_id": unit_id, "node_id": node_id, "memory_budget": memory_budget,
                      "address": f"tcp://{_advertised(host)}:{self.server.rpc.port}", "pid": os.getpid(),
                      "host_id": self.server.host_id,
                      "shm_token": self.server.shm.token if self.server.shm else None,
-                     "heartbeat": f"tcp://{_advertised(host)}:{self.server.heartbeat.port}"}
+                     "heartbeat": f"tcp://{_advertised(host)}:{self.server.heartbeat.port}",
+                     "metrics": None if metrics is None else
+                     f"http://{_advertised(host)}:{metrics.rsplit(':', 1)[1]}"}
 
     def describe(self) -> dict[str, Any]:
         return self.info
@@ -162,6 +167,7 @@ class RayDeployment:
             self._started_ray = True
         self._actors: list[Any] = []
         self._pids: dict[str, int] = {}
+        self._metrics: dict[str, str] = {}
         try:
             nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: not _is_head(n))
             if not nodes:
@@ -178,7 +184,9 @@ class RayDeployment:
                 actor = unit_cls.options(
                     scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
                 ).remote(f"unit{i}", config.budget_bytes, config.on_full, config.spill_dir, config.host, port,
-                         config.shared_memory, secret, config.checksums)
+                         config.shared_memory, secret, config.checksums,
+                         None if config.metrics_port is None else
+                         config.metrics_port and config.metrics_port + 1 + i)
                 actors.append(actor)
                 self._actors.append(actor)
             # The Controller is a plain child process of this driver, on its node: it needs neither Ray
@@ -193,6 +201,7 @@ class RayDeployment:
                                     heartbeat=d.get("heartbeat"), head=spread and d["node_id"] in heads)
                            for d in described]
             self._pids.update({d["unit_id"]: int(d["pid"]) for d in described})
+            self._metrics = {d["unit_id"]: d["metrics"] for d in described if d.get("metrics")}
             address = self._start_controller([u.to_wire() for u in self._infos])
             self._supervisor = ControllerSupervisor(self._controller_proc, address, config,
                                                     json.dumps([u.to_wire() for u in self._infos]), secret,
@@ -225,8 +234,11 @@ class RayDeployment:
             proc.stdin.close()
         except OSError:  # it exited already: await_ready reports how
             pass
-        _, address = await_ready(proc, "Controller", self.config.startup_timeout_s)
+        address, metrics = read_ready(proc, "Controller", self.config.startup_timeout_s)
         self._pids["controller"] = proc.pid
+        if metrics is not None:
+            host, _, port = metrics.removeprefix("http://").removesuffix("/metrics").rpartition(":")
+            self._metrics["controller"] = f"http://{_advertised(host)}:{port}/metrics"
         host, _, port = address.removeprefix("tcp://").rpartition(":")
         return f"tcp://{_advertised(host)}:{port}"
 
@@ -262,6 +274,10 @@ class RayDeployment:
 
     def unit_nodes(self) -> dict[str, str | None]:
         return {u.unit_id: u.node_id for u in self._infos}
+
+    def metrics_urls(self) -> dict[str, str]:
+        """The Prometheus endpoint of the Controller and of each StorageUnit actor that serves one."""
+        return dict(self._metrics)
 
     def processes(self) -> dict[str, int]:
         return dict(self._pids)

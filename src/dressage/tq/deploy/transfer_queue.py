@@ -128,6 +128,12 @@ class TransferQueue:
             total += int(row["keys"])
         return total
 
+    def metrics_urls(self) -> dict[str, str]:
+        """The Prometheus ``/metrics`` URL of the Controller and of each StorageUnit process (``metrics_port``
+        set; local and ray deployments). Empty otherwise: an embedded deployment's units are in the Proxy's."""
+        self._check_open()
+        return dict(getattr(self._deployment, "metrics_urls", dict)())
+
     def processes(self) -> dict[str, int]:
         """``{component: pid}`` of the processes holding TQ state (for PSS measurement)."""
         return self._deployment.processes()

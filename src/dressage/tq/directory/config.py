@@ -56,10 +56,17 @@ class ControllerProcessConfig:
     a writer learns it must wait before it sends any payload."""
     liveness: ControllerLivenessConfig = field(default_factory=ControllerLivenessConfig)
     """Requests and probes to the units."""
+    metrics_port: int | None = field(default=None, metadata=flag(metavar="PORT"))
+    """Serve Prometheus ``/metrics`` on this port (0: a free one, named on the READY line); none: no metrics."""
+    log_format: str = field(default="text", metadata=flag(choices=("text", "json")))
+    """Log lines as text or as one JSON object a line."""
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"port: {self.port!r} is not a port")
         _seconds("sweep_s", self.sweep_s)
+        if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(
+                self.metrics_port, int) or not 0 <= self.metrics_port <= 65535):
+            raise ConfigError(f"metrics_port: {self.metrics_port!r} is not a port")
         if self.retention_s is not None:
             _seconds("retention_s", self.retention_s)

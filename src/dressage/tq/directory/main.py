@@ -1,9 +1,9 @@
 """The Controller's process: ``python -m dressage.tq.directory.main --units JSON ...``.
 
-It adopts the keys its units already hold (``recovery.py``), prints ``READY <address> <pid>`` once bound,
-serves the directory (:class:`ControllerServer`, ZMQ and its stream socket), sweeps deletions
-(``Janitor``) and probes its units (``LivenessMonitor``); with ``$DRESSAGE_TQ_SECRET`` set, every frame
-is authenticated.
+It adopts the keys its units already hold (``recovery.py``), prints ``READY <address> <pid>`` once bound
+(and its metrics URL with ``--metrics-port``), serves the directory (:class:`ControllerServer`, ZMQ and
+its stream socket), sweeps deletions (``Janitor``) and probes its units (``LivenessMonitor``); with
+``$DRESSAGE_TQ_SECRET`` set, every frame is authenticated.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
 
     prog = "python -m dressage.tq.directory.main"
     cfg = ConfigTree(ControllerProcessConfig).parse_args(argv, prog=prog)
+    if cfg.log_format != "text":
+        from dressage.observe.logs import configure_logging
+
+        configure_logging(cfg.log_format, process="controller")
     live = cfg.liveness
     secret = (os.environ.get(SECRET_ENV) or "").encode() or None
     # '-': the launcher starts this process before its units are up, so the imports overlap their start.
@@ -69,8 +73,16 @@ def main(argv: list[str] | None = None) -> int:
                               dead_after_s=live.dead_after_s).start()
     server = ControllerServer(controller, host=cfg.host, port=cfg.port, janitor=janitor, secret=secret)
     server.start_stream()
+    metrics = None
+    if cfg.metrics_port is not None:
+        from dressage.observe.metrics import serve_metrics
+        from dressage.tq.metrics import controller_registry
+
+        metrics = serve_metrics(controller_registry(controller.stats), cfg.host, cfg.metrics_port)
 
     def cleanup() -> None:
+        if metrics is not None:
+            metrics.close()
         if server.stream is not None:
             server.stream.stop()
         monitor.stop()
@@ -80,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         for h in handles.values():
             h.close()
 
-    return serve_until_signalled(server.rpc, cleanup, f"READY {server.address} {os.getpid()}")
+    ready = f"READY {server.address} {os.getpid()}" + (f" {metrics.url}" if metrics is not None else "")
+    return serve_until_signalled(server.rpc, cleanup, ready)
 
 
 if __name__ == "__main__":

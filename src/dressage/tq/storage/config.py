@@ -63,11 +63,18 @@ class UnitProcessConfig:
     """Per-row-block checksums, computed on put and verified on read."""
     server: UnitServerConfig = field(default_factory=UnitServerConfig)
     """The unit's sockets."""
+    metrics_port: int | None = field(default=None, metadata=flag(metavar="PORT"))
+    """Serve Prometheus ``/metrics`` on this port (0: a free one, named on the READY line); none: no metrics."""
+    log_format: str = field(default="text", metadata=flag(choices=("text", "json")))
+    """Log lines as text or as one JSON object a line."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.unit_id, str) or not self.unit_id:
             raise ConfigError(f"unit_id: expected a name, got {self.unit_id!r}")
         if isinstance(self.memory_budget, bool) or not isinstance(self.memory_budget, int) or self.memory_budget < 0:
             raise ConfigError(f"memory_budget must be a non-negative integer, got {self.memory_budget!r}")
+        if self.metrics_port is not None and (isinstance(self.metrics_port, bool) or not isinstance(
+                self.metrics_port, int) or not 0 <= self.metrics_port <= 65535):
+            raise ConfigError(f"metrics_port: {self.metrics_port!r} is not a port")
         if self.on_full not in ON_FULL:
             raise ConfigError(f"on_full: expected one of {', '.join(ON_FULL)}, got {self.on_full!r}")

@@ -1,7 +1,7 @@
 """StorageUnit server: a ZMQ ROUTER in front of any backend, and the process entry point of a unit.
 
 Run as ``python -m dressage.tq.storage.server --unit-id unit0 ...``: it binds, prints one line
-``READY <address> <pid>`` on stdout and serves until SIGTERM/SIGINT or until its parent dies. With
+``READY <address> <pid>`` on stdout (and its metrics URL with ``--metrics-port``) and serves until SIGTERM/SIGINT or until its parent dies. With
 ``$DRESSAGE_TQ_SECRET`` set, every message must carry a valid MAC (see ``wire.sign``).
 """
 
@@ -79,9 +79,12 @@ class StorageUnitServer:
     def __init__(self, backend: StorageUnit, *, host: str = "127.0.0.1", port: int = 0,
                  shared_memory: bool = True, shm_token: str | None = None, secret: bytes | None = None,
                  max_message_bytes: int = UNIT_MAX_MESSAGE, bulk: bool = True,
-                 max_reply_bytes: int = GET_REPLY_BYTES) -> None:
+                 max_reply_bytes: int = GET_REPLY_BYTES, metrics_port: int | None = None) -> None:
         self.backend = backend
         self.max_reply_bytes = int(max_reply_bytes)
+        self._metrics_host, self._metrics_port = host, metrics_port
+        self.metrics: Any = None
+        """The unit's Prometheus endpoint (``metrics_port`` not ``None``) once its side sockets run."""
         self.host_id = host_id() if shared_memory else None
         self.shm = ShmRegistry(shm_token) if self.host_id else None
         self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret,
@@ -119,7 +122,12 @@ class StorageUnitServer:
         return self
 
     def start_side_sockets(self) -> None:
-        """The heartbeat and bulk sockets (each on its own thread)."""
+        """The heartbeat and bulk sockets (each on its own thread), and the metrics endpoint."""
+        if self._metrics_port is not None and self.metrics is None:
+            from dressage.observe.metrics import serve_metrics
+            from dressage.tq.metrics import unit_registry
+
+            self.metrics = serve_metrics(unit_registry(self._unit_stats), self._metrics_host, self._metrics_port)
         self.heartbeat.start()
         if self.bulk is not None:
             self.bulk.start()
@@ -128,7 +136,17 @@ class StorageUnitServer:
         self.start_side_sockets()
         self.rpc.serve()
 
+    def _unit_stats(self) -> dict[str, Any]:
+        return {**self.backend.stats(), **(self.shm.stats() if self.shm else {})}
+
+    @property
+    def metrics_url(self) -> str | None:
+        return None if self.metrics is None else self.metrics.url
+
     def stop_side_sockets(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         self.heartbeat.stop()
         if self.bulk is not None:
             self.bulk.stop()
@@ -145,7 +163,7 @@ class StorageUnitServer:
                 "supports_spill": unit.supports_spill, "pid": os.getpid(), "address": self.address,
                 "host_id": self.host_id, "shm_token": self.shm.token if self.shm else None,
                 "heartbeat": self.heartbeat.address, "bulk_port": self.bulk.port if self.bulk else None,
-                "checksums": bool(getattr(unit, "checksums", False))}
+                "checksums": bool(getattr(unit, "checksums", False)), "metrics": self.metrics_url}
 
     def _page(self, requests: list[tuple[str, int, int | None]]) -> int:
         """How many of ``requests``, from the first, one get answer serves: their blobs' whole sizes (an
@@ -274,12 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     from dressage.tq.storage.config import UnitProcessConfig
 
     cfg = ConfigTree(UnitProcessConfig).parse_args(argv, prog="python -m dressage.tq.storage.server")
+    if cfg.log_format != "text":
+        from dressage.observe.logs import configure_logging
+
+        configure_logging(cfg.log_format, process=f"storage-unit {cfg.unit_id}")
     backend = make_storage_unit(cfg.unit_id, node_id=cfg.node_id, memory_budget=cfg.memory_budget,
                                 on_full=cfg.on_full, spill_dir=cfg.spill_dir, checksums=cfg.checksums)
     srv = cfg.server
     server = StorageUnitServer(backend, host=srv.host, port=srv.port, shared_memory=srv.shared_memory,
                                shm_token=srv.shm_token, secret=(os.environ.get(SECRET_ENV) or "").encode() or None,
-                               max_message_bytes=srv.max_message_bytes)
+                               max_message_bytes=srv.max_message_bytes, metrics_port=cfg.metrics_port)
     server.start_side_sockets()
 
     def cleanup() -> None:
@@ -288,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             server.shm.close()
         backend.close()
 
-    return serve_until_signalled(server.rpc, cleanup, f"READY {server.address} {os.getpid()}")
+    ready = f"READY {server.address} {os.getpid()}" + (f" {server.metrics_url}" if server.metrics_url else "")
+    return serve_until_signalled(server.rpc, cleanup, ready)
 
 
 def serve_until_signalled(rpc: RpcServer, cleanup: Any, ready_line: str) -> int:

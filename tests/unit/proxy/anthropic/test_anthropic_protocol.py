@@ -296,8 +296,14 @@ def test_a_stream_that_fails_after_it_began_ends_with_an_error_event():
             yield "Some words"
             raise EngineTimeout("the engine did not answer within 5s")
 
-    book = SimpleNamespace(failed_calls=0, dropped=[])
+    book = SimpleNamespace(failed_calls=0, dropped=[], failures=[])
     book.drop_if_unused = lambda sid: book.dropped.append(sid)
+
+    def failed(exc):
+        book.failed_calls += 1
+        book.failures.append(type(exc).__name__)
+
+    book.failed = failed
     serving = MessagesServing(None, None, None, chat=Chat(), parser=QwenToolCallParser(), turns=None, book=book)
     call = SimpleNamespace(session_id="s1", completion_id=CID, prompt=SimpleNamespace(prompt_ids=np.arange(7)),
                            turn_id=None, cached=False, retry=False)
@@ -311,4 +317,4 @@ def test_a_stream_that_fails_after_it_began_ends_with_an_error_event():
     assert any(e["type"] == "content_block_delta" and e["delta"].get("text") == "Some words" for e in evs)
     assert evs[-1] == {"type": "error", "error": {"type": "api_error",
                                                   "message": "the engine did not answer within 5s"}}
-    assert book.failed_calls == 1 and book.dropped == ["s1"]  # nothing was committed: a fresh session goes
+    assert book.failed_calls == 1 and book.failures == ["EngineTimeout"] and book.dropped == ["s1"]  # nothing was committed: a fresh session goes

@@ -261,7 +261,7 @@ class ChatServing:
             if not sent:
                 raise exc  # nothing sent yet (see opened): the agent gets the error's own status
             # The stream has begun (200 sent): the error is its last event, then [DONE].
-            self.book.failed_calls += 1
+            self.book.failed(exc)
             yield sse(error_payload(exc))
             yield DONE
         except BaseException as exc:

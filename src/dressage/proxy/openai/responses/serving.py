@@ -138,7 +138,7 @@ class ResponsesServing:
         except DressageError as exc:
             if call.cached and not committing:
                 self.turns.abandon(sid, call.turn_id, exc)
-            self.book.failed_calls += 1
+            self.book.failed(exc)
             error = {"code": exc.code or type(exc).__name__, "message": agent_message(exc), "type": exc.openai_type}
             failed = response_object(req, None, completion_id=call.completion_id, created=call.created, model=model,
                                      error=error)

@@ -1,0 +1,97 @@
+"""``GET /metrics`` of a Proxy, parsed with prometheus_client's own parser after known traffic: the
+exact calls, failed calls by status and code, tokens, field bytes and, with an embedded TransferQueue,
+the keys and bytes its unit holds; the admin token guards the endpoint."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from dressage.tq import TransferQueue
+
+
+def scrape(url: str, **headers: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    r = httpx.get(url + "/metrics", headers=headers, timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _chat(url: str, sid: str, text: str) -> dict:
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": text}],
+                                                       "max_tokens": 6},
+                   headers={"X-Session-Id": sid}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_metrics_count_the_calls_tokens_failures_and_tq_bytes_of_known_traffic(engine, proxy_stack):
+    tq = TransferQueue.start({"deployment": "embedded", "num_storage_units": 1, "retention_s": None})
+    try:
+        proxy = proxy_stack(engine.url, tq=tq, routed_experts_dtype="uint8")
+        before = scrape(proxy.url)
+        assert before[("dressage_calls_total", ())] == 0
+        assert before[("dressage_sessions", (("state", "active"),))] == 0
+        for sid in ("m-a", "m-b"):
+            _chat(proxy.url, sid, f"hello {sid}")
+        _chat(proxy.url, "m-a", "and again")
+        # Two failures: a session that does not exist, and a call on a finalized session.
+        assert httpx.post(proxy.url + "/sessions/nope/v1/chat/completions",
+                          json={"messages": [{"role": "user", "content": "x"}]}, timeout=10).status_code == 404
+        r = httpx.post(proxy.url + "/session/finalize", json={"session_id": "m-b", "reward": 1.0}, timeout=30)
+        assert r.status_code == 200, r.text
+        late = httpx.post(proxy.url + "/sessions/m-b/v1/chat/completions",
+                          json={"messages": [{"role": "user", "content": "x"}]}, timeout=10)
+        assert 400 <= late.status_code < 500 and late.status_code != 404, late.text
+
+        m = scrape(proxy.url)
+        steps = [st for s in proxy.core.sessions.values() for st in s.steps.values()]
+        assert m[("dressage_calls_total", ())] == 3
+        assert m[("dressage_steps", ())] == len(steps) == 3
+        assert m[("dressage_sessions", (("state", "active"),))] == 1
+        assert m[("dressage_sessions", (("state", "finalized"),))] == 1
+        assert m[("dressage_generated_tokens_total", ())] == sum(st.response_len for st in steps)
+        failed = {k[1]: v for k, v in m.items() if k[0] == "dressage_failed_calls_total"}
+        assert sum(failed.values()) == 2 == proxy.service.book.failed_calls
+        assert {dict(labels)["status"] for labels in failed} == {"404", str(late.status_code)}
+        assert all(v == 1 for v in failed.values()), failed
+        done = proxy.service.trajectories.finalized["m-b"]
+        assert m[("dressage_unread_segments", ())] == len(done.segments) >= 1
+        trained = sum(int(np.count_nonzero(seg.loss_mask)) for seg in done.segments)
+        assert m[("dressage_trained_tokens_total", ())] == trained == m[("dressage_unread_trained_tokens", ())]
+        # Large fields: what the engine answered, all of it offloaded, and what the unit holds.
+        r3 = sum(st.routed_experts.nbytes for st in steps if hasattr(st.routed_experts, "nbytes")) or None
+        field_bytes = {dict(k[1])["field"]: (dict(k[1])["offloaded"], v) for k, v in m.items()
+                       if k[0] == "dressage_field_bytes_total"}
+        assert field_bytes["routed_experts"][0] == "true" and field_bytes["logprobs"][0] == "true"
+        assert field_bytes["routed_experts"][1] > 0 and (r3 is None or field_bytes["routed_experts"][1] == r3)
+        unit = (("unit", "unit0"),)
+        stats = tq.stats()["unit0"]
+        assert m[("dressage_tq_unit_keys", unit)] == stats["keys"] > 0
+        assert m[("dressage_tq_unit_bytes", unit)] == stats["bytes"]
+        assert m[("dressage_tq_client_put_bytes_total", ())] == stats["bytes_written"] \
+            == m[("dressage_tq_unit_put_bytes_total", unit)]
+        assert m[("dressage_tq_client_puts_total", ())] == stats["puts"]
+        # One observation per model call in each histogram; the Proxy's share is within the whole.
+        assert m[("dressage_call_seconds_count", ())] == 3
+        assert m[("dressage_engine_wait_seconds_count", ())] == 3
+        assert m[("dressage_proxy_seconds_sum", ())] <= m[("dressage_call_seconds_sum", ())]
+        assert m[("dressage_engine_wait_seconds_sum", ())] > 0
+        # Each recorded step's TQ write and commit, behind its answer.
+        assert m[("dressage_tq_write_seconds_count", ())] == 3 == m[("dressage_commit_seconds_count", ())]
+    finally:
+        tq.shutdown()
+
+
+def test_metrics_follow_the_admin_token(engine, proxy_stack):
+    proxy = proxy_stack(engine.url, api_token="agent-token-123", admin_token="admin-token-456")
+    assert httpx.get(proxy.url + "/metrics", timeout=10).status_code == 401
+    assert httpx.get(proxy.url + "/metrics", headers={"Authorization": "Bearer agent-token-123"},
+                     timeout=10).status_code == 403
+    m = scrape(proxy.url, Authorization="Bearer admin-token-456")
+    assert m[("dressage_calls_total", ())] == 0
