@@ -23,7 +23,7 @@ from dressage.tq.transport.shm import SHM_MIN_BYTES, ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
 from dressage.tq.storage.config import UNIT_MAX_MESSAGE, UNIT_ZMQ_MAX_MESSAGE
 from dressage.tq.transport.zmq import RpcServer
-from dressage.tq.transport.wire import (MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, array_from_frame, array_meta, check_dtype, text,
+from dressage.tq.transport.wire import (MAX_KEY_BYTES, max_keys, MAX_NBYTES, array_from_frame, array_meta, check_dtype, text,
                               text_list, uint)
 
 __all__ = ["StorageUnitServer", "main"]
@@ -170,8 +170,8 @@ class StorageUnitServer:
         unit = self.backend
         if op == "put":
             items = control.get("items")
-            if not isinstance(items, list) or not 0 < len(items) <= MAX_KEYS:
-                raise ProtocolError(f"put needs a list of 1 to {MAX_KEYS} items")
+            if not isinstance(items, list) or not 0 < len(items) <= max_keys():
+                raise ProtocolError(f"put needs a list of 1 to {max_keys()} items")
             framed = sum(1 for i in items if isinstance(i, list) and len(i) == 3)
             if framed != len(frames):
                 raise ProtocolError(f"put declares {framed} payload frames, the message has {len(frames)}")
@@ -206,9 +206,9 @@ class StorageUnitServer:
             return {"infos": [[i.key, i.dtype, list(i.shape), i.nbytes, i.spilled] for i in infos]}, ()
         if op == "get":
             reqs = control.get("reqs")
-            if not isinstance(reqs, list) or len(reqs) > MAX_KEYS or not all(
+            if not isinstance(reqs, list) or len(reqs) > max_keys() or not all(
                     isinstance(r, list) and len(r) == 3 for r in reqs):
-                raise ProtocolError(f"'reqs' must be a list of at most {MAX_KEYS} [key, start, stop]")
+                raise ProtocolError(f"'reqs' must be a list of at most {max_keys()} [key, start, stop]")
             requests = [(_key(k), _row(a, "start"), _row(b, "stop")) for k, a, b in reqs]
             use_shm = control.get("shm") is True and self.shm is not None
             # Only for a reader that said it verifies what it maps (one that did not is sent verified rows).
