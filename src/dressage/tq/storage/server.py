@@ -83,7 +83,8 @@ class StorageUnitServer:
         self.backend = backend
         self.max_reply_bytes = int(max_reply_bytes)
         self.host_id = host_id() if shared_memory else None
-        self.shm = ShmRegistry(shm_token) if self.host_id else None
+        unheld = getattr(backend, "unheld_bytes", None)  # freed segments count against the unit's budget
+        self.shm = ShmRegistry(shm_token, room=unheld) if self.host_id else None
         self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret,
                              max_message_bytes=min(max_message_bytes, UNIT_ZMQ_MAX_MESSAGE) if bulk
                              else max_message_bytes)
@@ -246,7 +247,10 @@ class StorageUnitServer:
             info = unit.info(_key(control.get("key")))
             return {"info": [info.key, info.dtype, list(info.shape), info.nbytes, info.spilled]}, ()
         if op == "stats":
-            stats = {**unit.stats(), **(self.shm.stats() if self.shm else {"shm_segments": 0, "shm_bytes": 0, "shm_free_segments": 0})}
+            stats = {**unit.stats(), **(self.shm.stats() if self.shm else
+                                        {"shm_segments": 0, "shm_bytes": 0, "shm_free_segments": 0, "shm_free_bytes": 0})}
+            if "held_bytes" in stats:  # the free segments are this unit's host memory too
+                stats["held_bytes"] += stats["shm_free_bytes"]
             bulk = self.bulk
             return {"stats": stats, "pid": os.getpid(), "rejected": self.rpc.rejected + (bulk.rejected if bulk else 0),
                     "untyped": self.rpc.untyped + (bulk.untyped if bulk else 0)}, ()
