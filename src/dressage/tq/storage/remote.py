@@ -296,8 +296,8 @@ class RemoteStorageUnit(StorageUnit):
 
     def list(self) -> list[str]:
         # docstring inherited
-        reply, _ = self._rpc.call("list")
-        return list(reply["keys"])
+        # Through the paged inventory: one answer listing every key would grow with the unit's contents.
+        return [key for key, _ in self.inventory()]
 
     def inventory(self) -> list[tuple[str, int]]:
         # docstring inherited
