@@ -18,6 +18,7 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   ├── AuthenticationError      no or a wrong bearer token                      401 authentication_error
     │   └── PermissionDeniedError    an agent token on an admin path                 403 permission_error
     ├── SessionLimitError            the Proxy holds its maximum of live sessions    429 rate_limit_exceeded
+    ├── ProxyOverloadedError         no room in the in-flight byte budget in time    503 proxy_overloaded
     ├── FieldError                   trajectory field data that does not fit its spec 502 engine_output_invalid
     │   ├── UnknownFieldError        a field name that is not registered
     │   ├── FieldShapeError          wrong rank, shape or length (tokens vs logprobs, R3 rows vs T-1)
@@ -93,7 +94,8 @@ __all__ = [
     "WeightVersionMismatchError", "UnknownStepError", "ToolCallHookError", "TransferQueueError", "TransferWriteError",
     "KeyNotFoundError", "RowRangeError", "StorageUnitUnavailable", "StorageFullError", "LostSamplesError",
     "ProtocolError", "IntegrityError", "AgentError", "ProxyConnectionError", "ProxyTimeout", "ProxyStatusError",
-    "ProxyReplyError", "AgentCommandError", "SampleWireError", "UnknownResponseError", "ModelNotFoundError"
+    "ProxyReplyError", "AgentCommandError", "SampleWireError", "UnknownResponseError", "ModelNotFoundError",
+    "ProxyOverloadedError",
 ]
 
 
@@ -250,6 +252,14 @@ class NoHealthyEngineError(EngineUnavailable):
     openai_type = "engine_unavailable"
     code = "no_healthy_engine"
     public_message = "no inference engine is healthy; retry later"
+
+
+class ProxyOverloadedError(DressageError):
+    """The Proxy's in-flight byte budget had no room for a call within its wait; nothing was sent."""
+
+    http_status = 503
+    openai_type = "proxy_overloaded"
+    code = "proxy_overloaded"
 
 
 class ContextOverflowError(DressageError, ValueError):

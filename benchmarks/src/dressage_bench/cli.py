@@ -14,7 +14,7 @@ __all__ = ["BENCHES", "register", "register_tq"]
 
 # Sub-subcommand registrars, in the order `dressage bench --help` lists them.
 BENCHES: tuple[str, ...] = ("dressage_bench.cli:register_tq", "dressage_bench.memory.cli:register",
-                            "dressage_bench.faults.cli:register")
+                            "dressage_bench.faults.cli:register", "dressage_bench.scale:register")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -306,10 +306,20 @@ class LimitsConfig:
     as asked (a prompt that fills the window is still refused)."""
     default_temperature: float | None = field(default=None, metadata=flag("--rollout-temperature", metavar="T"))
     """Sampling temperature of a call whose body gives none; ``None``: the engine's default."""
+    inflight_bytes: int | None = field(default=None, metadata=flag(metavar="N"))
+    """Bytes of engine answers the calls in flight may hold together: each call reserves (prompt + max
+    new tokens) x what a token's fields take in the answer before its engine request, and waits while
+    the budget has no room (a call larger than the budget runs alone). ``None``: no bound."""
+    inflight_wait_s: float = field(default=30.0, metadata=flag(metavar="S"))
+    """How long a call waits for room in ``inflight_bytes``; then it gets 503 ``proxy_overloaded``."""
 
     def __post_init__(self) -> None:
-        for key in ("default_max_new_tokens", "context_length", "max_output_tokens", "max_steps_per_session"):
+        for key in ("default_max_new_tokens", "context_length", "max_output_tokens", "max_steps_per_session",
+                    "inflight_bytes"):
             _optional_positive_int(f"limits.{key}", getattr(self, key))
+        w = self.inflight_wait_s
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < float("inf"):
+            raise ConfigError(f"limits.inflight_wait_s must be a number of seconds > 0, got {w!r}")
         if not isinstance(self.dynamic_max_tokens, bool):
             raise ConfigError(f"limits.dynamic_max_tokens must be true or false, got {self.dynamic_max_tokens!r}")
         t = self.default_temperature

@@ -100,10 +100,11 @@ def materialize_pieces(name: str, pieces: Sequence[Piece | Fill], r3_trailing: t
     if name == "logprobs":
         return concat_pieces(pieces, np.float32, (), resolve)
     if name == "routed_experts":
-        stored = {np.dtype(p.value.dtype) for p in pieces if isinstance(p, Piece)}
-        # One stored dtype: compose in it and widen once; mixed dtypes compose straight to int32.
-        dtype = stored.pop() if len(stored) == 1 else np.dtype(np.int32)
-        return decode_routed_experts(concat_pieces(pieces, dtype, tuple(r3_trailing), resolve))
+        for dtype in {np.dtype(p.value.dtype) for p in pieces if isinstance(p, Piece)}:
+            decode_routed_experts(np.empty(0, dtype))  # a stored dtype R3 may have, or FieldShapeError
+        # Straight into the final int32 array, each piece widened as it is copied: no array of the
+        # stored dtype in between, so the restore's peak is the restored bytes.
+        return concat_pieces(pieces, np.int32, tuple(r3_trailing), resolve)
     raise FieldShapeError(f"no large field {name!r}")
 
 

@@ -105,3 +105,25 @@ def test_close_sends_what_is_queued_then_refuses_more(tq):
         batcher.submit(_step(5), keys=["z/lp", "z/r3"])
     with pytest.raises(TransferQueueError, match="one key per item"):
         PutBatcher(client).submit(_step(1), keys=["only-one"])
+
+
+def test_an_idle_writer_holds_no_step_arrays():
+    """Once a round resolved, nothing of it stays alive on the writer thread while it waits for more."""
+    import gc
+    import weakref
+
+    class _Keeps:  # answers like a client and keeps no array
+        def put_many(self, items, *, batch=None, keys=None):
+            return list(keys)
+
+    batcher = PutBatcher(_Keeps())
+    try:
+        arrays = [np.zeros(1 << 20, np.uint8), np.ones(8, np.float32)]
+        watch = [weakref.ref(a) for a in arrays]
+        assert batcher.submit([("r3", arrays[0]), ("lp", arrays[1])], keys=["a", "b"]).result(10) == ["a", "b"]
+        assert batcher.flush(10)
+        del arrays
+        gc.collect()
+        assert [w() for w in watch] == [None, None]
+    finally:
+        batcher.close()

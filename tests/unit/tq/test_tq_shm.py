@@ -338,3 +338,24 @@ def test_puts_and_releases_through_a_unit_never_list_dev_shm(served, monkeypatch
         gc.collect()
     monkeypatch.undo()
     assert segments(server.shm.token) == [] and len(shm.free_segments(server.shm.token)) == 2
+
+
+def test_a_spilling_put_frees_its_segment_and_the_free_pool_counts_against_the_budget(served):
+    """A same-host put that spills leaves no segment behind: the free pool keeps a freed segment only
+    while the budget has room for it, and what it keeps is counted as held."""
+    backend, server, remote = served  # a 3 MiB budget
+    token = server.shm.token
+    remote.put("kept", np.full(2 * BIG, 1, dtype=np.uint8))  # in memory, through a segment
+    remote.put("spilled", np.full(4 * BIG, 2, dtype=np.uint8))  # does not fit: spilled to disk
+    gc.collect()
+    s = remote.stats()
+    assert s["spilled_bytes"] == 4 * BIG and s["memory_bytes"] == 2 * BIG
+    # The spilled put's 4 MiB segment was unlinked: 1 MiB of budget was left, so the pool took none.
+    assert len(segments(token)) == 1 and s["shm_free_segments"] == 0 and s["shm_free_bytes"] == 0
+    assert s["held_bytes"] <= backend.memory_budget
+    np.testing.assert_array_equal(remote.get("spilled", 0, 3), [2, 2, 2])
+    remote.delete(["kept"])
+    gc.collect()
+    s = remote.stats()
+    # With the budget free again the pool recycles the freed 2 MiB segment, counted as held.
+    assert s["shm_free_segments"] == 1 and s["shm_free_bytes"] == 2 * BIG == s["held_bytes"]

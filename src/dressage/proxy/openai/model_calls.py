@@ -16,6 +16,7 @@ import numpy as np
 from dressage.errors import EngineUnavailable, WireFormatError
 from dressage.proxy.config import ProxyConfig
 from dressage.proxy.engines.generation import GenerationPlan, GenerationResult, run_generation
+from dressage.proxy.engines.inflight import InflightBudget, answer_bytes
 from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.engines.rids import RidFactory
 from dressage.proxy.recording.core import ProxyCore
@@ -40,6 +41,9 @@ class ModelCalls:
         self.keep_special_tokens = keep_special_tokens
         """Reply texts keep special tokens (the reply parser's markers are special tokens: gpt-oss's
         channels, Kimi-K2's call sections); the end-of-turn tokens are left out either way."""
+        budget = config.limits.inflight_bytes
+        self.answer_budget = None if budget is None else InflightBudget(budget, wait_s=config.limits.inflight_wait_s)
+        """Bytes of engine answers the calls in flight may hold (``limits.inflight_bytes``); None: unbounded."""
         self._stops = frozenset(int(t) for t in getattr(tokenizer, "stop_token_ids", ()) or ())
 
     # ------------------------------------------------------------ before the engine
@@ -115,6 +119,16 @@ class ModelCalls:
     async def generate(self, plan: GenerationPlan) -> AsyncIterator[str | GenerationResult | None]:
         """Reply texts so far (``str``), keep-alives (``None``), then the :class:`GenerationResult`."""
         self.book.calls += 1
+        if self.answer_budget is not None:
+            tokens = len(plan.prompt_ids) + int(plan.sampling.get("max_new_tokens") or 0)
+            async with self.answer_budget.hold(answer_bytes(tokens, self.core.config.r3_shape)):
+                async for event in self._generate(plan):
+                    yield event
+            return
+        async for event in self._generate(plan):
+            yield event
+
+    async def _generate(self, plan: GenerationPlan) -> AsyncIterator[str | GenerationResult | None]:
         member = self.engines.member_for(plan.client)
         if member is not None:
             member.in_flight += 1  # it gets aborts and updates while this runs, listed or not

@@ -117,6 +117,8 @@ class PutBatcher:
             try:
                 self._send(round_)
             finally:
+                # Dropped before waiting for the next round: an idle writer holds no Step's arrays.
+                round_ = None
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()

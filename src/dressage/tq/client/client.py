@@ -30,6 +30,7 @@ from dressage.tq.directory.liveness import LivenessView
 from dressage.fields.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit, prepare_array
 from dressage.fields.refs import dtype_name
+from dressage.tq.transport.wire import max_keys
 
 __all__ = ["TransferQueueClient", "ClientCounters"]
 
@@ -111,8 +112,27 @@ class TransferQueueClient:
     def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, batch: str | None = None,
                  keys: Sequence[str] | None = None) -> list[FieldRef]:
         """Store several ``(field, array)`` items of one step on one unit: place, unit write, commit (on a
-        lease the placement overlaps the write and nobody waits for the commit). All or nothing."""
+        lease the placement overlaps the write and nobody waits for the commit). All or nothing: more
+        items than one request may carry go as several puts, and those stored before one that failed are
+        deleted again."""
         self._check_open()
+        limit = max_keys()
+        if len(items) > limit:
+            if keys is not None and len(keys) != len(items):
+                raise TransferQueueError(f"put_many got {len(items)} items but {len(keys)} keys")
+            refs: list[FieldRef] = []
+            try:
+                for at in range(0, len(items), limit):
+                    refs.extend(self.put_many(items[at:at + limit], batch=batch,
+                                              keys=None if keys is None else keys[at:at + limit]))
+            except BaseException:
+                if refs:
+                    try:
+                        self.delete(refs)
+                    except Exception:  # the directory keeps the deletions queued for the janitor
+                        pass
+                raise
+            return refs
         put = self._prepare(items, batch, keys)
         if put is None:
             return []
@@ -284,7 +304,19 @@ class TransferQueueClient:
         self._check_open()
         if not isinstance(batch, str):
             raise TransferQueueError(f"clear takes a batch name, got {batch!r}")
-        return self._drop(self._controller.clear(batch))
+        # A page of the batch at a time, so no request or answer carries more keys than one may. A page
+        # whose unit deletions fail stays queued in the directory (the janitor retries it page by page);
+        # the other pages are still cleared, then the first failure is raised.
+        removed, failed = 0, None
+        while page := self._controller.clear(batch, limit=max_keys()):
+            try:
+                removed += self._drop(page)
+            except Exception as exc:
+                removed += sum(len(k) for k in page.values())
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return removed
 
     def _drop(self, placement: dict[str, list[str]]) -> int:
         # The directory already forgot the keys and queued the unit deletions; deleting here as well

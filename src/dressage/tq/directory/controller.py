@@ -351,10 +351,13 @@ class Controller:
                     out.setdefault(unit_id, []).append(key)
         return out
 
-    def clear(self, batch: str) -> dict[str, list[str]]:
-        """Drop every key of ``batch``; returns ``{unit_id: keys}`` as :meth:`delete` does."""
+    def clear(self, batch: str, *, limit: int | None = None) -> dict[str, list[str]]:
+        """Drop every key of ``batch`` (at most ``limit`` of them: one page, the caller asks again until
+        ``{}``); returns ``{unit_id: keys}`` as :meth:`delete` does."""
         with self._lock:
             keys = [k for k, e in self._entries.items() if e.batch == batch]
+        if limit is not None:
+            keys = keys[:max(1, int(limit))]
         return self.delete(keys)
 
     def expire(self) -> dict[str, list[str]]:

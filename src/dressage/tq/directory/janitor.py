@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dressage.tq.directory.controller import Controller
+from dressage.tq.transport.wire import key_pages
 
 __all__ = ["Janitor", "sweep_interval"]
 
@@ -58,16 +59,27 @@ class Janitor:
         self._controller.expire()
         removed = 0
         for unit_id, keys in self._controller.take_deletions().items():
-            try:
-                unit = self._resolve(unit_id)
-                if unit is not None:
-                    removed += unit.delete(keys)
-            except Exception as exc:  # a dead unit must not kill the sweep; retried next round
-                log.warning("janitor: deleting %d key(s) from unit %s failed: %s", len(keys), unit_id, exc)
-                self._controller.requeue_deletions(unit_id, keys)
+            removed += self._delete(unit_id, keys)
         if self._reconcile_s is not None and self._clock() >= self._next_reconcile:
             self._next_reconcile = self._clock() + self._reconcile_s
             removed += self.reconcile()
+        return removed
+
+    def _delete(self, unit_id: str, keys: list[str]) -> int:
+        """``keys`` deleted from the unit a bounded page per request; from the first page that fails on,
+        they stay queued for the next round (a dead unit must not kill the sweep)."""
+        removed = done = 0
+        try:
+            unit = self._resolve(unit_id)
+            if unit is None:
+                return 0
+            for page in key_pages(keys):
+                removed += unit.delete(page)
+                done += len(page)
+        except Exception as exc:
+            log.warning("janitor: deleting %d of %d key(s) from unit %s failed: %s",
+                        len(keys) - done, len(keys), unit_id, exc)
+            self._controller.requeue_deletions(unit_id, keys[done:])
         return removed
 
     def reconcile(self) -> int:
@@ -90,7 +102,7 @@ class Janitor:
                     # Asked again right before deleting: a key placed meanwhile is not an orphan.
                     again = self._controller.where(confirmed)
                     confirmed = [k for k in confirmed if again.get(k) != uid]
-                    n = unit.delete(confirmed) if confirmed else 0
+                    n = sum(unit.delete(page) for page in key_pages(confirmed))
                     if n:
                         log.info("janitor: removed %d orphan blob(s) from unit %s", n, uid)
                     removed += n

@@ -9,7 +9,7 @@ from typing import Any
 from dressage.errors import ProtocolError, TransferQueueError
 from dressage.tq.directory.controller import Controller
 from dressage.tq.directory.entries import UnitInfo
-from dressage.tq.transport.wire import MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, text, text_list, uint
+from dressage.tq.transport.wire import MAX_KEY_BYTES, MAX_NBYTES, max_keys, text, text_list, uint
 
 __all__ = ["LEASE_OPS", "lease_op", "apply_commits", "place_items", "str_list", "opt_str", "unit_from_wire"]
 
@@ -27,8 +27,8 @@ def opt_str(value: Any, what: str) -> str | None:
 
 
 def place_items(items: Any) -> list[tuple[str, int, str]]:
-    if not isinstance(items, list) or not 0 < len(items) <= MAX_KEYS:
-        raise ProtocolError(f"place needs a list of 1 to {MAX_KEYS} [key, nbytes, field] items")
+    if not isinstance(items, list) or not 0 < len(items) <= max_keys():
+        raise ProtocolError(f"place needs a list of 1 to {max_keys()} [key, nbytes, field] items")
     checked = []
     for item in items:
         if not (isinstance(item, list) and len(item) == 3):
@@ -46,8 +46,8 @@ LEASE_OPS = ("lease", "place_leased", "return_lease", "requeue", "commits")
 
 def apply_commits(ctl: Controller, commits: Any) -> None:
     """Commits that rode on another message (``lease.SoonCommits``); one whose keys are gone is logged."""
-    if not isinstance(commits, list) or len(commits) > MAX_KEYS:
-        raise ProtocolError(f"'commits' must be a list of at most {MAX_KEYS} [keys, unit_id]")
+    if not isinstance(commits, list) or len(commits) > max_keys():
+        raise ProtocolError(f"'commits' must be a list of at most {max_keys()} [keys, unit_id]")
     checked = []
     for item in commits:
         if not (isinstance(item, list) and len(item) == 2):

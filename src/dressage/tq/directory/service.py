@@ -24,7 +24,7 @@ from dressage.tq.directory.janitor import Janitor
 from dressage.tq.transport.bulk_rpc import BulkClient, BulkServer
 from dressage.tq.directory.lease import SoonCommits
 from dressage.tq.transport.zmq import RpcClient, RpcServer
-from dressage.tq.transport.wire import MAX_KEY_BYTES, text
+from dressage.tq.transport.wire import MAX_KEY_BYTES, key_pages, max_keys, text, uint
 
 __all__ = ["ControllerServer", "RemoteController"]
 
@@ -113,7 +113,9 @@ class ControllerServer:
             return {"placement": ctl.delete(str_list(c.get("keys"), "keys"))}, ()
         if op == "clear":
             batch = text(c.get("batch"), "batch")
-            return {"placement": ctl.clear(batch)}, ()
+            # One page of the batch per answer, so no clear builds an answer past the request bounds.
+            limit = min(uint(c.get("limit", max_keys()), "limit", 1 << 62), max_keys()) or max_keys()
+            return {"placement": ctl.clear(batch, limit=limit)}, ()
         if op == "state":
             state = ctl.state(text(c.get("key"), "key", max_len=MAX_KEY_BYTES))
             return {"state": None if state is None else state.value}, ()
@@ -249,8 +251,8 @@ class RemoteController:
             self._rpc.send_oneway("return_lease", {"lease": lease_id})
 
     def requeue_deletions(self, unit_id: str, keys: Iterable[str]) -> None:
-        keys = list(keys)
-        self._rpc.call("requeue", {"unit_id": unit_id, "keys": keys}, keys=keys)
+        for page in key_pages(list(keys)):
+            self._rpc.call("requeue", {"unit_id": unit_id, "keys": page}, keys=page)
 
     def commit(self, key: str) -> None:
         self.commit_many([key])
@@ -261,42 +263,55 @@ class RemoteController:
         pass ``unit_id`` then, so a commit that arrives too late deletes its unit copy. ``soon``: send it
         with the next placement or within ``lease.COMMIT_SOON_S`` (a leased put's commit)."""
         keys = list(keys)
-        if soon:
+        if soon and len(keys) <= max_keys():
             self._soon.owe(keys, unit_id)
-        elif wait:
-            self._rpc.call("commit", {"keys": keys, "unit_id": unit_id}, keys=keys)
-        else:
-            self._rpc.send_oneway("commit", {"keys": keys, "unit_id": unit_id}, keys=keys)
+            return
+        for page in key_pages(keys):
+            if wait or soon:
+                self._rpc.call("commit", {"keys": page, "unit_id": unit_id}, keys=page)
+            else:
+                self._rpc.send_oneway("commit", {"keys": page, "unit_id": unit_id}, keys=page)
 
     def abort(self, key: str, *, unit_down: bool = False) -> None:
         self.abort_many([key], unit_down=unit_down)
 
     def abort_many(self, keys: Iterable[str], *, unit_down: bool = False) -> None:
-        keys = list(keys)
-        self._rpc.call("abort", {"keys": keys, "unit_down": unit_down}, keys=keys)
+        for page in key_pages(list(keys)):
+            self._rpc.call("abort", {"keys": page, "unit_down": unit_down}, keys=page)
 
     def mark_consumed(self, keys: Iterable[str]) -> int:
-        keys = list(keys)
-        return int(self._rpc.call("consumed", {"keys": keys}, keys=keys)[0]["n"])
+        return sum(int(self._rpc.call("consumed", {"keys": page}, keys=page)[0]["n"])
+                   for page in key_pages(list(keys)))
 
     def set_batch(self, keys: Iterable[str], batch: str | None) -> int:
-        keys = list(keys)
-        return int(self._rpc.call("set_batch", {"keys": keys, "batch": batch}, keys=keys)[0]["n"])
+        return sum(int(self._rpc.call("set_batch", {"keys": page, "batch": batch}, keys=page)[0]["n"])
+                   for page in key_pages(list(keys)))
 
     def delete(self, keys: Iterable[str]) -> dict[str, list[str]]:
-        keys = list(keys)
-        return dict(self._rpc.call("delete", {"keys": keys}, keys=keys)[0]["placement"])
+        out: dict[str, list[str]] = {}
+        for page in key_pages(list(keys)):
+            _merge(out, self._rpc.call("delete", {"keys": page}, keys=page)[0]["placement"])
+        return out
 
-    def clear(self, batch: str) -> dict[str, list[str]]:
-        return dict(self._rpc.call("clear", {"batch": batch})[0]["placement"])
+    def clear(self, batch: str, *, limit: int | None = None) -> dict[str, list[str]]:
+        """Drop ``batch``'s keys; with ``limit``, one page of at most that many (call again until it
+        answers ``{}``), else every page."""
+        if limit is not None:
+            return dict(self._rpc.call("clear", {"batch": batch, "limit": min(int(limit), max_keys())})[0]["placement"])
+        out: dict[str, list[str]] = {}
+        while page := self._rpc.call("clear", {"batch": batch, "limit": max_keys()})[0]["placement"]:
+            _merge(out, page)
+        return out
 
     def state(self, key: str) -> KeyState | None:
         s = self._rpc.call("state", {"key": key}, keys=[key])[0]["state"]
         return None if s is None else KeyState(s)
 
     def where(self, keys: Iterable[str]) -> dict[str, str]:
-        keys = list(keys)
-        return dict(self._rpc.call("where", {"keys": keys}, keys=keys)[0]["where"])
+        out: dict[str, str] = {}
+        for page in key_pages(list(keys)):
+            out.update(self._rpc.call("where", {"keys": page}, keys=page)[0]["where"])
+        return out
 
     def keys(self, batch: str | None = None) -> list[str]:
         return list(self._rpc.call("keys", {"batch": batch})[0]["keys"])
@@ -342,3 +357,9 @@ class RemoteController:
         if stream is not None:
             stream.close()
         self._rpc.close()
+
+
+def _merge(into: dict[str, list[str]], placement: dict[str, list[str]]) -> None:
+    """A page's ``{unit_id: keys}`` added to the whole."""
+    for unit_id, keys in placement.items():
+        into.setdefault(unit_id, []).extend(keys)

@@ -52,6 +52,11 @@ class MemoryStorageUnit(StorageUnit):
     def _fits(self, nbytes: int) -> bool:
         return self._memory_bytes + nbytes <= self.memory_budget
 
+    def unheld_bytes(self) -> int:
+        """What the budget leaves after the blobs and idle buffers held now. Lock-free (two reads of ints),
+        so a shared-memory segment released from any thread may ask it."""
+        return self.memory_budget - self._memory_bytes - self._pooled_bytes
+
     def _take_pooled(self, nbytes: int) -> np.ndarray | None:
         """An idle pooled buffer of exactly ``nbytes``, writable again, or None (under the lock). A size
         whose last buffer goes leaves the pool, so eviction never meets an empty list."""

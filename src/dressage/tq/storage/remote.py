@@ -30,7 +30,7 @@ from dressage.tq.transport.bulk_rpc import BulkClient
 from dressage.tq.storage.integrity import Checksums, verify_blocks
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit, prepare_array
 from dressage.tq.transport.zmq import RpcClient
-from dressage.tq.transport.wire import MAX_KEYS, array_from_frame, check_dtype
+from dressage.tq.transport.wire import MAX_KEYS, array_from_frame, check_dtype, key_pages, max_keys
 from dressage.fields.refs import dtype_name
 
 __all__ = ["RemoteStorageUnit", "BULK_MIN_BYTES"]
@@ -136,6 +136,13 @@ class RemoteStorageUnit(StorageUnit):
     # The server validates and counts; these overrides make each call a single round trip.
     def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, copy: bool = True) -> list[BlobInfo]:
         # docstring inherited
+        if len(items) <= max_keys():
+            return self._put_page(items)
+        # More items than one request may carry: one request per page (the caller aborts every key of a
+        # put that fails, so a page stored before a later one failed is deleted with the rest).
+        return [info for page in key_pages(list(items)) for info in self._put_page(page)]
+
+    def _put_page(self, items: Sequence[tuple[str, np.ndarray]]) -> list[BlobInfo]:
         meta, frames, segments = [], [], []
         try:
             use_shm = self.shm_token is not None
@@ -197,10 +204,11 @@ class RemoteStorageUnit(StorageUnit):
         # docstring inherited
         reqs = [[k, int(a), None if b is None else int(b)] for k, a, b in requests]
         out: list[np.ndarray] = []
-        while True:  # a unit answers a bounded page of the requests, from the first; ask on for the rest
-            out.extend(self._get_page(reqs[len(out):]))
-            if len(out) >= len(reqs):
-                return out
+        while len(out) < len(reqs):
+            # At most max_keys() requests per call; the unit answers a page of them bounded by bytes,
+            # from the first, and the rest are asked for again.
+            out.extend(self._get_page(reqs[len(out):len(out) + max_keys()]))
+        return out
 
     def _get_page(self, reqs: list[list[Any]]) -> list[np.ndarray]:
         keys = [r[0] for r in reqs]
@@ -275,9 +283,11 @@ class RemoteStorageUnit(StorageUnit):
 
     def delete(self, keys: Iterable[str]) -> int:
         # docstring inherited
-        keys = list(keys)
-        reply, _ = self._rpc.call("delete", {"keys": keys}, keys=keys)
-        return int(reply["removed"])
+        removed = 0
+        for page in key_pages(list(keys)):
+            reply, _ = self._rpc.call("delete", {"keys": page}, keys=page)
+            removed += int(reply["removed"])
+        return removed
 
     def exists(self, key: str) -> bool:
         # docstring inherited
@@ -286,8 +296,8 @@ class RemoteStorageUnit(StorageUnit):
 
     def list(self) -> list[str]:
         # docstring inherited
-        reply, _ = self._rpc.call("list")
-        return list(reply["keys"])
+        # Through the paged inventory: one answer listing every key would grow with the unit's contents.
+        return [key for key, _ in self.inventory()]
 
     def inventory(self) -> list[tuple[str, int]]:
         # docstring inherited

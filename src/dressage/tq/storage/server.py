@@ -23,7 +23,7 @@ from dressage.tq.transport.shm import SHM_MIN_BYTES, ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
 from dressage.tq.storage.config import UNIT_MAX_MESSAGE, UNIT_ZMQ_MAX_MESSAGE
 from dressage.tq.transport.zmq import RpcServer
-from dressage.tq.transport.wire import (MAX_KEY_BYTES, MAX_KEYS, MAX_NBYTES, array_from_frame, array_meta, check_dtype, text,
+from dressage.tq.transport.wire import (MAX_KEY_BYTES, max_keys, MAX_NBYTES, array_from_frame, array_meta, check_dtype, text,
                               text_list, uint)
 
 __all__ = ["StorageUnitServer", "main"]
@@ -86,7 +86,8 @@ class StorageUnitServer:
         self.metrics: Any = None
         """The unit's Prometheus endpoint (``metrics_port`` not ``None``) once its side sockets run."""
         self.host_id = host_id() if shared_memory else None
-        self.shm = ShmRegistry(shm_token) if self.host_id else None
+        unheld = getattr(backend, "unheld_bytes", None)  # freed segments count against the unit's budget
+        self.shm = ShmRegistry(shm_token, room=unheld) if self.host_id else None
         self.rpc = RpcServer(self._handle, host=host, port=port, name=f"unit {backend.unit_id}", secret=secret,
                              max_message_bytes=min(max_message_bytes, UNIT_ZMQ_MAX_MESSAGE) if bulk
                              else max_message_bytes)
@@ -188,8 +189,8 @@ class StorageUnitServer:
         unit = self.backend
         if op == "put":
             items = control.get("items")
-            if not isinstance(items, list) or not 0 < len(items) <= MAX_KEYS:
-                raise ProtocolError(f"put needs a list of 1 to {MAX_KEYS} items")
+            if not isinstance(items, list) or not 0 < len(items) <= max_keys():
+                raise ProtocolError(f"put needs a list of 1 to {max_keys()} items")
             framed = sum(1 for i in items if isinstance(i, list) and len(i) == 3)
             if framed != len(frames):
                 raise ProtocolError(f"put declares {framed} payload frames, the message has {len(frames)}")
@@ -224,9 +225,9 @@ class StorageUnitServer:
             return {"infos": [[i.key, i.dtype, list(i.shape), i.nbytes, i.spilled] for i in infos]}, ()
         if op == "get":
             reqs = control.get("reqs")
-            if not isinstance(reqs, list) or len(reqs) > MAX_KEYS or not all(
+            if not isinstance(reqs, list) or len(reqs) > max_keys() or not all(
                     isinstance(r, list) and len(r) == 3 for r in reqs):
-                raise ProtocolError(f"'reqs' must be a list of at most {MAX_KEYS} [key, start, stop]")
+                raise ProtocolError(f"'reqs' must be a list of at most {max_keys()} [key, start, stop]")
             requests = [(_key(k), _row(a, "start"), _row(b, "stop")) for k, a, b in reqs]
             use_shm = control.get("shm") is True and self.shm is not None
             # Only for a reader that said it verifies what it maps (one that did not is sent verified rows).
@@ -264,7 +265,10 @@ class StorageUnitServer:
             info = unit.info(_key(control.get("key")))
             return {"info": [info.key, info.dtype, list(info.shape), info.nbytes, info.spilled]}, ()
         if op == "stats":
-            stats = {**unit.stats(), **(self.shm.stats() if self.shm else {"shm_segments": 0, "shm_bytes": 0, "shm_free_segments": 0})}
+            stats = {**unit.stats(), **(self.shm.stats() if self.shm else
+                                        {"shm_segments": 0, "shm_bytes": 0, "shm_free_segments": 0, "shm_free_bytes": 0})}
+            if "held_bytes" in stats:  # the free segments are this unit's host memory too
+                stats["held_bytes"] += stats["shm_free_bytes"]
             bulk = self.bulk
             return {"stats": stats, "pid": os.getpid(), "rejected": self.rpc.rejected + (bulk.rejected if bulk else 0),
                     "untyped": self.rpc.untyped + (bulk.untyped if bulk else 0)}, ()

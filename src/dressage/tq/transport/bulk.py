@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from dressage.tq.transport.wire import AUTH_HEAD_BYTES, MAC_BYTES, MAX_KEYS, Auth, FrameMac, auth_head, parse_head
+from dressage.tq.transport.wire import AUTH_HEAD_BYTES, MAC_BYTES, Auth, FrameMac, auth_head, max_keys, parse_head
 from dressage.errors import ProtocolError
 
 __all__ = ["MAGIC", "CHUNK_BYTES", "READ_AHEAD", "STREAM_LABEL", "HEAD_LABEL", "StreamBroken", "StreamClosed", "RecvPool",
@@ -223,8 +223,8 @@ def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.
         raise _broken(f"bulk stream: bad magic {magic!r:.20} (not a TransferQueue bulk message)")
     if not 2 <= n_control <= _MAX_CONTROL:
         raise _broken(f"bulk stream: control frame of {n_control} bytes is out of bounds")
-    if n_payloads > MAX_KEYS:
-        raise _broken(f"bulk stream: {n_payloads} payloads exceed {MAX_KEYS}")
+    if n_payloads > max_keys():
+        raise _broken(f"bulk stream: {n_payloads} payloads exceed {max_keys()}")
     head = conn.recv_bytes(AUTH_HEAD_BYTES) if secret is not None else b""
     raw_sizes = conn.recv_bytes(8 * n_payloads)
     if secret is not None:

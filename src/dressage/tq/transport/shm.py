@@ -32,6 +32,7 @@ import secrets
 import socket
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -218,8 +219,9 @@ def map_segment_parts(name: str, parts: list[tuple[int, np.dtype, tuple[int, ...
             for off, dt, shape in parts]
 
 
-def _release(name: str, token: str, pool_bytes: int) -> None:
-    """The unit dropped its last view of a segment: into the free pool when no reader holds it, else unlink."""
+def _release(name: str, token: str, pool_bytes: "int | Callable[[], int]") -> None:
+    """The unit dropped its last view of a segment: into the free pool when no reader holds it and the
+    pool has room for it (``pool_bytes``, or what it answers now), else unlink."""
     path = _path(name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -234,7 +236,8 @@ def _release(name: str, token: str, pool_bytes: int) -> None:
             except OSError:  # a reader's view still shows it
                 keep = False
         pool = shm_pool.pool_for(SHM_DIR, token) if keep else None
-        if pool is None or not pool.release(path, size, pool_bytes):
+        limit = pool_bytes() if callable(pool_bytes) else pool_bytes
+        if pool is None or not pool.release(path, size, limit):
             os.unlink(path)
     except OSError:
         remove_segment(name)
@@ -245,9 +248,13 @@ def _release(name: str, token: str, pool_bytes: int) -> None:
 class ShmRegistry:
     """The unit's side: adopts segments as stored arrays and finds the segment behind a stored view."""
 
-    def __init__(self, token: str | None = None, pool_bytes: int = SHM_POOL_BYTES) -> None:
+    def __init__(self, token: str | None = None, pool_bytes: int = SHM_POOL_BYTES,
+                 room: Callable[[], int] | None = None) -> None:
         self.token = token or new_token()
         self.pool_bytes = pool_bytes
+        # What the unit's budget leaves unheld, read when a segment is released (lock-free: a release
+        # runs wherever the last view is dropped): freed segments count against the budget.
+        self.room = room
         self.pool = shm_pool.create_pool(SHM_DIR, self.token)
         self._maps: "weakref.WeakKeyDictionary[mmap.mmap, tuple[str, int, int]]" = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
@@ -294,7 +301,7 @@ class ShmRegistry:
                   for off, dtype, shape in parts]
         with self._lock:
             self._maps[mm] = (name, np.frombuffer(mm, np.uint8, count=1).ctypes.data, end)
-        weakref.finalize(mm, _release, name, self.token, self.pool_bytes)
+        weakref.finalize(mm, _release, name, self.token, self.pool_limit)
         return arrays
 
     def receive_buffer(self, nbytes: int) -> np.ndarray | None:
@@ -322,8 +329,14 @@ class ShmRegistry:
         array = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
         with self._lock:
             self._maps[mm] = (name, array.ctypes.data, nbytes)
-        weakref.finalize(mm, _release, name, self.token, self.pool_bytes)
+        weakref.finalize(mm, _release, name, self.token, self.pool_limit)
         return array
+
+    def pool_limit(self) -> int:
+        """Free bytes the pool may hold now: its cap, and no more than the unit's budget leaves unheld."""
+        if self.room is None:
+            return self.pool_bytes
+        return max(0, min(self.pool_bytes, self.room()))
 
     def locate(self, view: np.ndarray) -> tuple[str, int] | None:
         """``(segment name, byte offset)`` of a C-contiguous view of an adopted segment, else None."""
@@ -344,7 +357,8 @@ class ShmRegistry:
     def stats(self) -> dict[str, int]:
         with self._lock:
             sizes = [n for _, _, n in self._maps.values()]
-        return {"shm_segments": len(sizes), "shm_bytes": sum(sizes), "shm_free_segments": len(self.pool.names())}
+        return {"shm_segments": len(sizes), "shm_bytes": sum(sizes), "shm_free_segments": len(self.pool.names()),
+                "shm_free_bytes": self.pool.free_bytes()}
 
     def close(self) -> None:
         shm_pool.drop_pool(SHM_DIR, self.token)

@@ -21,7 +21,8 @@ import struct
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from collections.abc import Iterator
+from typing import Any, Sequence, TypeVar
 
 import msgpack
 import numpy as np
@@ -31,10 +32,12 @@ from dressage import errors
 from dressage.errors import ProtocolError, TransferQueueError
 from dressage.fields.refs import dtype_name
 
+T = TypeVar("T")
+
 __all__ = [
     "VERSION", "is_plain_dtype", "encode", "decode_control", "check_dtype", "array_from_frame",
     "array_meta", "error_to_wire", "error_from_wire", "PICKLE_MAGIC", "MAC_BYTES", "sign", "verify_mac",
-    "open_frames", "Auth", "ReplayGuard", "TRAILER_BYTES", "uint", "text", "text_list", "MAX_KEYS", "MAX_KEY_BYTES",
+    "open_frames", "Auth", "ReplayGuard", "TRAILER_BYTES", "uint", "text", "text_list", "MAX_KEYS", "max_keys", "key_pages", "MAX_KEY_BYTES",
     "MAX_NBYTES", "FrameMac", "auth_head", "parse_head", "AUTH_HEAD_BYTES",
 ]
 
@@ -296,6 +299,19 @@ MAX_TEXT = 4096
 MAX_NBYTES = 1 << 48          # one blob; far above any unit's budget, far below a 64-bit overflow
 
 
+def max_keys() -> int:
+    """The per-request key bound, read at call time: both ends of a call check and page by this one value."""
+    return MAX_KEYS
+
+
+def key_pages(items: Sequence[T], size: int | None = None) -> Iterator[Sequence[T]]:
+    """``items`` in consecutive pages of at most ``size`` (default :func:`max_keys`), so a call that carries
+    keys never carries more than one request may; nothing for no items."""
+    step = max(1, max_keys() if size is None else int(size))
+    for at in range(0, len(items), step):
+        yield items[at:at + step]
+
+
 def uint(value: Any, what: str, hi: int) -> int:
     """An integer in ``[0, hi]`` (bools refused)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= hi:
@@ -313,8 +329,11 @@ def text(value: Any, what: str, *, max_len: int = MAX_TEXT, optional: bool = Fal
     return value
 
 
-def text_list(value: Any, what: str, *, max_items: int = MAX_KEYS, max_len: int = MAX_KEY_BYTES) -> list[str]:
-    """A list of at most ``max_items`` non-empty strings of at most ``max_len`` characters."""
+def text_list(value: Any, what: str, *, max_items: int | None = None, max_len: int = MAX_KEY_BYTES) -> list[str]:
+    """A list of at most ``max_items`` (default :func:`max_keys`) non-empty strings of at most ``max_len``
+    characters."""
+    if max_items is None:
+        max_items = max_keys()
     if not isinstance(value, list) or len(value) > max_items:
         raise ProtocolError(f"{what!r} must be a list of at most {max_items} strings")
     for v in value:
