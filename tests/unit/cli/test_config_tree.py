@@ -271,3 +271,15 @@ def test_a_transfer_queue_setting_without_the_transfer_queue_is_an_error(capsys,
     err = capsys.readouterr().err
     assert "set, but data_plane.enable_transfer_queue (--enable-transfer-queue) is off" in err
     assert "transfer_queue.config (--transfer-queue-config)" in err or "transfer_queue.retention_s" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["capacity", "--context-length", "64K", "--rollout-batch-size", "8"],
+    ["proxy", "serve", "--engine-url", "http://e:1", "--skip-engine-check"],
+    ["engine", "serve"],
+])
+def test_a_model_name_with_no_preset_points_to_the_shape_flags(capsys, argv):
+    assert main([*argv, "--model", "Qwen/Qwen3-30B-A3B"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'Qwen/Qwen3-30B-A3B'" in err and "known presets: qwen3.6-35b-a3b" in err
+    assert "leave out --model and give its shape: --num-layers N --topk K --num-experts E" in err
