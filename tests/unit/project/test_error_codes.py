@@ -1,5 +1,5 @@
 """Every error class has its own stable snake_case ``code``, and the generated reference pages
-(``docs/reference/errors.md``, ``docs/reference/commands.md``) are what the code would write now."""
+(``docs/reference/errors.md``, ``commands.md``, ``endpoints.md``) are what the code would write now."""
 
 import ast
 import pathlib
@@ -8,7 +8,7 @@ import re
 import pytest
 
 import dressage.errors as errors
-from dressage.cli.reference import commands_page, error_classes, errors_page
+from dressage.cli.reference import commands_page, endpoints_page, error_classes, errors_page
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 REFERENCE = ROOT / "docs" / "reference"
@@ -60,3 +60,11 @@ def test_the_commands_reference_matches_the_config_trees():
     for needle in ("## `dressage proxy serve`", "| `--server.port`, `--port` | `server.port` |",
                    "## `dressage run`", "`--transfer-queue-config` | `transfer_queue.config` |"):
         assert needle in page, needle
+
+
+def test_the_endpoints_reference_matches_the_proxy_app():
+    pytest.importorskip("fastapi")
+    page = (REFERENCE / "endpoints.md").read_text(encoding="utf-8")
+    assert page == endpoints_page(), "run `python -m dressage.cli.reference docs/reference`"
+    assert "| POST | `/sessions/{session_id}/v1/chat/completions` |" in page
+    assert "| POST | `/trajectory/ack` | Trajectory Ack | `read_id`* |" in page
