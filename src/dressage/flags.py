@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 from dressage.errors import ConfigError
 
-__all__ = ["flag", "field_docs", "ConfigTree", "Setting", "config_to_dict", "parse_bool"]
+__all__ = ["flag", "field_docs", "ConfigTree", "Setting", "config_to_dict", "parse_bool", "help_text",
+           "setting_path"]
 
 _DEST = "config:"  # argparse dest prefix of a setting; the dotted path follows
 _METAVARS = {int: "N", float: "X"}
@@ -79,6 +80,12 @@ def help_text(doc: str) -> str:
     """A field docstring as ``--help`` prints it: reST literals bare, and ``None`` (a Python value
     the terminal reader never types) as "unset"."""
     return _LITERAL.sub(lambda m: "unset" if m.group(1) == "None" else m.group(1), doc)
+
+
+def setting_path(dest: str) -> str | None:
+    """The dotted setting (its YAML key) an argparse ``dest`` of a :class:`ConfigTree` flag sets; ``None``
+    for any other argument."""
+    return dest[len(_DEST):] or None if dest.startswith(_DEST) else None
 
 
 def parse_bool(text: str) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dressage import errors
 from dressage.cli import COMMANDS
-from dressage.flags import _DEST, help_text
+from dressage.flags import help_text, setting_path
 
 __all__ = ["error_classes", "errors_page", "commands_page", "endpoints_page", "pages", "main"]
 
@@ -45,8 +45,9 @@ def _first_line(obj: object) -> str:
 def errors_page() -> str:
     """The error-code table: one row per class, its code, HTTP status, OpenAI type and meaning."""
     rows = ["| code | class | HTTP | type | meaning |", "|---|---|---|---|---|"]
-    for cls in error_classes():
-        depth = len([c for c in cls.__mro__ if c in set(error_classes())]) - 1
+    classes = error_classes()
+    for cls in classes:
+        depth = sum(c in classes for c in cls.__mro__) - 1  # indented under its parent
         name = "&nbsp;&nbsp;" * depth + f"`{cls.__name__}`"
         rows.append(f"| `{cls.code}` | {name} | {cls.http_status} | `{cls.openai_type}` | {_first_line(cls)} |")
     return (_HEADER + "# Error codes\n\n"
@@ -91,8 +92,8 @@ def commands_page() -> str:
             if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
                 continue
             flags = ", ".join(f"`{f}`" for f in action.option_strings) or f"`{action.metavar or action.dest}`"
-            dest = action.dest or ""
-            key = f"`{dest[len(_DEST):]}`" if dest.startswith(_DEST) and len(dest) > len(_DEST) else ""
+            path = setting_path(action.dest or "")
+            key = f"`{path}`" if path else ""
             parts.append(f"| {flags} | {key} | {_cell(action.help or '')} |")
     return "\n".join(parts) + "\n"
 
