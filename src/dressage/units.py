@@ -52,10 +52,12 @@ def parse_count(text: str | int, what: str = "count") -> int:
 
 
 def format_bytes(n: float) -> str:
-    """Binary units, three significant digits: ``format_bytes(2.34 * 2**40) == '2.34 TiB'``."""
+    """Binary units, three significant digits: ``format_bytes(2.34 * 2**40) == '2.34 TiB'``; from 1000
+    to 1023 of a unit, the whole number (``'1010 GiB'``: never ``1.01e+03``)."""
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+            text = f"{n:.3g}"
+            return f"{n:.0f} {unit}" if unit == "B" or "e" in text else f"{text} {unit}"
         n /= 1024
     raise AssertionError("unreachable")

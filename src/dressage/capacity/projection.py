@@ -23,6 +23,8 @@ __all__ = [
     "growth",
     "project",
     "crossing_batch",
+    "extrapolation_warnings",
+    "FAR_EXTRAPOLATION",
     "max_rollout_batch_size",
     "sweep",
 ]
@@ -113,6 +115,22 @@ def project(config: CapacityConfig, baseline: Baseline) -> Projection:
         with_tq=ProjectedPath(components=with_tq,
                               master_peak_bytes=sum(with_tq.values()) * baseline.with_tq.overlap),
     )
+
+
+FAR_EXTRAPOLATION = 100.0
+"""Token growth past which a projection says it extrapolates far: a small run's peaks are mostly fixed
+costs (interpreters, libraries, pools) that the linear model scales as if they were per-token data."""
+
+
+def extrapolation_warnings(g: Growth) -> list[str]:
+    """What a reader of the projection must be told about how far it reaches (empty: nothing)."""
+    if g.tokens <= FAR_EXTRAPOLATION:
+        return []
+    return [f"the baseline is far smaller than the target (tokens x{g.tokens:,.0f}): its fixed costs are scaled "
+            "as if they grew with tokens, so every projected peak (and the largest batch that fits) may be "
+            "wrong by a wide margin, the advice with and without TQ included; measure a baseline within "
+            f"x{FAR_EXTRAPOLATION:g} of the target's tokens, or leave out --baseline to project from the seed's "
+            "figures"]
 
 
 def crossing_batch(peak_bytes: float, rollout_batch_size: int, host_memory_bytes: float) -> float:

@@ -9,7 +9,8 @@ from typing import Any
 
 from dressage.capacity.baseline import Baseline
 from dressage.capacity.config import CapacityConfig
-from dressage.capacity.projection import PATHS, crossing_batch, max_rollout_batch_size, project
+from dressage.capacity.projection import (PATHS, crossing_batch, extrapolation_warnings, max_rollout_batch_size,
+                                          project)
 from dressage.capacity.sizing import REPRESENTATIONS, segment_breakdown, size_batch
 from dressage.units import format_bytes
 
@@ -69,6 +70,7 @@ def capacity_report(config: CapacityConfig, baseline: Baseline | None) -> dict[s
         },
         "without_tq": _path_dict(p.without_tq.components, p.without_tq.master_peak_bytes),
         "with_tq": _path_dict(p.with_tq.components, p.with_tq.master_peak_bytes),
+        "warnings": extrapolation_warnings(p.growth),
     }
     host = config.host_memory_bytes
     if host is not None:
@@ -128,4 +130,6 @@ def render_text(report: dict[str, Any]) -> str:
             h = host[name]
             lines.append(f"  {title} {'fits' if h['fits'] else 'does NOT fit'}; largest rollout batch size "
                          f"{h['max_rollout_batch_size']:,} (crossing at {h['crossing_batch']:,})")
+    for warning in (proj or {}).get("warnings", ()):  # last: beside the advice it qualifies
+        lines += ["", f"warning: {warning}"]
     return "\n".join(lines)

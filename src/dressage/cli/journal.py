@@ -118,7 +118,8 @@ def _print_check(report: dict) -> None:
         print(f"DAMAGED: {d['kind']} at byte {d['offset']}: {d['detail']}; "
               f"{d['dropped_bytes']} bytes ({report['frames_after_damage']} well-formed records of "
               f"{report['sessions_after_damage']} sessions) after it are not recovered; the first "
-              f"{report['records']} records are")
+              f"{report['records']} records are intact: `dressage proxy journal repair {report['path']}` keeps "
+              "them and sets the rest aside (or start the Proxy with --journal-recover truncate)")
 
 
 def _run_check(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from dressage.errors import DressageError
 from dressage.units import format_bytes
 
 
@@ -45,7 +46,14 @@ def _run(args: argparse.Namespace) -> int:
     from dressage.harness.run.verdict import run_and_judge
 
     cfg = run_config(args)
-    report, baseline, verdict = run_and_judge(cfg)
+    try:
+        report, baseline, verdict = run_and_judge(cfg)
+    except DressageError as exc:
+        if cfg.report.json:  # the cause goes to --json too, not only to stderr (where main prints it)
+            with open(cfg.report.json, "w") as f:
+                json.dump({"verdict": {"ok": False, "passed": [], "failed": [str(exc)], "line": f"FAIL: {exc}"},
+                           "error": {"code": exc.code, "message": str(exc)}}, f, indent=2)
+        raise
     print(render_report(report))
     if cfg.report.json:
         with open(cfg.report.json, "w") as f:

@@ -52,10 +52,20 @@ def _run(args: argparse.Namespace) -> int:
     width = max(len(k) for k in report)
     for key, value in report.items():
         print(f"{key:<{width}}  {value}")
-    verdict = "OK" if report["tq_keys_left"] == 0 else "KEYS LEFT"
-    print(f"dressage trainer: {verdict}: {report['samples']} Samples restored and checked "
-          f"from {report['sessions']} trajectories", file=sys.stderr)
+    line, status = verdict(report, cfg.proxy.url)
+    print(f"dressage trainer: {line}", file=sys.stderr)
     if cfg.json:
         with open(cfg.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2)
-    return 0 if report["tq_keys_left"] == 0 else 1
+    return status
+
+
+def verdict(report: dict, url: str) -> tuple[str, int]:
+    """The last line of a read and its exit status: OK only when Samples were read and no TQ key is left."""
+    if report["tq_keys_left"]:
+        return (f"KEYS LEFT: {report['tq_keys_left']} TransferQueue keys were not released after "
+                f"{report['samples']} Samples from {report['sessions']} trajectories"), 1
+    if not report["samples"]:
+        return (f"EMPTY: {url} had no finalized trajectory to hand over; finalize sessions first, or give "
+                "--expect-sessions N to wait (--timeout S) for them"), 1
+    return f"OK: {report['samples']} Samples restored and checked from {report['sessions']} trajectories", 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from dressage.errors import ConfigError
-from dressage.fields.models import MODEL_PRESETS, ModelSpec, get_model
+from dressage.fields.models import MODEL_PRESETS, ModelSpec, get_model, unknown_preset
 from dressage.flags import flag
 
 __all__ = ["ModelConfig", "DEFAULT_MODEL", "TRANSFORMERS_MODEL", "model_from_preset"]
@@ -49,8 +49,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.preset is not None and (not isinstance(self.preset, str) or self.preset.lower() not in MODEL_PRESETS):
-            raise ConfigError(f"model.preset (--model): unknown preset {self.preset!r}; known presets: "
-                              f"{', '.join(MODEL_PRESETS)}")
+            raise unknown_preset(self.preset, "model.preset (--model)")
         for key in SHAPE_FIELDS:
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dressage.errors import ConfigError
 
-__all__ = ["ModelSpec", "MODEL_PRESETS", "get_model"]
+__all__ = ["ModelSpec", "MODEL_PRESETS", "get_model", "unknown_preset"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,10 +70,17 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 }
 
 
+def unknown_preset(name: object, where: str = "model") -> ConfigError:
+    """The error for a ``--model`` that names no preset (a Hugging Face id, say): it lists the presets
+    and says how to give any other model's shape."""
+    return ConfigError(f"{where}: unknown preset {name!r}; known presets: {', '.join(MODEL_PRESETS)}. "
+                       "For another model, leave out --model and give its shape: --num-layers N --topk K "
+                       "--num-experts E (MoE layers, experts routed per token, routed experts per layer; "
+                       "dressage proxy serve, engine serve and capacity take them)")
+
+
 def get_model(name: str) -> ModelSpec:
     try:
         return MODEL_PRESETS[name.lower()]
     except KeyError:
-        raise ConfigError(
-            f"model: unknown preset {name!r}; known presets: {', '.join(MODEL_PRESETS)}"
-        ) from None
+        raise unknown_preset(name) from None

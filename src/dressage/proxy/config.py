@@ -563,10 +563,8 @@ class ProxyConfig:
         if self.sessions.max_partial_rollout_preempts is not None and not self.sessions.partial_rollout:
             raise ConfigError("sessions.max_partial_rollout_preempts (--max-partial-rollout-preempts): set, but "
                               "sessions.partial_rollout (--partial-rollout) is off")
-        for key in ("spec", "spec_out"):
-            if getattr(self.transfer_queue, key) is not None and not self.data_plane.enable_transfer_queue:
-                raise ConfigError(f"transfer_queue.{key} (--transfer-queue-{key.replace('_', '-')}): set, but "
-                                  "data_plane.enable_transfer_queue (--enable-transfer-queue) is off")
+        if not self.data_plane.enable_transfer_queue:
+            self.transfer_queue.require_enabled()
 
 
 _ENV_FLAGS = {"", "0", "false", "no", "off"}

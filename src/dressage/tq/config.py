@@ -256,6 +256,15 @@ class TransferQueueSelection:
                 raise ConfigError("transfer_queue.spec_out (--transfer-queue-spec-out) names the file "
                                   "transfer_queue.spec (--transfer-queue-spec) joins from")
 
+    def require_enabled(self) -> None:
+        """Raise :class:`ConfigError` naming the first setting given: called when TQ is off, where each
+        of them would be silently ignored."""
+        for key, name in (("config", "config"), ("spec", "spec"), ("spec_out", "spec-out"),
+                          ("retention_s", "retention-seconds")):
+            if getattr(self, key) is not None:
+                raise ConfigError(f"transfer_queue.{key} (--transfer-queue-{name}): set, but "
+                                  "data_plane.enable_transfer_queue (--enable-transfer-queue) is off")
+
     def settings(self) -> TransferQueueConfig:
         """The settings of the deployment to start (the file read now, ``retention_s`` applied)."""
         cfg = load_config(self.config)

@@ -64,6 +64,37 @@ def test_verdict_fails_on_each_check_and_names_the_figure():
     assert "TQ keys" not in judge(_report(config={"enable_transfer_queue": False}, tq_keys_left=3)).line
 
 
+def test_a_failed_verdict_names_the_first_cause_of_each_kind():
+    v = judge(_report(agent={"errors": 3}, first_errors={"timeout": "rollout 1: chat: no answer in 5 s",
+                                                         "status_400": "rollout 0: chat: 400: prompt too long"}))
+    assert v.failed == ("3 agent sessions failed (first cause of each kind: status_400: rollout 0: chat: 400: "
+                        "prompt too long; timeout: rollout 1: chat: no answer in 5 s)",)
+
+
+def test_a_run_whose_sessions_all_fail_says_why_on_stderr_and_in_json(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert main(["run", *SMALL, "--context-length", "1K", "--json", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("dressage run: error: rollout 0 produced no Samples: all 4 agent sessions failed; "
+                          "first cause of each kind: status_400: chat: ")
+    assert "context window is 1024 tokens" in err
+    data = json.loads(out.read_text())
+    assert data["verdict"]["ok"] is False and data["error"]["code"] == "agent_error"
+    assert data["error"]["message"] in err and "context window is 1024 tokens" in data["verdict"]["line"]
+
+
+def test_a_run_with_some_failed_sessions_names_their_cause_in_the_verdict(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert main(["run", "--num-rollouts", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
+                 "--no-progress", "--context-length", "1536", "--json", str(out)]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    data = json.loads(out.read_text())
+    assert line == data["verdict"]["line"]
+    assert line.startswith("FAIL: ") and "agent sessions failed (first cause of each kind: status_400: rollout 0: " \
+        in line and "context window is 1536 tokens" in line
+    assert set(data["first_errors"]) == {"status_400"}
+
+
 def test_verdict_on_r3_replay_figures():
     good = {"samples": 2, "tokens": 10, "identical_tokens": 10, "max_abs_diff": 0.0, "max_sum_abs_diff": 0.0}
     assert judge(_report(replay=good)).passed[-2:] == ("R3 replay reproduces 10 logprobs bit for bit",

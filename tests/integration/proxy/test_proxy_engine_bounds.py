@@ -118,7 +118,7 @@ def test_through_the_proxy_each_unbounded_answer_is_a_typed_error_and_records_no
             assert r.json()["error"]["code"] == "engine_answer_too_large"
             assert httpx.get(f"{proxy.url}/sessions/{sid}").json()["steps"] == 0
         for mode, status, code in (("stream_huge_line", 502, "engine_answer_too_large"),
-                                   ("stream_keepalive", 504, "EngineTimeout")):
+                                   ("stream_keepalive", 504, "engine_timeout")):
             hostile.mode = mode
             sid = httpx.post(proxy.url + "/sessions").json()["session_id"]
             # Nothing came before the failure: the agent gets a plain error status, not a 200 stream.

@@ -123,3 +123,46 @@ def test_console_entry_point_exits_non_zero_for_a_narrow_dtype():
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode != 0 and "uint8" in proc.stderr and "512 experts" in proc.stderr
+
+
+def _small_baseline(tmp_path):
+    """A memory run of 4 trajectories of 4K tokens: its peaks are mostly fixed costs."""
+    from dressage.capacity import SEED_QWEN_BASELINE, baseline_to_dict
+
+    data = baseline_to_dict(SEED_QWEN_BASELINE)
+    data["config"].update(context_length=4096, rollout_batch_size=2, n_samples_per_prompt=2)
+    gib = 2**30
+    data["without_tq"] = {"master_peak_bytes": 3 * gib,
+                          "components": {"proxy": gib, "rollout_manager": gib, "object_store": gib}}
+    data["with_tq"] = {"master_peak_bytes": 3 * gib,
+                       "components": {"proxy": gib, "rollout_manager": gib, "object_store": gib // 2,
+                                      "tq_controller": 0, "tq_storage_unit_master": gib // 2}}
+    path = tmp_path / "small.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_projection_from_a_far_smaller_baseline_says_so(capsys, tmp_path):
+    path = _small_baseline(tmp_path)
+    proj = run_json(capsys, "--baseline", str(path), "--host-memory", "2TB")["projection"]
+    assert proj["growth"]["tokens"] > 100
+    (warning,) = proj["warnings"]
+    assert "the baseline is far smaller than the target (tokens x" in warning and "leave out --baseline" in warning
+    assert main([*GLM, "--baseline", str(path), "--host-memory", "2TB"]) == 0
+    text = capsys.readouterr().out
+    assert text.rstrip().endswith(f"warning: {warning}")
+
+
+def test_a_projection_from_the_seed_figures_warns_of_nothing(capsys):
+    assert run_json(capsys, "--host-memory", "2TB")["projection"]["warnings"] == []
+    assert main([*GLM, "--host-memory", "2TB"]) == 0
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_sizes_from_1000_to_1023_of_a_unit_print_as_whole_numbers():
+    from dressage.units import format_bytes
+
+    assert format_bytes(1010 * 2**30) == "1010 GiB"
+    assert format_bytes(999.7 * 2**30) == "1000 GiB"
+    assert format_bytes(2.34 * 2**40) == "2.34 TiB" and format_bytes(512) == "512 B"
+    assert all("e+" not in format_bytes(x * 2**30) for x in range(990, 1024))

@@ -82,3 +82,27 @@ def test_generated_and_hand_written_defaults_read_the_same():
     assert re.search(r"--context-length TOKENS\s+Context window of the agents.*\(default:\s+4K\)", run, re.S)
     assert re.search(r"--engine \{builtin,transformers\}.*\(default: builtin\)", run, re.S)
     assert "(default: 30000)" in COMMANDS["engine serve"].format_help()
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_help_shows_no_python_literals_and_each_default_once(command):
+    problems = []
+    for action in _options(command):
+        helptext = action.help or ""
+        if helptext == argparse.SUPPRESS:
+            continue
+        name = "/".join(action.option_strings) or action.dest
+        if "``" in helptext or re.search(r"\bNone\b", helptext):
+            problems.append(f"{name}: {helptext!r}")
+        if len(re.findall(r"\(default:", helptext, re.IGNORECASE)) > 1:
+            problems.append(f"{name}: the default twice in {helptext!r}")
+    groups = [g.description or "" for g in COMMANDS[command]._action_groups]
+    problems += [f"group: {d!r}" for d in groups if "``" in d or re.search(r"\bNone\b", d)]
+    assert not problems, f"dressage {command}: " + "; ".join(problems)
+
+
+def test_a_field_docstring_reads_as_plain_text_in_help():
+    from dressage.flags import help_text
+
+    assert help_text("Fields to offload; ``None``: every field (``logprobs``).") == \
+        "Fields to offload; unset: every field (logprobs)."

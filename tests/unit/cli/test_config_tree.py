@@ -87,10 +87,10 @@ CASES = {
                     ["--engine-url", "http://e:1"]),
     "run": (_run,
             ["--num-rollouts", "3", "--context-length", "8K", "--engine-url", "http://e:1", "--ray-address", "auto",
-             "--no-progress", "--json", "r.json", "--transfer-queue-config", "tq.yaml"],
+             "--no-progress", "--json", "r.json", "--enable-transfer-queue", "--transfer-queue-config", "tq.yaml"],
             ["--rollout.num_rollouts", "3", "--agents.context_length", "8K", "--inference.engine_url", "http://e:1",
              "--cluster.ray_address", "auto", "--report.progress", "false", "--report.json", "r.json",
-             "--transfer_queue.config", "tq.yaml"],
+             "--data_plane.enable_transfer_queue", "true", "--transfer_queue.config", "tq.yaml"],
             []),
     "engine serve": (_engine,
                      ["--model", "tiny-moe", "--num-layers", "3", "--topk", "1", "--vocab-size", "600"],
@@ -258,3 +258,28 @@ def test_every_section_is_slotted_and_kw_only_and_every_setting_has_a_docstring(
             if not hasattr(cls, "__slots__") or not all(f.kw_only for f in dataclasses.fields(cls)):
                 problems.append(f"{cls.__name__}: not slotted and kw-only")
     assert not problems, problems
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--transfer-queue-config", "tq.yaml"],
+    ["run", "--transfer-queue-retention-seconds", "60"],
+    ["proxy", "serve", "--engine-url", "http://e:1", "--transfer-queue-config", "tq.yaml"],
+    ["proxy", "serve", "--engine-url", "http://e:1", "--transfer_queue.retention_s", "60"],
+])
+def test_a_transfer_queue_setting_without_the_transfer_queue_is_an_error(capsys, argv):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "set, but data_plane.enable_transfer_queue (--enable-transfer-queue) is off" in err
+    assert "transfer_queue.config (--transfer-queue-config)" in err or "transfer_queue.retention_s" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["capacity", "--context-length", "64K", "--rollout-batch-size", "8"],
+    ["proxy", "serve", "--engine-url", "http://e:1", "--skip-engine-check"],
+    ["engine", "serve"],
+])
+def test_a_model_name_with_no_preset_points_to_the_shape_flags(capsys, argv):
+    assert main([*argv, "--model", "Qwen/Qwen3-30B-A3B"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'Qwen/Qwen3-30B-A3B'" in err and "known presets: qwen3.6-35b-a3b" in err
+    assert "leave out --model and give its shape: --num-layers N --topk K --num-experts E" in err

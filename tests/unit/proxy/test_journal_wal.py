@@ -302,6 +302,11 @@ def test_cli_check_and_repair(tmp_path, capsys):
     rep = json.loads(capsys.readouterr().out)
     assert rep["ok"] is False and rep["records"] == 6 and rep["damage"]["kind"] == "bad_checksum"
     assert rep["damage"]["offset"] == off and rep["frames_after_damage"] == len(frames) - 7
+    assert main(["proxy", "journal", "check", str(path)]) == 1
+    said = capsys.readouterr().out.splitlines()[-1]
+    assert said.startswith("DAMAGED: bad_checksum") and said.endswith(
+        f"the first 6 records are intact: `dressage proxy journal repair {path}` keeps them and sets the rest "
+        "aside (or start the Proxy with --journal-recover truncate)")
     assert main(["proxy", "journal", "repair", "--json", str(path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["after"]["ok"] and out["after"]["records"] == 6 and path.stat().st_size == off

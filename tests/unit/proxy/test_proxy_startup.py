@@ -10,7 +10,7 @@ import shutil
 import httpx
 import pytest
 
-from dressage.errors import ConfigError, EngineMismatchError, EngineUnavailable
+from dressage.errors import ConfigError, EngineMismatchError, EngineNotSglangError, EngineUnavailable
 from dressage.fields import get_model
 from dressage.proxy.config import DataPlaneConfig, EnginesConfig, ProxyConfig
 from dressage.proxy.engines.router_client import RouterClient
@@ -131,6 +131,25 @@ def test_start_up_waits_for_an_engine_that_is_still_loading():
     early.append(httpx.ConnectError("connection refused"))
     with pytest.raises(EngineUnavailable, match="ConnectError"):
         fetch_engine_infos(server, transport=httpx.MockTransport(handler), wait_s=0)
+
+
+@pytest.mark.parametrize("status", [200, 404])
+def test_a_server_that_is_not_sglang_is_named_in_one_line(status):
+    page = "<!DOCTYPE html>\n<html>\n<head><title>Welcome</title></head>\n<body><h1>It works</h1></body>\n</html>\n"
+    asked = []
+
+    def handler(request):
+        asked.append(request.url.path)
+        return httpx.Response(status, text=page, headers={"content-type": "text/html"})
+
+    with pytest.raises(EngineNotSglangError) as info:
+        fetch_engine_infos(EnginesConfig(engine_url="http://10.0.0.1:8080"), transport=httpx.MockTransport(handler))
+    msg = str(info.value)
+    assert "\n" not in msg and "<" not in msg and "Start the engine first" not in msg
+    assert "http://10.0.0.1:8080 is not an SGLang engine" in msg and f"HTTP {status} (text/html)" in msg
+    assert msg.startswith("--engine-url: ") and info.value.code == "engine_not_sglang"
+    # a 404 is asked again at the older route before the verdict; a 200 that is not JSON is final
+    assert asked == (["/model_info"] if status == 200 else ["/model_info", "/get_model_info"])
 
 
 def test_upstream_flag_names_are_accepted():

@@ -18,7 +18,7 @@ from dressage.harness.agents.config import AgentConfig
 from dressage.harness.agents.conversation import Conversation, converse
 from dressage.harness.agents.prompts import TaskPrompt, as_task_prompt
 
-__all__ = ["SessionResult", "RolloutReport", "run_rollout", "run_session"]
+__all__ = ["SessionResult", "RolloutReport", "run_rollout", "run_session", "first_causes"]
 
 
 @dataclass(slots=True)
@@ -87,6 +87,16 @@ class RolloutReport:
         return dict(Counter(r.error_kind for r in self.results if r.error_kind is not None))
 
     @property
+    def first_errors(self) -> dict[str, str]:
+        """The first error of each kind (``status_400``, ``timeout``, ...), in (group, sample) order: the
+        cause a failed run names, one line per kind rather than one per session."""
+        out: dict[str, str] = {}
+        for r in self.results:
+            if r.error_kind is not None and r.error_kind not in out:
+                out[r.error_kind] = r.error or r.error_kind
+        return out
+
+    @property
     def session_ids(self) -> list[str]:
         """Ids of the sessions the Proxy created (finalized or aborted), in (group, sample) order."""
         return [r.session_id for r in self.results if r.session_id is not None]
@@ -103,9 +113,16 @@ class RolloutReport:
         return {
             "sessions": self.sessions, "finalized": self.finalized, "turns": self.turns,
             "tool_calls": self.tool_calls, "retries": self.retries, "compressions": self.compressions,
-            "errors": self.errors, "errors_by_kind": self.errors_by_kind, "wall_s": round(self.wall_s, 3),
+            "errors": self.errors, "errors_by_kind": self.errors_by_kind, "first_errors": self.first_errors,
+            "wall_s": round(self.wall_s, 3),
             "sessions_per_s": round(self.sessions_per_s, 3), "session_ids": self.session_ids,
         }
+
+
+def first_causes(first_errors: Mapping[str, str]) -> str:
+    """``first cause of each kind: status_400: ...; timeout: ...`` (kinds sorted) of
+    :attr:`RolloutReport.first_errors`."""
+    return "first cause of each kind: " + "; ".join(f"{kind}: {first_errors[kind]}" for kind in sorted(first_errors))
 
 
 def _fail(result: SessionResult, exc: AgentError, stage: str) -> None:

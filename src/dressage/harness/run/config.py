@@ -166,6 +166,8 @@ class RunConfig:
         if self.transfer_queue.spec_out is not None:
             raise ConfigError("transfer_queue.spec_out: dressage run trains in its own processes, which join its "
                               "TransferQueue without a file")
+        if not self.data_plane.enable_transfer_queue:
+            self.transfer_queue.require_enabled()
         if self.inference.backend == "transformers":
             if self.cluster.ray:
                 raise ConfigError("--engine transformers replays routing in this process's trainer; "

@@ -15,8 +15,9 @@ from typing import Any
 
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
-from dressage.errors import ConfigError, DressageError
+from dressage.errors import AgentError, ConfigError, DressageError
 from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
+from dressage.harness.agents.rollout import first_causes
 from dressage.harness.replay import merge_replay, replay_summary
 from dressage.harness.run.config import RunConfig
 from dressage.harness.run.memory import PssSampler, process_vitals
@@ -42,6 +43,8 @@ class RunReport:
     trained_tokens: int = 0
     steps: int = 0
     agent: dict[str, int] = field(default_factory=dict)
+    first_errors: dict[str, str] = field(default_factory=dict)
+    """The first failure of each kind of agent session failure (``status_400``: ...), over every rollout."""
     large_field_bytes: dict[str, int] = field(default_factory=dict)
     """Bytes of logprobs / routed experts restored for training (int32 R3, float32 logprobs)."""
     stored_large_field_bytes: int = 0
@@ -133,6 +136,11 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
                                          concurrency=cfg.rollout.concurrency))
             for k, v in _agent_counts(rr).items():
                 report.agent[k] = report.agent.get(k, 0) + v
+            for kind, message in rr.first_errors.items():
+                report.first_errors.setdefault(kind, f"rollout {i}: {message}")
+            if rr.sessions and not rr.finalized:
+                raise AgentError(f"rollout {i} produced no Samples: all {rr.sessions} agent sessions failed; "
+                                 + first_causes(rr.first_errors))
             _peak(report, "proxy_large_fields", core.held_bytes()["large_fields"])
             _peak(report, "rollout_manager", backend.held_nbytes())
             if tq is not None:

@@ -53,7 +53,11 @@ def judge(report: Any, baseline: Any = None) -> Verdict:
         (passed if ok else failed).append(good if ok else bad)
 
     errors = int(report.agent.get("errors", 0))
-    check(errors == 0, f"{report.sessions} sessions without errors", f"{errors} agent sessions failed")
+    from dressage.harness.agents.rollout import first_causes
+
+    causes = getattr(report, "first_errors", None)
+    check(errors == 0, f"{report.sessions} sessions without errors",
+          f"{errors} agent sessions failed" + (f" ({first_causes(causes)})" if causes else ""))
     check(report.segments > 0, f"{report.segments} samples checked", "no Samples reached the trainer")
     if report.config.get("enable_transfer_queue"):
         check(report.tq_keys_left == 0, "0 TQ keys left", f"{report.tq_keys_left} TQ keys left after consumption")

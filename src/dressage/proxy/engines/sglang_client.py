@@ -24,8 +24,8 @@ from typing import Any, AsyncIterator, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from dressage.errors import (EngineAnswerTooLargeError, EngineError, EngineRequestError, EngineTimeout,
-                             EngineUnavailable, WireFormatError)
+from dressage.errors import (EngineAnswerTooLargeError, EngineError, EngineNotSglangError, EngineRequestError,
+                             EngineTimeout, EngineUnavailable, WireFormatError)
 from dressage.fields.r3_stream import RoutedExpertsSpec
 from dressage.observe.context import current_call, engine_span_id
 from dressage.fields.sglang import finish_type
@@ -168,6 +168,13 @@ class SGLangClient:
     async def _request(self, method: str, path: str, *, json_body: Any = None,
                        timeout: float | None = None, headers: Mapping[str, str] | None = None) -> bytes:
         """The answer's body, read whole; an error status raised as a typed error."""
+        status, _, body = await self._answer(method, path, json_body=json_body, timeout=timeout, headers=headers)
+        self._check(status, body, f"{method} {self.base_url}{path}")
+        return body
+
+    async def _answer(self, method: str, path: str, *, json_body: Any = None, timeout: float | None = None,
+                      headers: Mapping[str, str] | None = None) -> tuple[int, str, bytes]:
+        """The answer's status, content type and body (read whole), whatever the status."""
         what = f"{method} {self.base_url}{path}"
         with self._boundary(what, timeout):
             resp = await self._send(method, path, json_body=json_body, timeout=timeout, headers=headers)
@@ -175,8 +182,7 @@ class SGLangClient:
                 body = await resp.read(self.max_answer_bytes)
             finally:
                 await resp.aclose()
-        self._check(resp.status, body, what)
-        return body
+        return resp.status, resp.headers.get("content-type") or "no content type", body
 
     async def _request_into(self, method: str, path: str, *, json_body: Any, sink: Any, timeout: float | None = None,
                             headers: Mapping[str, str] | None = None) -> None:
@@ -345,17 +351,26 @@ class SGLangClient:
         return True
 
     async def model_info(self, timeout: float = 30.0) -> dict[str, Any]:
-        """``GET /model_info``, or ``GET /get_model_info`` from releases that lack the former."""
+        """``GET /model_info``, or ``GET /get_model_info`` from releases that lack the former.
+
+        A server that has neither route, or answers one with something other than a JSON object (an
+        HTML page, say), is not an SGLang engine: :class:`EngineNotSglangError` names what answered."""
+        for path in ("/model_info", "/get_model_info"):
+            status, content_type, body = await self._answer("GET", path, timeout=timeout)
+            if status not in (404, 405):
+                break
+        what = f"GET {self.base_url}{path}"
+        if status in (404, 405):
+            raise EngineNotSglangError(f"{self.base_url} is not an SGLang engine: GET {path} answered HTTP {status} "
+                                       f"({content_type}) and so did /model_info")
+        self._check(status, body, what)
         try:
-            resp = await self._request("GET", "/model_info", timeout=timeout)
-            path = "/model_info"
-        except EngineRequestError as exc:
-            if exc.status_code not in (404, 405):
-                raise
-            resp, path = await self._request("GET", "/get_model_info", timeout=timeout), "/get_model_info"
-        out = self._json(resp, f"GET {path}")
+            out = fastjson.loads(body)
+        except (ValueError, RecursionError):
+            out = None
         if not isinstance(out, dict):
-            raise WireFormatError(f"GET {path}: expected a JSON object, got {type(out).__name__}")
+            raise EngineNotSglangError(f"{self.base_url} is not an SGLang engine: GET {path} answered HTTP {status} "
+                                       f"({content_type}), not a JSON model info")
         return out
 
     async def parse_function_call(self, text: str, tool_call_parser: str, tools: Sequence[Mapping[str, Any]],

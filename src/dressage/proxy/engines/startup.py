@@ -24,7 +24,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from dressage.errors import EngineError, EngineMismatchError, EngineUnavailable
+from dressage.errors import EngineError, EngineMismatchError, EngineNotSglangError, EngineUnavailable
 from dressage.fields.models import ModelSpec
 from dressage.proxy.engines.model_shape import ShapeSource, context_window, discover_model_spec, read_model_config, \
     resolve_tokenizer, shape_from_config
@@ -117,6 +117,9 @@ def fetch_engine_infos(engines: Any, *, transport: Any = None, timeout_s: float 
                 except EngineError:
                     info["server_info"] = {}
                 out.append(info)
+            except EngineNotSglangError as exc:  # one line: what answered, not the page it sent
+                raise EngineNotSglangError(f"--engine-url: {exc}; point it at an SGLang server or router, or pass "
+                                           "--skip-engine-check to start without this check") from None
             except EngineError as exc:
                 raise EngineUnavailable(
                     f"the engine at {url} did not answer its model info: {exc}. Start the engine first (or point "

@@ -17,7 +17,7 @@ from typing import Any
 
 from dataclasses import dataclass, field
 
-from dressage.errors import DressageError, EngineError, EngineTimeout, EngineUnavailable
+from dressage.errors import DressageError, EngineTimeout, EngineUnavailable, EngineUpdateError
 from dressage.proxy.engines.pool import EnginePool
 
 __all__ = ["read_versions", "update_versions", "VersionUpdate", "READ_TIMEOUT_S", "UPDATE_TIMEOUT_S",
@@ -91,7 +91,7 @@ async def update_versions(pool: EnginePool, version: str, timeout: float = UPDAT
     """Set ``version`` on every engine (every healthy worker behind a ``data_path`` router).
 
     Engines that cannot be reached are reported in :attr:`VersionUpdate.unreachable` (and marked
-    ``version_behind`` in the pool). Raises :class:`EngineError` (502) naming each engine or worker
+    ``version_behind`` in the pool). Raises :class:`EngineUpdateError` (502) naming each engine or worker
     that answered and failed, with the ones updated in its message and ``details`` (``updated``,
     ``failed``, ``unreachable``).
     """
@@ -139,11 +139,11 @@ async def update_versions(pool: EnginePool, version: str, timeout: float = UPDAT
     if not result.updated and not failed:
         failed.update(result.unreachable)  # nothing took the version: the rollout cannot go on
     if failed:
-        err = EngineError(f"weight version {version!r} was not set on every engine; failed: "
-                          + "; ".join(f"{u}: {why}" for u, why in failed.items())
-                          + f"; updated: {', '.join(result.updated) or 'none'}; the Proxy stays paused",
-                          for_operator=True)
-        err.code, err.param = "engine_update_failed", "update_engines"
+        err = EngineUpdateError(f"weight version {version!r} was not set on every engine; failed: "
+                                + "; ".join(f"{u}: {why}" for u, why in failed.items())
+                                + f"; updated: {', '.join(result.updated) or 'none'}; the Proxy stays paused",
+                                for_operator=True)
+        err.param = "update_engines"
         err.details = {"version": version, "updated": result.updated, "failed": failed,
                        "unreachable": result.unreachable}
         raise err

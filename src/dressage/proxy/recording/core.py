@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from dressage.errors import DressageError, SessionStateError, TransferWriteError, UnknownStepError
+from dressage.errors import DressageError, SessionStateError, TransferWriteError, UnknownSessionError
 from dressage.fields import GenerateOutput, RoutedExpertsSpec, decode_generate_response, encode_routed_experts, r3_dtype
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.recording.weights import step_labels
@@ -134,7 +134,7 @@ class ProxyCore:
             gone = self._gone.get(session_id)
             if gone is not None:
                 raise SessionStateError(f"session {session_id} is {gone}") from None
-            raise UnknownStepError(f"unknown session {session_id!r}") from None
+            raise UnknownSessionError(f"unknown session {session_id!r}") from None
 
     def state_of(self, session_id: str) -> str | None:
         """``active`` / ``finalized`` (in memory), ``aborted`` / ``discarded`` (gone), or ``None``."""

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from dressage.errors import ConfigError, SessionStateError, UnknownStepError
+from dressage.errors import ConfigError, SessionStateError, UnknownReadError
 
 __all__ = ["ReadLeases", "Lease", "DEFAULT_LEASE_S"]
 
@@ -88,7 +88,7 @@ class ReadLeases:
             return lease
         how = self._ended.get(read_id)
         if how is None:
-            raise UnknownStepError(f"unknown read_id {read_id!r}")
+            raise UnknownReadError(f"unknown read_id {read_id!r}")
         raise SessionStateError(f"read {read_id} is {how}; its trajectories were readable again")
 
     def ended(self, read_id: str) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Iterable, Sequence
 
-from dressage.errors import ConfigError, NoTransferQueueError, SessionStateError, UnknownStepError
+from dressage.errors import ConfigError, NoTransferQueueError, SessionStateError, UnknownSessionError
 from dressage.proxy.config import ProxyConfig
 from dressage.proxy.recording.core import FinalizedSession, ProxyCore
 from dressage.proxy.recording.heap import trim_heap
@@ -200,7 +200,7 @@ class Trajectories:
         expires. A draining read is acknowledged by its route once the answer was written in full;
         one whose answer could not be written is released (:meth:`release`).
 
-        A named trajectory that is not finalized is an error: ``UnknownStepError`` when unknown (or
+        A named trajectory that is not finalized is an error: ``UnknownSessionError`` when unknown (or
         drained; the route answers upstream's 200 ``success: false``), 409 when still active or aborted. ``format="samples"`` answers, per trajectory, its Samples in wire form
         (large fields as FieldRefs when TQ is on) with the TQ client spec in ``meta_info``: what a
         trainer in another process needs (:mod:`dressage.train.remote`); ``binary`` gives resident arrays
@@ -222,7 +222,7 @@ class Trajectories:
         for sid in selection.missing:
             state = self.core.state_of(sid)
             if state is None:
-                raise UnknownStepError(f"unknown trajectory {sid!r} (never finalized here, or already drained)")
+                raise UnknownSessionError(f"unknown trajectory {sid!r} (never finalized here, or already drained)")
             raise SessionStateError(f"session {sid} is {state}; its trajectory exists after finalize")
         cfg = self.core.config
         segments_of = None
