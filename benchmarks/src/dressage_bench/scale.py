@@ -236,7 +236,8 @@ def register(benches: argparse._SubParsersAction) -> None:
                    help="Step sizes (default 1024 4096 16384 65536 262144; quick: 1024 4096)")
     p.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES), metavar="SHAPE",
                    help="R3 shapes, layers x top-k (default: %(default)s)")
-    p.add_argument("--dtypes", nargs="+", choices=("int32", "uint8"), default=["int32", "uint8"], metavar="DTYPE")
+    p.add_argument("--dtypes", nargs="+", choices=("int32", "uint8"), default=["int32", "uint8"], metavar="DTYPE",
+                   help="R3 storage dtypes (default: %(default)s)")
     p.add_argument("--rounds", type=int, metavar="N", help="timed rounds per point (default 5; quick: 2)")
     p.add_argument("--units", nargs="*", type=int, metavar="N",
                    help="StorageUnit counts of the units curve (default 1 2 4 8; quick: 1 2; none: skip it)")
