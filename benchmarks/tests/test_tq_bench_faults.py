@@ -14,7 +14,8 @@ def _children() -> set[int]:
 
 
 @pytest.mark.parametrize("name", ["corrupted_blob", "backpressure_spill", "wire_fuzz", "storage_unit_killed",
-                                  "controller_killed", "unauthenticated_large_sizes"])
+                                  "controller_killed", "unauthenticated_large_sizes",
+                                  "proxy_restart_tq_served_apart"])
 def test_tq_fault_case_passes_and_cleans_up(name):
     before = _children()
     passed, detail = CASES[name](FaultsConfig(quick=True, fuzz_inputs=40))
@@ -29,6 +30,13 @@ def test_tq_fault_case_passes_and_cleans_up(name):
     if name == "unauthenticated_large_sizes":  # memory bounded by the cap, not by the declared sizes
         assert detail["declared_bytes"] > 1 << 30 and detail["unit_memory_growth"] < detail["cap_bytes"]
         assert detail["bulk_heads_refused"] >= detail["declarations"]
+    if name == "proxy_restart_tq_served_apart":  # the standalone recipe: a SIGKILLed Proxy loses nothing
+        assert detail["acknowledged_lost"] == 0 and detail["large_fields_lost"] == 0 and detail["keys_left"] == 0
+        assert detail["bit_identical_to_before_kill"] and detail["logprobs_match_answers"]
+        assert detail["samples_compared"] == detail["sessions_finalized_before_kill"] > 0
+        sessions = detail["sessions_finalized_before_kill"] + detail["sessions_active_at_kill"]
+        assert detail["reads_acknowledged"] == sessions and not detail["unread_sessions"]
+        assert detail["tq_keys_released"] == detail["tq_keys_read"] > 0 and detail["tq_serve_exit_code"] == 0
     assert _children() <= before
 
 

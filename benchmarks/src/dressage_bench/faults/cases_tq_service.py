@@ -1,18 +1,25 @@
 """TransferQueue cases of ``dressage bench faults`` about the TQ as a service: the Controller process
-killed and started again mid-run, and peers without the secret that declare huge payloads.
+killed and started again mid-run, peers without the secret that declare huge payloads, and a Proxy
+SIGKILLed and restarted from its journal while ``dressage tq serve`` keeps the large fields.
 
 Each case starts its own deployment and shuts it down before it returns, on success and on failure.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from dressage_bench.faults.cases_tq import _gone, _local, _refs, _sample
@@ -164,4 +171,132 @@ def unauthenticated_large_sizes(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]
     detail["processes_left"] = not _gone(pids)
     passed = (detail["unit_memory_growth"] < detail["cap_bytes"] and detail["bulk_heads_refused"] >= len(declared)
               and detail["valid_put_get_after"] and detail["unit_state"] == "live" and not detail["processes_left"])
+    return passed, detail
+
+
+def _serve_tq(config: Path, spec_out: Path) -> subprocess.Popen:
+    """``dressage tq serve`` as its own process; returns once its client spec file exists."""
+    proc = subprocess.Popen([sys.executable, "-m", "dressage", "tq", "serve", "--config", str(config),
+                             "--spec-out", str(spec_out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL)
+    if _wait(lambda: spec_out.exists() or proc.poll() is not None, 60.0) is None or proc.poll() is not None:
+        _stop_tq(proc)
+        raise RuntimeError(f"dressage tq serve did not write {spec_out} (exit code {proc.returncode})")
+    return proc
+
+
+def _stop_tq(proc: subprocess.Popen) -> int | None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def _large_fields(samples: list[Any]) -> dict[tuple[str, int], tuple[bytes, bytes]]:
+    """Each Sample's restored logprobs and routed experts, as raw bytes (a bit-exact comparison)."""
+    return {(s.session_id, s.segment_index): (np.ascontiguousarray(s.rollout_log_probs).tobytes(),
+                                              np.ascontiguousarray(s.rollout_routed_experts).tobytes())
+            for s in samples}
+
+
+def _agent_turn(url: str, sid: str, i: int) -> list[float]:
+    """One model call of session ``sid``; the logprobs the agent was answered."""
+    r = httpx.post(url + "/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": f"Job {i}: spell 'river'."}], "max_tokens": 12,
+                         "logprobs": True}, headers={"X-Session-Id": sid, "X-Instance-Id": f"agent{i}"}, timeout=30)
+    r.raise_for_status()
+    return [float(t["logprob"]) for t in r.json()["choices"][0]["logprobs"]["content"]]
+
+
+@case("proxy_restart_tq_served_apart")
+def proxy_restart_tq_served_apart(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
+    """The standalone recipe: ``dressage tq serve`` runs the TQ apart, a journaled Proxy with R3 joins it
+    by its spec; agents finalize some sessions (acknowledged) and leave others active; the Proxy is
+    SIGKILLed and started again from its journal against the same TQ. A leased reader then restores
+    every acknowledged trajectory's large fields bit-identical to what was recorded before the kill,
+    acknowledges the read and releases the keys: nothing acknowledged is lost, no key is left."""
+    from dressage.train.remote import ProxyTrajectorySource
+    from dressage.tq import TransferQueueClient
+    from dressage_bench.faults._stack import serve_process, start_engine
+
+    finalized_n, active_n = (4, 2) if cfg.quick else (16, 6)
+    engine = start_engine()
+    with tempfile.TemporaryDirectory() as tmp:
+        config, spec_out = Path(tmp) / "tq.yaml", Path(tmp) / "run" / "tq-spec.json"
+        config.write_text("deployment: local\nnum_storage_units: 2\nretention_s: null\n")
+        tq = _serve_tq(config, spec_out)
+        client = TransferQueueClient.connect(json.loads(spec_out.read_text()))
+        args = ["proxy", "serve", "--engine-url", engine.url, "--use-rollout-routing-replay",
+                "--routed-experts-dtype", "uint8", "--enable-transfer-queue", "--transfer-queue-spec",
+                str(spec_out), "--journal", str(Path(tmp) / "proxy.journal")]
+        proxy = restarted = None
+        try:
+            proxy = serve_process(args)
+            finalized = [f"done-{i}" for i in range(finalized_n)]
+            active = [f"open-{i}" for i in range(active_n)]
+            answered = {sid: _agent_turn(proxy.url, sid, i) for i, sid in enumerate(finalized + active)}
+            for sid in finalized:
+                httpx.post(proxy.url + "/session/finalize", json={"session_id": sid, "reward": 1.0},
+                           timeout=30).raise_for_status()  # a 200: acknowledged
+            # What the Proxy recorded before the kill: a look (no lease, no drain) restored from the TQ.
+            look = ProxyTrajectorySource(proxy.url, timeout_s=30)
+            before = _large_fields(TrainingReader(client, on_lost="fail").restore(look.read().samples))
+            keys_before_kill = client.total_keys()
+            proxy.proc.kill()                                   # SIGKILL: no shutdown path runs
+            proxy.proc.wait()
+            restarted = serve_process(args, port=int(proxy.url.rsplit(":", 1)[1]))
+            states = {sid: httpx.get(f"{restarted.url}/sessions/{sid}", timeout=30).json()["state"]
+                      for sid in finalized + active}
+            for sid in active:                                  # the agents left active finish after the restart
+                httpx.post(restarted.url + "/session/finalize", json={"session_id": sid, "reward": 0.5},
+                           timeout=30).raise_for_status()
+            source = ProxyTrajectorySource(restarted.url, timeout_s=30)
+            batch = source.read(lease=True)
+            reader = TrainingReader(source.client(), on_lost="drop")
+            refs = _refs(batch.samples)                         # before the restore replaces them with arrays
+            restored = reader.restore(batch.samples)
+            lost_samples = len(reader.last_lost.samples) if reader.last_lost else 0
+            acked = source.ack(batch) if not lost_samples else 0
+            if lost_samples:
+                source.release(batch)
+            after = _large_fields(restored)
+            read_sessions = {s.session_id for s in batch.samples}
+            restored_sessions = {s.session_id for s in restored}
+            answered_match = bool(restored) and all(
+                len(answered[s.session_id]) > 0 and np.array_equal(s.rollout_log_probs[s.loss_mask.astype(bool)],
+                               np.asarray(answered[s.session_id], dtype=np.float32)) for s in restored)
+            released = client.delete({r.key for r in refs})
+            source.close()
+            detail = {"sessions_finalized_before_kill": finalized_n, "sessions_active_at_kill": active_n,
+                      "states_after_restart": sorted(set(states.values())),
+                      "finalized_kept": all(states[s] == "finalized" for s in finalized),
+                      "active_kept": all(states[s] == "active" for s in active),
+                      "tq_keys_before_kill": keys_before_kill, "trajectories_read": batch.trajectories,
+                      "acknowledged_lost": sum(1 for s in finalized if s not in restored_sessions),
+                      "large_fields_lost": lost_samples,
+                      "bit_identical_to_before_kill": all(after.get(k) == v for k, v in before.items()),
+                      "samples_compared": len(before),
+                      "logprobs_match_answers": answered_match,
+                      "reads_acknowledged": acked, "tq_keys_read": len({r.key for r in refs}),
+                      "tq_keys_released": released, "keys_left": client.total_keys(),
+                      "unread_sessions": sorted(set(finalized + active) - read_sessions)}
+        finally:
+            for served in (restarted, proxy):
+                if served is not None:
+                    served.stop()
+            client.close()
+            detail_rc = _stop_tq(tq)
+            engine.stop()
+    detail["tq_serve_exit_code"] = detail_rc
+    detail["spec_removed"] = not spec_out.exists()
+    passed = (detail["acknowledged_lost"] == 0 and detail["large_fields_lost"] == 0 and detail["finalized_kept"]
+              and detail["active_kept"] and detail["bit_identical_to_before_kill"]
+              and detail["samples_compared"] >= finalized_n and detail["logprobs_match_answers"]
+              and detail["reads_acknowledged"] == finalized_n + active_n and not detail["unread_sessions"]
+              and detail["tq_keys_released"] == detail["tq_keys_read"] > 0 and detail["keys_left"] == 0
+              and detail_rc == 0)
     return passed, detail
