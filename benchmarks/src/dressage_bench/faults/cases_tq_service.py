@@ -26,6 +26,7 @@ from dressage_bench.faults.cases_tq import _gone, _local, _refs, _sample
 from dressage_bench.faults.runner import FaultsConfig, case
 from dressage.errors import TransferQueueError
 from dressage.train import TrainingReader
+from dressage.trajectory import Piece
 from dressage.tq import TransferQueue
 
 __all__: list[str] = []
@@ -203,13 +204,31 @@ def _large_fields(samples: list[Any]) -> dict[tuple[str, int], tuple[bytes, byte
             for s in samples}
 
 
-def _agent_turn(url: str, sid: str, i: int) -> list[float]:
-    """One model call of session ``sid``; the logprobs the agent was answered."""
-    r = httpx.post(url + "/v1/chat/completions",
-                   json={"messages": [{"role": "user", "content": f"Job {i}: spell 'river'."}], "max_tokens": 12,
-                         "logprobs": True}, headers={"X-Session-Id": sid, "X-Instance-Id": f"agent{i}"}, timeout=30)
+def _tq_keys(samples: list[Any]) -> set[str]:
+    """The TQ keys a leased batch's Samples point at (their prompt parts of later turns are fills, no key)."""
+    return {p.value.key for s in samples for pieces in s.remote.values() for p in pieces
+            if isinstance(p, Piece) and not isinstance(p.value, np.ndarray)}
+
+
+def _agent_turn(url: str, sid: str, messages: list[dict[str, Any]], i: int) -> tuple[list[dict[str, Any]], list[float]]:
+    """One model call of session ``sid``: the conversation to go on with, and the logprobs the agent was answered."""
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 12, "logprobs": True},
+                   headers={"X-Session-Id": sid, "X-Instance-Id": f"agent{i}"}, timeout=30)
     r.raise_for_status()
-    return [float(t["logprob"]) for t in r.json()["choices"][0]["logprobs"]["content"]]
+    choice = r.json()["choices"][0]
+    return ([*messages, choice["message"], {"role": "user", "content": "Go on."}],
+            [float(t["logprob"]) for t in choice["logprobs"]["content"]])
+
+
+def _answered_match(restored: list[Any], answered: dict[str, list[float]]) -> bool:
+    """Each session's trainable logprobs (its Samples in order, loss-masked) are the ones its agent was answered."""
+    by_session: dict[str, list[Any]] = {}
+    for s in sorted(restored, key=lambda s: s.segment_index):
+        by_session.setdefault(s.session_id, []).append(s)
+    return set(by_session) == set(answered) and all(
+        len(answered[sid]) > 0 and np.array_equal(
+            np.concatenate([s.rollout_log_probs[s.loss_mask.astype(bool)] for s in samples]),
+            np.asarray(answered[sid], dtype=np.float32)) for sid, samples in by_session.items())
 
 
 @case("proxy_restart_tq_served_apart")
@@ -238,7 +257,11 @@ def proxy_restart_tq_served_apart(cfg: FaultsConfig) -> tuple[bool, dict[str, An
             proxy = serve_process(args)
             finalized = [f"done-{i}" for i in range(finalized_n)]
             active = [f"open-{i}" for i in range(active_n)]
-            answered = {sid: _agent_turn(proxy.url, sid, i) for i, sid in enumerate(finalized + active)}
+            convs: dict[str, list[dict[str, Any]]] = {}
+            answered: dict[str, list[float]] = {}
+            for i, sid in enumerate(finalized + active):
+                convs[sid], answered[sid] = _agent_turn(
+                    proxy.url, sid, [{"role": "user", "content": f"Job {i}: spell 'river'."}], i)
             for sid in finalized:
                 httpx.post(proxy.url + "/session/finalize", json={"session_id": sid, "reward": 1.0},
                            timeout=30).raise_for_status()  # a 200: acknowledged
@@ -251,13 +274,15 @@ def proxy_restart_tq_served_apart(cfg: FaultsConfig) -> tuple[bool, dict[str, An
             restarted = serve_process(args, port=int(proxy.url.rsplit(":", 1)[1]))
             states = {sid: httpx.get(f"{restarted.url}/sessions/{sid}", timeout=30).json()["state"]
                       for sid in finalized + active}
-            for sid in active:                                  # the agents left active finish after the restart
+            for i, sid in enumerate(active):  # the agents left active go on with the restarted Proxy, then finish
+                convs[sid], more = _agent_turn(restarted.url, sid, convs[sid], finalized_n + i)
+                answered[sid] += more
                 httpx.post(restarted.url + "/session/finalize", json={"session_id": sid, "reward": 0.5},
                            timeout=30).raise_for_status()
             source = ProxyTrajectorySource(restarted.url, timeout_s=30)
             batch = source.read(lease=True)
             reader = TrainingReader(source.client(), on_lost="drop")
-            refs = _refs(batch.samples)                         # before the restore replaces them with arrays
+            keys = _tq_keys(batch.samples)                      # before the restore replaces them with arrays
             restored = reader.restore(batch.samples)
             lost_samples = len(reader.last_lost.samples) if reader.last_lost else 0
             acked = source.ack(batch) if not lost_samples else 0
@@ -266,10 +291,7 @@ def proxy_restart_tq_served_apart(cfg: FaultsConfig) -> tuple[bool, dict[str, An
             after = _large_fields(restored)
             read_sessions = {s.session_id for s in batch.samples}
             restored_sessions = {s.session_id for s in restored}
-            answered_match = bool(restored) and all(
-                len(answered[s.session_id]) > 0 and np.array_equal(s.rollout_log_probs[s.loss_mask.astype(bool)],
-                               np.asarray(answered[s.session_id], dtype=np.float32)) for s in restored)
-            released = client.delete({r.key for r in refs})
+            released = client.delete(keys)
             source.close()
             detail = {"sessions_finalized_before_kill": finalized_n, "sessions_active_at_kill": active_n,
                       "states_after_restart": sorted(set(states.values())),
@@ -280,8 +302,8 @@ def proxy_restart_tq_served_apart(cfg: FaultsConfig) -> tuple[bool, dict[str, An
                       "large_fields_lost": lost_samples,
                       "bit_identical_to_before_kill": all(after.get(k) == v for k, v in before.items()),
                       "samples_compared": len(before),
-                      "logprobs_match_answers": answered_match,
-                      "reads_acknowledged": acked, "tq_keys_read": len({r.key for r in refs}),
+                      "logprobs_match_answers": _answered_match(restored, answered),
+                      "reads_acknowledged": acked, "tq_keys_read": len(keys),
                       "tq_keys_released": released, "keys_left": client.total_keys(),
                       "unread_sessions": sorted(set(finalized + active) - read_sessions)}
         finally:
