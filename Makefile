@@ -84,7 +84,7 @@ test: $(STAMP) tokenizers clients browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # `make bench` adds the benchmark baselines (transferqueue, CPU torch) and runs `dressage bench tq`;
-# ARGS=--quick for a run under a minute. Kept out of `dev` so CI stays light.
+# ARGS=--quick for the short run (80 s on 2 shared cores). Kept out of `dev` so CI stays light.
 $(VENV)/.installed-bench: pyproject.toml benchmarks/pyproject.toml constraints.txt $(STAMP)
 	$(PIP_INSTALL) -e '.[dev]' -e 'benchmarks[baselines]'
 	@touch $@

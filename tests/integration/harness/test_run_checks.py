@@ -33,9 +33,28 @@ def test_make_run_arguments_end_with_a_pass_verdict_computed_from_both_runs(tmp_
     assert data["verdict"]["ok"] is True
     assert data["baseline_samples_digest"] == data["samples_digest"]
     assert printed[-1] == data["verdict"]["line"]
-    assert printed[-1].startswith("PASS: 4 sessions without errors, ")
+    assert printed[-1].startswith("PASS: 4 sessions without errors (")
     assert "0 TQ keys left" in printed[-1]
     assert f"TQ on/off samples identical (digest {data['samples_digest'][:8]})" in printed[-1]
+
+
+def test_make_run_defaults_exercise_context_compression_and_the_verdict_counts_it(tmp_path, capsys):
+    # The Makefile's RUN_ARGS with every agent default (one rollout of the default shape).
+    out = tmp_path / "run.json"
+    rc = main(["run", "--num-rollouts", "1", "--no-progress", "--use-rollout-routing-replay",
+               "--enable-transfer-queue", "--routed-experts-dtype", "uint8", "--compare-without-tq",
+               "--json", str(out)])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert rc == 0
+    data = json.loads(out.read_text())
+    agent = data["agent"]
+    assert agent["compressions"] > 0 and agent["retries"] > 0 and agent["tool_calls"] > 0
+    # Each compression starts a new Segment of its session.
+    assert data["segments"] >= data["sessions"] + agent["compressions"]
+    assert line.startswith(f"PASS: {data['sessions']} sessions without errors ({agent['turns']} turns, "
+                           f"{agent['tool_calls']} tool calls, {agent['retries']} retries, "
+                           f"{agent['compressions']} compressions), ")
+    assert data["baseline_samples_digest"] == data["samples_digest"]
 
 
 def test_compare_without_tq_needs_tq_on(capsys):
@@ -53,6 +72,9 @@ def _report(**kw) -> RunReport:
 
 def test_verdict_fails_on_each_check_and_names_the_figure():
     assert judge(_report()).line == "PASS: 4 sessions without errors, 5 samples checked, 0 TQ keys left"
+    counted = _report(agent={"errors": 0, "turns": 9, "tool_calls": 3, "retries": 1, "compressions": 2})
+    assert judge(counted).line == ("PASS: 4 sessions without errors (9 turns, 3 tool calls, 1 retry, 2 compressions), "
+                                   "5 samples checked, 0 TQ keys left")
     v = judge(_report(tq_keys_left=3))
     assert not v.ok and v.failed == ("3 TQ keys left after consumption",)
     assert v.line.startswith("FAIL: 3 TQ keys left after consumption (passed: 4 sessions")

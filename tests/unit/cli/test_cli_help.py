@@ -79,7 +79,7 @@ def test_every_option_has_help_and_shows_its_default(command):
 
 def test_generated_and_hand_written_defaults_read_the_same():
     run = COMMANDS["run"].format_help()
-    assert re.search(r"--context-length TOKENS\s+Context window of the agents.*\(default:\s+4K\)", run, re.S)
+    assert re.search(r"--context-length TOKENS\s+Context window of the agents.*\(default:\s+2.5K\)", run, re.S)
     assert re.search(r"--engine \{builtin,transformers\}.*\(default: builtin\)", run, re.S)
     assert "(default: 30000)" in COMMANDS["engine serve"].format_help()
 

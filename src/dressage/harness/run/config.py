@@ -67,8 +67,10 @@ class AgentsConfig:
     """Model calls per agent session."""
     max_tokens: int = 128
     """max_tokens per call."""
-    context_length: int = field(default=4096, metadata=flag(parse=count, metavar="TOKENS", default_text="4K"))
-    """Context window of the agents, e.g. 4K, 32K: they compress their history before exceeding it."""
+    context_length: int = field(default=2560, metadata=flag(parse=count, metavar="TOKENS", default_text="2.5K"))
+    """Context window of the agents (and of the engine started here), e.g. 2.5K, 32K: past 80% of it an
+    agent replaces its history by a summary (a new Segment). The default makes the built-in engine's
+    agents, whose first prompt is 1.4K to 1.7K byte tokens, compress within a few turns."""
     retry_rate: float = 0.1
     """Share of turns an agent retries (a branch in the trajectory)."""
 

@@ -1,7 +1,8 @@
 """The verdict of ``dressage run``: one PASS / FAIL line computed from what the run measured.
 
 Checks, each only where it applies:
-- every agent session finished without an error, and the rollouts produced Samples (each of them
+- every agent session finished without an error (the line counts the agents' turns, tool calls,
+  retries and context compressions), and the rollouts produced Samples (each of them
   already passed the consumer's :func:`dressage.train.check_sample` on the way);
 - with TransferQueue on, no key is left once every batch has been consumed;
 - with ``compare_without_tq``, the same seed with TQ off gives the same samples digest;
@@ -43,6 +44,19 @@ class Verdict:
         return {"ok": self.ok, "passed": list(self.passed), "failed": list(self.failed), "line": self.line}
 
 
+_ACTIVITY = (("turns", "turn", "turns"), ("tool_calls", "tool call", "tool calls"), ("retries", "retry", "retries"),
+             ("compressions", "compression", "compressions"))
+
+
+def _activity(agent: dict[str, Any]) -> str:
+    """What the agents did, counted, e.g. `` (62 turns, 19 tool calls, 4 retries, 7 compressions)``:
+    the line shows whether a run exercised retries and context compression at all."""
+    if "turns" not in agent:
+        return ""
+    counts = [(int(agent.get(key, 0)), one, many) for key, one, many in _ACTIVITY]
+    return " (" + ", ".join(f"{n} {one if n == 1 else many}" for n, one, many in counts) + ")"
+
+
 def judge(report: Any, baseline: Any = None) -> Verdict:
     """The verdict on ``report`` (a :class:`dressage.harness.run.loop.RunReport`); ``baseline`` is the
     same run with TQ off, when one was made."""
@@ -56,7 +70,7 @@ def judge(report: Any, baseline: Any = None) -> Verdict:
     from dressage.harness.agents.rollout import first_causes
 
     causes = getattr(report, "first_errors", None)
-    check(errors == 0, f"{report.sessions} sessions without errors",
+    check(errors == 0, f"{report.sessions} sessions without errors{_activity(report.agent)}",
           f"{errors} agent sessions failed" + (f" ({first_causes(causes)})" if causes else ""))
     check(report.segments > 0, f"{report.segments} samples checked", "no Samples reached the trainer")
     if report.config.get("enable_transfer_queue"):
