@@ -51,7 +51,7 @@ def register_tq(benches: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--json", metavar="FILE", help="write the full report (results, ratios, targets, environment)")
-    p.add_argument("--quick", action="store_true", help="small sizes, few rounds: the whole run in under a minute")
+    p.add_argument("--quick", action="store_true", help="small sizes, few rounds: about 80 s on 2 cores, cluster start included")
     p.add_argument("--sizes", nargs="+", metavar="MIB",
                    help="large payload sizes in MiB (default 1 4 16 64 256; quick: 1 16)")
     p.add_argument("--rounds", type=int, metavar="N", help="timed rounds per system and payload (default 5; quick: 3)")

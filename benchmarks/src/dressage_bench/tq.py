@@ -127,7 +127,7 @@ class TqBenchConfig:
 
     @classmethod
     def quick_preset(cls, **overrides: Any) -> "TqBenchConfig":
-        """Small sizes and few rounds: the whole run, cluster start included, stays under a minute."""
+        """Small sizes and few rounds: about 80 s on 2 cores, cluster start included."""
         values: dict[str, Any] = dict(
             sizes_mib=(1, 16), rounds=3, warmup=1, small_r3_count=16, small_logprobs_count=64,
             small_step_count=16, quick=True
