@@ -26,9 +26,7 @@ from dressage.proxy.upstream.read import (GroupRule, SegmentFormat, finalization
 from dressage.trajectory import build_segments
 from dressage.trajectory.sample_wire import samples_wire
 
-__all__ = ["Trajectories", "DEFAULT_FINALIZE_WAIT_S"]
-
-DEFAULT_FINALIZE_WAIT_S = 30.0
+__all__ = ["Trajectories"]
 
 
 class Trajectories:
@@ -155,7 +153,7 @@ class Trajectories:
 
     async def _finalize_once(self, sid: str, reward: float | None, instance_id: str | None, label: Any,
                              wait_s: float | None) -> dict[str, Any]:
-        limit = getattr(self.config, "finalize_wait_s", DEFAULT_FINALIZE_WAIT_S) if wait_s is None else wait_s
+        limit = self.config.sessions.finalize_wait_s if wait_s is None else wait_s  # --finalize-wait
         waited = await self.in_flight.wait_idle(sid, limit)
         session = self.core.session(sid)
         done = self.finalized.get(sid)
