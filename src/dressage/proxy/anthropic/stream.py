@@ -12,7 +12,7 @@ import json
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from dressage.proxy.anthropic.protocol import THINKING_SIGNATURE, error_object
-from dressage.proxy.openai.streaming import ContentStream
+from dressage.proxy.openai.streaming import ContentStream, unsent_tail
 
 __all__ = ["event", "error_event", "stream_message", "replay_message"]
 
@@ -65,7 +65,7 @@ class _Blocks:
 
     def close_text(self, final: str | None) -> Iterator[bytes]:
         if final is not None:
-            rest = _rest(final, self.sent_text) if self.text_at is not None else final
+            rest = unsent_tail(final, self.sent_text) if self.text_at is not None else final
             yield from self.text(rest)
         if self.text_at is not None:
             yield event("content_block_stop", index=self.text_at)
@@ -96,15 +96,6 @@ class _Blocks:
                 yield from self.tool_use(block)
         if not text_done:
             yield from self.close_text(None)
-
-
-def _rest(final: str, sent: str) -> str:
-    # As the chat stream completes a message: what was sent stays, what is missing is added.
-    if final.startswith(sent):
-        return final[len(sent):]
-    if final.strip().startswith(sent.strip()):
-        return final.strip()[len(sent.strip()):]
-    return ""
 
 
 def _end(message: dict[str, Any]) -> Iterator[bytes]:

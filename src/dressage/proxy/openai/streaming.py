@@ -13,7 +13,7 @@ import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 
 __all__ = ["error_body", "error_payload", "agent_message", "sse", "DONE", "KEEPALIVE", "HEARTBEAT", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
-           "aiter_frames", "opened"]
+           "aiter_frames", "opened", "unsent_tail"]
 
 log = logging.getLogger("dressage.proxy")
 
@@ -87,6 +87,17 @@ def _tool_call_deltas(calls: list[dict[str, Any]], first: int = 0) -> list[dict[
             for i, c in enumerate(calls)]
 
 
+def unsent_tail(final: str, sent: str) -> str:
+    """What a stream still owes of a reply's ``final`` text after it showed ``sent``: what was sent stays,
+    the rest is added (the parser strips the text around tool calls, so ``sent`` may carry blanks ``final``
+    lost); nothing when the two parted ways."""
+    if final.startswith(sent):
+        return final[len(sent):]
+    if final.strip().startswith(sent.strip()):
+        return final.strip()[len(sent.strip()):]
+    return ""
+
+
 class ContentStream:
     """Turns successive decoded texts of one reply into content / reasoning deltas, and, given the
     reply's ``call_id_prefix``, tool-call deltas for each call once it is complete."""
@@ -121,15 +132,7 @@ class ContentStream:
         reasoning = message.get("reasoning_content")
         if reasoning is not None and not self.sent_reasoning:
             out.append({"reasoning_content": reasoning})
-        final = message.get("content") or ""
-        sent = self.sent_content
-        if final.startswith(sent):
-            rest = final[len(sent):]
-        elif final.strip().startswith(sent.strip()):
-            # The parser strips the text around tool calls; what was sent is kept, the rest added.
-            rest = final.strip()[len(sent.strip()):]
-        else:
-            rest = ""
+        rest = unsent_tail(message.get("content") or "", self.sent_content)
         if rest:
             out.append({"content": rest})
         calls = message.get("tool_calls") or []

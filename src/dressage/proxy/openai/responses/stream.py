@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, AsyncIterator, Callable, Iterator
 
-from dressage.proxy.openai.streaming import KEEPALIVE, ContentStream
+from dressage.proxy.openai.streaming import KEEPALIVE, ContentStream, unsent_tail
 
 __all__ = ["ResponseEvents", "stream_response", "replay_events"]
 
@@ -86,15 +86,6 @@ class _Items:
         yield self.ev.event("response.output_item.done", output_index=index, item=item)
 
 
-def _rest(final: str, sent: str) -> str:
-    # As the chat stream completes a message: what was sent stays, what is missing is added.
-    if final.startswith(sent):
-        return final[len(sent):]
-    if final.strip().startswith(sent.strip()):
-        return final.strip()[len(sent.strip()):]
-    return ""
-
-
 def _terminal(ev: ResponseEvents, response: dict[str, Any]) -> bytes:
     kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
     return ev.event(kind, response=response)
@@ -135,7 +126,7 @@ async def stream_response(ev: ResponseEvents, skeleton: dict[str, Any], ids: tup
     for index, item in enumerate(response["output"]):
         if item["id"] == rs_id and rs_id in items.opened:
             continue  # sent whole when its block closed
-        rest = _rest(item["content"][0]["text"], items.sent_text) if item["type"] == "message" else ""
+        rest = unsent_tail(item["content"][0]["text"], items.sent_text) if item["type"] == "message" else ""
         for frame in items.whole(item, index, rest):
             yield frame
     yield _terminal(ev, response)
