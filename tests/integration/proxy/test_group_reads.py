@@ -13,29 +13,8 @@ from dressage.errors import ConfigError, ProxyStatusError
 from dressage.proxy.config import JournalConfig, ReadsConfig
 from dressage.proxy.upstream.read import GroupRule, select_trajectories
 from dressage.testing.stack import start_proxy
+from group_sessions import finalize_session, read_trajectories, record_session
 from dressage.train.remote import ProxyTrajectorySource, drain
-
-
-def _session(url: str, sid: str, instance: str, *, finalize: bool = True) -> None:
-    """One recorded call in session ``sid`` of prompt group ``instance``, then its finalize."""
-    r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": f"hi {sid}"}],
-                                                       "max_tokens": 6},
-                   headers={"X-Session-Id": sid, "X-Instance-Id": instance}, timeout=30)
-    assert r.status_code == 200, r.text
-    if finalize:
-        _finalize(url, sid, instance)
-
-
-def _finalize(url: str, sid: str, instance: str) -> None:
-    r = httpx.post(url + "/session/finalize", json={"session_id": sid, "instance_id": instance, "reward": 1.0},
-                   timeout=30)
-    assert r.status_code == 200, r.text
-
-
-def _read(url: str, **body) -> dict:
-    r = httpx.post(url + "/trajectory/read", json=body, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def _backdate(proxy, sids, seconds: float) -> None:
@@ -52,20 +31,20 @@ def proxy(engine, proxy_stack):
 def test_drained_batch_read_never_hands_over_a_partial_group(proxy):
     url = proxy.url
     for i in range(3):
-        _session(url, f"g7-{i}", "7")
-    _session(url, "g7-3", "7", finalize=False)
+        record_session(url, f"g7-{i}", "7")
+    record_session(url, "g7-3", "7", finalize=False)
     for i in range(4):
-        _session(url, f"g8-{i}", "8")
-    read = _read(url, drain=True)
+        record_session(url, f"g8-{i}", "8")
+    read = read_trajectories(url, drain=True)
     assert [[seg["trajectory_id"] for seg in group] for group in read["data"]] == [[f"g8-{i}" for i in range(4)]]
     assert read["meta_info"]["timed_out_groups"] == []   # a whole group is not flagged
     (held,) = read["meta_info"]["incomplete_groups"]
     assert (held["key"], held["finalized"]) == ("7", 3) and 0 <= held["age_s"] < 600
-    again = _read(url, drain=True)  # still 3 of 4: nothing handed over, the group stays listed
+    again = read_trajectories(url, drain=True)  # still 3 of 4: nothing handed over, the group stays listed
     assert again["data"] == [] and [g["key"] for g in again["meta_info"]["incomplete_groups"]] == ["7"]
     assert sorted(proxy.service.trajectories.finalized) == [f"g7-{i}" for i in range(3)]
-    _finalize(url, "g7-3", "7")
-    whole = _read(url, drain=True)
+    finalize_session(url, "g7-3", "7")
+    whole = read_trajectories(url, drain=True)
     assert [sorted(seg["trajectory_id"] for seg in group) for group in whole["data"]] == \
         [[f"g7-{i}" for i in range(4)]]
     assert whole["meta_info"]["incomplete_groups"] == [] and not proxy.service.trajectories.finalized
@@ -74,26 +53,26 @@ def test_drained_batch_read_never_hands_over_a_partial_group(proxy):
 def test_group_timeout_hands_over_the_partial_group(proxy):
     url = proxy.url
     for i in range(2):
-        _session(url, f"late-{i}", "3")
-    assert _read(url, drain=True, group_timeout_s=100.0)["data"] == []
+        record_session(url, f"late-{i}", "3")
+    assert read_trajectories(url, drain=True, group_timeout_s=100.0)["data"] == []
     _backdate(proxy, ["late-0"], 150.0)  # the oldest session of the group is now 150 s old
-    young = _read(url, drain=True, group_timeout_s=200.0)  # not yet old enough for this read's timeout
+    young = read_trajectories(url, drain=True, group_timeout_s=200.0)  # not yet old enough for this read's timeout
     assert young["data"] == [] and young["meta_info"]["incomplete_groups"][0]["age_s"] >= 150.0
-    timed_out = _read(url, drain=True, group_timeout_s=100.0)
+    timed_out = read_trajectories(url, drain=True, group_timeout_s=100.0)
     assert [sorted(seg["trajectory_id"] for seg in g) for g in timed_out["data"]] == [["late-0", "late-1"]]
     assert timed_out["meta_info"]["incomplete_groups"] == []
     assert timed_out["meta_info"]["timed_out_groups"] == ["3"]   # flagged: handed over short of min_group_size
-    assert _read(url, drain=True)["meta_info"]["incomplete_groups"] == []
+    assert read_trajectories(url, drain=True)["meta_info"]["incomplete_groups"] == []
 
 
 def test_a_read_may_lower_the_group_size_and_named_reads_ignore_it(proxy):
     url = proxy.url
     for i in range(2):
-        _session(url, f"two-{i}", "5")
-    named = _read(url, session_id="two-0")  # named trajectories are read as named
+        record_session(url, f"two-{i}", "5")
+    named = read_trajectories(url, session_id="two-0")  # named trajectories are read as named
     assert [seg["trajectory_id"] for seg in named["data"]] == ["two-0"]
-    assert _read(url)["data"] == []
-    smaller = _read(url, min_group_size=2, drain=True)
+    assert read_trajectories(url)["data"] == []
+    smaller = read_trajectories(url, min_group_size=2, drain=True)
     assert [sorted(seg["trajectory_id"] for seg in g) for g in smaller["data"]] == [["two-0", "two-1"]]
 
 
@@ -103,7 +82,7 @@ def test_a_read_may_lower_the_group_size_and_named_reads_ignore_it(proxy):
     ({"group_timeout_s": 0}, "group_timeout_s"), ({"group_timeout_s": -1.0}, "group_timeout_s"),
     ({"group_timeout_s": "soon"}, "group_timeout_s")])
 def test_bad_group_settings_are_a_400_naming_the_field(proxy, body, field):
-    _session(proxy.url, "kept", "1")
+    record_session(proxy.url, "kept", "1")
     r = httpx.post(proxy.url + "/trajectory/read", json={**body, "drain": True}, timeout=10)
     assert r.status_code == 400 and field in r.text
     assert list(proxy.service.trajectories.finalized) == ["kept"]  # nothing read, nothing drained
@@ -112,8 +91,8 @@ def test_bad_group_settings_are_a_400_naming_the_field(proxy, body, field):
 def test_trajectory_source_passes_the_group_settings(proxy):
     url = proxy.url
     for i in range(3):
-        _session(url, f"s-{i}", "2")
-    _session(url, "s-3", "2", finalize=False)
+        record_session(url, f"s-{i}", "2")
+    record_session(url, "s-3", "2", finalize=False)
     source = ProxyTrajectorySource(url)
     batch = source.read(drain=True)
     assert batch.samples == [] and batch.trajectories == 0
@@ -124,7 +103,7 @@ def test_trajectory_source_passes_the_group_settings(proxy):
     (batch,) = list(drain(source, group_timeout_s=10.0))
     assert sorted({s.session_id for s in batch.samples}) == ["s-0", "s-1", "s-2"]
     assert batch.meta_info["incomplete_groups"] == []
-    _finalize(url, "s-3", "2")
+    finalize_session(url, "s-3", "2")
     assert source.read(drain=False, min_group_size=2).trajectories == 0  # a group of one is short of 2
     assert {s.session_id for s in source.read(drain=True, min_group_size=1).samples} == {"s-3"}
     with pytest.raises(ProxyStatusError) as err:
@@ -176,15 +155,15 @@ def test_a_partial_group_held_back_before_a_restart_is_still_held_after_the_jour
     journal = JournalConfig(path=str(tmp_path / "proxy.journal"), fsync="never")
     with start_proxy(engine.url, journal=journal, min_group_size=3, group_timeout_s=600.0) as proxy:
         for i in range(2):
-            _session(proxy.url, f"r-{i}", "9")
+            record_session(proxy.url, f"r-{i}", "9")
         _backdate(proxy, ["r-0"], 500.0)  # close to timing out before the restart
-        assert _read(proxy.url)["meta_info"]["incomplete_groups"][0]["age_s"] >= 500.0
+        assert read_trajectories(proxy.url)["meta_info"]["incomplete_groups"][0]["age_s"] >= 500.0
     with start_proxy(engine.url, journal=journal, min_group_size=3, group_timeout_s=600.0) as proxy:
         # The replay hands the finalized sessions over again: their age counts from the replay, so
         # the group's late peers get a whole timeout after a restart, and nothing is handed over early.
-        read = _read(proxy.url, drain=True)
+        read = read_trajectories(proxy.url, drain=True)
         (held,) = read["meta_info"]["incomplete_groups"]
         assert read["data"] == [] and (held["key"], held["finalized"]) == ("9", 2) and held["age_s"] < 500.0
-        _session(proxy.url, "r-2", "9")
-        whole = _read(proxy.url, drain=True)
+        record_session(proxy.url, "r-2", "9")
+        whole = read_trajectories(proxy.url, drain=True)
         assert [sorted(seg["trajectory_id"] for seg in g) for g in whole["data"]] == [["r-0", "r-1", "r-2"]]

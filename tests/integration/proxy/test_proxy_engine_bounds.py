@@ -15,18 +15,11 @@ from dressage.fields.r3_stream import RoutedExpertsSpec
 from dressage.proxy.engines.aio_transport import AiohttpTransport
 from dressage.proxy.engines.sglang_client import SGLangClient
 from dressage.testing.stack import start_proxy
-from dressage_bench.faults.hostile import HUGE_BYTES, HostileEngine
+from dressage_bench.faults.hostile import HUGE_BYTES
 
 CAP = 4 * 1024 * 1024
 MSG = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
-
-@pytest.fixture(scope="module")
-def hostile():
-    srv = HostileEngine()
-    srv.start_background()
-    yield srv
-    srv.stop()
 
 
 def _transport(name: str):

@@ -15,18 +15,11 @@ from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.session_caps import SessionKeeper
 from dressage.proxy.engines.sglang_client import SGLangClient
 from dressage.testing.stack import start_proxy
-from dressage_bench.faults.hostile import MODES, STREAM_MODES, HostileEngine
+from dressage_bench.faults.hostile import MODES, STREAM_MODES
 
 MODEL = get_model("tiny-moe")
 MSG = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
-
-@pytest.fixture(scope="module")
-def hostile():
-    srv = HostileEngine()
-    srv.start_background()
-    yield srv
-    srv.stop()
 
 
 def _serve(engine_url, **server):

@@ -17,25 +17,9 @@ from dressage.proxy.journal import log as journal_log
 from dressage.errors import LostSamplesError
 from dressage.rollout.manager import sample_ref_keys
 from dressage.tq import TransferQueue
+from group_sessions import read_trajectories, record_session
 from dressage.train.remote import ProxyTrajectorySource, consume
 from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE
-
-
-def _session(url: str, sid: str, instance: str, *, finalize: bool = True) -> None:
-    r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": f"hi {sid}"}],
-                                                       "max_tokens": 6},
-                   headers={"X-Session-Id": sid, "X-Instance-Id": instance}, timeout=30)
-    assert r.status_code == 200, r.text
-    if finalize:
-        r = httpx.post(url + "/session/finalize", json={"session_id": sid, "instance_id": instance, "reward": 1.0},
-                       timeout=30)
-        assert r.status_code == 200, r.text
-
-
-def _read(url: str, **body) -> dict:
-    r = httpx.post(url + "/trajectory/read", json=body, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def _unread(proxy) -> list[str]:
@@ -59,12 +43,12 @@ class _Clock:
 def test_a_leased_read_is_skipped_by_batch_reads_until_acked_and_an_ack_repeats(engine, proxy_stack):
     proxy = proxy_stack(engine.url)
     for i in range(3):
-        _session(proxy.url, f"s-{i}", str(i))
-    first = _read(proxy.url, lease=True)
+        record_session(proxy.url, f"s-{i}", str(i))
+    first = read_trajectories(proxy.url, lease=True)
     assert _ids(first) == ["s-0", "s-1", "s-2"] and first["lease_s"] == 600.0
-    assert _read(proxy.url, lease=True)["trajectories"] == []  # held by the first read
-    _session(proxy.url, "s-3", "3")
-    assert _ids(_read(proxy.url, lease=True)) == ["s-3"]  # only what no read holds
+    assert read_trajectories(proxy.url, lease=True)["trajectories"] == []  # held by the first read
+    record_session(proxy.url, "s-3", "3")
+    assert _ids(read_trajectories(proxy.url, lease=True)) == ["s-3"]  # only what no read holds
     r = httpx.post(proxy.url + "/trajectory/ack", json={"read_id": first["read_id"]}, timeout=10)
     assert r.status_code == 200 and r.json()["acknowledged"] == 3
     assert sorted(proxy.service.trajectories.finalized) == ["s-3"]
@@ -80,17 +64,17 @@ def test_an_expired_or_released_lease_makes_its_trajectories_readable_again(engi
     proxy = proxy_stack(engine.url, lease_s=30.0)
     clock = proxy.service.trajectories.leases.clock = _Clock()
     for i in range(2):
-        _session(proxy.url, f"s-{i}", str(i))
-    first = _read(proxy.url, lease=True)
-    assert first["lease_s"] == 30.0 and _read(proxy.url, lease=True)["trajectories"] == []
+        record_session(proxy.url, f"s-{i}", str(i))
+    first = read_trajectories(proxy.url, lease=True)
+    assert first["lease_s"] == 30.0 and read_trajectories(proxy.url, lease=True)["trajectories"] == []
     clock.now += 31.0
-    second = _read(proxy.url, lease=True, lease_s=5)
+    second = read_trajectories(proxy.url, lease=True, lease_s=5)
     assert _ids(second) == ["s-0", "s-1"]
     r = httpx.post(proxy.url + "/trajectory/ack", json={"read_id": first["read_id"]}, timeout=10)
     assert r.status_code == 409 and "expired" in r.text  # its reader learns they went out again
     released = httpx.post(proxy.url + "/trajectory/release", json={"read_id": second["read_id"]}, timeout=10)
     assert released.status_code == 200 and released.json()["released"] == 2
-    assert _ids(_read(proxy.url, drain=True)) == ["s-0", "s-1"]
+    assert _ids(read_trajectories(proxy.url, drain=True)) == ["s-0", "s-1"]
     assert _unread(proxy) == []
     assert httpx.post(proxy.url + "/trajectory/read", json={"lease": True, "lease_s": 0}, timeout=10).status_code == 400
 
@@ -98,9 +82,9 @@ def test_an_expired_or_released_lease_makes_its_trajectories_readable_again(engi
 def test_a_named_read_takes_its_sessions_from_another_lease(engine, proxy_stack):
     proxy = proxy_stack(engine.url)
     for i in range(2):
-        _session(proxy.url, f"s-{i}", str(i))
-    first = _read(proxy.url, lease=True)
-    named = _read(proxy.url, session_ids=["s-1"], lease=True)
+        record_session(proxy.url, f"s-{i}", str(i))
+    first = read_trajectories(proxy.url, lease=True)
+    named = read_trajectories(proxy.url, session_ids=["s-1"], lease=True)
     assert _ids(named) == ["s-1"]
     ack = httpx.post(proxy.url + "/trajectory/ack", json={"read_id": first["read_id"]}, timeout=10).json()
     assert ack["acknowledged"] == 1 and sorted(proxy.service.trajectories.finalized) == ["s-1"]
@@ -110,7 +94,7 @@ def test_a_named_read_takes_its_sessions_from_another_lease(engine, proxy_stack)
 def test_a_poisoned_drain_forgets_nothing_and_the_rest_stays_readable(engine, proxy_stack, binary):
     proxy = proxy_stack(engine.url)
     for i in range(3):
-        _session(proxy.url, f"s-{i}", str(i))
+        record_session(proxy.url, f"s-{i}", str(i))
     done = proxy.service.trajectories.finalized["s-1"]
     if binary:
         done.metadata["big"] = 2 ** 64  # no msgpack integer holds it
@@ -144,9 +128,9 @@ def test_a_full_disk_under_finalize_abort_discard_and_drain_changes_nothing(engi
     path = tmp_path / "proxy.journal"
     proxy = proxy_stack(engine.url, journal=JournalConfig(path=str(path), fsync="always"))
     for i in range(3):
-        _session(proxy.url, f"s-{i}", str(i))
-    _session(proxy.url, "active", "9", finalize=False)
-    _session(proxy.url, "to-abort", "9", finalize=False)
+        record_session(proxy.url, f"s-{i}", str(i))
+    record_session(proxy.url, "active", "9", finalize=False)
+    record_session(proxy.url, "to-abort", "9", finalize=False)
     size = path.stat().st_size
     real_write = journal_log._write_all
     _fail_writes(monkeypatch)
@@ -158,7 +142,7 @@ def test_a_full_disk_under_finalize_abort_discard_and_drain_changes_nothing(engi
     assert r.status_code == 507 and proxy.service.core.session("to-abort").state == "active"
     r = httpx.post(proxy.url + "/session/discard", json={"session_id": "s-2"}, timeout=30)
     assert r.status_code == 507 and "s-2" in proxy.service.trajectories.finalized
-    drained = _read(proxy.url, drain=True)  # written whole; forgetting it cannot be journaled
+    drained = read_trajectories(proxy.url, drain=True)  # written whole; forgetting it cannot be journaled
     assert _ids(drained) == ["s-0", "s-1", "s-2"]
     assert _unread(proxy) == ["s-0", "s-1", "s-2"]
     r = httpx.post(proxy.url + "/trajectory/ack", json={"read_id": drained["read_id"]}, timeout=10)
