@@ -39,22 +39,26 @@ def _run(session, task: str, calls: list[tuple[int, int]], seed: int):
 
 
 def test_tool_calling_agent_reaches_a_final_answer_and_trains_each_token_once(new_session):
-    # The engine picks among the offered tools (add and smolagents' final_answer): tasks run
-    # until one calls add before answering; every run is checked.
+    # The engine picks among the offered tools (add and smolagents' final_answer), and the tool call
+    # ids the Proxy draws come back in smolagents' prompts, so a run may also call add until
+    # max_steps. Tasks run until one calls add and then answers; every run is checked.
     round_trips = 0
     for i, task in enumerate(TASKS):
         session, calls = new_session(i), []
         agent, result = _run(session, task, calls, seed=100 + i)
-        assert result.state == "success" and result.output is not None
+        assert result.state in ("success", "max_steps_error"), result.state
         called = [c.name for step in agent.memory.steps for c in (getattr(step, "tool_calls", None) or ())]
         assert called.count("add") == len(calls) and all(isinstance(v, int) for c in calls for v in c)
         n = len(session.log.usages)
         segments = session.check_run(linear=True if n == 1 else None, min_calls=1)
         assert all(s["boundary_reason"] == "tito_mismatch" for s in segments[1:])
-        # smolagents' own token count agrees with the Proxy's answers.
-        assert result.token_usage.output_tokens == session.log.completion_tokens
         if calls:
             assert len(segments) > 1  # the tool call came back as text
-            round_trips += 1
-            break
+        if result.state == "success":
+            assert result.output is not None
+            # smolagents' own token count agrees with the Proxy's answers.
+            assert result.token_usage.output_tokens == session.log.completion_tokens
+            if calls:
+                round_trips += 1
+                break
     assert round_trips == 1
