@@ -2,8 +2,8 @@
 
 :class:`MessagesServing` turns the request into the equivalent chat request
 (:mod:`dressage.proxy.anthropic.protocol`), plans and records it with
-:class:`dressage.proxy.openai.chat.serving.ChatServing` (same prompt, same StepRecord, same tool
-rules) and answers a Message, or its event stream (:mod:`dressage.proxy.anthropic.stream`).
+:meth:`dressage.proxy.openai.chat.serving.ChatServing.serve` (same prompt, same StepRecord, same tool
+rules, same turns) and answers a Message, or its event stream (:class:`MessageShaper`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 :class:`ResponsesServing` turns the request into the equivalent chat request
 (:mod:`dressage.proxy.openai.responses.protocol`), plans and records it with
-:class:`dressage.proxy.openai.chat.serving.ChatServing` (same prompt, same StepRecord) and answers a
-Response, or its event stream. Responses it produced are kept in ``memory`` (a
+:meth:`dressage.proxy.openai.chat.serving.ChatServing.serve` (same prompt, same StepRecord, same turns)
+and answers a Response, or its event stream (:class:`ResponseShaper`). Responses it produced are kept in ``memory`` (a
 :class:`~dressage.proxy.openai.responses.protocol.ResponseMemory`) for ``previous_response_id``.
 """
 
