@@ -93,10 +93,8 @@ class ProxyService:
                                 sampler=ChatSampler(config, calls, self.parser), turns=self.turns,
                                 limits=self.limits, in_flight=self.in_flight, book=self.book,
                                 hooks=self.tool_call_hooks)
-        self.responses = ResponsesServing(config, core, chat=self.chat, memory=memory, parser=self.parser,
-                                          turns=self.turns, book=self.book)
-        self.messages = MessagesServing(config, core, tokenizer, chat=self.chat, parser=self.parser, turns=self.turns,
-                                        book=self.book)
+        self.responses = ResponsesServing(config, core, chat=self.chat, memory=memory, parser=self.parser)
+        self.messages = MessagesServing(config, core, tokenizer, chat=self.chat, parser=self.parser, book=self.book)
         self.completions = CompletionsServing(config, tokenizer, calls=calls, limits=self.limits,
                                               in_flight=self.in_flight, book=self.book)
         self.models = ModelsServing(config, core)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import httpx
+import pytest
 import numpy as np
 
 from dressage.trajectory.sample_wire import sample_from_wire
@@ -336,6 +337,50 @@ def test_tool_call_hooks_run_at_the_step_boundaries_of_a_sandboxed_agent(tmp_pat
         assert refused.status_code == 502 and refused.json()["detail"]["error"] == "tool_call_hook_failed"
         assert refused.json()["detail"]["hook"] == "gate"
         assert "g" not in gated.service.core.sessions   # nothing recorded: the failed first call left no session
+    finally:
+        tools_engine.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_call_hooks_run_for_a_sandboxed_messages_agent(tmp_path, proxy_stack, stream):
+    """A Messages call takes chat's call path whole: a tool result it sends runs the after hooks too."""
+    import json
+
+    from dressage.proxy.config import ToolCallHooksConfig
+    from dressage.testing.stack import start_engine
+
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    tools_engine = start_engine(tool_call_rate=1.0, mean_response_tokens=20)
+    try:
+        proxy = proxy_stack(tools_engine.url, tool_call_hooks=ToolCallHooksConfig(
+            hooks=(f"{tmp_path / 'hooks.py'}:Snapshot",), before_timeout_s=5.0))
+        headers = {"X-Session-Id": "hm", "X-Dressage-Sandbox-Id": "sbx-2", "X-Turn-Id": "t1"}
+        tools = [{"name": "calculator", "description": "evaluate",
+                  "input_schema": {"type": "object", "properties": {"a": {"type": "number"}}}}]
+        messages = [{"role": "user", "content": "compute"}]
+
+        def send() -> httpx.Response:
+            return httpx.post(proxy.url + "/v1/messages", json={"model": "m", "max_tokens": 400, "tools": tools,
+                                                                "messages": messages, "stream": stream},
+                              headers=headers, timeout=30)
+
+        first = send()
+        assert first.status_code == 200
+        if stream:
+            final = [json.loads(line[6:]) for line in first.text.splitlines() if line.startswith("data: ")]
+            uses = [e["content_block"] for e in final if e["type"] == "content_block_start"
+                    and e["content_block"]["type"] == "tool_use"]
+        else:
+            uses = [b for b in first.json()["content"] if b["type"] == "tool_use"]
+        assert uses
+        messages += [{"role": "assistant", "content": [{"type": "tool_use", "id": u["id"], "name": u["name"],
+                                                        "input": {"a": 1}} for u in uses]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u["id"], "content": "4"}
+                                                  for u in uses]}]
+        assert send().status_code == 200
+        log = [json.loads(line) for line in (tmp_path / "hooks.log").read_text().splitlines()]
+        assert [(e["stage"], e["step"], e["sandbox"], e["turn"], e["session"]) for e in log] == \
+            [("before", 0, "sbx-2", "t1", "hm"), ("after", 1, "sbx-2", "t1", "hm"), ("before", 1, "sbx-2", "t1", "hm")]
     finally:
         tools_engine.stop()
 

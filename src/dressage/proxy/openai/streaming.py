@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import Any, AsyncIterator, Iterable, Iterator
 
 __all__ = ["error_body", "error_payload", "agent_message", "sse", "DONE", "KEEPALIVE", "HEARTBEAT", "ChunkWriter", "ContentStream", "stream_completion", "replay_chunks",
            "aiter_frames", "opened", "unsent_tail"]
@@ -142,20 +142,19 @@ class ContentStream:
         return out
 
 
-async def stream_completion(writer: ChunkWriter, parser: Any, events: AsyncIterator[Any],
-                            commit: Callable[[Any], Awaitable[dict[str, Any]]], *,
+async def stream_completion(writer: ChunkWriter, parser: Any, events: AsyncIterator[Any], *,
                             include_usage: bool, call_id_prefix: str | None = None,
                             tools: Any = None) -> AsyncIterator[bytes]:
     """SSE frames of one streamed call.
 
-    ``events`` are the generation's: decoded text so far (``str``), keep-alives (``None``) and
-    last its result, which ``commit`` records and turns into the chat completion; the frames
-    after it complete the message exactly as it was recorded. With ``call_id_prefix`` (the ids the
-    reply's calls get) each tool call is sent as soon as it is complete.
+    ``events`` are the call's: decoded text so far (``str``), keep-alives (``None``) and last the
+    recorded chat completion (``dict``); the frames after it complete the message exactly as it was
+    recorded. With ``call_id_prefix`` (the ids the reply's calls get) each tool call is sent as soon as
+    it is complete.
     """
     content = ContentStream(parser, call_id_prefix=call_id_prefix, tools=tools)
     role = writer.chunk({"role": "assistant", "content": ""})
-    result = None
+    response = None
     async for event in events:
         if role is not None:
             # Only once the engine answered (see opened): a refusal before it is a plain error status.
@@ -167,10 +166,7 @@ async def stream_completion(writer: ChunkWriter, parser: Any, events: AsyncItera
             for delta in content.feed(event):
                 yield writer.chunk(delta)
         else:
-            result = event
-    if role is not None:
-        yield role
-    response = await commit(result)
+            response = event
     choice = response["choices"][0]
     for delta in content.finish(choice["message"]):
         yield writer.chunk(delta)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 __all__ = ["ToolCallParser", "ReasoningParser", "THINK", "ParsedCall", "assistant_message", "read_assistant_message", "tool_schemas",
-           "typed_value", "call_entry", "held_tail"]
+           "typed_value", "typed_call", "written_value", "call_entry", "held_tail"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +74,21 @@ def typed_value(raw: str, schema: Any) -> Any:
           "object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list),
           "string": lambda v: isinstance(v, str)}
     return value if any(ok.get(k, lambda v: False)(value) for k in kinds) else raw
+
+
+def written_value(value: Any) -> str:
+    """A parameter value as XML-like call formats write it: strings raw, anything else as JSON (the chat
+    templates' ``tojson``); :func:`typed_value` reads it back."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def typed_call(start: int, end: int, name: str, pairs: Iterable[tuple[str, str]],
+               schemas: dict[str, dict[str, Any]]) -> ParsedCall:
+    """A call whose arguments the model wrote as ``(key, raw value)`` pairs (XML-like formats), each value
+    read by :func:`typed_value` against the tool's schema (``schemas`` as :func:`tool_schemas` gives them)."""
+    props = schemas.get(name, {})
+    args = {key.strip(): typed_value(raw, props.get(key.strip())) for key, raw in pairs}
+    return ParsedCall(start, end, name, json.dumps(args, ensure_ascii=False))
 
 
 def call_entry(call: ParsedCall, call_id: str) -> dict[str, Any]:

@@ -6,11 +6,10 @@ non-strings); they are read back typed by the tool's JSON schema. GLM-4.7 drops 
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Sequence
 
-from dressage.proxy.parsers.base import THINK, ParsedCall, ToolCallParser, tool_schemas, typed_value
+from dressage.proxy.parsers.base import THINK, ParsedCall, ToolCallParser, tool_schemas, typed_call, written_value
 
 __all__ = ["GlmParser", "render_glm_call"]
 
@@ -22,7 +21,7 @@ def render_glm_call(name: str, args: dict[str, Any], *, newlines: bool = True) -
     """A call as the GLM-4.5 template writes it (``newlines=False``: GLM-4.7's)."""
     nl = "\n" if newlines else ""
     pairs = "".join(f"<arg_key>{k}</arg_key>{nl}<arg_value>"
-                    f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}</arg_value>{nl}"
+                    f"{written_value(v)}</arg_value>{nl}"
                     for k, v in args.items())
     return f"<tool_call>{name}{nl}{pairs}</tool_call>"
 
@@ -44,7 +43,5 @@ class GlmParser(ToolCallParser):
             rest = body[len(body) if at < 0 else at:]
             if _PAIR.sub("", rest).strip():
                 continue  # stray text between the pairs: not a call
-            props = schemas.get(name, {})
-            args = {k.strip(): typed_value(v, props.get(k.strip())) for k, v in _PAIR.findall(rest)}
-            out.append(ParsedCall(m.start(), m.end(), name, json.dumps(args, ensure_ascii=False)))
+            out.append(typed_call(m.start(), m.end(), name, _PAIR.findall(rest), schemas))
         return out

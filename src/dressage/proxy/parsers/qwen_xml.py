@@ -14,11 +14,10 @@ when prompted with that form, and the built-in engine does.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Sequence
 
-from dressage.proxy.parsers.base import THINK, ParsedCall, ToolCallParser, tool_schemas, typed_value
+from dressage.proxy.parsers.base import THINK, ParsedCall, ToolCallParser, tool_schemas, typed_call, written_value
 from dressage.proxy.parsers.hermes import json_call
 
 __all__ = ["QwenXmlParser", "render_xml_call"]
@@ -38,8 +37,7 @@ def _strip_one_newline(value: str) -> str:
 
 def render_xml_call(name: str, args: dict[str, Any]) -> str:
     """A call as the Qwen3-Coder template writes it (strings raw, other values as JSON)."""
-    params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n"
-                     "</parameter>\n" for k, v in args.items())
+    params = "".join(f"<parameter={k}>\n{written_value(v)}\n</parameter>\n" for k, v in args.items())
     return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
 
@@ -60,12 +58,9 @@ class QwenXmlParser(ToolCallParser):
                     out.append(ParsedCall(m.start(), m.end(), *call))
                 continue
             name = fn.group(1).strip()
-            props = schemas.get(name, {})
             inner = fn.group(2)
-            params = list(_PARAM.finditer(inner))
             if _PARAM.sub("", inner).strip():
                 continue  # text between parameters: not a call of this form
-            args = {p.group(1).strip(): typed_value(_strip_one_newline(p.group(2)), props.get(p.group(1).strip()))
-                    for p in params}
-            out.append(ParsedCall(m.start(), m.end(), name, json.dumps(args, ensure_ascii=False)))
+            pairs = [(key, _strip_one_newline(raw)) for key, raw in _PARAM.findall(inner)]
+            out.append(typed_call(m.start(), m.end(), name, pairs, schemas))
         return out

@@ -21,18 +21,18 @@ __all__ = ["EmbeddedDeployment", "EmbeddedServers"]
 
 
 class EmbeddedDeployment:
-    """Everything in this process; units are in-process backends."""
+    """Everything in this process; units are in-process backends.
 
-    def __init__(self, config: TransferQueueConfig) -> None:
+    ``units``: StorageUnits built elsewhere to run here instead of the configured in-process backends
+    (the ``transferqueue`` deployment's one unit over the public TransferQueue); the Controller, Janitor and
+    on-demand servers are the same over them. ``fast_writes`` as :class:`TransferQueueClient` takes it.
+    """
+
+    def __init__(self, config: TransferQueueConfig, *, units: dict[str, StorageUnit] | None = None,
+                 fast_writes: bool = True) -> None:
         self.config = config
-        n = config.num_storage_units or 1
-        self.units: dict[str, StorageUnit] = {}
-        for i in range(n):
-            uid = f"unit{i}"
-            self.units[uid] = make_storage_unit(uid, node_id=None, memory_budget=config.budget_bytes,
-                                                on_full=config.on_full, spill_dir=config.spill_dir,
-                                                checksums=config.checksums,
-                                                verify_local_reads=config.verify_local_reads)
+        self.fast_writes = fast_writes
+        self.units: dict[str, StorageUnit] = units if units is not None else _memory_units(config)
         self.controller = Controller(
             [UnitInfo(uid, None, config.budget_bytes) for uid in self.units], retention_s=config.retention_s,
             strict_budget=config.on_full != "spill")
@@ -47,7 +47,7 @@ class EmbeddedDeployment:
 
     def client(self, node_id: str | None) -> TransferQueueClient:
         return TransferQueueClient(self.controller, self.units, node_id=node_id, on_full=self.config.on_full,
-                                   full_wait_s=self.config.full_wait_s)
+                                   full_wait_s=self.config.full_wait_s, fast_writes=self.fast_writes)
 
     def client_spec(self) -> dict[str, Any]:
         if self.servers is None:
@@ -69,6 +69,14 @@ class EmbeddedDeployment:
             self.servers.close()
         for unit in self.units.values():
             unit.close()
+
+
+def _memory_units(config: TransferQueueConfig) -> dict[str, StorageUnit]:
+    """The configured in-process backends (``unit0`` ...)."""
+    return {f"unit{i}": make_storage_unit(f"unit{i}", node_id=None, memory_budget=config.budget_bytes,
+                                          on_full=config.on_full, spill_dir=config.spill_dir,
+                                          checksums=config.checksums, verify_local_reads=config.verify_local_reads)
+            for i in range(config.num_storage_units or 1)}
 
 
 class EmbeddedServers:

@@ -3,14 +3,13 @@ in upstream Dressage's step layout; the directory (batches, consumption, retenti
 
 The public TransferQueue is joined when one runs in the cluster (its named controller actor) and started
 otherwise; only one it started is closed at shutdown. Clients look as they do in every deployment: one
-:class:`~dressage.tq.storage.kv.KVStorageUnit` behind our Controller, served over ZMQ to other processes
-on demand, as the embedded deployment serves its units.
+:class:`~dressage.tq.storage.kv.KVStorageUnit` behind our Controller, run by an embedded deployment over
+that one unit (served over ZMQ to other processes on demand, as it serves its own units).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import uuid
 from typing import Any
@@ -18,10 +17,7 @@ from typing import Any
 from dressage.errors import StorageUnitUnavailable
 from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.config import TransferQueueConfig
-from dressage.tq.deploy.embedded import EmbeddedServers
-from dressage.tq.directory.controller import Controller
-from dressage.tq.directory.entries import UnitInfo
-from dressage.tq.directory.janitor import Janitor, sweep_interval
+from dressage.tq.deploy.embedded import EmbeddedDeployment
 from dressage.tq.storage import StorageUnit
 from dressage.tq.storage.kv import KVStorageUnit
 
@@ -35,7 +31,8 @@ _CONTROLLER_NAME, _NAMESPACE = "TransferQueueController", "transfer_queue"
 
 
 class KVDeployment:
-    """One KVStorageUnit over the cluster's public TransferQueue, our Controller and Janitor here."""
+    """One KVStorageUnit over the cluster's public TransferQueue; our Controller, Janitor and servers over
+    it are an :class:`EmbeddedDeployment`'s (``local``)."""
 
     def __init__(self, config: TransferQueueConfig) -> None:
         try:
@@ -48,8 +45,7 @@ class KVDeployment:
         self.config = config
         self._api = transfer_queue
         self._started_ray = self._started_tq = False
-        self.servers: EmbeddedServers | None = None
-        self.janitor: Janitor | None = None
+        self.local: EmbeddedDeployment | None = None
         self._sweeper: threading.Thread | None = None
         self._stop = threading.Event()
         try:
@@ -62,12 +58,11 @@ class KVDeployment:
             self.store_id = config.store_id or uuid.uuid4().hex[:12]
             self.unit = KVStorageUnit(UNIT_ID, store_id=self.store_id, api=transfer_queue,
                                       memory_budget=config.budget_bytes, retention_s=config.retention_s)
-            self.units: dict[str, StorageUnit] = {UNIT_ID: self.unit}
-            # Put timing is the public TransferQueue's: a strict budget here would refuse, never spill.
-            self.controller = Controller([UnitInfo(UNIT_ID, None, config.budget_bytes)],
-                                         retention_s=config.retention_s, strict_budget=True)
-            self.janitor = Janitor(self.controller, self.units.get,
-                                   interval_s=sweep_interval(config.retention_s)).start()
+            # Put timing is the public TransferQueue's: a strict budget here would refuse, never spill. Every
+            # write goes the plain placed way: the unit is no in-process buffer to lease or write into.
+            self.local = EmbeddedDeployment(config.replace(on_full="error"), units={UNIT_ID: self.unit},
+                                            fast_writes=False)
+            self.controller = self.local.controller
             if config.retention_s is not None:
                 self._sweeper = threading.Thread(target=self._sweep_loop, name="tq-kv-retention", daemon=True)
                 self._sweeper.start()
@@ -78,29 +73,24 @@ class KVDeployment:
     # docstrings inherited from tq/deploy/base.py:Deployment
     @property
     def secret_file(self) -> Any:
-        return None if self.servers is None else self.servers.secret_file
+        return None if self.local is None else self.local.secret_file
 
     def client(self, node_id: str | None) -> TransferQueueClient:
-        # Every write goes the plain placed way: the unit is no in-process buffer to lease or write into.
-        return TransferQueueClient(self.controller, self.units, node_id=node_id, on_full="error",
-                                   full_wait_s=self.config.full_wait_s, fast_writes=False)
+        return self.local.client(node_id)
 
     def client_spec(self) -> dict[str, Any]:
-        if self.servers is None:
-            self.servers = EmbeddedServers(self.config.replace(on_full="error"), self.controller, self.units)
-        return self.servers.spec
+        return self.local.client_spec()
 
     def unit_handles(self) -> dict[str, StorageUnit]:
-        return self.units
+        return self.local.unit_handles()
 
     def processes(self) -> dict[str, int]:
-        return {"tq": os.getpid()}
+        return self.local.processes()
 
     def run_janitor(self) -> int:
         """Our Controller's sweep and queued deletions, then the rows of this store whose ``expires_at``
         tag passed (rows a Proxy that died left behind included)."""
-        removed = self.janitor.run_once() if self.janitor is not None else 0
-        return removed + self.unit.sweep_expired()
+        return self.local.run_janitor() + self.unit.sweep_expired()
 
     def _sweep_loop(self) -> None:
         # Rows are swept by their ``expires_at`` tag, as upstream's retention loop does (our Controller's
@@ -122,12 +112,9 @@ class KVDeployment:
         if self._sweeper is not None:
             self._sweeper.join()
             self._sweeper = None
-        if self.janitor is not None:
-            self.janitor.stop()
-            self.janitor = None
-        if self.servers is not None:
-            self.servers.close()
-            self.servers = None
+        if self.local is not None:
+            self.local.shutdown()
+            self.local = None
         if self._started_tq:
             self._started_tq = False
             try:

@@ -289,27 +289,32 @@ def test_a_stream_that_fails_after_it_began_ends_with_an_error_event():
     import numpy as np
 
     from dressage.errors import EngineTimeout
-    from dressage.proxy.anthropic.serving import MessagesServing
+    from dressage.proxy.anthropic.serving import MessageShaper, MessagesServing
+    from dressage.proxy.openai.chat.serving import ChatServing
 
-    class Chat:
-        async def reply_events(self, call, on_commit=None):
-            yield "Some words"
-            raise EngineTimeout("the engine did not answer within 5s")
+    async def generate(plan):
+        yield "Some words"
+        raise EngineTimeout("the engine did not answer within 5s")
 
     book = SimpleNamespace(failed_calls=0, dropped=[], failures=[])
-    book.drop_if_unused = lambda sid: book.dropped.append(sid)
+    book.drop_if_unused = lambda sid, own_calls=0: book.dropped.append(sid)
 
     def failed(exc):
         book.failed_calls += 1
         book.failures.append(type(exc).__name__)
 
     book.failed = failed
-    serving = MessagesServing(None, None, None, chat=Chat(), parser=QwenToolCallParser(), turns=None, book=book)
+    left = []
+    calls = SimpleNamespace(generate=generate, leave=lambda sid, commit: left.append((sid, commit)))
+    chat = ChatServing(None, None, None, calls=calls, sampler=None, turns=None, limits=None,
+                       in_flight=SimpleNamespace(enter=lambda sid: None), book=book)
+    messages = MessagesServing(None, None, None, chat=chat, parser=QwenToolCallParser(), book=book)
     call = SimpleNamespace(session_id="s1", completion_id=CID, prompt=SimpleNamespace(prompt_ids=np.arange(7)),
-                           turn_id=None, cached=False, retry=False)
+                           turn_id=None, cached=False, retry=False, buffered=False, plan=None,
+                           options=SimpleNamespace(stops=()), commit=None)
 
     async def run():
-        return [f async for f in serving._stream(call, SimpleNamespace(model="m"))]
+        return [f async for f in chat._stream(call, MessageShaper(messages, "m"))]
 
     evs = _events(asyncio.run(run()))
     assert [e["type"] for e in evs][:2] == ["message_start", "ping"]
@@ -318,3 +323,4 @@ def test_a_stream_that_fails_after_it_began_ends_with_an_error_event():
     assert evs[-1] == {"type": "error", "error": {"type": "api_error",
                                                   "message": "the engine did not answer within 5s"}}
     assert book.failed_calls == 1 and book.failures == ["EngineTimeout"] and book.dropped == ["s1"]  # nothing was committed: a fresh session goes
+    assert left == [("s1", None)]  # the call is no longer in flight

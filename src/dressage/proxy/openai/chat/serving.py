@@ -4,6 +4,8 @@
 the composition root (:class:`dressage.proxy.service.ProxyService`) hands it; each call ends in one
 ``ProxyCore.begin_step`` through :class:`~dressage.proxy.openai.model_calls.ModelCalls`. Every 4xx is
 raised in :meth:`ChatServing.prepare` / before the engine request, and a failed call records nothing.
+:meth:`ChatServing.serve` is the one turn, retry and stream choreography of every endpoint on the chat
+path, each answering in its own shape (:class:`~dressage.proxy.openai.chat.shaper.ReplyShaper`).
 """
 
 from __future__ import annotations
@@ -21,14 +23,13 @@ from dressage.errors import DressageError
 from dressage.proxy.config import ProxyConfig
 from dressage.proxy.openai.chat.prompt import ChatPrompt, build_chat_prompt, effective_tools
 from dressage.proxy.openai.chat.params import ChatOptions, chat_messages, chat_options
-from dressage.proxy.openai.chat.samples import (TOOL_RULE_ATTEMPTS, ChatSample, ChatSampler, call_id_prefix, seeded,
-                                                visible)
+from dressage.proxy.openai.chat.samples import TOOL_RULE_ATTEMPTS, ChatSample, ChatSampler, seeded, visible
 from dressage.proxy.openai.model_calls import ModelCalls
 from dressage.proxy.parsers import tool_call_constraint
 from dressage.proxy.engines.generation import KEEPALIVE_S, GenerationPlan, GenerationResult
 from dressage.proxy.schemas import ChatRequest, GenerateRequest
-from dressage.proxy.openai.streaming import (DONE, KEEPALIVE, ChunkWriter, aiter_frames, error_payload, opened, replay_chunks, sse,
-                                      stream_completion)
+from dressage.proxy.openai.chat.shaper import ChatShaper, ReplyEvents, ReplyShaper
+from dressage.proxy.openai.streaming import aiter_frames, opened
 from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.recording.limits import CallLimits
@@ -156,44 +157,58 @@ class ChatServing:
 
     async def open(self, session_id: str, req: ChatRequest, *,
                    scope: CallScope | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
-        """A chat completion (dict) or, for ``stream``, its SSE byte stream.
+        """A chat completion (dict) or, for ``stream``, its SSE byte stream (:meth:`serve`)."""
+        include_usage = bool(req.stream_options and req.stream_options.get("include_usage"))
+        shaper = ChatShaper(self.sampler.parser, self.config.server.served_model_name, include_usage=include_usage)
+        return await self.serve(session_id, req, shaper, scope=scope)
 
-        ``scope`` (the call's headers, :class:`CallScope`): its turn (``X-Turn-Id``), recorded with its
-        steps; a transport retry (an ``Idempotency-Key`` seen before, or the OpenAI SDK's retry of an
-        identical body) gets the recorded reply (nothing generated or recorded again); any other
-        re-send generates again (a branch). ``X-Dressage-Expected-Version`` pins the weight version.
+    async def serve(self, session_id: str, req: ChatRequest, shaper: ReplyShaper, *,
+                    scope: CallScope | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
+        """A chat call answered in ``shaper``'s shape: its answer (dict) or, for ``stream``, its stream.
+
+        Every endpoint that takes the chat path (Chat Completions, Responses, Anthropic Messages) comes
+        here with its request translated to chat. ``scope`` (the call's headers, :class:`CallScope`):
+        its turn (``X-Turn-Id``), recorded with its steps; a transport retry (an ``Idempotency-Key``
+        seen before, or an SDK's retry of an identical body) gets the recorded reply (nothing generated
+        or recorded again); any other re-send generates again (a branch).
+        ``X-Dressage-Expected-Version`` pins the weight version.
         """
         scope = scope or CallScope()
         key = scope.key(req.model_dump(exclude_none=True)) if scope != CallScope() else CallKey()
         if key.retry:
-            pending = self.turns.get(session_id, key.key)
-            if pending is not None:
-                try:
-                    response = await asyncio.shield(pending)
-                except asyncio.CancelledError:
-                    if not pending.cancelled():
-                        raise  # this request itself is being cancelled
-                    pending = None  # the first attempt was dropped before its commit: run it anew
-            if pending is not None:
-                self.book.replayed_turns += 1
-                if req.stream:
-                    include = bool(req.stream_options and req.stream_options.get("include_usage"))
-                    return aiter_frames(replay_chunks(response, include_usage=include))
-                return response
+            completion = await self._replayed(session_id, key.key)
+            if completion is not None:
+                answer = shaper.answer(completion)
+                return aiter_frames(shaper.replay(answer)) if req.stream else answer
         await self.core.settled(session_id)  # the previous step's write-behind, before this call routes
         try:
             call = self.prepare(session_id, req, key=key, scope=scope)
             await self.after_tool_results(call)
             if req.stream:
-                # Its turn begins when the response starts (see _stream); the 200 waits for the
-                # engine's first answer, so a refusal or failure before it is a plain error status.
-                return await opened(self._stream(call), heartbeat_s=self.config.server.stream_heartbeat_interval_s)
+                # Its turn begins when the response starts (see _stream); the 200 goes with the first
+                # frame, so a refusal or failure before it is a plain error status.
+                return await opened(self._stream(call, shaper),
+                                    heartbeat_s=self.config.server.stream_heartbeat_interval_s)
             if call.cached:
                 self.turns.begin(session_id, call.turn_id)
-            return await self._complete(call)
+            return shaper.answer(await self._complete(call), call)
         except BaseException:
             self.book.drop_if_unused(session_id)
             raise
+
+    async def _replayed(self, session_id: str, turn_id: str) -> dict[str, Any] | None:
+        """The chat completion of a turn already answered (or being answered), ``None`` for a new turn."""
+        pending = self.turns.get(session_id, turn_id)
+        if pending is None:
+            return None
+        try:
+            completion = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            if not pending.cancelled():
+                raise  # this request itself is being cancelled
+            return None  # the first attempt was dropped before its commit: run it anew
+        self.book.replayed_turns += 1
+        return completion
 
     def _commit_task(self, call: ChatCall, samples: list[ChatSample]) -> asyncio.Future:
         call.samples = samples
@@ -216,37 +231,23 @@ class ChatServing:
         finally:
             self.calls.leave(call.session_id, call.commit)
 
-    async def _stream(self, call: ChatCall) -> AsyncIterator[bytes]:
+    async def _stream(self, call: ChatCall, shaper: ReplyShaper) -> AsyncIterator[bytes]:
         if call.cached:
             # The turn begins here, not when the call was planned: a response that never starts
             # (the agent left first) must not leave its retries waiting on a turn nobody runs.
-            pending = self.turns.get(call.session_id, call.turn_id) if call.retry else None
-            if pending is not None:  # the attempt this retry repeats started first
-                self.book.replayed_turns += 1
-                for frame in replay_chunks(await asyncio.shield(pending), include_usage=call.include_usage):
+            completion = await self._replayed(call.session_id, call.turn_id) if call.retry else None
+            if completion is not None:  # the attempt this retry repeats started first
+                for frame in shaper.replay(shaper.answer(completion)):
                     yield frame
                 return
             self.turns.begin(call.session_id, call.turn_id)
         committing = False
 
-        async def commit(result: GenerationResult) -> dict[str, Any]:
-            nonlocal committing
-            sample = await self.sampler.reply(call, 0, call.plan, result)
-            committing = True
-            return await asyncio.shield(self._commit_task(call, [sample]))
-
         def began() -> None:
             nonlocal committing
             committing = True
 
-        writer = ChunkWriter(call.completion_id, self.config.server.served_model_name, call.created)
-        if call.buffered:
-            frames = self._buffered_frames(call, began)
-        else:
-            events = visible(self.calls.generate(call.plan), call.options.stops)
-            frames = stream_completion(writer, self.sampler.parser, events, commit, include_usage=call.include_usage,
-                                       call_id_prefix=None if call.options.tool_mode == "none" else
-                                       call_id_prefix(call.completion_id, 0), tools=call.tools)
+        frames = shaper.frames(call, self._reply_events(call, began))
         self.in_flight.enter(call.session_id)
         sent = False
         try:
@@ -260,10 +261,10 @@ class ChatServing:
                 exc = DressageError(f"internal error: {type(exc).__name__}")
             if not sent:
                 raise exc  # nothing sent yet (see opened): the agent gets the error's own status
-            # The stream has begun (200 sent): the error is its last event, then [DONE].
+            # The stream has begun (200 sent): the error ends it, in the endpoint's shape.
             self.book.failed(exc)
-            yield sse(error_payload(exc))
-            yield DONE
+            for frame in shaper.failed(call, exc):
+                yield frame
         except BaseException as exc:
             self._release_uncommitted(call, committing, exc)
             raise
@@ -278,47 +279,30 @@ class ChatServing:
         if call.cached:
             self.turns.abandon(call.session_id, call.turn_id, exc)
 
-    async def reply_events(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[str | None | dict[str, Any]]:
-        """A streamed chat call for other wire formats: the reply text so far (``str``, never a stop
-        sequence), keep-alives (``None``), then the recorded chat completion (``dict``);
-        ``on_commit()`` runs as recording begins. A buffered call (``n > 1``, tool rules) sends no
-        text: its completion comes once every sample is checked."""
-        self.in_flight.enter(call.session_id)  # finalize waits for this call (its commit included)
-        try:
-            if call.buffered:
-                task = asyncio.ensure_future(self.sampler.samples(call))
-                try:
-                    while not task.done():
-                        await asyncio.wait([task], timeout=KEEPALIVE_S)
-                        if not task.done():
-                            yield None
-                    samples = task.result()
-                finally:
-                    task.cancel()
-            else:
-                result = None
-                async for event in visible(self.calls.generate(call.plan), call.options.stops):
-                    if isinstance(event, GenerationResult):
-                        result = event
-                    else:
-                        yield event
-                samples = [await self.sampler.reply(call, 0, call.plan, result)]
-            if on_commit is not None:
-                on_commit()
-            yield await asyncio.shield(self._commit_task(call, samples))
-        finally:
-            self.calls.leave(call.session_id, call.commit)
-
-    async def _buffered_frames(self, call: ChatCall, on_commit: Any = None) -> AsyncIterator[bytes]:
-        """Every sample generated (keep-alives meanwhile), recorded, then sent as one stream."""
-        response = None
-        async for event in self.reply_events(call, on_commit):
-            if event is None:
-                yield KEEPALIVE
-            else:
-                response = event
-        for frame in replay_chunks(response, include_usage=call.include_usage):
-            yield frame
+    async def _reply_events(self, call: ChatCall, on_commit: Any) -> ReplyEvents:
+        """The :data:`ReplyEvents` of a streamed call; ``on_commit()`` runs as recording begins. A
+        buffered call (``n > 1``, tool rules) sends no text: its completion comes once every sample
+        is checked."""
+        if call.buffered:
+            task = asyncio.ensure_future(self.sampler.samples(call))
+            try:
+                while not task.done():
+                    await asyncio.wait([task], timeout=KEEPALIVE_S)
+                    if not task.done():
+                        yield None
+                samples = task.result()
+            finally:
+                task.cancel()
+        else:
+            result = None
+            async for event in visible(self.calls.generate(call.plan), call.options.stops):
+                if isinstance(event, GenerationResult):
+                    result = event
+                else:
+                    yield event
+            samples = [await self.sampler.reply(call, 0, call.plan, result)]
+        on_commit()
+        yield await asyncio.shield(self._commit_task(call, samples))
 
     # ------------------------------------------------------- token level
     async def generate_tokens(self, session_id: str, req: GenerateRequest) -> dict[str, Any]:
