@@ -293,6 +293,31 @@ def test_viewer_renders_tree_segments_and_mask_colours_exported_and_live(engine,
     assert httpx.get(proxy.url + "/admin/sessions/nope", headers=_auth(admin), timeout=10).status_code == 404
 
 
+def test_viewer_shows_a_retried_call_and_the_retry_that_continued(engine, proxy_stack, browser, tmp_path):
+    proxy = proxy_stack(engine.url)
+    first = [SYSTEM, {"role": "user", "content": "list the files"}]
+    _chat(proxy.url, "s-retry", first)  # the agent dropped this reply ...
+    again = _chat(proxy.url, "s-retry", first)  # ... asked again, and went on from the second one
+    _chat(proxy.url, "s-retry", first + [{"role": "assistant", "content": again}, {"role": "user", "content": "count"}])
+    r = httpx.post(proxy.url + "/session/finalize", json={"session_id": "s-retry", "reward": 1.0}, timeout=30)
+    assert r.status_code == 200, r.text
+    samples = _read(proxy.url)
+    html = tmp_path / "retry.html"
+    assert main(["export", "--proxy-url", proxy.url, "--html", str(html)]) == 0
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(html.as_uri())
+    assert page.locator("#step-tree li.step").count() == 3
+    dropped, retry = page.locator('li.step[data-step="0"]'), page.locator('li.step[data-step="1"]')
+    assert "retried" in dropped.inner_text() and "retried" not in retry.inner_text()
+    assert "retry" in retry.locator(".reason").first.inner_text()
+    assert page.locator('li.step[data-step="1"] li.step[data-step="2"]').count() == 1  # the continuation hangs there
+    reasons = page.locator(".segment").evaluate_all("els => els.map(e => e.dataset.reason)")
+    assert reasons == [s.metadata["boundary_reason"] for s in samples] == ["new_session", "retry"]
+    # The Segment that continued shows its conversation: what the agent sent and the reply it got.
+    assert "count" in page.locator(".segment").nth(1).locator(".messages").inner_text()
+    page.close()
+
+
 def _embedded(page: str) -> dict:
     start = page.index('<script id="viewer-data" type="application/json">') + len(
         '<script id="viewer-data" type="application/json">')
