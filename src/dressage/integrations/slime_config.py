@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 from dressage.errors import ConfigError
 
-__all__ = ["load_object", "sampling_params", "rollout_settings", "trainer_proxy", "check_against_proxy",
-           "eval_prompt_sets", "RESTORE_MODES"]
+__all__ = ["load_object", "sampling_params", "rollout_settings", "trainer_proxy", "trainer_metrics_address",
+           "check_against_proxy", "eval_prompt_sets", "RESTORE_MODES"]
 
 RESTORE_MODES = ("rollout", "trainer")
 """``rollout``: the rollout function restores the large fields and releases their TQ keys;
@@ -139,6 +139,33 @@ def trainer_proxy(args: Any) -> tuple[str | None, str | None]:
                           f"got {url!r}")
     token = _token(args, "dressage_admin_token_env") or os.environ.get("DRESSAGE_ADMIN_TOKEN") or None
     return url, token
+
+
+def trainer_metrics_address(args: Any) -> tuple[str, int] | None:
+    """``(host, port)`` a training rank serves its ``/metrics`` on (``None``: it serves none):
+    ``dressage_metrics_port`` (the YAML's key, else ``DRESSAGE_METRICS_PORT``) plus the rank's
+    ``LOCAL_RANK``, so the ranks of one node do not collide (0: each a free port); ``dressage_metrics_host``
+    (default ``0.0.0.0``)."""
+    port = getattr(args, "dressage_metrics_port", None)
+    if port is None:
+        env = os.environ.get("DRESSAGE_METRICS_PORT") or None
+        if env is None:
+            return None
+        try:
+            port = int(env)
+        except ValueError:
+            raise ConfigError(f"DRESSAGE_METRICS_PORT must be a port number, got {env!r}") from None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"dressage_metrics_port must be a port number 0..65535, got {port!r}")
+    host = getattr(args, "dressage_metrics_host", None) or "0.0.0.0"
+    if not isinstance(host, str):
+        raise ConfigError(f"dressage_metrics_host must be a host name or address, got {host!r}")
+    local = os.environ.get("LOCAL_RANK") or "0"
+    if port and not local.isdigit():
+        raise ConfigError(f"LOCAL_RANK must be a rank number, got {local!r}")
+    if port and port + int(local) > 65535:
+        raise ConfigError(f"dressage_metrics_port {port} + LOCAL_RANK {local} is past 65535")
+    return host, port + int(local) if port else 0
 
 
 def check_against_proxy(args: Any, caps: Mapping[str, Any]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextvars
 import importlib
 import itertools
+import logging
 import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
@@ -24,7 +25,7 @@ import numpy as np
 
 from dressage.errors import ConfigError, FieldShapeError, SampleWireError, TrajectoryError
 from dressage.integrations.slime import REFS_METADATA_KEY
-from dressage.integrations.slime_config import trainer_proxy
+from dressage.integrations.slime_config import trainer_metrics_address, trainer_proxy
 from dressage.train.reader import TrainingReader, release_batch
 from dressage.trajectory import SAMPLE_LARGE_FIELDS, Sample
 from dressage.trajectory.sample_wire import SAMPLE_WIRE_VERSION, remote_from_wire
@@ -272,9 +273,11 @@ class RankRefs:
     ranks share is read by both before either deletes it.
     """
 
-    def __init__(self, client: Any, *, reader: TrainingReader | None = None) -> None:
+    def __init__(self, client: Any, *, reader: TrainingReader | None = None, metrics: Any = None) -> None:
         self.client = client
-        self.reader = reader or TrainingReader(client)
+        self.metrics = metrics
+        """A :class:`~dressage.train.metrics.RestoreMetrics` the restores and releases count into, if any."""
+        self.reader = reader or TrainingReader(client, metrics=metrics)
         self.pending: list[str] = []
 
     def take(self, rollout_data: dict[str, Any]) -> dict[str, Any]:
@@ -283,7 +286,7 @@ class RankRefs:
 
     def release(self) -> int:
         keys, self.pending = sorted(set(self.pending)), []
-        return release_batch(self.client, keys) if keys else 0
+        return release_batch(self.client, keys, metrics=self.metrics) if keys else 0
 
 
 # ------------------------------------------------------------------ the Proxy around a weight update
@@ -359,10 +362,13 @@ def dressage_train_actor(base: type | None = None) -> type:
 
     class DressageTrainRayActor(base):  # type: ignore[misc, valid-type]
         _dressage_refs: RankRefs | None = None
+        _dressage_metrics: Any = None
 
         def _refs(self) -> RankRefs:
             if self._dressage_refs is None:
-                self._dressage_refs = RankRefs(_tq_client(self.args))
+                client = _tq_client(self.args)
+                metrics, self._dressage_metrics = _rank_metrics(self.args, client)
+                self._dressage_refs = RankRefs(client, metrics=metrics)
             return self._dressage_refs
 
         def _get_rollout_data(self, rollout_data_ref: Any) -> Any:
@@ -379,6 +385,20 @@ def dressage_train_actor(base: type | None = None) -> type:
             return out
 
     return DressageTrainRayActor
+
+
+def _rank_metrics(args: Any, client: Any) -> tuple[Any, Any]:
+    """The rank's :class:`~dressage.train.metrics.RestoreMetrics` and the endpoint serving it, when the
+    config names a metrics port (:func:`~dressage.integrations.slime_config.trainer_metrics_address`)."""
+    address = trainer_metrics_address(args)
+    if address is None:
+        return None, None
+    from dressage.train.metrics import RestoreMetrics
+
+    metrics = RestoreMetrics(client)
+    endpoint = metrics.serve(*address)
+    logging.getLogger(__name__).info("training rank metrics at %s", endpoint.url)
+    return metrics, endpoint
 
 
 def tq_spec(args: Any) -> dict[str, Any]:

@@ -5,7 +5,8 @@ sessions (by state, steps, tokens), the session book's call counters, the pause,
 Segments not yet read, the journal, the TransferQueue client's counters and, in an embedded deployment,
 its StorageUnits' stats. The histograms (whole call, the Proxy's own share of it, the engine wait) are
 observed once per call by the HTTP app, from the engine-wait tally the call already keeps; the TQ write
-and commit histograms once per step written behind its answer.
+and commit histograms once per step written behind its answer; the group wait once per prompt group a
+batch read hands over.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from dressage.observe.metrics import ReadOnScrape, Sample
 from dressage.tq.metrics import client_samples, unit_samples
 
-__all__ = ["ProxyMetrics", "CALL_BUCKETS_S"]
+__all__ = ["ProxyMetrics", "CALL_BUCKETS_S", "GROUP_WAIT_BUCKETS_S"]
 
 CALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
                   300.0)
 """Bucket bounds (seconds) of the call histograms: a millisecond of Proxy work up to a long generation."""
+
+GROUP_WAIT_BUCKETS_S = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+"""Bucket bounds (seconds) of the group wait: siblings finishing together up to a straggler's time-out."""
 
 
 class ProxyMetrics:
@@ -52,6 +56,10 @@ class ProxyMetrics:
             "dressage_commit_seconds", "Steps written behind their answer: seconds of the local commit (journal "
             "and insert) once their keys were written.", buckets=CALL_BUCKETS_S, registry=self.registry)
         service.core.write_behind.observe = self.observe_write
+        self.group_wait_seconds = Histogram(
+            "dressage_group_wait_seconds", "Prompt groups a batch read handed over: seconds from the group's first "
+            "finalize to the read (once per group).", buckets=GROUP_WAIT_BUCKETS_S, registry=self.registry)
+        service.trajectories.observe_group_wait = self.group_wait_seconds.observe
 
     def observe_write(self, write_s: float, commit_s: float) -> None:
         """One step's TQ write and local commit (told by the write-behind, on its thread)."""
@@ -136,12 +144,8 @@ class ProxyMetrics:
         yield Sample("dressage_token_version_span", "Widest policy-version span (max - min) of the trained tokens "
                      "of one unread Segment.", max((hi - lo for lo, hi in spans), default=0))
         ages = [d.finalized_at for d in finalized]
-        if ages:
-            yield Sample("dressage_group_wait_seconds", "Age of the oldest finalized session the trainer has not "
-                         "read.", max(time.monotonic() - min(ages), 0.0))
-        else:
-            yield Sample("dressage_group_wait_seconds", "Age of the oldest finalized session the trainer has not "
-                         "read.", 0.0)
+        yield Sample("dressage_oldest_unread_seconds", "Age of the oldest finalized session the trainer has not "
+                     "read (0 when none waits).", max(time.monotonic() - min(ages), 0.0) if ages else 0.0)
         yield Sample("dressage_unread_trained_tokens", "Trained tokens of the unread Segments.",
                      sum(int(np.count_nonzero(seg.loss_mask)) for seg in segments))
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -77,14 +78,16 @@ class TrainingReader:
     ``on_lost`` says what happens to Samples whose StorageUnit died or no longer has their
     keys: ``fail`` raises :class:`LostSamplesError` naming them; ``drop`` and ``reroll`` leave
     them out of the returned list and describe them in ``last_lost`` (``reroll`` is a request
-    to the driver to roll their prompts again).
+    to the driver to roll their prompts again). ``metrics`` (a :class:`~dressage.train.metrics.RestoreMetrics`)
+    counts each restore's bytes, keys and time.
     """
 
-    def __init__(self, client: Any, *, on_lost: str = "fail") -> None:
+    def __init__(self, client: Any, *, on_lost: str = "fail", metrics: Any = None) -> None:
         if on_lost not in LOST_POLICIES:
             raise ConfigError(f"on_lost: expected one of {', '.join(LOST_POLICIES)}, got {on_lost!r}")
         self.client = client
         self.on_lost = on_lost
+        self.metrics = metrics
         self.last_plan: ReadPlan | None = None
         self.last_lost: LostReport | None = None
 
@@ -120,7 +123,13 @@ class TrainingReader:
         samples = list(samples)
         plan = plan_reads(samples)
         self.last_plan, self.last_lost = plan, None
+        start = time.perf_counter()
         arrays, lost = self._read(plan)
+        if self.metrics is not None and plan.keys:
+            self.metrics.observe_restore(
+                seconds=time.perf_counter() - start, nbytes=sum(int(a.nbytes) for a in arrays.values()),
+                refs=len(arrays), samples=sum(1 for s in samples if s.remote and not (_sample_keys(s) & lost.keys())),
+                lost=len(lost))
         if lost:
             hit = [s for s in samples if _sample_keys(s) & lost.keys()]
             names = [f"{s.session_id}#{s.segment_index}" for s in hit]
@@ -154,9 +163,13 @@ def _sample_keys(s: Sample) -> set[str]:
             if isinstance(p, Piece) and not isinstance(p.value, np.ndarray)}
 
 
-def release_batch(client: Any, keys: Sequence[str]) -> int:
-    """Delete a consumed batch's keys from every StorageUnit (call once, after all ranks trained)."""
-    return int(client.delete(list(keys))) if keys else 0
+def release_batch(client: Any, keys: Sequence[str], *, metrics: Any = None) -> int:
+    """Delete a consumed batch's keys from every StorageUnit (call once, after all ranks trained); returns
+    how many the TransferQueue knew, which ``metrics`` (a ``RestoreMetrics``) counts as released."""
+    released = int(client.delete(list(keys))) if keys else 0
+    if metrics is not None:
+        metrics.observe_release(released)
+    return released
 
 
 def to_torch(sample: Sample) -> dict[str, Any]:

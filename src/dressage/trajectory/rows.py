@@ -1,20 +1,21 @@
 """One row per Segment, for export: the trained values of a Sample with the session's tree facts beside them.
 
 R3 is written as compact ids (the narrowest unsigned dtype that holds them) with its shape and dtype,
-so a reader restores int32 ``[T-1, layers, top-k]`` exactly; messages, tools and metadata as JSON text.
+so a reader restores int32 ``[T-1, layers, top-k]`` exactly; messages (the conversation of the Segment's
+last step: what the agent sent and the assistant message it got), tools and metadata as JSON text.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from dressage.trajectory.sample import Sample
 
-__all__ = ["ExportedSession", "segment_rows", "compact_r3", "ROW_FIELDS"]
+__all__ = ["ExportedSession", "segment_rows", "conversation", "compact_r3", "ROW_FIELDS"]
 
 ROW_FIELDS = ("session_id", "segment_index", "group_index", "index", "branch_from", "boundary_reason", "step_ids",
               "reward", "tokens", "prompt_length", "response_length", "loss_mask", "token_versions",
@@ -47,6 +48,17 @@ def _json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, separators=(",", ":"), default=str)
 
 
+def conversation(step: Mapping[str, Any] | None) -> list[Any] | None:
+    """A step document's conversation: the messages the agent sent, then the assistant message it got
+    (``None`` when the step holds neither)."""
+    if step is None:
+        return None
+    sent, reply = step.get("messages"), step.get("assistant_message")
+    if sent is None and reply is None:
+        return None
+    return [*(sent or ()), *(() if reply is None else (reply,))]
+
+
 def segment_rows(sessions: Sequence[ExportedSession]) -> list[dict[str, Any]]:
     """The rows of every Segment, session by session in Segment order."""
     rows = []
@@ -75,7 +87,7 @@ def segment_rows(sessions: Sequence[ExportedSession]) -> list[dict[str, Any]]:
                 "rollout_log_probs": None if sample.rollout_log_probs is None else
                 np.asarray(sample.rollout_log_probs, dtype=np.float32).tolist(),
                 "r3_ids": r3_ids, "r3_dtype": r3_dtype, "r3_shape": r3_shape,
-                "messages": _json(None if last is None else last.get("messages")),
+                "messages": _json(conversation(last)),
                 "tools": _json(None if last is None else last.get("tools")),
                 "metadata": _json(meta), "large_field_refs": _json(refs or None),
             })

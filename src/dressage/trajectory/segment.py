@@ -18,7 +18,7 @@ from dressage.trajectory.pieces import Fill, Piece, concat_pieces, pieces_reside
 from dressage.trajectory.session import Session
 from dressage.trajectory.step import StepRecord
 
-__all__ = ["Segment", "build_segments", "lineage_chains", "timeline_chains", "materialize_pieces",
+__all__ = ["Segment", "build_segments", "segment_ends", "lineage_chains", "timeline_chains", "materialize_pieces",
            "SHARED_PREFIX_LOSS"]
 
 View = Literal["lineage", "timeline"]
@@ -193,6 +193,19 @@ def _compose(session: Session, chain: list[StepRecord], index: int, reason: str)
     )
 
 
+def _chains(session: Session, view: View, drop_retry_orphans: bool) -> list[list[StepRecord]]:
+    if view not in ("lineage", "timeline"):
+        raise ConfigError(f"segment view must be 'lineage' or 'timeline', got {view!r}")
+    drop = session.retry_orphans() if drop_retry_orphans else set()
+    return lineage_chains(session, drop) if view == "lineage" else timeline_chains(session, drop)
+
+
+def segment_ends(session: Session, view: View = "lineage", *, drop_retry_orphans: bool = False) -> set[int]:
+    """Ids of the steps that end a Segment of :func:`build_segments` with the same arguments (whatever
+    ``shared_prefix_loss``: it moves where a Segment starts, never where it ends)."""
+    return {chain[-1].step_id for chain in _chains(session, view, drop_retry_orphans)}
+
+
 def build_segments(session: Session, view: View = "lineage", *, drop_retry_orphans: bool = False,
                    max_length: int | None = None, shared_prefix_loss: SharedPrefixLoss = "once") -> list[Segment]:
     """Build the session's Segments. Reads no large-field data and writes none.
@@ -204,12 +217,9 @@ def build_segments(session: Session, view: View = "lineage", *, drop_retry_orpha
     The timeline view trains each step once either way. A Segment is labelled by the step where
     it leaves what earlier Segments hold (``branch``, ``retry``, a boundary reason, ...).
     """
-    if view not in ("lineage", "timeline"):
-        raise ConfigError(f"segment view must be 'lineage' or 'timeline', got {view!r}")
     if shared_prefix_loss not in SHARED_PREFIX_LOSS:
         raise ConfigError(f"shared_prefix_loss must be 'once' or 'every', got {shared_prefix_loss!r}")
-    drop = session.retry_orphans() if drop_retry_orphans else set()
-    chains = lineage_chains(session, drop) if view == "lineage" else timeline_chains(session, drop)
+    chains = _chains(session, view, drop_retry_orphans)
     segments, seen = [], set()
     for i, chain in enumerate(chains):
         # Chains are root-to-leaf (lineage) or disjoint (timeline), and each ends at a step no

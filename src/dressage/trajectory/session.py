@@ -416,18 +416,21 @@ class Session:
         self.check_abortable()
         self.state, self.abort_reason = "aborted", reason
 
-    def seal(self) -> None:
-        """Drop what only routing new calls needs, once the session takes no more: each step's chat
-        history, tool schemas and assistant message, and the token slack kept for more turns.
-        Tokens, large fields, lineage and the rest of the metadata (what Segments and Samples are
-        built from) stay as they are."""
+    def seal(self, keep: Iterable[int] = ()) -> None:
+        """Drop what only routing new calls needs, once the session takes no more: the chat history,
+        tool schemas and assistant message of each step but those of ``keep`` (the steps that end a
+        Segment: their conversation is what an export or the viewer shows of it), and the token slack
+        kept for more turns. Tokens, large fields, lineage and the rest of the metadata (what Segments
+        and Samples are built from) stay as they are."""
         if self.state == "active":
             raise SessionStateError(f"session {self.session_id} is still active; only a finished one is sealed")
+        kept = frozenset(int(i) for i in keep)
         tapes = {}
         for st in self.steps.values():
-            st.messages = st.tools = None
-            if isinstance(st.metadata, dict):
-                st.metadata.pop("assistant_message", None)
+            if st.step_id not in kept:
+                st.messages = st.tools = None
+                if isinstance(st.metadata, dict):
+                    st.metadata.pop("assistant_message", None)
             if st._tape is not None:
                 tapes[id(st._tape)] = st._tape
         for tape in tapes.values():

@@ -1,7 +1,8 @@
 """A session as one JSON-friendly document: its step tree and its Segments, for people to look at.
 
 The session viewer and the exporters read this one shape. Steps carry lineage, branches, boundaries
-and (while the session still holds them) messages and tools; Segments carry tokens, loss mask,
+and, while the session holds them (a finalized one, for the steps that end a Segment), the messages
+the agent sent, the assistant message answered and the tools; Segments carry tokens, loss mask,
 versions and, when resident, response logprobs. Large fields behind references appear as sizes.
 """
 
@@ -37,14 +38,16 @@ class TokenText:
 
 
 def step_document(step: StepRecord, *, retry_orphan: bool = False) -> dict[str, Any]:
-    """One step of the tree: where it hangs, why it starts a lineage, what the agent sent."""
+    """One step of the tree: where it hangs, why it starts a lineage, what the agent sent and what it got
+    (``assistant_message``: the reply as the chat endpoints answered it, tool calls included)."""
     return {"step_id": step.step_id, "parent_id": step.parent_id, "lineage_id": step.lineage_id,
             "branch_from": step.branch_from,
             "boundary": None if step.boundary is None else step.boundary.to_dict(),
             "prompt_length": step.prompt_len, "response_length": step.response_len,
             "retry_orphan": bool(retry_orphan),
             "versions": sorted({int(v) for v in np.unique(step.token_versions)}) if step.token_versions.size else [],
-            "messages": step.messages, "tools": step.tools}
+            "messages": step.messages, "tools": step.tools,
+            "assistant_message": step.metadata.get("assistant_message") if isinstance(step.metadata, dict) else None}
 
 
 def segment_document(seg: Segment, token_text: Callable[[int], str | None] | None = None) -> dict[str, Any]:

@@ -90,7 +90,9 @@ def test_parquet_export_reads_back_in_pyarrow_and_datasets_equal_to_the_read(eng
     _check_rows_equal_read(rows, samples)
     assert {r["boundary_reason"] for r in rows} >= {"history_rewrite"}
     assert any(r["branch_from"] is not None for r in rows)
-    assert rows[-1]["messages"] is None  # a finalized session's steps no longer hold messages (the journal does)
+    last = json.loads(rows[-1]["messages"])  # the rewritten history's call, and the reply it got
+    assert last[:2] == [SYSTEM, {"role": "user", "content": "summary: files listed; count them"}]
+    assert len(last) == 3 and last[2]["role"] == "assistant"
     ds = Dataset.from_parquet(str(out))
     assert len(ds) == len(samples)
     _check_rows_equal_read([ds[i] for i in range(len(ds))], samples)
@@ -150,6 +152,62 @@ def test_journal_export_equals_the_proxy_read_and_keeps_messages(engine, proxy_s
     assert [r["loss_mask"] for r in rows] == [s.loss_mask.tolist() for s in samples]
     assert [r["boundary_reason"] for r in rows] == [s.metadata["boundary_reason"] for s in samples]
     assert json.loads(rows[-1]["messages"])[0] == SYSTEM  # the journal keeps what the agent sent
+
+
+TOOLS = [{"type": "function", "function": {"name": "ls", "description": "List the files of a directory.",
+                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                                                          "required": ["path"]}}}]
+
+
+def _tool_chat(url: str, sid: str, messages: list[dict]) -> dict:
+    r = httpx.post(url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 1000, "tools": TOOLS,
+                                                      "tool_choice": "required"},
+                   headers={"X-Session-Id": sid, "X-Instance-Id": "g1"}, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]
+
+
+def test_proxy_and_journal_exports_agree_on_messages_and_tools(proxy_stack, tmp_path):
+    """A finalized session keeps the conversation of each Segment's last step: the rows read from the running
+    Proxy carry the same messages (tool calls and the final reply included) and tools as the journal's."""
+    import pyarrow.parquet as pq
+
+    from dressage.testing.stack import start_engine
+
+    srv = start_engine(tool_call_rate=1.0, mean_response_tokens=8)
+    try:
+        journal = tmp_path / "proxy.journal"
+        proxy = proxy_stack(srv.url, journal=JournalConfig(path=str(journal), fsync="always"))
+        drive_branch_and_rewrite(proxy.url)
+        sent = [SYSTEM, {"role": "user", "content": "list the files in /tmp"}]
+        call = _tool_chat(proxy.url, "s-tools", sent)
+        assert call["tool_calls"]
+        sent = sent + [call, {"role": "tool", "tool_call_id": call["tool_calls"][0]["id"], "content": "a.txt b.txt"}]
+        reply = _tool_chat(proxy.url, "s-tools", sent)
+        assert reply["tool_calls"]
+        r = httpx.post(proxy.url + "/session/finalize", json={"session_id": "s-tools", "reward": 1.0}, timeout=30)
+        assert r.status_code == 200, r.text
+        from_proxy, from_journal, lines = tmp_path / "p.parquet", tmp_path / "j.parquet", tmp_path / "p.jsonl"
+        assert main(["export", "--proxy-url", proxy.url, "--format", "parquet", "--out", str(from_proxy)]) == 0
+        assert main(["export", "--proxy-url", proxy.url, "--format", "jsonl", "--out", str(lines)]) == 0
+        assert main(["export", "--journal", str(journal), "--format", "parquet", "--out", str(from_journal)]) == 0
+    finally:
+        srv.stop()
+    proxy_rows, journal_rows = pq.read_table(from_proxy).to_pylist(), pq.read_table(from_journal).to_pylist()
+    jsonl_rows = [json.loads(line) for line in lines.read_text().splitlines()]
+
+    def conversation(rows):
+        return [(r["session_id"], r["segment_index"], r["messages"], r["tools"]) for r in rows]
+    assert len(proxy_rows) >= 4 and conversation(proxy_rows) == conversation(journal_rows) == conversation(jsonl_rows)
+    assert all(r["messages"] is not None for r in proxy_rows)
+    (tool_row,) = [r for r in proxy_rows if r["session_id"] == "s-tools"]
+    messages = json.loads(tool_row["messages"])
+    assert len(messages) == len(sent) + 1 and messages[:2] == sent[:2] and messages[3] == sent[3]
+    assert [c["function"]["name"] for c in messages[2]["tool_calls"]] == ["ls"]  # the agent's turn as it sent it
+    assert messages[-1]["role"] == "assistant"  # the final reply, its tool call included
+    assert [c["function"] for c in messages[-1]["tool_calls"]] == [c["function"] for c in reply["tool_calls"]]
+    assert json.loads(tool_row["tools"]) == TOOLS
+    assert all(r["tools"] is None for r in proxy_rows if r["session_id"] == "s-tree")
 
 
 def test_export_refuses_ambiguous_sources_with_a_clear_error(capsys):
@@ -233,6 +291,31 @@ def test_viewer_renders_tree_segments_and_mask_colours_exported_and_live(engine,
     assert live.locator("#summary").get_attribute("data-trained-tokens") == str(trained)
     live.close()
     assert httpx.get(proxy.url + "/admin/sessions/nope", headers=_auth(admin), timeout=10).status_code == 404
+
+
+def test_viewer_shows_a_retried_call_and_the_retry_that_continued(engine, proxy_stack, browser, tmp_path):
+    proxy = proxy_stack(engine.url)
+    first = [SYSTEM, {"role": "user", "content": "list the files"}]
+    _chat(proxy.url, "s-retry", first)  # the agent dropped this reply ...
+    again = _chat(proxy.url, "s-retry", first)  # ... asked again, and went on from the second one
+    _chat(proxy.url, "s-retry", first + [{"role": "assistant", "content": again}, {"role": "user", "content": "count"}])
+    r = httpx.post(proxy.url + "/session/finalize", json={"session_id": "s-retry", "reward": 1.0}, timeout=30)
+    assert r.status_code == 200, r.text
+    samples = _read(proxy.url)
+    html = tmp_path / "retry.html"
+    assert main(["export", "--proxy-url", proxy.url, "--html", str(html)]) == 0
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(html.as_uri())
+    assert page.locator("#step-tree li.step").count() == 3
+    dropped, retry = page.locator('li.step[data-step="0"]'), page.locator('li.step[data-step="1"]')
+    assert "retried" in dropped.inner_text() and "retried" not in retry.inner_text()
+    assert "retry" in retry.locator(".reason").first.inner_text()
+    assert page.locator('li.step[data-step="1"] li.step[data-step="2"]').count() == 1  # the continuation hangs there
+    reasons = page.locator(".segment").evaluate_all("els => els.map(e => e.dataset.reason)")
+    assert reasons == [s.metadata["boundary_reason"] for s in samples] == ["new_session", "retry"]
+    # The Segment that continued shows its conversation: what the agent sent and the reply it got.
+    assert "count" in page.locator(".segment").nth(1).locator(".messages").inner_text()
+    page.close()
 
 
 def _embedded(page: str) -> dict:

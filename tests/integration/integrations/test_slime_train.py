@@ -100,12 +100,26 @@ def test_each_rank_restores_its_refs_after_slimes_split_as_the_rollout_path_has_
         rank_keys.append(set(carried_keys(data)))
     assert rank_keys[0] | rank_keys[1] == keys and rank_keys[0] & rank_keys[1]  # some keys on both ranks
     assert client.total_keys() == len(keys)
-    # Each rank joins the Proxy's TransferQueue from the spec the read carried, as a Ray actor would.
-    args = SimpleNamespace(dressage_tq_spec=batch.transfer_queue)
+    # Each rank joins the Proxy's TransferQueue from the spec the read carried, as a Ray actor would, and
+    # serves its restore metrics on a port of its own.
+    args = SimpleNamespace(dressage_tq_spec=batch.transfer_queue, dressage_metrics_port=0,
+                           dressage_metrics_host="127.0.0.1")
     actors = train_ranks(dressage_train_actor(MegatronActorStandIn), args, boxes)
-    for actor, want, mine in zip(actors, expected, rank_keys):
+    released: list[float] = []
+    for actor, want, mine, box in zip(actors, expected, rank_keys, boxes):
         refs = actor._dressage_refs
         plan = refs.reader.last_plan
+        read_bytes = sum((r.row_stop - r.row_start) * int(np.prod(r.shape[1:])) * np.dtype(r.dtype).itemsize
+                         for r in plan.refs.values())
+        scraped = _scrape(actor._dressage_metrics.url)
+        assert scraped["dressage_tq_restore_bytes_total"] == read_bytes > 0
+        assert scraped["dressage_tq_client_get_bytes_total"] == read_bytes  # what the rank's client moved
+        assert scraped["dressage_tq_restore_seconds_count"] == 1 and scraped["dressage_tq_restore_seconds_sum"] > 0
+        assert scraped["dressage_tq_restored_refs_total"] == len(mine)
+        assert scraped["dressage_tq_restored_samples_total"] == len(pickle.loads(box)["tokens"])
+        assert scraped["dressage_tq_lost_refs_total"] == 0
+        released.append(scraped["dressage_tq_released_refs_total"])  # what the TQ still held when the rank released
+        actor._dressage_metrics.close()
         units = {ref.unit_id for ref in plan.refs.values()}
         counters = refs.client.counters
         assert counters.get_calls == 1 and counters.get_requests == len(units) >= 1  # one round trip per unit
@@ -115,7 +129,9 @@ def test_each_rank_restores_its_refs_after_slimes_split_as_the_rollout_path_has_
         assert_same(actor.taken, rank_data(want))  # bit for bit, dtypes and shapes included
         assert actor.taken["rollout_routed_experts"][0].dtype == torch.int32
         assert actor.taken["rollout_log_probs"][0].dtype == torch.float32
-    # Each rank released after its step; keys two ranks share were read by both before either released.
+    # Each rank released after its step; keys two ranks share were read by both before either released
+    # (and deleted by whichever released first).
+    assert sum(released) == len(keys)
     assert client.total_keys() == 0 and sum(int(row["keys"]) for row in tq2.stats().values()) == 0
     # Outside an actor's ``_get_rollout_data`` the wrapped name answers what slime's function does.
     wrapped = slime_standins.process_rollout_data
@@ -125,6 +141,15 @@ def test_each_rank_restores_its_refs_after_slimes_split_as_the_rollout_path_has_
     assert slime_standins.process_rollout_data is wrapped  # wrapped once
     for actor in actors:
         actor._dressage_refs.client.close()
+
+
+def _scrape(url: str) -> dict[str, float]:
+    """Every sample of an exposition, by name (these metrics carry no labels)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(url, timeout=10)
+    assert r.status_code == 200
+    return {s.name: s.value for fam in text_string_to_metric_families(r.text) for s in fam.samples if not s.labels}
 
 
 def test_a_lost_key_fails_the_rank_naming_its_samples_and_a_dropping_reader_is_refused(engine, tq2, proxy_stack):

@@ -1,5 +1,6 @@
 """Every metric the Grafana dashboard (docs/grafana/dressage.json) queries is served: by a Proxy with a
-journal over a ``local`` TransferQueue, by its Controller or by its StorageUnit, after a little traffic."""
+journal over a ``local`` TransferQueue, by its Controller or by its StorageUnit, after a little traffic,
+or by a training rank's restore metrics."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dressage.proxy.config import JournalConfig
 from dressage.tq import TransferQueue
+from dressage.train.metrics import RestoreMetrics
 
 DASHBOARD = pathlib.Path(__file__).resolve().parents[3] / "docs" / "grafana" / "dressage.json"
 _NAME = re.compile(r"\bdressage_[a-z0-9_]+")
@@ -50,5 +52,10 @@ def test_every_metric_the_dashboard_uses_exists(engine, proxy_stack, tmp_path):
         served = _served(proxy.url + "/metrics")
         for url in tq.metrics_urls().values():
             served |= _served(url)
+    trainer = RestoreMetrics().serve("127.0.0.1", 0)
+    try:
+        served |= _served(trainer.url)
+    finally:
+        trainer.close()
     missing = sorted(used - served)
     assert not missing, missing

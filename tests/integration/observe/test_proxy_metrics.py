@@ -95,3 +95,45 @@ def test_metrics_follow_the_admin_token(engine, proxy_stack):
                      timeout=10).status_code == 403
     m = scrape(proxy.url, Authorization="Bearer admin-token-456")
     assert m[("dressage_calls_total", ())] == 0
+
+
+def test_group_wait_is_observed_once_per_prompt_group_a_batch_read_hands_over(engine, proxy_stack):
+    proxy = proxy_stack(engine.url, min_group_size=2, group_timeout_s=3600.0)
+    finalized = proxy.service.trajectories.finalized
+
+    def finish(sid: str, group: str, age_s: float) -> None:
+        _chat(proxy.url, sid, f"hello {sid}")
+        r = httpx.post(proxy.url + "/session/finalize", json={"session_id": sid, "instance_id": group}, timeout=30)
+        assert r.status_code == 200, r.text
+        finalized[sid].finalized_at -= age_s  # as if it had finalized age_s earlier
+
+    def read() -> dict:
+        r = httpx.post(proxy.url + "/trajectory/read", json={"lease": True}, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def waits() -> dict[str, float]:
+        m = scrape(proxy.url)
+        return {dict(k[1]).get("le", k[0]): v for k, v in m.items() if k[0].startswith("dressage_group_wait_seconds")}
+
+    assert waits()["dressage_group_wait_seconds_count"] == 0
+    finish("a-1", "A", 40.0)
+    finish("a-2", "A", 1.0)
+    finish("b-1", "B", 400.0)
+    assert scrape(proxy.url)[("dressage_oldest_unread_seconds", ())] >= 400.0
+    first = read()  # A is whole; B has one session of two and waits
+    assert {r["trajectory_id"] for g in first["data"] for r in g} == {"a-1", "a-2"}
+    assert [g["key"] for g in first["meta_info"]["incomplete_groups"]] == ["B"]
+    w = waits()
+    assert w["dressage_group_wait_seconds_count"] == 1  # A, from its first finalize (40 s ago) to this read
+    assert (w["30.0"], w["60.0"]) == (0, 1)
+    finish("b-2", "B", 0.0)
+    assert read()["meta_info"]["incomplete_groups"] == []  # B now; A is under the first read's lease
+    w = waits()
+    assert w["dressage_group_wait_seconds_count"] == 2
+    assert (w["300.0"], w["600.0"]) == (1, 2)  # B waited 400 s for its second session
+    r = httpx.post(proxy.url + "/trajectory/release", json={"read_id": first["read_id"]}, timeout=30)
+    assert r.status_code == 200, r.text
+    again = read()  # A handed over again: its wait was told the first time
+    assert {r["trajectory_id"] for g in again["data"] for r in g} == {"a-1", "a-2"}
+    assert waits()["dressage_group_wait_seconds_count"] == 2

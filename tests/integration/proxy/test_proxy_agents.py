@@ -232,7 +232,7 @@ def test_pause_resume_mid_generation_gives_one_response_with_two_versions(slow_e
         assert resumed == {"paused": False, "resumed": True, "weight_version": 1, "version": "1"}
         assert plain.usage.completion_tokens == 80 and streamed[2].completion_tokens == 80
         assert streamed[3] >= 5              # content streamed as generated, before and after the pause
-        # The recorded reply, read before finalize (a finalized session keeps no chat text).
+        # The recorded reply, read before finalize.
         recorded = p.service.core.sessions[sid_b].steps[0].metadata["assistant_message"]["content"]
         for sid in (sid_a, sid_b):
             (step,) = p.steps(sid).values()        # one response, not two
@@ -242,7 +242,8 @@ def test_pause_resume_mid_generation_gives_one_response_with_two_versions(slow_e
             assert (v0, v1) == (0, 1) and n0 > 0 and n1 > 0 and n0 + n1 == 80
             assert seg["large_fields"]["routed_experts"]["rows"] == len(seg["tokens"]) - 1
             assert seg["large_fields"]["logprobs"]["rows"] == 80
-        assert "assistant_message" not in p.service.core.sessions[sid_b].steps[0].metadata
+        # A finalized session keeps the conversation of the step that ends its Segment only: its one step here.
+        assert p.service.core.sessions[sid_b].steps[0].metadata["assistant_message"]["content"] == recorded
         # The streamed deltas add up to the recorded reply, across the pause.
         assert streamed[0]["content"].strip() == recorded.strip() and len(recorded) > 40
     finally:

@@ -11,7 +11,7 @@ from dressage.agents import CommandAgent
 from dressage.errors import ConfigError
 from dressage.integrations.slime import SlimeSample
 from dressage.integrations.slime_config import (check_against_proxy, eval_prompt_sets, load_object,
-                                                rollout_settings, sampling_params)
+                                                rollout_settings, sampling_params, trainer_metrics_address)
 
 
 def test_import_paths_take_a_colon_or_a_dot():
@@ -70,3 +70,22 @@ def test_eval_prompts_come_from_each_datasets_jsonl(tmp_path):
         eval_prompt_sets(SimpleNamespace(eval_datasets=[{"name": "p", "path": "x.parquet"}]), SlimeSample)
     with pytest.raises(ConfigError, match="line 1 of .* has no 'input'"):
         eval_prompt_sets(SimpleNamespace(eval_datasets=[{"name": "p", "path": str(path)}]), SlimeSample)
+
+
+def test_a_training_ranks_metrics_port_is_offset_by_its_local_rank_and_checked(monkeypatch):
+    monkeypatch.delenv("DRESSAGE_METRICS_PORT", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert trainer_metrics_address(SimpleNamespace()) is None  # no port: no metrics served
+    assert trainer_metrics_address(SimpleNamespace(dressage_metrics_port=9400)) == ("0.0.0.0", 9400)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert trainer_metrics_address(SimpleNamespace(dressage_metrics_port=9400, dressage_metrics_host="10.0.0.2")) \
+        == ("10.0.0.2", 9403)
+    assert trainer_metrics_address(SimpleNamespace(dressage_metrics_port=0)) == ("0.0.0.0", 0)  # each a free port
+    monkeypatch.setenv("DRESSAGE_METRICS_PORT", "9500")
+    assert trainer_metrics_address(SimpleNamespace()) == ("0.0.0.0", 9503)
+    for bad in (70000, -1, "9400", True):
+        with pytest.raises(ConfigError, match="dressage_metrics_port must be a port number"):
+            trainer_metrics_address(SimpleNamespace(dressage_metrics_port=bad))
+    monkeypatch.setenv("DRESSAGE_METRICS_PORT", "x")
+    with pytest.raises(ConfigError, match="DRESSAGE_METRICS_PORT must be a port number"):
+        trainer_metrics_address(SimpleNamespace())

@@ -11,6 +11,7 @@ import pytest
 from dressage.errors import SessionStateError
 from dressage.proxy.engines import generation
 from dressage.trajectory import Session, build_segments
+from dressage.trajectory.segment import segment_ends
 
 _TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
 
@@ -52,6 +53,27 @@ def test_seal_drops_chat_state_and_keeps_segments_identical(view):
     assert tape.buf.shape[0] == tape.used == s.steps[4].seq_len  # no slack left
     assert all(np.shares_memory(st.full_ids, tape.buf) for st in s.steps.values())
     assert _plain(build_segments(s, view)) == before
+
+
+@pytest.mark.parametrize("view", ["lineage", "timeline"])
+def test_seal_keeps_the_conversation_of_the_steps_that_end_a_segment_only(view):
+    s = _session(4)
+    branch = s.add_step(np.concatenate([s.steps[1].full_ids, np.array([7, 8], np.int32)]), np.array([5, 6], np.int32),
+                        logprobs=np.zeros(2, np.float32), messages=[{"role": "user", "content": "other"}],
+                        tools=copy.deepcopy(_TOOLS), metadata={"assistant_message": {"role": "assistant",
+                                                                                    "content": "b"}})
+    ends = segment_ends(s, view)
+    assert ends == {seg.step_ids[-1] for seg in build_segments(s, view)} == {3, branch.step_id}
+    kept = {i: (s.steps[i].messages, s.steps[i].tools, s.steps[i].metadata["assistant_message"]) for i in ends}
+    s.finalize(1.0)
+    s.seal(keep=ends)
+    for st in s.steps.values():
+        if st.step_id in ends:
+            assert (st.messages, st.tools, st.metadata["assistant_message"]) == kept[st.step_id]
+        else:
+            assert st.messages is None and st.tools is None and "assistant_message" not in st.metadata
+    assert s.steps[branch.step_id].metadata["assistant_message"] == {"role": "assistant", "content": "b"}
+    assert len(s.steps[3].messages) == 7  # the whole history the last turn was sent, not one message of it
 
 
 def test_seal_refuses_an_active_session():

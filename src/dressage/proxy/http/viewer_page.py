@@ -111,9 +111,10 @@ function stepTree(doc) {
   return el("ul", {class: "tree", id: "step-tree"}, ...(kids.root || []).map(item));
 }
 function messages(step) {
-  if (!step || !Array.isArray(step.messages)) return el("div", {class: "msg", text: "(messages not kept for this step)"});
+  if (!step || (!Array.isArray(step.messages) && !step.assistant_message))
+    return el("div", {class: "msg", text: "(messages not kept for this step)"});
   const box = el("div", {class: "messages"});
-  for (const m of step.messages) {
+  for (const m of (step.messages || []).concat(step.assistant_message ? [step.assistant_message] : [])) {
     const content = typeof m.content === "string" ? m.content : JSON.stringify(m.content);
     const row = el("div", {class: "msg"}, el("span", {class: "role", text: m.role || "?"}), content || "");
     for (const c of (m.tool_calls || [])) {

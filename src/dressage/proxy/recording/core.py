@@ -22,6 +22,7 @@ from dressage.proxy.recording.weights import step_labels
 from dressage.proxy.recording.write_behind import PendingStep, WriteBehind, done_step
 from dressage.trajectory import Boundary, RouteDecision, Segment, Session, StepRecord, build_segments
 from dressage.trajectory.sample import VERSION_LABELS_KEY
+from dressage.trajectory.segment import segment_ends
 
 __all__ = ["ProxyCore", "FinalizedSession", "LOST_FIELDS_KEY"]
 
@@ -329,7 +330,10 @@ class ProxyCore:
 
     def _deliver(self, session: Session, *, lost: int = 0) -> FinalizedSession:
         session_id = session.session_id
-        session.seal()  # chat histories and tool schemas are for routing calls; none come any more
+        # Chat histories and tool schemas are for routing calls, and none come any more; a Segment's
+        # last step keeps its conversation, what an export or the viewer shows of the Segment.
+        session.seal(keep=segment_ends(session, self.config.segment_view,
+                                       drop_retry_orphans=self.config.drop_retry_orphans))
         segments = build_segments(session, self.config.segment_view,
                                   drop_retry_orphans=self.config.drop_retry_orphans,
                                   shared_prefix_loss=self.config.shared_prefix_loss)

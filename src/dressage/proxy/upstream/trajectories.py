@@ -10,6 +10,7 @@ is forgotten only once its reader acknowledged it, or once a draining read's ans
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 from dressage.errors import ConfigError, NoTransferQueueError, SessionStateError, UnknownSessionError
@@ -51,6 +52,11 @@ class Trajectories:
         """Trims after forgetting a batch of sessions, and the time they took."""
         self.leases = ReadLeases()
         """Trajectories handed out by a two-phase read and not acknowledged yet."""
+        self.observe_group_wait: Callable[[float], None] | None = None
+        """Told, once per prompt group a batch read hands over, the seconds from the group's first
+        finalize to that read (the Proxy's metrics set it)."""
+        self._handed: set[str] = set()
+        """Finalized sessions a batch read handed over in a group already told (kept while finalized)."""
 
     def _spec(self) -> dict[str, Any] | None:
         return self._tq_spec() if self._tq_spec is not None else None
@@ -214,9 +220,12 @@ class Trajectories:
         # A batch read skips what another read holds; a named read takes exactly what it names.
         pool = self.finalized if named or not self.leases.open else \
             {sid: done for sid, done in self.finalized.items() if self.leases.held(sid) is None}
+        now = time.monotonic()
         selection = select_trajectories(pool, trajectory_id=trajectory_id, session_id=session_id,
                                         session_ids=session_ids, instance_id=instance_id, max_groups=max_groups,
-                                        groups_rule=rule)
+                                        groups_rule=rule, now=now)
+        if selection.mode == "batch" and selection.groups:
+            self._tell_group_waits(selection.groups, now)
         for sid in selection.missing:
             state = self.core.state_of(sid)
             if state is None:
@@ -253,6 +262,17 @@ class Trajectories:
             granted = self.leases.grant(selection.session_ids, hold)
             answer["read_id"], answer["lease_s"] = granted.read_id, hold
         return answer
+
+    def _tell_group_waits(self, groups: Sequence[Sequence[str]], now: float) -> None:
+        """Each group handed over for the first time: how long it waited since its first session finalized.
+        A group handed out again (its lease released or expired, a read that neither leases nor drains)
+        was told the first time."""
+        self._handed.intersection_update(self.finalized)  # what was forgotten meanwhile
+        for members in groups:
+            if self.observe_group_wait is not None and self._handed.isdisjoint(members):
+                first = min(self.finalized[sid].finalized_at for sid in members)
+                self.observe_group_wait(max(now - first, 0.0))
+            self._handed.update(members)
 
     def ack(self, read_id: str) -> dict[str, Any]:
         """The reader holds what read ``read_id`` handed out: forget those trajectories.
