@@ -80,8 +80,11 @@ run: $(STAMP) tokenizers
 	@mkdir -p out
 	$(VENV)/bin/dressage run $(RUN_ARGS) $(ARGS)
 
+# Two pytest-xdist workers: most tests wait on processes and sockets, so two run in about 0.6x the
+# time of one on two cores. PYTEST_WORKERS=0 runs the suite in this process alone.
+PYTEST_WORKERS ?= 2
 test: $(STAMP) tokenizers clients browser
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # `make bench` adds the benchmark baselines (transferqueue, CPU torch) and runs `dressage bench tq`;
 # ARGS=--quick for the short run (80 s on 2 shared cores). Kept out of `dev` so CI stays light.

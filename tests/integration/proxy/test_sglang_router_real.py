@@ -83,7 +83,9 @@ class Router:
         self.proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
                                       "--port", str(self.port), "--worker-urls", *workers, "--policy", policy,
                                       "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-                                      "--log-level", "error"],
+                                      "--log-level", "error",
+                                      # its metrics port defaults to 29000: two routers at once would collide
+                                      "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port())],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
