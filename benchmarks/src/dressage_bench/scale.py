@@ -100,10 +100,7 @@ def _step_point(tq: Any, tokens: int, layers: int, topk: int, dtype: str, rounds
     client = tq.client()
     try:
         ref = client.put("routed_experts", stored)
-        target = np.empty_like(stored)
-        copy = _interleaved({"memcpy": lambda: np.copyto(target, stored),
-                             "restore": lambda: client.get_many([ref], copy=True)}, rounds)
-        del target
+        # The first restore's allocation peak: what a restore needs on top of what the process held.
         tracemalloc.start()
         try:
             base = tracemalloc.get_traced_memory()[0]
@@ -114,6 +111,10 @@ def _step_point(tq: Any, tokens: int, layers: int, topk: int, dtype: str, rounds
             tracemalloc.stop()
         assert np.array_equal(got, stored)
         del got
+        target = np.empty_like(stored)
+        copy = _interleaved({"memcpy": lambda: np.copyto(target, stored),
+                             "restore": lambda: client.get_many([ref], copy=True)}, rounds)
+        del target
         client.delete([ref])
     finally:
         client.close()
