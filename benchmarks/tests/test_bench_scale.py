@@ -40,6 +40,7 @@ def test_quick_run_writes_every_point_its_bounds_and_a_plot(tmp_path):
         assert p["tq_vs_tcp"] == pytest.approx(p["tcp_two_hops_s"] / p["tq_s"])
         assert 0 < p["tq_best_s"] <= p["tq_s"] and 0 < p["tcp_best_s"] <= p["tcp_two_hops_s"]
         assert p["tq_vs_tcp_best"] == pytest.approx(p["tcp_best_s"] / p["tq_best_s"])
+        assert p["tq_unauthenticated_vs_tcp"] == pytest.approx(p["tcp_two_hops_s"] / p["tq_unauthenticated_s"])
     b = units["bounds"]["tq_vs_two_tcp_hops"]
     assert b["met"] == (b["worst"] >= b["limit"] == 0.8)
     for path in (plot, tmp_path / "scale-units.png"):

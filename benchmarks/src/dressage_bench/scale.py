@@ -156,11 +156,14 @@ def run_step_curve(sizes: list[int], shapes: list[str], dtypes: list[str], round
 
 def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...]) -> dict[str, Any]:
     """``steps`` Step writes of one R3 field to a ``local`` deployment of ``units`` StorageUnit processes
-    (shared memory off: every payload crosses TCP, as from another host), read back in one batch, against
-    the same bytes over two bare TCP hops to a second process (``tcp-loopback``: one acknowledged request
-    per Step on put, one request for the batch on get, as here). The two take turns within each round
-    (the order alternating between rounds) after one untimed round each; medians and bests of wall time."""
+    (shared memory off: every payload crosses TCP, as from another host, and is authenticated, as across
+    hosts it must be), read back in one batch, against the same bytes over two bare TCP hops to a second
+    process (``tcp-loopback``: one acknowledged request per Step on put, one request for the batch on get,
+    as here). A second deployment with authentication off runs beside it, to show what the MAC costs.
+    All three take turns within each round (the order rotating between rounds) after one untimed round
+    each; medians and bests of wall time."""
     from concurrent.futures import ThreadPoolExecutor
+    from contextlib import ExitStack
 
     from dressage.tq import TransferQueue, TransferQueueClient
     from dressage_bench._systems import Part, Workload, make_items
@@ -170,45 +173,54 @@ def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...
     workload = Workload("scale-units", "small", (part,), count=steps)
     payloads = [item[0] for item in make_items(workload, units)]  # distinct Steps, the floor's very bytes
     used: set[str] = set()
-    times: dict[str, list[float]] = {"tq": [], "tcp": []}
+    times: dict[str, list[float]] = {"tq": [], "tq_unauthenticated": [], "tcp": []}
     tcp = TcpLoopbackSystem(units, batched_get=True)
     tcp.start()
     try:
         tcp.prepare(workload)
-        with TransferQueue.start({"deployment": "local", "num_storage_units": units, "shared_memory": False,
-                                  "unit_memory_budget": max(256 << 20, 4 * steps * payloads[0].nbytes),
-                                  "retention_s": None}) as tq:
-            client = TransferQueueClient.connect(tq.client_spec())
-            try:
-                with ThreadPoolExecutor(max(2, units)) as pool:
-                    def tq_round(r: int) -> float:
-                        t0 = time.perf_counter()
-                        refs = list(pool.map(lambda a: client.put("routed_experts", a, batch=f"r{r}"), payloads))
-                        got = client.get_many(refs)
-                        took = time.perf_counter() - t0
-                        assert len(got) == steps and np.array_equal(got[-1], payloads[-1])
-                        del got  # its receive buffers go back to the pool, as the floor's stay written
-                        used.update(ref.unit_id for ref in refs)
-                        client.clear(f"r{r}")
-                        return took
+        with ExitStack() as stack:
+            clients = {}
+            for name, auth in (("tq", True), ("tq_unauthenticated", False)):
+                tq = stack.enter_context(TransferQueue.start({
+                    "deployment": "local", "num_storage_units": units, "shared_memory": False,
+                    "unit_memory_budget": max(256 << 20, 4 * steps * payloads[0].nbytes), "retention_s": None,
+                    "authenticate": auth}))
+                clients[name] = TransferQueueClient.connect(tq.client_spec())
+                stack.callback(clients[name].close)
+            pool = stack.enter_context(ThreadPoolExecutor(max(2, units)))
 
-                    tq_round(-1)
-                    tcp.run_round(workload)
-                    for r in range(rounds):
-                        for name in (("tq", "tcp") if r % 2 == 0 else ("tcp", "tq")):
-                            times[name].append(tq_round(r) if name == "tq" else tcp.run_round(workload).roundtrip_s)
-            finally:
-                client.close()
+            def tq_round(client: Any, r: int) -> float:
+                t0 = time.perf_counter()
+                refs = list(pool.map(lambda a: client.put("routed_experts", a, batch=f"r{r}"), payloads))
+                got = client.get_many(refs)
+                took = time.perf_counter() - t0
+                assert len(got) == steps and np.array_equal(got[-1], payloads[-1])
+                del got  # its receive buffers go back to the pool, as the floor's stay written
+                used.update(ref.unit_id for ref in refs)
+                client.clear(f"r{r}")
+                return took
+
+            def one(name: str, r: int) -> float:
+                return tcp.run_round(workload).roundtrip_s if name == "tcp" else tq_round(clients[name], r)
+
+            order = list(times)
+            for name in order:
+                one(name, -1)
+            for r in range(rounds):
+                for name in order[r % 3:] + order[:r % 3]:
+                    times[name].append(one(name, r))
         tcp.finish(workload)
     finally:
         tcp.close()
     moved = steps * payloads[0].nbytes
-    tq_s, tcp_s = float(np.median(times["tq"])), float(np.median(times["tcp"]))
-    tq_best, tcp_best = min(times["tq"]), min(times["tcp"])
+    med = {name: float(np.median(v)) for name, v in times.items()}
+    best = {name: min(v) for name, v in times.items()}
     return {"units": units, "steps": steps, "step_bytes": int(payloads[0].nbytes), "units_written": len(used),
-            "rounds": rounds, "tq_s": tq_s, "tcp_two_hops_s": tcp_s, "tq_best_s": tq_best, "tcp_best_s": tcp_best,
-            "tq_gbps": 2 * moved / tq_s / 1e9, "tcp_gbps": 2 * moved / tcp_s / 1e9,
-            "tq_vs_tcp": tcp_s / tq_s, "tq_vs_tcp_best": tcp_best / tq_best}
+            "rounds": rounds, "tq_s": med["tq"], "tcp_two_hops_s": med["tcp"], "tq_best_s": best["tq"],
+            "tcp_best_s": best["tcp"], "tq_unauthenticated_s": med["tq_unauthenticated"],
+            "tq_gbps": 2 * moved / med["tq"] / 1e9, "tcp_gbps": 2 * moved / med["tcp"] / 1e9,
+            "tq_vs_tcp": med["tcp"] / med["tq"], "tq_vs_tcp_best": best["tcp"] / best["tq"],
+            "tq_unauthenticated_vs_tcp": med["tcp"] / med["tq_unauthenticated"]}
 
 
 def run_units_curve(units: list[int], steps: int, rounds: int,
@@ -253,7 +265,9 @@ def _plot_units(curve: dict[str, Any], path: str) -> None:
     pts = curve["points"]
     fig, ax = plt.subplots(figsize=(6, 4))
     n = [p["units"] for p in pts]
-    ax.plot(n, [p["tq_gbps"] for p in pts], marker="o", label="TQ put+get across processes (TCP)")
+    ax.plot(n, [p["tq_gbps"] for p in pts], marker="o", label="TQ put+get across processes (TCP, authenticated)")
+    ax.plot(n, [2 * p["steps"] * p["step_bytes"] / p["tq_unauthenticated_s"] / 1e9 for p in pts], marker="^",
+            label="the same, authentication off")
     ax.plot(n, [p["tcp_gbps"] for p in pts], marker="s", label="two bare TCP hops (same run)")
     ax.set_xlabel("StorageUnits")
     ax.set_ylabel("GB/s (put + get)")
@@ -315,7 +329,8 @@ def _run(args: argparse.Namespace) -> int:
               f"(best {p['restore_vs_memcpy_best']:.2f}x), restore peak {p['restore_peak_vs_bytes']:.2f}x", flush=True)
     for p in curves.get("storage_units", {}).get("points", []):
         print(f"units={p['units']}: TQ {p['tq_gbps']:.3f} GB/s, two TCP hops {p['tcp_gbps']:.3f} GB/s: "
-              f"{p['tq_vs_tcp']:.2f}x (best against best {p['tq_vs_tcp_best']:.2f}x)")
+              f"{p['tq_vs_tcp']:.2f}x (best against best {p['tq_vs_tcp_best']:.2f}x; unauthenticated "
+              f"{p['tq_unauthenticated_vs_tcp']:.2f}x)")
     for c in curves.values():
         for name, b in c["bounds"].items():
             print(f"{name}: worst {b['worst']:.2f} (bound {b['limit']}) {'met' if b['met'] else 'NOT met'}")
