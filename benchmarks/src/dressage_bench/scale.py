@@ -56,18 +56,24 @@ def _body(tokens: int, layers: int, topk: int) -> tuple[bytes, slice]:
 
 
 def _interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    """Each function's CPU seconds over ``rounds`` rounds, the functions taking turns within a round (in
-    an order that alternates between rounds), so a busy spell of this shared machine lands on all of
-    them alike; one untimed call each comes first (pages written, caches and pools filled)."""
-    for fn in fns.values():
+    """Each function's CPU seconds per call over ``rounds`` rounds, the functions taking turns within a
+    round (in an order that alternates between rounds), so a busy spell of this shared machine lands on
+    all of them alike. One untimed call each comes first (pages written, caches and pools filled) and
+    sets how many calls a round times: enough for ~2 ms, so a 30 us memcpy is not one clock reading."""
+    calls: dict[str, int] = {}
+    for name, fn in fns.items():
+        t0 = time.process_time()
         fn()
+        calls[name] = max(1, min(1000, int(2e-3 / max(time.process_time() - t0, 1e-6))))
     times: dict[str, list[float]] = {name: [] for name in fns}
     order = list(fns)
     for r in range(rounds):
         for name in (order if r % 2 == 0 else order[::-1]):
+            fn, n = fns[name], calls[name]
             t0 = time.process_time()
-            fns[name]()
-            times[name].append(max(time.process_time() - t0, 1e-6))
+            for _ in range(n):
+                fn()
+            times[name].append(max((time.process_time() - t0) / n, 1e-9))
     return times
 
 

@@ -482,11 +482,9 @@ def test_an_exact_take_allocates_no_slack_and_reuses_a_free_buffer_of_its_class(
 
 
 def test_a_copy_of_a_large_read_lands_in_a_pooled_buffer_it_owns_alone(monkeypatch):
-    from dressage.tq.client import client
     from dressage.tq.client.client import _owned_copy
 
     monkeypatch.setattr(bulk, "_shared", bulk.RecvPool())
-    monkeypatch.setattr(client, "POOLED_COPY_BYTES", 2 * MiB)  # the real one is 32 MiB
     src = np.arange(3 * MiB // 4, dtype=np.int32).reshape(-1, 4)
     first = _owned_copy(src)
     assert first.flags.writeable and first.dtype == src.dtype and first.shape == src.shape
@@ -499,5 +497,5 @@ def test_a_copy_of_a_large_read_lands_in_a_pooled_buffer_it_owns_alone(monkeypat
     del first
     third = _owned_copy(src[::-1])  # the first was dropped: its buffer again, a non-contiguous source in order
     assert id(third.base) == held and np.array_equal(third, src[::-1])
-    small = _owned_copy(src[:MiB // 16 + 1])  # over 1 MiB, under POOLED_COPY_BYTES: a plain copy
-    assert small.base is None and small.flags.writeable and np.array_equal(small, src[:MiB // 16 + 1])
+    small = _owned_copy(src[:MiB // 32])  # under RecvPool.MIN_BYTES: a plain copy
+    assert small.base is None and small.flags.writeable and np.array_equal(small, src[:MiB // 32])

@@ -286,6 +286,7 @@ class RecvPool:
     def __init__(self, cap_bytes: int = 1 << 30, idle_s: float = 30.0) -> None:
         self.cap_bytes = int(cap_bytes)
         self.idle_s = idle_s
+        self._trim_at = 0.0
         self._classes: dict[int, list[list[Any]]] = {}  # class size -> [[buffer, last used]]
         self._bytes = 0
         self._lock = threading.Lock()
@@ -309,13 +310,16 @@ class RecvPool:
         size = self.size_class(n)
         now = time.monotonic()
         with self._lock:
-            self._trim(now)
+            if now >= self._trim_at:  # not on every take: a trim looks at every pooled buffer
+                self._trim(now)
             for entry in self._classes.get(size, ()):
                 if len(entry[0]) >= n and self._free(entry):
                     entry[1] = now
                     self.reused += 1
                     return entry[0][:n]
             alloc = n if exact else size
+            if self._bytes + alloc > self.cap_bytes:
+                self._trim(now)
             if self._bytes + alloc > self.cap_bytes:
                 return np.empty(n, dtype=np.uint8)
             buf = np.empty(alloc, dtype=np.uint8)
@@ -324,6 +328,7 @@ class RecvPool:
         return buf[:n]
 
     def _trim(self, now: float) -> None:
+        self._trim_at = now + min(1.0, self.idle_s)
         for size, entries in list(self._classes.items()):
             keep = [e for e in entries if now - e[1] < self.idle_s or not self._free(e)]
             self._bytes -= sum(len(e[0]) for e in entries) - sum(len(e[0]) for e in keep)
