@@ -1,10 +1,13 @@
 """``tcp-loopback``: the floor of any socket path on this host, measured in the same run.
 
 Two plain TCP hops per round, as ``dressage-zmq`` makes (writer -> unit on put, unit -> reader on get):
-the bench process sends each payload to a second process, which receives it into memory written
-beforehand and acknowledges; the get asks for it back and receives it into written memory too. No
-framing beyond a 9-byte header, no authentication, no checksums, no Python per chunk: whatever a
-socket transport adds, it cannot beat this on the same machine in the same run.
+the bench process sends each payload to a second process, which receives it into a buffer of its own
+for that payload (written beforehand) and acknowledges; the get asks for them back and receives each
+into written memory too. The pattern is a TransferQueue's: one acknowledged request per payload on put;
+on get one request per payload, or with ``batched_get`` one request for all of them, answered back to
+back (as one ``get_many`` asks a unit once). No framing beyond a 9-byte header, no authentication, no
+checksums, no Python per chunk: whatever a socket transport adds, it cannot beat this on the same
+machine in the same run.
 """
 
 from __future__ import annotations
@@ -41,22 +44,29 @@ def _recv_exact(sock: socket.socket, mv: memoryview) -> None:
 
 
 def _far_end(port: int) -> None:
-    """The other process: holds one written buffer, receives into it (P) and sends from it (G)."""
+    """The other process: one written buffer per payload; receives into them (P), sends one (G) or all
+    of them back to back (B)."""
     sock = socket.create_connection(("127.0.0.1", port))
     _tune(sock)
-    store = memoryview(np.ones(0, dtype=np.uint8))
+    store: list[memoryview] = []
     head = bytearray(_HEAD.size)
     while True:
         _recv_exact(sock, memoryview(head))
         op, n = _HEAD.unpack(head)
-        if op == b"A":  # allocate and write the buffer, so no timed round faults a page
-            store = memoryview(np.ones(n, dtype=np.uint8))
+        if op == b"A":  # allocate and write one more buffer, so no timed round faults a page
+            store.append(memoryview(np.ones(n, dtype=np.uint8)))
+            sock.sendall(b"k")
+        elif op == b"F":
+            store = []
             sock.sendall(b"k")
         elif op == b"P":
-            _recv_exact(sock, store[:n])
+            _recv_exact(sock, store[n])
             sock.sendall(b"k")
         elif op == b"G":
-            sock.sendall(store[:n])
+            sock.sendall(store[n])
+        elif op == b"B":
+            for buf in store:
+                sock.sendall(buf)
         else:
             sock.close()
             return
@@ -66,8 +76,9 @@ class TcpLoopbackSystem(BenchSystem):
     name = "tcp-loopback"
     across_processes = True
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, *, batched_get: bool = False) -> None:
         self._seed = seed
+        self.batched_get = batched_get
         self._proc: Any = None
         self._sock: socket.socket | None = None
         self._src: list[np.ndarray] = []
@@ -95,25 +106,34 @@ class TcpLoopbackSystem(BenchSystem):
     def prepare(self, workload: Workload) -> None:
         self._src = [a.reshape(-1).view(np.uint8) for item in make_items(workload, self._seed) for a in item]
         self._out = [np.ones_like(a) for a in self._src]
-        self._command(b"A", max(a.nbytes for a in self._src))
-        _recv_exact(self._sock, memoryview(self._ack))  # type: ignore[arg-type]
+        for a in self._src:
+            self._command(b"A", a.nbytes)
+            _recv_exact(self._sock, memoryview(self._ack))  # type: ignore[arg-type]
 
     def run_round(self, workload: Workload) -> RoundTiming:
         sock = self._sock
         ack = memoryview(self._ack)
         with Stopwatch() as put:
-            for a in self._src:
-                self._command(b"P", a.nbytes)
+            for i, a in enumerate(self._src):
+                self._command(b"P", i)
                 sock.sendall(a)  # type: ignore[union-attr]
                 _recv_exact(sock, ack)  # type: ignore[arg-type]
         with Stopwatch() as get:
-            for out in self._out:
-                self._command(b"G", out.nbytes)
-                _recv_exact(sock, memoryview(out))  # type: ignore[arg-type]
+            if self.batched_get:
+                self._command(b"B", len(self._out))
+                for out in self._out:
+                    _recv_exact(sock, memoryview(out))  # type: ignore[arg-type]
+            else:
+                for i, out in enumerate(self._out):
+                    self._command(b"G", i)
+                    _recv_exact(sock, memoryview(out))  # type: ignore[arg-type]
         return RoundTiming(put.seconds, get.seconds)
 
     def finish(self, workload: Workload) -> None:
         self._src, self._out = [], []
+        if self._sock is not None:
+            self._command(b"F", 0)
+            _recv_exact(self._sock, memoryview(self._ack))
 
     def close(self) -> None:
         if self._sock is not None:
@@ -131,4 +151,5 @@ class TcpLoopbackSystem(BenchSystem):
 
     def describe(self) -> dict[str, object]:
         return {"path": "bench process -> second process -> bench process, plain TCP on loopback, "
-                        "written buffers both ends, no framing, MAC or checksums (the socket floor)"}
+                        "one written buffer per payload at both ends, no framing, MAC or checksums (the socket floor)",
+                "get": "one request for every payload" if self.batched_get else "one request per payload"}

@@ -1,5 +1,5 @@
 """Access: loopback by default; any other interface needs a secret, and then every message carries a
-MAC (Poly1305 under a per-message key derived with HMAC-SHA256); a frame without a valid one is
+MAC (GMAC under a per-message key derived with HMAC-SHA256); a frame without a valid one is
 ProtocolError and the unit keeps serving."""
 
 from __future__ import annotations
@@ -112,3 +112,30 @@ def test_the_mac_covers_every_payload_byte_and_frame_boundary_and_never_reuses_a
                 [*frames, wire.sign(frames, b"another-secret-16b", nonce=b"n" * 16, seq=3, time_ms=1000)]):
         with pytest.raises(ProtocolError, match="MAC does not match"):
             wire.open_frames(bad, SECRET)
+
+
+def test_a_frame_tag_is_the_same_however_the_bytes_are_fed_and_changes_with_any_byte():
+    import os
+
+    secret, head = os.urandom(32), wire.auth_head()
+    data = bytearray(os.urandom(3 * wire._STREAM_AFTER))
+
+    def tag(pieces):
+        mac = wire.FrameMac(secret, head)
+        for piece in pieces:
+            mac.update(piece)
+        return mac.finalize()
+
+    whole = tag([bytes(data)])
+    # Held (under the streaming threshold), crossing it, and streamed: one tag.
+    assert tag([data[:10], data[10:wire._STREAM_AFTER + 5], memoryview(data)[wire._STREAM_AFTER + 5:]]) == whole
+    assert tag([data[i:i + 4096] for i in range(0, len(data), 4096)]) == whole
+    assert len(whole) == wire.MAC_BYTES
+    small = tag([data[:100]])
+    assert tag([data[:40], data[40:100]]) == small != tag([data[:99]])
+    for at in (0, 50, wire._STREAM_AFTER + 1, len(data) - 1):
+        data[at] ^= 1
+        assert tag([bytes(data)]) != whole
+        data[at] ^= 1
+    assert wire.FrameMac(os.urandom(32), head).finalize() != wire.FrameMac(secret, head).finalize()
+    assert wire.FrameMac(secret, head, b"other-label\x00").finalize() != wire.FrameMac(secret, head).finalize()

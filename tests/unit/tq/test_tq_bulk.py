@@ -462,3 +462,40 @@ def test_a_get_answer_is_bounded_and_the_client_pages_through_the_rest(shared_me
         remote.close()
         server.stop()
         backend.close()
+
+
+def test_an_exact_take_allocates_no_slack_and_reuses_a_free_buffer_of_its_class():
+    pool = bulk.RecvPool(cap_bytes=16 * MiB)
+    assert pool.size_class(MiB + 10) == pool.size_class(MiB + 5) == pool.size_class(MiB + 11)
+    a = pool.take(MiB + 10, exact=True)
+    assert a.nbytes == MiB + 10 and len(a.base) == MiB + 10 and pool.pooled_bytes == MiB + 10
+    first = id(a.base)
+    b = pool.take(MiB + 10, exact=True)  # the first is held: a second buffer
+    assert id(b.base) != first and pool.pooled_bytes == 2 * (MiB + 10)
+    del a
+    c = pool.take(MiB + 5, exact=True)  # a free buffer of the class that is long enough: no new one
+    assert id(c.base) == first and c.nbytes == MiB + 5 and pool.pooled_bytes == 2 * (MiB + 10)
+    assert pool.reused == 1
+    del b, c
+    d = pool.take(MiB + 11, exact=True)  # same class, but every free buffer is one byte short
+    assert len(d.base) == MiB + 11 and pool.pooled_bytes == 3 * MiB + 31
+
+
+def test_a_copy_of_a_large_read_lands_in_a_pooled_buffer_it_owns_alone(monkeypatch):
+    from dressage.tq.client.client import _owned_copy
+
+    monkeypatch.setattr(bulk, "_shared", bulk.RecvPool())
+    src = np.arange(3 * MiB // 4, dtype=np.int32).reshape(-1, 4)
+    first = _owned_copy(src)
+    assert first.flags.writeable and first.dtype == src.dtype and first.shape == src.shape
+    np.testing.assert_array_equal(first, src)
+    held = id(first.base)
+    second = _owned_copy(src)  # the first is still held: never handed out twice
+    assert id(second.base) != held
+    second[0, 0] = -1
+    assert first[0, 0] == 0 and src[0, 0] == 0
+    del first
+    third = _owned_copy(src[::-1])  # the first was dropped: its buffer again, a non-contiguous source in order
+    assert id(third.base) == held and np.array_equal(third, src[::-1])
+    small = _owned_copy(src[:MiB // 32])  # under RecvPool.MIN_BYTES: a plain copy
+    assert small.base is None and small.flags.writeable and np.array_equal(small, src[:MiB // 32])

@@ -124,6 +124,22 @@ def test_clear_pages_through_the_batch(tq, client, small_limit):
     assert client.clear("rollout") == 0
 
 
+def test_the_controllers_key_listing_pages_past_the_bound(tq, client, small_limit):
+    n = 3 * LIMIT + 2
+    refs = _put(tq, client, [("lp", np.full(2, i, dtype=np.float32)) for i in range(n)], batch="b")
+    _put(tq, client, [("lp", np.zeros(2, dtype=np.float32)) for _ in range(2)], batch="other")
+    remote = client._controller
+    assert remote.keys("b") == [r.key for r in refs]
+    assert len(remote.keys()) == n + 2
+    # Each answer carries at most one page: the raw request for the listing answers LIMIT keys and
+    # names where the next page starts.
+    reply, _ = remote._rpc.call("keys", {"batch": "b"})
+    assert len(reply["keys"]) == LIMIT and reply["next"] == LIMIT
+    last, _ = remote._rpc.call("keys", {"batch": "b", "start": 3 * LIMIT})
+    assert last["keys"] == [r.key for r in refs[3 * LIMIT:]] and last["next"] is None
+    assert remote.keys("none") == []
+
+
 def test_a_failed_clear_is_reported_and_retried_in_bounded_pages(tq, client, small_limit):
     n = 3 * LIMIT + 2
     refs = _put(tq, client, [("lp", np.ones(3, dtype=np.float32)) for _ in range(n)], batch="b")

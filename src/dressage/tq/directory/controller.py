@@ -421,6 +421,13 @@ class Controller:
         with self._lock:
             return [k for k, e in self._entries.items() if batch is None or e.batch == batch]
 
+    def keys_page(self, batch: str | None, *, start: int, limit: int) -> tuple[list[str], int | None]:
+        """At most ``limit`` of :meth:`keys` from position ``start``, and where the next page starts (None:
+        that was the last): what the Controller's server answers, so no answer grows with the directory."""
+        limit, start = max(1, int(limit)), max(0, int(start))
+        keys = self.keys(batch)
+        return keys[start:start + limit], (start + limit if start + limit < len(keys) else None)
+
     def total_keys(self) -> int:
         with self._lock:
             return len(self._entries)

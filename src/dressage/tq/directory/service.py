@@ -121,8 +121,10 @@ class ControllerServer:
             return {"state": None if state is None else state.value}, ()
         if op == "where":
             return {"where": ctl.where(str_list(c.get("keys"), "keys"))}, ()
-        if op == "keys":
-            return {"keys": ctl.keys(opt_str(c.get("batch"), "batch"))}, ()
+        if op == "keys":  # paged like every call that carries keys
+            page, nxt = ctl.keys_page(opt_str(c.get("batch"), "batch"), start=uint(c.get("start", 0), "start", 1 << 62),
+                                      limit=max_keys())
+            return {"keys": page, "next": nxt}, ()
         if op == "total_keys":
             return {"n": ctl.total_keys()}, ()
         if op == "stats":
@@ -314,7 +316,23 @@ class RemoteController:
         return out
 
     def keys(self, batch: str | None = None) -> list[str]:
-        return list(self._rpc.call("keys", {"batch": batch})[0]["keys"])
+        """Every key (of ``batch``), a page of at most ``wire.max_keys()`` per request. Keys added or
+        dropped while the pages are read may be missed; none is listed twice."""
+        out: list[str] = []
+        seen: set[str] = set()
+        start = 0
+        while True:
+            reply = self._rpc.call("keys", {"batch": batch, "start": start})[0]
+            nxt = reply.get("next")
+            if nxt is not None and (not isinstance(nxt, int) or isinstance(nxt, bool) or nxt <= start):
+                raise ProtocolError("the Controller's keys answer names no later page")
+            for key in str_list(reply.get("keys"), "keys"):
+                if key not in seen:
+                    seen.add(key)
+                    out.append(key)
+            if nxt is None:
+                return out
+            start = nxt
 
     def total_keys(self) -> int:
         return int(self._rpc.call("total_keys")[0]["n"])

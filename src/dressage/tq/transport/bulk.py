@@ -272,7 +272,8 @@ def _broken(message: str) -> ProtocolError:
 
 
 class RecvPool:
-    """Receive buffers of 1 MiB and more, reused once nobody holds a view of them.
+    """Receive buffers of 1 MiB and more (and the copies ``get_many(copy=True)`` returns), reused once
+    nobody holds a view of them.
 
     ``take(n)`` returns a writable uint8 view of ``n`` bytes whose base is a pooled buffer; arrays
     built on it (``wire.array_from_frame``) keep that buffer as their base, so while any of them lives
@@ -285,6 +286,7 @@ class RecvPool:
     def __init__(self, cap_bytes: int = 1 << 30, idle_s: float = 30.0) -> None:
         self.cap_bytes = int(cap_bytes)
         self.idle_s = idle_s
+        self._trim_at = 0.0
         self._classes: dict[int, list[list[Any]]] = {}  # class size -> [[buffer, last used]]
         self._bytes = 0
         self._lock = threading.Lock()
@@ -299,29 +301,37 @@ class RecvPool:
         # References: the entry list, the argument; any more is a live view.
         return sys.getrefcount(entry[0]) <= 2
 
-    def take(self, n: int) -> np.ndarray:
+    def take(self, n: int, *, exact: bool = False) -> np.ndarray:
+        """A writable uint8 view of ``n`` bytes on a pooled buffer (a plain one under ``MIN_BYTES`` or past
+        the cap). ``exact``: a new buffer is ``n`` bytes rather than its size class (no slack on top of what
+        the caller keeps); a free one of the class is reused when it is at least ``n`` long."""
         if n < self.MIN_BYTES:
             return np.empty(n, dtype=np.uint8)
         size = self.size_class(n)
         now = time.monotonic()
         with self._lock:
-            self._trim(now)
+            if now >= self._trim_at:  # not on every take: a trim looks at every pooled buffer
+                self._trim(now)
             for entry in self._classes.get(size, ()):
-                if self._free(entry):
+                if len(entry[0]) >= n and self._free(entry):
                     entry[1] = now
                     self.reused += 1
                     return entry[0][:n]
-            if self._bytes + size > self.cap_bytes:
+            alloc = n if exact else size
+            if self._bytes + alloc > self.cap_bytes:
+                self._trim(now)
+            if self._bytes + alloc > self.cap_bytes:
                 return np.empty(n, dtype=np.uint8)
-            buf = np.empty(size, dtype=np.uint8)
+            buf = np.empty(alloc, dtype=np.uint8)
             self._classes.setdefault(size, []).append([buf, now])
-            self._bytes += size
+            self._bytes += alloc
         return buf[:n]
 
     def _trim(self, now: float) -> None:
+        self._trim_at = now + min(1.0, self.idle_s)
         for size, entries in list(self._classes.items()):
             keep = [e for e in entries if now - e[1] < self.idle_s or not self._free(e)]
-            self._bytes -= size * (len(entries) - len(keep))
+            self._bytes -= sum(len(e[0]) for e in entries) - sum(len(e[0]) for e in keep)
             if keep:
                 self._classes[size] = keep
             else:
