@@ -6,7 +6,7 @@ Segments not yet read, the journal, the TransferQueue client's counters and, in 
 its StorageUnits' stats. The histograms (whole call, the Proxy's own share of it, the engine wait) are
 observed once per call by the HTTP app, from the engine-wait tally the call already keeps; the TQ write
 and commit histograms once per step written behind its answer; the group wait once per prompt group a
-batch read hands over.
+batch read hands over; the journal's fsync once per fsync of an append.
 """
 
 from __future__ import annotations
@@ -20,11 +20,14 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from dressage.observe.metrics import ReadOnScrape, Sample
 from dressage.tq.metrics import client_samples, unit_samples
 
-__all__ = ["ProxyMetrics", "CALL_BUCKETS_S", "GROUP_WAIT_BUCKETS_S"]
+__all__ = ["ProxyMetrics", "CALL_BUCKETS_S", "FSYNC_BUCKETS_S", "GROUP_WAIT_BUCKETS_S"]
 
 CALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
                   300.0)
 """Bucket bounds (seconds) of the call histograms: a millisecond of Proxy work up to a long generation."""
+
+FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+"""Bucket bounds (seconds) of the journal's fsyncs: a page-cache flush on NVMe up to a stalled disk."""
 
 GROUP_WAIT_BUCKETS_S = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 """Bucket bounds (seconds) of the group wait: siblings finishing together up to a straggler's time-out."""
@@ -60,6 +63,15 @@ class ProxyMetrics:
             "dressage_group_wait_seconds", "Prompt groups a batch read handed over: seconds from the group's first "
             "finalize to the read (once per group).", buckets=GROUP_WAIT_BUCKETS_S, registry=self.registry)
         service.trajectories.observe_group_wait = self.group_wait_seconds.observe
+        self.journal_fsync_seconds = Histogram(
+            "dressage_journal_fsync_seconds", "Journal appends: seconds of each fsync (with --journal).",
+            buckets=FSYNC_BUCKETS_S, registry=self.registry)
+        if service.core.journal is not None:
+            self.watch_journal(service.core.journal)
+
+    def watch_journal(self, journal: Any) -> None:
+        """Observe each fsync of ``journal``'s appends (the journal the Proxy appends to from now on)."""
+        journal.observe_fsync = self.journal_fsync_seconds.observe
 
     def observe_write(self, write_s: float, commit_s: float) -> None:
         """One step's TQ write and local commit (told by the write-behind, on its thread)."""
@@ -156,6 +168,3 @@ class ProxyMetrics:
         if journal is None:
             return
         yield Sample("dressage_journal_bytes", "Bytes of the journal file.", journal.size)
-        yield Sample("dressage_journal_fsyncs_total", "fsyncs of journal appends.", journal.fsyncs, kind="counter")
-        yield Sample("dressage_journal_fsync_seconds_total", "Seconds journal appends spent in fsync.",
-                     journal.fsync_s, kind="counter")

@@ -129,6 +129,7 @@ class ProxyService:
         self.trajectories.adopt(report.delivered)
         # Appends start where replay stopped: a record the replay refused is cut (and set aside) too.
         self.core.journal = Journal(journal.path, fsync=journal.fsync, intact_bytes=report.intact_bytes)
+        self.metrics.watch_journal(self.core.journal)
         if self.core.journal.set_aside is not None:
             report.set_aside = str(self.core.journal.set_aside)
         self.book.keeper.adopt()  # resumed sessions expire like any other

@@ -137,3 +137,22 @@ def test_group_wait_is_observed_once_per_prompt_group_a_batch_read_hands_over(en
     again = read()  # A handed over again: its wait was told the first time
     assert {r["trajectory_id"] for g in again["data"] for r in g} == {"a-1", "a-2"}
     assert waits()["dressage_group_wait_seconds_count"] == 2
+
+
+def test_journal_metrics_count_each_fsync_and_the_file_bytes(engine, proxy_stack, tmp_path):
+    from dressage.proxy.config import JournalConfig
+
+    proxy = proxy_stack(engine.url, journal=JournalConfig(path=str(tmp_path / "proxy.journal"), fsync="always"))
+    journal = proxy.core.journal
+    start = journal.fsyncs  # appends made while the Proxy started, before anything observed them
+    for sid, text in (("j-a", "one"), ("j-b", "two"), ("j-a", "three")):
+        _chat(proxy.url, sid, text)
+    r = httpx.post(proxy.url + "/session/finalize", json={"session_id": "j-b", "reward": 0.5}, timeout=30)
+    assert r.status_code == 200, r.text
+    m = scrape(proxy.url)
+    fsyncs = journal.fsyncs - start
+    assert fsyncs >= 4  # every step and the finalize, each its own fsync under fsync="always"
+    assert m[("dressage_journal_fsync_seconds_count", ())] == fsyncs
+    assert m[("dressage_journal_fsync_seconds_sum", ())] > 0
+    assert m[("dressage_journal_fsync_seconds_bucket", (("le", "+Inf"),))] == fsyncs
+    assert m[("dressage_journal_bytes", ())] == journal.size == (tmp_path / "proxy.journal").stat().st_size

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from dressage.errors import ConfigError, JournalEncodeError, JournalError, JournalFullError, JournalWriteError
 from dressage.proxy.config import FSYNC_POLICIES
@@ -150,7 +150,9 @@ class Journal:
         self.compactions = 0
         self.fsyncs = 0
         self.fsync_s = 0.0
-        """Appends' fsyncs and the seconds they took (``dressage_journal_fsync_seconds``)."""
+        """Appends' fsyncs and the seconds they took."""
+        self.observe_fsync: Callable[[float], None] | None = None
+        """Told the seconds of each append's fsync (the ``dressage_journal_fsync_seconds`` histogram)."""
         self.compaction_error: BaseException | None = None
         self._closed = False
         try:
@@ -244,6 +246,8 @@ class Journal:
                     self._last_sync = time.monotonic()
                     self.fsyncs += 1
                     self.fsync_s += self._last_sync - now
+                    if self.observe_fsync is not None:
+                        self.observe_fsync(self._last_sync - now)
             except OSError as exc:
                 # A partial frame may be on disk: cut it so the next append starts clean.
                 try:
