@@ -61,6 +61,7 @@ def test_quick_sessions_curve_runs_every_call_through_the_proxy_and_direct(tmp_p
         assert 0 < p["proxy_own_p50_ms"] <= p["proxy_own_p99_ms"] <= p["proxy_own_max_ms"]
         assert 0 < p["direct_own_p50_ms"] <= p["direct_own_p99_ms"]
         assert p["proxy_cpu_ms_per_call"] > 0
+        assert p["proxy_gc_collections"] >= p["proxy_gc_full_collections"] >= 0 and p["proxy_gc_pause_ms"] >= 0
     b = curve["bounds"]["own_p99_vs_reference"]
     p16, p64 = curve["points"]
     assert (b["at_sessions"], b["reference_sessions"], b["limit"]) == (64, 16, scale_sessions.SESSIONS_BOUND)

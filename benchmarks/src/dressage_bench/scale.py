@@ -308,7 +308,8 @@ def _run(args: argparse.Namespace) -> int:
     for p in curves.get("sessions", {}).get("points", []):
         print(f"{p['variant']:>8} sessions={p['sessions']:>5}: Proxy own p50 {p['proxy_own_p50_ms']:.1f} ms "
               f"p99 {p['proxy_own_p99_ms']:.1f} ms; direct own p50 {p['direct_own_p50_ms']:.1f} ms "
-              f"p99 {p['direct_own_p99_ms']:.1f} ms; {p['proxy_cpu_ms_per_call']:.2f} ms Proxy CPU per call")
+              f"p99 {p['direct_own_p99_ms']:.1f} ms; {p['proxy_cpu_ms_per_call']:.2f} ms Proxy CPU per call; "
+              f"GC {p['proxy_gc_collections']} collections, longest {p['proxy_gc_max_pause_ms']:.0f} ms")
     for c in curves.values():
         for name, b in c["bounds"].items():
             print(f"{name}: worst {b['worst']:.2f} (bound {b['limit']}) {'met' if b['met'] else 'NOT met'}")

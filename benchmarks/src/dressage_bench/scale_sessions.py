@@ -226,6 +226,13 @@ def _proxy_args(cfg: SessionsConfig, stub_url: str, r3: bool) -> list[str]:
     return args
 
 
+def _gc(url: str) -> dict[str, Any]:
+    """The Proxy's collector pauses so far (``GET /trajectory/stats``)."""
+    import httpx
+
+    return httpx.get(url + "/trajectory/stats", timeout=60).json()["gc"]
+
+
 def _cpu_s(pid: int) -> float:
     t = psutil.Process(pid).cpu_times()
     return float(t.user + t.system)
@@ -241,9 +248,9 @@ def _point(cfg: SessionsConfig, stub: Any, variant: str, n: int) -> dict[str, An
     try:
         warm = SessionsConfig(sessions=(8,), turns=2, service_s=cfg.service_s, think_s=0.0)
         asyncio.run(_through_proxy(warm, proxy.url, 8, cfg.seed + 1))
-        cpu0 = _cpu_s(proxy.proc.pid)
+        cpu0, gc0 = _cpu_s(proxy.proc.pid), _gc(proxy.url)
         p = asyncio.run(_through_proxy(cfg, proxy.url, n, cfg.seed + n))
-        proxy_cpu = _cpu_s(proxy.proc.pid) - cpu0
+        proxy_cpu, gc1 = _cpu_s(proxy.proc.pid) - cpu0, _gc(proxy.url)
     finally:
         proxy.stop()
     d = asyncio.run(_direct(cfg, stub.url, n, cfg.seed + n, r3))
@@ -257,7 +264,12 @@ def _point(cfg: SessionsConfig, stub: Any, variant: str, n: int) -> dict[str, An
             "proxy_own_p50_ms": round(_pct(p.own, 50), 2), "proxy_own_p99_ms": round(_pct(p.own, 99), 2),
             "proxy_own_max_ms": round(max(p.own) * 1000.0, 2) if p.own else float("nan"),
             "proxy_outside_engine_wait_p99_ms": round(_pct(p.own_outside_engine, 99), 2),
-            "direct_own_p50_ms": round(_pct(d.own, 50), 2), "direct_own_p99_ms": round(_pct(d.own, 99), 2)}
+            "direct_own_p50_ms": round(_pct(d.own, 50), 2), "direct_own_p99_ms": round(_pct(d.own, 99), 2),
+            # the Proxy's collector over the timed sessions (its longest pause: since the Proxy started)
+            "proxy_gc_collections": gc1["collections"] - gc0["collections"],
+            "proxy_gc_full_collections": gc1["full_collections"] - gc0["full_collections"],
+            "proxy_gc_pause_ms": round((gc1["pause_s"] - gc0["pause_s"]) * 1e3, 2),
+            "proxy_gc_max_pause_ms": gc1["max_pause_ms"]}
 
 
 def run_sessions_curve(cfg: SessionsConfig) -> dict[str, Any]:
