@@ -261,9 +261,9 @@ def register(benches: argparse._SubParsersAction) -> None:
                         "none: skip it)")
     p.add_argument("--session-turns", type=int, metavar="N", help="chat calls per session (default 3; quick: 2)")
     p.add_argument("--session-service-s", type=float, metavar="S",
-                   help="the stub engine's time per call (default 4.0; quick: 0.2)")
+                   help="the stub engine's time per call (default 8.0; quick: 0.2)")
     p.add_argument("--session-think-s", type=float, metavar="S",
-                   help="an agent's longest think time between turns (default 2.0; quick: 0.1)")
+                   help="an agent's longest think time between turns (default 4.0; quick: 0.1)")
     p.add_argument("--session-variants", nargs="+", choices=sorted(VARIANTS), metavar="VARIANT",
                    help="engine answers: logprobs only, or with R3 routed experts (default: both; quick: r3)")
     p.set_defaults(func=_run)
@@ -277,8 +277,8 @@ def _sessions_config(args: argparse.Namespace) -> SessionsConfig | None:
     try:
         return SessionsConfig(
             sessions=tuple(sessions), turns=args.session_turns or (2 if q else 3),
-            service_s=args.session_service_s if args.session_service_s is not None else (0.2 if q else 4.0),
-            think_s=args.session_think_s if args.session_think_s is not None else (0.1 if q else 2.0),
+            service_s=args.session_service_s if args.session_service_s is not None else (0.2 if q else 8.0),
+            think_s=args.session_think_s if args.session_think_s is not None else (0.1 if q else 4.0),
             variants=tuple(args.session_variants or (["r3"] if q else ["logprobs", "r3"])))
     except ValueError as exc:
         raise SystemExit(f"--sessions: {exc}") from None
