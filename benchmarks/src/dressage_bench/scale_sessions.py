@@ -239,7 +239,7 @@ def _cpu_s(pid: int) -> float:
 
 
 def _point(cfg: SessionsConfig, stub: Any, variant: str, n: int) -> dict[str, Any]:
-    """One session count of one variant: a fresh Proxy warmed by a few sessions, then the N sessions
+    """One session count of one variant: a fresh Proxy warmed by 8 sessions of 2 turns, then the N sessions
     through it, then the same N agents straight to the engine."""
     from dressage_bench.faults._stack import serve_process
 

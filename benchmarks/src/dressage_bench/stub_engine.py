@@ -33,7 +33,8 @@ class StubConfig:
     """What the stub answers with."""
 
     service_s: float = 0.5
-    """How long each ``/generate`` waits (``asyncio.sleep``) before it answers: the engine's own time."""
+    """How long each ``/generate`` waits (``asyncio.sleep``, at least this long) before it answers: the
+    engine's own time."""
     layers: int = 8
     """R3 rows' layers (``num_hidden_layers`` of its model info)."""
     topk: int = 2
@@ -112,7 +113,10 @@ async def _connection(answers: _Answers, reader: asyncio.StreamReader, writer: a
                 t0 = time.perf_counter()
                 try:
                     req = fastjson.loads(body)
-                    await asyncio.sleep(answers.cfg.service_s)
+                    # never less than the service time: a loop's timers may fire a little early
+                    until = t0 + answers.cfg.service_s
+                    while (left := until - time.perf_counter()) > 0:
+                        await asyncio.sleep(left)
                     out = answers.generate(req)
                 except (ValueError, KeyError, TypeError) as exc:
                     writer.write(_response(400, fastjson.dumps({"error": {"message": str(exc)}})))
