@@ -1,11 +1,11 @@
-"""``dressage bench scale --quick``: every point of the Step-size curve, its bounds, the JSON report and the plot."""
+"""``dressage bench scale --quick``: every point of each curve, its bounds, the JSON report and the plots."""
 
 import argparse
 import json
 
 import pytest
 
-from dressage_bench import scale
+from dressage_bench import scale, scale_sessions
 
 
 def test_quick_run_writes_every_point_its_bounds_and_a_plot(tmp_path):
@@ -14,7 +14,7 @@ def test_quick_run_writes_every_point_its_bounds_and_a_plot(tmp_path):
     scale.register(parser.add_subparsers())
     report, plot = tmp_path / "scale.json", tmp_path / "scale.png"
     args = parser.parse_args(["scale", "--quick", "--sizes", "64", "256", "--rounds", "3", "--units", "1", "2",
-                              "--unit-steps", "3", "--json", str(report), "--plot", str(plot)])
+                              "--unit-steps", "3", "--sessions", "--json", str(report), "--plot", str(plot)])
     assert args.func(args) == 0
     curves = json.loads(report.read_text())["curves"]
     curve = curves["step_size"]
@@ -45,6 +45,68 @@ def test_quick_run_writes_every_point_its_bounds_and_a_plot(tmp_path):
     assert b["met"] == (b["worst"] >= b["limit"] == 0.8)
     for path in (plot, tmp_path / "scale-units.png"):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "sessions" not in curves and not (tmp_path / "scale-sessions.png").exists()
+
+
+def test_quick_sessions_curve_runs_every_call_through_the_proxy_and_direct(tmp_path):
+    """The quick sessions curve: 16 and 64 sessions of 2 turns, R3 on, through a Proxy process and straight
+    to the stub engine; every call answered on both paths, and the bound computed from the points."""
+    pytest.importorskip("matplotlib")
+    parser = argparse.ArgumentParser()
+    scale.register(parser.add_subparsers())
+    report, plot = tmp_path / "scale.json", tmp_path / "scale.png"
+    args = parser.parse_args(["scale", "--quick", "--sizes", "64", "--shapes", "40x8", "--dtypes", "uint8",
+                              "--rounds", "1", "--units", "--json", str(report), "--plot", str(plot)])
+    assert args.func(args) == 0
+    curves = json.loads(report.read_text())["curves"]
+    assert "storage_units" not in curves
+    curve = curves["sessions"]
+    assert curve["config"]["turns"] == 2 and curve["config"]["service_s"] == 0.2
+    assert [(p["variant"], p["sessions"]) for p in curve["points"]] == [("r3", 16), ("r3", 64)]
+    for p in curve["points"]:
+        assert p["errors"] == 0 and p["calls"] == p["direct_calls"] == 2 * p["sessions"]
+        # own share = latency less the engine's service time, which the stub never cuts short
+        assert 0 < p["proxy_own_p50_ms"] <= p["proxy_own_p99_ms"] <= p["proxy_own_max_ms"]
+        assert 0 < p["direct_own_p50_ms"] <= p["direct_own_p99_ms"]
+        assert p["proxy_cpu_ms_per_call"] > 0
+        assert p["proxy_gc_collections"] >= p["proxy_gc_full_collections"] >= 0 and p["proxy_gc_pause_ms"] >= 0
+    b = curve["bounds"]["own_p99_vs_reference"]
+    p16, p64 = curve["points"]
+    assert (b["at_sessions"], b["reference_sessions"], b["limit"]) == (64, 16, scale_sessions.SESSIONS_BOUND)
+    assert b["worst"] == pytest.approx(p64["proxy_own_p99_ms"] / p16["proxy_own_p99_ms"])
+    assert b["met"] == (b["worst"] <= b["limit"])
+    assert (tmp_path / "scale-sessions.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stub_engine_answers_in_the_wire_format_the_proxy_decodes():
+    """The stub's /generate answer passes the Proxy's own decoder: logprobs one per output id and routing
+    rows exactly ``[routed_experts_start_len, T - 1)``, ids in range."""
+    from dressage.fields.sglang import decode_generate_response
+    from dressage_bench.stub_engine import REPLY, StubConfig, _Answers
+    from dressage.proxy import fastjson
+
+    cfg = StubConfig(service_s=0, layers=3, topk=2, experts=16)
+    answers = _Answers(cfg)
+    body = fastjson.loads(answers.generate({"input_ids": list(range(40)), "sampling_params": {"max_new_tokens": 500},
+                                            "return_logprob": True, "return_routed_experts": True,
+                                            "routed_experts_start_len": 10}))
+    out = decode_generate_response(body, prompt_len=40, routed_experts_start_len=10, num_layers=3, topk=2,
+                                   want_routed_experts=True, routed_experts_dtype="uint8", num_experts=16)
+    n = len(REPLY.encode()) + 1
+    assert out.finish_reason == "stop" and len(out.output_ids) == n and len(out.logprobs) == n
+    assert out.routed_experts.shape == (40 + n - 1 - 10, 3, 2) and int(out.routed_experts.max()) < 16
+    assert body["text"] == REPLY
+    short = fastjson.loads(answers.generate({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 5},
+                                             "return_logprob": True}))
+    assert short["output_ids"] == list(REPLY.encode()[:5]) and short["meta_info"]["finish_reason"]["type"] == "length"
+    assert "routed_experts" not in short["meta_info"]
+
+
+@pytest.mark.parametrize("bad", [{"sessions": ()}, {"sessions": (0,)}, {"turns": 0}, {"service_s": 0},
+                                 {"think_s": -1}, {"variants": ("nope",)}])
+def test_sessions_config_refuses_bad_values_naming_the_field(bad):
+    with pytest.raises(ValueError, match="SessionsConfig"):
+        scale_sessions.SessionsConfig(**bad)
 
 
 def test_scale_is_a_registered_bench():

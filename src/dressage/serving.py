@@ -21,7 +21,7 @@ from typing import Any
 
 from dressage.errors import ConfigError
 
-__all__ = ["UvicornServer", "ConnectionLimits", "guarded_protocol", "tune_gc_for_serving"]
+__all__ = ["UvicornServer", "ConnectionLimits", "guarded_protocol", "tune_gc_for_serving", "GcPauses", "GC_PAUSES"]
 
 
 SERVING_GC_YOUNG = 20_000
@@ -40,12 +40,55 @@ def tune_gc_for_serving(young: int = SERVING_GC_YOUNG) -> int:
       4 calls, and each collection walked them and promoted them to be walked again: ~0.2 ms a
       call, against ~0.01 ms at 20,000. Cyclic garbage (a refused call's traceback) waits for at
       most that many net allocations.
+    - Count the collector's pauses from then on (:data:`GC_PAUSES`, in ``GET /trajectory/stats``).
     """
     gc.collect()
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(max(int(young), 1), middle, old)
+    GC_PAUSES.install()
     return gc.get_freeze_count()
+
+
+class GcPauses:
+    """The cyclic collector's pauses in this process since :meth:`install`: how many, their sum, the longest.
+
+    A collection holds the GIL from start to end, so in a serving process each one is event-loop time no
+    request gets; its length grows with the objects it walks (the young generation's includes every call
+    in flight, a full one every live session's state). ``GET /trajectory/stats`` reports them as ``gc``.
+    """
+
+    __slots__ = ("collections", "full_collections", "pause_s", "max_pause_s", "_since", "_installed")
+
+    def __init__(self) -> None:
+        self.collections = self.full_collections = 0
+        self.pause_s = self.max_pause_s = 0.0
+        self._since = 0.0
+        self._installed = False
+
+    def install(self) -> None:
+        """Start counting (once per process; a second call changes nothing)."""
+        if not self._installed:
+            self._installed = True
+            gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+            return
+        spent = time.perf_counter() - self._since
+        self.collections += 1
+        self.full_collections += info["generation"] == 2
+        self.pause_s += spent
+        self.max_pause_s = max(self.max_pause_s, spent)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"collections": self.collections, "full_collections": self.full_collections,
+                "pause_s": round(self.pause_s, 6), "max_pause_ms": round(self.max_pause_s * 1e3, 3)}
+
+
+GC_PAUSES = GcPauses()
+"""This process's collector pauses: the collector is one per process, so is its clock."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,9 @@ and its floor take turns within every one of ``--rounds`` rounds, after an untim
 the median over the rounds (the best beside it), and a bound is judged on the ratio of the medians, so
 one busy spell of a shared machine moves neither. The JSON report names each bound and whether it is
 met; ``--plot`` draws each curve.
+
+The sessions curve (:mod:`dressage_bench.scale_sessions`) runs 16-1,024 concurrent agent sessions through
+a Proxy process and the same agents straight to the engine, for the Proxy's own share of latency.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import tracemalloc
 from typing import Any, Callable
 
 import numpy as np
+
+from dressage_bench.scale_sessions import VARIANTS, SessionsConfig, plot_sessions, run_sessions_curve
 
 __all__ = ["register", "run_step_curve", "run_units_curve", "BOUNDS"]
 
@@ -290,6 +295,12 @@ def units_plot_path(path: str) -> str:
     return f"{root}-units{ext or '.png'}"
 
 
+def sessions_plot_path(path: str) -> str:
+    """Where ``--plot FILE`` puts the sessions curve: beside FILE, ``-sessions`` before its suffix."""
+    root, ext = os.path.splitext(path)
+    return f"{root}-sessions{ext or '.png'}"
+
+
 def register(benches: argparse._SubParsersAction) -> None:
     p = benches.add_parser(
         "scale", help="per-Step costs against their same-run floors as the Step grows",
@@ -299,7 +310,8 @@ def register(benches: argparse._SubParsersAction) -> None:
                      "and both storage dtypes. --json writes every point and whether each bound is met."))
     p.add_argument("--json", metavar="FILE", help="write the report")
     p.add_argument("--plot", metavar="FILE",
-                   help="draw the Step-size curve into this PNG, the units curve beside it (FILE-units.png)")
+                   help="draw the Step-size curve into this PNG, the units and sessions curves beside it "
+                        "(FILE-units.png, FILE-sessions.png)")
     p.add_argument("--quick", action="store_true", help="1K and 4K tokens, 2 rounds: for CI")
     p.add_argument("--sizes", nargs="+", type=int, metavar="TOKENS",
                    help="Step sizes (default 1024 4096 16384 65536 262144; quick: 1024 4096)")
@@ -313,7 +325,32 @@ def register(benches: argparse._SubParsersAction) -> None:
     p.add_argument("--unit-steps", type=int, metavar="N",
                    help="Step writes (4K tokens of 40x8 uint8 R3, 1.25 MiB) per round of the units curve "
                         "(default 64; quick: 8)")
+    p.add_argument("--sessions", nargs="*", type=int, metavar="N",
+                   help="concurrent agent sessions of the sessions curve (default 16 64 256 1024; quick: 16 64; "
+                        "none: skip it)")
+    p.add_argument("--session-turns", type=int, metavar="N", help="chat calls per session (default 3; quick: 2)")
+    p.add_argument("--session-service-s", type=float, metavar="S",
+                   help="the stub engine's time per call (default 8.0; quick: 0.2)")
+    p.add_argument("--session-think-s", type=float, metavar="S",
+                   help="an agent's longest think time between turns (default 4.0; quick: 0.1)")
+    p.add_argument("--session-variants", nargs="+", choices=sorted(VARIANTS), metavar="VARIANT",
+                   help="engine answers: logprobs only, or with R3 routed experts (default: both; quick: r3)")
     p.set_defaults(func=_run)
+
+
+def _sessions_config(args: argparse.Namespace) -> SessionsConfig | None:
+    sessions = args.sessions if args.sessions is not None else ([16, 64] if args.quick else [16, 64, 256, 1024])
+    if not sessions:
+        return None
+    q = args.quick
+    try:
+        return SessionsConfig(
+            sessions=tuple(sessions), turns=args.session_turns or (2 if q else 3),
+            service_s=args.session_service_s if args.session_service_s is not None else (0.2 if q else 8.0),
+            think_s=args.session_think_s if args.session_think_s is not None else (0.1 if q else 4.0),
+            variants=tuple(args.session_variants or (["r3"] if q else ["logprobs", "r3"])))
+    except ValueError as exc:
+        raise SystemExit(f"--sessions: {exc}") from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -323,11 +360,13 @@ def _run(args: argparse.Namespace) -> int:
     rounds = args.rounds or (2 if args.quick else 5)
     curve = run_step_curve(sizes, args.shapes, args.dtypes, rounds)
     units = args.units if args.units is not None else ([1, 2] if args.quick else [1, 2, 4, 8])
+    sessions = _sessions_config(args)
     curves = {"step_size": curve}
     if units:
         curves["storage_units"] = run_units_curve(units, args.unit_steps or (8 if args.quick else 64), rounds)
+    if sessions is not None:
+        curves["sessions"] = run_sessions_curve(sessions)
     report = {"bench": "scale", "curves": curves,
-              "not_measured": ["sessions 16-1,024 (Proxy own-share p99)"],
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "node": platform.node()}}
     for p in curve["points"]:
         print(f"{p['layers']:>3}x{p['topk']} {p['dtype']:>5} T={p['tokens']:>7}: decode {p['proxy_decode_vs_b64']:.2f}x "
@@ -337,6 +376,11 @@ def _run(args: argparse.Namespace) -> int:
         print(f"units={p['units']}: TQ {p['tq_gbps']:.3f} GB/s, two TCP hops {p['tcp_gbps']:.3f} GB/s: "
               f"{p['tq_vs_tcp']:.2f}x (best against best {p['tq_vs_tcp_best']:.2f}x; unauthenticated "
               f"{p['tq_unauthenticated_vs_tcp']:.2f}x)")
+    for p in curves.get("sessions", {}).get("points", []):
+        print(f"{p['variant']:>8} sessions={p['sessions']:>5}: Proxy own p50 {p['proxy_own_p50_ms']:.1f} ms "
+              f"p99 {p['proxy_own_p99_ms']:.1f} ms; direct own p50 {p['direct_own_p50_ms']:.1f} ms "
+              f"p99 {p['direct_own_p99_ms']:.1f} ms; {p['proxy_cpu_ms_per_call']:.2f} ms Proxy CPU per call; "
+              f"GC {p['proxy_gc_collections']} collections, longest {p['proxy_gc_max_pause_ms']:.0f} ms")
     for c in curves.values():
         for name, b in c["bounds"].items():
             print(f"{name}: worst {b['worst']:.2f} (bound {b['limit']}) {'met' if b['met'] else 'NOT met'}")
@@ -347,4 +391,6 @@ def _run(args: argparse.Namespace) -> int:
         _plot(curve, args.plot)
         if "storage_units" in curves:
             _plot_units(curves["storage_units"], units_plot_path(args.plot))
+        if "sessions" in curves:
+            plot_sessions(curves["sessions"], sessions_plot_path(args.plot))
     return 0

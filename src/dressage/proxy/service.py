@@ -20,6 +20,7 @@ from dressage.proxy.engines.rids import RidFactory
 from dressage.proxy.engines.startup import engine_clients, engine_pool
 from dressage.proxy.engines.versions import read_versions, update_versions
 from dressage.observe.otel import call_tracing
+from dressage.serving import GC_PAUSES
 from dressage.proxy.metrics import ProxyMetrics
 from dressage.proxy.openai.chat.samples import ChatSampler
 from dressage.proxy.openai.chat.serving import ChatServing
@@ -194,7 +195,8 @@ class ProxyService:
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves),
                 "evicted_sessions": self.book.keeper.evicted,
                 "heap_trims": done.heap_trims, "heap_trim_ms": round(done.heap_trim_s * 1e3, 3),
-                "tokenizer_cpu_s": round(float(getattr(self.tokenizer, "cpu_s", 0.0)), 6)}
+                "tokenizer_cpu_s": round(float(getattr(self.tokenizer, "cpu_s", 0.0)), 6),
+                "gc": GC_PAUSES.snapshot()}
 
     # ----------------------------------------------------- rollout, engines
     async def pause_rollout(self, *, session_id: str | None = None, instance_id: str | None = None,

@@ -35,3 +35,27 @@ def test_garbage_is_collected_first_and_the_rest_frozen():
         gc.unfreeze()
         gc.set_threshold(*threshold)
     assert any(o is kept for o in gc.get_objects())
+
+
+def test_gc_pauses_count_every_collection_once_installed_and_stats_report_them():
+    from dressage.proxy.config import ProxyConfig
+    from dressage.proxy.deployment import build_service
+    from dressage.serving import GcPauses
+
+    clock = GcPauses()
+    gc.collect()
+    assert clock.snapshot() == {"collections": 0, "full_collections": 0, "pause_s": 0.0, "max_pause_ms": 0.0}
+    clock.install()
+    clock.install()  # once per process: a second install adds no second callback
+    try:
+        assert gc.callbacks.count(clock._callback) == 1
+        gc.collect()
+        gc.collect(0)
+        got = clock.snapshot()
+        # other threads of the suite may trigger collections too: at least these two were counted
+        assert got["collections"] >= 2 and got["full_collections"] >= 1
+        assert got["pause_s"] > 0 and 0 < got["max_pause_ms"] <= got["pause_s"] * 1e3
+    finally:
+        gc.callbacks.remove(clock._callback)
+    service, _ = build_service(ProxyConfig())
+    assert set(service.stats()["gc"]) == {"collections", "full_collections", "pause_s", "max_pause_ms"}
