@@ -188,7 +188,7 @@ def test_a_reply_to_another_request_is_not_taken():
         frames = wire.encode({"ok": True, "id": 1, "removed": 99})
         forged = frames + [wire.sign(frames, SECRET, nonce=b"z" * 16, seq=1)]
         with pytest.raises(ProtocolError):
-            wire.open_frames(forged[:-1] + [forged[-1][:-1] + b"x"], SECRET)
+            wire.open_frames(forged[:-1] + [forged[-1][:-1] + bytes([forged[-1][-1] ^ 1])], SECRET)  # one tag bit flipped
         body, auth = wire.open_frames(forged, SECRET)
         assert auth.nonce == b"z" * 16 and auth.nonce != a._rpc._nonce
         np.testing.assert_array_equal(a.get("k"), np.arange(5))
