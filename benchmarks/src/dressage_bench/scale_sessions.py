@@ -152,23 +152,29 @@ async def _agents(cfg: SessionsConfig, n: int, call: Any, seed: int, begin: Any 
     return _Calls(own, outside, errors, time.perf_counter() - t0)
 
 
-async def _through_proxy(cfg: SessionsConfig, url: str, n: int, seed: int) -> _Calls:
+async def _post_json(pool: Any, url: str, body: dict) -> tuple[Any, Any]:
+    """POST ``body`` as JSON on ``pool`` (an aiohttp transport); the response and its decoded JSON."""
     from dressage.proxy import fastjson
+
+    resp = await pool.send("POST", url, body=fastjson.dumps(body), headers={"content-type": "application/json"},
+                           timeout=600)
+    try:
+        data = await resp.read()
+    finally:
+        await resp.aclose()
+    if resp.status != 200:
+        raise RuntimeError(f"POST {url}: HTTP {resp.status}: {data[:200]!r}")
+    return resp, fastjson.loads(data)
+
+
+async def _through_proxy(cfg: SessionsConfig, url: str, n: int, seed: int) -> _Calls:
     from dressage.proxy.engines.aio_transport import AiohttpTransport
 
     pool = AiohttpTransport(n + 8)
-    headers = {"content-type": "application/json"}
     sids: dict[int, str] = {}
 
     async def post(path: str, body: dict) -> tuple[Any, Any]:
-        resp = await pool.send("POST", url + path, body=fastjson.dumps(body), headers=headers, timeout=600)
-        try:
-            data = await resp.read()
-        finally:
-            await resp.aclose()
-        if resp.status != 200:
-            raise RuntimeError(f"POST {path}: HTTP {resp.status}: {data[:200]!r}")
-        return resp, fastjson.loads(data)
+        return await _post_json(pool, url + path, body)
 
     async def begin(i: int) -> None:
         sids[i] = (await post("/sessions", {"metadata": {"group_index": i}}))[1]["session_id"]
@@ -189,27 +195,18 @@ async def _through_proxy(cfg: SessionsConfig, url: str, n: int, seed: int) -> _C
 
 async def _direct(cfg: SessionsConfig, url: str, n: int, seed: int, r3: bool) -> _Calls:
     """The same agents, the same prompts rendered the way the Proxy renders them, straight to the engine."""
-    from dressage.proxy import fastjson
     from dressage.proxy.engines.aio_transport import AiohttpTransport
     from dressage.tokenizer import load_tokenizer
 
     tok = load_tokenizer("byte")
     pool = AiohttpTransport(n + 8)
-    headers = {"content-type": "application/json"}
 
     async def call(i: int, msgs: list[dict]) -> tuple[dict, None]:
         body = {"input_ids": tok.apply_chat_template(msgs, None, True), "sampling_params": {"max_new_tokens": 64},
                 "return_logprob": True}
         if r3:
             body.update(return_routed_experts=True, routed_experts_start_len=0)
-        resp = await pool.send("POST", url + "/generate", body=fastjson.dumps(body), headers=headers, timeout=600)
-        try:
-            data = await resp.read()
-        finally:
-            await resp.aclose()
-        if resp.status != 200:
-            raise RuntimeError(f"/generate: HTTP {resp.status}")
-        answer = fastjson.loads(data)
+        answer = (await _post_json(pool, url + "/generate", body))[1]
         return {"role": "assistant", "content": answer["text"]}, None
 
     try:
