@@ -18,6 +18,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from dressage.observe.metrics import ReadOnScrape, Sample
+from dressage.serving import GC_PAUSES
 from dressage.tq.metrics import client_samples, unit_samples
 
 __all__ = ["ProxyMetrics", "CALL_BUCKETS_S", "FSYNC_BUCKETS_S", "GROUP_WAIT_BUCKETS_S"]
@@ -137,6 +138,13 @@ class ProxyMetrics:
         yield Sample("dressage_engine_moves_total", "Sessions moved to another engine.", len(service.engines.moves),
                      kind="counter")
         yield from self._journal(core.journal)
+        gc_pauses = GC_PAUSES.snapshot()
+        yield Sample("dressage_gc_collections_total", "Cyclic garbage collections since serving began (each one "
+                     "pauses the event loop).", gc_pauses["collections"], kind="counter")
+        yield Sample("dressage_gc_pause_seconds_total", "Seconds the cyclic garbage collector held the process "
+                     "since serving began.", gc_pauses["pause_s"], kind="counter")
+        yield Sample("dressage_gc_max_pause_seconds", "The longest cyclic garbage collection since serving began.",
+                     gc_pauses["max_pause_ms"] / 1e3)
         tq = core.tq
         if tq is not None and hasattr(tq, "counters"):
             yield from client_samples(tq.counters.as_dict())

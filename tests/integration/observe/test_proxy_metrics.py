@@ -156,3 +156,20 @@ def test_journal_metrics_count_each_fsync_and_the_file_bytes(engine, proxy_stack
     assert m[("dressage_journal_fsync_seconds_sum", ())] > 0
     assert m[("dressage_journal_fsync_seconds_bucket", (("le", "+Inf"),))] == fsyncs
     assert m[("dressage_journal_bytes", ())] == journal.size == (tmp_path / "proxy.journal").stat().st_size
+
+
+def test_gc_pauses_are_served_as_counted(engine, proxy_stack):
+    import gc
+
+    from dressage.serving import GC_PAUSES
+
+    proxy = proxy_stack(engine.url)
+    GC_PAUSES.install()  # what a served Proxy does at start (tune_gc_for_serving)
+    gc.collect()
+    before = GC_PAUSES.snapshot()
+    m = scrape(proxy.url)
+    after = GC_PAUSES.snapshot()
+    # Collections only add up: the scrape reads a value between the two snapshots around it.
+    assert 1 <= before["collections"] <= m[("dressage_gc_collections_total", ())] <= after["collections"]
+    assert 0 < before["pause_s"] <= m[("dressage_gc_pause_seconds_total", ())] <= after["pause_s"]
+    assert 0 < before["max_pause_ms"] / 1e3 <= m[("dressage_gc_max_pause_seconds", ())] <= after["max_pause_ms"] / 1e3
