@@ -24,9 +24,13 @@ PROXY_CPU_BOUND = 1.5
 """Proxy CPU per int32 Step over a bare base64 decode of its routing string."""
 OUTPUT_TOKENS = 16
 EXPERTS = 256
-_ROUND_FLOOR_S = 0.1
+_ROUND_FLOOR_S = 0.5
 """A round makes enough calls for about this much bare-decode CPU: the Proxy's CPU clock
 (``/proc``) ticks in 10 ms, so a round of a small Step is several calls."""
+_ROUND_MAX_CALLS = 64
+_ROUND_MAX_BYTES = 1 << 30
+"""A round's Steps stay stored until it ends (their sessions are discarded after the clock): at most
+this many routing-string bytes of them."""
 
 
 def _cpu_s(pid: int) -> float:
@@ -111,7 +115,7 @@ def _point(client: Any, proxy: Any, routing: bytes, tokens: int, layers: int, to
     _wait_written(client, proxy.url)
     discard([sid])
     bare_once = _bare_s(routing, bare_n)
-    calls = max(1, min(32, math.ceil(_ROUND_FLOOR_S / bare_once)))
+    calls = max(1, min(_ROUND_MAX_CALLS, _ROUND_MAX_BYTES // len(routing), math.ceil(_ROUND_FLOOR_S / bare_once)))
     proxy_s: list[float] = []
     bare_s: list[float] = []
     simd_s: list[float] = []
