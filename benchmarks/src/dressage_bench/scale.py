@@ -332,7 +332,8 @@ def register(benches: argparse._SubParsersAction) -> None:
         description=("The Step-size curve: the Proxy's decode of a /generate body against a bare base64 "
                      "decode, and a trainer's restore against a memcpy (CPU time, median of --rounds interleaved rounds; the "
                      "restore's peak against the restored bytes), for the 40- and 78-layer top-8 shapes "
-                     "and both storage dtypes. --json writes every point and whether each bound is met."))
+                     "and both storage dtypes; its Proxy-CPU column: a whole chat call's CPU in a Proxy process "
+                     "against the same bare decode. --json writes every point and whether each bound is met."))
     p.add_argument("--json", metavar="FILE", help="write the report")
     p.add_argument("--plot", metavar="FILE",
                    help="draw the Step-size curve into this PNG, the units and sessions curves beside it "

@@ -120,22 +120,23 @@ def _point(client: Any, proxy: Any, routing: bytes, tokens: int, layers: int, to
     bare_s: list[float] = []
     simd_s: list[float] = []
     polls = 0
+
+    def proxy_round() -> None:
+        nonlocal polls
+        sids = sessions(calls)
+        cpu0 = _cpu_s(pid)
+        for sid in sids:
+            call(sid)
+        polls += _wait_written(client, proxy.url)
+        proxy_s.append((_cpu_s(pid) - cpu0) / calls)
+        discard(sids)
+
+    def bare_round() -> None:
+        bare_s.append(_bare_s(routing, bare_n))
+        if simd:
+            simd_s.append(_bare_s(routing, simd_n, simd))
+
     for r in range(rounds):
-        def proxy_round() -> None:
-            nonlocal polls
-            sids = sessions(calls)
-            cpu0 = _cpu_s(pid)
-            for sid in sids:
-                call(sid)
-            polls += _wait_written(client, proxy.url)
-            proxy_s.append((_cpu_s(pid) - cpu0) / calls)
-            discard(sids)
-
-        def bare_round() -> None:
-            bare_s.append(_bare_s(routing, bare_n))
-            if simd:
-                simd_s.append(_bare_s(routing, simd_n, simd))
-
         for step in ((proxy_round, bare_round) if r % 2 == 0 else (bare_round, proxy_round)):
             step()
     med_p, med_b = float(np.median(proxy_s)), float(np.median(bare_s))
