@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dressage_bench import scale, scale_sessions
+from dressage_bench import scale, scale_proxy_cpu, scale_sessions
 
 
 def test_quick_run_writes_every_point_its_bounds_and_a_plot(tmp_path):
@@ -14,7 +14,8 @@ def test_quick_run_writes_every_point_its_bounds_and_a_plot(tmp_path):
     scale.register(parser.add_subparsers())
     report, plot = tmp_path / "scale.json", tmp_path / "scale.png"
     args = parser.parse_args(["scale", "--quick", "--sizes", "64", "256", "--rounds", "3", "--units", "1", "2",
-                              "--unit-steps", "3", "--sessions", "--json", str(report), "--plot", str(plot)])
+                              "--unit-steps", "3", "--sessions", "--proxy-cpu-sizes", "--json", str(report),
+                              "--plot", str(plot)])
     assert args.func(args) == 0
     curves = json.loads(report.read_text())["curves"]
     curve = curves["step_size"]
@@ -46,6 +47,44 @@ def test_quick_run_writes_every_point_its_bounds_and_a_plot(tmp_path):
     for path in (plot, tmp_path / "scale-units.png"):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "sessions" not in curves and not (tmp_path / "scale-sessions.png").exists()
+    assert "proxy_cpu_points" not in curve
+
+
+def test_quick_proxy_cpu_column_times_whole_chat_calls_in_the_proxy_process(tmp_path):
+    """The quick Proxy-CPU column: one 1K-token Step size through a Proxy process (TQ on) in front of the
+    stub engine, its CPU per call and the bare base64 decode of the same routing string, the bound judged
+    on the int32 point."""
+    pytest.importorskip("matplotlib")
+    parser = argparse.ArgumentParser()
+    scale.register(parser.add_subparsers())
+    report, plot = tmp_path / "scale.json", tmp_path / "scale.png"
+    args = parser.parse_args(["scale", "--quick", "--sizes", "64", "--shapes", "40x8", "--dtypes", "int32",
+                              "--rounds", "2", "--units", "--sessions", "--json", str(report), "--plot", str(plot)])
+    assert args.func(args) == 0
+    curve = json.loads(report.read_text())["curves"]["step_size"]
+    (p,) = curve["proxy_cpu_points"]
+    assert (p["tokens"], p["layers"], p["topk"], p["dtype"], p["rounds"]) == (1024, 40, 8, "int32", 2)
+    # the routing string of T - 1 rows, as the stub sends it and the bare decode reads it
+    assert p["routing_bytes"] == 4 * -(-(1023 * 40 * 8 * 4) // 3)
+    assert p["calls_per_round"] >= 1 and p["stats_polls"] >= 2
+    assert 0 < p["proxy_cpu_best_s"] <= p["proxy_cpu_s"] and 0 < p["b64_decode_best_s"] <= p["b64_decode_s"]
+    assert p["proxy_cpu_vs_b64"] == pytest.approx(p["proxy_cpu_s"] / p["b64_decode_s"])
+    assert p["proxy_cpu_vs_b64_best"] == pytest.approx(p["proxy_cpu_best_s"] / p["b64_decode_best_s"])
+    b = curve["bounds"]["proxy_cpu_vs_b64"]
+    assert b["limit"] == scale_proxy_cpu.PROXY_CPU_BOUND and b["worst"] == p["proxy_cpu_vs_b64"]
+    assert b["met"] == (b["worst"] <= b["limit"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_proxy_cpu_prompt_makes_a_step_of_the_asked_size():
+    """The chat prompt renders to T - 16 byte-tokenizer ids (the stub answers 16): a Step of T tokens."""
+    from dressage.tokenizer import load_tokenizer
+
+    msgs, n = scale_proxy_cpu.prompt_for(5000)
+    assert n == 5000 - scale_proxy_cpu.OUTPUT_TOKENS
+    assert len(load_tokenizer("byte").apply_chat_template(msgs, None, True)) == n
+    with pytest.raises(ValueError, match="needs more than"):
+        scale_proxy_cpu.prompt_for(30)
 
 
 def test_quick_sessions_curve_runs_every_call_through_the_proxy_and_direct(tmp_path):
@@ -56,7 +95,8 @@ def test_quick_sessions_curve_runs_every_call_through_the_proxy_and_direct(tmp_p
     scale.register(parser.add_subparsers())
     report, plot = tmp_path / "scale.json", tmp_path / "scale.png"
     args = parser.parse_args(["scale", "--quick", "--sizes", "64", "--shapes", "40x8", "--dtypes", "uint8",
-                              "--rounds", "1", "--units", "--json", str(report), "--plot", str(plot)])
+                              "--rounds", "1", "--units", "--proxy-cpu-sizes", "--json", str(report),
+                              "--plot", str(plot)])
     assert args.func(args) == 0
     curves = json.loads(report.read_text())["curves"]
     assert "storage_units" not in curves

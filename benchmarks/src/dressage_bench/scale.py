@@ -12,6 +12,10 @@ the median over the rounds (the best beside it), and a bound is judged on the ra
 one busy spell of a shared machine moves neither. The JSON report names each bound and whether it is
 met; ``--plot`` draws each curve.
 
+The Step curve's Proxy-CPU column (:mod:`dressage_bench.scale_proxy_cpu`) times a whole chat call in a
+``dressage proxy serve`` process in front of a stub engine (HTTP, JSON, decode, the Step, the TQ put)
+against the same bare base64 decode.
+
 The sessions curve (:mod:`dressage_bench.scale_sessions`) runs 16-1,024 concurrent agent sessions through
 a Proxy process and the same agents straight to the engine, for the Proxy's own share of latency.
 """
@@ -30,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dressage_bench.scale_proxy_cpu import PROXY_CPU_BOUND, prompt_for, run_proxy_cpu_curve
 from dressage_bench.scale_sessions import VARIANTS, SessionsConfig, plot_sessions, run_sessions_curve
 
 __all__ = ["register", "run_step_curve", "run_units_curve", "BOUNDS"]
@@ -142,8 +147,10 @@ def _step_point(tq: Any, tokens: int, layers: int, topk: int, dtype: str, rounds
     return point
 
 
-def run_step_curve(sizes: list[int], shapes: list[str], dtypes: list[str], rounds: int) -> dict[str, Any]:
-    """The Step-size curve: one point per shape, dtype and size; each bound checked on every point."""
+def run_step_curve(sizes: list[int], shapes: list[str], dtypes: list[str], rounds: int,
+                   proxy_cpu_sizes: list[int] | None = None) -> dict[str, Any]:
+    """The Step-size curve: one point per shape, dtype and size; each bound checked on every point.
+    ``proxy_cpu_sizes``: the sizes of its Proxy-CPU column (none: not measured)."""
     from dressage.tq import TransferQueue
 
     budget = 8 << 30
@@ -160,9 +167,13 @@ def run_step_curve(sizes: list[int], shapes: list[str], dtypes: list[str], round
     int32 = [p["proxy_decode_vs_b64"] for p in points if p["dtype"] == "int32"]
     if int32:
         worst["proxy_decode_vs_b64"] = max(int32)
-    return {"points": points,
-            "bounds": {name: {"limit": lim, "worst": worst[name], "met": worst[name] <= lim}
-                       for name, lim in BOUNDS.items()}}
+    bounds = {name: {"limit": lim, "worst": worst[name], "met": worst[name] <= lim} for name, lim in BOUNDS.items()}
+    out: dict[str, Any] = {"points": points, "bounds": bounds}
+    if proxy_cpu_sizes:
+        column = run_proxy_cpu_curve(proxy_cpu_sizes, {s: SHAPES[s] for s in shapes}, dtypes, rounds)
+        out["proxy_cpu_points"] = column["points"]
+        bounds["proxy_cpu_vs_b64"] = column["bound"]
+    return out
 
 
 def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...]) -> dict[str, Any]:
@@ -248,7 +259,8 @@ def _plot(curve: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 3 if curve.get("proxy_cpu_points") else 2,
+                             figsize=(16 if curve.get("proxy_cpu_points") else 11, 4))
     series: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for p in curve["points"]:
         series.setdefault((p["layers"], p["dtype"]), []).append(p)
@@ -262,6 +274,19 @@ def _plot(curve: dict[str, Any], path: str) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("Step size (tokens)")
         ax.set_title(title)
+        ax.legend(fontsize=7)
+    if curve.get("proxy_cpu_points"):
+        ax = axes[2]
+        series = {}
+        for p in curve["proxy_cpu_points"]:
+            series.setdefault((p["layers"], p["dtype"]), []).append(p)
+        for (layers, dtype), pts in sorted(series.items()):
+            ax.plot([p["tokens"] for p in pts], [p["proxy_cpu_vs_b64"] for p in pts], marker="o",
+                    label=f"{layers} layers, {dtype}")
+        ax.axhline(PROXY_CPU_BOUND, color="grey", linestyle="--", label=f"bound {PROXY_CPU_BOUND}x (int32)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("Step size (tokens)")
+        ax.set_title("Proxy process CPU per call / bare base64 decode")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -307,7 +332,8 @@ def register(benches: argparse._SubParsersAction) -> None:
         description=("The Step-size curve: the Proxy's decode of a /generate body against a bare base64 "
                      "decode, and a trainer's restore against a memcpy (CPU time, median of --rounds interleaved rounds; the "
                      "restore's peak against the restored bytes), for the 40- and 78-layer top-8 shapes "
-                     "and both storage dtypes. --json writes every point and whether each bound is met."))
+                     "and both storage dtypes; its Proxy-CPU column: a whole chat call's CPU in a Proxy process "
+                     "against the same bare decode. --json writes every point and whether each bound is met."))
     p.add_argument("--json", metavar="FILE", help="write the report")
     p.add_argument("--plot", metavar="FILE",
                    help="draw the Step-size curve into this PNG, the units and sessions curves beside it "
@@ -319,6 +345,9 @@ def register(benches: argparse._SubParsersAction) -> None:
                    help="R3 shapes, layers x top-k (default: %(default)s)")
     p.add_argument("--dtypes", nargs="+", choices=("int32", "uint8"), default=["int32", "uint8"], metavar="DTYPE",
                    help="R3 storage dtypes (default: %(default)s)")
+    p.add_argument("--proxy-cpu-sizes", nargs="*", type=int, metavar="TOKENS",
+                   help="Step sizes of the Proxy-CPU column: a whole chat call's CPU in a Proxy process against "
+                        "a bare base64 decode (default: the --sizes; quick: 1024; none: skip it)")
     p.add_argument("--rounds", type=int, metavar="N", help="timed rounds per point (default 5; quick: 2)")
     p.add_argument("--units", nargs="*", type=int, metavar="N",
                    help="StorageUnit counts of the units curve (default 1 2 4 8; quick: 1 2; none: skip it)")
@@ -358,7 +387,13 @@ def _run(args: argparse.Namespace) -> int:
     if any(s <= OUTPUT_TOKENS for s in sizes):
         raise SystemExit(f"--sizes: a Step needs more than {OUTPUT_TOKENS} tokens")
     rounds = args.rounds or (2 if args.quick else 5)
-    curve = run_step_curve(sizes, args.shapes, args.dtypes, rounds)
+    proxy_cpu_sizes = args.proxy_cpu_sizes if args.proxy_cpu_sizes is not None else ([1024] if args.quick else sizes)
+    for s in proxy_cpu_sizes:
+        try:
+            prompt_for(s)
+        except ValueError as exc:
+            raise SystemExit(f"--proxy-cpu-sizes: {exc}") from None
+    curve = run_step_curve(sizes, args.shapes, args.dtypes, rounds, proxy_cpu_sizes)
     units = args.units if args.units is not None else ([1, 2] if args.quick else [1, 2, 4, 8])
     sessions = _sessions_config(args)
     curves = {"step_size": curve}
@@ -372,6 +407,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{p['layers']:>3}x{p['topk']} {p['dtype']:>5} T={p['tokens']:>7}: decode {p['proxy_decode_vs_b64']:.2f}x "
               f"b64 (best {p['proxy_decode_vs_b64_best']:.2f}x), restore {p['restore_vs_memcpy']:.2f}x memcpy "
               f"(best {p['restore_vs_memcpy_best']:.2f}x), restore peak {p['restore_peak_vs_bytes']:.2f}x", flush=True)
+    for p in curve.get("proxy_cpu_points", []):
+        print(f"{p['layers']:>3}x{p['topk']} {p['dtype']:>5} T={p['tokens']:>7}: Proxy CPU per call "
+              f"{p['proxy_cpu_s'] * 1e3:.1f} ms, {p['proxy_cpu_vs_b64']:.2f}x b64 "
+              f"(best {p['proxy_cpu_vs_b64_best']:.2f}x)", flush=True)
     for p in curves.get("storage_units", {}).get("points", []):
         print(f"units={p['units']}: TQ {p['tq_gbps']:.3f} GB/s, two TCP hops {p['tcp_gbps']:.3f} GB/s: "
               f"{p['tq_vs_tcp']:.2f}x (best against best {p['tq_vs_tcp_best']:.2f}x; unauthenticated "

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-__all__ = ["SessionsConfig", "VARIANTS", "SESSIONS_BOUND", "run_sessions_curve", "plot_sessions"]
+__all__ = ["SessionsConfig", "VARIANTS", "SESSIONS_BOUND", "run_sessions_curve", "plot_sessions", "start_stub"]
 
 SESSIONS_BOUND = 3.0
 """The Proxy's own-share p99 at the largest session count over its p99 at the reference count (64)."""
@@ -78,7 +78,9 @@ def _engine_wait_s(server_timing: str) -> float | None:
     return None
 
 
-def _start_stub(cfg: SessionsConfig) -> Any:
+def start_stub(cfg: Any) -> Any:
+    """Start the stub engine (a :class:`~dressage_bench.stub_engine.StubConfig`) as a child process; its
+    ``Served`` once ``/health`` answers."""
     from dressage_bench.faults._stack import Served, free_port
 
     import httpx
@@ -272,7 +274,9 @@ def _point(cfg: SessionsConfig, stub: Any, variant: str, n: int) -> dict[str, An
 def run_sessions_curve(cfg: SessionsConfig) -> dict[str, Any]:
     """Every (variant, session count) point, and the bound: p99 at the largest count over p99 at 64
     (at the smallest count when 64 is not measured or is the largest), each variant."""
-    stub = _start_stub(cfg)
+    from dressage_bench.stub_engine import StubConfig
+
+    stub = start_stub(StubConfig(service_s=cfg.service_s, layers=cfg.layers, topk=cfg.topk, experts=cfg.experts))
     try:
         points = [_point(cfg, stub, v, n) for v in cfg.variants for n in sorted(cfg.sessions)]
     finally:

@@ -21,7 +21,7 @@ import numpy as np
 from dressage.fields.sglang import encode_routed_experts_b64
 from dressage.proxy import fastjson
 
-__all__ = ["StubConfig", "REPLY", "main", "serve"]
+__all__ = ["StubConfig", "REPLY", "main", "routing_b64", "serve"]
 
 REPLY = "The first primes are 2, 3, 5, 7, 11, 13, 17, 19, 23 and 29; the next are 31, 37 and 41."
 """What every call answers (byte tokenizer ids, then ``<|im_end|>``): a realistic few dozen tokens."""
@@ -50,6 +50,13 @@ class StubConfig:
                 raise ValueError(f"StubConfig.{name} must be >= 1, got {getattr(self, name)!r}")
 
 
+def routing_b64(cfg: StubConfig, rows: int) -> str:
+    """The routing string the stub answers for ``rows`` rows: SGLang's wire form (base64 of int32 ids
+    ``[rows, layers, topk]``), ids a fixed pattern below ``experts``."""
+    r = (np.arange(rows * cfg.layers * cfg.topk, dtype=np.int64) * 7 % cfg.experts).astype(np.int32)
+    return encode_routed_experts_b64(r.reshape(rows, cfg.layers, cfg.topk))
+
+
 class _Answers:
     """Bodies of the stub's answers; routing strings cached by row count (the agents' prompts repeat sizes)."""
 
@@ -57,18 +64,13 @@ class _Answers:
         self.cfg = cfg
         self.ids = list(REPLY.encode("utf-8")) + [_IM_END]
         self.logprobs = [[-0.01 * (i % 31), t, None] for i, t in enumerate(self.ids)]
-        self.routing = lru_cache(maxsize=4096)(self._routing)
+        self.routing = lru_cache(maxsize=4096)(lambda rows: routing_b64(cfg, rows))
         self.model_info = fastjson.dumps({
             "model_path": "stub", "tokenizer_path": "byte", "is_generation": True,
             "preferred_sampling_params": None, "weight_version": "default",
             "num_hidden_layers": cfg.layers, "num_experts_per_tok": cfg.topk, "num_experts": cfg.experts})
         self.server_info = fastjson.dumps({"context_length": 1 << 20, "enable_return_routed_experts": True,
                                            "version": "dressage-bench-stub"})
-
-    def _routing(self, rows: int) -> str:
-        c = self.cfg
-        r = (np.arange(rows * c.layers * c.topk, dtype=np.int64) * 7 % c.experts).astype(np.int32)
-        return encode_routed_experts_b64(r.reshape(rows, c.layers, c.topk))
 
     def generate(self, body: dict) -> bytes:
         prompt = len(body["input_ids"])

@@ -98,9 +98,14 @@ def encode_routed_experts(ids: np.ndarray, dtype: str = DEFAULT_R3_DTYPE,
     if num_experts is not None:
         high = min(high, int(num_experts) - 1)
     if ids.size:
-        # Cheap bounds test first; locate the culprit only when something is out of range.
-        lo = 0 if ids.dtype.kind == "u" else int(ids.min())  # an unsigned array needs one pass
-        hi = int(ids.max())
+        # Cheap bounds test first, one pass over the ids; locate the culprit only when something is out
+        # of range. A signed array is read as unsigned when every negative id then reads above ``high``.
+        if ids.dtype.kind == "u":
+            lo, hi = 0, int(ids.max())
+        elif high <= int(np.iinfo(ids.dtype).max):
+            lo, hi = 0, int(ids.view(ids.dtype.str.replace("i", "u")).max())
+        else:
+            lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi > high:
             row, layer, slot = _first_bad(ids, 0, high)
             raise ExpertIdRangeError(ids[row, layer, slot], row, layer, slot, str(target), high)

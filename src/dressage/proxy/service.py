@@ -191,6 +191,7 @@ class ProxyService:
                 "expired_leases": done.leases.expired,
                 "unread_segments": sum(len(d.segments) for d in done.finalized.values()),
                 "calls": book.calls, "failed_calls": book.failed_calls, "replayed_turns": book.replayed_turns,
+                "pending_writes": self.core.write_behind.pending(),
                 "weight_version": self.weight_version, "pause": self.pause.state(),
                 "engines": self.engines.describe(), "engine_moves": len(self.engines.moves),
                 "evicted_sessions": self.book.keeper.evicted,

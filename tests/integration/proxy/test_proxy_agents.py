@@ -158,6 +158,7 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
     assert (fin["num_steps"], fin["num_turns"], fin["instance_id"]) == (2, 2, "3")
     stats = httpx.get(url + "/trajectory/stats").json()
     assert stats["sessions"]["finalized"] == 1 and stats["replayed_turns"] == 2 and stats["unread_segments"] == 1
+    assert stats["pending_writes"] == 0  # finalize waited for every Step's write
     by_group = httpx.post(url + "/trajectory/read", json={"instance_id": "3"}).json()
     assert [t["session_id"] for t in by_group["trajectories"]] == ["agent-7"]
     read = httpx.post(url + "/trajectory/read", json={"session_id": "agent-7", "drain": True}).json()

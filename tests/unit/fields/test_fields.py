@@ -57,6 +57,25 @@ def test_uint16_rejects_negative_and_too_large():
         encode_routed_experts(ids, "int32")
 
 
+@pytest.mark.parametrize("src", ["int8", "int16", ">i4", "int32", "int64"])
+@pytest.mark.parametrize("target, num_experts", [("uint8", None), ("uint8", 100), ("int32", None), ("int32", 64),
+                                                 ("uint16", None)])
+def test_a_negative_id_is_refused_from_every_signed_dtype_into_every_storage_dtype(src, target, num_experts):
+    """The one-pass bounds test reads a signed array as unsigned only where every negative then reads
+    above the limit (not int8 into uint8 with no expert count: -1 would read 255)."""
+    ids = np.zeros((3, 2, 2), dtype=src)
+    ids[1, 1, 0] = -1
+    with pytest.raises(ExpertIdRangeError) as info:
+        encode_routed_experts(ids, target, num_experts=num_experts)
+    assert (info.value.value, info.value.row, info.value.layer, info.value.slot) == (-1, 1, 1, 0)
+    ids[1, 1, 0] = np.iinfo(src).min
+    with pytest.raises(ExpertIdRangeError):
+        encode_routed_experts(ids, target, num_experts=num_experts)
+    ids[1, 1, 0] = 7
+    out = encode_routed_experts(ids[:, ::-1], target, num_experts=num_experts)  # strided: a view still works
+    assert out.dtype == np.dtype(target) and int(out[1, 0, 0]) == 7 and int(out.sum()) == 7
+
+
 def test_num_experts_bound_is_checked_too():
     ids = np.full((1, 1, 1), 20, dtype=np.int32)
     with pytest.raises(ExpertIdRangeError, match="0..15"):

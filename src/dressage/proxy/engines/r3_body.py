@@ -93,7 +93,8 @@ class GenerateBodyReader:
             if k >= len(buf):
                 self._scan = i  # wait for more of the body
                 return
-            rest = bytes(buf[k + 1:])
+            with memoryview(buf) as view:  # one copy of the rest (a slice of buf would be a second)
+                rest = bytes(view[k + 1:])
             del buf[k + 1:]
             self._span_at = k + 1
             self._stream = RoutedExpertsStream(self.spec)
