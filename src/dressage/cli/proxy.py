@@ -78,6 +78,10 @@ def _serve(args: argparse.Namespace) -> int:
         if proxy.spec_file is not None:
             print(f"dressage proxy: TransferQueue client spec in {proxy.spec_file} (training ranks may also ask "
                   f"GET {proxy.url}/transfer_queue/spec)", flush=True)
-        tune_gc_for_serving()  # start-up's objects frozen, the young generation collected less often, pauses counted
-        proxy.wait()
+        # start-up's objects frozen, the young generation swept into the frozen one, pauses counted
+        sweeper = tune_gc_for_serving()
+        try:
+            proxy.wait()
+        finally:
+            sweeper.stop()
     return 0

@@ -1,9 +1,15 @@
-"""``tune_gc_for_serving``: start-up garbage is collected, what is left is frozen, young collections thin out."""
+"""``tune_gc_for_serving``: start-up garbage is collected, what is left is frozen, young collections thin out,
+and the young generation's survivors are swept into the frozen one (a full collection now and then)."""
 
 import gc
+import threading
+import time
 import weakref
 
-from dressage.serving import SERVING_GC_YOUNG, tune_gc_for_serving
+import pytest
+
+from dressage.errors import ConfigError
+from dressage.serving import SERVING_GC_YOUNG, ServingGc, YoungSweeper, tune_gc_for_serving
 
 
 class _Node:
@@ -18,10 +24,11 @@ def test_garbage_is_collected_first_and_the_rest_frozen():
     del dropped
     before, threshold = gc.get_freeze_count(), gc.get_threshold()
     try:
-        frozen = tune_gc_for_serving()
+        sweeper = tune_gc_for_serving(ServingGc(sweep_every_s=0))  # no sweeping thread: this test's objects stay
+        assert sweeper.policy.sweep_every_s == 0 and sweeper._thread is None
+        frozen = gc.get_freeze_count()
         assert dead() is None  # the cycle made before went, it was not frozen
-        # (other threads of the suite may free frozen objects meanwhile: the count only shrinks then)
-        assert frozen > before and before < gc.get_freeze_count() <= frozen
+        assert frozen > before
         assert not any(o is kept for o in gc.get_objects())  # out of every generation's walk
         made_after = _Node()
         assert any(o is made_after for o in gc.get_objects())
@@ -30,7 +37,7 @@ def test_garbage_is_collected_first_and_the_rest_frozen():
         gone = weakref.ref(later)
         del later
         gc.collect()
-        assert gone() is None  # cycles made while serving are still collected
+        assert gone() is None  # with no sweep between, cycles made while serving are still collected
     finally:
         gc.unfreeze()
         gc.set_threshold(*threshold)
@@ -59,3 +66,51 @@ def test_gc_pauses_count_every_collection_once_installed_and_stats_report_them()
         gc.callbacks.remove(clock._callback)
     service, _ = build_service(ProxyConfig())
     assert set(service.stats()["gc"]) == {"collections", "full_collections", "pause_s", "max_pause_ms"}
+
+
+def test_a_sweep_collects_the_young_cycles_freezes_the_survivors_and_a_full_one_frees_frozen_cycles():
+    sweeper = YoungSweeper(ServingGc(sweep_every_s=0, full_every_s=3600))
+    sweeper._rebase()
+    try:
+        kept, dropped = _Node(), _Node()
+        dead = weakref.ref(dropped)
+        del dropped
+        assert sweeper.sweep() is False
+        assert dead() is None  # cyclic garbage of the young generation: collected by the sweep
+        assert not any(o is kept for o in gc.get_objects())  # the survivor is frozen: no collection walks it
+        later = _Node()
+        gone = weakref.ref(later)
+        assert sweeper.sweep() is False
+        del later
+        gc.collect()
+        assert gone() is not None  # a cycle that outlived a sweep waits in the frozen generation ...
+        sweeper.full_at = time.monotonic() - 1.0
+        assert sweeper.sweep() is True
+        assert gone() is None  # ... until the full collection, which freezes the survivors again
+        assert not any(o is kept for o in gc.get_objects())
+        assert sweeper.full_at > time.monotonic() + 3000
+    finally:
+        gc.unfreeze()
+
+
+def test_the_sweeping_thread_freezes_new_survivors_and_stops():
+    sweeper = YoungSweeper(ServingGc(sweep_every_s=0.01))
+    made = _Node()
+    try:
+        sweeper.start()
+        assert any(t.name == "dressage-gc-sweep" for t in threading.enumerate())
+        deadline = time.monotonic() + 30
+        while any(o is made for o in gc.get_objects()):
+            assert time.monotonic() < deadline, "no sweep froze the object"
+            time.sleep(0.01)
+        sweeper.stop()
+        assert sweeper._thread is None and not any(t.name == "dressage-gc-sweep" for t in threading.enumerate())
+    finally:
+        sweeper.stop()
+        gc.unfreeze()
+
+
+@pytest.mark.parametrize("bad", [{"young": 0}, {"sweep_every_s": -1.0}, {"full_every_s": 0.0}])
+def test_a_bad_serving_gc_policy_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="serving gc"):
+        ServingGc(**bad)
