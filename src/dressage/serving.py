@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from dressage.errors import ConfigError
 
@@ -37,15 +37,19 @@ class ServingGc:
     ``young``: the youngest generation's threshold, a backstop between sweeps. ``sweep_every_s``: how
     often the young generation is collected and its survivors frozen (0 turns sweeping off).
     ``full_every_s``: how often a full collection looks through the frozen generation too.
+    ``idle_full_every_s``: with an ``idle`` test given to the sweeper, a full collection is also made
+    when the process has gone idle after work, at most this often (0: never on idleness).
     """
 
     young: int = SERVING_GC_YOUNG
     sweep_every_s: float = 0.1
     full_every_s: float = 3600.0
+    idle_full_every_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.young < 1 or self.sweep_every_s < 0 or self.full_every_s <= 0:
-            raise ConfigError(f"serving gc: young >= 1, sweep_every_s >= 0, full_every_s > 0; got {self}")
+        if self.young < 1 or self.sweep_every_s < 0 or self.full_every_s <= 0 or self.idle_full_every_s < 0:
+            raise ConfigError("serving gc: young >= 1, sweep_every_s >= 0, full_every_s > 0, idle_full_every_s "
+                              f">= 0; got {self}")
 
 
 class YoungSweeper:
@@ -61,15 +65,23 @@ class YoungSweeper:
     objects, a few ms); frozen, they are never walked again, and refcounting still frees them. Cyclic
     garbage that outlives a sweep waits in the frozen generation for the full collection (unfreeze,
     collect, freeze) made every ``full_every_s``: that walk covers every live object, start-up's
-    included, so it is rare. The frozen generation's size is not looked at: counting it walks it too
-    (``gc.get_freeze_count``, ~40 ms at 400K objects). Finalizers of cyclic garbage found by a sweep run
-    on this thread, as they run on whichever thread an automatic collection happens to start on.
+    included, so it is rare. With an ``idle`` test (no call in flight), the first sweep that finds the
+    process idle after work makes that full collection too (at most every ``idle_full_every_s``): a
+    drained process gives back its cyclic garbage while nobody waits on it. The frozen generation's size
+    is not looked at: counting it walks it too (``gc.get_freeze_count``, ~40 ms at 400K objects).
+    Finalizers of cyclic garbage found by a sweep run on this thread, as they run on whichever thread an
+    automatic collection happens to start on.
     """
 
-    def __init__(self, policy: ServingGc) -> None:
+    def __init__(self, policy: ServingGc, idle: Callable[[], bool] | None = None) -> None:
         self.policy = policy
+        self.idle = idle
+        """Whether the process serves nothing now; called on the sweeper's thread."""
         self.full_at = 0.0
         """The ``time.monotonic()`` from which the next sweep is a full collection."""
+        self._last_full = 0.0
+        self._worked = False
+        """A sweep saw the process busy since the last full collection."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -86,11 +98,21 @@ class YoungSweeper:
             self._thread = None
 
     def _rebase(self) -> None:
-        self.full_at = time.monotonic() + self.policy.full_every_s
+        self._last_full = time.monotonic()
+        self.full_at = self._last_full + self.policy.full_every_s
+        self._worked = False
+
+    def _idle_after_work(self) -> bool:
+        if self.idle is None or not self.policy.idle_full_every_s:
+            return False
+        if not self.idle():
+            self._worked = True
+            return False
+        return self._worked and time.monotonic() - self._last_full >= self.policy.idle_full_every_s
 
     def sweep(self) -> bool:
         """One sweep; returns whether it was a full collection."""
-        if time.monotonic() >= self.full_at:
+        if self._idle_after_work() or time.monotonic() >= self.full_at:
             gc.unfreeze()
             gc.collect()
             gc.freeze()
@@ -105,14 +127,15 @@ class YoungSweeper:
             self.sweep()
 
 
-def tune_gc_for_serving(policy: ServingGc | None = None) -> YoungSweeper:
+def tune_gc_for_serving(policy: ServingGc | None = None, *, idle: Callable[[], bool] | None = None) -> YoungSweeper:
     """Set the cyclic collector up for a serving process, once it serves; returns its running sweeper.
 
     - Collect once, then freeze (``gc.freeze``) what is left: what start-up made (modules, the app,
       the tokenizer, the clients) lives as long as the process, and every full collection walked
       all of it again (~170K objects in the Proxy, ~100 ms of the event loop each).
     - Sweep the young generation into the frozen one every ``sweep_every_s`` (:class:`YoungSweeper`),
-      so no collection walks a call in flight or a session held more than once.
+      so no collection walks a call in flight or a session held more than once; ``idle`` (no call in
+      flight) lets it collect everything once the process drains.
     - Collect the youngest generation every ``young`` net allocations of tracked objects instead of
       700, between sweeps: with 64 calls in flight their live objects crossed 700 about every 4 calls.
     - Count the collector's pauses from then on (:data:`GC_PAUSES`, in ``GET /trajectory/stats``).
@@ -123,7 +146,7 @@ def tune_gc_for_serving(policy: ServingGc | None = None) -> YoungSweeper:
     _, middle, old = gc.get_threshold()
     gc.set_threshold(policy.young, middle, old)
     GC_PAUSES.install()
-    sweeper = YoungSweeper(policy)
+    sweeper = YoungSweeper(policy, idle)
     sweeper.start()
     return sweeper
 

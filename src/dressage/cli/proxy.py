@@ -78,8 +78,9 @@ def _serve(args: argparse.Namespace) -> int:
         if proxy.spec_file is not None:
             print(f"dressage proxy: TransferQueue client spec in {proxy.spec_file} (training ranks may also ask "
                   f"GET {proxy.url}/transfer_queue/spec)", flush=True)
-        # start-up's objects frozen, the young generation swept into the frozen one, pauses counted
-        sweeper = tune_gc_for_serving()
+        # start-up's objects frozen, the young generation swept into the frozen one (and everything
+        # collected once drained), pauses counted
+        sweeper = tune_gc_for_serving(idle=proxy.service.in_flight.idle)
         try:
             proxy.wait()
         finally:

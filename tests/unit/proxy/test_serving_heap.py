@@ -110,7 +110,36 @@ def test_the_sweeping_thread_freezes_new_survivors_and_stops():
         gc.unfreeze()
 
 
-@pytest.mark.parametrize("bad", [{"young": 0}, {"sweep_every_s": -1.0}, {"full_every_s": 0.0}])
+def test_a_drained_process_collects_its_frozen_cycles_once_per_idle_spell_after_work():
+    busy = [False]
+    sweeper = YoungSweeper(ServingGc(sweep_every_s=0, full_every_s=3600, idle_full_every_s=0.05),
+                           idle=lambda: not busy[0])
+    sweeper._rebase()
+    try:
+        late = _Node()
+        gone = weakref.ref(late)
+        assert sweeper.sweep() is False  # idle, but no work since the last full collection
+        del late
+        time.sleep(0.06)
+        assert sweeper.sweep() is False and gone() is not None  # idle still: the frozen cycle waits
+        busy[0] = True
+        assert sweeper.sweep() is False  # work: calls in flight are never walked by a full collection
+        busy[0] = False
+        assert sweeper.sweep() is True and gone() is None  # drained after work: everything collected
+        assert sweeper.sweep() is False  # once per idle spell
+        busy[0] = True
+        assert sweeper.sweep() is False
+        busy[0] = False
+        sweeper._last_full = time.monotonic()  # the last full collection was just now: not again so soon
+        assert sweeper.sweep() is False
+        sweeper._last_full -= 0.06
+        assert sweeper.sweep() is True
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.parametrize("bad", [{"young": 0}, {"sweep_every_s": -1.0}, {"full_every_s": 0.0},
+                                 {"idle_full_every_s": -1.0}])
 def test_a_bad_serving_gc_policy_is_a_config_error(bad):
     with pytest.raises(ConfigError, match="serving gc"):
         ServingGc(**bad)

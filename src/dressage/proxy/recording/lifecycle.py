@@ -12,7 +12,7 @@ __all__ = ["InFlight"]
 
 
 class InFlight:
-    """Running model calls per session (all methods on the server's loop)."""
+    """Running model calls per session (all methods but :meth:`idle` on the server's loop)."""
 
     def __init__(self) -> None:
         self._running: dict[str, int] = {}
@@ -27,6 +27,10 @@ class InFlight:
     def total(self) -> int:
         """Calls in flight, every session."""
         return sum(self._running.values())
+
+    def idle(self) -> bool:
+        """No call in flight (one truth test of a dict: safe to ask from another thread)."""
+        return not self._running
 
     def exit(self, session_id: str) -> None:
         n = self._running.get(session_id, 0) - 1
