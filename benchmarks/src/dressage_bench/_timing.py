@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence, TypeVar
 
+import numpy as np
+
 __all__ = [
     "clock",
     "Stopwatch",
@@ -18,6 +20,7 @@ __all__ = [
     "Samples",
     "gbps",
     "median",
+    "percentile_ms",
     "interleaved",
     "timed",
 ]
@@ -94,6 +97,11 @@ def median(values: Iterable[float]) -> float:
     if not data:
         raise ValueError("median of no samples")
     return float(statistics.median(data))
+
+
+def percentile_ms(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (seconds) in milliseconds; NaN when there are none."""
+    return float(np.percentile(np.asarray(values), q)) * 1000.0 if len(values) else float("nan")
 
 
 def gbps(nbytes: int, seconds: float) -> float:

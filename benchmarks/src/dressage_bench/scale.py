@@ -314,16 +314,10 @@ def _plot_units(curve: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def units_plot_path(path: str) -> str:
-    """Where ``--plot FILE`` puts the units curve: beside FILE, ``-units`` before its suffix."""
+def curve_plot_path(path: str, curve: str) -> str:
+    """Where ``--plot FILE`` puts another curve's plot: beside FILE, ``-<curve>`` before its suffix."""
     root, ext = os.path.splitext(path)
-    return f"{root}-units{ext or '.png'}"
-
-
-def sessions_plot_path(path: str) -> str:
-    """Where ``--plot FILE`` puts the sessions curve: beside FILE, ``-sessions`` before its suffix."""
-    root, ext = os.path.splitext(path)
-    return f"{root}-sessions{ext or '.png'}"
+    return f"{root}-{curve}{ext or '.png'}"
 
 
 def register(benches: argparse._SubParsersAction) -> None:
@@ -429,7 +423,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.plot:
         _plot(curve, args.plot)
         if "storage_units" in curves:
-            _plot_units(curves["storage_units"], units_plot_path(args.plot))
+            _plot_units(curves["storage_units"], curve_plot_path(args.plot, "units"))
         if "sessions" in curves:
-            plot_sessions(curves["sessions"], sessions_plot_path(args.plot))
+            plot_sessions(curves["sessions"], curve_plot_path(args.plot, "sessions"))
     return 0

@@ -33,11 +33,6 @@ _ROUND_MAX_BYTES = 1 << 30
 this many routing-string bytes of them."""
 
 
-def _cpu_s(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return float(t.user + t.system)
-
-
 def prompt_for(tokens: int) -> tuple[list[dict], int]:
     """A one-message chat whose rendered prompt is ``tokens - OUTPUT_TOKENS`` byte-tokenizer ids, and that count."""
     from dressage.tokenizer import load_tokenizer
@@ -88,7 +83,6 @@ def _point(client: Any, proxy: Any, routing: bytes, tokens: int, layers: int, to
     ``calls`` chat calls (one fresh session each, created before and discarded after the clock) and the
     bare decode of the same routing string, taking turns."""
     msgs, prompt_len = prompt_for(tokens)
-    pid = proxy.proc.pid
     bare_n = max(1, min(1000, int(2e-3 / _bare_s(routing, 1))))
     simd = _simd_decoder()
     simd_n = max(1, min(1000, int(2e-3 / _bare_s(routing, 1, simd)))) if simd else 0
@@ -124,11 +118,11 @@ def _point(client: Any, proxy: Any, routing: bytes, tokens: int, layers: int, to
     def proxy_round() -> None:
         nonlocal polls
         sids = sessions(calls)
-        cpu0 = _cpu_s(pid)
+        cpu0 = proxy.cpu_s()
         for sid in sids:
             call(sid)
         polls += _wait_written(client, proxy.url)
-        proxy_s.append((_cpu_s(pid) - cpu0) / calls)
+        proxy_s.append((proxy.cpu_s() - cpu0) / calls)
         discard(sids)
 
     def bare_round() -> None:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import psutil
+
+from dressage_bench._timing import percentile_ms
+from dressage_bench.faults._stack import engine_wait_s
 
 __all__ = ["SessionsConfig", "VARIANTS", "SESSIONS_BOUND", "run_sessions_curve", "plot_sessions", "start_stub"]
 
@@ -66,42 +66,15 @@ class SessionsConfig:
             raise ValueError(f"SessionsConfig.variants: unknown {unknown} (known: {sorted(VARIANTS)})")
 
 
-def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs), q)) * 1000.0 if xs else float("nan")
-
-
-def _engine_wait_s(server_timing: str) -> float | None:
-    for entry in server_timing.split(","):
-        name, _, dur = entry.strip().partition(";dur=")
-        if name == "engine":
-            return float(dur) / 1000.0
-    return None
-
-
 def start_stub(cfg: Any) -> Any:
     """Start the stub engine (a :class:`~dressage_bench.stub_engine.StubConfig`) as a child process; its
     ``Served`` once ``/health`` answers."""
-    from dressage_bench.faults._stack import Served, free_port
-
-    import httpx
+    from dressage_bench.faults._stack import free_port, serve_child
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dressage_bench.stub_engine", "--port", str(port),
-                             "--service-s", str(cfg.service_s), "--layers", str(cfg.layers), "--topk", str(cfg.topk),
-                             "--experts", str(cfg.experts)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    served = Served(proc, f"http://127.0.0.1:{port}")
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(served.url + "/health", timeout=1).status_code == 200:
-                return served
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            served.stop()
-            raise RuntimeError(f"the stub engine did not come up (exit code {proc.returncode})")
-        time.sleep(0.1)
+    return serve_child([sys.executable, "-m", "dressage_bench.stub_engine", "--port", str(port),
+                        "--service-s", str(cfg.service_s), "--layers", str(cfg.layers), "--topk", str(cfg.topk),
+                        "--experts", str(cfg.experts)], port, "the stub engine")
 
 
 @dataclass(slots=True)
@@ -185,7 +158,7 @@ async def _through_proxy(cfg: SessionsConfig, url: str, n: int, seed: int) -> _C
         resp, reply = await post(f"/sessions/{sids[i]}/v1/chat/completions",
                                  {"model": "m", "messages": msgs, "max_tokens": 64})
         message = {k: v for k, v in reply["choices"][0]["message"].items() if v is not None}
-        return message, _engine_wait_s(resp.headers.get("server-timing", ""))
+        return message, engine_wait_s(resp.headers.get("server-timing", ""))
 
     try:
         out = await _agents(cfg, n, call, seed, begin)
@@ -232,11 +205,6 @@ def _gc(url: str) -> dict[str, Any]:
     return httpx.get(url + "/trajectory/stats", timeout=60).json()["gc"]
 
 
-def _cpu_s(pid: int) -> float:
-    t = psutil.Process(pid).cpu_times()
-    return float(t.user + t.system)
-
-
 def _point(cfg: SessionsConfig, stub: Any, variant: str, n: int) -> dict[str, Any]:
     """One session count of one variant: a fresh Proxy warmed by 8 sessions of 2 turns, then the N sessions
     through it, then the same N agents straight to the engine."""
@@ -247,9 +215,9 @@ def _point(cfg: SessionsConfig, stub: Any, variant: str, n: int) -> dict[str, An
     try:
         warm = SessionsConfig(sessions=(8,), turns=2, service_s=cfg.service_s, think_s=0.0)
         asyncio.run(_through_proxy(warm, proxy.url, 8, cfg.seed + 1))
-        cpu0, gc0 = _cpu_s(proxy.proc.pid), _gc(proxy.url)
+        cpu0, gc0 = proxy.cpu_s(), _gc(proxy.url)
         p = asyncio.run(_through_proxy(cfg, proxy.url, n, cfg.seed + n))
-        proxy_cpu, gc1 = _cpu_s(proxy.proc.pid) - cpu0, _gc(proxy.url)
+        proxy_cpu, gc1 = proxy.cpu_s() - cpu0, _gc(proxy.url)
     finally:
         proxy.stop()
     d = asyncio.run(_direct(cfg, stub.url, n, cfg.seed + n, r3))
@@ -260,10 +228,10 @@ def _point(cfg: SessionsConfig, stub: Any, variant: str, n: int) -> dict[str, An
             "proxy_calls_per_s": round(len(p.own) / p.wall_s, 1),
             "proxy_cpu_ms_per_call": round(proxy_cpu * 1000.0 / max(1, len(p.own)), 3),
             "proxy_cpu_share": round(proxy_cpu / p.wall_s, 3),
-            "proxy_own_p50_ms": round(_pct(p.own, 50), 2), "proxy_own_p99_ms": round(_pct(p.own, 99), 2),
+            "proxy_own_p50_ms": round(percentile_ms(p.own, 50), 2), "proxy_own_p99_ms": round(percentile_ms(p.own, 99), 2),
             "proxy_own_max_ms": round(max(p.own) * 1000.0, 2) if p.own else float("nan"),
-            "proxy_outside_engine_wait_p99_ms": round(_pct(p.own_outside_engine, 99), 2),
-            "direct_own_p50_ms": round(_pct(d.own, 50), 2), "direct_own_p99_ms": round(_pct(d.own, 99), 2),
+            "proxy_outside_engine_wait_p99_ms": round(percentile_ms(p.own_outside_engine, 99), 2),
+            "direct_own_p50_ms": round(percentile_ms(d.own, 50), 2), "direct_own_p99_ms": round(percentile_ms(d.own, 99), 2),
             # the Proxy's collector over the timed sessions (its longest pause: since the Proxy started)
             "proxy_gc_collections": gc1["collections"] - gc0["collections"],
             "proxy_gc_full_collections": gc1["full_collections"] - gc0["full_collections"],

@@ -10,23 +10,14 @@ import re
 import pytest
 
 from dressage.cli import build_parser
+from dressage.cli.reference import leaf_commands
 
 EXPECTED = {"run", "proxy serve", "proxy journal check", "proxy journal repair", "engine serve", "tq serve", "capacity",
             "trainer"}
 BENCH = {"bench tq", "bench memory", "bench faults"}
 
 
-def _commands(parser, path=()):
-    """(command path, parser) of every leaf command."""
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not subs:
-        yield " ".join(path), parser
-    for action in subs:
-        for name, sub in action.choices.items():
-            yield from _commands(sub, (*path, name))
-
-
-COMMANDS = dict(_commands(build_parser()))
+COMMANDS = dict(leaf_commands(build_parser()))
 
 
 def _default(action):

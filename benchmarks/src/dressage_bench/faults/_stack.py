@@ -1,4 +1,5 @@
-"""Helpers the fault cases share: an engine + Proxy stack on loopback, and a free port."""
+"""Helpers the fault cases and the scale curves share: an engine + Proxy stack on loopback, served child
+processes, a free port, and the Proxy's engine-wait header."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+import psutil
+
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
 from dressage.fields import get_model
@@ -20,7 +23,8 @@ from dressage.proxy.recording.core import ProxyCore
 from dressage.proxy.deployment import Proxy
 from dressage.rollout import RolloutManager
 
-__all__ = ["free_port", "Stack", "start_engine", "start_proxy", "Served", "serve_process"]
+__all__ = ["free_port", "Stack", "start_engine", "start_proxy", "Served", "serve_child", "serve_process",
+           "engine_wait_s"]
 
 MODEL = get_model("qwen3.6-35b-a3b")
 
@@ -75,10 +79,15 @@ def start_proxy(engine_url: str, *, tq_client: Any = None, journal: str | None =
 
 @dataclass
 class Served:
-    """A ``dressage ... serve`` child process and its base URL."""
+    """A served child process (``dressage ... serve``, the bench's stub engine) and its base URL."""
 
     proc: subprocess.Popen
     url: str
+
+    def cpu_s(self) -> float:
+        """The process's CPU time so far (user + system), in seconds."""
+        t = psutil.Process(self.proc.pid).cpu_times()
+        return float(t.user + t.system)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -90,23 +99,37 @@ class Served:
                 self.proc.wait()
 
 
-def serve_process(args: list[str], *, timeout_s: float = 60.0, port: int | None = None) -> Served:
-    """Start ``dressage <args> --port P`` as a child process and wait until ``/health`` answers."""
+def serve_child(argv: list[str], port: int, what: str, *, timeout_s: float = 60.0) -> Served:
+    """Start ``argv`` (a server listening on 127.0.0.1:``port``) and wait until its ``/health`` answers."""
     import httpx
 
-    port = port or free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dressage", *args, "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
+    served = Served(proc, f"http://127.0.0.1:{port}")
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return Served(proc, url)
+            if httpx.get(served.url + "/health", timeout=1).status_code == 200:
+                return served
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            Served(proc, url).stop()
-            raise RuntimeError(f"dressage {' '.join(args)} did not come up (exit code {proc.returncode})")
+            served.stop()
+            raise RuntimeError(f"{what} did not come up (exit code {proc.returncode})")
         time.sleep(0.1)
+
+
+def serve_process(args: list[str], *, timeout_s: float = 60.0, port: int | None = None) -> Served:
+    """Start ``dressage <args> --port P`` as a child process and wait until ``/health`` answers."""
+    port = port or free_port()
+    return serve_child([sys.executable, "-m", "dressage", *args, "--host", "127.0.0.1", "--port", str(port)], port,
+                       f"dressage {' '.join(args)}", timeout_s=timeout_s)
+
+
+def engine_wait_s(server_timing: str) -> float | None:
+    """The ``engine;dur=<ms>`` entry of the Proxy's ``Server-Timing`` header, in seconds (``None``: absent)."""
+    for entry in server_timing.split(","):
+        name, _, dur = entry.strip().partition(";dur=")
+        if name == "engine":
+            return float(dur) / 1000.0
+    return None

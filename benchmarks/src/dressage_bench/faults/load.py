@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import numpy as np
 import openai
-import psutil
 
-from dressage_bench.faults._stack import serve_process
+from dressage_bench._timing import percentile_ms as _pct
+from dressage_bench.faults._stack import engine_wait_s, serve_process
 from dressage_bench.faults.runner import FaultsConfig, case
 from dressage.proxy import fastjson
 from dressage.proxy.engines.aio_transport import AiohttpTransport
@@ -36,27 +35,16 @@ from dressage.proxy.engines.transport import EngineTransportError
 from dressage.tokenizer import load_tokenizer
 
 
-def _cpu_s(served: Any) -> float:
-    t = psutil.Process(served.proc.pid).cpu_times()
-    return float(t.user + t.system)
-
-
 def _tokenizer_cpu_s(served: Any) -> float:
     """The CPU time the Proxy's tokenizer calls took, as the Proxy measured it (``/trajectory/stats``)."""
     return float(httpx.get(served.url + "/trajectory/stats", timeout=30).json()["tokenizer_cpu_s"])
 
 
-def _pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs), q)) * 1000.0 if xs else float("nan")
-
-
 def _engine_wait_s(server_timing: str) -> float:
-    """The ``engine;dur=<ms>`` entry of the Proxy's ``Server-Timing`` header, in seconds."""
-    for entry in server_timing.split(","):
-        name, _, dur = entry.strip().partition(";dur=")
-        if name == "engine":
-            return float(dur) / 1000.0
-    raise RuntimeError(f"no engine entry in Server-Timing {server_timing!r}")
+    wait = engine_wait_s(server_timing)
+    if wait is None:
+        raise RuntimeError(f"no engine entry in Server-Timing {server_timing!r}")
+    return wait
 
 
 async def _through_proxy_lean(url: str, sessions: int, turns: int, concurrency: int, own: list[float],
@@ -190,10 +178,10 @@ class _Tally:
 async def _atimed(tally: _Tally, served: Any, run: Any) -> Any:
     """Await one round (a coroutine), adding its wall time, ``served``'s CPU time and the driver's to
     ``tally``."""
-    t0, cpu0, drv0 = time.perf_counter(), _cpu_s(served), time.process_time()
+    t0, cpu0, drv0 = time.perf_counter(), served.cpu_s(), time.process_time()
     out = await run
     tally.wall_s += time.perf_counter() - t0
-    tally.cpu_s += _cpu_s(served) - cpu0
+    tally.cpu_s += served.cpu_s() - cpu0
     tally.driver_s += time.process_time() - drv0
     return out
 
