@@ -149,8 +149,7 @@ class Journal:
         self._compactor: threading.Thread | None = None
         self.compactions = 0
         self.fsyncs = 0
-        self.fsync_s = 0.0
-        """Appends' fsyncs and the seconds they took."""
+        """Appends' fsyncs."""
         self.observe_fsync: Callable[[float], None] | None = None
         """Told the seconds of each append's fsync (the ``dressage_journal_fsync_seconds`` histogram)."""
         self.compaction_error: BaseException | None = None
@@ -245,7 +244,6 @@ class Journal:
                     os.fsync(self._fd)
                     self._last_sync = time.monotonic()
                     self.fsyncs += 1
-                    self.fsync_s += self._last_sync - now
                     if self.observe_fsync is not None:
                         self.observe_fsync(self._last_sync - now)
             except OSError as exc:
