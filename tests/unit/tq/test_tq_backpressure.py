@@ -13,6 +13,7 @@ import pytest
 from dressage.errors import StorageFullError
 from dressage.tq import TransferQueue
 from dressage.tq.storage import MemoryStorageUnit
+from dressage.tq.transport import landing
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -110,5 +111,33 @@ def test_a_pooled_size_taken_to_its_last_buffer_leaves_the_pool_before_eviction(
         usage = unit.usage()
         assert usage["pooled_bytes"] == 0 and usage["held_bytes"] == 16 * MiB
         assert int(unit.get("c")[0]) == 3 and int(unit.get("d")[-1]) == 4
+    finally:
+        unit.close()
+
+
+def test_blob_buffers_land_past_a_page_boundary_and_keep_that_place_when_reused():
+    """A unit's own buffers (what a socket receives into, what a put is copied into) start
+    ``landing.OFFSET`` bytes into a page, reused ones too; a handed-over array too short for that view is
+    stored as it is and never pooled."""
+    unit = MemoryStorageUnit("p2", memory_budget=64 * MiB, checksums=False)
+    try:
+        received = unit.receive_buffer(3 * MiB)
+        assert received.ctypes.data % landing.PAGE == landing.OFFSET
+        received[:] = 5
+        unit.put_many([("r", received)], copy=False)
+        del received  # the unit's own now: no view of it is left outside
+        unit.put("c", np.full(3 * MiB, 6, dtype=np.uint8))  # copied in
+        assert unit.get("c").ctypes.data % landing.PAGE == landing.OFFSET
+        places = {unit.get(k).ctypes.data for k in ("r", "c")}
+        unit.delete(["r", "c"])
+        assert unit.usage()["pooled_bytes"] == 6 * MiB
+        again = [unit.receive_buffer(3 * MiB), unit.receive_buffer(3 * MiB)]
+        assert {a.ctypes.data for a in again} == places and unit.usage()["pooled_bytes"] == 0
+        # An array owning exactly its bytes (a caller's, handed over): no landing view fits in it.
+        own = np.full(2 * MiB, 7, dtype=np.uint8)
+        unit.put_many([("own", own)], copy=False)
+        del own
+        unit.delete(["own"])
+        assert unit.usage()["pooled_bytes"] == 0
     finally:
         unit.close()

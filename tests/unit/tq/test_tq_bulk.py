@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dressage.errors import ProtocolError, StorageUnitUnavailable
-from dressage.tq.transport import bulk
+from dressage.tq.transport import bulk, landing
 from dressage.tq.transport import wire
 from dressage.tq.transport.bulk_rpc import BulkClient
 from dressage.tq.storage import MemoryStorageUnit
@@ -179,11 +179,29 @@ def test_recv_pool_size_classes_cap_and_idle_trim():
     assert pool.size_class(3 * MiB) == 3 * MiB
     a = pool.take(3 * MiB)
     b = pool.take(3 * MiB)  # over the cap: an unpooled buffer
-    assert pool.pooled_bytes == 3 * MiB and b.base is None and a.base is not None
+    assert pool.pooled_bytes == 3 * MiB and b.nbytes == 3 * MiB
     assert pool.take(100).nbytes == 100  # small: never pooled
     del a
     pool.take(MiB)  # the idle 3 MiB buffer is trimmed
     assert pool.pooled_bytes == MiB
+
+
+def test_recv_pool_buffers_land_past_a_page_boundary_and_are_reused_only_once_unviewed():
+    """Every pooled buffer starts ``landing.OFFSET`` bytes into a page (where the kernel copies a socket's
+    bytes in fastest here), the unpooled ones past the cap too; a buffer comes back only when no view of
+    it is left."""
+    pool = bulk.RecvPool(cap_bytes=8 * MiB)
+    first = pool.take(2 * MiB + 7)
+    over = [pool.take(5 * MiB), pool.take(5 * MiB)]  # the second is past the cap
+    for buf in (first, *over):
+        assert buf.ctypes.data % landing.PAGE == landing.OFFSET and buf.flags.writeable
+    start = first.ctypes.data
+    view = first[8:16].view(np.int32)
+    del first
+    again = pool.take(2 * MiB + 7)
+    assert again.ctypes.data != start  # a view still reads the first one
+    del again, view
+    assert pool.take(2 * MiB + 7).ctypes.data == start and pool.reused == 1
 
 
 def test_a_truncated_put_stores_nothing_and_the_unit_keeps_serving(unit):
@@ -479,8 +497,8 @@ def test_a_get_answer_is_bounded_and_the_client_pages_through_the_rest(shared_me
 def test_an_exact_take_allocates_no_slack_and_reuses_a_free_buffer_of_its_class():
     pool = bulk.RecvPool(cap_bytes=16 * MiB)
     assert pool.size_class(MiB + 10) == pool.size_class(MiB + 5) == pool.size_class(MiB + 11)
-    a = pool.take(MiB + 10, exact=True)
-    assert a.nbytes == MiB + 10 and len(a.base) == MiB + 10 and pool.pooled_bytes == MiB + 10
+    a = pool.take(MiB + 10, exact=True)  # no size-class slack: the page a landing view needs only
+    assert a.nbytes == MiB + 10 and len(a.base) == MiB + 10 + landing.PAGE and pool.pooled_bytes == MiB + 10
     first = id(a.base)
     b = pool.take(MiB + 10, exact=True)  # the first is held: a second buffer
     assert id(b.base) != first and pool.pooled_bytes == 2 * (MiB + 10)
@@ -490,7 +508,7 @@ def test_an_exact_take_allocates_no_slack_and_reuses_a_free_buffer_of_its_class(
     assert pool.reused == 1
     del b, c
     d = pool.take(MiB + 11, exact=True)  # same class, but every free buffer is one byte short
-    assert len(d.base) == MiB + 11 and pool.pooled_bytes == 3 * MiB + 31
+    assert len(d.base) == MiB + 11 + landing.PAGE and pool.pooled_bytes == 3 * MiB + 31
 
 
 def test_a_copy_of_a_large_read_lands_in_a_pooled_buffer_it_owns_alone(monkeypatch):

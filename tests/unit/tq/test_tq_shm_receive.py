@@ -11,7 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from dressage.tq.transport import shm
+from dressage.tq.transport import landing, shm
 from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer
@@ -54,6 +54,9 @@ def test_a_streamed_put_lands_in_a_segment_that_local_readers_map(hosts):
     a = np.random.default_rng(1).integers(0, 256, size=(2048, 40, 8), dtype=np.uint8)  # 640 KiB of R3
     writer.put("r3", a)
     assert server.shm.stats()["shm_segments"] == 1 and len(_in_use(server.shm.token)) == 1
+    stored = backend.get("r3")  # received past the segment's first page boundary, where copies in run fastest
+    assert stored.ctypes.data % landing.PAGE == landing.OFFSET and server.shm.locate(stored)[1] == landing.OFFSET
+    del stored
     local = reader.get("r3", 100, 900)
     np.testing.assert_array_equal(local, a[100:900])
     assert isinstance(_backing(local), mmap.mmap) and not local.flags.writeable

@@ -23,6 +23,7 @@ from dressage.errors import StorageFullError, TransferQueueError
 from dressage.tq.storage.integrity import Checksums, block_span, checksum, copy_and_checksum, verify_rows
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit
 from dressage.fields.refs import dtype_name
+from dressage.tq.transport.landing import landing, landing_view
 
 __all__ = ["MemoryStorageUnit"]
 
@@ -44,7 +45,7 @@ class MemoryStorageUnit(StorageUnit):
         self._adopted: set[str] = set()  # kept without a copy: verified on in-process reads too
         self._memory_bytes = 0
         self._peak_held = 0
-        self._pool: dict[int, list[np.ndarray]] = {}
+        self._pool: dict[int, list[np.ndarray]] = {}  # blob bytes -> idle owning buffers (``landing``)
         self._pooled_bytes = 0
         self._pool_cap = min(_POOL_MAX_BYTES, memory_budget // 4)
         self._unsealed: set[str] = set()  # handed-over blobs whose checksums ``seal`` still computes
@@ -64,18 +65,18 @@ class MemoryStorageUnit(StorageUnit):
         if not free:
             return None
         self._pooled_bytes -= nbytes
-        buf = free.pop()
+        owner = free.pop()
         if not free:
             del self._pool[nbytes]
-        buf.flags.writeable = True
-        return buf
+        owner.flags.writeable = True
+        return landing_view(owner, nbytes)
 
     def _alloc(self, nbytes: int) -> np.ndarray:
         buf = self._take_pooled(nbytes)
         if buf is not None:
             return buf
         self._evict_pool(nbytes)
-        return np.empty(nbytes, dtype=np.uint8)
+        return landing(nbytes)
 
     def receive_buffer(self, nbytes: int) -> np.ndarray:
         # docstring inherited: a pooled buffer of exactly this size when one is idle. Stored as received
@@ -85,7 +86,7 @@ class MemoryStorageUnit(StorageUnit):
                 buf = self._take_pooled(nbytes)
             if buf is not None:
                 return buf
-        return np.empty(nbytes, dtype=np.uint8)
+        return landing(nbytes)
 
     def _evict_pool(self, nbytes: int) -> None:
         """Free idle pooled buffers until ``nbytes`` more keep held bytes within the budget."""
@@ -146,7 +147,8 @@ class MemoryStorageUnit(StorageUnit):
 
     def _poolable(self, buf: object, nbytes: int) -> bool:
         return (isinstance(buf, np.ndarray) and buf.dtype == np.uint8 and buf.ndim == 1 and buf.flags.owndata
-                and nbytes >= _POOL_MIN_BLOB and self._pooled_bytes + nbytes <= self._pool_cap)
+                and nbytes >= _POOL_MIN_BLOB and self._pooled_bytes + nbytes <= self._pool_cap
+                and landing_view(buf, nbytes).nbytes == nbytes)
 
     def seal(self) -> None:
         """Compute the checksums of the blobs put with ``copy=False`` since the last call. A server calls

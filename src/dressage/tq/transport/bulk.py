@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from dressage.tq.transport.landing import landing, landing_view, owner_of
 from dressage.tq.transport.wire import AUTH_HEAD_BYTES, MAC_BYTES, Auth, FrameMac, auth_head, max_keys, parse_head
 from dressage.errors import ProtocolError
 
@@ -275,10 +276,11 @@ class RecvPool:
     """Receive buffers of 1 MiB and more (and the copies ``get_many(copy=True)`` returns), reused once
     nobody holds a view of them.
 
-    ``take(n)`` returns a writable uint8 view of ``n`` bytes whose base is a pooled buffer; arrays
-    built on it (``wire.array_from_frame``) keep that buffer as their base, so while any of them lives
-    the buffer is not handed out again. Buffers come in size classes of 1/16 of a power of two (at most
-    12.5 % slack), at most ``cap_bytes`` of them; one idle for ``idle_s`` is dropped.
+    ``take(n)`` returns a writable uint8 view of ``n`` bytes whose base is a pooled buffer, starting where
+    the kernel copies into it fastest (``landing.py``); arrays built on it (``wire.array_from_frame``)
+    keep that buffer as their base, so while any of them lives the buffer is not handed out again.
+    Buffers come in size classes of 1/16 of a power of two (at most 12.5 % slack), at most ``cap_bytes``
+    of them; one idle for ``idle_s`` is dropped.
     """
 
     MIN_BYTES = 1 << 20
@@ -287,7 +289,8 @@ class RecvPool:
         self.cap_bytes = int(cap_bytes)
         self.idle_s = idle_s
         self._trim_at = 0.0
-        self._classes: dict[int, list[list[Any]]] = {}  # class size -> [[buffer, last used]]
+        # class size -> [[owning buffer, bytes usable from its landing offset, last used]]
+        self._classes: dict[int, list[list[Any]]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
         self.reused = 0
@@ -313,25 +316,25 @@ class RecvPool:
             if now >= self._trim_at:  # not on every take: a trim looks at every pooled buffer
                 self._trim(now)
             for entry in self._classes.get(size, ()):
-                if len(entry[0]) >= n and self._free(entry):
-                    entry[1] = now
+                if entry[1] >= n and self._free(entry):
+                    entry[2] = now
                     self.reused += 1
-                    return entry[0][:n]
-            alloc = n if exact else size
-            if self._bytes + alloc > self.cap_bytes:
+                    return landing_view(entry[0], n)
+            usable = n if exact else size
+            if self._bytes + usable > self.cap_bytes:
                 self._trim(now)
-            if self._bytes + alloc > self.cap_bytes:
-                return np.empty(n, dtype=np.uint8)
-            buf = np.empty(alloc, dtype=np.uint8)
-            self._classes.setdefault(size, []).append([buf, now])
-            self._bytes += alloc
+            if self._bytes + usable > self.cap_bytes:
+                return landing(n)
+            buf = landing(usable)
+            self._classes.setdefault(size, []).append([owner_of(buf), usable, now])
+            self._bytes += usable
         return buf[:n]
 
     def _trim(self, now: float) -> None:
         self._trim_at = now + min(1.0, self.idle_s)
         for size, entries in list(self._classes.items()):
-            keep = [e for e in entries if now - e[1] < self.idle_s or not self._free(e)]
-            self._bytes -= sum(len(e[0]) for e in entries) - sum(len(e[0]) for e in keep)
+            keep = [e for e in entries if now - e[2] < self.idle_s or not self._free(e)]
+            self._bytes -= sum(e[1] for e in entries) - sum(e[1] for e in keep)
             if keep:
                 self._classes[size] = keep
             else:

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from dressage.errors import KeyNotFoundError, ProtocolError
-from dressage.tq.transport import shm_pool
+from dressage.tq.transport import landing, shm_pool
 from dressage.tq.storage.integrity import Checksums, write_and_checksum
 
 __all__ = ["SHM_DIR", "SHM_MIN_BYTES", "SHM_POOL_BYTES", "PART_ALIGN", "host_id", "new_token", "pack_offsets",
@@ -309,8 +309,9 @@ class ShmRegistry:
         another host), so readers on this host can map what it stores; a recycled one when the free pool
         has one. The file's pages are reserved first (``posix_fallocate``): None when /dev/shm has no room
         for them, and the caller receives into its own memory instead. The map's last reference going
-        releases the segment as an adopted one's does."""
-        size = segment_class(nbytes)
+        releases the segment as an adopted one's does. The payload starts ``landing.OFFSET`` bytes into
+        the segment (where the kernel copies a socket's bytes in fastest: ``tq/transport/landing.py``)."""
+        size = segment_class(nbytes + landing.OFFSET)
         name = f"dtq-{self.token}-r{next(self._received):x}"
         path = _path(name)
         fd = _claim(self.token, size, path)
@@ -319,16 +320,16 @@ class ShmRegistry:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
                 os.posix_fallocate(fd, 0, size)
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # no page faults in the receive
-            mm = mmap.mmap(fd, nbytes, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = mmap.mmap(fd, nbytes + landing.OFFSET, flags, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError:
             if fd is not None:
                 os.close(fd)
             remove_segment(name)
             return None
         os.close(fd)
-        array = np.frombuffer(mm, dtype=np.uint8, count=nbytes)
+        array = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=landing.OFFSET)
         with self._lock:
-            self._maps[mm] = (name, array.ctypes.data, nbytes)
+            self._maps[mm] = (name, array.ctypes.data - landing.OFFSET, nbytes)
         weakref.finalize(mm, _release, name, self.token, self.pool_limit)
         return array
 
