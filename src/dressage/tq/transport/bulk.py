@@ -55,6 +55,8 @@ READ_AHEAD = 64 * 1024       # reads smaller than this go through a Conn's read-
 _SOCK_BUF = 4 << 20          # kernel socket buffers (capped by net.core.[rw]mem_max)
 POLL_S = 0.1                 # how often a blocked read or write looks at its deadline and abort check
 _NO_NONCE = bytes(16)
+_TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
+_QUIET = (socket.timeout, BlockingIOError)  # a call that moved nothing within POLL_S
 
 
 class StreamBroken(Exception):
@@ -70,14 +72,20 @@ class StreamClosed(StreamBroken):
 
 
 def tune(sock: socket.socket) -> None:
-    """No Nagle delay on the small control writes; large kernel buffers for the payloads."""
+    """No Nagle delay on the small control writes; large kernel buffers for the payloads; blocking calls
+    that give up after ``POLL_S`` (the kernel's send and receive timeouts: a call that moved nothing in
+    that time raises ``BlockingIOError``). A Python timeout socket would poll before every send and
+    receive: two system calls, and two hand-offs of the GIL, where one does."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
             sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
         except OSError:
             pass
-    sock.settimeout(POLL_S)
+    sock.settimeout(None)
+    tick = _TIMEVAL.pack(0, int(POLL_S * 1e6))
+    for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, opt, tick)
 
 
 class Conn:
@@ -101,7 +109,7 @@ class Conn:
         while True:
             try:
                 k = self.sock.recv_into(mv)
-            except socket.timeout:
+            except _QUIET:
                 wait(time.monotonic() - last)
                 continue
             except OSError as exc:
@@ -144,7 +152,7 @@ class Conn:
                 try:
                     sent += self.sock.send(piece[sent:])
                     last = time.monotonic()
-                except socket.timeout:
+                except _QUIET:
                     self.patience(time.monotonic() - last)
                 except OSError as exc:
                     raise StreamBroken(f"send failed: {exc}") from exc
