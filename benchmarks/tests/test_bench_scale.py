@@ -38,11 +38,19 @@ def test_quick_run_writes_every_point_its_bounds_and_a_plot(tmp_path):
     assert [p["units"] for p in units["points"]] == [1, 2]
     for p in units["points"]:
         assert p["steps"] == 3 and p["step_bytes"] == 4096 * 40 * 8 and 1 <= p["units_written"] <= p["units"]
-        assert p["tq_vs_tcp"] == pytest.approx(p["tcp_two_hops_s"] / p["tq_s"])
-        assert 0 < p["tq_best_s"] <= p["tq_s"] and 0 < p["tcp_best_s"] <= p["tcp_two_hops_s"]
-        assert p["tq_vs_tcp_best"] == pytest.approx(p["tcp_best_s"] / p["tq_best_s"])
-        assert p["tq_unauthenticated_vs_tcp"] == pytest.approx(p["tcp_two_hops_s"] / p["tq_unauthenticated_s"])
+        # The floor sends the rounds a PutBatcher forms from 3 waiting Steps (all in one: 3.75 MiB);
+        # the batcher's own rounds are counted (1, or 2 when its thread woke before the rest came).
+        assert p["batch_groups"] == [3] and 1 <= p["tq_put_rounds"] <= 2
+        for mode in ("batched", "per_step"):
+            m = p[mode]
+            assert m["tq_vs_tcp"] == pytest.approx(m["tcp_two_hops_s"] / m["tq_s"])
+            assert 0 < m["tq_best_s"] <= m["tq_s"] and 0 < m["tcp_best_s"] <= m["tcp_two_hops_s"]
+            assert m["tq_vs_tcp_best"] == pytest.approx(m["tcp_best_s"] / m["tq_best_s"])
+            assert m["tq_unauthenticated_vs_tcp"] == pytest.approx(m["tcp_two_hops_s"] / m["tq_unauthenticated_s"])
+            assert m["tq_gbps"] == pytest.approx(2 * 3 * p["step_bytes"] / m["tq_s"] / 1e9)
     b = units["bounds"]["tq_vs_two_tcp_hops"]
+    assert b["mode"] == "batched" and b["worst"] == min(p["batched"]["tq_vs_tcp"] for p in units["points"])
+    assert b["per_step_worst"] == min(p["per_step"]["tq_vs_tcp"] for p in units["points"])
     assert b["met"] == (b["worst"] >= b["limit"] == 0.8)
     for path in (plot, tmp_path / "scale-units.png"):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -153,3 +161,35 @@ def test_scale_is_a_registered_bench():
     from dressage_bench.cli import BENCHES
 
     assert "dressage_bench.scale:register" in BENCHES
+
+
+def test_batcher_groups_are_the_rounds_a_put_batcher_forms_from_waiting_steps():
+    """As ``PutBatcher._take`` forms them when every Step is already queued: as many as fit both limits,
+    at least one (a Step larger than max_bytes goes alone)."""
+    assert scale._batcher_groups(64, 1_310_720, 256, 32 << 20) == [25, 25, 14]
+    assert scale._batcher_groups(3, 1_310_720, 256, 32 << 20) == [3]
+    assert scale._batcher_groups(600, 100, 256, 32 << 20) == [256, 256, 88]
+    assert scale._batcher_groups(2, 64 << 20, 256, 32 << 20) == [1, 1]
+
+
+def test_batcher_groups_match_the_rounds_the_real_put_batcher_sends():
+    import numpy as np
+
+    from dressage.tq.client.batching import PutBatcher
+
+    sent: list[int] = []
+
+    class Recorder:
+        def put_many(self, items, *, batch=None, keys=None):
+            sent.append(len(items))
+            return list(keys)
+
+    batcher = PutBatcher(Recorder())
+    step = np.zeros(1_310_720, dtype=np.uint8)
+    try:
+        with batcher._cond:  # every Step queued before the writer thread may take a round
+            futures = [batcher.submit([("r3", step)], keys=[f"k{i}"]) for i in range(64)]
+        assert [f.result(timeout=10) for f in futures] == [[f"k{i}"] for i in range(64)]
+    finally:
+        batcher.close()
+    assert sent == scale._batcher_groups(64, step.nbytes, batcher.max_items, batcher.max_bytes)
