@@ -363,20 +363,21 @@ def _plot_units(curve: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     pts = curve["points"]
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     n = [p["units"] for p in pts]
-    for mode, style, what in (("batched", "-", "Steps batched as the Proxy writes them"),
+    for mode, style, what in (("batched", "-", "batched as the Proxy writes"),
                               ("per_step", ":", "one put per Step")):
-        ax.plot(n, [p[mode]["tq_gbps"] for p in pts], marker="o", linestyle=style,
+        ax.plot(n, [p[mode]["tq_gbps"] for p in pts], marker="o", linestyle=style, color="C0",
                 label=f"TQ (TCP, authenticated), {what}")
-        ax.plot(n, [p[mode]["tq_unauthenticated_gbps"] for p in pts], marker="^", linestyle=style,
+        ax.plot(n, [p[mode]["tq_unauthenticated_gbps"] for p in pts], marker="^", linestyle=style, color="C1",
                 label=f"TQ, authentication off, {what}")
-        ax.plot(n, [p[mode]["tcp_gbps"] for p in pts], marker="s", linestyle=style,
+        ax.plot(n, [p[mode]["tcp_gbps"] for p in pts], marker="s", linestyle=style, color="C2",
                 label=f"two bare TCP hops, same requests, {what}")
     ax.set_xlabel("StorageUnits")
     ax.set_ylabel("GB/s (put + get)")
     ax.set_title("StorageUnits curve")
-    ax.legend(fontsize=7)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
