@@ -529,3 +529,27 @@ def test_a_copy_of_a_large_read_lands_in_a_pooled_buffer_it_owns_alone(monkeypat
     assert id(third.base) == held and np.array_equal(third, src[::-1])
     small = _owned_copy(src[:MiB // 32])  # under RecvPool.MIN_BYTES: a plain copy
     assert small.base is None and small.flags.writeable and np.array_equal(small, src[:MiB // 32])
+
+
+def test_the_work_after_a_reply_holds_none_of_the_replys_views(unit):
+    """A reader that deletes a blob as soon as its get is answered finds it released: the bulk thread's
+    work after the reply (``after_reply``, the unit's checksum pass) runs once the reply's frames are
+    gone, so the deleted blob's buffer goes back to the unit's pool (held views would keep it out)."""
+    backend, server, remote, _ = unit
+    remote.put("k", _payload(1, 2 * MiB))
+    in_after, go_on = threading.Event(), threading.Event()
+
+    def after_reply():
+        in_after.set()
+        go_on.wait(10)
+
+    server.bulk.after_reply = after_reply
+    try:
+        got = remote.get("k")
+        np.testing.assert_array_equal(got, _payload(1, 2 * MiB))
+        del got
+        assert in_after.wait(10)  # the bulk thread is in its work after the reply, and stays there
+        assert remote.delete(["k"]) == 1  # on the ZMQ socket, served by another thread
+        assert backend.usage()["pooled_bytes"] == 2 * MiB
+    finally:
+        go_on.set()

@@ -126,7 +126,19 @@ class BulkServer:
                 self._guard.check(auth)
 
     def _one(self, conn: Conn) -> bool:
-        """Serve one message; False when the connection must close."""
+        """Serve one message, then the work that waits for its reply; False when the connection must close."""
+        keep = self._reply(conn)
+        # The reply's frames (views of stored blobs, maybe a shared-memory segment's) died with ``_reply``:
+        # a client that deletes the blob as soon as it has the reply finds it released, not held by us.
+        if self.after_reply is not None:
+            try:
+                self.after_reply()
+            except Exception:
+                log.exception("%s: work after a reply failed", self._name)
+        return keep
+
+    def _reply(self, conn: Conn) -> bool:
+        """Read one message and answer it; False when the connection must close."""
         auth, req_id, keep = None, None, True
         try:
             control_frame, payloads, auth = read_message(conn, secret=self._secret, alloc=self._alloc,
@@ -157,11 +169,6 @@ class BulkServer:
             frames = encode({**error_to_wire(exc), "id": req_id, **({} if keep else {"closing": True})})
         write_message(conn, frames[0], frames[1:], secret=self._secret,
                       nonce=_NO_NONCE if auth is None else auth.nonce, seq=0 if auth is None else auth.seq)
-        if self.after_reply is not None:
-            try:
-                self.after_reply()
-            except Exception:
-                log.exception("%s: work after a reply failed", self._name)
         return keep
 
     def stop(self) -> None:

@@ -132,6 +132,10 @@ class RpcServer:
             self._wake.close(0)
 
     def _answer(self, frames: list[Any]) -> None:
+        self._reply(frames)  # the reply's frames (views of stored blobs) die with it, before the work after it
+        self._after_reply()
+
+    def _reply(self, frames: list[Any]) -> None:
         ident, body = frames[0], frames[1:]
         req_id = None
         auth = None
@@ -151,7 +155,6 @@ class RpcServer:
             reply, payloads = self._handler(control, body[1:])
             if control.get("oneway") is True:  # its sender reads no reply: a refusal is still sent back
                 self.served += 1
-                self._after_reply()
                 return
             out = encode({"ok": True, **reply, "id": req_id}, payloads)  # a reply that cannot be encoded fails here
             self.served += 1
@@ -177,7 +180,6 @@ class RpcServer:
             send_frames(self._sock, [ident, *out], zmq.NOBLOCK)
         except zmq.Again:  # the peer is not reading; dropping its reply keeps everyone else served
             log.warning("%s: dropped a reply to a peer that is not reading", self._name)
-        self._after_reply()
 
     def _after_reply(self) -> None:
         if self.after_reply is not None:
