@@ -26,7 +26,7 @@ import numpy as np
 from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueueError
 from dressage.tq.transport.bulk import (Conn, RecvPool, StreamBroken, StreamClosed, read_message, shared_pool, tune,
                               write_message)
-from dressage.tq.transport.zmq import Handler
+from dressage.tq.transport.zmq import Handler, run_after_reply
 from dressage.tq.transport.wire import Auth, ReplayGuard, decode_control, encode, error_from_wire, error_to_wire
 
 __all__ = ["BulkServer", "BulkClient", "BulkPending"]
@@ -130,11 +130,7 @@ class BulkServer:
         keep = self._reply(conn)
         # The reply's frames (views of stored blobs, maybe a shared-memory segment's) died with ``_reply``:
         # a client that deletes the blob as soon as it has the reply finds it released, not held by us.
-        if self.after_reply is not None:
-            try:
-                self.after_reply()
-            except Exception:
-                log.exception("%s: work after a reply failed", self._name)
+        run_after_reply(self.after_reply, self._name)
         return keep
 
     def _reply(self, conn: Conn) -> bool:

@@ -27,7 +27,7 @@ from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueue
 from dressage.tq.transport.wire import (ReplayGuard, decode_control, encode, error_from_wire, error_to_wire, open_frames,
                               sign)
 
-__all__ = ["RpcServer", "RpcClient", "PendingReply", "Handler"]
+__all__ = ["RpcServer", "RpcClient", "PendingReply", "Handler", "run_after_reply"]
 
 log = logging.getLogger(__name__)
 # handler(control, payload_frames) -> (reply_control, reply_payloads)
@@ -62,6 +62,16 @@ def _request_id(frame: Any) -> Any:
     except ProtocolError:
         return None
     return rid if isinstance(rid, int) and not isinstance(rid, bool) else None
+
+
+def run_after_reply(work: Callable[[], None] | None, server: str) -> None:
+    """A server's work after a reply (``after_reply``), if any: a failure is logged, never raised into
+    the loop that serves the next request."""
+    if work is not None:
+        try:
+            work()
+        except Exception:
+            log.exception("%s: work after a reply failed", server)
 
 
 class RpcServer:
@@ -133,7 +143,7 @@ class RpcServer:
 
     def _answer(self, frames: list[Any]) -> None:
         self._reply(frames)  # the reply's frames (views of stored blobs) die with it, before the work after it
-        self._after_reply()
+        run_after_reply(self.after_reply, self._name)
 
     def _reply(self, frames: list[Any]) -> None:
         ident, body = frames[0], frames[1:]
@@ -180,13 +190,6 @@ class RpcServer:
             send_frames(self._sock, [ident, *out], zmq.NOBLOCK)
         except zmq.Again:  # the peer is not reading; dropping its reply keeps everyone else served
             log.warning("%s: dropped a reply to a peer that is not reading", self._name)
-
-    def _after_reply(self) -> None:
-        if self.after_reply is not None:
-            try:
-                self.after_reply()
-            except Exception:
-                log.exception("%s: work after a reply failed", self._name)
 
     def stop(self) -> None:
         self._stop.set()
