@@ -69,8 +69,8 @@ def _send_raw(server: StorageUnitServer, data: bytes, *, close: bool = False):
             return None
         conn = bulk.Conn(sock, lambda quiet: None)
         sock.settimeout(5)
-        control, _, _ = bulk.read_message(conn, secret=server.bulk._secret, alloc=bulk.RecvPool().take,
-                                          max_bytes=1 << 30)
+        control = bulk.read_message(conn, secret=server.bulk._secret, alloc=bulk.RecvPool().take,
+                                          max_bytes=1 << 30).control
         return wire.decode_control(control)
     finally:
         sock.close()
@@ -464,13 +464,13 @@ def test_a_get_answer_is_bounded_and_the_client_pages_through_the_rest(shared_me
     server = StorageUnitServer(backend, shared_memory=shared_memory, secret=SECRET, max_reply_bytes=5 * MiB).start()
     remote = RemoteStorageUnit.describe("p0", server.address, timeout_s=10, secret=SECRET)
     answers = []
-    handle = server._handle
+    handle = server._serve
 
-    def spy(control, frames):
-        reply, payloads = handle(control, frames)
+    def spy(control, frames, tags):
+        reply, payloads, forwarded = handle(control, frames, tags)
         if control["op"] == "get":
             answers.append((len(reply["arrays"]), sum(p.nbytes for p in payloads)))
-        return reply, payloads
+        return reply, payloads, forwarded
 
     server.bulk._handler = spy
     try:

@@ -119,7 +119,7 @@ def test_a_full_unit_refuses_a_segment_put_and_keeps_nothing(served):
 def test_a_unit_that_dies_mid_put_stores_nothing_and_the_writer_removes_its_segment(served):
     backend, server, remote = served
 
-    def dies(control, frames):
+    def dies(control, frames, tags=None):
         raise StreamBroken("the unit died")  # the connection closes with no reply
 
     server.bulk._handler = dies

@@ -104,7 +104,7 @@ def test_a_full_unit_refuses_a_packed_put_and_keeps_nothing(served):
 def test_a_unit_that_dies_mid_put_stores_nothing_and_the_writer_removes_the_shared_segment(served):
     backend, server, remote = served
 
-    def dies(control, frames):
+    def dies(control, frames, tags=None):
         raise StreamBroken("the unit died")
 
     server.bulk._handler = dies

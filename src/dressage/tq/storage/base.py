@@ -72,10 +72,11 @@ class StorageUnit(ABC):
 
     # -- abstract core -------------------------------------------------------------------------
     @abstractmethod
-    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Any = None) -> BlobInfo:
+    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Any = None, tag: Any = None) -> BlobInfo:
         """Store a prepared array under a new key; raise StorageFullError leaving nothing behind. ``sums``:
         the blob's :class:`~dressage.tq.storage.integrity.Checksums` when its writer computed them (a handed-over
-        buffer, ``copy=False``), so the unit need not read the bytes to hash them."""
+        buffer, ``copy=False``), so the unit need not read the bytes to hash them. ``tag``: the
+        ``wire.PayloadTag`` its writer sent it with (a received frame), for a backend that keeps it."""
 
     @abstractmethod
     def _read(self, key: str, start: int, stop: int) -> np.ndarray:
@@ -113,9 +114,9 @@ class StorageUnit(ABC):
         return self.put_many([(key, array)], copy=copy)[0]
 
     def put_many(self, items: Sequence[tuple[str, np.ndarray]], *, copy: bool = True,
-                 sums: Sequence[Any] | None = None) -> list[BlobInfo]:
-        """Store several new keys, all or nothing: if one fails, none stays stored. ``sums``: per item,
-        its writer's checksums or None (see ``_write``)."""
+                 sums: Sequence[Any] | None = None, tags: Sequence[Any] | None = None) -> list[BlobInfo]:
+        """Store several new keys, all or nothing: if one fails, none stays stored. ``sums`` and ``tags``:
+        per item, its writer's checksums and payload tag, or None (see ``_write``)."""
         prepared = []
         for key, array in items:
             if not isinstance(key, str) or not key:
@@ -133,7 +134,8 @@ class StorageUnit(ABC):
             try:
                 for i, (key, data, private_copy) in enumerate(prepared):
                     given = None if sums is None or private_copy else sums[i]
-                    infos.append(self._write(key, data, copy=private_copy, sums=given))
+                    tag = None if tags is None or private_copy else tags[i]
+                    infos.append(self._write(key, data, copy=private_copy, sums=given, tag=tag))
             except BaseException:
                 self.delete([i.key for i in infos])
                 raise
@@ -170,30 +172,38 @@ class StorageUnit(ABC):
 
     def get_many(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
         """Each request's rows, in order. Every key and range is checked before any read."""
-        plans = []
         with self._lock:
-            missing = []
-            for key, start, stop in requests:
-                info = self._info(key)
-                if info is None:
-                    missing.append(key)
-                    continue
-                rows = info.shape[0]
-                stop_ = rows if stop is None else int(stop)
-                if not 0 <= int(start) <= stop_ <= rows:
-                    raise RowRangeError(
-                        f"key {key!r} in unit {self.unit_id}: rows [{start}, {stop_}) outside stored [0, {rows})"
-                    )
-                plans.append((key, int(start), stop_))
-            if missing:
-                raise KeyNotFoundError(
-                    f"{len(missing)} key(s) not found in unit {self.unit_id}: {', '.join(map(repr, missing[:8]))}"
-                )
+            plans = self._plan(requests)
             out = [self._read(key, start, stop) for key, start, stop in plans]
-            self._counts["get_requests"] += 1
-            self._counts["rows_read"] += sum(stop - start for _, start, stop in plans)
-            self._counts["bytes_read"] += sum(a.nbytes for a in out)
+            self._count_read(plans, out)
         return out
+
+    def _plan(self, requests: Sequence[RowRequest]) -> list[tuple[str, int, int]]:
+        """``requests`` with each stop resolved, once every key and row range was found (under the lock)."""
+        plans = []
+        missing = []
+        for key, start, stop in requests:
+            info = self._info(key)
+            if info is None:
+                missing.append(key)
+                continue
+            rows = info.shape[0]
+            stop_ = rows if stop is None else int(stop)
+            if not 0 <= int(start) <= stop_ <= rows:
+                raise RowRangeError(
+                    f"key {key!r} in unit {self.unit_id}: rows [{start}, {stop_}) outside stored [0, {rows})"
+                )
+            plans.append((key, int(start), stop_))
+        if missing:
+            raise KeyNotFoundError(
+                f"{len(missing)} key(s) not found in unit {self.unit_id}: {', '.join(map(repr, missing[:8]))}"
+            )
+        return plans
+
+    def _count_read(self, plans: Sequence[tuple[str, int, int]], out: Sequence[np.ndarray]) -> None:
+        self._counts["get_requests"] += 1
+        self._counts["rows_read"] += sum(stop - start for _, start, stop in plans)
+        self._counts["bytes_read"] += sum(a.nbytes for a in out)
 
     def read_local(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
         """:meth:`get_many` for a reader in this process that keeps the read-only results (the in-process

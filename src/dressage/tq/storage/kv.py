@@ -92,7 +92,7 @@ class KVStorageUnit(StorageUnit):
         self._fetched: dict[str, np.ndarray] | None = None
 
     # docstrings inherited from tq/storage/base.py:StorageUnit
-    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Any = None) -> BlobInfo:
+    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Any = None, tag: Any = None) -> BlobInfo:
         import torch
 
         if self._bytes + array.nbytes > self.memory_budget:

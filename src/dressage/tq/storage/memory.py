@@ -19,11 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from dressage.errors import StorageFullError, TransferQueueError
+from dressage.errors import IntegrityError, StorageFullError, TransferQueueError
 from dressage.tq.storage.integrity import Checksums, block_span, checksum, copy_and_checksum, verify_rows
 from dressage.tq.storage.base import BlobInfo, RowRequest, StorageUnit
 from dressage.fields.refs import dtype_name
 from dressage.tq.transport.landing import landing, landing_view
+from dressage.tq.transport.wire import PayloadTag
 
 __all__ = ["MemoryStorageUnit"]
 
@@ -49,6 +50,13 @@ class MemoryStorageUnit(StorageUnit):
         self._pooled_bytes = 0
         self._pool_cap = min(_POOL_MAX_BYTES, memory_budget // 4)
         self._unsealed: set[str] = set()  # handed-over blobs whose checksums ``seal`` still computes
+        # Blobs received with their writer's tag (``wire.PayloadTag``): a whole-blob read over the bulk stream
+        # forwards it (``get_tagged``) and reads no byte here; the checksums, for any other read, are computed
+        # by the first that needs them, once ``check_tag`` found the bytes still the ones their writer tagged.
+        self._tags: dict[str, PayloadTag] = {}
+        self._tag_first: set[str] = set()
+        self.check_tag: Callable[[np.ndarray, PayloadTag], bool] | None = None
+        """Set by a server that holds the deployment's secret: whether a blob's bytes match a tag."""
 
     def _fits(self, nbytes: int) -> bool:
         return self._memory_bytes + nbytes <= self.memory_budget
@@ -97,7 +105,8 @@ class MemoryStorageUnit(StorageUnit):
                 del self._pool[size]
             self._pooled_bytes -= size
 
-    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Checksums | None = None) -> BlobInfo:
+    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Checksums | None = None,
+               tag: PayloadTag | None = None) -> BlobInfo:
         # docstring inherited
         nbytes = array.nbytes
         if self._memory_bytes + nbytes > self.memory_budget:  # not self._fits: one call less per put
@@ -122,8 +131,12 @@ class MemoryStorageUnit(StorageUnit):
             self._evict_pool(nbytes)
             stored = array  # the caller handed the buffer over (a received frame, an adopted segment)
             self._adopted.add(key)
+            if tag is not None:
+                self._tags[key] = tag
             if not self.checksums:
                 sums = None
+            elif sums is None and tag is not None and self.check_tag is not None:
+                self._tag_first.add(key)  # hashed, its tag checked first, by the first read that needs it
             elif sums is None:  # hashed by ``seal`` (a server calls it once the put is answered) or the first read
                 self._unsealed.add(key)
             stored.flags.writeable = False
@@ -160,11 +173,34 @@ class MemoryStorageUnit(StorageUnit):
             self._unsealed.clear()
 
     def _sealed_sums(self, key: str, blob: np.ndarray) -> Checksums | None:
-        """``key``'s checksums, computed now if ``seal`` has not come yet (a read before it)."""
+        """``key``'s checksums, computed now if ``seal`` has not come yet (a read before it), or for a blob
+        kept with its writer's tag, once the tag matches (else IntegrityError, on this read and every later one)."""
         if key in self._unsealed:
             self._unsealed.discard(key)
             self._sums[key] = checksum(blob)
+        elif key in self._tag_first:
+            if not self.check_tag(blob, self._tags[key]):  # type: ignore[misc]
+                raise IntegrityError(f"unit {self.unit_id}, key {key!r}: the stored bytes are not the ones their "
+                                     "writer tagged; they are corrupted")
+            self._tag_first.discard(key)
+            self._sums[key] = checksum(blob)
         return self._sums[key]
+
+    def get_tagged(self, requests: Sequence[RowRequest]) -> list[tuple[np.ndarray, PayloadTag | None]]:
+        """``get_many`` for a reader over the authenticated bulk stream: a whole blob kept with its writer's
+        tag comes with that tag, unread here (the reader checks the bytes against it); every other request
+        is read, and verified, as ``get_many`` reads it (with None)."""
+        with self._lock:
+            plans = self._plan(requests)
+            out: list[tuple[np.ndarray, PayloadTag | None]] = []
+            for key, start, stop in plans:
+                blob, tag = self._blobs.get(key), self._tags.get(key)
+                if tag is not None and blob is not None and start == 0 and stop == blob.shape[0]:
+                    out.append((blob, tag))
+                else:
+                    out.append((self._read(key, start, stop), None))
+            self._count_read(plans, [a for a, _ in out])
+        return out
 
     def _read(self, key: str, start: int, stop: int) -> np.ndarray:
         # docstring inherited
@@ -264,6 +300,8 @@ class MemoryStorageUnit(StorageUnit):
                 del self._sums[key]
                 self._adopted.discard(key)
                 self._unsealed.discard(key)
+                self._tags.pop(key, None)
+                self._tag_first.discard(key)
                 removed += 1
                 buf, nbytes = a.base, a.nbytes
                 self._memory_bytes -= nbytes
@@ -300,5 +338,7 @@ class MemoryStorageUnit(StorageUnit):
             self._sums.clear()
             self._adopted.clear()
             self._unsealed.clear()
+            self._tags.clear()
+            self._tag_first.clear()
             self._pool.clear()
             self._memory_bytes = self._pooled_bytes = 0

@@ -269,7 +269,7 @@ class RemoteStorageUnit(StorageUnit):
         reply, _ = self._rpc.call("info", {"key": key}, keys=[key])
         return _info(reply["info"])
 
-    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Any = None) -> BlobInfo:
+    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Any = None, tag: Any = None) -> BlobInfo:
         # docstring inherited
         return self.put_many([(key, array)])[0]
 

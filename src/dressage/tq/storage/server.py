@@ -23,8 +23,8 @@ from dressage.tq.transport.shm import SHM_MIN_BYTES, ShmRegistry, host_id
 from dressage.tq.storage.base import StorageUnit
 from dressage.tq.storage.config import UNIT_MAX_MESSAGE, UNIT_ZMQ_MAX_MESSAGE
 from dressage.tq.transport.zmq import RpcServer
-from dressage.tq.transport.wire import (MAX_KEY_BYTES, max_keys, MAX_NBYTES, array_from_frame, array_meta, check_dtype, text,
-                              text_list, uint)
+from dressage.tq.transport.wire import (MAX_KEY_BYTES, max_keys, MAX_NBYTES, PayloadMac, PayloadTag, array_from_frame,
+                                        array_meta, check_dtype, text, text_list, uint)
 
 __all__ = ["StorageUnitServer", "main"]
 
@@ -98,8 +98,11 @@ class StorageUnitServer:
         self.heartbeat = RpcServer(self._beat, host=host, port=0, name=f"unit {backend.unit_id} heartbeat",
                                    secret=secret, max_message_bytes=HEARTBEAT_MAX_MESSAGE)
         # Large puts and gets: a TCP stream that receives payloads straight into the unit's own buffers.
-        self.bulk = BulkServer(self._handle, host=host, port=0, name=f"unit {backend.unit_id} bulk", secret=secret,
-                               max_message_bytes=max_message_bytes, alloc=self._receive_buffer) if bulk else None
+        self.bulk = BulkServer(self._serve, host=host, port=0, name=f"unit {backend.unit_id} bulk", secret=secret,
+                               max_message_bytes=max_message_bytes, alloc=self._receive_buffer,
+                               tagged=True) if bulk else None
+        if secret is not None and hasattr(backend, "check_tag"):  # a blob kept with its tag is checked by it
+            backend.check_tag = lambda blob, tag: PayloadMac.check(secret, tag, blob)
         if self.bulk is not None:
             self.bulk.after_reply = self.rpc.after_reply
 
@@ -185,85 +188,110 @@ class StorageUnitServer:
         return {"served": self.rpc.served + (self.bulk.served if self.bulk else 0)}, ()
 
     def _handle(self, control: dict[str, Any], frames: list[Any]) -> tuple[dict[str, Any], Sequence[Any]]:
+        reply, payloads, _ = self._serve(control, frames, None)
+        return reply, payloads
+
+    def _serve(self, control: dict[str, Any], frames: list[Any],
+               tags: list[PayloadTag | None] | None) -> tuple[dict[str, Any], Sequence[Any], list[Any] | None]:
+        """One request; ``tags`` (an authenticated bulk message): a put keeps its payloads' tags with the
+        blobs, a get forwards them."""
         op = control["op"]
-        unit = self.backend
         if op == "put":
-            items = control.get("items")
-            if not isinstance(items, list) or not 0 < len(items) <= max_keys():
-                raise ProtocolError(f"put needs a list of 1 to {max_keys()} items")
-            framed = sum(1 for i in items if isinstance(i, list) and len(i) == 3)
-            if framed != len(frames):
-                raise ProtocolError(f"put declares {framed} payload frames, the message has {len(frames)}")
-            arrays: list[Any] = []
-            sums: list[Checksums | None] = []
-            next_frame = iter(frames)
-            in_segments: dict[str, list[tuple[int, int, np.dtype, tuple[int, ...]]]] = {}
-            for item in items:
-                given = None
-                if isinstance(item, list) and len(item) == 3:
-                    array = array_from_frame(next(next_frame), item[1], item[2])
-                elif isinstance(item, list) and len(item) in (4, 5, 6) and self.shm is not None:
-                    dtype, shape = check_dtype(item[1]), _shape(item[2])
-                    if len(item) >= 5 and item[4] is not None:  # hashed by the writer: the unit reads no byte
-                        given = _given_sums(item[4], dtype, shape)
-                    offset = uint(item[5], "offset", MAX_NBYTES) if len(item) == 6 else 0
-                    name = text(item[3], "segment", max_len=255)
-                    in_segments.setdefault(name, []).append((len(arrays), offset, dtype, shape))
-                    array = None  # mapped below, once per segment
-                else:
-                    raise ProtocolError("put items are [key, dtype, shape] or [key, dtype, shape, segment"
-                                        "(, checksums(, offset))]")
-                arrays.append((_key(item[0]), array))
-                sums.append(given)
-            # The fields of one segment (a step's small fields behind its large one) are views of one map.
-            for name, parts in in_segments.items():
-                views = self.shm.adopt_parts(name, [(o, d, s) for _, o, d, s in parts])  # type: ignore[union-attr]
-                for (i, _, _, _), view in zip(parts, views):
-                    arrays[i] = (arrays[i][0], view)
-            # Received frames and adopted segments are ours alone: the unit keeps them without copying.
-            infos = unit.put_many(arrays, copy=False, sums=sums)
-            return {"infos": [[i.key, i.dtype, list(i.shape), i.nbytes, i.spilled] for i in infos]}, ()
+            return self._put(control, frames, tags), (), None
         if op == "get":
-            reqs = control.get("reqs")
-            if not isinstance(reqs, list) or len(reqs) > max_keys() or not all(
-                    isinstance(r, list) and len(r) == 3 for r in reqs):
-                raise ProtocolError(f"'reqs' must be a list of at most {max_keys()} [key, start, stop]")
-            requests = [(_key(k), _row(a, "start"), _row(b, "stop")) for k, a, b in reqs]
-            use_shm = control.get("shm") is True and self.shm is not None
-            # Only for a reader that said it verifies what it maps (one that did not is sent verified rows).
-            shm_reads = getattr(unit, "shm_reads", None) if use_shm and control.get("verify") is True else None
-            if shm_reads is not None and requests:
-                # The reader maps the rows and checks them against these digests: no byte is read here.
-                plans = shm_reads(requests, self.shm.locate)  # type: ignore[union-attr]
-                if plans is not None:
-                    return {"arrays": plans}, ()
-            # One answer carries at most max_reply_bytes (and always one array): the reader asks again
-            # for the rest, so no request makes the unit build an answer of unbounded size.
-            arrays = unit.get_many(requests[:self._page(requests)])
-            metas, payloads = [], []
-            for a in arrays:
-                where = self.shm.locate(a) if use_shm else None  # type: ignore[union-attr]
-                if where is None:
-                    metas.append(array_meta(a))
-                    payloads.append(a)
-                else:
-                    metas.append([*array_meta(a), where[0], where[1]])
-            return {"arrays": metas}, payloads
+            return self._get(control, tagged=tags is not None)
+        return self._other(op, control), (), None
+
+    def _put(self, control: dict[str, Any], frames: list[Any], tags: list[PayloadTag | None] | None) -> dict[str, Any]:
+        unit = self.backend
+        items = control.get("items")
+        if not isinstance(items, list) or not 0 < len(items) <= max_keys():
+            raise ProtocolError(f"put needs a list of 1 to {max_keys()} items")
+        framed = sum(1 for i in items if isinstance(i, list) and len(i) == 3)
+        if framed != len(frames):
+            raise ProtocolError(f"put declares {framed} payload frames, the message has {len(frames)}")
+        arrays: list[Any] = []
+        sums: list[Checksums | None] = []
+        kept: list[PayloadTag | None] = []
+        next_frame = iter(range(len(frames)))
+        in_segments: dict[str, list[tuple[int, int, np.dtype, tuple[int, ...]]]] = {}
+        for item in items:
+            given, tag = None, None
+            if isinstance(item, list) and len(item) == 3:
+                f = next(next_frame)
+                array = array_from_frame(frames[f], item[1], item[2])
+                tag = tags[f] if tags is not None else None
+            elif isinstance(item, list) and len(item) in (4, 5, 6) and self.shm is not None:
+                dtype, shape = check_dtype(item[1]), _shape(item[2])
+                if len(item) >= 5 and item[4] is not None:  # hashed by the writer: the unit reads no byte
+                    given = _given_sums(item[4], dtype, shape)
+                offset = uint(item[5], "offset", MAX_NBYTES) if len(item) == 6 else 0
+                name = text(item[3], "segment", max_len=255)
+                in_segments.setdefault(name, []).append((len(arrays), offset, dtype, shape))
+                array = None  # mapped below, once per segment
+            else:
+                raise ProtocolError("put items are [key, dtype, shape] or [key, dtype, shape, segment"
+                                    "(, checksums(, offset))]")
+            arrays.append((_key(item[0]), array))
+            sums.append(given)
+            kept.append(tag)
+        # The fields of one segment (a step's small fields behind its large one) are views of one map.
+        for name, parts in in_segments.items():
+            views = self.shm.adopt_parts(name, [(o, d, s) for _, o, d, s in parts])  # type: ignore[union-attr]
+            for (i, _, _, _), view in zip(parts, views):
+                arrays[i] = (arrays[i][0], view)
+        # Received frames and adopted segments are ours alone: the unit keeps them without copying.
+        infos = unit.put_many(arrays, copy=False, sums=sums, tags=kept if tags is not None else None)
+        return {"infos": [[i.key, i.dtype, list(i.shape), i.nbytes, i.spilled] for i in infos]}
+
+    def _get(self, control: dict[str, Any], *, tagged: bool) -> tuple[dict[str, Any], list[Any], list[Any] | None]:
+        unit = self.backend
+        reqs = control.get("reqs")
+        if not isinstance(reqs, list) or len(reqs) > max_keys() or not all(
+                isinstance(r, list) and len(r) == 3 for r in reqs):
+            raise ProtocolError(f"'reqs' must be a list of at most {max_keys()} [key, start, stop]")
+        requests = [(_key(k), _row(a, "start"), _row(b, "stop")) for k, a, b in reqs]
+        use_shm = control.get("shm") is True and self.shm is not None
+        # Only for a reader that said it verifies what it maps (one that did not is sent verified rows).
+        shm_reads = getattr(unit, "shm_reads", None) if use_shm and control.get("verify") is True else None
+        if shm_reads is not None and requests:
+            # The reader maps the rows and checks them against these digests: no byte is read here.
+            plans = shm_reads(requests, self.shm.locate)  # type: ignore[union-attr]
+            if plans is not None:
+                return {"arrays": plans}, [], None
+        # One answer carries at most max_reply_bytes (and always one array): the reader asks again
+        # for the rest, so no request makes the unit build an answer of unbounded size.
+        page = requests[:self._page(requests)]
+        get_tagged = getattr(unit, "get_tagged", None) if tagged else None
+        reads = get_tagged(page) if get_tagged is not None else [(a, None) for a in unit.get_many(page)]
+        metas, payloads, forwarded = [], [], []
+        for a, tag in reads:
+            where = self.shm.locate(a) if use_shm else None  # type: ignore[union-attr]
+            if where is None:
+                metas.append(array_meta(a))
+                payloads.append(a)
+                forwarded.append(tag)
+            else:
+                metas.append([*array_meta(a), where[0], where[1]])
+        return {"arrays": metas}, payloads, forwarded if any(forwarded) else None
+
+    def _other(self, op: str, control: dict[str, Any]) -> dict[str, Any]:
+        unit = self.backend
         if op == "delete":
-            return {"removed": unit.delete(_keys(control.get("keys")))}, ()
+            return {"removed": unit.delete(_keys(control.get("keys")))}
         if op == "exists":
-            return {"exists": unit.exists(_key(control.get("key")))}, ()
+            return {"exists": unit.exists(_key(control.get("key")))}
         if op == "list":
-            return {"keys": unit.list()}, ()
+            return {"keys": unit.list()}
         if op == "inventory":  # paged, so no answer grows with the number of keys
             start = uint(control.get("start", 0), "start", 1 << 62)
             items = unit.inventory()
             page = items[start:start + INVENTORY_PAGE]
             more = start + INVENTORY_PAGE < len(items)
-            return {"items": [[k, n] for k, n in page], "next": start + INVENTORY_PAGE if more else None}, ()
+            return {"items": [[k, n] for k, n in page], "next": start + INVENTORY_PAGE if more else None}
         if op == "info":
             info = unit.info(_key(control.get("key")))
-            return {"info": [info.key, info.dtype, list(info.shape), info.nbytes, info.spilled]}, ()
+            return {"info": [info.key, info.dtype, list(info.shape), info.nbytes, info.spilled]}
         if op == "stats":
             stats = {**unit.stats(), **(self.shm.stats() if self.shm else
                                         {"shm_segments": 0, "shm_bytes": 0, "shm_free_segments": 0, "shm_free_bytes": 0})}
@@ -271,11 +299,11 @@ class StorageUnitServer:
                 stats["held_bytes"] += stats["shm_free_bytes"]
             bulk = self.bulk
             return {"stats": stats, "pid": os.getpid(), "rejected": self.rpc.rejected + (bulk.rejected if bulk else 0),
-                    "untyped": self.rpc.untyped + (bulk.untyped if bulk else 0)}, ()
+                    "untyped": self.rpc.untyped + (bulk.untyped if bulk else 0)}
         if op == "describe":
-            return self.describe(), ()
+            return self.describe()
         if op == "ping":
-            return {}, ()
+            return {}
         raise ProtocolError(f"unknown op {op!r:.40}")
 
 

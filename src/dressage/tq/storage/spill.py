@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -62,10 +63,11 @@ class SpillStorageUnit(MemoryStorageUnit):
     def spill_dir(self) -> str:
         return self._dir
 
-    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Checksums | None = None) -> BlobInfo:
+    def _write(self, key: str, array: np.ndarray, *, copy: bool, sums: Checksums | None = None,
+               tag: Any = None) -> BlobInfo:
         # docstring inherited
         if self._fits(array.nbytes):
-            return super()._write(key, array, copy=copy, sums=sums)
+            return super()._write(key, array, copy=copy, sums=sums, tag=tag)
         path = os.path.join(self._dir, f"{next(self._seq)}.blob")
         tmp = path + ".tmp"
         if not self.checksums:

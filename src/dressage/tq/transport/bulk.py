@@ -8,18 +8,22 @@ unit into its own recycled blob buffers (the stored blob *is* the receive buffer
 
 One connection carries one request, then its reply, at a time. A message is::
 
-    "DQB1" | control length u32 | payload count u32 | [auth head, 48 bytes]
-    | payload lengths (u64 each) | [head tag, 16 bytes] | control (version byte + msgpack) | payloads
-    | [tag, 16 bytes]
+    "DQB2" | control length u32 | payload count u32 | [auth head, 48 bytes]
+    | payload lengths (u64 each) | [forwarded tags: count u32, then per tag: payload index u32,
+      origin head 48 bytes, origin index u32, tag 16 bytes] | [head tag, 16 bytes]
+    | control (version byte + msgpack) | payloads | [tag, 16 bytes]
 
-With a secret, the head tag is ``wire.FrameMac`` over the prefix and the payload lengths under a key label of
-its own: the receiver checks it, and the replay window, before it allocates the control frame or any
-payload, so a peer without the secret costs the unit the ~100 bytes it sent, never the sizes it
-declares. The tag is ``wire.FrameMac`` over ``[control, *payloads]`` exactly as ``wire.sign`` tags a
-ZMQ message, under its own key label (a message tagged for one socket never opens on the other), and
-computed piece by piece as bytes go out or come in, while each piece is still in cache. The receiver
-checks it before it reads the control map: nothing is stored from a message that fails a check, or
-that ends early. Nothing is ever unpickled.
+With a secret, the head tag is ``wire.FrameMac`` over the prefix, the payload lengths and the forwarded
+tags under a key label of its own: the receiver checks it, and the replay window, before it allocates
+the control frame or any payload, so a peer without the secret costs the unit the ~100 bytes it sent,
+never the sizes it declares. The tag is ``wire.FrameMac`` (under the stream's own key label: a message
+tagged for one socket never opens on the other) over the control frame and, per payload, its length
+then its bytes, or for a payload of ``wire.TAGGED_MIN_BYTES`` or more its own tag
+(``wire.PayloadTag``): computed as it is sent, or *forwarded*, the tag its writer gave it, which a
+StorageUnit keeps with the blob and sends back with it unread. Every tag is computed piece by piece as
+bytes go out or come in, while each piece is still in cache. The receiver checks the message's tag
+before it reads the control map, and a forwarded payload against its writer's tag: nothing is stored
+from a message that fails a check, or that ends early. Nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -31,21 +35,23 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from dressage.tq.transport.landing import landing, landing_view, owner_of
-from dressage.tq.transport.wire import AUTH_HEAD_BYTES, MAC_BYTES, Auth, FrameMac, auth_head, max_keys, parse_head
-from dressage.errors import ProtocolError
+from dressage.tq.transport.wire import (AUTH_HEAD_BYTES, MAC_BYTES, TAGGED_MIN_BYTES, Auth, FrameMac, PayloadMac,
+                                        PayloadTag, auth_head, max_keys, parse_head, payload_key)
+from dressage.errors import IntegrityError, ProtocolError
 
 __all__ = ["MAGIC", "CHUNK_BYTES", "READ_AHEAD", "STREAM_LABEL", "HEAD_LABEL", "StreamBroken", "StreamClosed", "RecvPool",
-           "Conn", "read_message", "write_message", "tune", "shared_pool"]
+           "Conn", "Received", "read_message", "write_message", "tune", "shared_pool"]
 
-MAGIC = b"DQB1"
+MAGIC = b"DQB2"
 STREAM_LABEL = b"dressage-tq-stream-key\x00"
 HEAD_LABEL = b"dressage-tq-stream-head\x00"
 _PREFIX = struct.Struct("<4sII")
+_COUNT = struct.Struct("<I")
 _MAX_CONTROL = 16 * 1024 * 1024
 # Bytes moved per recv/send call and MAC update: large enough to keep syscalls rare, small enough
 # (against a 2 MiB L2) that the tag reads each piece while it is still in cache.
@@ -171,56 +177,103 @@ def _bytes_of(payload: Any) -> memoryview:
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
-def _head_tag(secret: bytes, head: bytes, prefix: bytes, sizes: bytes) -> bytes:
-    """The tag over a message's framing (its prefix and payload lengths), checked before any allocation."""
+def _head_tag(secret: bytes, head: bytes, prefix: bytes, framing: bytes) -> bytes:
+    """The tag over a message's framing (its prefix, payload lengths and forwarded payload tags), checked
+    before any allocation."""
     mac = FrameMac(secret, head, HEAD_LABEL)
     mac.update(prefix)
-    mac.update(sizes)
+    mac.update(framing)
     return mac.finalize()
 
 
 def write_message(conn: Conn, control_frame: bytes, payloads: Sequence[Any], *, secret: bytes | None,
-                  nonce: bytes = _NO_NONCE, seq: int = 0) -> None:
-    """Send one message (``control_frame`` is ``wire.encode``'s first frame)."""
+                  nonce: bytes = _NO_NONCE, seq: int = 0,
+                  forwarded: Sequence[PayloadTag | None] | None = None) -> None:
+    """Send one message (``control_frame`` is ``wire.encode``'s first frame). With a secret, each payload of
+    ``TAGGED_MIN_BYTES`` or more is sent with a tag: ``forwarded[i]``, the tag its writer gave payload ``i``
+    (its bytes are then sent as they are, read by nothing here), or else one computed as it goes out."""
     views = [_bytes_of(p) for p in payloads]
     head = auth_head(nonce, seq) if secret is not None else b""
     mac = FrameMac(secret, head, STREAM_LABEL) if secret is not None else None
     prefix = _PREFIX.pack(MAGIC, len(control_frame), len(views))
-    sizes = struct.pack(f"<{len(views)}Q", *(len(v) for v in views))
-    head_tag = _head_tag(secret, head, prefix, sizes) if secret is not None else b""
-    prelude = b"".join((prefix, head, sizes, head_tag, control_frame))
+    framing = struct.pack(f"<{len(views)}Q", *(len(v) for v in views))
+    given: dict[int, PayloadTag] = {}
+    if secret is not None:
+        given = {i: t for i, t in enumerate(forwarded or ()) if t is not None}
+        if any(len(views[i]) < TAGGED_MIN_BYTES for i in given):
+            raise ValueError(f"only payloads of {TAGGED_MIN_BYTES} bytes or more carry a tag of their own")
+        framing += _COUNT.pack(len(given)) + b"".join(
+            _COUNT.pack(i) + PayloadTag.RECORD.pack(*t) for i, t in sorted(given.items()))
+    head_tag = _head_tag(secret, head, prefix, framing) if secret is not None else b""
+    prelude = b"".join((prefix, head, framing, head_tag, control_frame))
     if mac is not None:
         mac.frame(len(control_frame))
         mac.update(control_frame)
-    total = len(prelude) + sum(len(v) for v in views)
-    if total <= _SMALL:  # one write: a small request or reply costs one syscall
-        parts = [prelude]
-        for v in views:
-            if mac is not None:
-                mac.frame(len(v))
-                mac.update(v)
-            parts.append(v)
-        if mac is not None:
-            parts.append(mac.finalize())
+    # A small message goes out as one buffer, in one send; a large one piece by piece from its payloads.
+    parts: list[Any] | None = [prelude] if len(prelude) + sum(len(v) for v in views) <= _SMALL else None
+
+    def emit(mv: memoryview, tagger: Any) -> None:
+        if parts is None:
+            conn.send(mv, tagger)
+            return
+        if tagger is not None:
+            tagger.update(mv)
+        parts.append(mv)
+
+    if parts is None:
+        conn.send(memoryview(prelude))
+    key = None
+    for i, v in enumerate(views):
+        if mac is None:
+            emit(v, None)
+            continue
+        mac.frame(len(v))
+        if len(v) < TAGGED_MIN_BYTES:
+            emit(v, mac)
+        elif i in given:
+            emit(v, None)
+            mac.update(given[i].tag)
+        else:
+            key = key or payload_key(secret, head)  # type: ignore[arg-type]
+            tagger = PayloadMac(key, i, len(v))
+            emit(v, tagger)
+            mac.update(tagger.finalize())
+    tail = mac.finalize() if mac is not None else b""
+    if parts is not None:
+        parts.append(tail)
         conn.send(memoryview(b"".join(parts)))
-        return
-    conn.send(memoryview(prelude))
-    for v in views:
-        if mac is not None:
-            mac.frame(len(v))
-        conn.send(v, mac)
-    if mac is not None:
-        conn.send(memoryview(mac.finalize()))
+    elif tail:
+        conn.send(memoryview(tail))
+
+
+def _forwarded_tags(conn: Conn, sizes: tuple[int, ...]) -> tuple[bytes, dict[int, PayloadTag]]:
+    """The forwarded payload tags of a message's framing: their bytes (for the head tag) and by payload."""
+    raw = conn.recv_bytes(_COUNT.size)
+    (count,) = _COUNT.unpack(raw)
+    if count > len(sizes):
+        raise _broken(f"bulk stream: {count} forwarded tags for {len(sizes)} payloads")
+    step = _COUNT.size + PayloadTag.RECORD.size
+    records = conn.recv_bytes(count * step)
+    given: dict[int, PayloadTag] = {}
+    for at in range(0, len(records), step):
+        (i,) = _COUNT.unpack_from(records, at)
+        if i >= len(sizes) or i in given or sizes[i] < TAGGED_MIN_BYTES:
+            raise _broken(f"bulk stream: a forwarded tag names payload {i} of {len(sizes)}")
+        given[i] = PayloadTag._make(PayloadTag.RECORD.unpack_from(records, at + _COUNT.size))
+    return raw + records, given
 
 
 def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.ndarray], max_bytes: int,
                  first: Callable[[float], None] | None = None,
-                 admit: Callable[[Auth], None] | None = None) -> tuple[bytes, list[np.ndarray], Auth | None]:
-    """Receive one message: its control frame, its payloads (each in a buffer from ``alloc``) and,
-    with a secret, who sent it. ProtocolError when its tag does not match (the stream stays in step);
-    StreamBroken, or ProtocolError with ``broken = True``, when the stream cannot be read on (a head
-    tag that does not match: nothing after it is read, so the stream is out of step). ``admit(auth)``
-    runs once the head tag matched and before anything is allocated (the replay window)."""
+                 admit: Callable[[Auth], None] | None = None) -> Received:
+    """Receive one message: its control frame, its payloads (each in a buffer from ``alloc``), with a
+    secret who sent it, and each payload's tag (None for one under ``TAGGED_MIN_BYTES``, or without a
+    secret). ProtocolError when its tag does not match (the stream stays in step); IntegrityError when
+    the message is authentic but a forwarded payload is not the bytes its writer tagged (changed where
+    it was stored, or on a hop); StreamBroken, or ProtocolError with ``broken = True``, when the stream
+    cannot be read on (a head tag that does not match: nothing after it is read, so the stream is out of
+    step). ``admit(auth)`` runs once the head tag matched and before anything is allocated (the replay
+    window)."""
     try:
         prefix = conn.recv_bytes(_PREFIX.size, patience=first)
     except StreamBroken as exc:
@@ -229,17 +282,21 @@ def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.
         raise
     magic, n_control, n_payloads = _PREFIX.unpack(prefix)
     if magic != MAGIC:
-        raise _broken(f"bulk stream: bad magic {magic!r:.20} (not a TransferQueue bulk message)")
+        raise _broken(f"bulk stream: bad magic {magic!r:.20} (not a TransferQueue bulk message of this version)")
     if not 2 <= n_control <= _MAX_CONTROL:
         raise _broken(f"bulk stream: control frame of {n_control} bytes is out of bounds")
     if n_payloads > max_keys():
         raise _broken(f"bulk stream: {n_payloads} payloads exceed {max_keys()}")
     head = conn.recv_bytes(AUTH_HEAD_BYTES) if secret is not None else b""
     raw_sizes = conn.recv_bytes(8 * n_payloads)
+    sizes = struct.unpack(f"<{n_payloads}Q", raw_sizes)
+    given: dict[int, PayloadTag] = {}
     if secret is not None:
+        raw_given, given = _forwarded_tags(conn, sizes)
         # Authenticate the framing before the declared sizes are believed: nothing is allocated for a
         # peer that cannot tag what it declares.
-        if not hmac.compare_digest(_head_tag(secret, head, prefix, raw_sizes), conn.recv_bytes(MAC_BYTES)):
+        if not hmac.compare_digest(_head_tag(secret, head, prefix, raw_sizes + raw_given),
+                                   conn.recv_bytes(MAC_BYTES)):
             raise _broken("unauthenticated frame rejected: the head MAC does not match (wrong or no secret)")
         if admit is not None:
             try:
@@ -247,7 +304,6 @@ def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.
             except ProtocolError as exc:  # the payloads stay unread: the stream is out of step
                 exc.broken = True  # type: ignore[attr-defined]
                 raise
-    sizes = struct.unpack(f"<{n_payloads}Q", raw_sizes)
     if sum(sizes) > max_bytes:
         raise _broken(f"bulk stream: message of {sum(sizes)} bytes exceeds this socket's {max_bytes}")
     mac = FrameMac(secret, head, STREAM_LABEL) if secret is not None else None
@@ -255,23 +311,56 @@ def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.
         mac.frame(n_control)
     control = conn.recv_bytes(n_control, mac)
     payloads: list[np.ndarray] = []
+    tags: list[PayloadTag | None] = [None] * n_payloads
+    keys: dict[bytes, bytes] = {}
+    altered = []
     try:
-        for size in sizes:
+        for i, size in enumerate(sizes):
             payloads.append(alloc(size))
-            if mac is not None:
-                mac.frame(size)
-            conn.recv_into(memoryview(payloads[-1]), mac)
+            if mac is None:
+                conn.recv_into(memoryview(payloads[-1]))
+                continue
+            mac.frame(size)
+            if size < TAGGED_MIN_BYTES:
+                conn.recv_into(memoryview(payloads[-1]), mac)
+                continue
+            stated = given.get(i)
+            origin = head if stated is None else stated.head
+            key = keys.get(origin) or keys.setdefault(origin, payload_key(secret, origin))  # type: ignore[arg-type]
+            tagger = PayloadMac(key, i if stated is None else stated.index, size)
+            conn.recv_into(memoryview(payloads[-1]), tagger)
+            got = tagger.finalize()
+            if stated is None:
+                tags[i] = PayloadTag(head, i, got)
+            else:
+                tags[i] = stated
+                if not hmac.compare_digest(got, stated.tag):
+                    altered.append(i)
+            mac.update(tags[i].tag)  # type: ignore[union-attr]
         if mac is None:
-            return control, payloads, None
+            return Received(control, payloads, None, tags)
         tag = conn.recv_bytes(MAC_BYTES)
         if not hmac.compare_digest(mac.finalize(), tag):
             raise ProtocolError("unauthenticated frame rejected: the MAC does not match (wrong or no secret)")
+        if altered:
+            raise IntegrityError(
+                f"payload(s) {altered[:8]} of {n_payloads} are not the bytes their writer tagged: changed where "
+                "they were stored or on the way")
     except BaseException:
         # The error's traceback keeps this frame: the buffers (shared-memory segments, pooled memory)
         # must not live on with it.
         payloads.clear()
         raise
-    return control, payloads, parse_head(head)
+    return Received(control, payloads, parse_head(head), tags)
+
+
+class Received(NamedTuple):
+    """One message as ``read_message`` received it."""
+
+    control: bytes
+    payloads: list[np.ndarray]
+    auth: Auth | None
+    tags: list[PayloadTag | None]
 
 
 def _broken(message: str) -> ProtocolError:

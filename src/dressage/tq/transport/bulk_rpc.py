@@ -27,9 +27,16 @@ from dressage.errors import ProtocolError, StorageUnitUnavailable, TransferQueue
 from dressage.tq.transport.bulk import (Conn, RecvPool, StreamBroken, StreamClosed, read_message, shared_pool, tune,
                               write_message)
 from dressage.tq.transport.zmq import Handler, run_after_reply
-from dressage.tq.transport.wire import Auth, ReplayGuard, decode_control, encode, error_from_wire, error_to_wire
+from dressage.tq.transport.wire import (Auth, PayloadTag, ReplayGuard, decode_control, encode, error_from_wire,
+                                        error_to_wire)
 
-__all__ = ["BulkServer", "BulkClient", "BulkPending"]
+__all__ = ["BulkServer", "BulkClient", "BulkPending", "TaggedHandler"]
+
+TaggedHandler = Callable[[dict[str, Any], list[Any], list[PayloadTag | None]],
+                         "tuple[dict[str, Any], Sequence[Any], Sequence[PayloadTag | None] | None]"]
+"""A handler that sees each payload's tag (``wire.PayloadTag``, None for a small one; ``tags`` is None for a
+message without authentication) and may answer with tags to forward: ``(reply, payloads, forwarded)``,
+``forwarded[i]`` the tag payload ``i``'s writer gave it (its bytes are then sent unread) or None."""
 
 log = logging.getLogger(__name__)
 _NO_NONCE = bytes(16)
@@ -41,10 +48,12 @@ class BulkServer:
     """Serves ``handler`` on ``host:port`` (0: any free port), one thread per connection; request
     payloads are received into buffers from ``alloc(nbytes)``."""
 
-    def __init__(self, handler: Handler, *, host: str = "127.0.0.1", port: int = 0, name: str = "tq-bulk",
+    def __init__(self, handler: Handler | TaggedHandler, *, host: str = "127.0.0.1", port: int = 0, name: str = "tq-bulk",
                  secret: bytes | None = None, max_message_bytes: int, alloc: Callable[[int], np.ndarray],
-                 stall_s: float = 30.0) -> None:
-        self._handler = handler
+                 stall_s: float = 30.0, tagged: bool = False) -> None:
+        # ``tagged``: ``handler`` is a TaggedHandler (it sees the payload tags of authenticated messages).
+        self._handler: Any = handler
+        self._tagged = tagged
         self._name = name
         self._secret = secret
         self._alloc = alloc
@@ -135,22 +144,26 @@ class BulkServer:
 
     def _reply(self, conn: Conn) -> bool:
         """Read one message and answer it; False when the connection must close."""
-        auth, req_id, keep = None, None, True
+        auth, req_id, keep, forwarded = None, None, True, None
         try:
-            control_frame, payloads, auth = read_message(conn, secret=self._secret, alloc=self._alloc,
-                                                         max_bytes=self.max_message_bytes, first=self._idle,
-                                                         admit=self._admit)
+            control_frame, payloads, auth, tags = read_message(
+                conn, secret=self._secret, alloc=self._alloc, max_bytes=self.max_message_bytes, first=self._idle,
+                admit=self._admit)
             control = decode_control(control_frame)
             req_id = control.get("id")
             if not isinstance(control.get("op"), str):
                 raise ProtocolError("control frame has no 'op'")
-            reply, out_payloads = self._handler(control, payloads)
+            if self._tagged:
+                reply, out_payloads, forwarded = self._handler(control, payloads, tags if auth is not None else None)
+            else:
+                reply, out_payloads = self._handler(control, payloads)
             del payloads
             frames = encode({"ok": True, **reply, "id": req_id}, out_payloads)
             self._count("served")
         except StreamBroken:
             raise
         except Exception as exc:  # every failure becomes a typed reply
+            forwarded = None
             if isinstance(exc, ProtocolError):
                 self._count("rejected")
                 keep = not getattr(exc, "broken", False)
@@ -163,7 +176,7 @@ class BulkServer:
                 req_id = None
             # A connection about to close says so, so the client does not pool it for its next call.
             frames = encode({**error_to_wire(exc), "id": req_id, **({} if keep else {"closing": True})})
-        write_message(conn, frames[0], frames[1:], secret=self._secret,
+        write_message(conn, frames[0], frames[1:], secret=self._secret, forwarded=forwarded,
                       nonce=_NO_NONCE if auth is None else auth.nonce, seq=0 if auth is None else auth.seq)
         return keep
 
@@ -273,8 +286,8 @@ class BulkClient:
     def _finish(self, p: "BulkPending") -> tuple[dict[str, Any], list[np.ndarray]]:
         conn, healthy = p.conn, False
         try:
-            control_frame, frames, auth = read_message(conn, secret=self._secret, alloc=self.pool.take,
-                                                       max_bytes=1 << 48)
+            control_frame, frames, auth, _ = read_message(conn, secret=self._secret, alloc=self.pool.take,
+                                                          max_bytes=1 << 48)
             if auth is not None and (auth.nonce, auth.seq) != (self._nonce, p.seq) and auth.nonce != _NO_NONCE:
                 raise ProtocolError(f"{self.name}: a bulk reply names another request")
             reply = decode_control(control_frame)
