@@ -62,7 +62,7 @@ def test_bytes_changed_in_the_unit_fail_the_readers_check_of_the_writers_tag(ser
     a = _payload(1)
     remote.put("k", a)
     _corrupt(backend, "k")
-    with pytest.raises(IntegrityError, match="not the bytes their writer tagged"):
+    with pytest.raises(IntegrityError, match="StorageUnit t0, reading 'k': .* not the bytes their writer tagged"):
         remote.get("k")
     # Rows of it, read the unit's way (checksums made once the writer's tag matched), fail there too.
     with pytest.raises(IntegrityError, match="not the ones their writer tagged"):

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from dressage.errors import ProtocolError
+from dressage.errors import IntegrityError, ProtocolError
 from dressage.tq.transport import shm
 from dressage.tq.transport.bulk_rpc import BulkClient
 from dressage.tq.storage.integrity import Checksums, verify_blocks
@@ -215,8 +215,12 @@ class RemoteStorageUnit(StorageUnit):
         bulk = self._bulk_client(keys)
         if bulk is not None:  # received into pooled buffers (see ``bulk.RecvPool``); segments as names
             # ``verify``: this reader checks the rows it maps against the digests sent with their names.
-            reply, frames = bulk.call("get", {"reqs": reqs, "shm": self.shm_token is not None, "verify": True},
-                                      keys=keys)
+            try:
+                reply, frames = bulk.call("get", {"reqs": reqs, "shm": self.shm_token is not None, "verify": True},
+                                          keys=keys)
+            except IntegrityError as exc:  # a blob that failed its writer's tag (read_message)
+                shown = ", ".join(map(repr, keys[:8])) + (" ..." if len(keys) > 8 else "")
+                raise IntegrityError(f"StorageUnit {self.unit_id}, reading {shown}: {exc}") from exc
         else:
             reply, frames = self._rpc.call("get", {"reqs": reqs, "shm": self.shm_token is not None}, keys=keys)
         metas = reply.get("arrays")
