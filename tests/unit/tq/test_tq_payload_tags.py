@@ -177,18 +177,26 @@ def test_a_forwarded_payload_opens_only_as_the_bytes_its_writer_tagged():
         pair.close()
 
 
-def test_forwarded_tags_are_covered_by_the_head_tag():
+def test_forwarded_tags_are_read_only_from_an_authenticated_peer_and_covered_by_the_message_tag():
     pair = _Pair()
     try:
         a = _payload(7)
         pair.send(_message({"op": "put"}, [a]))
         tag = pair.read().tags[0]
         msg = bytearray(_message({"op": "get"}, [a], forwarded=[tag], nonce=b"u" * 16))
-        # The forwarded record sits after the prefix, the auth head, one length and the count; flip a bit
-        # of its writer tag there.
-        at = bulk._PREFIX.size + wire.AUTH_HEAD_BYTES + 8 + 4 + 4 + wire.AUTH_HEAD_BYTES + 4
-        msg[at] ^= 1
-        pair.send(bytes(msg))
+        # The forwarded record follows the prefix, the auth head, one length, the count and the head tag;
+        # flip a bit of the writer's tag in it: the message's own tag no longer matches.
+        record = bulk._PREFIX.size + wire.AUTH_HEAD_BYTES + 8 + 4 + 16
+        changed = bytearray(msg)
+        changed[record + 4 + wire.AUTH_HEAD_BYTES + 4] ^= 1
+        pair.send(bytes(changed))
+        with pytest.raises(ProtocolError, match="the MAC does not match") as err:
+            pair.read()
+        assert not getattr(err.value, "broken", False)  # read whole: the stream is still in step
+        # The count sits under the head tag: a peer cannot make the reader take records it did not tag.
+        forged = bytearray(msg)
+        forged[record - 16 - 4] = 2
+        pair.send(bytes(forged))
         with pytest.raises(ProtocolError, match="head MAC") as err:
             pair.read()
         assert getattr(err.value, "broken", False)

@@ -9,16 +9,17 @@ unit into its own recycled blob buffers (the stored blob *is* the receive buffer
 One connection carries one request, then its reply, at a time. A message is::
 
     "DQB2" | control length u32 | payload count u32 | [auth head, 48 bytes]
-    | payload lengths (u64 each) | [forwarded tags: count u32, then per tag: payload index u32,
-      origin head 48 bytes, origin index u32, tag 16 bytes] | [head tag, 16 bytes]
+    | payload lengths (u64 each) | [forwarded tag count u32] | [head tag, 16 bytes]
+    | [forwarded tags: per tag, payload index u32, origin head 48 bytes, origin index u32, tag 16 bytes]
     | control (version byte + msgpack) | payloads | [tag, 16 bytes]
 
 With a secret, the head tag is ``wire.FrameMac`` over the prefix, the payload lengths and the forwarded
-tags under a key label of its own: the receiver checks it, and the replay window, before it allocates
-the control frame or any payload, so a peer without the secret costs the unit the ~100 bytes it sent,
-never the sizes it declares. The tag is ``wire.FrameMac`` (under the stream's own key label: a message
-tagged for one socket never opens on the other) over the control frame and, per payload, its length
-then its bytes, or for a payload of ``wire.TAGGED_MIN_BYTES`` or more its own tag
+tag count under a key label of its own: the receiver checks it, and the replay window, before it
+allocates anything else (the forwarded tags, the control frame, any payload), so a peer without the
+secret costs the unit the ~100 bytes it sent, never the sizes it declares. The tag is ``wire.FrameMac``
+(under the stream's own key label: a message tagged for one socket never opens on the other) over the
+forwarded tags, the control frame and, per payload, its length then its bytes, or for a payload of
+``wire.TAGGED_MIN_BYTES`` or more its own tag
 (``wire.PayloadTag``): computed as it is sent, or *forwarded*, the tag its writer gave it, which a
 StorageUnit keeps with the blob and sends back with it unread. Every tag is computed piece by piece as
 bytes go out or come in, while each piece is still in cache. The receiver checks the message's tag
@@ -198,15 +199,17 @@ def write_message(conn: Conn, control_frame: bytes, payloads: Sequence[Any], *, 
     prefix = _PREFIX.pack(MAGIC, len(control_frame), len(views))
     framing = struct.pack(f"<{len(views)}Q", *(len(v) for v in views))
     given: dict[int, PayloadTag] = {}
+    records = b""
     if secret is not None:
         given = {i: t for i, t in enumerate(forwarded or ()) if t is not None}
         if any(len(views[i]) < TAGGED_MIN_BYTES for i in given):
             raise ValueError(f"only payloads of {TAGGED_MIN_BYTES} bytes or more carry a tag of their own")
-        framing += _COUNT.pack(len(given)) + b"".join(
-            _COUNT.pack(i) + PayloadTag.RECORD.pack(*t) for i, t in sorted(given.items()))
+        framing += _COUNT.pack(len(given))
+        records = b"".join(_COUNT.pack(i) + PayloadTag.RECORD.pack(*t) for i, t in sorted(given.items()))
     head_tag = _head_tag(secret, head, prefix, framing) if secret is not None else b""
-    prelude = b"".join((prefix, head, framing, head_tag, control_frame))
+    prelude = b"".join((prefix, head, framing, head_tag, records, control_frame))
     if mac is not None:
+        mac.update(records)  # their count is in the framing
         mac.frame(len(control_frame))
         mac.update(control_frame)
     # A small message goes out as one buffer, in one send; a large one piece by piece from its payloads.
@@ -246,21 +249,18 @@ def write_message(conn: Conn, control_frame: bytes, payloads: Sequence[Any], *, 
         conn.send(memoryview(tail))
 
 
-def _forwarded_tags(conn: Conn, sizes: tuple[int, ...]) -> tuple[bytes, dict[int, PayloadTag]]:
-    """The forwarded payload tags of a message's framing: their bytes (for the head tag) and by payload."""
-    raw = conn.recv_bytes(_COUNT.size)
-    (count,) = _COUNT.unpack(raw)
-    if count > len(sizes):
-        raise _broken(f"bulk stream: {count} forwarded tags for {len(sizes)} payloads")
+def _forwarded_tags(conn: Conn, count: int, sizes: tuple[int, ...], mac: FrameMac) -> dict[int, PayloadTag]:
+    """A message's ``count`` forwarded payload tags, by payload (read into the message's MAC: they are taken
+    on trust only until its tag is checked)."""
     step = _COUNT.size + PayloadTag.RECORD.size
-    records = conn.recv_bytes(count * step)
+    records = conn.recv_bytes(count * step, mac)
     given: dict[int, PayloadTag] = {}
     for at in range(0, len(records), step):
         (i,) = _COUNT.unpack_from(records, at)
         if i >= len(sizes) or i in given or sizes[i] < TAGGED_MIN_BYTES:
             raise _broken(f"bulk stream: a forwarded tag names payload {i} of {len(sizes)}")
         given[i] = PayloadTag._make(PayloadTag.RECORD.unpack_from(records, at + _COUNT.size))
-    return raw + records, given
+    return given
 
 
 def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.ndarray], max_bytes: int,
@@ -290,12 +290,12 @@ def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.
     head = conn.recv_bytes(AUTH_HEAD_BYTES) if secret is not None else b""
     raw_sizes = conn.recv_bytes(8 * n_payloads)
     sizes = struct.unpack(f"<{n_payloads}Q", raw_sizes)
-    given: dict[int, PayloadTag] = {}
+    count = 0
     if secret is not None:
-        raw_given, given = _forwarded_tags(conn, sizes)
+        raw_count = conn.recv_bytes(_COUNT.size)
         # Authenticate the framing before the declared sizes are believed: nothing is allocated for a
         # peer that cannot tag what it declares.
-        if not hmac.compare_digest(_head_tag(secret, head, prefix, raw_sizes + raw_given),
+        if not hmac.compare_digest(_head_tag(secret, head, prefix, raw_sizes + raw_count),
                                    conn.recv_bytes(MAC_BYTES)):
             raise _broken("unauthenticated frame rejected: the head MAC does not match (wrong or no secret)")
         if admit is not None:
@@ -304,9 +304,13 @@ def read_message(conn: Conn, *, secret: bytes | None, alloc: Callable[[int], np.
             except ProtocolError as exc:  # the payloads stay unread: the stream is out of step
                 exc.broken = True  # type: ignore[attr-defined]
                 raise
+        (count,) = _COUNT.unpack(raw_count)
+        if count > sum(1 for s in sizes if s >= TAGGED_MIN_BYTES):
+            raise _broken(f"bulk stream: {count} forwarded tags for {n_payloads} payloads")
     if sum(sizes) > max_bytes:
         raise _broken(f"bulk stream: message of {sum(sizes)} bytes exceeds this socket's {max_bytes}")
     mac = FrameMac(secret, head, STREAM_LABEL) if secret is not None else None
+    given = _forwarded_tags(conn, count, sizes, mac) if mac is not None else {}
     if mac is not None:
         mac.frame(n_control)
     control = conn.recv_bytes(n_control, mac)
