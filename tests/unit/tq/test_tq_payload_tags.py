@@ -14,7 +14,7 @@ from dressage.tq.storage import MemoryStorageUnit, memory as memory_module
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer
 from dressage.tq.storage.spill import SpillStorageUnit
-from dressage.tq.transport import bulk, wire
+from dressage.tq.transport import bulk, shm, wire
 
 SECRET = b"payload-tag-secret-0123456789"
 MiB = 1 << 20
@@ -209,3 +209,31 @@ def test_only_a_payload_large_enough_to_carry_a_tag_of_its_own_can_be_forwarded(
     tag = wire.PayloadTag(bytes(48), 0, bytes(16))
     with pytest.raises(ValueError, match="tag of their own"):
         _message({"op": "get"}, [small], forwarded=[tag])
+
+
+@pytest.mark.skipif(shm.host_id() is None, reason="no /dev/shm on this host")
+def test_a_tagged_blob_a_reader_on_the_units_host_maps_is_checked_by_the_unit_first(monkeypatch):
+    """A put from another host lands in a segment of the unit with its writer's tag; a reader on the unit's
+    host that maps it gets nothing the unit did not check (no tag travels with a segment's name)."""
+    backend = MemoryStorageUnit("h0", memory_budget=64 * MiB)
+    server = StorageUnitServer(backend, secret=SECRET).start()
+    reader = RemoteStorageUnit.describe("h0", server.address, timeout_s=10, secret=SECRET)
+    with monkeypatch.context() as m:  # a client on another host: its host identity differs
+        m.setattr(shm, "host_id", lambda: "another-host")
+        writer = RemoteStorageUnit.describe("h0", server.address, timeout_s=10, secret=SECRET)
+    try:
+        a = _payload(8)
+        writer.put_many([("big", a), ("small", np.arange(10))])
+        assert "big" in backend._tags and server.shm.locate(backend._blobs["big"]) is not None
+        np.testing.assert_array_equal(reader.get("big"), a)  # mapped, checked against digests made after the tag
+        writer.put("big2", a)
+        _corrupt(backend, "big2")
+        # With a key off the segments in the same request the unit answers the plain way: names of
+        # segments for what it checked itself.
+        with pytest.raises(IntegrityError):
+            reader.get_many([("small", 0, None), ("big2", 0, None)])
+    finally:
+        writer.close()
+        reader.close()
+        server.stop()
+        backend.close()

@@ -262,7 +262,9 @@ class StorageUnitServer:
         # One answer carries at most max_reply_bytes (and always one array): the reader asks again
         # for the rest, so no request makes the unit build an answer of unbounded size.
         page = requests[:self._page(requests)]
-        get_tagged = getattr(unit, "get_tagged", None) if tagged else None
+        # A tag travels with bytes only: a reader on this host may be answered with a segment's name, so
+        # then every blob is read (and verified) here.
+        get_tagged = getattr(unit, "get_tagged", None) if tagged and not use_shm else None
         reads = get_tagged(page) if get_tagged is not None else [(a, None) for a in unit.get_many(page)]
         metas, payloads, forwarded = [], [], []
         for a, tag in reads:
