@@ -7,6 +7,7 @@ import socket
 import threading
 
 import numpy as np
+from hypothesis import given, settings, strategies as st
 import pytest
 
 from dressage.errors import IntegrityError, ProtocolError
@@ -237,3 +238,72 @@ def test_a_tagged_blob_a_reader_on_the_units_host_maps_is_checked_by_the_unit_fi
         reader.close()
         server.stop()
         backend.close()
+
+
+def _flipped_reading(message: bytes, bit: int) -> bulk.Received:
+    """Read ``message`` with one bit flipped, its sender closing after it (a short message ends the stream)."""
+    data = bytearray(message)
+    data[bit // 8] ^= 1 << (bit % 8)
+    a, b = socket.socketpair()
+    b.settimeout(5)
+
+    def run() -> None:
+        try:
+            a.sendall(bytes(data))
+            a.shutdown(socket.SHUT_WR)
+        except OSError:  # the reader gave up on the message and closed
+            pass
+
+    sender = threading.Thread(target=run, daemon=True)
+    sender.start()
+    try:
+        return bulk.read_message(bulk.Conn(b, lambda quiet: None), secret=SECRET,
+                                 alloc=lambda n: np.empty(n, np.uint8), max_bytes=1 << 30)
+    finally:
+        b.close()
+        sender.join(5)
+        a.close()
+
+
+def _tagged_messages() -> dict[str, bytes]:
+    big, small = _payload(9, wire.TAGGED_MIN_BYTES), np.arange(100, dtype=np.int32)
+    put = _message({"op": "put", "n": 1}, [big, small, big[::-1].copy()])
+    pair = _Pair()
+    try:
+        pair.send(put)
+        tags = pair.read().tags
+    finally:
+        pair.close()
+    answer = _message({"op": "get"}, [big[::-1].copy(), small, big], forwarded=[tags[2], None, tags[0]],
+                      nonce=b"u" * 16)
+    return {"put": put, "answer": answer}
+
+
+_MESSAGES = _tagged_messages()
+
+
+@settings(max_examples=80, deadline=None)
+@given(kind=st.sampled_from(sorted(_MESSAGES)), where=st.floats(0, 1, exclude_max=True))
+def test_no_message_with_one_bit_flipped_anywhere_is_accepted(kind, where):
+    """Prefix, header, lengths, forwarded tags, control, payloads (tagged here or forwarded), tags: a flip
+    anywhere is a typed refusal (or the stream ending), never a message read."""
+    message = _MESSAGES[kind]
+    with pytest.raises((ProtocolError, IntegrityError, bulk.StreamBroken)):
+        _flipped_reading(message, int(where * len(message) * 8))
+
+
+def test_the_unflipped_messages_are_read():
+    for message in _MESSAGES.values():
+        got = _flipped_reading(message + b"\0", 8 * len(message))  # the flip lands past the message
+        assert got.auth is not None and len(got.payloads) == 3
+
+
+def test_a_flip_in_any_byte_of_the_framing_control_or_tag_is_refused():
+    """Every byte before the payloads (prefix, header, lengths, count, head tag, forwarded tags, control)
+    and of the message's tag, one bit each."""
+    payload_bytes = 2 * wire.TAGGED_MIN_BYTES + 400
+    for kind, message in _MESSAGES.items():
+        before = len(message) - payload_bytes - wire.MAC_BYTES
+        for i in [*range(before), *range(len(message) - wire.MAC_BYTES, len(message))]:
+            with pytest.raises((ProtocolError, IntegrityError, bulk.StreamBroken)):
+                _flipped_reading(message, 8 * i + i % 8)
