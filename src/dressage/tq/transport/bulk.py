@@ -42,7 +42,8 @@ import numpy as np
 
 from dressage.tq.transport.landing import landing, landing_view, owner_of
 from dressage.tq.transport.wire import (AUTH_HEAD_BYTES, MAC_BYTES, TAGGED_MIN_BYTES, Auth, FrameMac, PayloadMac,
-                                        PayloadTag, auth_head, max_keys, parse_head, payload_key)
+                                        PayloadTag, auth_head, max_keys, parse_head, payload_bytes,
+                                        payload_key)
 from dressage.errors import IntegrityError, ProtocolError
 
 __all__ = ["MAGIC", "CHUNK_BYTES", "READ_AHEAD", "STREAM_LABEL", "HEAD_LABEL", "StreamBroken", "StreamClosed", "RecvPool",
@@ -171,13 +172,6 @@ class Conn:
             pass
 
 
-def _bytes_of(payload: Any) -> memoryview:
-    mv = memoryview(payload)
-    if mv.nbytes == 0:  # a memoryview with a zero in its shape cannot be cast
-        return memoryview(b"")
-    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
-
-
 def _head_tag(secret: bytes, head: bytes, prefix: bytes, framing: bytes) -> bytes:
     """The tag over a message's framing (its prefix, payload lengths and forwarded payload tags), checked
     before any allocation."""
@@ -193,7 +187,7 @@ def write_message(conn: Conn, control_frame: bytes, payloads: Sequence[Any], *, 
     """Send one message (``control_frame`` is ``wire.encode``'s first frame). With a secret, each payload of
     ``TAGGED_MIN_BYTES`` or more is sent with a tag: ``forwarded[i]``, the tag its writer gave payload ``i``
     (its bytes are then sent as they are, read by nothing here), or else one computed as it goes out."""
-    views = [_bytes_of(p) for p in payloads]
+    views = [payload_bytes(p) for p in payloads]
     head = auth_head(nonce, seq) if secret is not None else b""
     mac = FrameMac(secret, head, STREAM_LABEL) if secret is not None else None
     prefix = _PREFIX.pack(MAGIC, len(control_frame), len(views))

@@ -40,6 +40,7 @@ __all__ = [
     "array_meta", "error_to_wire", "error_from_wire", "PICKLE_MAGIC", "MAC_BYTES", "sign", "verify_mac",
     "open_frames", "Auth", "ReplayGuard", "TRAILER_BYTES", "uint", "text", "text_list", "MAX_KEYS", "max_keys", "key_pages", "MAX_KEY_BYTES",
     "MAX_NBYTES", "FrameMac", "auth_head", "parse_head", "AUTH_HEAD_BYTES", "PayloadTag", "PayloadMac", "payload_key",
+    "payload_bytes",
     "TAGGED_MIN_BYTES",
 ]
 
@@ -131,6 +132,14 @@ _PAYLOAD_LABEL = b"dressage-tq-payload-key\x00"
 TAGGED_MIN_BYTES = 256 * 1024
 
 
+def payload_bytes(payload: Any) -> memoryview:
+    """A payload (an array or any buffer) as a flat memoryview of its bytes."""
+    mv = memoryview(payload)
+    if mv.nbytes == 0:  # a memoryview with a zero in its shape cannot be cast
+        return memoryview(b"")
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
 def payload_key(secret: bytes, head: bytes) -> bytes:
     """The key of every payload tag of the message whose auth head is ``head`` (its own label: a payload
     key never tags a message, nor a message key a payload)."""
@@ -172,7 +181,7 @@ class PayloadMac:
     @classmethod
     def check(cls, secret: bytes, tag: PayloadTag, data: Any, piece: int = 1 << 20) -> bool:
         """Whether ``data`` (a buffer) is the payload ``tag`` was computed over."""
-        mv = memoryview(data).cast("B") if memoryview(data).nbytes else memoryview(b"")
+        mv = payload_bytes(data)
         mac = cls(payload_key(secret, tag.head), tag.index, mv.nbytes)
         for lo in range(0, mv.nbytes, piece):
             mac.update(mv[lo:lo + piece])
