@@ -257,7 +257,8 @@ def _tick(limits: ConnectionLimits) -> float:
 
 
 def _guarded_h11(limits: ConnectionLimits) -> type:
-    """uvicorn's h11 protocol with the deadlines; uvicorn's h11 settings bound the header bytes."""
+    """uvicorn's h11 protocol with the deadlines; uvicorn's h11 settings bound the bytes of a header block
+    still incomplete (not one that arrives whole in one read: the httptools protocol, the default, bounds both)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     return type("GuardedH11Protocol", (_Deadlines, H11Protocol), {"limits": limits, "tick": _tick(limits)})
@@ -274,23 +275,30 @@ def _guarded_httptools(limits: ConnectionLimits) -> type:
 
     class GuardedHttpToolsProtocol(_Deadlines, HttpToolsProtocol):
         def connection_made(self, transport: Any) -> None:
-            self._head_bytes, self._in_body = 0, False
+            self._head_bytes, self._in_body, self._head_tail = 0, False, b""
             super().connection_made(transport)
 
         def data_received(self, data: bytes) -> None:
             if not self._in_body:
-                self._head_bytes += len(data)
+                # Counted before the parser sees them, up to the blank line that ends the headers (which
+                # may straddle two reads): a whole request arriving in one read is parsed, and its count
+                # reset, within one call, so a count taken after parsing never saw it.
+                seen = self._head_tail + data
+                end = seen.find(b"\r\n\r\n")
+                self._head_bytes += len(data) if end < 0 else end + 4 - len(self._head_tail)
+                self._head_tail = seen[-3:]
+                if self._head_bytes > limits.max_header_bytes:
+                    if not self.transport.is_closing():
+                        self.send_400_response("Request headers too large.")
+                    return
             super().data_received(data)
-            if not self._in_body and self._head_bytes > limits.max_header_bytes \
-                    and not self.transport.is_closing():
-                self.send_400_response("Request headers too large.")
 
         def on_headers_complete(self) -> None:
             self._in_body = True
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
-            self._in_body, self._head_bytes = False, 0
+            self._in_body, self._head_bytes, self._head_tail = False, 0, b""
             super().on_message_complete()
 
     GuardedHttpToolsProtocol.limits, GuardedHttpToolsProtocol.tick = limits, _tick(limits)

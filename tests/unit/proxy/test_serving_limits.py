@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -107,6 +108,47 @@ def test_a_body_that_never_ends_is_cut_off(http):
         assert _read_until_closed(slow, 10)[0]
         ok = _connect(srv)
         assert b" 200 " in _request(ok, b"x" * 5000)  # a whole body in time is served
+        ok.close()
+    finally:
+        srv.stop()
+
+
+def test_a_whole_request_with_too_many_header_bytes_in_one_read_is_400():
+    """The request line, an oversized header block and the blank line in one write: the server reads it
+    in one go, so the count must be taken before the parser consumes (and answers) the whole request.
+    (httptools, the server extra's parser: h11's own bound covers incomplete header blocks only.)"""
+    srv = _server("httptools", max_header_bytes=8 * 1024)
+    try:
+        for _ in range(5):
+            big = _connect(srv)
+            try:
+                big.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * (32 * 1024) + b"\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            closed, got = _read_until_closed(big, 10)
+            assert got.startswith(b"HTTP/1.1 400 "), got[:80]
+            big.close()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_large_body_after_a_blank_line_split_across_reads_is_not_counted_as_headers(http):
+    srv = _server(http, max_header_bytes=8 * 1024)
+    try:
+        body = b"b" * (32 * 1024)
+        ok = _connect(srv)
+        ok.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n" % len(body))
+        time.sleep(0.2)  # the server reads the head up to its last line break on its own
+        ok.sendall(b"\r\n" + body)
+        ok.settimeout(10)
+        got = b""
+        while not got.endswith(str(len(body)).encode()):
+            data = ok.recv(4096)
+            if not data:
+                break
+            got += data
+        assert b" 200 " in got, got[:80]
         ok.close()
     finally:
         srv.stop()
