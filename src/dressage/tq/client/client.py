@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -55,6 +56,19 @@ class ClientCounters:
         return asdict(self)
 
 
+def default_read_streams() -> int:
+    """How many StorageUnits one ``get_many`` reads at once: one per unit up to half the CPUs this process
+    may run on, at least one. Each stream's bytes cost the reader a receive copy and a tag check on a core of
+    its own (both run without the GIL); with no core to spare, streams side by side only take turns with
+    each other and with the units sending them (on two cores, a 3-unit batch read in parallel took 26-28 ms
+    and 26-27 ms of the reader's CPU, one unit after another 24-26 ms and 19 ms)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // 2)
+
+
 def _owned_copy(arr: np.ndarray) -> np.ndarray:
     """A writable copy of ``arr``. From 1 MiB up (``RecvPool.MIN_BYTES``) it lands in a buffer of the
     process's receive pool (``bulk.RecvPool``, exact size): a trainer that drops one Step's arrays before
@@ -74,11 +88,18 @@ class TransferQueueClient:
     ``get_many`` results are read-only arrays (views of the unit's memory when it is in-process, of the
     received frames otherwise); pass ``copy=True`` for writable arrays. ``fast_writes=False`` writes every
     put the plain placed way (the fast cases store and answer the same; this is for comparing them).
+    ``read_streams``: how many units one read asks at once (the rest wait their turn); ``None``:
+    :func:`default_read_streams`.
     """
 
     def __init__(self, controller: Any, units: Mapping[str, StorageUnit], *, node_id: str | None = None,
                  on_full: str = "spill", full_wait_s: float = 30.0, owns_handles: bool = False,
-                 spec: dict[str, Any] | None = None, fast_writes: bool = True) -> None:
+                 spec: dict[str, Any] | None = None, fast_writes: bool = True,
+                 read_streams: int | None = None) -> None:
+        if read_streams is not None and (isinstance(read_streams, bool) or not isinstance(read_streams, int)
+                                         or read_streams < 1):
+            raise TransferQueueError(f"read_streams must be an integer >= 1 or None, got {read_streams!r}")
+        self.read_streams = default_read_streams() if read_streams is None else read_streams
         self._controller = controller
         self._remote_controller = bool(getattr(controller, "remote", False))
         self._units = dict(units)
@@ -108,11 +129,11 @@ class TransferQueueClient:
 
     @classmethod
     def connect(cls, spec: Mapping[str, Any], *, node_id: str | None = None,
-                fast_writes: bool = True) -> "TransferQueueClient":
+                fast_writes: bool = True, read_streams: int | None = None) -> "TransferQueueClient":
         """A client in another process (a trainer reader, a Ray actor) from ``TransferQueue.client_spec()``."""
         from dressage.tq.client.spec import connect_spec  # ZMQ only when needed
 
-        return connect_spec(cls, spec, node_id=node_id, fast_writes=fast_writes)
+        return connect_spec(cls, spec, node_id=node_id, fast_writes=fast_writes, read_streams=read_streams)
 
     # -- write ---------------------------------------------------------------------------------
     def put(self, field: str, array: np.ndarray, *, batch: str | None = None, key: str | None = None) -> FieldRef:
@@ -291,11 +312,21 @@ class TransferQueueClient:
         units = self._units
         # In-process units read through ``read_local``: the views stay in this process (verify_local_reads).
         readers = {uid: units[uid].get_many if units[uid].remote else units[uid].read_local for uid in per_unit}
-        if len(per_unit) == 1 or sum(units[uid].remote for uid in per_unit) <= 1:
+        lanes = min(self.read_streams, sum(units[uid].remote for uid in per_unit))
+        if lanes <= 1:
             return {uid: readers[uid](reqs) for uid, reqs in per_unit.items()}
-        # Several remote units: ask them all at once so the slowest, not the sum, sets the latency.
-        futures = {uid: self._executor().submit(readers[uid], reqs) for uid, reqs in per_unit.items()}
-        return {uid: fut.result() for uid, fut in futures.items()}
+        # Several remote units, ``read_streams`` at a time: each lane reads its units one after another,
+        # the lanes side by side, so the slowest lane, not the sum, sets the latency.
+        order = list(per_unit)
+
+        def lane(uids: list[str]) -> dict[str, list[np.ndarray]]:
+            return {uid: readers[uid](per_unit[uid]) for uid in uids}
+
+        futures = [self._executor().submit(lane, order[i::lanes]) for i in range(1, lanes)]
+        out = lane(order[::lanes])  # the first lane on this thread
+        for fut in futures:
+            out.update(fut.result())
+        return out
 
     def get(self, ref: FieldRef, *, copy: bool = False) -> np.ndarray:
         return self.get_many([ref], copy=copy)[0]
