@@ -256,12 +256,57 @@ def _tick(limits: ConnectionLimits) -> float:
     return max(0.05, min(limits.header_timeout_s, limits.body_timeout_s) / 4)
 
 
+class _HeadBytes:
+    """The bytes of a request line and its headers, counted as reads arrive and before a parser consumes
+    them, up to the blank line that ends them (which may straddle two reads): a whole request arriving in
+    one read is parsed, answered and forgotten within one call, so a count taken after parsing never sees it."""
+
+    __slots__ = ("count", "_tail")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.count, self._tail = 0, b""
+
+    def add(self, data: bytes) -> int:
+        seen = self._tail + data
+        end = seen.find(b"\r\n\r\n")
+        self.count += len(data) if end < 0 else end + 4 - len(self._tail)
+        self._tail = seen[-3:]
+        return self.count
+
+
+_TOO_LARGE = b"Request headers too large."
+
+
 def _guarded_h11(limits: ConnectionLimits) -> type:
-    """uvicorn's h11 protocol with the deadlines; uvicorn's h11 settings bound the bytes of a header block
-    still incomplete (not one that arrives whole in one read: the httptools protocol, the default, bounds both)."""
+    """uvicorn's h11 (pure Python) protocol with the deadlines and a bound on header bytes: h11's own
+    bound (``h11_max_incomplete_event_size``) covers a header block still incomplete, this one also a block
+    that arrives whole in one read. Bytes are counted while h11 waits for a request (between requests on a
+    connection); past ``max_header_bytes`` the answer is 400 and the connection is closed, unparsed."""
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    return type("GuardedH11Protocol", (_Deadlines, H11Protocol), {"limits": limits, "tick": _tick(limits)})
+    class GuardedH11Protocol(_Deadlines, H11Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self._head = _HeadBytes()
+            super().connection_made(transport)
+
+        def data_received(self, data: bytes) -> None:
+            if self.conn.their_state is h11.IDLE and self._head.add(data) > limits.max_header_bytes:
+                if not self.transport.is_closing():
+                    self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                                         b"content-length: %d\r\nconnection: close\r\n\r\n%s"
+                                         % (len(_TOO_LARGE), _TOO_LARGE))
+                    self.transport.close()
+                return
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE:  # a request's head was read: the next one counts anew
+                self._head.reset()
+
+    GuardedH11Protocol.limits, GuardedH11Protocol.tick = limits, _tick(limits)
+    return GuardedH11Protocol
 
 
 def _guarded_httptools(limits: ConnectionLimits) -> type:
@@ -275,22 +320,14 @@ def _guarded_httptools(limits: ConnectionLimits) -> type:
 
     class GuardedHttpToolsProtocol(_Deadlines, HttpToolsProtocol):
         def connection_made(self, transport: Any) -> None:
-            self._head_bytes, self._in_body, self._head_tail = 0, False, b""
+            self._head, self._in_body = _HeadBytes(), False
             super().connection_made(transport)
 
         def data_received(self, data: bytes) -> None:
-            if not self._in_body:
-                # Counted before the parser sees them, up to the blank line that ends the headers (which
-                # may straddle two reads): a whole request arriving in one read is parsed, and its count
-                # reset, within one call, so a count taken after parsing never saw it.
-                seen = self._head_tail + data
-                end = seen.find(b"\r\n\r\n")
-                self._head_bytes += len(data) if end < 0 else end + 4 - len(self._head_tail)
-                self._head_tail = seen[-3:]
-                if self._head_bytes > limits.max_header_bytes:
-                    if not self.transport.is_closing():
-                        self.send_400_response("Request headers too large.")
-                    return
+            if not self._in_body and self._head.add(data) > limits.max_header_bytes:
+                if not self.transport.is_closing():
+                    self.send_400_response(_TOO_LARGE.decode())
+                return
             super().data_received(data)
 
         def on_headers_complete(self) -> None:
@@ -298,7 +335,8 @@ def _guarded_httptools(limits: ConnectionLimits) -> type:
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
-            self._in_body, self._head_bytes, self._head_tail = False, 0, b""
+            self._in_body = False
+            self._head.reset()
             super().on_message_complete()
 
     GuardedHttpToolsProtocol.limits, GuardedHttpToolsProtocol.tick = limits, _tick(limits)

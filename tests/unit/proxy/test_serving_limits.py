@@ -113,11 +113,12 @@ def test_a_body_that_never_ends_is_cut_off(http):
         srv.stop()
 
 
-def test_a_whole_request_with_too_many_header_bytes_in_one_read_is_400():
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_whole_request_with_too_many_header_bytes_in_one_read_is_400(http):
     """The request line, an oversized header block and the blank line in one write: the server reads it
-    in one go, so the count must be taken before the parser consumes (and answers) the whole request.
-    (httptools, the server extra's parser: h11's own bound covers incomplete header blocks only.)"""
-    srv = _server("httptools", max_header_bytes=8 * 1024)
+    in one go, so the count must be taken before the parser consumes (and answers) the whole request
+    (h11's own bound covers a header block still incomplete only)."""
+    srv = _server(http, max_header_bytes=8 * 1024)
     try:
         for _ in range(5):
             big = _connect(srv)
@@ -176,5 +177,27 @@ def test_a_header_block_over_the_limit_is_400_and_closed(http):
         for _ in range(4):
             assert b" 200 " in _request(ok, b"p" * 3000)
         ok.close()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_many_requests_on_one_connection_are_each_counted_on_their_own(http):
+    """Each request's head counts anew: sixty 300-byte heads on one kept-alive connection (18 KB in all)
+    against an 8 KiB bound are all served."""
+    srv = _server(http, max_header_bytes=8 * 1024)
+    try:
+        sock = _connect(srv)
+        pad = b"p" * 200
+        for i in range(60):
+            sock.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nX-Pad: %s\r\nContent-Length: 3\r\n\r\nabc" % pad)
+            sock.settimeout(10)
+            got = b""
+            while not (b"\r\n\r\n" in got and got.endswith(b"3")):
+                data = sock.recv(4096)
+                assert data, f"closed at request {i}: {got[:80]!r}"
+                got += data
+            assert b" 200 " in got, (i, got[:80])
+        sock.close()
     finally:
         srv.stop()
