@@ -138,3 +138,24 @@ def test_read_streams_must_be_a_positive_integer(bad):
             TransferQueueClient(tq.controller, tq.storage_units(), read_streams=bad)
     finally:
         tq.shutdown()
+
+
+@pytest.mark.timeout(120, method="thread")  # a deadlock would hang the process: end it instead
+def test_many_async_reads_at_once_each_with_lanes_all_finish(four_units):
+    """``aget_many`` runs ``get_many`` on the client's pool; the lanes it starts run on threads of their own,
+    so twelve such reads at once (more than that pool's eight threads) never wait for lanes queued behind
+    them."""
+    import asyncio
+
+    tq, refs, arrays = four_units
+    client, watch = _reader(tq, 2)
+
+    async def many() -> list:
+        return await asyncio.wait_for(asyncio.gather(*(client.aget_many(refs) for _ in range(12))), 60)
+
+    try:
+        results = asyncio.run(many())
+    finally:
+        client.close()
+    assert len(results) == 12 and all(np.array_equal(a, g) for got in results for a, g in zip(arrays, got))
+    assert len(watch.reads) == 12 * 4

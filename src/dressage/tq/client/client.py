@@ -109,6 +109,7 @@ class TransferQueueClient:
         self._lock = threading.Lock()
         self._counters = ClientCounters()
         self._pool: ThreadPoolExecutor | None = None
+        self._lanes: ThreadPoolExecutor | None = None  # read lanes: their own threads (see _read_units)
         self._closed = False
         # Keys: a random per-client prefix plus a counter; unique across clients and cheap per put.
         self._key_prefix = uuid.uuid4().hex[:16]
@@ -322,7 +323,10 @@ class TransferQueueClient:
         def lane(uids: list[str]) -> dict[str, list[np.ndarray]]:
             return {uid: readers[uid](per_unit[uid]) for uid in uids}
 
-        futures = [self._executor().submit(lane, order[i::lanes]) for i in range(1, lanes)]
+        # On threads of their own: a get_many running on the client's pool (``aget_many``) must never wait
+        # for a lane queued behind it there.
+        pool = self._lane_pool()
+        futures = [pool.submit(lane, order[i::lanes]) for i in range(1, lanes)]
         out = lane(order[::lanes])  # the first lane on this thread
         for fut in futures:
             out.update(fut.result())
@@ -421,6 +425,13 @@ class TransferQueueClient:
     def _unit(self, unit_id: str) -> StorageUnit:
         return unit_of(self._units, unit_id)
 
+    def _lane_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._lanes is None:
+                self._lanes = ThreadPoolExecutor(max_workers=max(8, self.read_streams - 1),
+                                                 thread_name_prefix="tq-read")
+            return self._lanes
+
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
@@ -435,8 +446,9 @@ class TransferQueueClient:
         if self._closed:
             return
         self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        for pool in (self._pool, self._lanes):
+            if pool is not None:
+                pool.shutdown(wait=True)
         if self._fast_write is not None:
             self._fast_write.close()
         if self._owns_handles:
