@@ -96,6 +96,7 @@ def _step_point(tq: Any, tokens: int, layers: int, topk: int, dtype: str, rounds
     import gc
 
     from dressage.fields.sglang import decode_generate_response
+    from dressage.tq.transport.bulk import shared_pool
 
     body, at = _body(tokens, layers, topk)
     raw = memoryview(body)[at]  # the routing string as it sits in the received body
@@ -116,7 +117,10 @@ def _step_point(tq: Any, tokens: int, layers: int, topk: int, dtype: str, rounds
     client = tq.client()
     try:
         ref = client.put("routed_experts", stored)
-        # The first restore's allocation peak: what a restore needs on top of what the process held.
+        # The first restore's allocation peak: what a restore needs on top of what the process held, with
+        # no idle receive-pool buffer to land in (one freed by an earlier point of the same size class would
+        # make the restore allocate nothing, and the figure depend on the order of the points).
+        shared_pool().drop_idle()
         tracemalloc.start()
         try:
             base = tracemalloc.get_traced_memory()[0]

@@ -186,6 +186,17 @@ def test_recv_pool_size_classes_cap_and_idle_trim():
     assert pool.pooled_bytes == MiB
 
 
+def test_recv_pool_drop_idle_gives_back_every_unviewed_buffer_and_keeps_the_viewed():
+    pool = bulk.RecvPool(cap_bytes=64 * MiB, idle_s=3600.0)
+    held, idle = pool.take(2 * MiB), pool.take(3 * MiB)
+    del idle
+    assert pool.pooled_bytes == 5 * MiB
+    assert pool.drop_idle() == 3 * MiB and pool.pooled_bytes == 2 * MiB
+    del held
+    assert pool.drop_idle() == 2 * MiB and pool.pooled_bytes == 0
+    assert pool.take(2 * MiB).ctypes.data % landing.PAGE == landing.OFFSET and pool.reused == 0
+
+
 def test_recv_pool_buffers_land_past_a_page_boundary_and_are_reused_only_once_unviewed():
     """Every pooled buffer starts ``landing.OFFSET`` bytes into a page (where the kernel copies a socket's
     bytes in fastest here), the unpooled ones past the cap too; a buffer comes back only when no view of

@@ -409,7 +409,8 @@ class RecvPool:
         now = time.monotonic()
         with self._lock:
             if now >= self._trim_at:  # not on every take: a trim looks at every pooled buffer
-                self._trim(now)
+                self._trim_at = now + min(1.0, self.idle_s)
+                self._trim(now, self.idle_s)
             for entry in self._classes.get(size, ()):
                 if entry[1] >= n and self._free(entry):
                     entry[2] = now
@@ -417,7 +418,7 @@ class RecvPool:
                     return landing_view(entry[0], n)
             usable = n if exact else size
             if self._bytes + usable > self.cap_bytes:
-                self._trim(now)
+                self._trim(now, self.idle_s)
             if self._bytes + usable > self.cap_bytes:
                 return landing(n)
             buf = landing(usable)
@@ -425,10 +426,18 @@ class RecvPool:
             self._bytes += usable
         return buf[:n]
 
-    def _trim(self, now: float) -> None:
-        self._trim_at = now + min(1.0, self.idle_s)
+    def drop_idle(self) -> int:
+        """Give back every pooled buffer no array views now (the next large receive allocates again);
+        returns the bytes given back."""
+        with self._lock:
+            before = self._bytes
+            self._trim(time.monotonic(), 0.0)
+            return before - self._bytes
+
+    def _trim(self, now: float, idle_s: float) -> None:
+        """Drop the buffers no view holds that were last used ``idle_s`` or more ago (under the lock)."""
         for size, entries in list(self._classes.items()):
-            keep = [e for e in entries if now - e[2] < self.idle_s or not self._free(e)]
+            keep = [e for e in entries if now - e[2] < idle_s or not self._free(e)]
             self._bytes -= sum(e[1] for e in entries) - sum(e[1] for e in keep)
             if keep:
                 self._classes[size] = keep
