@@ -250,9 +250,10 @@ class MemoryStorageUnit(StorageUnit):
 
     def read_local(self, requests: Sequence[RowRequest]) -> list[np.ndarray]:
         # docstring inherited
-        blobs = self._blobs
+        blobs, adopted, out = self._blobs, self._adopted, []
+        nrows = nbytes = 0
         with self._lock:
-            plans = []
+            verify_all = self.verify_local_reads
             for key, start, stop in requests:
                 blob = blobs.get(key)
                 rows = -1 if blob is None else blob.shape[0]
@@ -261,12 +262,7 @@ class MemoryStorageUnit(StorageUnit):
                 if not 0 <= start <= stop <= rows:
                     # Spilled, missing or out of range: the checked, verifying path (and its errors).
                     return self.get_many(requests)
-                plans.append((key, blob, start, stop))
-            out = []
-            nrows = nbytes = 0
-            verify_all = self.verify_local_reads
-            for key, blob, start, stop in plans:
-                if verify_all or key in self._adopted:
+                if verify_all or key in adopted:
                     sums = self._sealed_sums(key, blob)
                     if sums is not None:
                         verify_rows(blob, sums, start, stop, f"unit {self.unit_id}, key {key!r}")
