@@ -39,6 +39,20 @@ def _connect(srv: UvicornServer) -> socket.socket:
     return socket.create_connection((host, int(port)))
 
 
+def _refused(srv: UvicornServer, head: bytes) -> tuple[bool, bytes]:
+    """Send ``head`` on a new connection (the server may close it before the last byte is sent); (closed
+    by the server, what it answered)."""
+    sock = _connect(srv)
+    try:
+        sock.sendall(head)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # closed while sending: the refusal came first
+    try:
+        return _read_until_closed(sock, 10)
+    finally:
+        sock.close()
+
+
 def _read_until_closed(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
     """(closed by the server within ``seconds``, the bytes it sent)."""
     sock.settimeout(seconds)
@@ -55,8 +69,8 @@ def _read_until_closed(sock: socket.socket, seconds: float) -> tuple[bool, bytes
         return True, got
 
 
-def _request(sock: socket.socket, body: bytes = b"abc") -> bytes:
-    sock.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+def _request(sock: socket.socket, body: bytes = b"abc", headers: bytes = b"") -> bytes:
+    sock.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s" % (headers, len(body), body))
     sock.settimeout(10)
     got = b""
     while not (b"\r\n\r\n" in got and got.endswith(str(len(body)).encode())):
@@ -121,14 +135,8 @@ def test_a_whole_request_with_too_many_header_bytes_in_one_read_is_400(http):
     srv = _server(http, max_header_bytes=8 * 1024)
     try:
         for _ in range(5):
-            big = _connect(srv)
-            try:
-                big.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * (32 * 1024) + b"\r\n\r\n")
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-            closed, got = _read_until_closed(big, 10)
+            closed, got = _refused(srv, b"GET /x HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * (32 * 1024) + b"\r\n\r\n")
             assert got.startswith(b"HTTP/1.1 400 "), got[:80]
-            big.close()
     finally:
         srv.stop()
 
@@ -159,12 +167,7 @@ def test_a_large_body_after_a_blank_line_split_across_reads_is_not_counted_as_he
 def test_a_header_block_over_the_limit_is_400_and_closed(http):
     srv = _server(http, max_header_bytes=8 * 1024)
     try:
-        big = _connect(srv)
-        try:
-            big.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * (32 * 1024))
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # closed while sending: the refusal came first
-        closed, got = _read_until_closed(big, 10)
+        closed, got = _refused(srv, b"GET /x HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * (32 * 1024))
         assert closed and got.startswith(b"HTTP/1.1 400 "), got[:80]
         # headers under the limit, in many small writes, are fine
         ok = _connect(srv)
@@ -188,15 +191,8 @@ def test_many_requests_on_one_connection_are_each_counted_on_their_own(http):
     srv = _server(http, max_header_bytes=8 * 1024)
     try:
         sock = _connect(srv)
-        pad = b"p" * 200
         for i in range(60):
-            sock.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nX-Pad: %s\r\nContent-Length: 3\r\n\r\nabc" % pad)
-            sock.settimeout(10)
-            got = b""
-            while not (b"\r\n\r\n" in got and got.endswith(b"3")):
-                data = sock.recv(4096)
-                assert data, f"closed at request {i}: {got[:80]!r}"
-                got += data
+            got = _request(sock, headers=b"X-Pad: " + b"p" * 200 + b"\r\n")
             assert b" 200 " in got, (i, got[:80])
         sock.close()
     finally:
