@@ -106,7 +106,7 @@ class ProxyMetrics:
         yield Sample("dressage_failed_calls_total", doc, None, {"status": "", "code": ""}, "counter")
         for (status, code), n in list(book.failed_by.items()):
             yield Sample("dressage_failed_calls_total", doc, n, {"status": str(status), "code": code}, "counter")
-        yield Sample("dressage_replayed_turns_total", "Calls answered from a recorded turn.", book.replayed_turns,
+        yield Sample("dressage_replayed_turns_total", "Transport retries answered from the record.", book.replayed_turns,
                      kind="counter")
         yield Sample("dressage_generated_tokens_total", "Response tokens of every recorded step.",
                      book.generated_tokens, kind="counter")

@@ -364,6 +364,8 @@ def test_discard_drops_active_finalized_and_aborted_sessions_and_their_keys():
             again = (await h.post("/session/discard", json={"session_id": "fin"})).json()
             assert again["released_refs"] == 0 and again["state"] == "discarded"
             assert (await h.post("/session/discard", json={"session_id": "abo"})).json()["state"] == "aborted"
+            by_path = (await h.post("/sessions/fin/discard")).json()  # the path form answers the same
+            assert (by_path["state"], by_path["released_refs"]) == ("discarded", 0)
             assert tq.total_keys() == 2 and rm.num_ready == 1
             assert set(service.core.sessions) == {"keep"} and set(service.trajectories.finalized) == {"keep"}
             assert service.trajectories.ledger.get("fin") is None and len(service.turns) == 1

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 
 import msgpack
 import pytest
+import yaml
 
 from dressage.errors import ConfigError, ProtocolError, RowRangeError
 from dressage.tq import FieldRef, TransferQueueConfig
@@ -95,5 +97,7 @@ def test_yaml_loads_nested_or_flat(tmp_path):
 def test_shipped_example_config_is_valid_and_matches_the_repository_copy():
     cfg = TransferQueueConfig.from_yaml(EXAMPLE_CONFIG)
     assert cfg == TransferQueueConfig()  # the example spells out the defaults
+    listed = set(yaml.safe_load(EXAMPLE_CONFIG.read_text())["transfer_queue"])
+    assert listed == {f.name for f in dataclasses.fields(TransferQueueConfig)}  # ... every one of them
     repo_copy = Path(__file__).resolve().parents[3] / "examples" / "transfer_queue.yaml"
     assert repo_copy.read_text() == EXAMPLE_CONFIG.read_text()

@@ -74,6 +74,12 @@ def test_tq_serve_settings_default_to_a_local_deployment_and_the_flag_overrides_
     assert TqServeConfig(config=str(config), spec_out="s.json").settings().deployment == "embedded"
     cfg = TqServeConfig(config=str(config), deployment="local", spec_out="s.json").settings()
     assert (cfg.deployment, cfg.num_storage_units) == ("local", 3)
+    for text in ("num_storage_units: 3\n", "transfer_queue:\n  num_storage_units: 3\n"):  # the file names none
+        config.write_text(text)
+        cfg = TqServeConfig(config=str(config), spec_out="s.json").settings()
+        assert (cfg.deployment, cfg.num_storage_units) == ("local", 3)
+    config.write_text("transfer_queue:\n  deployment: embedded\n")
+    assert TqServeConfig(config=str(config), spec_out="s.json").settings().deployment == "embedded"
     with pytest.raises(ConfigError, match="spec_out"):
         TqServeConfig(spec_out="")
 

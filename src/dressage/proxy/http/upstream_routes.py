@@ -92,6 +92,10 @@ def upstream_router(service: Any) -> APIRouter:
     async def discard(request: Request, body: DiscardRequest | None = None) -> dict[str, Any]:
         return service.trajectories.discard(_session(request, body.session_id if body else None))
 
+    @router.post("/sessions/{session_id}/discard")
+    async def discard_by_path(session_id: str) -> dict[str, Any]:
+        return service.trajectories.discard(session_id)
+
     @router.post("/trajectory/read")
     async def trajectory_read(request: Request, body: TrajectoryReadRequest | None = None) -> Response:
         body = body or TrajectoryReadRequest()

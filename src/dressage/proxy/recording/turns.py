@@ -1,8 +1,9 @@
 """Upstream-style session identification by headers, and turn-id idempotency.
 
 ``X-Session-Id`` (or ``X-SMG-Routing-Key``) names the session, ``X-Instance-Id`` its prompt
-instance (the GRPO group) and ``X-Turn-Id`` one turn: a retried turn gets the recorded reply
-back and records nothing a second time. Header values are at most :data:`MAX_ID_CHARS` printable
+instance (the GRPO group) and ``X-Turn-Id`` one turn (a request sent again under it generates
+again, a branch); a transport retry (``Idempotency-Key``, an SDK's ``x-stainless-retry-count``) gets the
+recorded reply back and records nothing a second time. Header values are at most :data:`MAX_ID_CHARS` printable
 characters; the turn cache keeps at most ``capacity`` settled turns (oldest forgotten first) and
 instance groups need no table at all (:func:`instance_group` derives them from the id).
 """

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dressage.errors import ConfigError
-from dressage.flags import flag
-from dressage.tq.config import DEPLOYMENTS, TransferQueueConfig, load_config
+from dressage.flags import flag, load_yaml
+from dressage.tq.config import DEPLOYMENTS, TransferQueueConfig
 from dressage.tq.deploy.transfer_queue import TransferQueue
 
 __all__ = ["TqServeConfig", "serve_transfer_queue"]
@@ -28,8 +28,8 @@ class TqServeConfig:
     """The TransferQueue's settings: the YAML ``--transfer-queue-config`` reads (``examples/transfer_queue.yaml``);
     none: a ``local`` deployment with the defaults."""
     deployment: str | None = field(default=None, metadata=flag(choices=DEPLOYMENTS))
-    """Overrides the file's ``deployment``; a served TQ defaults to ``local`` (processes that outlive no one
-    but this one)."""
+    """Overrides the file's ``deployment``; a served TQ whose file names none is ``local`` (processes that
+    outlive no one but this one)."""
     spec_out: str = field(metadata=flag(metavar="FILE"))
     """Where the client spec is written (JSON, 0600: it carries the secret); removed when the service stops."""
 
@@ -40,11 +40,13 @@ class TqServeConfig:
             raise ConfigError(f"spec_out: expected a file path, got {self.spec_out!r}")
 
     def settings(self) -> TransferQueueConfig:
-        """The deployment to start (the file read now)."""
-        settings = load_config(self.config)
+        """The deployment to start (the file read now): ``--deployment``, else the file's, else ``local``."""
+        raw = load_yaml(self.config, what="transfer_queue") if self.config is not None else None
+        settings = TransferQueueConfig.from_dict(raw)
         if self.deployment is not None:
             return settings.replace(deployment=self.deployment)
-        if self.config is None:
+        body = raw.get("transfer_queue") if isinstance(raw, dict) and set(raw) == {"transfer_queue"} else raw
+        if not isinstance(body, dict) or "deployment" not in body:
             return settings.replace(deployment="local")
         return settings
 

@@ -38,7 +38,8 @@ CHAT_PARAMS = ParamPolicy("chat completions", (
     Param("model", USED, "accepted; the one served model answers (its name is reported back)"),
     Param("tools", USED, "rendered by the chat template; tool-call blocks in the reply become `tool_calls`"),
     Param("tool_choice", USED, '`none`: no tool rendered or parsed; `auto`; `required` / one named function: '
-          'enforced, a reply that breaks it is drawn again (up to 4 draws, then 502)'),
+          'enforced by an engine grammar (SGLang `ebnf`) of the model\'s own call syntax, drawn once; a reply '
+          'that is still no call is 502 `reply_constraint_unmet`'),
     Param("parallel_tool_calls", USED, "`false`: a reply with several calls is drawn again; `true` / unset: "
           "the model decides"),
     Param("temperature", USED, "engine `temperature`"),
