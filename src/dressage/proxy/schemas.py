@@ -1,7 +1,7 @@
 """Request bodies of the Proxy's HTTP API (pydantic), validated before anything is recorded.
 
 Besides the bodies, the value types every endpoint's schema shares: :data:`Integer` and :data:`Number`
-(a JSON ``true`` is not a number), :data:`Shallow` (JSON nested at most
+(a JSON ``true`` or a string is not a number), :data:`Flag` (only ``true`` / ``false``), :data:`Shallow` (JSON nested at most
 :data:`~dressage.proxy.json_values.MAX_DEPTH` levels, tool-call arguments included) and :data:`Storable`
 (what the journal and every answer format can hold). Their refusals are the error types in
 :data:`BAD_REQUEST_ERRORS`, answered 400 naming the field.
@@ -9,6 +9,7 @@ Besides the bodies, the value types every endpoint's schema shares: :data:`Integ
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt,
@@ -20,19 +21,39 @@ from dressage.proxy.json_values import nesting_problem, storable_problem
 __all__ = ["ChatMessage", "ChatRequest", "GenerateRequest", "CreateSession", "FinalizeRequest",
            "FinalizeSessionRequest", "TrajectoryReadRequest", "TrajectoryAckRequest", "ResumeRequest", "PauseRequest",
            "DiscardRequest",
-           "Integer", "Number", "Shallow", "Storable", "BAD_REQUEST_ERRORS", "MAX_READ_SESSION_IDS"]
+           "Integer", "Number", "Flag", "Shallow", "Storable", "check_stream_options", "BAD_REQUEST_ERRORS",
+           "MAX_READ_SESSION_IDS"]
 
-BAD_REQUEST_ERRORS = frozenset({"extra_forbidden", "bool_not_number", "json_too_deep", "value_not_storable"})
+BAD_REQUEST_ERRORS = frozenset({"extra_forbidden", "bool_not_number", "string_not_number", "number_not_finite",
+                                "not_a_boolean", "json_too_deep", "value_not_storable", "reserved_metadata"})
 """Validation error types answered 400 (a malformed request) rather than 422: an unknown key of a strict
-body, a boolean where a number goes, JSON nested too deep, a value nothing downstream can store."""
+body, a boolean or a string where a number goes, a number that is not finite, anything but ``true`` /
+``false`` where a flag goes, JSON nested too deep, a value nothing downstream can store, a session's
+reserved metadata key of the wrong type."""
 MAX_READ_SESSION_IDS = 4096
 """``session_ids`` one trajectory read may name (after duplicates are dropped)."""
 
 
-def _not_bool(value: Any) -> Any:
-    # pydantic reads true as 1 in lax mode; a client that sends true for a count sent a wrong type.
+def _a_number(value: Any) -> Any:
+    # pydantic reads true as 1 and "5" as 5 in lax mode; a client that sends either for a count sent a
+    # wrong type (and a string could carry "NaN" or "inf" past the body guard's check of JSON numbers).
     if isinstance(value, bool):
         raise PydanticCustomError("bool_not_number", "a boolean is not a number")
+    if isinstance(value, (str, bytes)):
+        raise PydanticCustomError("string_not_number", "a string is not a number")
+    return value
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise PydanticCustomError("number_not_finite", "a number must be finite")
+    return value
+
+
+def _a_flag(value: Any) -> Any:
+    # Lax mode reads "yes", "off", 1 and 0 as booleans: only JSON true / false are.
+    if not isinstance(value, bool):
+        raise PydanticCustomError("not_a_boolean", "expected true or false")
     return value
 
 
@@ -51,10 +72,13 @@ def _storable(value: Any) -> Any:
     return value
 
 
-Integer = Annotated[int, BeforeValidator(_not_bool)]
-"""An integer field: ``true`` / ``false`` are refused (``bool_not_number``)."""
-Number = Annotated[float, BeforeValidator(_not_bool)]
-"""A number field: ``true`` / ``false`` are refused (``bool_not_number``)."""
+Integer = Annotated[int, BeforeValidator(_a_number)]
+"""An integer field: ``true`` / ``false`` (``bool_not_number``) and strings (``string_not_number``) are
+refused; an integral number written with a fraction (``2.0``) is that integer."""
+Number = Annotated[float, BeforeValidator(_a_number), AfterValidator(_finite)]
+"""A number field: booleans and strings are refused, and so is a number that is not finite."""
+Flag = Annotated[bool, BeforeValidator(_a_flag)]
+"""A boolean field: only JSON ``true`` / ``false`` (``not_a_boolean``)."""
 Shallow = AfterValidator(_shallow)
 """Annotate a JSON-valued field the Proxy parses or renders: nested at most ``MAX_DEPTH`` levels
 (``json_too_deep``), a tool call's ``arguments`` text included."""
@@ -95,7 +119,7 @@ class ChatRequest(_Body):
     messages: Annotated[list[ChatMessage], BeforeValidator(_shallow)] = Field(min_length=1)
     tools: Annotated[Optional[list[dict[str, Any]]], Shallow] = None
     tool_choice: Annotated[Any, Shallow] = None
-    parallel_tool_calls: Optional[bool] = None
+    parallel_tool_calls: Optional[Flag] = None
     temperature: Optional[Number] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[Number] = Field(default=None, gt=0.0, le=1.0)
     top_k: Optional[Integer] = None
@@ -110,15 +134,15 @@ class ChatRequest(_Body):
     stop: Optional[Union[str, list[str]]] = None
     seed: Optional[Integer] = None
     response_format: Annotated[Optional[dict[str, Any]], Shallow] = None
-    logprobs: Optional[bool] = None
+    logprobs: Optional[Flag] = None
     top_logprobs: Optional[Integer] = Field(default=None, ge=0, le=20)
-    stream: bool = False
+    stream: Flag = False
     stream_options: Annotated[Optional[dict[str, Any]], Shallow] = None
     """``{"include_usage": true}`` adds a last chunk with the call's usage."""
     n: Integer = Field(default=1, ge=1, le=64)
     """Samples of the prompt (a GRPO group): each is its own engine call and recorded step."""
     session_id: Optional[str] = None
-    instance_id: Optional[Union[str, int]] = None
+    instance_id: Optional[Union[StrictStr, Integer]] = None
     turn_id: Optional[str] = None
     """Upstream's clients may name the call in the body; an ``X-Session-Id`` / ``X-Instance-Id`` /
     ``X-Turn-Id`` header wins."""
@@ -128,6 +152,11 @@ class ChatRequest(_Body):
     def _null_is_default(cls, v: Any, info: Any) -> Any:
         # Some clients send every parameter, unset ones as null.
         return cls.model_fields[info.field_name].default if v is None else v
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, v: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        return check_stream_options(v)
 
     @field_validator("tool_choice")
     @classmethod
@@ -177,9 +206,33 @@ class GenerateRequest(_Body):
         return v
 
 
-class CreateSession(_Body):
-    metadata: Annotated[dict[str, Any], Storable] = Field(default_factory=dict)
-    """Kept with the session, journaled and handed to the trainer: only values every format holds."""
+def check_stream_options(v: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """``stream_options`` of a chat or text completion: its ``include_usage``, when given, a boolean."""
+    if v is not None and "include_usage" in v and not isinstance(v["include_usage"], (bool, type(None))):
+        raise PydanticCustomError("not_a_boolean", "stream_options.include_usage: expected true or false")
+    return v
+
+
+def _session_metadata(v: dict[str, Any]) -> dict[str, Any]:
+    # The keys a Sample takes its prompt group from: a wrong type here would be recorded, handed out and
+    # only refused by the trainer, holding the whole read it came in.
+    group = v.get("group_index")
+    if group is not None and (isinstance(group, bool) or not isinstance(group, int)):
+        raise PydanticCustomError("reserved_metadata", "group_index must be an integer, got {got}",
+                                  {"got": type(group).__name__})
+    instance = v.get("instance_id")
+    if instance is not None and (isinstance(instance, bool) or not isinstance(instance, (str, int))):
+        raise PydanticCustomError("reserved_metadata", "instance_id must be a string or an integer, got {got}",
+                                  {"got": type(instance).__name__})
+    return v
+
+
+class CreateSession(_Control):
+    """``POST /sessions``: a misspelt key (``metdata``) is refused rather than dropped with what it carried."""
+
+    metadata: Annotated[dict[str, Any], Storable, AfterValidator(_session_metadata)] = Field(default_factory=dict)
+    """Kept with the session, journaled and handed to the trainer: only values every format holds;
+    ``group_index`` (an integer) and ``instance_id`` (a string or an integer) are the prompt group's."""
 
 
 class FinalizeRequest(_Control):
@@ -228,7 +281,7 @@ class TrajectoryReadRequest(_Control):
     group_timeout_s: Any = None
     """... or once its oldest finalized session is this many seconds old (default: ``--group-timeout``)."""
     segment_view: Optional[Literal["lineage", "timeline"]] = None
-    drain: bool = False
+    drain: Flag = False
     """Forget what was read once the answer was written in full (an answer that cannot be written
     forgets nothing)."""
     lease: StrictBool = False

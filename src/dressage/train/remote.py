@@ -10,6 +10,7 @@ acknowledged (``/trajectory/ack``); a batch that cannot be restored is released 
 from __future__ import annotations
 
 import json
+import logging
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -23,6 +24,25 @@ from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE, sample_from_wire
 from dressage.trajectory import Sample
 
 __all__ = ["ProxyTrajectorySource", "TrajectoryBatch", "drain", "consume"]
+
+log = logging.getLogger(__name__)
+
+
+def _samples_of(answer: Any) -> list[Sample]:
+    """The Samples of a ``format: samples`` read answer; a bad one is :class:`SampleWireError` naming the
+    trajectory it came in."""
+    if not isinstance(answer, Mapping) or not isinstance(answer.get("data"), list):
+        raise SampleWireError(f"trajectory read answer has no 'data' list: {str(answer)[:200]}")
+    samples: list[Sample] = []
+    for traj in answer["data"]:
+        if not isinstance(traj, Mapping) or not isinstance(traj.get("samples"), list):
+            raise SampleWireError("each trajectory must carry 'samples' (ask with format 'samples')")
+        try:
+            samples.extend(sample_from_wire(s) for s in traj["samples"])
+        except SampleWireError as exc:
+            name = traj.get("trajectory_id") or traj.get("session_id")
+            raise SampleWireError(f"trajectory {str(name)[:80]!r}: {exc}") from None
+    return samples
 
 
 @dataclass(slots=True)
@@ -105,20 +125,25 @@ class ProxyTrajectorySource:
         if session_ids is not None:
             body["session_ids"] = [str(s) for s in session_ids]
         answer = self._post("/trajectory/read", body)
-        if not isinstance(answer, Mapping) or not isinstance(answer.get("data"), list):
-            raise SampleWireError(f"trajectory read answer has no 'data' list: {str(answer)[:200]}")
-        samples: list[Sample] = []
-        for traj in answer["data"]:
-            if not isinstance(traj, Mapping) or not isinstance(traj.get("samples"), list):
-                raise SampleWireError("each trajectory must carry 'samples' (ask with format 'samples')")
-            samples.extend(sample_from_wire(s) for s in traj["samples"])
+        read_id = answer.get("read_id") if isinstance(answer, Mapping) else None
+        read_id = read_id if isinstance(read_id, str) else None
+        try:
+            samples = _samples_of(answer)
+        except SampleWireError:
+            # Nothing of a leased read reached the caller: hand it back at once rather than leave its
+            # trajectories held (and every batch they are in unreadable) until the lease runs out.
+            if read_id is not None:
+                try:
+                    self._post("/trajectory/release", {"read_id": read_id})
+                except (ProxyStatusError, ProxyConnectionError):
+                    log.warning("could not release read %s after a failed decode", read_id)
+            raise
         meta = answer.get("meta_info") or {}
         spec = meta.get("transfer_queue") if isinstance(meta, Mapping) else None
         if spec is not None:
             self._spec = dict(spec)
-        read_id = answer.get("read_id")
         return TrajectoryBatch(samples, spec, len(answer["data"]), dict(meta) if isinstance(meta, Mapping) else {},
-                               read_id=read_id if isinstance(read_id, str) else None)
+                               read_id=read_id)
 
     def ack(self, batch: TrajectoryBatch) -> int:
         """The batch was restored: the Proxy forgets its trajectories. Returns how many it forgot."""

@@ -1,4 +1,4 @@
-"""Every input typed: a boolean is not a number, JSON the Proxy stores or parses is nested at most 64 levels
+"""Every input typed: a boolean or a string is not a number, only true / false is a flag, JSON the Proxy stores or parses is nested at most 64 levels
 (tool-call arguments included), session metadata holds only what the journal and every answer format can
 hold, and a read's ``session_ids`` are deduplicated and capped. Each refusal is a 400 naming the field,
 with nothing created or recorded."""
@@ -54,6 +54,77 @@ def test_a_boolean_is_not_a_number(proxy, path, body, param):
     assert r.json()["error"]["param"].split(".")[0] == param
     assert "boolean is not a number" in r.json()["error"]["message"]
     assert _steps(proxy) == before
+
+
+@pytest.mark.parametrize("path, body, param, says", [
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": "5"}, "max_tokens", "string is not a number"),
+    ("/v1/chat/completions", {"messages": USER, "n": "2"}, "n", "string is not a number"),
+    ("/v1/chat/completions", {"messages": USER, "seed": "1"}, "seed", "string is not a number"),
+    ("/v1/chat/completions", {"messages": USER, "temperature": "NaN"}, "temperature", "string is not a number"),
+    ("/v1/chat/completions", {"messages": USER, "stream": "true"}, "stream", "expected true or false"),
+    ("/v1/chat/completions", {"messages": USER, "stream": 1}, "stream", "expected true or false"),
+    ("/v1/chat/completions", {"messages": USER, "logprobs": "yes"}, "logprobs", "expected true or false"),
+    ("/v1/chat/completions", {"messages": USER, "parallel_tool_calls": "no"}, "parallel_tool_calls",
+     "expected true or false"),
+    ("/v1/chat/completions", {"messages": USER, "stream_options": {"include_usage": "yes"}}, "stream_options",
+     "expected true or false"),
+    ("/v1/chat/completions", {"messages": USER, "instance_id": True}, "instance_id", "boolean is not a number"),
+    ("/v1/completions", {"prompt": "hi", "seed": "1"}, "seed", "string is not a number"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": "5"}, "max_output_tokens", "string is not a number"),
+    ("/generate", {"input_ids": ["1", "2"]}, "input_ids", "string is not a number"),
+])
+def test_a_string_is_not_a_number_and_only_true_or_false_is_a_flag(proxy, path, body, param, says):
+    sid = _sid(proxy)
+    before = _steps(proxy)
+    r = httpx.post(f"{proxy.url}/sessions/{sid}{'' if path == '/generate' else '/v1'}"
+                   f"{path.removeprefix('/v1')}", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].split(".")[0] == param
+    assert says in r.json()["error"]["message"]
+    assert _steps(proxy) == before
+
+
+def test_an_integral_number_written_with_a_fraction_is_that_integer(proxy):
+    sid = _sid(proxy)
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/chat/completions",
+                   json={"messages": USER, "max_tokens": 2.0, "n": 2.0}, timeout=30)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text
+
+
+@pytest.mark.parametrize("reward", ["NaN", "inf", "-Infinity", "1e999", "1"])
+def test_a_reward_that_is_a_string_is_refused_and_nothing_finalized(proxy, reward):
+    sid = _sid(proxy)
+    assert httpx.post(f"{proxy.url}/sessions/{sid}/v1/chat/completions", json={"messages": USER, "max_tokens": 2},
+                      timeout=30).status_code == 200
+    for path, body in ((f"/sessions/{sid}/finalize", {"reward": reward}),
+                       ("/session/finalize", {"session_id": sid, "reward": reward})):
+        r = httpx.post(proxy.url + path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "reward", r.text
+    assert proxy.service.core.session(sid).state == "active"
+
+
+@pytest.mark.parametrize("metadata, why", [
+    ({"group_index": "zzz"}, "group_index must be an integer"),
+    ({"group_index": True}, "group_index must be an integer"),
+    ({"group_index": 1.5}, "group_index must be an integer"),
+    ({"instance_id": -1.5}, "instance_id must be a string or an integer"),
+    ({"instance_id": {"a": 1}}, "instance_id must be a string or an integer"),
+])
+def test_the_prompt_groups_metadata_keys_are_typed_at_create(proxy, metadata, why):
+    sessions = len(proxy.service.core.sessions)
+    r = httpx.post(proxy.url + "/sessions", json={"metadata": metadata})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "metadata", r.text
+    assert why in r.json()["error"]["message"]
+    assert len(proxy.service.core.sessions) == sessions
+    for ok in ({"group_index": 3}, {"instance_id": "p-7"}, {"instance_id": 7}):
+        assert httpx.post(proxy.url + "/sessions", json={"metadata": ok}).status_code == 200
+
+
+def test_a_misspelt_create_session_key_is_refused_not_dropped(proxy):
+    sessions = len(proxy.service.core.sessions)
+    r = httpx.post(proxy.url + "/sessions", json={"metdata": {"task": "t"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "metdata", r.text
+    assert len(proxy.service.core.sessions) == sessions
 
 
 def _deep_call(depth: int) -> dict:
@@ -146,3 +217,17 @@ def test_read_session_ids_are_deduplicated_and_capped(proxy):
     r = httpx.post(proxy.url + "/trajectory/read", json={"session_ids": too_many}, timeout=60)
     assert r.status_code == 422 and r.json()["error"]["param"] == "session_ids", r.text
     assert str(MAX_READ_SESSION_IDS) in r.json()["error"]["message"]
+
+
+def test_an_empty_session_ids_reads_nothing_and_drains_nothing(proxy):
+    sid = _sid(proxy)
+    httpx.post(f"{proxy.url}/sessions/{sid}/v1/chat/completions", json={"messages": USER, "max_tokens": 2},
+               timeout=30)
+    assert httpx.post(f"{proxy.url}/sessions/{sid}/finalize", json={"reward": 1.0}).status_code == 200
+    unread = httpx.get(proxy.url + "/trajectory/stats").json()["unread_trajectories"]
+    assert unread >= 1
+    r = httpx.post(proxy.url + "/trajectory/read", json={"session_ids": [], "drain": True}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert (r.json()["mode"], r.json()["data"]) == ("trajectory", [])
+    assert httpx.get(proxy.url + "/trajectory/stats").json()["unread_trajectories"] == unread
+    assert sid in proxy.service.trajectories.finalized

@@ -183,3 +183,26 @@ def test_the_trainer_acknowledges_after_restore_and_a_failed_restore_leaves_the_
         source.close()
     finally:
         tq.shutdown()
+
+
+def test_a_leased_read_the_trainer_cannot_decode_is_released_at_once(engine, proxy_stack, monkeypatch):
+    import dressage.train.remote as remote
+    from dressage.errors import SampleWireError
+
+    proxy = proxy_stack(engine.url)
+    for i in range(2):
+        record_session(proxy.url, f"d-{i}", str(i))
+
+    def undecodable(obj):
+        raise SampleWireError("group_index must be an integer, got 'zzz'")
+
+    source = ProxyTrajectorySource(proxy.url)
+    with monkeypatch.context() as m:
+        m.setattr(remote, "sample_from_wire", undecodable)
+        with pytest.raises(SampleWireError, match="trajectory 'd-0': group_index"):
+            source.read(lease=True)
+    stats = httpx.get(proxy.url + "/trajectory/stats", timeout=10).json()
+    assert stats["leased_reads"] == 0 and _unread(proxy) == ["d-0", "d-1"]
+    batch = source.read(lease=True)  # readable again at once, not after the lease's 600 s
+    assert sorted(s.session_id for s in batch.samples) == ["d-0", "d-1"] and batch.read_id is not None
+    assert source.ack(batch) == 2

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dressage.errors import DressageError, UnsupportedParameterError
-from dressage.proxy.schemas import Integer, Number
+from dressage.proxy.schemas import Flag, Integer, Number
 
 __all__ = ["MessagesRequest", "CountTokensRequest", "NO_OP_PARAMS", "THINKING_SIGNATURE", "chat_messages",
            "chat_tools", "chat_tool_choice", "chat_body", "message_object", "stop_reason", "message_ids",
@@ -53,7 +53,7 @@ class MessagesRequest(BaseModel):
     temperature: Optional[Number] = Field(default=None, ge=0.0, le=1.0)
     top_p: Optional[Number] = Field(default=None, gt=0.0, le=1.0)
     top_k: Optional[Integer] = Field(default=None, ge=1)
-    stream: Optional[bool] = None
+    stream: Optional[Flag] = None
 
 
 class CountTokensRequest(BaseModel):

@@ -25,7 +25,7 @@ from dressage.proxy.openai.streaming import DONE, KEEPALIVE, error_payload, open
 from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.recording.limits import CallLimits
 from dressage.proxy.recording.session_book import SessionBook
-from dressage.proxy.schemas import Integer, Number, Shallow
+from dressage.proxy.schemas import Flag, Integer, Number, Shallow, check_stream_options
 
 __all__ = ["COMPLETIONS_PARAMS", "CompletionRequest", "CompletionsServing"]
 
@@ -73,17 +73,22 @@ class CompletionRequest(BaseModel):
     top_p: Optional[Number] = Field(default=None, gt=0.0, le=1.0)
     stop: Optional[Union[str, list[str]]] = None
     seed: Optional[Integer] = None
-    stream: bool = False
+    stream: Flag = False
     stream_options: Annotated[Optional[dict[str, Any]], Shallow] = None
     logprobs: Optional[Integer] = Field(default=None, ge=0, le=5)
     """Alternatives per token (OpenAI allows up to 5); each token's own logprob comes with any value."""
     n: Integer = Field(default=1, ge=1)
     best_of: Optional[Integer] = Field(default=None, ge=1)
-    echo: bool = False
+    echo: Flag = False
     suffix: Optional[str] = None
     presence_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[Number] = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: Optional[dict[str, Number]] = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, v: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        return check_stream_options(v)
 
     @field_validator("prompt")
     @classmethod

@@ -100,7 +100,7 @@ def select_trajectories(finalized: Mapping[str, Any], *, trajectory_id: str | No
                           "trajectories; give one")
     if max_groups is not None and (isinstance(max_groups, bool) or not isinstance(max_groups, int) or max_groups < 1):
         raise ConfigError(f"max_groups must be a positive integer, got {max_groups!r}")
-    if named:
+    if named or session_ids is not None:  # an empty session_ids is a named read of nothing
         found = [sid for sid in named if sid in finalized]
         missing = [sid for sid in named if sid not in finalized]
         if instance_id is not None:

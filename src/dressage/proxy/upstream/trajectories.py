@@ -216,7 +216,8 @@ class Trajectories:
                          reads.group_timeout_s if group_timeout_s is None else group_timeout_s)
         hold = ReadLeases.check_lease_s(reads.lease_s if lease_s is None else lease_s)
         self.leases.expire()
-        named = trajectory_id is not None or session_id is not None or bool(session_ids)
+        # An empty ``session_ids`` names no trajectory (reads nothing), never "every trajectory".
+        named = trajectory_id is not None or session_id is not None or session_ids is not None
         # A batch read skips what another read holds; a named read takes exactly what it names.
         pool = self.finalized if named or not self.leases.open else \
             {sid: done for sid, done in self.finalized.items() if self.leases.held(sid) is None}

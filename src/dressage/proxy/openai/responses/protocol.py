@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dressage.errors import UnknownResponseError, UnsupportedParameterError
 from dressage.proxy.openai.policy import IGNORED, REFUSED, USED, Param, ParamPolicy, request_fields
-from dressage.proxy.schemas import Integer, Number, Shallow, Storable
+from dressage.proxy.schemas import Flag, Integer, Number, Shallow, Storable
 
 __all__ = ["RESPONSES_PARAMS", "ResponsesRequest", "ResponseMemory", "conversation", "chat_body", "response_object",
            "input_messages", "chat_tools", "chat_tool_choice", "item_ids", "qualified_name", "tool_namespaces"]
@@ -118,13 +118,13 @@ class ResponsesRequest(BaseModel):
     instructions: Annotated[Optional[Union[str, list[dict[str, Any]]]], Shallow] = None
     tools: Annotated[Optional[list[dict[str, Any]]], Shallow] = None
     tool_choice: Annotated[Any, Shallow] = None
-    parallel_tool_calls: Optional[bool] = None
+    parallel_tool_calls: Optional[Flag] = None
     temperature: Optional[Number] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[Number] = Field(default=None, gt=0.0, le=1.0)
     max_output_tokens: Optional[Integer] = Field(default=None, ge=1)
-    store: Optional[bool] = None
+    store: Optional[Flag] = None
     previous_response_id: Optional[str] = None
-    stream: bool = False
+    stream: Flag = False
     metadata: Annotated[Optional[dict[str, Any]], Storable] = None
     text: Annotated[Optional[dict[str, Any]], Shallow] = None
     reasoning: Annotated[Optional[dict[str, Any]], Shallow] = None
@@ -132,7 +132,7 @@ class ResponsesRequest(BaseModel):
     include: Optional[list[str]] = None
     top_logprobs: Optional[Integer] = Field(default=None, ge=0, le=20)
     max_tool_calls: Optional[Integer] = None
-    background: Optional[bool] = None
+    background: Optional[Flag] = None
     conversation: Annotated[Any, Shallow] = None
     prompt: Annotated[Any, Shallow] = None
 
