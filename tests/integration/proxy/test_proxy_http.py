@@ -82,6 +82,9 @@ def test_http_errors_are_clear_and_server_keeps_serving(proxy):
     chat = f"{url}/sessions/{sid}/v1/chat/completions"
     r = _post(chat, content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    r = _post(chat, content=b'{"messages": [{"role": "user", "content": "x"}]}', headers={"content-type": "text/plain"})
+    assert r.status_code == 400 and "sent as application/json (this one came as text/plain)" \
+        in r.json()["error"]["message"]
     r = _post(chat, json={"messages": [{"role": "user", "content": "x"}], "max_tokens": "lots"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"  # a string is not a number
     r = _post(chat, json={"messages": [{"role": "wizard", "content": "x"}]})

@@ -78,7 +78,10 @@ def _install_guards(app: FastAPI, service: Any) -> None:
             detail = (first.get("ctx") or {}).get("error", first.get("msg"))
             return JSONResponse(error_body(f"malformed JSON: {detail}", "invalid_request_error"), 400)
         if tuple(first.get("loc", ())) == ("body",):
-            return JSONResponse(error_body("request body must be a JSON object", "invalid_request_error"), 400)
+            kind = request.headers.get("content-type", "")
+            hint = "" if "json" in kind.lower() else \
+                f" sent as application/json (this one came as {kind[:60] or 'no Content-Type'})"
+            return JSONResponse(error_body(f"request body must be a JSON object{hint}", "invalid_request_error"), 400)
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         param = ".".join(loc) or None
         msg = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
