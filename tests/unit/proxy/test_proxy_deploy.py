@@ -339,6 +339,48 @@ def test_finalize_during_an_in_flight_call_waits_so_the_last_call_is_recorded():
     asyncio.run(go())
 
 
+def test_finalize_while_the_only_call_is_in_flight_ends_the_session_as_with_steps():
+    """The documented in-flight case holds for a session whose first call is still running: finalize
+    waits ``wait_s``, then ends the session (no steps, no Segments, ``in_flight_done: false``) and the
+    late call is refused (409), not recorded; the session does not stay active."""
+    from dressage.rollout import RolloutManager
+
+    async def go():
+        mock = MockSGLang([W1])
+        rm = RolloutManager()
+        service, h = make(mock, sink=rm)
+        mock.hold_all = True
+        late = asyncio.ensure_future(chat(h, "e", "one"))
+        await mock.until_pending()
+        fin = await h.post("/sessions/e/finalize", json={"reward": 1, "wait_s": 0.1})
+        assert fin.status_code == 200, fin.text
+        answer = fin.json()
+        assert (answer["num_steps"], answer["num_turns"], answer["num_segments"], answer["in_flight_done"],
+                answer["reward"]) == (0, 0, 0, False, 1.0)
+        assert service.core.sessions["e"].state == "finalized"
+        assert (await h.post("/session/finalize", json={"session_id": "e"})).json() == answer  # a repeat
+        mock.release()
+        refused = await late
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "session_state"
+        assert not service.core.sessions["e"].steps and service.in_flight.running("e") == 0
+        assert service.trajectories.finalized["e"].segments == []
+        # It reads as an empty trajectory and leaves as any finalized one does.
+        read = (await h.post("/trajectory/read", json={"session_id": "e"})).json()
+        assert (read["success"], read["mode"], read["data"]) == (True, "trajectory", [])
+        samples = (await h.post("/trajectory/read", json={"session_id": "e", "format": "samples"})).json()
+        assert [(t["session_id"], t["reward"], t["samples"]) for t in samples["data"]] == [("e", 1.0, [])]
+        batch = (await h.post("/trajectory/read", json={"drain": True})).json()
+        assert (batch["success"], batch["data"]) == (True, [[]]) and rm.num_ready == 0
+        assert (await h.get("/sessions/e")).status_code == 404  # drained: gone like any read trajectory
+        # With nothing in flight, a session without steps is still no trajectory: 409, and it stays active.
+        created = (await h.post("/sessions", json={})).json()["session_id"]
+        empty = await h.post(f"/sessions/{created}/finalize", json={"wait_s": 0})
+        assert empty.status_code == 409 and "no steps" in empty.json()["error"]["message"]
+        assert service.core.sessions[created].state == "active"
+
+    asyncio.run(go())
+
+
 def test_discard_drops_active_finalized_and_aborted_sessions_and_their_keys():
     from dressage.rollout import RolloutManager
     from dressage.tq import TransferQueue
