@@ -305,6 +305,25 @@ def test_finalize_twice_answers_the_same_and_takes_instance_and_label():
     asyncio.run(go())
 
 
+def test_num_turns_counts_an_n_sample_call_once():
+    """``n > 1`` choices are sibling steps of one call: ``num_steps`` counts each, ``num_turns`` the call."""
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        streamed = await chat(h, "t", "one", n=3, stream=True)
+        assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+        assert (await chat(h, "t", "two", n=3)).status_code == 200
+        assert (await chat(h, "t", "three", n=2, turn="T1")).status_code == 200
+        assert (await chat(h, "t", "four", turn="T1")).status_code == 200     # the same turn again
+        assert (await chat(h, "t", "five")).status_code == 200                # a call of its own
+        assert sorted(st.metadata.get("sample_index", -1) for st in steps(service, "t")) == \
+            [-1, -1, 0, 0, 0, 1, 1, 1, 2, 2]
+        fin = (await h.post("/sessions/t/finalize", json={"reward": 1})).json()
+        assert (fin["num_steps"], fin["num_turns"]) == (10, 4)
+
+    asyncio.run(go())
+
+
 def test_finalize_during_an_in_flight_call_waits_so_the_last_call_is_recorded():
     async def go():
         mock = MockSGLang([W1])
