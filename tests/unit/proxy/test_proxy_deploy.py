@@ -324,6 +324,41 @@ def test_num_turns_counts_an_n_sample_call_once():
     asyncio.run(go())
 
 
+def test_header_ids_are_refused_naming_the_header_and_session_ids_reach_their_paths():
+    """A session id is a path segment of /sessions/{id}: one with a '/' is refused at the header (400,
+    nothing created); ids that round-trip percent-encoded stay valid and reach their session by path.
+    A refused turn id names its header."""
+    from urllib.parse import quote
+
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        for sid in ("a/b", ".."):
+            r = await chat(h, sid, "one")
+            err = r.json()["error"]
+            assert r.status_code == 400 and (err["code"], err["param"]) == ("invalid_session_id", "X-Session-Id")
+        r = await h.post("/v1/chat/completions", headers={"X-SMG-Routing-Key": "a/b"},
+                         json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 3})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "X-SMG-Routing-Key"
+        r = await h.post("/v1/chat/completions", json={"session_id": "a/b", "max_tokens": 3,
+                                                        "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "session_id"
+        r = await chat(h, "s", "one", turn="t" * 257)
+        err = r.json()["error"]
+        assert r.status_code == 400 and (err["code"], err["param"]) == ("invalid_session_id", "X-Turn-Id")
+        assert "turn id" in err["message"]
+        assert not service.core.sessions and mock.calls("/generate") == []  # nothing created, nothing sent
+        for sid in ("proj:task-1", "6f1c1b9e-2d4a-4a7e-9a55-0c7f3c1e2b10", "a?b#c%d e"):
+            assert (await chat(h, sid, "one")).status_code == 200
+            path = "/sessions/" + quote(sid, safe="")
+            got = await h.get(path)
+            assert got.status_code == 200 and got.json()["session_id"] == sid
+            fin = await h.post(path + "/finalize", json={"reward": 1})
+            assert fin.status_code == 200 and fin.json()["session_id"] == sid
+
+    asyncio.run(go())
+
+
 def test_finalize_during_an_in_flight_call_waits_so_the_last_call_is_recorded():
     async def go():
         mock = MockSGLang([W1])
