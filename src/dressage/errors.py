@@ -11,7 +11,7 @@ these classes). Hierarchy, with status and type where a class sets them::
     │   └── NoTransferQueueError     a Proxy without TransferQueue asked for its spec 409
     ├── ContextOverflowError         the prompt leaves no room for a reply           400 invalid_request_error
     ├── UnsupportedParameterError    a request parameter the Proxy cannot honour (names it) 400 invalid_request_error
-    ├── SessionIdError               a session header that names no session          400 invalid_request_error
+    ├── SessionIdError               a session / instance / turn id that names none  400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
     ├── RequestRejected              an HTTP request refused before any route runs   400 invalid_request_error
     │   ├── InputValueError          a lone surrogate or a non-finite number in a body
@@ -322,11 +322,16 @@ class UnsupportedParameterError(DressageError, ValueError):
 
 
 class SessionIdError(DressageError, ValueError):
-    """A session header that cannot name a session (too long, control characters)."""
+    """A session, instance or turn id (header or body) that cannot name one (too long, control characters, a
+    session id with a '/'); param names the header or field."""
 
     http_status = 400
     openai_type = "invalid_request_error"
     code = "invalid_session_id"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        self.param = param
+        super().__init__(message)
 
 
 class MissingSessionIdError(SessionIdError):

@@ -395,15 +395,18 @@ class Session:
         return self.commit_step(decision, prompt_ids=prompt_ids, response_ids=response_ids, **kwargs)
 
     # --------------------------------------------------------------- lifecycle
-    def check_finalizable(self) -> None:
-        """Raise what :meth:`finalize` would, changing nothing (a caller journals in between)."""
+    def check_finalizable(self, *, allow_empty: bool = False) -> None:
+        """Raise what :meth:`finalize` would, changing nothing (a caller journals in between).
+
+        A session without steps is refused unless ``allow_empty`` (a Proxy's finalize that ran out of
+        wait while the session's first call was still in flight: it ends the session all the same)."""
         if self.state != "active":
             raise SessionStateError(f"session {self.session_id} is already {self.state}")
-        if not self.steps:
+        if not self.steps and not allow_empty:
             raise SessionStateError(f"session {self.session_id} has no steps to finalize")
 
-    def finalize(self, reward: float | None = None) -> None:
-        self.check_finalizable()
+    def finalize(self, reward: float | None = None, *, allow_empty: bool = False) -> None:
+        self.check_finalizable(allow_empty=allow_empty)
         self.reward = None if reward is None else float(reward)
         self.state = "finalized"
 

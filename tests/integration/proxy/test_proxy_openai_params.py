@@ -297,6 +297,42 @@ def test_sampling_parameters_reach_the_engine_under_sglang_names(api):
     assert r.status_code == 422 and r.json()["error"]["param"] == "frequency_penalty"
 
 
+def test_an_engine_refusal_names_the_clients_field_on_every_api(api):
+    """The engine names its own sampling parameter; the agent's 400 names the field the agent sent,
+    on each API's shape, and carries no engine URL. Nothing is recorded."""
+    bad = {"type": "nonsense"}  # a schema the engine's grammar compiler refuses
+    url, sid = api.url, api.session()
+
+    def refused(path, body, param):
+        r = httpx.post(f"{url}/sessions/{sid}{path}", json=body, timeout=30)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert (err["code"], err["param"]) == ("engine_rejected_request", param) and "http" not in err["message"]
+
+    refused("/v1/chat/completions", {"messages": USER, "logit_bias": {"50": 5}}, "logit_bias")
+    refused("/v1/chat/completions", {"messages": USER, "logit_bias": {"50": 5}, "stream": True}, "logit_bias")
+    refused("/v1/chat/completions", {"messages": USER, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": bad}}}, "response_format")
+    refused("/v1/completions", {"prompt": "hi", "max_tokens": 4, "logit_bias": {"50": 5}}, "logit_bias")
+    refused("/v1/responses", {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": bad}}},
+            "text.format")
+    refused("/v1/responses", {"input": "hi", "stream": True,
+                              "text": {"format": {"type": "json_schema", "name": "x", "schema": bad}}}, "text.format")
+    refused("/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3, "logit_bias": {"5": 1}}},
+            "sampling_params.logit_bias")
+    # Anthropic's error has no param: its message leads with the field (and names no engine URL).
+    body = {"model": "m", "messages": USER, "max_tokens": 4, "output_config": {"format": {"type": "json_schema",
+                                                                                          "schema": bad}}}
+    r = httpx.post(f"{url}/sessions/{sid}/v1/messages", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    message = r.json()["error"]["message"]
+    assert message.startswith("output_config.format: the inference engine refused the request: ") and "http" not in message
+    streamed = httpx.post(f"{url}/sessions/{sid}/v1/messages", json={**body, "stream": True}, timeout=30).text
+    error = next(line for line in streamed.splitlines() if line.startswith("data:") and '"error"' in line)
+    assert "output_config.format: the inference engine refused" in error and "http" not in error
+    assert api.steps(sid) == []
+
+
 def test_non_text_parts_and_unknown_parameters_are_refused_by_name(api):
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     sid, r = api.chat(messages=[{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}])

@@ -64,6 +64,31 @@ def test_restart_replays_committed_steps_and_resumes_sessions(tmp_path, tq_on):
             tq.shutdown()
 
 
+def test_a_session_finalized_without_steps_replays_finalized(tmp_path):
+    """A finalize that ran out of wait on a session's first call ends it with no steps; the journal
+    replays that finalize as it was accepted (a plain finalize of an empty session is still refused)."""
+    from dressage.errors import SessionStateError
+
+    path = tmp_path / "j"
+    core = ProxyCore(_cfg(False), None, journal=Journal(path, fsync="never"))
+    empty = core.create_session({"group_index": 3}, session_id="empty")
+    with pytest.raises(SessionStateError, match="no steps"):
+        core.finalize(empty.session_id, 1.0)
+    assert core.journal is not None and core.sessions["empty"].state == "active"
+    done = core.finalize("empty", 1.0, metadata={"label": "x"}, allow_empty=True)
+    assert (done.segments, done.reward, done.metadata["label"]) == ([], 1.0, "x")
+    core.journal.close()
+
+    rm = RolloutManager()
+    restarted = ProxyCore(_cfg(False), None, sink=rm, journal=Journal(path))
+    report = restarted.recover(path)
+    assert report.finalized == ["empty"] and report.active == []
+    s = restarted.sessions["empty"]
+    assert (s.state, s.reward, len(s.steps), s.metadata["label"]) == ("finalized", 1.0, 0, "x")
+    assert [d.segments for d in report.delivered] == [[]]
+    restarted.journal.close()
+
+
 def test_torn_tail_is_dropped_and_reported(tmp_path):
     path = tmp_path / "j"
     core = ProxyCore(_cfg(False), None, journal=Journal(path))

@@ -305,6 +305,60 @@ def test_finalize_twice_answers_the_same_and_takes_instance_and_label():
     asyncio.run(go())
 
 
+def test_num_turns_counts_an_n_sample_call_once():
+    """``n > 1`` choices are sibling steps of one call: ``num_steps`` counts each, ``num_turns`` the call."""
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        streamed = await chat(h, "t", "one", n=3, stream=True)
+        assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+        assert (await chat(h, "t", "two", n=3)).status_code == 200
+        assert (await chat(h, "t", "three", n=2, turn="T1")).status_code == 200
+        assert (await chat(h, "t", "four", turn="T1")).status_code == 200     # the same turn again
+        assert (await chat(h, "t", "five")).status_code == 200                # a call of its own
+        assert sorted(st.metadata.get("sample_index", -1) for st in steps(service, "t")) == \
+            [-1, -1, 0, 0, 0, 1, 1, 1, 2, 2]
+        fin = (await h.post("/sessions/t/finalize", json={"reward": 1})).json()
+        assert (fin["num_steps"], fin["num_turns"]) == (10, 4)
+
+    asyncio.run(go())
+
+
+def test_header_ids_are_refused_naming_the_header_and_session_ids_reach_their_paths():
+    """A session id is a path segment of /sessions/{id}: one with a '/' is refused at the header (400,
+    nothing created); ids that round-trip percent-encoded stay valid and reach their session by path.
+    A refused turn id names its header."""
+    from urllib.parse import quote
+
+    async def go():
+        mock = MockSGLang([W1])
+        service, h = make(mock)
+        for sid in ("a/b", ".."):
+            r = await chat(h, sid, "one")
+            err = r.json()["error"]
+            assert r.status_code == 400 and (err["code"], err["param"]) == ("invalid_session_id", "X-Session-Id")
+        r = await h.post("/v1/chat/completions", headers={"X-SMG-Routing-Key": "a/b"},
+                         json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 3})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "X-SMG-Routing-Key"
+        r = await h.post("/v1/chat/completions", json={"session_id": "a/b", "max_tokens": 3,
+                                                        "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "session_id"
+        r = await chat(h, "s", "one", turn="t" * 257)
+        err = r.json()["error"]
+        assert r.status_code == 400 and (err["code"], err["param"]) == ("invalid_session_id", "X-Turn-Id")
+        assert "turn id" in err["message"]
+        assert not service.core.sessions and mock.calls("/generate") == []  # nothing created, nothing sent
+        for sid in ("proj:task-1", "6f1c1b9e-2d4a-4a7e-9a55-0c7f3c1e2b10", "a?b#c%d e"):
+            assert (await chat(h, sid, "one")).status_code == 200
+            path = "/sessions/" + quote(sid, safe="")
+            got = await h.get(path)
+            assert got.status_code == 200 and got.json()["session_id"] == sid
+            fin = await h.post(path + "/finalize", json={"reward": 1})
+            assert fin.status_code == 200 and fin.json()["session_id"] == sid
+
+    asyncio.run(go())
+
+
 def test_finalize_during_an_in_flight_call_waits_so_the_last_call_is_recorded():
     async def go():
         mock = MockSGLang([W1])
@@ -335,6 +389,48 @@ def test_finalize_during_an_in_flight_call_waits_so_the_last_call_is_recorded():
         mock.release()
         assert (await late).status_code == 409
         assert len(service.trajectories.finalized["u"].segments[0].step_ids) == 1
+
+    asyncio.run(go())
+
+
+def test_finalize_while_the_only_call_is_in_flight_ends_the_session_as_with_steps():
+    """The documented in-flight case holds for a session whose first call is still running: finalize
+    waits ``wait_s``, then ends the session (no steps, no Segments, ``in_flight_done: false``) and the
+    late call is refused (409), not recorded; the session does not stay active."""
+    from dressage.rollout import RolloutManager
+
+    async def go():
+        mock = MockSGLang([W1])
+        rm = RolloutManager()
+        service, h = make(mock, sink=rm)
+        mock.hold_all = True
+        late = asyncio.ensure_future(chat(h, "e", "one"))
+        await mock.until_pending()
+        fin = await h.post("/sessions/e/finalize", json={"reward": 1, "wait_s": 0.1})
+        assert fin.status_code == 200, fin.text
+        answer = fin.json()
+        assert (answer["num_steps"], answer["num_turns"], answer["num_segments"], answer["in_flight_done"],
+                answer["reward"]) == (0, 0, 0, False, 1.0)
+        assert service.core.sessions["e"].state == "finalized"
+        assert (await h.post("/session/finalize", json={"session_id": "e"})).json() == answer  # a repeat
+        mock.release()
+        refused = await late
+        assert refused.status_code == 409 and refused.json()["error"]["code"] == "session_state"
+        assert not service.core.sessions["e"].steps and service.in_flight.running("e") == 0
+        assert service.trajectories.finalized["e"].segments == []
+        # It reads as an empty trajectory and leaves as any finalized one does.
+        read = (await h.post("/trajectory/read", json={"session_id": "e"})).json()
+        assert (read["success"], read["mode"], read["data"]) == (True, "trajectory", [])
+        samples = (await h.post("/trajectory/read", json={"session_id": "e", "format": "samples"})).json()
+        assert [(t["session_id"], t["reward"], t["samples"]) for t in samples["data"]] == [("e", 1.0, [])]
+        batch = (await h.post("/trajectory/read", json={"drain": True})).json()
+        assert (batch["success"], batch["data"]) == (True, [[]]) and rm.num_ready == 0
+        assert (await h.get("/sessions/e")).status_code == 404  # drained: gone like any read trajectory
+        # With nothing in flight, a session without steps is still no trajectory: 409, and it stays active.
+        created = (await h.post("/sessions", json={})).json()["session_id"]
+        empty = await h.post(f"/sessions/{created}/finalize", json={"wait_s": 0})
+        assert empty.status_code == 409 and "no steps" in empty.json()["error"]["message"]
+        assert service.core.sessions[created].state == "active"
 
     asyncio.run(go())
 

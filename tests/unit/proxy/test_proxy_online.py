@@ -137,6 +137,41 @@ def test_header_ids_are_bounded_and_printable():
     assert identity_from_headers({"x-instance-id": "i" * 256}).instance_id == "i" * 256
 
 
+def test_a_refused_id_names_the_header_or_field_it_came_from():
+    from dressage.errors import SessionIdError
+    from dressage.proxy.recording.turn_scope import identity_of, scope_of
+
+    cases = [({"x-session-id": "s", "x-turn-id": "t" * 257}, None, "X-Turn-Id"),
+             ({"x-session-id": "s", "x-instance-id": "i" * 257}, None, "X-Instance-Id"),
+             ({"x-session-id": "a\x00b"}, None, "X-Session-Id"),
+             ({"x-smg-routing-key": "k" * 300}, None, "X-SMG-Routing-Key"),
+             ({"x-session-id": "s"}, type("B", (), {"turn_id": "t" * 257}), "turn_id"),
+             ({}, type("B", (), {"session_id": "a/b"}), "session_id")]
+    for headers, body, param in cases:
+        with pytest.raises(SessionIdError) as caught:
+            identity_of(headers, body)
+        assert caught.value.param == param and caught.value.code == "invalid_session_id"
+    with pytest.raises(SessionIdError) as caught:
+        scope_of({"x-session-id": "s", "idempotency-key": "k" * 257})
+    assert caught.value.param == "Idempotency-Key"
+
+
+def test_a_session_id_must_be_one_path_segment():
+    """A session is named in /sessions/{id}/...: an id the path cannot carry is refused at the header."""
+    from dressage.errors import SessionIdError
+    from dressage.proxy.recording.turns import path_safe
+
+    for sid in ("a/b", "/", "a/", ".", ".."):
+        assert not path_safe(sid)
+        with pytest.raises(SessionIdError, match="URL path") as caught:
+            identity_from_headers({"x-session-id": sid})
+        assert caught.value.param == "X-Session-Id"
+    # what clients send stays valid, and so does what round-trips once percent-encoded
+    for sid in ("6f1c1b9e-2d4a-4a7e-9a55-0c7f3c1e2b10", "proj:task-1", "run.3_a~b", "a?b", "a#b", "50%", "a b", "...",
+                "é"):
+        assert path_safe(sid) and identity_from_headers({"x-session-id": sid}).session_id == sid
+
+
 def test_turn_cache_keeps_at_most_its_capacity_of_settled_turns():
     async def scenario():
         turns = TurnCache(capacity=3)

@@ -16,11 +16,13 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dressage.errors import DressageError, UnsupportedParameterError
+from dressage.proxy.openai.streaming import agent_message
 from dressage.proxy.schemas import Flag, Integer, Number
 
 __all__ = ["MessagesRequest", "CountTokensRequest", "NO_OP_PARAMS", "THINKING_SIGNATURE", "chat_messages",
            "chat_tools", "chat_tool_choice", "chat_body", "message_object", "stop_reason", "message_ids",
            "error_object", "error_type", "invalid_body", "is_anthropic_path", "dressage_error_object",
+           "dressage_error_message",
            "content_blocks", "usage_object", "count_body", "CHAT_NAMES"]
 
 NO_OP_PARAMS = frozenset({"thinking", "context_management", "output_config", "metadata", "service_tier",
@@ -375,12 +377,17 @@ def error_object(status: int, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": error_type(status), "message": message}}
 
 
+def dressage_error_message(exc: DressageError) -> str:
+    """What an Anthropic error says of a Dressage error: its agent message (no engine URL or other
+    internal detail), led by the parameter it names."""
+    param = getattr(exc, "param", None)
+    text = agent_message(exc)
+    return text if not param or param in text else f"{param}: {text}"
+
+
 def dressage_error_object(exc: DressageError) -> dict[str, Any]:
     """The Anthropic error body of a Dressage error (its class's status; the parameter it names first)."""
-    param = getattr(exc, "param", None)
-    text = str(exc)
-    message = text if not param or param in text else f"{param}: {text}"
-    return error_object(exc.http_status, message)
+    return error_object(exc.http_status, dressage_error_message(exc))
 
 
 CHAT_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format",

@@ -16,9 +16,11 @@ from pydantic import ValidationError
 
 from dressage.errors import DressageError
 from dressage.proxy.anthropic.protocol import (CHAT_NAMES, CountTokensRequest, MessagesRequest, chat_body, count_body,
-                                               invalid_body, message_ids, message_object, usage_object)
+                                               dressage_error_message, invalid_body, message_ids, message_object,
+                                               usage_object)
 from dressage.proxy.anthropic.stream import error_event, replay_message, stream_message
 from dressage.proxy.config import ProxyConfig
+from dressage.proxy.engine_params import name_client_param
 from dressage.proxy.openai.chat.prompt import ToolCallParser, build_chat_prompt, effective_tools
 from dressage.proxy.openai.chat.serving import ChatCall, ChatServing
 from dressage.proxy.openai.chat.shaper import ReplyEvents
@@ -35,8 +37,8 @@ _KEPT_STOPS = 4096
 class MessageShaper:
     """A Messages request's answers: the Message, or its event stream (:mod:`dressage.proxy.anthropic.stream`)."""
 
-    def __init__(self, serving: "MessagesServing", model: str) -> None:
-        self.serving, self.model = serving, model
+    def __init__(self, serving: "MessagesServing", model: str, sent: frozenset[str] = frozenset()) -> None:
+        self.serving, self.model, self.sent = serving, model, sent
 
     # docstrings inherited from dressage.proxy.openai.chat.shaper.ReplyShaper
     def answer(self, completion: dict[str, Any], call: ChatCall | None = None) -> dict[str, Any]:
@@ -53,7 +55,8 @@ class MessageShaper:
         return stream_message(skeleton, self.serving.parser, events, lambda completion: self.answer(completion, call))
 
     def failed(self, call: ChatCall, exc: DressageError) -> Iterator[bytes]:
-        yield error_event(exc.http_status, str(exc))
+        name_client_param(exc, "anthropic", self.sent)  # the stream began before the engine answered
+        yield error_event(exc.http_status, dressage_error_message(exc))
 
 
 class MessagesServing:
@@ -92,7 +95,11 @@ class MessagesServing:
         except BaseException:
             self.book.drop_if_unused(session_id)
             raise
-        return await self.chat.serve(session_id, chat, MessageShaper(self, req.model), scope=scope)
+        try:
+            return await self.chat.serve(session_id, chat, MessageShaper(self, req.model, frozenset(req.model_fields_set)), scope=scope)
+        except DressageError as exc:
+            name_client_param(exc, "anthropic", req.model_fields_set)  # stop_sequences, output_config.format, ...
+            raise
 
     def _matched(self, call: ChatCall) -> str | None:
         """The stop sequence the reply ended on (``None``: it ended otherwise)."""

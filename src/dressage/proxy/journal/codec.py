@@ -154,13 +154,15 @@ def apply(sessions: dict[str, Session], payload: bytes, *, decode=None, special_
             _apply_step(sessions[sid], rec)
         elif kind == "finalize":
             s = sessions[sid]
-            s.check_finalizable()
+            # Written only once the live finalize was allowed: one of a session whose first call was
+            # still in flight finalized it without steps.
+            s.check_finalizable(allow_empty=True)
             meta = rec.get("meta")
             if meta is not None:
                 if not isinstance(meta, dict):
                     raise JournalError(f"finalize record for session {sid!r}: meta is not a map")
                 s.metadata.update(meta)
-            s.finalize(rec["reward"])
+            s.finalize(rec["reward"], allow_empty=True)
         elif kind == "abort":
             sessions[sid].abort(rec["reason"])
         elif kind == "forget":

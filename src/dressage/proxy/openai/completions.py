@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dressage.errors import DressageError, UnsupportedParameterError
 from dressage.proxy.config import ProxyConfig
+from dressage.proxy.engine_params import name_client_param
 from dressage.proxy.openai.chat.params import _logit_bias
 from dressage.proxy.openai.chat.reply import cut_at_stop, visible_prefix
 from dressage.proxy.openai.model_calls import ModelCalls
@@ -182,6 +183,13 @@ class CompletionsServing:
 
     async def open(self, session_id: str, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
         """A text completion (dict) or, for ``stream``, its SSE stream; every 4xx is raised before generation."""
+        try:
+            return await self._open(session_id, req)
+        except DressageError as exc:
+            name_client_param(exc, "completions", req.model_fields_set)  # an engine's refusal names our field
+            raise
+
+    async def _open(self, session_id: str, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
         plan, url, stops = self._prepare_completion(session_id, req)
         completion_id, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
         if req.stream:

@@ -310,22 +310,23 @@ class ProxyCore:
 
     # --------------------------------------------------------------- lifecycle
     def finalize(self, session_id: str, reward: float | None = None, *,
-                 metadata: Mapping[str, Any] | None = None) -> FinalizedSession:
+                 metadata: Mapping[str, Any] | None = None, allow_empty: bool = False) -> FinalizedSession:
         """Finalize, build Segments (no TQ reads), release refs no Segment uses, hand to the sink.
 
         ``metadata`` is merged into the session's (journaled with the finalize). The journal record is
-        written first: when it fails the session is left active and unchanged.
+        written first: when it fails the session is left active and unchanged. ``allow_empty``: a
+        session without steps is finalized too (with no Segments) instead of refused.
         """
         self._settle(session_id)  # every step already answered is in the session first
         with self._lock:
             session = self.session(session_id)
-            session.check_finalizable()
+            session.check_finalizable(allow_empty=allow_empty)
             reward = None if reward is None else float(reward)
             update = dict(metadata or {})
             if self.journal is not None:
                 self.journal.finalized(session_id, reward, update or None)
             session.metadata.update(update)
-            session.finalize(reward)
+            session.finalize(reward, allow_empty=allow_empty)
         return self._deliver(session)
 
     def _deliver(self, session: Session, *, lost: int = 0) -> FinalizedSession:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from dressage.errors import SessionIdError
-from dressage.proxy.recording.turns import MAX_ID_CHARS, CallIdentity, checked_identity, identity_from_headers
+from dressage.proxy.recording.turns import (HEADER_NAMES, MAX_ID_CHARS, CallIdentity, checked_identity,
+                                           identity_from_headers)
 
 __all__ = ["request_hash", "turn_call_key", "turn_of", "identity_of", "scope_of", "CallScope", "CallKey",
            "DELIVERY_FIELDS", "IDENTITY_FIELDS", "IDEMPOTENCY_HEADER", "SDK_RETRY_HEADER", "EXPECTED_VERSION_HEADER",
@@ -104,20 +105,26 @@ def scope_of(headers: Mapping[str, str], body: Any = None) -> CallScope:
     for name, value in (("Idempotency-Key", key), ("X-Dressage-Expected-Version", version),
                         ("X-Dressage-Sandbox-Id", sandbox)):
         if value is not None and (len(value) > MAX_ID_CHARS or not value.isprintable()):
-            raise SessionIdError(f"{name}: at most {MAX_ID_CHARS} printable characters, got {len(value)}")
+            raise SessionIdError(f"{name}: at most {MAX_ID_CHARS} printable characters, got {len(value)}",
+                                 param=name)
     return CallScope(turn, key, count, version, sandbox)
 
 
 def identity_of(headers: Mapping[str, str], body: Any = None) -> CallIdentity:
     """A call's session, instance and turn: from its headers, else from its body's
     ``session_id`` / ``instance_id`` / ``turn_id`` (where upstream's clients put them too)."""
-    ident = identity_from_headers(headers)
+    ident = identity_from_headers(headers)  # the headers' ids are checked there, each named by its header
+    where: list[str] = []
 
-    def pick(header: str | None, name: str) -> str | None:
+    def pick(header: str | None, name: str, header_name: str) -> str | None:
         if header:
+            where.append(header_name)
             return header
+        where.append(name)  # a refused body id is named by its field
         value = getattr(body, name, None)
         return None if value is None or value == "" else str(value)
 
-    return checked_identity(CallIdentity(pick(ident.session_id, "session_id"), pick(ident.instance_id, "instance_id"),
-                                         pick(ident.turn_id, "turn_id")))
+    picked = CallIdentity(pick(ident.session_id, "session_id", HEADER_NAMES[0]),
+                          pick(ident.instance_id, "instance_id", HEADER_NAMES[1]),
+                          pick(ident.turn_id, "turn_id", HEADER_NAMES[2]))
+    return checked_identity(picked, (where[0], where[1], where[2]))

@@ -4,7 +4,8 @@
 instance (the GRPO group) and ``X-Turn-Id`` one turn (a request sent again under it generates
 again, a branch); a transport retry (``Idempotency-Key``, an SDK's ``x-stainless-retry-count``) gets the
 recorded reply back and records nothing a second time. Header values are at most :data:`MAX_ID_CHARS` printable
-characters; the turn cache keeps at most ``capacity`` settled turns (oldest forgotten first) and
+characters, and a session id is also one path segment (:func:`path_safe`: it names the session in
+``/sessions/{id}/...``); the turn cache keeps at most ``capacity`` settled turns (oldest forgotten first) and
 instance groups need no table at all (:func:`instance_group` derives them from the id).
 """
 
@@ -18,7 +19,8 @@ from typing import Any, Mapping
 
 from dressage.errors import SessionIdError
 
-__all__ = ["CallIdentity", "identity_from_headers", "checked_identity", "TurnCache", "instance_group"]
+__all__ = ["CallIdentity", "identity_from_headers", "checked_identity", "path_safe", "TurnCache", "instance_group",
+           "HEADER_NAMES"]
 
 SESSION_HEADERS = ("x-session-id", "x-smg-routing-key")
 MAX_ID_CHARS = 256
@@ -31,22 +33,45 @@ class CallIdentity:
     turn_id: str | None = None
 
 
+HEADER_NAMES = ("X-Session-Id", "X-Instance-Id", "X-Turn-Id")
+"""Where each id of a :class:`CallIdentity` comes from, as an error's ``param`` names it."""
+_HEADER_SPELLING = {"x-session-id": "X-Session-Id", "x-smg-routing-key": "X-SMG-Routing-Key"}
+
+
 def identity_from_headers(headers: Mapping[str, str]) -> CallIdentity:
     """The identity a request's headers carry (header names are case-insensitive).
 
-    Raises :class:`SessionIdError` (400) for a value over :data:`MAX_ID_CHARS` characters or with
-    control characters.
+    Raises :class:`SessionIdError` (400, ``param`` the header) for a value over :data:`MAX_ID_CHARS`
+    characters or with control characters, or a session id that is no path segment (:func:`path_safe`).
     """
-    sid = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
-    return checked_identity(CallIdentity(sid, headers.get("x-instance-id") or None, headers.get("x-turn-id") or None))
+    header = next((h for h in SESSION_HEADERS if headers.get(h)), None)
+    sid = headers[header] if header is not None else None
+    where = (_HEADER_SPELLING[header] if header is not None else HEADER_NAMES[0], *HEADER_NAMES[1:])
+    return checked_identity(CallIdentity(sid, headers.get("x-instance-id") or None, headers.get("x-turn-id") or None),
+                            where)
 
 
-def checked_identity(ident: CallIdentity) -> CallIdentity:
-    """``ident`` when each of its ids is at most :data:`MAX_ID_CHARS` printable characters."""
-    for name, value in (("session id", ident.session_id), ("instance id", ident.instance_id),
-                        ("turn id", ident.turn_id)):
+def path_safe(session_id: str) -> bool:
+    """Whether ``session_id`` names its session in a URL path (``/sessions/{id}``) as it is named here.
+
+    A ``/`` splits the segment (``%2F`` is decoded before routing, so even encoded it is two segments)
+    and ``.`` / ``..`` are dot segments clients resolve away; any other printable character
+    round-trips once percent-encoded (``?``, ``#``, ``%`` and spaces included).
+    """
+    return "/" not in session_id and session_id not in (".", "..")
+
+
+def checked_identity(ident: CallIdentity, where: tuple[str, str, str] = HEADER_NAMES) -> CallIdentity:
+    """``ident`` when each of its ids is at most :data:`MAX_ID_CHARS` printable characters and its
+    session id is :func:`path_safe`; else :class:`SessionIdError` whose ``param`` is the ``where``
+    entry of the id (the header, or the body field, it came from)."""
+    for name, value, param in (("session id", ident.session_id, where[0]), ("instance id", ident.instance_id, where[1]),
+                               ("turn id", ident.turn_id, where[2])):
         if value is not None and (len(value) > MAX_ID_CHARS or not value.isprintable()):
-            raise SessionIdError(f"{name}: at most {MAX_ID_CHARS} printable characters, got {len(value)}")
+            raise SessionIdError(f"{name}: at most {MAX_ID_CHARS} printable characters, got {len(value)}", param=param)
+    if ident.session_id is not None and not path_safe(ident.session_id):
+        raise SessionIdError(f"session id: {ident.session_id!r} cannot name a session in a URL path "
+                             "(/sessions/{id}): no '/', and not '.' or '..'", param=where[0])
     return ident
 
 

@@ -37,14 +37,18 @@ class FinalizeLedger:
 
 
 def count_turns(steps: Iterable[Any]) -> int:
-    """Agent turns among ``steps``: distinct ``turn_id`` scopes; a step without one is its own turn."""
+    """Agent turns among ``steps``: distinct ``turn_id`` scopes; a call without one is its own turn.
+
+    A call is counted once however many steps it recorded: the ``n > 1`` choices of one chat call
+    are sibling steps, each with its ``sample_index``, and only the first choice (index 0) counts.
+    """
     turns: set[str] = set()
     loose = 0
     for st in steps:
         meta = getattr(st, "metadata", None) or {}
         tid = meta.get("turn_id")
-        if tid is None:
-            loose += 1
-        else:
+        if tid is not None:
             turns.add(str(tid))
+        elif not meta.get("sample_index"):  # absent (n = 1) or 0: the call's first choice
+            loose += 1
     return len(turns) + loose

@@ -78,10 +78,11 @@ class Trajectories:
 
     # ------------------------------------------------------------ finalize, abort
     def finalize(self, session_id: str, reward: float | None,
-                 metadata: dict[str, Any] | None = None) -> FinalizedSession:
+                 metadata: dict[str, Any] | None = None, *, allow_empty: bool = False) -> FinalizedSession:
         """Cut the session's Segments now (no wait, no ledger: :meth:`finalize_session` is the client's);
-        ``metadata`` is merged into the session's with the finalize (journaled with it)."""
-        done = self.core.finalize(session_id, reward, metadata=metadata)
+        ``metadata`` is merged into the session's with the finalize (journaled with it); ``allow_empty``:
+        a session without steps is finalized too (no Segments)."""
+        done = self.core.finalize(session_id, reward, metadata=metadata, allow_empty=allow_empty)
         self.book.keeper.release(session_id)
         self.finalized[session_id] = done
         return done
@@ -174,7 +175,10 @@ class Trajectories:
                 update["group_index"] = instance_group(instance_id)
             if label is not None:
                 update["label"] = label
-        done = await asyncio.to_thread(self.finalize, sid, reward, update or None)
+        # The wait ran out with a call still in flight: the session ends now whatever it recorded, the
+        # late call is refused at its commit (409), also when it was the session's first (no steps then,
+        # and no Segments: the trajectory is empty). A session with no step and nothing in flight is a 409.
+        done = await asyncio.to_thread(self.finalize, sid, reward, update or None, allow_empty=not waited)
         answer = self._answer(sid, done, self.core.session(sid), waited)
         self.ledger.put(sid, answer)
         return answer

@@ -21,6 +21,7 @@ import numpy as np
 
 from dressage.errors import DressageError
 from dressage.proxy.config import ProxyConfig
+from dressage.proxy.engine_params import name_client_param
 from dressage.proxy.openai.chat.prompt import ChatPrompt, build_chat_prompt, effective_tools
 from dressage.proxy.openai.chat.params import ChatOptions, chat_messages, chat_options
 from dressage.proxy.openai.chat.samples import TOOL_RULE_ATTEMPTS, ChatSample, ChatSampler, seeded, visible
@@ -160,7 +161,11 @@ class ChatServing:
         """A chat completion (dict) or, for ``stream``, its SSE byte stream (:meth:`serve`)."""
         include_usage = bool(req.stream_options and req.stream_options.get("include_usage"))
         shaper = ChatShaper(self.sampler.parser, self.config.server.served_model_name, include_usage=include_usage)
-        return await self.serve(session_id, req, shaper, scope=scope)
+        try:
+            return await self.serve(session_id, req, shaper, scope=scope)
+        except DressageError as exc:
+            name_client_param(exc, "chat", req.model_fields_set)  # an engine's refusal names the chat field
+            raise
 
     async def serve(self, session_id: str, req: ChatRequest, shaper: ReplyShaper, *,
                     scope: CallScope | None = None) -> dict[str, Any] | AsyncIterator[bytes]:
@@ -315,7 +320,11 @@ class ChatServing:
         plan, url = self.calls.plan(session_id, prompt_ids, sp, stream=False)
         self.in_flight.enter(session_id)
         try:
-            result = await self.calls.final(plan)
+            try:
+                result = await self.calls.final(plan)
+            except DressageError as exc:
+                name_client_param(exc, "generate")  # sampling_params.NAME, as the agent sent it
+                raise
             self.calls.check_generated(session_id, [result])
             step = await self.calls.record(session_id, plan, result, url, metadata={}, committed=True)  # ids answered
         finally:

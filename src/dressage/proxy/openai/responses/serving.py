@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from dressage.errors import DressageError, UnsupportedParameterError
 from dressage.proxy.config import ProxyConfig
+from dressage.proxy.engine_params import name_client_param
 from dressage.proxy.openai.chat.prompt import ToolCallParser
 from dressage.proxy.openai.chat.serving import ChatCall, ChatServing
 from dressage.proxy.openai.chat.shaper import ReplyEvents
@@ -67,7 +68,11 @@ class ResponsesServing:
         ``scope``: the call's turn and retry headers, as :meth:`ChatServing.serve` takes them."""
         chat, messages, n_instructions = self._chat_of_response(session_id, req)
         shaper = ResponseShaper(self, session_id, req, messages, n_instructions)
-        return await self.chat.serve(session_id, chat, shaper, scope=scope)
+        try:
+            return await self.chat.serve(session_id, chat, shaper, scope=scope)
+        except DressageError as exc:
+            name_client_param(exc, "responses", req.model_fields_set)  # max_output_tokens, text.format, ...
+            raise
 
 
 class ResponseShaper:
