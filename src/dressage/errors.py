@@ -13,8 +13,8 @@ these classes). Hierarchy, with status and type where a class sets them::
     ├── UnsupportedParameterError    a request parameter the Proxy cannot honour (names it) 400 invalid_request_error
     ├── SessionIdError               a session / instance / turn id that names none  400 invalid_request_error
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
-    ├── RequestRejected              an HTTP request refused before any route runs   400 invalid_request_error
-    │   ├── InputValueError          a lone surrogate or a non-finite number in a body
+    ├── RequestRejected              an HTTP request refused before anything is generated 400 invalid_request_error
+    │   ├── InputValueError          a lone surrogate, a non-finite number or a malformed tool (names it)
     │   ├── BodyTooLargeError        a body over the size limit (bytes received)     413
     │   ├── AuthenticationError      no or a wrong bearer token                      401 authentication_error
     │   └── PermissionDeniedError    an agent token on an admin path                 403 permission_error
@@ -341,15 +341,20 @@ class MissingSessionIdError(SessionIdError):
 
 
 class RequestRejected(DressageError, ValueError):
-    """An HTTP request the Proxy refuses before any route runs (nothing is recorded)."""
+    """An HTTP request the Proxy refuses before it generates anything (nothing is recorded)."""
 
     code = "invalid_request"
     http_status, openai_type = 400, "invalid_request_error"
 
 
 class InputValueError(RequestRejected):
-    """A body value nothing may store: a lone UTF-16 surrogate or a non-finite number (NaN, 1e999)."""
+    """A body value nothing may store or serve: a lone UTF-16 surrogate (a tool call's arguments text included),
+    a non-finite number (NaN, 1e999), a malformed tool; param names it when known."""
     code = "invalid_value"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        self.param = param
+        super().__init__(message if param is None else f"{param}: {message}")
 
 
 class BodyTooLargeError(RequestRejected):

@@ -140,7 +140,12 @@ def _argument(rng: np.random.Generator, schema: Any) -> Any:
 
 def _tool_call_text(rng: np.random.Generator, tools: list[dict[str, Any]]) -> str:
     fn = tools[int(rng.integers(len(tools)))]
-    props = (fn.get("parameters") or {}).get("properties") or {}
+    # The specs are prompt text, which no request checked: a model reads what is there, so a schema that is
+    # not one (``"parameters": "x"``) gives a call without arguments rather than an engine failure.
+    schema = fn.get("parameters")
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict):
+        props = {}
     args = {name: _argument(rng, schema) for name, schema in props.items()}
     lead = _words(rng, int(rng.integers(3, 9))).strip() + "\n" if rng.random() < 0.5 else ""
     body = json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False)

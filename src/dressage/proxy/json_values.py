@@ -6,11 +6,13 @@ as msgpack or JSON, and parsed again without a recursion limit or an integer ran
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "INT64_MIN", "INT64_MAX", "nesting_problem", "storable_problem", "text_too_deep"]
+__all__ = ["MAX_DEPTH", "INT64_MIN", "INT64_MAX", "nesting_problem", "storable_problem", "text_too_deep",
+           "lone_surrogate"]
 
 MAX_DEPTH = 64
 """Levels of arrays and objects one value may nest (a tool call's JSON text counts on its own): far more
@@ -37,6 +39,17 @@ def text_too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
         elif c == "]" or c == "}":
             depth -= 1
     return False
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """The first lone UTF-16 surrogate in the strings of ``value`` (parsed JSON, keys included), escaped
+    (``\\ud800``); ``None`` when there is none. Such a string is not Unicode text: no tokenizer, journal or
+    UTF-8 answer can hold it."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.object[exc.start:exc.end].encode("unicode_escape").decode()
+    return None
 
 
 def _where(path: tuple[Any, ...]) -> str:

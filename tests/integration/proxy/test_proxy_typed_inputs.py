@@ -155,6 +155,89 @@ def test_tools_nested_too_deep_are_a_400(proxy):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
 
 
+SURROGATE_ARGS = '{"a": "\\ud800"}'  # a JSON text escaping a lone surrogate: the body itself is valid JSON
+
+
+def _refused(proxy, sid: str, path: str, body: dict, param: str, code: str, **kw) -> dict:
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/{path}", json=body, timeout=30, **kw)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["param"], err["code"], err["type"]) == (param, code, "invalid_request_error"), err
+    assert len(proxy.service.core.session(sid).steps) == 0
+    return err
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_call_arguments_escaping_a_lone_surrogate_are_a_400_in_chat_and_responses(proxy, stream):
+    sid = _sid(proxy)
+    chat = {"messages": [*USER, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": SURROGATE_ARGS}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x"}], "max_tokens": 4, "stream": stream}
+    err = _refused(proxy, sid, "chat/completions", chat, "messages[1].tool_calls[0].function.arguments",
+                   "invalid_value")
+    assert "lone UTF-16 surrogate (\\ud800)" in err["message"]
+    items = [{"role": "user", "content": "hi"},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": SURROGATE_ARGS},
+             {"type": "function_call_output", "call_id": "c1", "output": "x"}]
+    _refused(proxy, sid, "responses", {"input": items, "max_output_tokens": 4, "stream": stream},
+             "input[1].arguments", "invalid_value")
+    # Arguments that are no JSON text are named as the Responses client sent them, not as chat messages.
+    items[1]["arguments"] = "{bad"
+    err = _refused(proxy, sid, "responses", {"input": items, "max_output_tokens": 4, "stream": stream},
+                   "input[1].arguments", "invalid_value")
+    assert "messages" not in err["message"]
+    # A surrogate pair escaped in the arguments is one character: served.
+    chat["messages"][1]["tool_calls"][0]["function"]["arguments"] = '{"a": "\\ud83d\\ude00"}'
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/chat/completions", json=chat, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_anthropic_tool_use_input_holding_an_escaped_surrogate_text_is_served(proxy):
+    # tool_use input is an object (the guard checked its strings); a backslash-u text in it is plain text.
+    sid = _sid(proxy)
+    body = {"model": "m", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {"a": "\\ud800"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}]}]}
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/messages", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+TOOL_FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("tools, param, code", [
+    ([{"type": "function"}], "tools[0].function", "invalid_value"),
+    ([{"type": "custom", "custom": {"name": "f"}}], "tools[0].type", "unsupported_parameter"),
+    ([{"type": "web_search"}], "tools[0].type", "unsupported_parameter"),
+    ([TOOL_FN, TOOL_FN], "tools[1].function.name", "invalid_value"),
+    ([{"type": "function", "function": {"name": 5}}], "tools[0].function.name", "invalid_value"),
+    ([{"type": "function", "function": {"name": "f", "parameters": "x"}}], "tools[0].function.parameters",
+     "invalid_value"),
+    ([{"type": "function", "function": {"name": 'a"b'}}], "tools[0].function.name", "invalid_value"),
+    ([{"type": "function", "function": {"name": "a\nb"}}], "tools[0].function.name", "invalid_value"),
+    ([{"type": "function", "function": {"name": ""}}], "tools[0].function.name", "invalid_value"),
+])
+@pytest.mark.parametrize("tool_choice", [None, "required"])
+def test_chat_tools_that_cannot_be_served_as_sent_are_a_400_naming_the_tool(proxy, tools, param, code, tool_choice):
+    sid = _sid(proxy)
+    body = {"messages": USER, "tools": tools, "max_tokens": 64}
+    if tool_choice:
+        body["tool_choice"] = tool_choice
+    _refused(proxy, sid, "chat/completions", body, param, code)
+
+
+def test_anthropic_tools_follow_the_same_rules_in_anthropic_errors(proxy):
+    sid = _sid(proxy)
+    tool = {"name": "a b", "input_schema": {"type": "object"}}
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/messages", timeout=30,
+                   json={"model": "m", "max_tokens": 4, "messages": USER, "tools": [tool]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert r.json()["error"]["message"].startswith("tools[0].name: 'a b' cannot name a tool")
+    assert len(proxy.service.core.session(sid).steps) == 0
+
+
 @pytest.mark.parametrize("metadata, why", [
     ('{"deep": ' + "[" * 300 + "]" * 300 + "}", "deeper than"),
     ('{"deep": ' + "[" * 600 + "]" * 600 + "}", "deeper than"),

@@ -137,6 +137,16 @@ def test_tool_call_rate_one_gives_well_formed_blocks_when_tools_offered():
     assert "<tool_call>" not in plain["text"]
 
 
+@pytest.mark.parametrize("parameters", ["x", 5, ["a"], {"properties": "x"}, {"properties": ["a"]}])
+def test_a_prompt_whose_tool_spec_has_no_schema_object_gets_a_call_without_arguments(parameters):
+    # The specs are prompt text no request checked: the engine reads them as a model would, it does not fail.
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": parameters}}]
+    text = _call(_engine(tool_call_rate=1.0), {"input_ids": _prompt("Find it", tools),
+                                                "sampling_params": {"max_new_tokens": 400}})["text"]
+    body = text[text.index("<tool_call>\n") + len("<tool_call>\n"):text.index("\n</tool_call>")]
+    assert json.loads(body) == {"name": "lookup", "arguments": {}}
+
+
 def test_answer_tool_results_replies_in_prose_after_a_tool_result_only():
     call = {"id": "c0", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
     after_tool = TOK.apply_chat_template([{"role": "user", "content": "Find it"},

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 
-from dressage.errors import UnsupportedParameterError
+from dressage.errors import InputValueError, UnsupportedParameterError
 from dressage.proxy.openai.chat.prompt import QwenToolCallParser, assistant_message
 from dressage.proxy.openai.chat.params import chat_messages, chat_options
 from dressage.proxy.openai.chat.reply import cut_at_stop, openai_logprobs, visible_prefix
@@ -50,6 +51,70 @@ def test_refusals_name_the_parameter(kw, param):
     with pytest.raises(UnsupportedParameterError) as info:
         chat_options(_req(**kw))
     assert info.value.param == param and info.value.http_status == 400
+
+
+@pytest.mark.parametrize("tools, param", [
+    ([{"type": "custom", "custom": {"name": "f"}}], "tools[0].type"),
+    ([{"type": "web_search"}], "tools[0].type"),
+    ([TOOLS[0], {"type": "file_search"}], "tools[1].type"),
+])
+def test_a_tool_type_other_than_function_is_refused_by_name(tools, param):
+    with pytest.raises(UnsupportedParameterError) as info:
+        chat_options(_req(tools=tools))
+    assert (info.value.param, info.value.code, info.value.http_status) == (param, "unsupported_parameter", 400)
+
+
+@pytest.mark.parametrize("tools, param, words", [
+    ([{"type": "function"}], "tools[0].function", "function"),
+    ([{"type": "function", "function": {"name": 5}}], "tools[0].function.name", "needs a name"),
+    ([{"type": "function", "function": {"name": ""}}], "tools[0].function.name", "needs a name"),
+    ([{"type": "function", "function": {"name": 'a"b'}}], "tools[0].function.name", "letters, digits"),
+    ([{"type": "function", "function": {"name": "a\nb"}}], "tools[0].function.name", "letters, digits"),
+    ([{"type": "function", "function": {"name": "<f>"}}], "tools[0].function.name", "letters, digits"),
+    ([{"type": "function", "function": {"name": "f", "parameters": "x"}}], "tools[0].function.parameters",
+     "JSON Schema object"),
+    ([{"type": "function", "function": {"name": "f", "description": 5}}], "tools[0].function.description", "string"),
+    ([{"type": "function", "function": {"name": "f", "strict": "yes"}}], "tools[0].function.strict", "true or false"),
+    ([*TOOLS, TOOLS[0]], "tools[2].function.name", "'f' is given twice (first at tools[0].function.name)"),
+])
+def test_a_malformed_tool_is_invalid_value_naming_its_field(tools, param, words):
+    for choice in (None, "required"):
+        with pytest.raises(InputValueError, match=re.escape(words)) as info:
+            chat_options(_req(tools=tools, tool_choice=choice))
+        assert (info.value.param, info.value.code, info.value.http_status) == (param, "invalid_value", 400)
+
+
+def test_well_formed_tools_pass_as_sent():
+    tools = [{"function": {"name": "read_file", "description": "d", "parameters": {"type": "object"}, "strict": True}},
+             {"type": "function", "function": {"name": "mcp__ide.get-diagnostics_2"}},
+             {"type": "function", "function": {"name": "天气"}}]
+    assert chat_options(_req(tools=tools, tool_choice="required")).tool_mode == "required"
+    assert _req(tools=tools).tools == tools  # validated, not rewritten: the template renders them as sent
+
+
+def _history(arguments):
+    return [{"role": "user", "content": "hi"},
+            {"role": "assistant", "tool_calls": [_call("f"), {"id": "c2", "type": "function",
+                                                             "function": {"name": "f", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "x"}]
+
+
+@pytest.mark.parametrize("arguments, words", [
+    ('{"a": "\\ud800"}', "lone UTF-16 surrogate (\\ud800)"),
+    ('["\\uDC00"]', "lone UTF-16 surrogate (\\udc00)"),
+    ("{bad", "is not a JSON text"),
+    (["a"], "must be a JSON text"),
+])
+def test_tool_call_arguments_must_be_a_json_text_of_unicode_text(arguments, words):
+    with pytest.raises(InputValueError, match=re.escape(words)) as info:
+        chat_messages(_req(messages=_history(arguments)))
+    assert (info.value.param, info.value.code) == ("messages[1].tool_calls[1].function.arguments", "invalid_value")
+
+
+@pytest.mark.parametrize("arguments", ['{"a": "\\ud83d\\ude00"}', '{"a": "\\\\ud800"}', "", None, {"a": 1}])
+def test_tool_call_arguments_that_are_unicode_json_pass(arguments):
+    assert chat_messages(_req(messages=_history(arguments)))[1]["tool_calls"][1]["function"].get("arguments") == \
+        arguments
 
 
 def test_no_op_parameters_pass():

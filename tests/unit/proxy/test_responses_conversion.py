@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dressage.errors import UnknownResponseError, UnsupportedParameterError
+from dressage.errors import InputValueError, UnknownResponseError, UnsupportedParameterError
 from dressage.proxy.openai.chat.prompt import QwenToolCallParser, assistant_message, same_message
 from dressage.proxy.openai.responses.protocol import (ResponseMemory, ResponsesRequest, chat_body, chat_tool_choice, chat_tools,
                                       conversation, input_messages, item_ids, output_items, response_object,
@@ -70,6 +70,26 @@ def test_unsupported_input_is_a_typed_400(items, words):
     assert info.value.http_status == 400 and info.value.code == "unsupported_parameter"
 
 
+@pytest.mark.parametrize("arguments, words", [
+    ("{bad", "is not a JSON text"),
+    ('{"a": "\\ud800"}', "lone UTF-16 surrogate"),
+    ('{"\\udfff": 1}', "lone UTF-16 surrogate"),
+    (5, "must be a JSON text"),
+])
+def test_function_call_arguments_that_are_no_json_text_of_unicode_are_named_as_the_client_sent_them(arguments, words):
+    items = [{"role": "user", "content": "hi"},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": arguments},
+             {"type": "function_call_output", "call_id": "c1", "output": "x"}]
+    with pytest.raises(InputValueError, match=words) as info:
+        input_messages(items)
+    assert (info.value.param, info.value.code, info.value.http_status) == ("input[1].arguments", "invalid_value", 400)
+    # An escaped surrogate pair is one character, and blank arguments read as none.
+    items[1]["arguments"] = '{"a": "\\ud83d\\ude00"}'
+    assert input_messages(items)[1]["tool_calls"][0]["function"]["arguments"] == '{"a": "\\ud83d\\ude00"}'
+    items[1]["arguments"] = ""
+    assert input_messages(items)[1]["tool_calls"][0]["function"]["arguments"] == "{}"
+
+
 @pytest.mark.parametrize("text", REPLIES)
 def test_output_items_sent_back_as_input_are_the_recorded_message(text):
     """What an agent sends back of a Response is, as chat, the recorded reply (so TITO continues)."""
@@ -90,10 +110,18 @@ def test_tools_and_tool_choice_convert_and_built_ins_are_refused():
                                                                   "parameters": {"type": "object"}, "strict": True}}]
     assert chat_tools(None) is None and chat_tools([]) is None
     for tool, param in (({"type": "web_search"}, "tools[0].type"), ({"type": "file_search"}, "tools[0].type"),
-                        ({"type": "computer_use"}, "tools[0].type"), ({"type": "function"}, "tools[0].name")):
+                        ({"type": "computer_use"}, "tools[0].type"),
+                        ({"type": "custom", "name": "f"}, "tools[0].type")):
         with pytest.raises(UnsupportedParameterError) as info:
             chat_tools([tool])
-        assert info.value.param == param
+        assert info.value.param == param and info.value.code == "unsupported_parameter"
+    # Malformed function tools: the chat completions rules (dressage.proxy.function_tools), named as sent.
+    for tool, param in (({"type": "function"}, "tools[0].name"), ({"type": "function", "name": 5}, "tools[0].name"),
+                        ({"type": "function", "name": 'a"b'}, "tools[0].name"),
+                        ({"type": "function", "name": "f", "parameters": "x"}, "tools[0].parameters")):
+        with pytest.raises(InputValueError) as info:
+            chat_tools([tool])
+        assert info.value.param == param and info.value.code == "invalid_value"
     assert chat_tool_choice({"type": "function", "name": "f"}) == {"type": "function", "function": {"name": "f"}}
     assert [chat_tool_choice(c) for c in (None, "none", "auto", "required")] == [None, "none", "auto", "required"]
     for bad in ({"type": "file_search"}, {"type": "allowed_tools", "tools": []}, "sometimes"):
@@ -120,9 +148,16 @@ def test_namespace_tools_are_rendered_qualified_and_hosted_tools_are_refused_by_
             ([{"type": "code_interpreter"}], "tools[0].type", "'code_interpreter'"),
             ([dict(NAMESPACE, tools=[{"type": "web_search"}])], "tools[0].tools[0].type", "'web_search'"),
             ([dict(NAMESPACE, tools=[])], "tools[0].tools", "list of function tools"),
-            ([dict(NAMESPACE, name="a.b")], "tools[0].name", "without"),
-            ([NAMESPACE, NAMESPACE], "tools", "agents.spawn")):
+            ([dict(NAMESPACE, name="a.b")], "tools[0].name", "without")):
         with pytest.raises(UnsupportedParameterError, match=words) as info:
+            chat_tools(tools)
+        assert info.value.param == param
+    for tools, param, words in (
+            ([NAMESPACE, NAMESPACE], "tools[1].tools[0].name", "'agents.spawn' is given twice"),
+            ([{"type": "function", "name": "agents.close"}, NAMESPACE], "tools[1].tools[1].name",
+             r"first at tools\[0\]\.name"),
+            ([dict(NAMESPACE, name="a b")], "tools[0].name", "cannot name a namespace tool")):
+        with pytest.raises(InputValueError, match=words) as info:
             chat_tools(tools)
         assert info.value.param == param
     assert chat_tool_choice({"type": "function", "name": "close", "namespace": "agents"}) == {

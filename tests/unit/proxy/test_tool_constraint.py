@@ -76,3 +76,16 @@ def test_anthropic_tools_are_read_too():
     tools = [{"name": "search", "input_schema": SEARCH}]
     text, msg = _calls("qwen", {"type": "tool", "name": "search"}, 3, tools=tools)
     assert msg["tool_calls"][0]["function"]["name"] == "search"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("required", [5, "city", [["city"]], {"city": True}])
+def test_a_required_that_is_no_list_of_names_constrains_nothing(family, required):
+    # The schema's other keywords still hold; a malformed required is one more keyword the grammar does not read.
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": required}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    for seed in range(4):
+        text, msg = _calls(family, "required", seed, single=True, tools=tools)
+        (call,) = msg["tool_calls"]
+        assert call["function"]["name"] == "f", text
+        assert set(json.loads(call["function"]["arguments"])) <= {"city"}

@@ -16,6 +16,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dressage.errors import DressageError, UnsupportedParameterError
+from dressage.proxy.function_tools import check_function, check_unique_names
 from dressage.proxy.openai.streaming import agent_message
 from dressage.proxy.schemas import Flag, Integer, Number
 
@@ -228,16 +229,13 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
             raise UnsupportedParameterError(
                 f"tools[{i}].type", f"tool type {kind!r} is a server tool, which this Proxy does not run; "
                 f"only client tools (name, description, input_schema) are supported")
-        if not isinstance(tool.get("name"), str):
-            raise UnsupportedParameterError(f"tools[{i}].name", "a tool needs a name")
-        schema = tool.get("input_schema")
-        if not isinstance(schema, dict):
-            raise UnsupportedParameterError(f"tools[{i}].input_schema", "a tool needs an input_schema object")
+        check_function(tool, f"tools[{i}]", schema="input_schema", what="tool", schema_required=True)
         fn: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description") is not None:
             fn["description"] = tool["description"]
-        fn["parameters"] = schema
+        fn["parameters"] = tool["input_schema"]
         out.append({"type": "function", "function": fn})  # defer_loading too: the template renders every tool
+    check_unique_names((t["function"]["name"], f"tools[{i}].name") for i, t in enumerate(out))
     return out
 
 

@@ -13,7 +13,8 @@ Before a route runs it checks, in this order:
 - **values nothing downstream can store**: a JSON body with a lone UTF-16 surrogate (``"\\ud800"``,
   not encodable as UTF-8) or a non-finite number (``NaN``, ``Infinity``, ``1e999``) is 400
   ``invalid_value``. Bodies are scanned with one regular expression; only a body that may hold
-  such a value is parsed (strictly) a second time.
+  such a value is parsed (strictly) a second time. A JSON text inside a string (a tool call's
+  ``arguments``) is the route's to read and check (:mod:`dressage.proxy.function_tools`).
 
 Each refusal is a :class:`dressage.errors.RequestRejected` answered in the OpenAI error form (in
 Anthropic's on the Messages endpoints, whose clients send their token as ``x-api-key``).
@@ -29,6 +30,7 @@ from typing import Any, Awaitable, Callable
 from dressage.errors import (AuthenticationError, BodyTooLargeError, InputValueError, PermissionDeniedError,
                              RequestRejected)
 from dressage.proxy.anthropic.protocol import dressage_error_object, is_anthropic_path
+from dressage.proxy.json_values import lone_surrogate
 from dressage.proxy.openai.streaming import error_payload
 
 __all__ = ["RequestGuard", "ADMIN_PREFIXES", "is_admin_path", "check_json_values"]
@@ -79,12 +81,10 @@ def check_json_values(body: bytes) -> None:
         raise
     except (ValueError, RecursionError):
         return
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InputValueError("request body: a string holds a lone UTF-16 surrogate "
-                              f"({exc.object[exc.start:exc.end].encode('unicode_escape').decode()}), which is "
-                              "not valid Unicode text") from None
+    surrogate = lone_surrogate(value)
+    if surrogate is not None:
+        raise InputValueError(f"request body: a string holds a lone UTF-16 surrogate ({surrogate}), which is "
+                              "not valid Unicode text")
 
 
 def _bearer(scope: Scope) -> str:

@@ -143,7 +143,7 @@ def json_schema_grammar(schema: Any, name: str, rules: list[str], depth: int = 0
         props = schema.get("properties")
         if not isinstance(props, dict) or not props:
             return "object"
-        required = [k for k in props if k in set(schema.get("required") or [])]
+        required = [k for k in props if k in _required(schema)]
         parts = []
         for i, (key, sub) in enumerate(props.items()):
             rule = f"{name}p{i}"
@@ -158,6 +158,13 @@ def json_schema_grammar(schema: Any, name: str, rules: list[str], depth: int = 0
         return f'"[" ({item} (", " {item})*)? "]"' if not schema.get("minItems") else f'"[" {item} (", " {item})* "]"'
     return {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean",
             "null": "null"}.get(kind, "value")
+
+
+def _required(schema: dict[str, Any]) -> set[str]:
+    """The property names ``required`` lists; a ``required`` that is no list of names constrains nothing, as
+    any other keyword this grammar does not read."""
+    names = schema.get("required")
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
 
 
 def _members(parts: list[tuple[str, bool]], name: str, rules: list[str]) -> str:
@@ -181,7 +188,7 @@ def _arguments(schema: dict[str, Any], form: str, name: str, rules: list[str]) -
     if form == "json":
         return json_schema_grammar(schema, name, rules)
     props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    required = set(schema.get("required") or [])
+    required = _required(schema)
     parts = []
     for i, (key, sub) in enumerate(props.items()):
         value = _text_value(sub, f"{name}v{i}", rules)

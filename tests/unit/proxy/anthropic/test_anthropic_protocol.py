@@ -6,7 +6,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from dressage.errors import DressageError, NoHealthyEngineError, UnknownStepError, UnsupportedParameterError
+from dressage.errors import (DressageError, InputValueError, NoHealthyEngineError, UnknownStepError,
+                             UnsupportedParameterError)
 from dressage.proxy.anthropic.protocol import (MessagesRequest, chat_body, chat_messages, chat_tool_choice, chat_tools,
                                                content_blocks, count_body, CountTokensRequest, dressage_error_object,
                                                error_object, invalid_body, is_anthropic_path, message_object,
@@ -124,8 +125,15 @@ def test_tools_translate_and_server_tools_are_refused_by_name():
         with pytest.raises(UnsupportedParameterError) as err:
             chat_tools(tools + [server])
         assert err.value.param == "tools[2].type" and server["type"] in str(err.value)
-    with pytest.raises(UnsupportedParameterError, match="input_schema"):
-        chat_tools([{"name": "x"}])
+    # Malformed tools: the rules of chat completions' function tools, named as the client sent them.
+    for bad, param in (([{"name": "x"}], "tools[0].input_schema"),
+                       ([{"name": "x", "input_schema": "s"}], "tools[0].input_schema"),
+                       ([{"input_schema": {}}], "tools[0].name"),
+                       ([{"name": "a\nb", "input_schema": {}}], "tools[0].name"),
+                       (tools + [dict(tools[0], description="again")], "tools[2].name")):
+        with pytest.raises(InputValueError) as err:
+            chat_tools(bad)
+        assert (err.value.param, err.value.code) == (param, "invalid_value")
 
 
 def test_tool_choice_maps_onto_the_chat_rules():

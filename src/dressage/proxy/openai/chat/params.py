@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dressage.errors import UnsupportedParameterError
+from dressage.proxy.function_tools import chat_function_tools, check_arguments
 from dressage.proxy.openai.policy import IGNORED, REFUSED, USED, Param, ParamPolicy, request_fields
 
 __all__ = ["ChatOptions", "chat_options", "chat_messages", "CHAT_PARAMS", "SAMPLING_PARAMS"]
@@ -34,9 +35,13 @@ _IGNORED_PLATFORM = "accepted and ignored: OpenAI platform bookkeeping, it does 
 
 CHAT_PARAMS = ParamPolicy("chat completions", (
     Param("messages", USED, "roles `system`, `developer` (rendered as `system`), `user`, `assistant`, `tool`; "
-          "content a string or `text` parts (other parts: 400, the served model reads text only)"),
+          "content a string or `text` parts (other parts: 400, the served model reads text only); a tool call's "
+          "`function.arguments` a JSON text (else 400 `invalid_value`)"),
     Param("model", USED, "accepted; the one served model answers (its name is reported back)"),
-    Param("tools", USED, "rendered by the chat template; tool-call blocks in the reply become `tool_calls`"),
+    Param("tools", USED, "function tools (`type` `function` or left out; `function.name` of letters, digits, `_`, "
+          "`-`, `.`, unique; `parameters` a JSON Schema object), rendered by the chat template; tool-call blocks "
+          "in the reply become `tool_calls`; `custom` and hosted tool types: 400 naming the type, a malformed "
+          "tool: 400 `invalid_value`"),
     Param("tool_choice", USED, '`none`: no tool rendered or parsed; `auto`; `required` / one named function: '
           'enforced by an engine grammar (SGLang `ebnf`) of the model\'s own call syntax, drawn once; a reply '
           'that is still no call is 502 `reply_constraint_unmet`'),
@@ -190,6 +195,7 @@ def _logit_bias(bias: dict[str, float]) -> dict[str, float]:
 def chat_options(req: Any) -> ChatOptions:
     """Check a :class:`~dressage.proxy.schemas.ChatRequest`'s parameters and translate them."""
     CHAT_PARAMS.check(request_fields(req))
+    chat_function_tools(req.tools)
     sampling: dict[str, Any] = {}
     for name, sglang in SAMPLING_PARAMS.items():
         value = getattr(req, name)
@@ -216,7 +222,9 @@ def chat_messages(req: Any) -> list[dict[str, Any]]:
     """The request's messages as the chat template takes them.
 
     ``developer`` turns are system turns (as OpenAI-compatible servers render them); content
-    parts other than text (images, audio, files) are refused: the served model reads text only.
+    parts other than text (images, audio, files) are refused: the served model reads text only. A tool
+    call's ``arguments`` must be a JSON text of Unicode text
+    (:func:`~dressage.proxy.function_tools.check_arguments`).
     """
     out = []
     for i, m in enumerate(req.messages):
@@ -231,5 +239,9 @@ def chat_messages(req: Any) -> list[dict[str, Any]]:
                     raise UnsupportedParameterError(
                         f"messages[{i}].content[{j}]",
                         f"{kind or 'untyped'} content parts are not supported: the served model reads text only")
+        for j, call in enumerate(msg.get("tool_calls") or ()):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                check_arguments(fn.get("arguments"), f"messages[{i}].tool_calls[{j}].function.arguments")
         out.append(msg)
     return out

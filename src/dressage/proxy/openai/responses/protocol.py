@@ -24,6 +24,8 @@ from typing import Annotated, Any, Callable, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from dressage.errors import UnknownResponseError, UnsupportedParameterError
+from dressage.proxy.function_tools import (check_arguments, check_function, check_name, check_unique_names,
+                                           refuse_tool_type)
 from dressage.proxy.openai.policy import IGNORED, REFUSED, USED, Param, ParamPolicy, request_fields
 from dressage.proxy.schemas import Flag, Integer, Number, Shallow, Storable
 
@@ -58,12 +60,13 @@ _CACHE = "accepted and ignored: the engine's prefix cache needs no key"
 
 RESPONSES_PARAMS = ParamPolicy("Responses", (
     Param("input", USED, "a string (one user message) or items: `message` (user, system, developer, assistant; "
-          "text parts), `function_call`, `function_call_output`, `reasoning`; other items: 400"),
+          "text parts), `function_call` (`arguments` a JSON text), `function_call_output`, `reasoning`; other "
+          "items: 400"),
     Param("instructions", USED, "the system turn (not carried over by `previous_response_id`)"),
     Param("model", USED, "accepted; the one served model answers (its name is reported back)"),
-    Param("tools", USED, "`function` tools, and `namespace` groups of function tools (rendered as `NS.name`, "
-          "answered with `namespace`); hosted tools (`web_search`, `file_search`, `mcp`, ...): 400 naming "
-          "the type"),
+    Param("tools", USED, "`function` tools (names and `parameters` as chat completions), and `namespace` groups of "
+          "function tools (rendered as `NS.name`, answered with `namespace`); hosted tools (`web_search`, "
+          "`file_search`, `mcp`, ...) and `custom` tools: 400 naming the type"),
     Param("tool_choice", USED, "`none`, `auto`, `required`, one named function: as chat completions"),
     Param("parallel_tool_calls", USED, "as chat completions"),
     Param("temperature", USED, "engine `temperature`"),
@@ -220,6 +223,7 @@ def input_messages(items: Union[str, list[dict[str, Any]]], where: str = "input"
             namespace = item.get("namespace")
             if namespace is not None and not isinstance(namespace, str):
                 raise UnsupportedParameterError(f"{at}.namespace", "must be a string")
+            check_arguments(item.get("arguments"), f"{at}.arguments")
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": qualified_name(namespace, item["name"]),
                                  "arguments": item.get("arguments") or "{}"}}
@@ -268,8 +272,7 @@ def tool_namespaces(tools: list[dict[str, Any]] | None) -> dict[str, tuple[str, 
 
 
 def _chat_function(tool: dict[str, Any], at: str, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
-    if not isinstance(tool.get("name"), str) or not tool["name"]:
-        raise UnsupportedParameterError(f"{at}.name", "a function tool needs a name")
+    check_function(tool, at)
     fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
     if namespace is not None:
         fn["name"] = qualified_name(namespace["name"], tool["name"])
@@ -282,14 +285,16 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     """Chat ``tools`` of Responses function and namespace tools; a hosted tool type is refused by name."""
     if not tools:
         return None
-    out = []
+    out, named = [], []
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind == "function":
             out.append(_chat_function(tool, f"tools[{i}]"))
+            named.append(f"tools[{i}].name")
         elif kind == "namespace":
             name, group = tool.get("name"), tool.get("tools")
-            if not isinstance(name, str) or not name or NAMESPACE_SEPARATOR in name:
+            check_name(name, f"tools[{i}].name", "namespace tool")
+            if NAMESPACE_SEPARATOR in name:
                 raise UnsupportedParameterError(f"tools[{i}].name", f"a namespace tool needs a name without "
                                                                     f"{NAMESPACE_SEPARATOR!r}")
             if not isinstance(group, list) or not group:
@@ -301,14 +306,10 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
                     raise UnsupportedParameterError(f"tools[{i}].tools[{j}].type", f"tool type {inner!r} is not "
                                                     f"served inside a namespace; only function tools are")
                 out.append(_chat_function(fn, f"tools[{i}].tools[{j}]", tool))
+                named.append(f"tools[{i}].tools[{j}].name")
         else:
-            raise UnsupportedParameterError(
-                f"tools[{i}].type", f"tool type {kind!r} is a hosted OpenAI tool, which this Proxy does not run; "
-                f"function and namespace tools are served")
-    names = [t["function"]["name"] for t in out]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise UnsupportedParameterError("tools", f"function names must be unique, {', '.join(twice)} is not")
+            raise refuse_tool_type(kind, f"tools[{i}].type", "function and namespace tools are served")
+    check_unique_names(zip((t["function"]["name"] for t in out), named))
     return out
 
 
