@@ -352,12 +352,13 @@ def test_export_dir_writes_each_finalized_trajectory_as_one_file(engine, proxy_s
     out = tmp_path / "trajectories"
     proxy = proxy_stack(engine.url, export=TrajectoryExportConfig(dir=str(out), format="parquet"))
     drive_branch_and_rewrite(proxy.url)
-    drive_branch_and_rewrite(proxy.url, sid="../escape")
+    # No '/' reaches here (the Proxy refuses such an id), but a name of the agent's is never a path of its own.
+    drive_branch_and_rewrite(proxy.url, sid="..\\escape:*")
     samples = [s for s in _read(proxy.url) if s.session_id == "s-tree"]
-    assert sorted(p.name for p in out.iterdir()) == [".._escape.parquet", "s-tree.parquet"]  # no temporary left
+    assert sorted(p.name for p in out.iterdir()) == [".._escape__.parquet", "s-tree.parquet"]  # no temporary left
     rows = pq.read_table(out / "s-tree.parquet").to_pylist()
     _check_rows_equal_read(rows, samples)
-    assert _unread(proxy) == ["../escape", "s-tree"]  # written besides, still read by the trainer
+    assert _unread(proxy) == ["..\\escape:*", "s-tree"]  # written besides, still read by the trainer
 
 
 def test_export_with_transfer_queue_restores_without_releasing_and_a_journal_keeps_refs(engine, proxy_stack, tq,
