@@ -82,6 +82,10 @@ def test_http_errors_are_clear_and_server_keeps_serving(proxy):
     chat = f"{url}/sessions/{sid}/v1/chat/completions"
     r = _post(chat, content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    r = _post(chat, content=b'{"messages": [{"role": "user", "content": "\xff"}]}',
+              headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "malformed JSON: the body could not be read (UnicodeDecodeError" \
+        in r.json()["error"]["message"]
     r = _post(chat, content=b'{"messages": [{"role": "user", "content": "x"}]}', headers={"content-type": "text/plain"})
     assert r.status_code == 400 and "sent as application/json (this one came as text/plain)" \
         in r.json()["error"]["message"]

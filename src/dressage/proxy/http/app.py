@@ -95,9 +95,14 @@ def _install_guards(app: FastAPI, service: Any) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException):
         # A 405 carries its Allow header (the methods the path takes).
         headers = getattr(exc, "headers", None)
+        detail = str(exc.detail)
+        cause = exc.__cause__
+        if exc.status_code == 400 and cause is not None and "parsing the body" in detail:
+            # FastAPI's words for a body no JSON parser got to read: say why (not UTF-8, say).
+            detail = f"malformed JSON: the body could not be read ({type(cause).__name__}: {str(cause)[:200]})"
         if is_anthropic_path(request.url.path):
-            return JSONResponse(error_object(exc.status_code, str(exc.detail)), exc.status_code, headers=headers)
-        return JSONResponse(error_body(str(exc.detail), "invalid_request_error"), exc.status_code, headers=headers)
+            return JSONResponse(error_object(exc.status_code, detail), exc.status_code, headers=headers)
+        return JSONResponse(error_body(detail, "invalid_request_error"), exc.status_code, headers=headers)
 
 
 def build_app(service: Any) -> "HotFirst":
