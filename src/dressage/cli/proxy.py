@@ -64,7 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
             if report.tq_check_error is not None:
                 print(f"dressage proxy: could not check the journal's TQ keys: {report.tq_check_error}", flush=True)
             if report.lost_fields:
-                print(f"dressage proxy: {len(report.lost_fields)} finalized sessions name TQ keys the "
+                print(f"dressage proxy: {len(report.lost_fields)} sessions (finalized or active) name TQ keys the "
                       f"TransferQueue no longer holds: their large fields are lost; reads mark them "
                       f"(metadata.large_fields_lost): {', '.join(list(report.lost_fields)[:5])}"
                       + (" ..." if len(report.lost_fields) > 5 else ""), flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Literal
 
@@ -139,6 +140,8 @@ class Session:
         self.children: dict[int, list[int]] = {}
         self.state: SessionState = "active"
         self.reward: float | None = None
+        self.finalization_id: str | None = None
+        """The id of its finalize (a journal replay keeps it): what every read of its Segments names."""
         self.abort_reason: str | None = None
         self.created_at = time.time()
         self._next_lineage = 0
@@ -405,9 +408,12 @@ class Session:
         if not self.steps and not allow_empty:
             raise SessionStateError(f"session {self.session_id} has no steps to finalize")
 
-    def finalize(self, reward: float | None = None, *, allow_empty: bool = False) -> None:
+    def finalize(self, reward: float | None = None, *, allow_empty: bool = False,
+                 finalization_id: str | None = None) -> None:
+        """``finalization_id``: the id of this finalize (a fresh one when not given)."""
         self.check_finalizable(allow_empty=allow_empty)
         self.reward = None if reward is None else float(reward)
+        self.finalization_id = finalization_id or uuid.uuid4().hex
         self.state = "finalized"
 
     def check_abortable(self) -> None:

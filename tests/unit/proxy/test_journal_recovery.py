@@ -131,6 +131,51 @@ def test_a_replay_whose_tq_keys_are_gone_marks_those_trajectories(tmp_path):
         old.shutdown()
 
 
+def test_a_replayed_active_session_whose_tq_keys_are_gone_hands_the_mark_to_its_finalize(tmp_path):
+    path = tmp_path / "j"
+    old = TransferQueue.start({"deployment": "embedded", "num_storage_units": 1, "retention_s": None})
+    try:
+        cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=True,
+                              routed_experts_dtype="uint8")
+        core = ProxyCore(cfg, old.client(), journal=Journal(path, fsync="never"), write_behind=False)
+        live, kept = (core.create_session({"group_index": g}) for g in range(2))
+        for s in (live, kept):
+            prompt = np.asarray([1, 2, 3, 4], np.int32)
+            d = core.plan(s.session_id, prompt)
+            core.ingest(s.session_id, d, sglang_body(prompt, [5, 6, 7], start=d.routed_experts_start, salt=1),
+                        prompt_ids=prompt, version=0)
+        core.journal.close()
+        gone = sorted({r.key for r in live.large_field_refs()})
+        old.client().delete(gone)  # a TransferQueue that did not outlive the Proxy, for this session
+        fresh = ProxyCore(cfg, old.client())
+        report = fresh.recover(path)
+        assert sorted(report.active) == sorted([live.session_id, kept.session_id])
+        assert report.lost_fields == {live.session_id: gone} and "2 sessions active" in report.summary()
+        assert fresh.sessions[live.session_id].metadata[LOST_FIELDS_KEY] == len(gone)
+        assert LOST_FIELDS_KEY not in fresh.sessions[kept.session_id].metadata
+        done = fresh.finalize(live.session_id, reward=1.0)  # its Samples say what their refs point at
+        assert done.metadata[LOST_FIELDS_KEY] == len(gone)
+        assert LOST_FIELDS_KEY not in fresh.finalize(kept.session_id, reward=1.0).metadata
+    finally:
+        old.shutdown()
+
+
+def test_a_finalize_keeps_its_finalization_id_across_a_replay(tmp_path):
+    from dressage.proxy.upstream.read import finalization_id
+
+    path = tmp_path / "j"
+    cfg = DataPlaneConfig(model=MODEL)
+    delivered = []
+    core = ProxyCore(cfg, None, journal=Journal(path, fsync="never"), write_behind=False, sink=delivered.append)
+    sessions = [_drive(core, SCRIPT, group=g) for g in range(2)]
+    core.journal.close()
+    ids = {d.session_id: finalization_id(d) for d in delivered}
+    assert len(set(ids.values())) == 2 and all(ids[s.session_id] == s.finalization_id for s in sessions)
+    for _ in range(2):  # every restart hands the same finalizations over
+        report = ProxyCore(cfg, None).recover(path)
+        assert {d.session_id: finalization_id(d) for d in report.delivered} == ids
+
+
 def _full(monkeypatch, code=errno.ENOSPC):
     def fail(fd, data):
         raise OSError(code, "No space left on device")

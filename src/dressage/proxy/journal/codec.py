@@ -162,7 +162,10 @@ def apply(sessions: dict[str, Session], payload: bytes, *, decode=None, special_
                 if not isinstance(meta, dict):
                     raise JournalError(f"finalize record for session {sid!r}: meta is not a map")
                 s.metadata.update(meta)
-            s.finalize(rec["reward"], allow_empty=True)
+            fid = rec.get("fid")
+            if fid is not None and not isinstance(fid, str):
+                raise JournalError(f"finalize record for session {sid!r}: fid is not a string")
+            s.finalize(rec["reward"], allow_empty=True, finalization_id=fid)
         elif kind == "abort":
             sessions[sid].abort(rec["reason"])
         elif kind == "forget":

@@ -57,7 +57,7 @@ class ReplayReport:
     set_aside: str | None = None
     """Where the bytes past the damage were kept when the Proxy started on the intact prefix."""
     lost_fields: dict[str, list[str]] = field(default_factory=dict)
-    """Finalized sessions whose TQ keys the TransferQueue no longer holds: session id -> keys."""
+    """Sessions (finalized or active) whose TQ keys the TransferQueue no longer holds: session id -> keys."""
     tq_check_error: str | None = None
     """Why the TransferQueue could not be asked which keys it holds (nothing was marked then)."""
 
@@ -87,7 +87,7 @@ class ReplayReport:
         if self.tq_check_error is not None:
             text += f"; the TransferQueue could not be asked for the journal's keys ({self.tq_check_error})"
         if self.lost_fields:
-            text += (f"; {len(self.lost_fields)} finalized sessions name TQ keys the TransferQueue no longer "
+            text += (f"; {len(self.lost_fields)} sessions name TQ keys the TransferQueue no longer "
                      "holds (their large fields are lost)")
         return text
 
@@ -267,11 +267,15 @@ class Journal:
         """``session`` (holding the earlier steps) lets the record store only the new tokens."""
         self._append(codec.encode_step(session_id, decision, rec, session))
 
-    def finalized(self, session_id: str, reward: float | None, metadata: dict[str, Any] | None = None) -> None:
-        """``metadata``: keys the finalize adds to the session's metadata (``instance_id``, ``label``)."""
+    def finalized(self, session_id: str, reward: float | None, metadata: dict[str, Any] | None = None, *,
+                  finalization_id: str | None = None) -> None:
+        """``metadata``: keys the finalize adds to the session's metadata (``instance_id``, ``label``);
+        ``finalization_id``: the finalize's id, which a replay keeps."""
         body: dict[str, Any] = {"reward": reward}
         if metadata:
             body["meta"] = metadata
+        if finalization_id is not None:
+            body["fid"] = finalization_id
         self._append(codec.encode("finalize", session_id, body))
 
     def aborted(self, session_id: str, reason: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -44,6 +45,8 @@ class FinalizedSession:
     finalized_at: float = field(default_factory=time.monotonic)
     """``time.monotonic()`` when it was handed over: a batch read's group age counts from here. A journal
     replay hands finalized sessions over again, so after a restart the age counts from the replay."""
+    finalization_id: str | None = None
+    """The id of the session's finalize (journaled with it, so the same after a restart)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,10 +326,11 @@ class ProxyCore:
             session.check_finalizable(allow_empty=allow_empty)
             reward = None if reward is None else float(reward)
             update = dict(metadata or {})
+            fid = uuid.uuid4().hex  # journaled: a repeat of the finalize after a restart answers the same id
             if self.journal is not None:
-                self.journal.finalized(session_id, reward, update or None)
+                self.journal.finalized(session_id, reward, update or None, finalization_id=fid)
             session.metadata.update(update)
-            session.finalize(reward, allow_empty=allow_empty)
+            session.finalize(reward, allow_empty=allow_empty, finalization_id=fid)
         return self._deliver(session)
 
     def _deliver(self, session: Session, *, lost: int = 0) -> FinalizedSession:
@@ -348,7 +352,8 @@ class ProxyCore:
             metadata[VERSION_LABELS_KEY] = labels
         if lost:  # its Samples' refs point at nothing: a reader must not take it as whole
             metadata[LOST_FIELDS_KEY] = lost
-        done = FinalizedSession(session_id, segments, session.reward, metadata, unused)
+        done = FinalizedSession(session_id, segments, session.reward, metadata, unused,
+                                finalization_id=session.finalization_id)
         self.trained_tokens += sum(int(np.count_nonzero(seg.loss_mask)) for seg in segments)
         if self.sink is not None:
             self.sink(done)
@@ -422,8 +427,9 @@ class ProxyCore:
         """Replay a journal into this (empty) core: active sessions resume, finalized ones are
         delivered to the sink again (their Samples were not consumed yet), aborted ones are only
         remembered as aborted. ``accept(report)`` may refuse the replay (raise) before anything is
-        taken. A finalized session whose TQ keys the TransferQueue no longer holds is delivered with
-        ``metadata["large_fields_lost"]`` (how many keys), and listed in ``report.lost_fields``."""
+        taken. A session whose TQ keys the TransferQueue no longer holds is listed in
+        ``report.lost_fields`` and carries ``metadata["large_fields_lost"]`` (how many keys): a finalized
+        one is delivered with it, an active one gets it now and hands it to the Samples of its finalize."""
         from dressage.proxy.journal.log import Journal
 
         sessions, report = Journal.replay(path, decode=self._decode, special_ids=self._special_ids)
@@ -437,9 +443,13 @@ class ProxyCore:
                 self.sessions[sid] = s
                 self._calls[sid] = 0
         try:
-            report.lost_fields = self._missing_keys([self.sessions[sid] for sid in report.finalized])
+            report.lost_fields = self._missing_keys([self.sessions[sid] for sid in (*report.finalized,
+                                                                                     *report.active)])
         except DressageError as exc:  # the Controller did not answer: nothing is marked on a guess
             report.tq_check_error = f"{type(exc).__name__}: {exc}"
+        for sid in report.active:  # its steps before the crash point at nothing: so will its Samples
+            if sid in report.lost_fields:
+                self.sessions[sid].metadata[LOST_FIELDS_KEY] = len(report.lost_fields[sid])
         report.delivered = [self._deliver(self.sessions[sid], lost=len(report.lost_fields.get(sid, ())))
                             for sid in report.finalized]
         return report

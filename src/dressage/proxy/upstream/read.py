@@ -129,7 +129,12 @@ def select_trajectories(finalized: Mapping[str, Any], *, trajectory_id: str | No
 
 def finalization_id(done: Any) -> str:
     """The id of one finalize of ``done`` (its finalize answer and every Segment's ``extra_info`` carry it):
-    upstream's Harbor integration accepts a read only when all its Segments name one finalization."""
+    upstream's Harbor integration accepts a read only when all its Segments name one finalization. The
+    finalize's own id (journaled with it, so a restart keeps it); one derived from the hand-over for a
+    FinalizedSession made without one."""
+    fid = getattr(done, "finalization_id", None)
+    if fid:
+        return fid
     return uuid.uuid5(_FINALIZATION_NS, f"{done.session_id}:{getattr(done, 'finalized_at', 0.0)!r}").hex
 
 
