@@ -17,10 +17,11 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from pydantic_core import PydanticCustomError
 
 from dressage.proxy.json_values import nesting_problem, storable_problem
+from dressage.proxy.openai.policy import IGNORED, REFUSED, USED, Param, ParamPolicy
 
 __all__ = ["ChatMessage", "ChatRequest", "GenerateRequest", "CreateSession", "FinalizeRequest",
            "FinalizeSessionRequest", "TrajectoryReadRequest", "TrajectoryAckRequest", "ResumeRequest", "PauseRequest",
-           "DiscardRequest",
+           "DiscardRequest", "GENERATE_PARAMS",
            "Integer", "Number", "Flag", "Shallow", "Storable", "check_stream_options", "BAD_REQUEST_ERRORS",
            "MAX_READ_SESSION_IDS"]
 
@@ -186,9 +187,59 @@ class ChatRequest(_Body):
         return v
 
 
+_ANSWER_ONLY = "accepted and ignored: it asks for more in the answer (or is the engine's bookkeeping); what is " \
+               "sampled and recorded is the same"
+_ROUTING = "accepted and ignored: where SGLang places the request (the Proxy routes its own calls)"
+GENERATE_PARAMS = ParamPolicy("SGLang generate", (
+    Param("input_ids", USED, "the prompt's token ids (0..2**31-1); recorded as the step's prompt"),
+    Param("sampling_params", USED, "passed to the engine as sent (`max_new_tokens` left out: what the context "
+          "window leaves); an engine that refuses one gets a 400 naming `sampling_params.NAME`"),
+    Param("stream", USED, "`false` only: the Proxy answers a token-level call whole; `true`: 400",
+          refuse=lambda v: "a token-level call is answered whole; send stream false" if v is not False else None),
+    Param("rid", IGNORED, "accepted and ignored: the Proxy names its own engine requests"),
+    Param("return_logprob", IGNORED, _ANSWER_ONLY + "; the step records each token's logprob when the Proxy "
+          "records logprobs"),
+    Param("logprob_start_len", IGNORED, _ANSWER_ONLY),
+    Param("top_logprobs_num", IGNORED, _ANSWER_ONLY),
+    Param("token_ids_logprob", IGNORED, _ANSWER_ONLY),
+    Param("return_text_in_logprobs", IGNORED, _ANSWER_ONLY),
+    Param("return_hidden_states", IGNORED, _ANSWER_ONLY),
+    Param("return_routed_experts", IGNORED, _ANSWER_ONLY + "; the Proxy asks for R3 itself when it is on"),
+    Param("routed_experts_start_len", IGNORED, _ANSWER_ONLY),
+    Param("log_metrics", IGNORED, _ANSWER_ONLY),
+    Param("no_logs", IGNORED, _ANSWER_ONLY),
+    Param("custom_labels", IGNORED, _ANSWER_ONLY),
+    Param("priority", IGNORED, _ROUTING),
+    Param("data_parallel_rank", IGNORED, _ROUTING),
+    Param("bootstrap_host", IGNORED, _ROUTING),
+    Param("bootstrap_port", IGNORED, _ROUTING),
+    Param("bootstrap_room", IGNORED, _ROUTING),
+    Param("text", REFUSED, "token in, token out: send `input_ids` (text is tokenized by the chat and completions "
+          "endpoints)"),
+    Param("input_embeds", REFUSED, "embeddings in place of tokens leave no token ids to record"),
+    Param("image_data", REFUSED, "the served model reads text only"),
+    Param("video_data", REFUSED, "the served model reads text only"),
+    Param("audio_data", REFUSED, "the served model reads text only"),
+    Param("modalities", REFUSED, "the served model reads text only"),
+    Param("lora_path", REFUSED, "a LoRA adapter would sample from another policy than the one trained"),
+    Param("lora_id", REFUSED, "a LoRA adapter would sample from another policy than the one trained"),
+    Param("custom_logit_processor", REFUSED, "a custom logit processor changes what is sampled and is not "
+          "forwarded"),
+    Param("session_params", REFUSED, "SGLang's own sessions are not used: the Proxy's session is the URL's"),
+))
+"""What ``POST /sessions/{id}/generate`` does with each field of SGLang's ``/generate`` body (rendered in
+``docs/parameters.md``); a field it does not list is refused by name."""
+
+
 class GenerateRequest(_Body):
+    """``POST /sessions/{id}/generate``: SGLang's body; every field, declared or not, is checked by
+    :data:`GENERATE_PARAMS`."""
+
+    model_config = ConfigDict(extra="allow")
+
     input_ids: list[Integer] = Field(min_length=1)
     sampling_params: Annotated[Optional[dict[str, Any]], Shallow] = None
+    stream: Optional[Flag] = None
 
     @field_validator("input_ids")
     @classmethod

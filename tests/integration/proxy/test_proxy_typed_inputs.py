@@ -303,3 +303,28 @@ def test_an_empty_session_ids_reads_nothing_and_drains_nothing(proxy):
     assert (r.json()["mode"], r.json()["data"]) == ("trajectory", [])
     assert httpx.get(proxy.url + "/trajectory/stats").json()["unread_trajectories"] == unread
     assert sid in proxy.service.trajectories.finalized
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"lora_path": "my-adapter"}, "lora_path"), ({"image_data": "http://x/img.png"}, "image_data"),
+    ({"text": "hello world"}, "text"), ({"custom_logit_processor": "xyz"}, "custom_logit_processor"),
+    ({"stream": True}, "stream"), ({"not_an_sglang_field": 1}, "not_an_sglang_field"),
+])
+def test_a_generate_field_that_would_change_the_sample_is_refused_by_name(proxy, extra, param):
+    sid = _sid(proxy)
+    body = {"input_ids": [72, 105], "sampling_params": {"max_new_tokens": 3}, **extra}
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/generate", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert r.json()["error"]["code"] == "unsupported_parameter"
+    assert len(proxy.service.core.session(sid).steps) == 0
+
+
+def test_generate_bookkeeping_fields_are_accepted_and_ignored(proxy):
+    sid = _sid(proxy)
+    body = {"input_ids": [72, 105], "sampling_params": {"max_new_tokens": 3, "temperature": 0.0}}
+    plain = httpx.post(f"{proxy.url}/sessions/{sid}/generate", json=body, timeout=30).json()
+    extra = {"rid": "agent-1", "return_logprob": True, "top_logprobs_num": 2, "stream": False,
+             "return_routed_experts": True, "priority": 3}
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/generate", json={**body, **extra}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["output_ids"] == plain["output_ids"] and len(proxy.service.core.session(sid).steps) == 2

@@ -14,10 +14,11 @@ from dressage.proxy.openai.chat.params import CHAT_PARAMS, chat_options
 from dressage.proxy.openai.completions import COMPLETIONS_PARAMS, CompletionRequest
 from dressage.proxy.openai.policy import IGNORED, REFUSED, USED, Param, ParamPolicy
 from dressage.proxy.openai.responses.protocol import RESPONSES_PARAMS, ResponsesRequest, chat_body
-from dressage.proxy.schemas import ChatRequest
+from dressage.proxy.schemas import GENERATE_PARAMS, ChatRequest
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "parameters.md"
-POLICIES = {"Chat completions": CHAT_PARAMS, "Responses": RESPONSES_PARAMS, "Text completions": COMPLETIONS_PARAMS}
+POLICIES = {"Chat completions": CHAT_PARAMS, "Responses": RESPONSES_PARAMS, "Text completions": COMPLETIONS_PARAMS,
+            "SGLang generate": GENERATE_PARAMS}
 
 
 def _doc_tables() -> dict[str, str]:

@@ -28,7 +28,8 @@ from dressage.proxy.openai.chat.samples import TOOL_RULE_ATTEMPTS, ChatSample, C
 from dressage.proxy.openai.model_calls import ModelCalls
 from dressage.proxy.parsers import tool_call_constraint
 from dressage.proxy.engines.generation import KEEPALIVE_S, GenerationPlan, GenerationResult
-from dressage.proxy.schemas import ChatRequest, GenerateRequest
+from dressage.proxy.openai.policy import request_fields
+from dressage.proxy.schemas import GENERATE_PARAMS, ChatRequest, GenerateRequest
 from dressage.proxy.openai.chat.shaper import ChatShaper, ReplyEvents, ReplyShaper
 from dressage.proxy.openai.streaming import aiter_frames, opened
 from dressage.proxy.recording.core import ProxyCore
@@ -312,6 +313,7 @@ class ChatServing:
     # ------------------------------------------------------- token level
     async def generate_tokens(self, session_id: str, req: GenerateRequest) -> dict[str, Any]:
         """Token-in, token-out call for TITO-native agents (same limits, pause and versions as chat)."""
+        GENERATE_PARAMS.check(request_fields(req))
         await self.core.settled(session_id)
         self.calls.admit(session_id)
         prompt_ids = np.asarray(req.input_ids, dtype=np.int32)
