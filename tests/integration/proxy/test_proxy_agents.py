@@ -302,6 +302,33 @@ def test_client_that_disconnects_mid_stream_leaves_nothing_recorded(slow_engine)
         p.close()
 
 
+@pytest.mark.parametrize("route", ["chat", "generate", "header_session"])
+def test_a_client_that_hangs_up_before_a_whole_answer_leaves_nothing_recorded(slow_engine, route):
+    p = start_proxy(slow_engine.url)
+    try:
+        sid, base = _new_session(p.url)
+        url, headers = base + "/chat/completions", {}
+        body = {"messages": [{"role": "user", "content": "Write at length."}], "max_tokens": 80}
+        if route == "generate":
+            url, body = f"{p.url}/sessions/{sid}/generate", {"input_ids": [72, 105],
+                                                             "sampling_params": {"max_new_tokens": 80}}
+        elif route == "header_session":
+            sid = "hdr-hangs-up"
+            url, headers = p.url + "/v1/chat/completions", {"X-Session-Id": sid}
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url, json=body, headers=headers, timeout=0.3)  # 80 tokens take ~0.8 s: gone before
+        time.sleep(1.2)                                 # longer than the whole reply would take
+        assert httpx.get(p.url + "/v1/rollout/pause_state").json()["in_flight"] == 0
+        info = httpx.get(slow_engine.url + "/get_server_info").json()
+        assert info["internal_states"][0]["num_running_reqs"] == 0  # the engine request was aborted too
+        if route == "header_session":  # its first call failed: the session is not kept
+            assert httpx.get(f"{p.url}/sessions/{sid}").status_code == 404
+        else:
+            assert len(p.steps(sid)) == 0
+    finally:
+        p.close()
+
+
 def test_two_engines_keep_sessions_sticky_and_move_them_when_one_fails():
     e1, e2 = start_engine(), start_engine()
     # Three failed probes in a row take an engine out: one slow answer of a live engine on a loaded
