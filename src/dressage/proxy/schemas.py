@@ -393,7 +393,8 @@ class PauseRequest(_Control):
     """``POST /v1/rollout/pause``: every call, or only a session's / an instance's."""
 
     session_id: Optional[str] = None
-    instance_id: Optional[str] = None
+    instance_id: Optional[Union[StrictStr, Integer]] = None
+    """A session's ``instance_id`` as it was given: a string, or an integer (read as its decimal string)."""
     reason: Optional[str] = None
     mode: Optional[Literal["preempt", "abort"]] = None
     timeout_seconds: Optional[Number] = Field(default=None, gt=0, le=600)

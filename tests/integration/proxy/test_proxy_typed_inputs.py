@@ -328,3 +328,27 @@ def test_generate_bookkeeping_fields_are_accepted_and_ignored(proxy):
     r = httpx.post(f"{proxy.url}/sessions/{sid}/generate", json={**body, **extra}, timeout=30)
     assert r.status_code == 200, r.text
     assert r.json()["output_ids"] == plain["output_ids"] and len(proxy.service.core.session(sid).steps) == 2
+
+
+def test_a_pause_names_an_instance_as_a_string_or_an_integer(proxy):
+    for instance in (5, "5"):
+        r = httpx.post(proxy.url + "/v1/rollout/pause", json={"instance_id": instance}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert httpx.post(proxy.url + "/v1/rollout/resume", json={}, timeout=30).status_code == 200
+    r = httpx.post(proxy.url + "/v1/rollout/pause", json={"instance_id": True}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"].split(".")[0] == "instance_id", r.text
+
+
+def test_samples_in_another_segment_view_are_refused_naming_segment_view(proxy):
+    sid = _sid(proxy)
+    httpx.post(f"{proxy.url}/sessions/{sid}/v1/chat/completions", json={"messages": USER, "max_tokens": 2},
+               timeout=30)
+    assert httpx.post(f"{proxy.url}/sessions/{sid}/finalize", json={"reward": 1.0}).status_code == 200
+    own = proxy.service.core.config.segment_view
+    other = "timeline" if own == "lineage" else "lineage"
+    read = {"session_id": sid, "format": "samples"}
+    r = httpx.post(proxy.url + "/trajectory/read", json={**read, "segment_view": other}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "segment_view", r.text
+    assert f"or with {own!r}" in r.json()["error"]["message"]
+    r = httpx.post(proxy.url + "/trajectory/read", json={**read, "segment_view": own}, timeout=30)
+    assert r.status_code == 200 and r.json()["data"][0]["samples"], r.text

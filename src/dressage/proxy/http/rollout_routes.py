@@ -24,7 +24,8 @@ def rollout_router(service: Any, *, dependencies: Sequence[Any] = ()) -> APIRout
     @router.post("/pause")
     async def rollout_pause(body: PauseRequest | None = None) -> dict[str, Any]:
         body = body or PauseRequest()
-        out = await service.pause_rollout(session_id=body.session_id, instance_id=body.instance_id,
+        instance = None if body.instance_id is None else str(body.instance_id)
+        out = await service.pause_rollout(session_id=body.session_id, instance_id=instance,
                                           timeout_s=body.timeout_seconds)
         if body.reason is not None:
             out["reason"] = body.reason
