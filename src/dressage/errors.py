@@ -178,13 +178,24 @@ class ExpertIdRangeError(FieldError):
 
     code = "expert_id_out_of_range"
 
-    def __init__(self, value: int, row: int, layer: int, slot: int, dtype: str, limit: int) -> None:
+    def __init__(self, value: int, row: int, layer: int, slot: int, dtype: str, limit: int,
+                 num_experts: int | None = None) -> None:
         self.value, self.row, self.layer, self.slot = int(value), int(row), int(layer), int(slot)
         self.dtype, self.limit = dtype, int(limit)
-        super().__init__(
-            f"expert id {self.value} at row {self.row}, layer {self.layer}, top-k slot {self.slot} "
-            f"does not fit {dtype} (valid ids: 0..{self.limit}); choose a wider --routed-experts-dtype"
-        )
+        self.num_experts = None if num_experts is None else int(num_experts)
+        where = f"expert id {self.value} at row {self.row}, layer {self.layer}, top-k slot {self.slot}"
+        if self.value < 0:
+            # No storage dtype holds a negative id: the routing itself is wrong.
+            message = f"{where} is negative (valid ids: 0..{self.limit})"
+        elif self.num_experts is not None and self.value >= self.num_experts:
+            # A wider dtype would store it, but the model has no such expert: the routing does not
+            # match the model's expert count.
+            message = (f"{where} is not an expert of the model, which has {self.num_experts} "
+                       f"(valid ids: 0..{self.limit}); the routing does not match the model's num_experts")
+        else:
+            message = (f"{where} does not fit {dtype} (valid ids: 0..{self.limit}); "
+                       "choose a wider --routed-experts-dtype")
+        super().__init__(message)
 
 
 class WireFormatError(DressageError, ValueError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from dressage.errors import ConfigError
@@ -22,11 +23,15 @@ def _split(text: str | int | float, what: str) -> tuple[float, str]:
     if isinstance(text, bool):
         raise ConfigError(f"{what}: expected a number, got {text!r}")
     if isinstance(text, (int, float)):
-        return float(text), ""
-    m = _NUM.match(str(text))
-    if not m:
-        raise ConfigError(f"{what}: cannot parse {text!r}")
-    return float(m.group(1)), m.group(2).lower()
+        value, unit = (float(text) if abs(text) < 1e300 else math.inf), ""
+    else:
+        m = _NUM.match(str(text))
+        if not m:
+            raise ConfigError(f"{what}: cannot parse {text!r}")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    if not math.isfinite(value):
+        raise ConfigError(f"{what}: expected a finite number, got {text!r}")
+    return value, unit
 
 
 def parse_bytes(text: str | int | float, what: str = "size") -> int:
@@ -34,7 +39,10 @@ def parse_bytes(text: str | int | float, what: str = "size") -> int:
     value, unit = _split(text, what)
     if unit not in _BYTE_UNITS:
         raise ConfigError(f"{what}: unknown unit {unit!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    out = int(round(value * _BYTE_UNITS[unit]))
+    scaled = value * _BYTE_UNITS[unit]
+    if not math.isfinite(scaled):
+        raise ConfigError(f"{what}: too large, got {text!r}")
+    out = int(round(scaled))
     if out <= 0:
         raise ConfigError(f"{what}: must be positive, got {text!r}")
     return out
@@ -46,6 +54,8 @@ def parse_count(text: str | int, what: str = "count") -> int:
     if unit not in _COUNT_UNITS:
         raise ConfigError(f"{what}: unknown suffix {unit!r} in {text!r} (use K or M)")
     out = value * _COUNT_UNITS[unit]
+    if not math.isfinite(out):
+        raise ConfigError(f"{what}: too large, got {text!r}")
     if out != int(out) or out <= 0:
         raise ConfigError(f"{what}: must be a positive whole number, got {text!r}")
     return int(out)

@@ -25,6 +25,18 @@ __all__ = ["CapacityConfig", "CapacityOutput", "parse_segments_distribution", "d
 # Each StepRecord keeps the full chat history of its request, so the text is held many times.
 DEFAULT_MESSAGE_BYTES_PER_TOKEN = 32.0
 MIN_HOST_MEMORY_BYTES = 1 << 30  # below this a --host-memory value is a missing unit, not a machine
+# Upper bounds no real batch comes near; past them the arithmetic overflows (a float to inf, then
+# OverflowError) or the answer means nothing.
+MAX_CONTEXT_TOKENS = 1 << 31
+MAX_COUNT = 1 << 24          # prompts per batch, samples per prompt
+MAX_NODES = 1 << 16
+MAX_SEGMENTS = 1 << 20       # Segments per trajectory
+MAX_MESSAGE_BYTES_PER_TOKEN = float(1 << 20)
+MAX_HOST_MEMORY_BYTES = 1 << 50  # 1 PiB
+_MAX = {"context_length": MAX_CONTEXT_TOKENS, "mean_segment_tokens": MAX_CONTEXT_TOKENS,
+        "rollout_batch_size": MAX_COUNT, "n_samples_per_prompt": MAX_COUNT, "nodes": MAX_NODES,
+        "mean_segments": MAX_SEGMENTS, "message_bytes_per_token": MAX_MESSAGE_BYTES_PER_TOKEN,
+        "host_memory_bytes": MAX_HOST_MEMORY_BYTES}
 
 
 def _flag(key: str) -> str:
@@ -58,11 +70,20 @@ def _number(key: str, value: object) -> object:
 def _positive_int(key: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"{_flag(key)} ({key}) must be a positive integer, got {value!r}")
+    _at_most(key, value)
 
 
 def _positive_number(key: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
         raise ConfigError(f"{_flag(key)} ({key}) must be a positive finite number, got {value!r}")
+    _at_most(key, value)
+
+
+def _at_most(key: str, value: float) -> None:
+    hi = _MAX.get(key)
+    if hi is not None and value > hi:
+        got = f"{value:.3g}" if isinstance(value, float) or value >= 10**12 else str(value)
+        raise ConfigError(f"{_flag(key)} ({key}) must be at most {int(hi)}, got {got}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -191,7 +212,11 @@ def parse_segments_distribution(text: str, what: str = "--segments-distribution"
             raise ConfigError(f"{what}: cannot parse {part!r} (expected SEGMENTS:WEIGHT, e.g. 1:0.6,2:0.4)") from None
         if x <= 0 or not w >= 0 or w == float("inf"):
             raise ConfigError(f"{what}: {part!r} needs a positive Segment count and a finite weight >= 0")
-        out[x] = out.get(x, 0.0) + w
+        if x > MAX_SEGMENTS:
+            raise ConfigError(f"{what}: {part!r}: at most {MAX_SEGMENTS} Segments per trajectory")
+        if x in out:
+            raise ConfigError(f"{what}: {x} Segments is given twice (in {text!r}); give each count once")
+        out[x] = w
     if not out:
         raise ConfigError(f"{what}: empty distribution {text!r}")
     return out

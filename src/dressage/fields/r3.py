@@ -108,7 +108,8 @@ def encode_routed_experts(ids: np.ndarray, dtype: str = DEFAULT_R3_DTYPE,
             lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi > high:
             row, layer, slot = _first_bad(ids, 0, high)
-            raise ExpertIdRangeError(ids[row, layer, slot], row, layer, slot, str(target), high)
+            raise ExpertIdRangeError(ids[row, layer, slot], row, layer, slot, str(target), high,
+                                     num_experts=num_experts)
     if ids.dtype == target:
         return ids
     return ids.astype(target)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,7 +20,7 @@ from dressage.units import parse_bytes
 
 __all__ = ["TransferQueueConfig", "TransferQueueSelection", "tq_default", "DEPLOYMENTS", "ON_FULL", "load_config",
            "EXAMPLE_CONFIG", "SECRET_ENV",
-           "is_loopback"]
+           "is_loopback", "check_spill_dir", "MAX_WAIT_S", "MAX_RETENTION_S", "MAX_UNIT_MEMORY_BUDGET"]
 
 DEPLOYMENTS = ("embedded", "local", "ray", "transferqueue")
 ON_FULL = ("spill", "wait", "error")
@@ -29,6 +30,14 @@ EXAMPLE_CONFIG = Path(__file__).resolve().with_name("transfer_queue.yaml")
 # Where the shared secret comes from when ``auth_secret`` is not in the config (keeps it out of files).
 SECRET_ENV = "DRESSAGE_TQ_SECRET"
 _MIN_SECRET = 16
+# Upper bounds no real setting comes near: past them, timeouts overflow the clocks and socket options
+# they end up in (a thread's wait, ZMQ's int32 milliseconds).
+MAX_WAIT_S = 7 * 86400.0
+"""The longest timeout, wait or probe interval: a week."""
+MAX_RETENTION_S = 365 * 86400.0
+"""The longest ``retention_s``: a year."""
+MAX_UNIT_MEMORY_BUDGET = 1 << 50
+"""The largest ``unit_memory_budget``: 1 PiB."""
 
 
 def is_loopback(host: str) -> bool:
@@ -119,23 +128,33 @@ class TransferQueueConfig:
         if not isinstance(self.head_storage_unit, bool):
             raise ConfigError(f"{_PREFIX}.head_storage_unit: expected true or false, got {self.head_storage_unit!r}")
         self.unit_memory_budget = parse_bytes(self.unit_memory_budget, f"{_PREFIX}.unit_memory_budget")
+        if self.unit_memory_budget > MAX_UNIT_MEMORY_BUDGET:
+            raise ConfigError(f"{_PREFIX}.unit_memory_budget: at most 1 PiB ({MAX_UNIT_MEMORY_BUDGET} bytes), "
+                              f"got {self.unit_memory_budget}")
         if self.spill_dir is not None and not isinstance(self.spill_dir, (str, os.PathLike)):
             raise ConfigError(f"{_PREFIX}.spill_dir: expected a path, got {self.spill_dir!r}")
         if self.spill_dir is not None:
             self.spill_dir = os.fspath(self.spill_dir)
+            if not isinstance(self.spill_dir, str) or not self.spill_dir or "\0" in self.spill_dir:
+                raise ConfigError(f"{_PREFIX}.spill_dir: expected a directory path, got {self.spill_dir!r}")
         self.full_wait_s = _seconds("full_wait_s", self.full_wait_s, allow_zero=True)
         if self.retention_s is not None:
-            self.retention_s = _seconds("retention_s", self.retention_s)
+            self.retention_s = _seconds("retention_s", self.retention_s, hi=MAX_RETENTION_S)
         if not isinstance(self.shared_memory, bool):
             raise ConfigError(f"{_PREFIX}.shared_memory: expected true or false, got {self.shared_memory!r}")
         self.request_timeout_s = _seconds("request_timeout_s", self.request_timeout_s)
         self.startup_timeout_s = _seconds("startup_timeout_s", self.startup_timeout_s)
+        if isinstance(self.host, str) and ":" in self.host and not any(c in self.host for c in " /"):
+            raise ConfigError(f"{_PREFIX}.host: {self.host!r} is an IPv6 address, which the TransferQueue's "
+                              "sockets do not support; use an IPv4 address (127.0.0.1 for this machine only) "
+                              "or a host name")
         if not isinstance(self.host, str) or not self.host or any(c in self.host for c in " /:"):
             raise ConfigError(f"{_PREFIX}.host: expected a host name or IP address, got {self.host!r}")
         _int("controller_port", self.controller_port, lo=0, hi=65535)
         _int("unit_base_port", self.unit_base_port, lo=0, hi=65535)
         if self.metrics_port is not None:
             _int("metrics_port", self.metrics_port, lo=0, hi=65535)
+        self.check_ports(self.num_storage_units or 1)
         _choice("log_format", self.log_format, ("text", "json"))
         if self.ray_address is not None and not isinstance(self.ray_address, str):
             raise ConfigError(f"{_PREFIX}.ray_address: expected a string, got {self.ray_address!r}")
@@ -165,6 +184,18 @@ class TransferQueueConfig:
             raise ConfigError(
                 f"{_PREFIX}.host: {self.host!r} is not a loopback address, so every frame must be "
                 f"authenticated: set {_PREFIX}.auth_secret or ${SECRET_ENV} (at least {_MIN_SECRET} characters)")
+
+    def check_ports(self, units: int) -> None:
+        """ConfigError when ``units`` StorageUnits would be given ports past 65535: unit ``i`` binds
+        ``unit_base_port + i`` and serves metrics on ``metrics_port + 1 + i``. Checked with
+        ``num_storage_units`` here, and by a ray deployment once it knows how many nodes it has."""
+        if self.unit_base_port and self.unit_base_port + units - 1 > 65535:
+            raise ConfigError(f"{_PREFIX}.unit_base_port: {units} StorageUnit(s) bind ports {self.unit_base_port} to "
+                              f"{self.unit_base_port + units - 1}, past 65535; use at most {65536 - units}")
+        if self.metrics_port and self.metrics_port + units > 65535:
+            raise ConfigError(f"{_PREFIX}.metrics_port: the Controller and {units} StorageUnit(s) serve metrics on "
+                              f"ports {self.metrics_port} to {self.metrics_port + units}, past 65535; use at most "
+                              f"{65535 - units}")
 
     @property
     def budget_bytes(self) -> int:
@@ -230,7 +261,7 @@ class TransferQueueSelection:
 
     def __post_init__(self) -> None:
         if self.retention_s is not None:
-            self.retention_s = _seconds("retention_s", self.retention_s)
+            self.retention_s = _seconds("retention_s", self.retention_s, hi=MAX_RETENTION_S)
             if self.spec is not None:
                 raise ConfigError("transfer_queue.retention_s (--transfer-queue-retention-seconds) applies to a "
                                   "TransferQueue this command starts, not one joined with transfer_queue.spec")
@@ -296,9 +327,33 @@ def _int(name: str, value: Any, *, lo: int, hi: int) -> None:
         raise ConfigError(f"{_PREFIX}.{name}: expected an integer in [{lo}, {hi}], got {value!r}")
 
 
-def _seconds(name: str, value: Any, *, allow_zero: bool = False) -> float:
+def _seconds(name: str, value: Any, *, allow_zero: bool = False, hi: float = MAX_WAIT_S) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{_PREFIX}.{name}: expected seconds as a number, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(f"{_PREFIX}.{name}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    if value > hi:
+        raise ConfigError(f"{_PREFIX}.{name}: at most {hi:g} s ({_span(hi)}), got {value!r}")
     return float(value)
+
+
+def _span(seconds: float) -> str:
+    days = seconds / 86400
+    return "a week" if days == 7 else "a year" if days == 365 else f"{days:g} days"
+
+
+def check_spill_dir(path: str) -> None:
+    """ConfigError naming ``transfer_queue.spill_dir`` unless ``path`` is a directory this process can
+    create (it is made, with its parents, 0700) and write a file in: checked when a deployment whose
+    units spill on this host starts, before anything is started."""
+    where = f"{_PREFIX}.spill_dir"
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{where}: {path!r} exists and is not a directory")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".dressage-spill-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot create or write to the directory {path!r}: "
+                          f"{exc.strerror or exc}") from None

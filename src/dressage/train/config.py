@@ -12,7 +12,9 @@ from dressage.errors import ConfigError
 from dressage.flags import flag
 from dressage.train.reader import LOST_POLICIES
 
-__all__ = ["TrainerConfig", "TrainerProxyConfig"]
+__all__ = ["TrainerConfig", "TrainerProxyConfig", "MAX_TIMEOUT_S"]
+
+MAX_TIMEOUT_S = 7 * 86400.0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -51,3 +53,14 @@ class TrainerConfig:
             raise ConfigError(f"dp_size must be a positive integer, got {self.dp_size!r}")
         if self.on_lost not in LOST_POLICIES:
             raise ConfigError(f"on_lost: expected one of {', '.join(LOST_POLICIES)}, got {self.on_lost!r}")
+        if self.expect_sessions is not None and (isinstance(self.expect_sessions, bool)
+                                                 or not isinstance(self.expect_sessions, int)
+                                                 or self.expect_sessions < 1):
+            raise ConfigError(f"expect_sessions (--expect-sessions): expected a positive integer, "
+                              f"got {self.expect_sessions!r}")
+        if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) \
+                or not 0 < self.timeout_s <= MAX_TIMEOUT_S:
+            raise ConfigError(f"timeout_s (--timeout): expected seconds in (0, {MAX_TIMEOUT_S:g}] (a week), "
+                              f"got {self.timeout_s!r}")
+        if self.json is not None and (not isinstance(self.json, str) or not self.json):
+            raise ConfigError(f"json (--json): expected a file path, got {self.json!r}")

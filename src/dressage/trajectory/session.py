@@ -17,7 +17,7 @@ import numpy as np
 
 from dressage.errors import FieldShapeError, SessionStateError, TrajectoryError, UnknownStepError
 from dressage.trajectory.pieces import trailing_shape
-from dressage.trajectory.step import Boundary, StepRecord, check_rows
+from dressage.trajectory.step import Boundary, StepRecord, check_rows, logprobs_array
 from dressage.trajectory.tape import place_on_tape, share_messages, share_tools
 
 __all__ = ["RouteDecision", "Session", "SessionState"]
@@ -283,11 +283,11 @@ class Session:
         if logprobs is None and self.record_logprobs:
             raise FieldShapeError("logprobs are required for every step of this session")
         if isinstance(logprobs, (list, tuple)):
-            logprobs = np.asarray(logprobs, dtype=np.float32)
+            logprobs = logprobs_array(logprobs)
         if isinstance(logprobs, np.ndarray):
             if logprobs.ndim != 1:
                 raise FieldShapeError(f"logprobs must be 1-D, got shape {logprobs.shape}")
-            logprobs = logprobs.astype(np.float32, copy=False)
+            logprobs = logprobs_array(logprobs)
         check_rows(logprobs, R, f"logprobs vs {R} response tokens")
         start = decision.routed_experts_start if routed_experts_start is None else int(routed_experts_start)
         limit = parent.end_row if parent is not None else 0

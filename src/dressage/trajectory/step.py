@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from dressage.errors import FieldShapeError, SessionStateError
+from dressage.errors import FieldError, FieldShapeError, SessionStateError
 from dressage.trajectory.pieces import num_rows
 
-__all__ = ["Boundary", "StepRecord", "PartialResponse", "LARGE_FIELDS"]
+__all__ = ["Boundary", "StepRecord", "PartialResponse", "LARGE_FIELDS", "logprobs_array"]
 
 LARGE_FIELDS = ("logprobs", "routed_experts")
 
@@ -150,7 +150,7 @@ class PartialResponse:
             raise FieldShapeError("either every chunk carries routed_experts or none does")
         lp = re = None
         if logprobs is not None:
-            lp = np.asarray(logprobs, dtype=np.float32)
+            lp = logprobs_array(logprobs, "chunk logprobs")
             if lp.shape != ids.shape:
                 raise FieldShapeError(f"chunk has {len(ids)} tokens but {lp.shape[0]} logprobs")
         if routed_experts is not None:
@@ -176,6 +176,21 @@ class PartialResponse:
         # One chunk (the common case, no pause cut it) is handed on as it is: no copy of R3.
         routed = (self._routed[0] if len(self._routed) == 1 else np.concatenate(self._routed)) if self._routed else None
         return ids, lps, routed, np.concatenate(self._versions)
+
+
+def logprobs_array(value: Any, what: str = "logprobs") -> np.ndarray:
+    """``value`` as float32 logprobs; anything that is not numbers (strings, nested ragged lists,
+    objects) is a FieldError naming ``what``, not numpy's bare ValueError or TypeError."""
+    try:
+        return np.asarray(value, dtype=np.float32)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise FieldError(f"{what} must be numbers (float32 log-probabilities), got {_sample(value)}: {exc}") \
+            from None
+
+
+def _sample(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def check_rows(value: Any, expected: int, what: str) -> None:

@@ -109,6 +109,25 @@ def test_zero_or_negative_counts_name_the_flag(key, value):
         glm(**{key: value})
 
 
+@pytest.mark.parametrize("key, value", [
+    ("mean_segments", 1e308), ("mean_segments", 2.0 ** 21), ("context_length", 10**100), ("context_length", 2**31 + 1),
+    ("rollout_batch_size", 2**25), ("n_samples_per_prompt", 10**30), ("nodes", 2**17),
+    ("message_bytes_per_token", 1e300), ("host_memory_bytes", 2**60),
+])
+def test_values_past_any_real_batch_are_refused_naming_the_flag(key, value):
+    flag = "--host-memory" if key == "host_memory_bytes" else "--" + key.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"{flag} \\({key}\\) must be at most"):
+        glm(**{key: value})
+
+
+def test_the_bounds_leave_room_for_every_real_batch():
+    assert glm(context_length=2**31, mean_segments=1000.0, nodes=4096).segments > 0
+    with pytest.raises(ConfigError, match="--mean-segments"):
+        glm(mean_segments="1e400")
+    with pytest.raises(ConfigError, match="--host-memory: too large"):
+        glm(host_memory_bytes="1e308PiB")
+
+
 def test_python_list_breakdown_comes_close_to_the_seed_92_4_percent_r3_share():
     shares = {f.name: f.share for f in segment_breakdown(qwen(), "python-list")}
     # Seed's table: R3 92.4%, logprobs 2.3%, token ids 2.1%, messages 2.3%, others 0.9%.
@@ -153,7 +172,7 @@ def test_segments_distribution_mean():
     assert dist == {1: 0.5, 2: 0.3, 4: 0.2}
     assert distribution_mean(dist) == pytest.approx(1.9)
     assert distribution_mean(parse_segments_distribution("1:3,3:1")) == pytest.approx(1.5)
-    for bad in ("", "x:1", "0:1", "2:-1", "1:abc", "1:0"):
+    for bad in ("", "x:1", "0:1", "2:-1", "1:abc", "1:0", "1:1,1:1", "2:0.5,1:0.5,2:0.1", "2000000:1"):
         with pytest.raises(ConfigError, match="--segments-distribution"):
             distribution_mean(parse_segments_distribution(bad))
 

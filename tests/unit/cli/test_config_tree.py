@@ -190,10 +190,42 @@ def test_help_lists_the_sections():
     (["run", "--dp-size", "0"], "rollout.dp_size"),
     (["engine", "serve", "--model.topk", "0"], "model.topk"),
     (["trainer", "--proxy-url", "localhost:1"], "proxy.url"),
+    (["trainer", "--proxy-url", "http://127.0.0.1:9", "--timeout", "-1"], "timeout_s"),
+    (["trainer", "--proxy-url", "http://127.0.0.1:9", "--timeout", "1e12"], "timeout_s"),
+    (["trainer", "--proxy-url", "http://127.0.0.1:9", "--timeout", "nan"], "timeout_s"),
+    (["trainer", "--proxy-url", "http://127.0.0.1:9", "--expect-sessions", "0"], "expect_sessions"),
+    (["capacity", "--model", "tiny-moe", "--context-length", "64K", "--rollout-batch-size", "8",
+      "--mean-segments", "1e308"], "--mean-segments"),
+    (["capacity", "--model", "tiny-moe", "--context-length", "1e100", "--rollout-batch-size", "8"],
+     "--context-length"),
+    (["capacity", "--model", "tiny-moe", "--context-length", "64K", "--rollout-batch-size", "8",
+      "--segments-distribution", "1:1,1:1"], "--segments-distribution"),
 ])
 def test_a_bad_value_names_its_dotted_field(capsys, argv, dotted):
     assert main(argv) == 2
-    assert dotted in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert dotted in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag, path, needle", [
+    ("--admin-token-file", "/nonexistent/token", "proxy.admin_token_file (--admin-token-file): cannot read"),
+    ("--json", "/proc/dressage-nope/report.json", "json (--json): cannot write"),
+    ("--json", "DIR", "is a directory"),
+])
+def test_trainer_files_it_cannot_use_are_one_line_errors_before_it_drains(tmp_path, capsys, flag, path, needle):
+    path = str(tmp_path) if path == "DIR" else path
+    # The Proxy is never asked: nothing listens on port 9, and the file is refused first.
+    assert main(["trainer", "--proxy-url", "http://127.0.0.1:9", flag, path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dressage trainer: error: ") and needle in err and err.count("\n") == 1
+
+
+def test_trainer_json_check_leaves_no_file_behind(tmp_path):
+    from dressage.cli import trainer
+
+    report = tmp_path / "report.json"
+    trainer._check_writable(str(report))
+    assert not report.exists()
 
 
 def test_a_yaml_key_the_tree_does_not_have_names_its_dotted_path(tmp_path, capsys):

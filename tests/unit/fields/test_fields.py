@@ -82,6 +82,24 @@ def test_num_experts_bound_is_checked_too():
         encode_routed_experts(ids, "int32", num_experts=16)
 
 
+def test_only_an_id_the_model_has_but_the_dtype_cannot_hold_suggests_a_wider_dtype():
+    ids = np.zeros((1, 1, 1), dtype=np.int32)
+    ids[0, 0, 0] = 16  # past the model's 16 experts: no dtype makes it one of them
+    with pytest.raises(ExpertIdRangeError, match="0..15") as info:
+        encode_routed_experts(ids, "uint8", num_experts=16)
+    assert "not an expert of the model, which has 16" in str(info.value)
+    assert "wider" not in str(info.value) and info.value.num_experts == 16
+    ids[0, 0, 0] = -3
+    with pytest.raises(ExpertIdRangeError, match="is negative") as info:
+        encode_routed_experts(ids, "uint8", num_experts=16)
+    assert "wider" not in str(info.value)
+    ids[0, 0, 0] = 300  # one of the model's 512 experts that uint8 cannot hold: a wider dtype helps
+    with pytest.raises(ExpertIdRangeError, match="does not fit uint8.*choose a wider --routed-experts-dtype"):
+        encode_routed_experts(ids, "uint8", num_experts=512)
+    with pytest.raises(ExpertIdRangeError, match="choose a wider"):
+        encode_routed_experts(ids, "uint8")  # no expert count: only the dtype bounds it
+
+
 def test_dtype_must_hold_model_experts():
     check_dtype_holds_experts(256, "uint8")
     with pytest.raises(ConfigError, match="uint8"):

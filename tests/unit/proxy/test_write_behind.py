@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dressage.dataplane import DataPlaneConfig
-from dressage.errors import ExpertIdRangeError, TransferQueueError, TransferWriteError
+from dressage.errors import ExpertIdRangeError, FieldError, TransferQueueError, TransferWriteError
 from dressage.fields import ModelSpec
 from dressage.proxy.recording.core import ProxyCore
 from trajgen import E, K, L, expected_r3, sglang_body
@@ -172,6 +172,20 @@ def test_bad_ids_fail_before_anything_is_queued(tq):
         core.begin_step(s.session_id, d, prompt_ids=prompt, response_ids=[40, 41],
                         logprobs=np.zeros(2, np.float32), routed_experts=rows)
     assert client.n == 0 and core.write_behind.batcher is None and len(s.steps) == 0
+
+
+@pytest.mark.parametrize("logprobs", [["a", "b"], [0.5, object()], [[0.1], [0.2, 0.3]]])
+def test_logprobs_that_are_not_numbers_are_a_field_error_before_anything_is_queued(tq, logprobs):
+    client = _Gated(tq.client())
+    core = _core(client)
+    s = core.create_session()
+    prompt = np.asarray([1, 2, 3], np.int32)
+    d = core.plan(s.session_id, prompt)
+    rows = expected_r3(np.asarray([1, 2, 3, 40, 41])).astype(np.int32)
+    with pytest.raises(FieldError, match="logprobs must be numbers"):
+        core.begin_step(s.session_id, d, prompt_ids=prompt, response_ids=[40, 41], logprobs=logprobs,
+                        routed_experts=rows)
+    assert client.n == 0 and len(s.steps) == 0
 
 
 def test_close_lands_every_queued_step(tq):

@@ -67,6 +67,19 @@ def test_wait_gives_up_after_full_wait_s_and_error_refuses_at_once_without_writi
             client.delete(refs)
 
 
+@pytest.mark.parametrize("deployment", ["embedded", "local"])
+def test_a_put_larger_than_every_whole_budget_fails_at_once_without_waiting(deployment):
+    with TransferQueue.start({"deployment": deployment, "unit_memory_budget": "1MiB", "on_full": "wait",
+                              "full_wait_s": 30, "num_storage_units": 2}) as tq:
+        client = tq.client()
+        started = time.monotonic()
+        with pytest.raises(StorageFullError, match="can never fit"):
+            client.put("x", _blob(1, 2 * MiB))
+        assert time.monotonic() - started < 5 and client.counters.full_waits == 0
+        assert client.total_keys() == 0
+        client.put("x", _blob(2, MiB))  # exactly a whole budget still fits
+
+
 def test_spill_keeps_memory_under_the_budget_and_reads_everything_back(tmp_path):
     with TransferQueue.start({"unit_memory_budget": "1MiB", "on_full": "spill", "spill_dir": str(tmp_path),
                               "retention_s": None}) as tq:

@@ -52,6 +52,39 @@ def test_a_file_that_is_not_a_spec_is_a_config_error_naming_it(tmp_path, content
     assert "tq.json" in str(info.value)
 
 
+def test_a_spec_nested_too_deeply_is_a_config_error_naming_it(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000)
+    path.chmod(0o600)
+    with pytest.raises(ConfigError, match="deep.json.*not JSON"):
+        load_client_spec(path)
+
+
+def test_a_spec_path_that_cannot_be_written_is_a_config_error_naming_it(tmp_path):
+    from dressage.tq.client.spec import check_spec_path
+
+    spec = {"spec_version": SPEC_VERSION, "controller": "tcp://127.0.0.1:9"}
+    for path, needle in ((tmp_path, "is a directory"), ("/proc/dressage-nope/spec.json", "cannot write it")):
+        with pytest.raises(ConfigError, match=needle) as info:
+            write_client_spec(spec, path)
+        assert str(path) in str(info.value)
+        with pytest.raises(ConfigError, match=needle):
+            check_spec_path(path)
+    # A path that can be written passes the check and leaves nothing behind, not even its folders.
+    check_spec_path(tmp_path / "a" / "b" / "spec.json")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("key", ["request_timeout_s", "full_wait_s"])
+def test_a_spec_timeout_past_a_week_is_refused_before_any_socket_opens(key):
+    from dressage.tq import TransferQueueClient
+
+    spec = {"spec_version": 1, "controller": "tcp://127.0.0.1:9", key: 1e15,
+            "units": [{"unit_id": "u0", "address": "tcp://127.0.0.1:9", "memory_budget": 1}]}
+    with pytest.raises(ConfigError, match=f"{key}: .*at most 604800"):
+        TransferQueueClient.connect(spec)
+
+
 def test_only_a_spec_is_written():
     with pytest.raises(ConfigError, match="not a TransferQueue client spec"):
         write_client_spec({"controller": "tcp://x:1"}, "/nonexistent/tq.json")

@@ -92,6 +92,33 @@ def test_corrupted_spill_file_is_an_integrity_error(tmp_path):
         unit.close()
 
 
+def test_a_removed_spill_file_is_an_integrity_error_naming_unit_key_and_file(tmp_path):
+    unit = SpillStorageUnit("s0", memory_budget=1 << 20, spill_dir=str(tmp_path))
+    try:
+        assert unit.put("k", _blob()).spilled and unit.put("j", _blob()).spilled
+        path = os.path.join(unit.spill_dir, "0.blob")
+        os.unlink(path)
+        with pytest.raises(IntegrityError, match=rf"unit s0: spilled blob of key 'k' cannot be read from {path}"):
+            unit.get("k", 0, 10)
+        assert unit.get("j", 0, 10).shape[0] == 10  # the other spilled key still reads
+        assert unit.delete(["k"]) == 1  # and the lost one can still be deleted
+    finally:
+        unit.close()
+
+
+@pytest.mark.parametrize("deployment", ["embedded", "local"])
+def test_a_removed_spill_file_reads_as_integrity_error_in_every_deployment(tmp_path, deployment):
+    with TransferQueue.start({"deployment": deployment, "unit_memory_budget": "1MiB",
+                              "spill_dir": str(tmp_path)}) as tq:
+        client = tq.client()
+        refs = [client.put("x", np.full(600_000, i, np.int32)) for i in range(3)]
+        spilled = sorted(os.listdir(tmp_path / "unit0"))
+        assert spilled
+        os.unlink(tmp_path / "unit0" / spilled[0])
+        with pytest.raises(IntegrityError, match="cannot be read from"):
+            client.get_many(refs)
+
+
 def test_integrity_error_crosses_the_wire_typed_and_the_unit_keeps_serving():
     backend = MemoryStorageUnit("w0", memory_budget=64 << 20)
     server = StorageUnitServer(backend, shared_memory=False).start()

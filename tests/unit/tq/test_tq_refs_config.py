@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 from pathlib import Path
 
 import msgpack
+import numpy as np
 import pytest
 import yaml
 
@@ -101,3 +103,71 @@ def test_shipped_example_config_is_valid_and_matches_the_repository_copy():
     assert listed == {f.name for f in dataclasses.fields(TransferQueueConfig)}  # ... every one of them
     repo_copy = Path(__file__).resolve().parents[3] / "examples" / "transfer_queue.yaml"
     assert repo_copy.read_text() == EXAMPLE_CONFIG.read_text()
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("unit_memory_budget", float("nan"), "finite"), ("unit_memory_budget", float("inf"), "finite"),
+    ("unit_memory_budget", "1e400", "finite"), ("unit_memory_budget", 10**400, "finite"),
+    ("unit_memory_budget", "1e308PiB", "too large"), ("unit_memory_budget", "2PiB", "at most 1 PiB"),
+    ("request_timeout_s", 1e12, "at most"), ("startup_timeout_s", 1e9, "at most"),
+    ("full_wait_s", 1e15, "at most"), ("retention_s", 1e12, "at most"),
+    ("host", "::1", "IPv6"), ("host", "fe80::1", "IPv6"), ("spill_dir", "", "directory path"),
+])
+def test_values_that_would_only_fail_at_start_are_refused_naming_the_key(key, value, needle):
+    with pytest.raises(ConfigError, match=rf"transfer_queue\.{key}: .*{needle}"):
+        TransferQueueConfig.from_dict({key: value})
+
+
+def test_heartbeats_and_retention_are_bounded_but_a_week_or_a_year_is_fine():
+    with pytest.raises(ConfigError, match=r"transfer_queue\.heartbeat_interval_s: at most 604800"):
+        TransferQueueConfig(heartbeat_interval_s=1e12, unit_dead_after_s=1e12)
+    cfg = TransferQueueConfig(heartbeat_interval_s=7 * 86400, unit_dead_after_s=7 * 86400, request_timeout_s=86400,
+                              retention_s=365 * 86400)
+    assert cfg.retention_s == 365 * 86400
+
+
+@pytest.mark.parametrize("settings,key", [
+    ({"num_storage_units": 2, "unit_base_port": 65535}, "unit_base_port"),
+    ({"num_storage_units": 8, "unit_base_port": 65530}, "unit_base_port"),
+    ({"metrics_port": 65535}, "metrics_port"),
+    ({"num_storage_units": 3, "metrics_port": 65533}, "metrics_port"),
+])
+def test_ports_counted_from_a_base_must_all_be_ports(settings, key):
+    with pytest.raises(ConfigError, match=rf"transfer_queue\.{key}: .*past 65535"):
+        TransferQueueConfig.from_dict({"deployment": "local", **settings})
+
+
+def test_ports_up_to_65535_are_fine():
+    TransferQueueConfig(num_storage_units=2, unit_base_port=65534, metrics_port=65532)
+    TransferQueueConfig(num_storage_units=4, unit_base_port=0, metrics_port=0)
+
+
+@pytest.mark.parametrize("deployment", ["embedded", "local"])
+def test_a_spill_dir_that_cannot_be_made_or_is_a_file_is_refused_before_anything_starts(tmp_path, deployment):
+    from dressage.tq import TransferQueue
+
+    a_file = tmp_path / "blobs"
+    a_file.write_text("not a directory")
+    for spill_dir, needle in ((str(a_file), "not a directory"), (str(a_file / "sub"), "cannot create"),
+                              ("/proc/dressage-nonexistent", "cannot create")):
+        with pytest.raises(ConfigError, match=r"transfer_queue\.spill_dir: .*" + needle):
+            TransferQueue.start({"deployment": deployment, "spill_dir": spill_dir})
+    made = tmp_path / "new" / "spill"
+    with TransferQueue.start({"deployment": "embedded", "spill_dir": str(made)}) as tq:
+        assert made.is_dir() and os.listdir(made) == ["unit0"]  # the write probe leaves nothing behind
+        tq.client().put("x", np.ones(3, np.float32))
+
+
+def test_a_spill_dir_is_not_checked_when_nothing_spills():
+    from dressage.tq import TransferQueue
+
+    with TransferQueue.start({"spill_dir": "/proc/dressage-nonexistent", "on_full": "error"}) as tq:
+        assert tq.client().total_keys() == 0
+
+
+def test_a_startup_timeout_that_runs_out_says_so_naming_the_key():
+    from dressage.errors import StorageUnitUnavailable
+    from dressage.tq import TransferQueue
+
+    with pytest.raises(StorageUnitUnavailable, match=r"not ready within 0\.001 s.*transfer_queue\.startup_timeout_s"):
+        TransferQueue.start({"deployment": "local", "startup_timeout_s": 0.001})

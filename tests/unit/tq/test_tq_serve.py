@@ -88,3 +88,13 @@ def test_tq_serve_without_spec_out_is_a_usage_error_naming_the_flag():
     proc = subprocess.run([sys.executable, "-m", "dressage", "tq", "serve"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "--spec-out" in proc.stderr
+
+
+@pytest.mark.parametrize("spec_out", ["DIR", "/proc/dressage-nope/spec.json"])
+def test_tq_serve_refuses_a_spec_out_it_cannot_write_before_starting_anything(tmp_path, spec_out):
+    spec_out = str(tmp_path) if spec_out == "DIR" else spec_out
+    proc = subprocess.run([sys.executable, "-m", "dressage", "tq", "serve", "--spec-out", spec_out],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("dressage tq: error: TransferQueue client spec") and spec_out in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""  # nothing was served

@@ -24,6 +24,7 @@ from dressage.proxy.recording.write_behind import PendingStep, WriteBehind, done
 from dressage.trajectory import Boundary, RouteDecision, Segment, Session, StepRecord, build_segments
 from dressage.trajectory.sample import VERSION_LABELS_KEY
 from dressage.trajectory.segment import segment_ends
+from dressage.trajectory.step import logprobs_array
 
 __all__ = ["ProxyCore", "FinalizedSession", "LOST_FIELDS_KEY"]
 
@@ -247,7 +248,7 @@ class ProxyCore:
 
     def _encode(self, logprobs: Any, routed_experts: Any, *, checked: bool) -> dict[str, Any]:
         """The large fields as stored: float32 logprobs, and R3 range-checked in the storage dtype."""
-        fields: dict[str, Any] = {"logprobs": None if logprobs is None else np.asarray(logprobs, dtype=np.float32)}
+        fields: dict[str, Any] = {"logprobs": None if logprobs is None else logprobs_array(logprobs)}
         if self._r3 is not None:
             fields["routed_experts"] = None if routed_experts is None else self._r3.encode(routed_experts,
                                                                                            checked=checked)

@@ -15,12 +15,13 @@ from typing import Any
 
 from dressage.errors import ConfigError, TransferQueueError
 from dressage.tq.client.node import current_node_id
+from dressage.tq.config import MAX_WAIT_S
 from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.service import RemoteController
 from dressage.tq.storage.remote import RemoteStorageUnit
 
 __all__ = ["SPEC_VERSION", "make_spec", "connect_spec", "write_client_spec", "load_client_spec", "check_spec",
-           "check_controller", "CONTROLLER_CHECK_S"]
+           "check_controller", "check_spec_path", "CONTROLLER_CHECK_S"]
 
 SPEC_VERSION = 1
 CONTROLLER_CHECK_S = 5.0  # how long a joining process waits for the spec's Controller to answer at start
@@ -59,9 +60,9 @@ def _optional_text(value: Any, what: str) -> None:
 
 def _number(value: Any, what: str, *, zero: bool) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or value < 0 or (value == 0 and not zero):
+            or value < 0 or (value == 0 and not zero) or value > MAX_WAIT_S:
         raise ConfigError(f"TransferQueue client spec: {what}: expected {'>= 0' if zero else '> 0'} seconds, "
-                          f"got {value!r:.80}")
+                          f"at most {MAX_WAIT_S:g} (a week), got {value!r:.80}")
 
 
 def check_spec(spec: Any) -> dict[str, Any]:
@@ -146,19 +147,55 @@ def write_client_spec(spec: Mapping[str, Any], path: str | os.PathLike[str]) -> 
     :func:`load_client_spec` (``dressage proxy serve --transfer-queue-spec FILE``)."""
     if not isinstance(spec, Mapping) or spec.get("spec_version") != SPEC_VERSION:
         raise ConfigError(f"write_client_spec: not a TransferQueue client spec (spec_version {SPEC_VERSION})")
-    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
-    os.makedirs(folder, mode=0o700, exist_ok=True)  # a directory made for it is its owner's alone
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise ConfigError(f"TransferQueue client spec {name!r}: is a directory, not a file")
+    tmp = f"{name}.tmp-{os.getpid()}"
+    try:
+        folder = os.path.dirname(os.path.abspath(name))
+        os.makedirs(folder, mode=0o700, exist_ok=True)  # a directory made for it is its owner's alone
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"TransferQueue client spec {name!r}: cannot write it: {exc.strerror or exc}") from None
     try:
         os.fchmod(fd, 0o600)  # a leftover temporary file keeps its mode through O_TRUNC
         with os.fdopen(fd, "w") as f:
             json.dump(dict(spec), f)
-        os.replace(tmp, path)
-    except BaseException:
+        os.replace(tmp, name)
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise ConfigError(f"TransferQueue client spec {name!r}: cannot write it: {exc.strerror or exc}") \
+                from None
         raise
+
+
+def check_spec_path(path: str | os.PathLike[str]) -> None:
+    """ConfigError naming ``path`` unless :func:`write_client_spec` can write it: checked before a
+    TransferQueue is started for it, so nothing starts only to fail at its spec. Leaves no file behind."""
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise ConfigError(f"TransferQueue client spec {name!r}: is a directory, not a file")
+    folder = os.path.dirname(os.path.abspath(name))
+    probe = f"{name}.tmp-{os.getpid()}"
+    missing = []
+    parent = folder
+    while not os.path.isdir(parent) and os.path.dirname(parent) != parent:
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"TransferQueue client spec {name!r}: cannot write it: {exc.strerror or exc}") from None
+    finally:
+        for made in missing:  # write_client_spec makes them again, 0700
+            try:
+                os.rmdir(made)
+            except OSError:
+                break
 
 
 def load_client_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -176,8 +213,9 @@ def load_client_spec(path: str | os.PathLike[str]) -> dict[str, Any]:
                           f"and carries the TransferQueue's secret: chmod 600 {name}")
     try:
         spec = json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"TransferQueue client spec {name!r} is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ConfigError(f"TransferQueue client spec {name!r} is not JSON: {why}") from None
     try:
         return check_spec(spec)
     except ConfigError as exc:

@@ -83,6 +83,7 @@ class PlacedWrite:
 
     def write(self, put: PendingPut) -> str:
         names = put.keys
+        self._check_can_fit(put)
         deadline = time.monotonic() + self._full_wait_s
         sleep = _FULL_BACKOFF_S[0]
         lost_units: list[str] = []
@@ -115,3 +116,15 @@ class PlacedWrite:
                     abort_quietly(self._controller, names)
                 raise
             return unit_id
+
+    def _check_can_fit(self, put: PendingPut) -> None:
+        """Without spill a put lands in one unit's memory whole: one larger than every unit's entire
+        budget can never fit, so it fails at once instead of waiting out ``full_wait_s`` for space."""
+        if self._on_full == "spill" or not self._units:
+            return
+        largest = max(int(u.memory_budget) for u in self._units.values())
+        if put.nbytes > largest:
+            raise StorageFullError(
+                f"a put of {put.nbytes} bytes can never fit: it is larger than the whole memory budget of every "
+                f"StorageUnit (largest {largest} bytes) and on_full is {self._on_full!r}, which does not spill; "
+                "raise transfer_queue.unit_memory_budget or split the put")

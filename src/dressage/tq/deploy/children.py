@@ -70,8 +70,10 @@ def read_ready(proc: subprocess.Popen, what: str, timeout_s: float) -> tuple[str
         chunk = os.read(proc.stdout.fileno(), 4096) if ready else b""
         if not chunk:
             stop_children([proc])
-            why = "exited" if proc.poll() is not None else f"not ready within {timeout_s:g} s"
-            raise StorageUnitUnavailable(f"{what} process {why} (exit code {proc.returncode})")
+            if ready:  # end of its output: it exited by itself
+                raise StorageUnitUnavailable(f"{what} process exited (exit code {proc.returncode})")
+            raise StorageUnitUnavailable(f"{what} process was not ready within {timeout_s:g} s, the startup timeout "
+                                         "(transfer_queue.startup_timeout_s); it was stopped")
         line += chunk
     parts = line.decode().split()
     if len(parts) not in (3, 4) or parts[0] != "READY":

@@ -176,6 +176,7 @@ class RayDeployment:
             heads = {n["NodeID"] for n in nodes if _is_head(n)} or {here}  # else the Controller's node
             hosts = _unit_nodes(nodes, heads, config.head_storage_unit)
             count = config.num_storage_units or len(hosts)
+            config.check_ports(count)  # one unit per node: known only now
             unit_cls = ray.remote(num_cpus=0)(_UnitActor)
             actors = []
             for i in range(count):

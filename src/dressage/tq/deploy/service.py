@@ -55,9 +55,11 @@ def serve_transfer_queue(config: TqServeConfig, stop: threading.Event,
                          ready: Callable[[TransferQueue], None] | None = None) -> None:
     """Start the TransferQueue, write its spec, call ``ready(tq)``, serve until ``stop`` is set, then stop
     it and remove the spec (a process that joins after that learns at once that nothing serves it)."""
-    from dressage.tq.client.spec import write_client_spec
+    from dressage.tq.client.spec import check_spec_path, write_client_spec
 
-    tq = TransferQueue.start(config.settings())
+    settings = config.settings()
+    check_spec_path(config.spec_out)  # a spec that cannot be written is refused before anything starts
+    tq = TransferQueue.start(settings)
     try:
         write_client_spec(tq.client_spec(), config.spec_out)
         if ready is not None:

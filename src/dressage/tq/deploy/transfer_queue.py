@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from dressage.errors import StorageUnitUnavailable, TransferQueueError
 from dressage.tq.client.client import TransferQueueClient
-from dressage.tq.config import TransferQueueConfig, load_config
+from dressage.tq.config import TransferQueueConfig, check_spill_dir, load_config
 from dressage.tq.deploy.base import Deployment
 from dressage.tq.deploy.embedded import EmbeddedDeployment
 from dressage.tq.directory.entries import UnitInfo
@@ -23,6 +23,8 @@ __all__ = ["TransferQueue", "start_deployment"]
 
 def start_deployment(config: TransferQueueConfig) -> Deployment:
     """The deployment ``config.deployment`` names, started."""
+    if config.deployment in ("embedded", "local") and config.on_full == "spill" and config.spill_dir is not None:
+        check_spill_dir(config.spill_dir)  # this host's units spill there: refused before any starts
     if config.deployment == "embedded":
         return EmbeddedDeployment(config)
     # Imported when chosen: ``local`` brings ZMQ, ``ray`` brings Ray.

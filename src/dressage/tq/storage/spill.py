@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dressage.errors import IntegrityError, StorageFullError
+from dressage.errors import ConfigError, IntegrityError, StorageFullError
 from dressage.tq.storage.integrity import Checksums, checksum, verify_blocks
 from dressage.tq.storage.base import BlobInfo
 from dressage.tq.storage.memory import MemoryStorageUnit
@@ -53,8 +53,12 @@ class SpillStorageUnit(MemoryStorageUnit):
         else:
             self._dir = os.path.join(os.fspath(spill_dir), unit_id)
             self._owns_dir = not os.path.exists(self._dir)
-            os.makedirs(self._dir, mode=0o700, exist_ok=True)
-            os.chmod(self._dir, 0o700)  # spilled blobs are trajectory data: their owner's alone
+            try:
+                os.makedirs(self._dir, mode=0o700, exist_ok=True)
+                os.chmod(self._dir, 0o700)  # spilled blobs are trajectory data: their owner's alone
+            except OSError as exc:
+                raise ConfigError(f"transfer_queue.spill_dir: unit {unit_id} cannot create its directory "
+                                  f"{self._dir!r}: {exc.strerror or exc}") from None
         self._spilled: dict[str, _Spilled] = {}
         self._spilled_bytes = 0
         self._seq = itertools.count()
@@ -109,11 +113,15 @@ class SpillStorageUnit(MemoryStorageUnit):
         lo, hi = first * block_rows, min(((stop - 1) // block_rows + 1) * block_rows, blob.shape[0])
         want = (hi - lo) * row_bytes
         buf = bytearray(want)
-        fd = os.open(blob.path, os.O_RDONLY)
         try:
-            got = os.preadv(fd, [buf], lo * row_bytes) if want else 0
-        finally:
-            os.close(fd)
+            fd = os.open(blob.path, os.O_RDONLY)
+            try:
+                got = os.preadv(fd, [buf], lo * row_bytes) if want else 0
+            finally:
+                os.close(fd)
+        except OSError as exc:  # removed or unreadable behind the unit's back: lost, like a corrupted file
+            raise IntegrityError(f"unit {self.unit_id}: spilled blob of key {key!r} cannot be read from "
+                                 f"{blob.path}: {exc.strerror or exc}") from None
         if got != want:
             raise IntegrityError(f"unit {self.unit_id}: spilled blob of key {key!r} is truncated ({got} of {want} bytes)")
         rows = np.frombuffer(buf, dtype=blob.dtype).reshape((hi - lo, *blob.shape[1:]))
