@@ -54,7 +54,10 @@ MAC_BYTES = 16
 
 
 def _buffer(frame: Any) -> memoryview:
-    return memoryview(getattr(frame, "buffer", frame)).cast("B")
+    mv = memoryview(getattr(frame, "buffer", frame))
+    if mv.nbytes == 0:  # an empty array of several axes (0 rows of R3): a zero in its shape cannot be cast
+        return memoryview(b"")
+    return mv.cast("B")
 
 
 _TRAILER_HEAD = AUTH_HEAD_BYTES = 48   # nonce(16) seq(8) time_ms(8) salt(16), then the tag
