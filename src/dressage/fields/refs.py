@@ -14,7 +14,7 @@ import numpy as np
 
 from dressage.errors import IntegrityError, ProtocolError, RowRangeError
 
-__all__ = ["FieldRef", "WIRE_TAG", "dtype_name"]
+__all__ = ["FieldRef", "WIRE_TAG", "dtype_name", "check_dtype", "is_plain_dtype"]
 
 # First element of a ref's wire form: lets a reader tell a ref from any other list.
 WIRE_TAG = "fref1"
@@ -135,18 +135,26 @@ class FieldRef:
 
     @classmethod
     def from_wire(cls, obj: Any) -> "FieldRef":
+        """The ref of a wire form, or ProtocolError: names are strings, the dtype a plain numeric one, the
+        shape at least one integer axis and rows integers (bools refused), all in int64 range, the batch a
+        string or null. Rows outside the shape are RowRangeError, as in the constructor."""
         if not isinstance(obj, (list, tuple)) or len(obj) != 9 or obj[0] != WIRE_TAG:
             raise ProtocolError(f"not a FieldRef wire form: {obj!r:.200}")
         _, key, unit_id, fld, dtype, shape, start, stop, batch = obj
         if not all(isinstance(v, str) for v in (key, unit_id, fld, dtype)):
             raise ProtocolError(f"FieldRef wire form has non-string names: {obj!r:.200}")
-        if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) for d in shape):
-            raise ProtocolError(f"FieldRef wire form has a bad shape: {shape!r:.200}")
-        try:
-            return cls(key=key, unit_id=unit_id, field=fld, dtype=dtype, shape=tuple(shape),
-                       row_start=start, row_stop=stop, batch=batch)
-        except TypeError as exc:
-            raise ProtocolError(f"FieldRef wire form: {exc}") from exc
+        if dtype not in _PLAIN_NAMES:
+            check_dtype(dtype)
+            _PLAIN_NAMES.add(dtype)
+        if not isinstance(shape, (list, tuple)) or not shape or not all(_wire_int(d) for d in shape):
+            raise ProtocolError(f"FieldRef wire form has a bad shape (integers in [0, 2**63)): {shape!r:.200}")
+        if not _wire_int(start) or not (stop is None or _wire_int(stop)):
+            raise ProtocolError(f"FieldRef wire form has bad rows (integers in [0, 2**63)): "
+                                f"[{start!r:.40}, {stop!r:.40})")
+        if batch is not None and not isinstance(batch, str):
+            raise ProtocolError(f"FieldRef wire form has a bad batch (a string or null): {batch!r:.100}")
+        return cls(key=key, unit_id=unit_id, field=fld, dtype=dtype, shape=tuple(shape),
+                   row_start=start, row_stop=stop, batch=batch)
 
     def __reduce__(self):  # slotted + frozen: pickle through the constructor
         return (_rebuild, (self.key, self.unit_id, self.field, self.dtype, self.shape,
@@ -154,6 +162,31 @@ class FieldRef:
 
 
 _ITEMSIZE: dict[str, int] = {}
+_PLAIN_NAMES: set[str] = set()  # dtype names check_dtype accepted (a bounded set: numpy's plain dtypes)
+_INT64_MAX = (1 << 63) - 1
+# numpy kinds that are plain bytes: bool, signed, unsigned, float, complex.
+_PLAIN_KINDS = frozenset("biufc")
+
+
+def _wire_int(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= _INT64_MAX
+
+
+def is_plain_dtype(dtype: np.dtype) -> bool:
+    return dtype.kind in _PLAIN_KINDS and dtype.fields is None and dtype.subdtype is None
+
+
+def check_dtype(name: Any) -> np.dtype:
+    """A plain numeric dtype from its name; object, structured and void dtypes are refused."""
+    if not isinstance(name, str):
+        raise ProtocolError(f"dtype must be a name string, got {type(name).__name__}")
+    try:
+        dtype = np.dtype(name)
+    except Exception as exc:  # numpy raises TypeError, ValueError or SyntaxError, by the string's shape
+        raise ProtocolError(f"unknown dtype {name!r:.100}") from exc
+    if not is_plain_dtype(dtype):
+        raise ProtocolError(f"dtype {name!r} is not a plain numeric dtype")
+    return dtype
 _new = object.__new__
 _set = object.__setattr__
 

@@ -58,11 +58,32 @@ def test_ref_is_frozen_hashable_picklable_and_msgpack_round_trips():
     assert len({ref, FieldRef.from_wire(wire)}) == 1
 
 
-@pytest.mark.parametrize("bad", [None, [], ["x"] * 9, ["fref1", 1, "u", "f", "uint8", [3], 0, 3, None],
-                                 ["fref1", "k", "u", "f", "uint8", "3", 0, 3, None]])
+def _wire(dtype="float32", shape=(3,), start=0, stop=None, batch=None):
+    return ["fref1", "k", "u", "f", dtype, list(shape), start, stop, batch]
+
+
+@pytest.mark.parametrize("bad", [
+    None, [], ["x"] * 9, ["fref1", 1, "u", "f", "uint8", [3], 0, 3, None],
+    ["fref1", "k", "u", "f", "uint8", "3", 0, 3, None],
+    _wire(start="a"), _wire(start=None), _wire(start=[1]), _wire(start=True), _wire(start=0.0),
+    _wire(stop=2.7), _wire(stop=False), _wire(stop=-1),
+    _wire(batch=5), _wire(batch=b"b"),
+    _wire(dtype="object"), _wire(dtype="U8"), _wire(dtype="V4"), _wire(dtype="flt"), _wire(dtype="i4,i4"),
+    _wire(shape=[True]), _wire(shape=[10 ** 30]), _wire(shape=[1 << 63]), _wire(shape=[]), _wire(shape=[3, -1]),
+    _wire(shape=[3.0]),
+])
 def test_bad_ref_wire_forms_are_protocol_errors(bad):
     with pytest.raises(ProtocolError):
         FieldRef.from_wire(bad)
+
+
+def test_ref_wire_forms_at_the_bounds_are_accepted():
+    big = (1 << 63) - 1
+    ref = FieldRef.from_wire(_wire(dtype="bool", shape=[big, 0], start=big - 1, stop=big, batch=""))
+    assert (ref.shape, ref.row_start, ref.row_stop, ref.batch, ref.nbytes) == ((big, 0), big - 1, big, "", 0)
+    assert FieldRef.from_wire(_wire(dtype="complex64", shape=[0, 4, 2])).num_rows == 0
+    with pytest.raises(RowRangeError):  # integers, but rows past the shape: as the constructor says
+        FieldRef.from_wire(_wire(start=2, stop=4))
 
 
 def test_config_defaults_and_byte_sizes():

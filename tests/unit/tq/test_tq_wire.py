@@ -123,3 +123,14 @@ def test_controller_keeps_answering_while_one_client_never_reads_its_replies():
         hog.close(0)
         good.close()
         server.stop()
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 2), (5, 0), (0,)])
+def test_an_empty_payload_of_any_shape_is_signed_opened_and_decoded(shape):
+    # A zero in a memoryview's shape cannot be cast to bytes: an empty R3 slice must still be taggable.
+    secret = b"s" * 32
+    empty = np.zeros(shape, np.uint8)
+    frames = wire.encode({"op": "put"}, [empty])
+    body, _ = wire.open_frames([*frames, wire.sign(frames, secret)], secret)
+    got = wire.array_from_frame(bytes(wire.payload_bytes(body[1])), "uint8", list(shape))
+    assert got.shape == shape and got.dtype == np.uint8

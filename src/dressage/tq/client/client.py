@@ -32,7 +32,7 @@ from dressage.fields.refs import FieldRef
 from dressage.tq.storage.base import StorageUnit, prepare_array
 from dressage.fields.refs import dtype_name
 from dressage.tq.transport.bulk import RecvPool, shared_pool
-from dressage.tq.transport.wire import max_keys
+from dressage.tq.transport.wire import MAX_KEY_BYTES, MAX_TEXT, max_keys
 
 __all__ = ["TransferQueueClient", "ClientCounters"]
 
@@ -80,6 +80,51 @@ def _owned_copy(arr: np.ndarray) -> np.ndarray:
     out = shared_pool().take(arr.nbytes, exact=True).view(arr.dtype).reshape(arr.shape)
     np.copyto(out, arr)
     return out
+
+
+def check_name(value: Any, what: str, max_len: int = MAX_KEY_BYTES, *, empty: bool = False) -> str:
+    """``value`` if it is a string every deployment can carry: at most ``max_len`` characters (the wire's
+    bound of a key or field name, ``MAX_TEXT`` for a batch), non-empty unless ``empty``, and UTF-8 text (no
+    lone surrogate); else TransferQueueError naming ``what``. The client's one check of names, so the
+    embedded and remote deployments refuse the same ones before anything is sent or stored."""
+    if not isinstance(value, str) or len(value) > max_len or not (value or empty):
+        got = (f"a string of {len(value)} characters" if isinstance(value, str) and value
+               else f"{type(value).__name__} {value!r:.60}")
+        raise TransferQueueError(f"{what} must be a {'' if empty else 'non-empty '}string of at most {max_len} "
+                                 f"characters, got {got}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise TransferQueueError(f"{what} {value!r:.60} is not UTF-8 text: {exc.reason} at character "
+                                     f"{exc.start}") from None
+    return value
+
+
+def check_batch(batch: Any, what: str = "batch") -> str | None:
+    """``batch`` if it is None or a name :func:`check_name` accepts (empty allowed, up to ``MAX_TEXT``)."""
+    return None if batch is None else check_name(batch, what, MAX_TEXT, empty=True)
+
+
+def keys_of(refs_or_keys: Any, what: str) -> list[str]:
+    """The keys of an iterable of FieldRefs or key strings, each checked (:func:`check_name`). A bare
+    string (or bytes) is refused: iterating it would name each of its characters."""
+    if refs_or_keys is None or isinstance(refs_or_keys, (str, bytes, bytearray, memoryview, FieldRef)):
+        raise TransferQueueError(f"{what} takes a list of FieldRefs or keys, got {type(refs_or_keys).__name__} "
+                                 f"{refs_or_keys!r:.60}" + ("; wrap a single one in a list" if refs_or_keys is not None else ""))
+    try:
+        items = iter(refs_or_keys)
+    except TypeError:
+        raise TransferQueueError(f"{what} takes a list of FieldRefs or keys, got {type(refs_or_keys).__name__} "
+                                 f"{refs_or_keys!r:.60}") from None
+    keys = []
+    for r in items:
+        if isinstance(r, FieldRef):
+            r = r.key
+        elif not isinstance(r, str):
+            raise TransferQueueError(f"{what} takes FieldRefs or key strings, got {type(r).__name__} {r!r:.60}")
+        keys.append(check_name(r, f"{what}: key"))
+    return keys
 
 
 class TransferQueueClient:
@@ -152,6 +197,15 @@ class TransferQueueClient:
         items than one request may carry go as several puts, and those stored before one that failed are
         deleted again."""
         self._check_open()
+        if keys is not None and not isinstance(keys, (list, tuple)):
+            if isinstance(keys, (str, bytes, bytearray, memoryview)):
+                raise TransferQueueError(f"put_many keys must be a list of key strings, got {type(keys).__name__} "
+                                         f"{keys!r:.60}")
+            try:
+                keys = list(keys)
+            except TypeError:
+                raise TransferQueueError(f"put_many keys must be a list of key strings, got "
+                                         f"{type(keys).__name__} {keys!r:.60}") from None
         limit = max_keys()
         if len(items) > limit:
             if keys is not None and len(keys) != len(items):
@@ -188,24 +242,19 @@ class TransferQueueClient:
     def _prepare(self, items: Sequence[tuple[str, np.ndarray]], batch: str | None,
                  keys: Sequence[str] | None) -> PendingPut | None:
         """The put checked and its arrays prepared, before anything is sent; None for no items."""
-        if batch is not None and not isinstance(batch, str):
-            raise TransferQueueError(f"batch must be a string or None, got {batch!r}")
+        if batch is not None:
+            check_batch(batch)
         if not items:
             return None
         if keys is not None and len(keys) != len(items):
             raise TransferQueueError(f"put_many got {len(items)} items but {len(keys)} keys")
         fields, arrays, private = [], [], []
         for field, array in items:
-            if not isinstance(field, str) or not field:
-                raise TransferQueueError(f"field must be a non-empty string, got {field!r}")
-            fields.append(field)
+            fields.append(check_name(field, "field"))
             data = prepare_array(array, copy=False)
             arrays.append(data)
             private.append(data is not array)
-        names = [self._new_key() for _ in items] if keys is None else list(keys)
-        for key in names:
-            if not isinstance(key, str) or not key:
-                raise TransferQueueError(f"key must be a non-empty string, got {key!r}")
+        names = [self._new_key() for _ in items] if keys is None else [check_name(k, "key") for k in keys]
         placing = [(k, a.nbytes, f) for k, a, f in zip(names, arrays, fields)]
         return PendingPut(names, fields, arrays, private, batch, placing)
 
@@ -345,14 +394,15 @@ class TransferQueueClient:
     def delete(self, refs_or_keys: Iterable[FieldRef | str]) -> int:
         """Remove keys everywhere now; returns how many the directory knew."""
         self._check_open()
-        keys = list(dict.fromkeys(r.key if isinstance(r, FieldRef) else str(r) for r in refs_or_keys))
+        keys = list(dict.fromkeys(keys_of(refs_or_keys, "delete")))
         return self._drop(self._controller.delete(keys))
 
     def clear(self, batch: str) -> int:
         """Remove every key of a finished batch from every unit; returns the number of keys removed."""
         self._check_open()
-        if not isinstance(batch, str):
-            raise TransferQueueError(f"clear takes a batch name, got {batch!r}")
+        if batch is None:
+            raise TransferQueueError("clear takes a batch name, got None")
+        check_batch(batch, "clear batch")
         # A page of the batch at a time, so no request or answer carries more keys than one may. A page
         # whose unit deletions fail stays queued in the directory (the janitor retries it page by page);
         # the other pages are still cleared, then the first failure is raised.
@@ -390,13 +440,13 @@ class TransferQueueClient:
 
     def mark_consumed(self, refs_or_keys: Iterable[FieldRef | str]) -> int:
         self._check_open()
-        return self._controller.mark_consumed({r.key if isinstance(r, FieldRef) else str(r) for r in refs_or_keys})
+        return self._controller.mark_consumed(set(keys_of(refs_or_keys, "mark_consumed")))
 
     def set_batch(self, refs_or_keys: Iterable[FieldRef | str], batch: str | None) -> int:
         """Move keys to another batch (e.g. once the rollout step that will consume them is known)."""
         self._check_open()
-        return self._controller.set_batch(
-            {r.key if isinstance(r, FieldRef) else str(r) for r in refs_or_keys}, batch)
+        keys = set(keys_of(refs_or_keys, "set_batch"))
+        return self._controller.set_batch(keys, check_batch(batch, "set_batch batch"))
 
     @property
     def counters(self) -> ClientCounters:

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from dressage import errors
 from dressage.errors import ProtocolError, TransferQueueError
-from dressage.fields.refs import dtype_name
+from dressage.fields.refs import check_dtype, dtype_name, is_plain_dtype
 
 T = TypeVar("T")
 
@@ -47,14 +47,15 @@ __all__ = [
 VERSION = 1
 # Pickle protocols 2..5 start with 0x80 then the protocol number; name them in the error.
 PICKLE_MAGIC = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
-# numpy kinds that are plain bytes: bool, signed, unsigned, float, complex.
-_PLAIN_KINDS = frozenset("biufc")
 _MAX_CONTROL = 16 * 1024 * 1024
 MAC_BYTES = 16
 
 
 def _buffer(frame: Any) -> memoryview:
-    return memoryview(getattr(frame, "buffer", frame)).cast("B")
+    mv = memoryview(getattr(frame, "buffer", frame))
+    if mv.nbytes == 0:  # an empty array of several axes (0 rows of R3): a zero in its shape cannot be cast
+        return memoryview(b"")
+    return mv.cast("B")
 
 
 _TRAILER_HEAD = AUTH_HEAD_BYTES = 48   # nonce(16) seq(8) time_ms(8) salt(16), then the tag
@@ -311,26 +312,6 @@ def decode_control(frame: Any) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ProtocolError(f"control frame must be a map, got {type(obj).__name__}")
     return obj
-
-
-
-
-
-def is_plain_dtype(dtype: np.dtype) -> bool:
-    return dtype.kind in _PLAIN_KINDS and dtype.fields is None and dtype.subdtype is None
-
-
-def check_dtype(name: Any) -> np.dtype:
-    """A plain numeric dtype from its name; object, structured and void dtypes are refused."""
-    if not isinstance(name, str):
-        raise ProtocolError(f"dtype must be a name string, got {type(name).__name__}")
-    try:
-        dtype = np.dtype(name)
-    except Exception as exc:  # numpy raises TypeError, ValueError or SyntaxError, by the string's shape
-        raise ProtocolError(f"unknown dtype {name!r:.100}") from exc
-    if not is_plain_dtype(dtype):
-        raise ProtocolError(f"dtype {name!r} is not a plain numeric dtype")
-    return dtype
 
 
 def array_meta(array: np.ndarray) -> list[Any]:
