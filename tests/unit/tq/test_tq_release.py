@@ -7,7 +7,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
+from dressage.errors import TransferQueueError
 from dressage.tq import TransferQueue
 from dressage.tq.directory import controller as controller_mod
 from dressage.tq.client.batching import PutBatcher
@@ -51,6 +53,8 @@ def test_every_release_returns_the_directory_and_the_units_to_empty(monkeypatch)
                 keys = _rollout(batcher, rollout, steps=40)
                 during = _state(tq)
                 assert during["entries"] == len(keys) == 80 and sum(during["blobs"].values()) == 80
+                with pytest.raises(TransferQueueError, match="not one string"):
+                    release_batch(client, keys[0])  # one key is not a batch of its characters
                 assert release_batch(client, keys) == 80
                 tq.run_janitor()  # the queued duplicate deletions are drained, not kept
                 assert _state(tq) == empty, rollout
