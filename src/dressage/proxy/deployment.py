@@ -195,10 +195,9 @@ def _write_spec(spec: dict[str, Any], path: str) -> str:
     from dressage.tq.client.spec import write_client_spec
 
     try:
-        write_client_spec(spec, path)
-    except OSError as exc:
-        raise ConfigError(f"transfer_queue.spec_out (--transfer-queue-spec-out) {path!r}: "
-                          f"{exc.strerror or exc}") from None
+        write_client_spec(spec, path)  # names the file in a ConfigError when it cannot be written
+    except ConfigError as exc:
+        raise ConfigError(f"transfer_queue.spec_out (--transfer-queue-spec-out): {exc}") from None
     return path
 
 
