@@ -160,32 +160,32 @@ def test_settled_awaits_without_blocking_the_loop(tq):
     assert len(s.steps) == 1
 
 
-def test_bad_ids_fail_before_anything_is_queued(tq):
-    client = _Gated(tq.client())
-    core = _core(client)
-    s = core.create_session()
-    prompt = np.asarray([1, 2, 3], np.int32)
-    d = core.plan(s.session_id, prompt)
-    rows = expected_r3(np.asarray([1, 2, 3, 40, 41])).astype(np.int32)
+def _bad_ids(rows):
     rows[1, 0, 1] = 300
-    with pytest.raises(ExpertIdRangeError, match="300"):
-        core.begin_step(s.session_id, d, prompt_ids=prompt, response_ids=[40, 41],
-                        logprobs=np.zeros(2, np.float32), routed_experts=rows)
-    assert client.n == 0 and core.write_behind.batcher is None and len(s.steps) == 0
+    return rows
 
 
-@pytest.mark.parametrize("logprobs", [["a", "b"], [0.5, object()], [[0.1], [0.2, 0.3]]])
-def test_logprobs_that_are_not_numbers_are_a_field_error_before_anything_is_queued(tq, logprobs):
+@pytest.mark.parametrize("bad, error, says", [
+    (dict(routed_experts=_bad_ids), ExpertIdRangeError, "300"),
+    (dict(logprobs=["a", "b"]), FieldError, "logprobs must be numbers"),
+    (dict(logprobs=[0.5, object()]), FieldError, "logprobs must be numbers"),
+    (dict(logprobs=[[0.1], [0.2, 0.3]]), FieldError, "logprobs must be numbers"),
+], ids=["expert_id_out_of_range", "logprobs_strings", "logprobs_object", "logprobs_ragged"])
+def test_bad_fields_fail_before_anything_is_queued(tq, bad, error, says):
     client = _Gated(tq.client())
     core = _core(client)
     s = core.create_session()
     prompt = np.asarray([1, 2, 3], np.int32)
     d = core.plan(s.session_id, prompt)
     rows = expected_r3(np.asarray([1, 2, 3, 40, 41])).astype(np.int32)
-    with pytest.raises(FieldError, match="logprobs must be numbers"):
-        core.begin_step(s.session_id, d, prompt_ids=prompt, response_ids=[40, 41], logprobs=logprobs,
-                        routed_experts=rows)
-    assert client.n == 0 and len(s.steps) == 0
+    fields = {"logprobs": np.zeros(2, np.float32), "routed_experts": rows}
+    if "routed_experts" in bad:
+        fields["routed_experts"] = bad["routed_experts"](rows)
+    else:
+        fields["logprobs"] = bad["logprobs"]
+    with pytest.raises(error, match=says):
+        core.begin_step(s.session_id, d, prompt_ids=prompt, response_ids=[40, 41], **fields)
+    assert client.n == 0 and core.write_behind.batcher is None and len(s.steps) == 0
 
 
 def test_close_lands_every_queued_step(tq):
