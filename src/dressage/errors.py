@@ -15,6 +15,7 @@ these classes). Hierarchy, with status and type where a class sets them::
     │   └── MissingSessionIdError    no X-Session-Id / X-SMG-Routing-Key header
     ├── RequestRejected              an HTTP request refused before anything is generated 400 invalid_request_error
     │   ├── InputValueError          a lone surrogate, a non-finite number or a malformed tool (names it)
+    │   ├── IdempotencyKeyReusedError  an Idempotency-Key sent again with another request  422
     │   ├── BodyTooLargeError        a body over the size limit (bytes received)     413
     │   ├── AuthenticationError      no or a wrong bearer token                      401 authentication_error
     │   └── PermissionDeniedError    an agent token on an admin path                 403 permission_error
@@ -94,7 +95,7 @@ __all__ = [
     "ReplyConstraintError", "UnsupportedParameterError", "TokenizerError",
     "ChatTemplateError", "JournalError", "JournalEncodeError", "JournalDamagedError", "JournalWriteError",
     "JournalFullError", "AnswerEncodeError", "ContextOverflowError", "SessionIdError",
-    "MissingSessionIdError", "RequestRejected", "InputValueError", "BodyTooLargeError", "AuthenticationError",
+    "MissingSessionIdError", "RequestRejected", "IdempotencyKeyReusedError", "InputValueError", "BodyTooLargeError", "AuthenticationError",
     "PermissionDeniedError", "SessionLimitError", "NoHealthyEngineError", "TrajectoryError", "SessionStateError",
     "StepLimitError", "WeightVersionChangedError", "GenerationPreemptedError", "PartialRolloutStalenessError",
     "WeightVersionMismatchError", "UnknownStepError", "UnknownSessionError", "UnknownReadError", "ToolCallHookError",
@@ -356,6 +357,18 @@ class RequestRejected(DressageError, ValueError):
 
     code = "invalid_request"
     http_status, openai_type = 400, "invalid_request_error"
+
+
+class IdempotencyKeyReusedError(RequestRejected):
+    """An ``Idempotency-Key`` an earlier call of the session carried, sent with another request: a retry
+    must repeat its request, and another request must not get the first one's recorded reply."""
+
+    code = "idempotency_key_reused"
+    http_status = 422
+
+    def __init__(self, message: str) -> None:
+        self.param = "Idempotency-Key"
+        super().__init__(message)
 
 
 class InputValueError(RequestRejected):

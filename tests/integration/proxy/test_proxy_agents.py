@@ -138,6 +138,16 @@ def test_header_sessions_turn_ids_finalize_read_and_stats(proxy):
                                                  extra_headers=t1))
     assert "".join(c.choices[0].delta.content or "" for c in replay if c.choices).strip() == \
         (first.choices[0].message.content or "").strip()
+    # The key names that request: another one under it (here, or on Responses or Messages) is refused,
+    # never answered with the first one's reply.
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "other"}],
+                                                 "max_tokens": 12}),
+                       ("/v1/responses", {"input": "other", "max_output_tokens": 12}),
+                       ("/v1/messages", {"model": "m", "max_tokens": 12,
+                                         "messages": [{"role": "user", "content": "other"}]})):
+        r = httpx.post(url + path, json=body, headers={**headers, **t1})
+        assert r.status_code == 422, (path, r.text)
+        assert "Idempotency-Key" in r.text and "another request" in r.text
     msgs += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
     client.chat.completions.create(model="m", messages=msgs, max_tokens=12, extra_headers={"X-Turn-Id": "t2"})
     session = proxy.service.core.sessions["agent-7"]

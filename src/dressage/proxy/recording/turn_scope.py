@@ -67,6 +67,9 @@ class CallKey:
     """Its reply is kept under ``key``, for a transport retry to be answered from."""
     retry: bool = False
     """It is a transport retry: a reply kept under ``key`` answers it (a concurrent first attempt is awaited)."""
+    request: str | None = None
+    """For an ``Idempotency-Key``: the request's hash (:func:`request_hash`), which every use of the key
+    must repeat; ``None`` when ``key`` names the request itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +87,8 @@ class CallScope:
     def key(self, body: Mapping[str, Any]) -> CallKey:
         turn = self.turn_id or ""
         if self.idempotency_key is not None:
-            return CallKey(f"{turn}\x1fkey:{self.idempotency_key}", cached=True, retry=True)
+            return CallKey(f"{turn}\x1fkey:{self.idempotency_key}", cached=True, retry=True,
+                           request=request_hash(body))
         if self.sdk_retry is not None:  # an SDK that retries by itself: keep the reply for its retry
             return CallKey(turn_call_key(turn, body), cached=True, retry=self.sdk_retry > 0)
         if self.turn_id is not None:  # the turn is recorded; asking again generates again

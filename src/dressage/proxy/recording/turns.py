@@ -17,7 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dressage.errors import SessionIdError
+from dressage.errors import IdempotencyKeyReusedError, SessionIdError
 
 __all__ = ["CallIdentity", "identity_from_headers", "checked_identity", "path_safe", "TurnCache", "instance_group",
            "HEADER_NAMES"]
@@ -81,6 +81,20 @@ class TurnCache:
     def __init__(self, capacity: int = 65_536) -> None:
         self.capacity = int(capacity)
         self._turns: OrderedDict[tuple[str, str], asyncio.Future] = OrderedDict()
+        # Idempotency keys: the hash of the request each was first sent with (as many as turns are kept).
+        self._requests: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    def bind(self, session_id: str, key: str, request: str) -> None:
+        """Tie an idempotency ``key`` to the ``request`` (hash) it first came with; the same key with another
+        request is :class:`~dressage.errors.IdempotencyKeyReusedError`, before anything is replayed or run."""
+        first = self._requests.setdefault((session_id, key), request)
+        if first != request:
+            raise IdempotencyKeyReusedError(
+                "Idempotency-Key was sent before with another request in this session: a retry repeats its "
+                "request (a new request needs a new key)")
+        self._requests.move_to_end((session_id, key))
+        if len(self._requests) > self.capacity:
+            self._requests.popitem(last=False)
 
     def get(self, session_id: str, turn_id: str) -> asyncio.Future | None:
         return self._turns.get((session_id, turn_id))
@@ -134,6 +148,8 @@ class TurnCache:
     def forget_session(self, session_id: str) -> None:
         for key in [k for k in self._turns if k[0] == session_id]:
             self._turns.pop(key, None)
+        for key in [k for k in self._requests if k[0] == session_id]:
+            del self._requests[key]
 
     def __len__(self) -> int:
         return len(self._turns)

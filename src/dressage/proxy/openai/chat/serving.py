@@ -181,6 +181,8 @@ class ChatServing:
         """
         scope = scope or CallScope()
         key = scope.key(req.model_dump(exclude_none=True)) if scope != CallScope() else CallKey()
+        if key.request is not None:
+            self.turns.bind(session_id, key.key, key.request)  # another request under a used key: 422
         if key.retry:
             completion = await self._replayed(session_id, key.key)
             if completion is not None:
