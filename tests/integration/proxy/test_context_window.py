@@ -119,6 +119,11 @@ def test_an_engine_refusal_reaches_the_agent_without_the_engine_url(engine, capl
                                   timeout=10)
             assert response.status_code == 400 and response.json()["error"]["code"] == "context_overflow"
             assert _no_internals(response.text, engine.url)
+            message = httpx.post(f"{base}/messages", json={"model": "m", "max_tokens": 5, "stream": True,
+                                                          "messages": [{"role": "user", "content": "w" * (WINDOW + 50)}]},
+                                 timeout=10)  # Anthropic's stream too: no message_start before the engine answered
+            assert message.status_code == 400 and message.json()["type"] == "error", message.text
+            assert "context length" in message.text and _no_internals(message.text, engine.url)
         assert any(engine.url in record.getMessage() for record in caplog.records)   # the log keeps it
 
 

@@ -48,7 +48,8 @@ class MessageShaper:
         return replay_message(answer)
 
     def frames(self, call: ChatCall, events: ReplyEvents) -> AsyncIterator[bytes]:
-        # message_start goes before the engine answers: later failures are the stream's error event.
+        # message_start waits for the engine's first event: a refusal before it is a plain error status,
+        # a failure after it the stream's error event.
         skeleton = {"id": message_ids(call.completion_id)[0], "type": "message", "role": "assistant",
                     "model": self.model, "content": [], "stop_reason": None, "stop_sequence": None,
                     "usage": usage_object(len(call.prompt.prompt_ids), 0)}

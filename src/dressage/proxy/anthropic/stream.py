@@ -105,20 +105,35 @@ def _end(message: dict[str, Any]) -> Iterator[bytes]:
     yield event("message_stop")
 
 
+_DONE = object()
+"""No event at all (an events iterator that ended at once)."""
+
+
 async def stream_message(skeleton: dict[str, Any], parser: Any, events: AsyncIterator[Any],
                          finish: Callable[[dict[str, Any]], dict[str, Any]]) -> AsyncIterator[bytes]:
     """SSE frames of one streamed Messages call.
 
     ``skeleton`` is the Message before generation (id, model, usage with its input tokens);
     ``events`` the call's (reply text so far, keep-alives, last the recorded chat completion, a dict);
-    ``finish(completion)`` answers the final Message.
+    ``finish(completion)`` answers the final Message. ``message_start`` waits for the call's first event (the
+    engine's first text, or a keep-alive while a pause holds the call): a call the engine refuses before
+    then raises, so the agent gets a plain error status rather than a 200 stream carrying the error.
     """
+    events = aiter(events)
+    first = await anext(events, _DONE)
     yield _start(skeleton)
     yield event("ping")
     blocks = _Blocks()
     content = ContentStream(parser)
     completion = None
-    async for item in events:
+
+    async def all_events() -> AsyncIterator[Any]:
+        if first is not _DONE:
+            yield first
+        async for rest in events:
+            yield rest
+
+    async for item in all_events():
         if item is None:
             yield event("ping")  # Anthropic's own keep-alive
         elif isinstance(item, str):
