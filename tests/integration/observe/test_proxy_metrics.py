@@ -60,6 +60,15 @@ def test_metrics_count_the_calls_tokens_failures_and_tq_bytes_of_known_traffic(e
         assert sum(failed.values()) == 2 == proxy.service.book.failed_calls
         assert {dict(labels)["status"] for labels in failed} == {"404", str(late.status_code)}
         assert all(v == 1 for v in failed.values()), failed
+        # Refusals no call made are errors answered too: a schema's 422, a body over the limit, bad JSON.
+        url = proxy.url + "/sessions/m-a/v1/chat/completions"
+        assert httpx.post(url, json={"messages": [{"role": "user", "content": "x"}], "n": 65}).status_code == 422
+        assert httpx.post(url, content=b"{not json", headers={"content-type": "application/json"}).status_code == 400
+        assert httpx.post(url, content=b"x" * (proxy.service.config.server.max_body_bytes + 1),
+                          headers={"content-type": "application/json"}).status_code == 413
+        failed = {dict(k[1])["status"]: v for k, v in scrape(proxy.url).items()
+                  if k[0] == "dressage_failed_calls_total" and dict(k[1])["status"] in ("400", "413", "422")}
+        assert failed == {"400": 1, "413": 1, "422": 1} and proxy.service.book.failed_calls == 5
         done = proxy.service.trajectories.finalized["m-b"]
         assert m[("dressage_unread_segments", ())] == len(done.segments) >= 1
         trained = sum(int(np.count_nonzero(seg.loss_mask)) for seg in done.segments)

@@ -57,7 +57,7 @@ def _json(value: Any) -> Response:
 def _guard_kwargs(service: Any) -> dict[str, Any]:
     cfg = service.config
     return {"agent_token": cfg.access.api_token, "admin_token": cfg.access.admin_token,
-            "max_body_bytes": cfg.server.max_body_bytes}
+            "max_body_bytes": cfg.server.max_body_bytes, "on_reject": service.book.failed}
 
 
 def _install_guards(app: FastAPI, service: Any) -> None:
@@ -72,6 +72,11 @@ def _install_guards(app: FastAPI, service: Any) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
+        response = _invalid(request, exc)
+        service.book.failed_status(response.status_code, "invalid_request")
+        return response
+
+    def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         first = errors[0] if errors else {}
         if first.get("type") == "json_invalid":
@@ -100,6 +105,9 @@ def _install_guards(app: FastAPI, service: Any) -> None:
         if exc.status_code == 400 and cause is not None and "parsing the body" in detail:
             # FastAPI's words for a body no JSON parser got to read: say why (not UTF-8, say).
             detail = f"malformed JSON: the body could not be read ({type(cause).__name__}: {str(cause)[:200]})"
+        if exc.status_code >= 400:
+            service.book.failed_status(exc.status_code, "invalid_request" if exc.status_code == 400 else
+                                       {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error"))
         if is_anthropic_path(request.url.path):
             return JSONResponse(error_object(exc.status_code, detail), exc.status_code, headers=headers)
         return JSONResponse(error_body(detail, "invalid_request_error"), exc.status_code, headers=headers)

@@ -74,8 +74,14 @@ class SessionBook:
 
     def failed(self, exc: BaseException) -> None:
         """Count a request answered with ``exc`` (its status and stable code; 500 for what is not ours)."""
+        self.failed_status(int(getattr(exc, "http_status", 500) or 500),
+                           str(getattr(exc, "code", None) or type(exc).__name__))
+
+    def failed_status(self, status: int, code: str) -> None:
+        """Count a request answered with an error ``status`` and ``code`` (a refusal no DressageError made:
+        a body the schema refused, an unknown path)."""
         self.failed_calls += 1
-        key = (int(getattr(exc, "http_status", 500) or 500), str(getattr(exc, "code", None) or type(exc).__name__))
+        key = (int(status), code)
         self.failed_by[key] = self.failed_by.get(key, 0) + 1
 
     def recorded(self, session_id: str) -> None:
