@@ -26,13 +26,18 @@ __all__ = ["MessagesRequest", "CountTokensRequest", "NO_OP_PARAMS", "THINKING_SI
            "dressage_error_message",
            "content_blocks", "usage_object", "count_body", "CHAT_NAMES"]
 
-NO_OP_PARAMS = frozenset({"thinking", "context_management", "output_config", "metadata", "service_tier",
-                          "container", "mcp_servers", "betas", "cache_control", "inference_geo", "speed",
-                          "diagnostics", "user_profile_id", "workspace_id"})
+NO_OP_PARAMS = frozenset({"thinking", "context_management", "output_config", "output_format", "metadata",
+                          "service_tier", "mcp_servers", "betas", "cache_control", "inference_geo", "speed",
+                          "diagnostics", "user_profile_id", "workspace_id", "fallbacks"})
 """Accepted and ignored: Anthropic platform bookkeeping and settings the served model cannot take per call
-(the reasoning budget, context editing, effort, prompt caching, where and how fast Anthropic serves the
-call, its accounts); none changes a reply's tokens here.
-``mcp_servers`` must be empty and ``output_config.format`` is served (as a chat ``response_format``)."""
+(the reasoning budget, effort, prompt caching, where and how fast Anthropic serves the call, its accounts,
+fallback models); none changes a reply's tokens here. ``mcp_servers`` must be empty,
+``context_management`` may hold no edit that drops context, and ``output_config.format`` (or the older
+``output_format``) is served, as a chat ``response_format``."""
+
+REFUSED_PARAMS = {"container": "code-execution containers are not run by this Proxy",
+                  "compaction": "server-side compaction is not run by this Proxy"}
+"""Messages parameters that would change the reply and that the Proxy does not serve: 400 naming them."""
 
 THINKING_SIGNATURE = "dressage"
 """The ``signature`` of every thinking block the Proxy answers: clients send it back unchanged, and the
@@ -262,21 +267,44 @@ def _check_no_ops(req: BaseModel) -> None:
     for key, value in (req.model_extra or {}).items():
         if value is None:
             continue
+        if key in REFUSED_PARAMS:
+            raise UnsupportedParameterError(key, REFUSED_PARAMS[key])
         if key not in NO_OP_PARAMS:
             raise UnsupportedParameterError(key, "not a Messages parameter this Proxy serves")
         if key == "mcp_servers" and value:
             raise UnsupportedParameterError("mcp_servers", "MCP servers are not run by this Proxy")
+        if key == "context_management":
+            _check_context_edits(value)
+
+
+def _check_context_edits(value: Any) -> None:
+    """Context editing that keeps the conversation as sent (no edits, or ``clear_thinking`` keeping every turn)
+    changes nothing; an edit that would drop context (``clear_tool_uses``, thinking of earlier turns) would
+    make Anthropic's reply differ from the one the Proxy samples over the whole conversation: 400."""
+    edits = value.get("edits") if isinstance(value, dict) else None
+    for i, edit in enumerate(edits or ()):
+        kind = edit.get("type") if isinstance(edit, dict) else None
+        keep = edit.get("keep") if isinstance(edit, dict) else None
+        if isinstance(kind, str) and kind.startswith("clear_thinking") and keep in ("all", {"type": "all"}):
+            continue
+        raise UnsupportedParameterError(f"context_management.edits[{i}]",
+                                        f"{kind!r} would drop context; the Proxy never edits the conversation")
 
 
 def _response_format(req: BaseModel) -> dict[str, Any] | None:
-    """The chat ``response_format`` of ``output_config.format`` (structured output; the chat path serves it)."""
-    config = (req.model_extra or {}).get("output_config")
-    fmt = config.get("format") if isinstance(config, dict) else None
+    """The chat ``response_format`` of ``output_config.format``, or of the older ``output_format`` (structured
+    output; the chat path serves it)."""
+    extra = req.model_extra or {}
+    config = extra.get("output_config")
+    fmt, where = (config.get("format") if isinstance(config, dict) else None), "output_config.format"
+    if extra.get("output_format") is not None:
+        if fmt is not None:
+            raise UnsupportedParameterError("output_format", "give output_config.format or output_format, not both")
+        fmt, where = extra["output_format"], "output_format"
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-        raise UnsupportedParameterError("output_config.format", 'only {"type": "json_schema", "schema": {...}} '
-                                                                "is supported")
+        raise UnsupportedParameterError(where, 'only {"type": "json_schema", "schema": {...}} is supported')
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 

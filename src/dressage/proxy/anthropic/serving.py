@@ -56,7 +56,7 @@ class MessageShaper:
         return stream_message(skeleton, self.serving.parser, events, lambda completion: self.answer(completion, call))
 
     def failed(self, call: ChatCall, exc: DressageError) -> Iterator[bytes]:
-        name_client_param(exc, "anthropic", self.sent)  # the stream began before the engine answered
+        name_client_param(exc, "anthropic", self.sent)  # a failure after the stream began
         yield error_event(exc.http_status, dressage_error_message(exc))
 
 

@@ -164,12 +164,21 @@ def test_chat_body_is_a_valid_chat_request_with_the_same_sampling():
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
     fmt = chat_body(_request(output_config={"format": {"type": "json_schema", "schema": schema}}))
     assert fmt["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    older = chat_body(_request(output_format={"type": "json_schema", "schema": schema}))  # the beta's name
+    assert older["response_format"] == fmt["response_format"]
+    kept = chat_body(_request(fallbacks=[{"model": "other"}], context_management={"edits": [
+        {"type": "clear_thinking_20251015", "keep": "all"}]}))  # nothing that changes the reply
+    assert kept["messages"] == fmt["messages"]
 
 
 @pytest.mark.parametrize("extra,name", [({"frequency_penalty": 0.5}, "frequency_penalty"),
                                         ({"logprobs": True}, "logprobs"),
                                         ({"mcp_servers": [{"type": "url", "url": "http://x"}]}, "mcp_servers"),
-                                        ({"output_config": {"format": {"type": "xml"}}}, "output_config.format")])
+                                        ({"output_config": {"format": {"type": "xml"}}}, "output_config.format"),
+                                        ({"output_format": {"type": "xml"}}, "output_format"),
+                                        ({"container": "c-1"}, "container"), ({"compaction": {}}, "compaction"),
+                                        ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+                                         "context_management.edits[0]")])
 def test_unknown_or_unservable_fields_are_refused_by_name(extra, name):
     with pytest.raises(UnsupportedParameterError) as err:
         chat_body(_request(**extra))
