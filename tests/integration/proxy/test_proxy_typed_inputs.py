@@ -352,3 +352,13 @@ def test_samples_in_another_segment_view_are_refused_naming_segment_view(proxy):
     assert f"or with {own!r}" in r.json()["error"]["message"]
     r = httpx.post(proxy.url + "/trajectory/read", json={**read, "segment_view": own}, timeout=30)
     assert r.status_code == 200 and r.json()["data"][0]["samples"], r.text
+
+
+def test_a_null_responses_input_is_an_absent_one(proxy):
+    sid = _sid(proxy)
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/responses",
+                   json={"instructions": "be terse", "input": None, "max_output_tokens": 4}, timeout=30)
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/responses", json={"input": None, "max_output_tokens": 4},
+                   timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text  # as with no input at all

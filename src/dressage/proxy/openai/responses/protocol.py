@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Annotated, Any, Callable, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from dressage.errors import UnknownResponseError, UnsupportedParameterError
 from dressage.proxy.function_tools import (check_arguments, check_function, check_name, check_unique_names,
@@ -117,7 +117,8 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None
-    input: Annotated[Union[str, list[dict[str, Any]]], Shallow] = ""
+    # A null input is an absent one (as every null field is), not a value of the wrong type.
+    input: Annotated[Union[str, list[dict[str, Any]]], Shallow, BeforeValidator(lambda v: "" if v is None else v)] = ""
     instructions: Annotated[Optional[Union[str, list[dict[str, Any]]]], Shallow] = None
     tools: Annotated[Optional[list[dict[str, Any]]], Shallow] = None
     tool_choice: Annotated[Any, Shallow] = None
