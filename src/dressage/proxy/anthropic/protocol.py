@@ -308,11 +308,24 @@ def _response_format(req: BaseModel) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
 
+def _refuse_prefill(messages: list[dict[str, Any]], turns: list[dict[str, Any]]) -> None:
+    """On Messages a last assistant turn with text is a prefill the reply continues; the chat path would
+    close it as a finished turn and sample a new one, another reply than the one asked for: 400."""
+    last = turns[-1] if turns else None
+    if last is not None and last["role"] == "assistant" and (last.get("content") or "").strip() \
+            and not last.get("tool_calls"):
+        raise UnsupportedParameterError(f"messages[{len(messages) - 1}]",
+                                        "a last assistant message (a prefill to continue) is not served by this "
+                                        "Proxy: end the conversation with a user message")
+
+
 def chat_body(req: MessagesRequest) -> dict[str, Any]:
     """The chat request body equivalent to ``req`` (validated by the chat schema afterwards)."""
     _check_no_ops(req)
     choice, parallel = chat_tool_choice(req.tool_choice)
-    body: dict[str, Any] = {"model": req.model, "messages": chat_messages(req.system, req.messages),
+    turns = chat_messages(req.system, req.messages)
+    _refuse_prefill(req.messages, turns)
+    body: dict[str, Any] = {"model": req.model, "messages": turns,
                             "tools": chat_tools(req.tools), "tool_choice": choice, "parallel_tool_calls": parallel,
                             "max_tokens": req.max_tokens, "temperature": req.temperature, "top_p": req.top_p,
                             "top_k": req.top_k, "stop": req.stop_sequences or None, "stream": bool(req.stream),

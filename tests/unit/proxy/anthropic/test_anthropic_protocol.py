@@ -341,3 +341,12 @@ def test_a_stream_that_fails_after_it_began_ends_with_an_error_event():
     assert evs[-1] == {"type": "error", "error": {"type": "api_error", "message": EngineTimeout.public_message}}
     assert book.failed_calls == 1 and book.failures == ["EngineTimeout"] and book.dropped == ["s1"]  # nothing was committed: a fresh session goes
     assert left == [("s1", None)]  # the call is no longer in flight
+
+
+def test_a_last_assistant_message_a_prefill_is_refused_naming_it():
+    prefill = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, here is"}]
+    with pytest.raises(UnsupportedParameterError) as err:
+        chat_body(_request(messages=prefill))
+    assert err.value.param == "messages[1]" and "prefill" in str(err.value)
+    # An empty or blank one prefills nothing: served as the conversation it is.
+    assert chat_body(_request(messages=[prefill[0], {"role": "assistant", "content": " "}]))
