@@ -101,6 +101,7 @@ class ProxyService:
         self.models = ModelsServing(config, core)
         self.trajectories = Trajectories(config, core, in_flight=self.in_flight, book=self.book, stats=self.stats,
                                          tq_spec=tq_spec)
+        self.trajectories.on_end = self.pause.end_session  # a held call of an ended session fails at once
         self.replay_s: float | None = None
         """Seconds the journal replay took at start (``None``: nothing was replayed)."""
         self.metrics = ProxyMetrics(self)

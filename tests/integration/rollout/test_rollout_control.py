@@ -156,6 +156,31 @@ def slow_engine():
     srv.stop()
 
 
+@pytest.mark.parametrize("end", ["abort", "discard", "finalize"])
+def test_a_call_a_pause_holds_fails_as_soon_as_its_session_ends(slow_engine, end):
+    async def scenario(url):
+        async with httpx.AsyncClient(timeout=60) as h:
+            sid = (await h.post(url + "/sessions", json={})).json()["session_id"]
+            first = await h.post(f"{url}/sessions/{sid}/generate",
+                                 json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
+            assert first.status_code == 200
+            assert (await h.post(url + "/v1/rollout/pause", json={})).status_code == 200
+            held = asyncio.ensure_future(h.post(f"{url}/sessions/{sid}/generate",
+                                                json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 5}}))
+            await asyncio.sleep(0.3)
+            assert not held.done()              # the pause holds it
+            path, body = {"abort": (f"/sessions/{sid}/abort", None), "discard": ("/session/discard", {"session_id": sid}),
+                          "finalize": (f"/sessions/{sid}/finalize", {"wait_s": 0.2})}[end]
+            assert (await h.post(url + path, json=body)).status_code == 200
+            out = await asyncio.wait_for(held, 30)  # answered before the resume below
+            await h.post(url + "/v1/rollout/resume", json={})
+            return out
+
+    with start_proxy(slow_engine.url, partial_rollout=True) as proxy:
+        out = asyncio.run(scenario(proxy.url))
+        assert out.status_code == 409 and out.json()["error"]["code"] == "session_state", out.text
+
+
 @pytest.mark.parametrize("partial_rollout", [True, False], ids=["partial", "no_partial"])
 def test_a_session_pause_cuts_only_that_sessions_call_in_flight(slow_engine, partial_rollout):
     async def scenario(url):

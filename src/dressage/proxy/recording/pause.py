@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from dressage.errors import EngineError
+from dressage.errors import EngineError, SessionStateError
 from dressage.proxy.recording.weights import UNSET_ENGINE_VERSION, WeightVersions
 
 __all__ = ["RolloutPause", "UNSET_ENGINE_VERSION", "ABORT_CALL_TIMEOUT_S"]
@@ -54,6 +54,8 @@ class RolloutPause:
         self._resumed: asyncio.Event | None = None
         self.scopes: set[tuple[str, str]] = set()
         """Paused sessions and instances (``("session", id)`` / ``("instance", id)``) besides a global pause."""
+        self._ended: dict[str, str] = {}
+        """Sessions that ended (finalized, aborted, discarded) while a pause held calls: session id -> state."""
 
     def _event(self) -> asyncio.Event:
         # Created on first use, so it belongs to the server's loop rather than the constructor's.
@@ -73,11 +75,25 @@ class RolloutPause:
         """Return at once unless paused (globally or for this session / instance); otherwise when
         resumed (True) or after ``timeout`` (False)."""
         while self.blocked(session_id, instance_id):
+            ended = self._ended.get(session_id) if session_id is not None else None
+            if ended is not None:  # it can record nothing more: no need to wait for the weights
+                raise SessionStateError(f"session {session_id} is {ended}")
             try:
                 await asyncio.wait_for(self._event().wait(), timeout)
             except asyncio.TimeoutError:
                 return False
         return True
+
+    def end_session(self, session_id: str, state: str) -> None:
+        """The session ended (``state``: finalized, aborted, discarded): its calls a pause holds fail now, as
+        they would at resume, rather than keep their connections for as long as the weight update takes."""
+        if not (self.paused or self.scopes):
+            return
+        self._ended[session_id] = state
+        held = self._event()
+        if not held.is_set():  # wake the waiters, who wait again on a fresh event unless theirs ended
+            self._resumed = asyncio.Event()
+            held.set()
 
     @asynccontextmanager
     async def track(self, rid: str, client: Any, *, session_id: str | None = None,
@@ -158,6 +174,7 @@ class RolloutPause:
             self.paused_s += max(time.time() - self.paused_at, 0.0)
         self.paused, self.paused_at = False, None
         self.scopes.clear()
+        self._ended.clear()
         self._event().set()
         return {"paused": False, "resumed": was, "weight_version": self.versions.current,
                 "version": self.versions.label}

@@ -63,6 +63,13 @@ class Trajectories:
         finalize to that read (the Proxy's metrics set it)."""
         self._handed: set[str] = set()
         """Finalized sessions a batch read handed over in a group already told (kept while finalized)."""
+        self.on_end: Callable[[str, str], None] | None = None
+        """Told ``(session id, state)`` when a session ends here (finalized, aborted, discarded): the Proxy's
+        pause fails that session's held calls at once."""
+
+    def _ended(self, session_id: str, state: str) -> None:
+        if self.on_end is not None:
+            self.on_end(session_id, state)
 
     def _spec(self) -> dict[str, Any] | None:
         return self._tq_spec() if self._tq_spec is not None else None
@@ -91,6 +98,7 @@ class Trajectories:
         done = self.core.finalize(session_id, reward, metadata=metadata, allow_empty=allow_empty)
         self.book.keeper.release(session_id)
         self.finalized[session_id] = done
+        self._ended(session_id, "finalized")
         return done
 
     def abort(self, session_id: str) -> dict[str, Any]:
@@ -99,6 +107,7 @@ class Trajectories:
         self.finalized.pop(session_id, None)
         self.leases.drop(session_id)
         self.book.forget_state(session_id)
+        self._ended(session_id, "aborted")
         return {"session_id": session_id, "state": "aborted", "released_refs": released}
 
     def segments(self, session_id: str) -> list[dict[str, Any]]:
@@ -196,6 +205,7 @@ class Trajectories:
         self.leases.drop(sid)
         self.ledger.drop(sid)
         self.book.forget_state(sid)
+        self._ended(sid, "discarded")
         # Upstream's keys: whether this call removed a session, and how many unread Segments went with it.
         return {"success": True, **out, "session_removed": out.get("was") in ("active", "finalized"),
                 "segments_removed": len(done.segments) if done is not None else 0}
