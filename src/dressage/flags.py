@@ -29,7 +29,7 @@ from typing import Any, Callable
 from dressage.errors import ConfigError
 
 __all__ = ["flag", "field_docs", "ConfigTree", "Setting", "config_to_dict", "parse_bool", "help_text",
-           "setting_path"]
+           "setting_path", "read_secret_file", "check_writable"]
 
 _DEST = "config:"  # argparse dest prefix of a setting; the dotted path follows
 _METAVARS = {int: "N", float: "X"}
@@ -352,6 +352,36 @@ def _copy(data: Any) -> Any:
     if isinstance(data, Mapping):
         return {k: _copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
     return data
+
+
+def read_secret_file(path: str | os.PathLike[str], what: str) -> str | None:
+    """The token or secret a file holds (stripped; ``None`` when empty); ConfigError naming ``what`` (the
+    setting and its flag) when it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(1 << 16).strip() or None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{what}: cannot read {os.fspath(path)!r}: {why}") from None
+
+
+def check_writable(path: str | os.PathLike[str], what: str, *, make_parents: bool = False) -> None:
+    """ConfigError naming ``what`` unless a file can be written at ``path`` (its directory made first with
+    ``make_parents``): checked before a long run or a drain, which an output that cannot be written would
+    otherwise lose. Leaves no file behind."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ConfigError(f"{what}: {path!r} is a directory")
+    try:
+        if make_parents and os.path.dirname(path):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        existed = os.path.exists(path)
+        with open(path, "a", encoding="utf-8"):
+            pass
+        if not existed:
+            os.unlink(path)
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot write {path!r}: {exc.strerror or exc}") from None
 
 
 def load_yaml(path: str | os.PathLike[str], *, what: str = "--config") -> dict[str, Any]:

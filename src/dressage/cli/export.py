@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from dressage.errors import ConfigError
-from dressage.flags import ConfigTree, flag
+from dressage.flags import ConfigTree, check_writable, flag, read_secret_file
 
 __all__ = ["register", "ExportConfig", "export"]
 
@@ -73,31 +73,39 @@ def _token(path: str | None) -> str | None:
     from dressage.proxy.config import ADMIN_TOKEN_ENV
 
     if path:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip() or None
+        return read_secret_file(path, "admin_token_file (--admin-token-file)")
     return os.environ.get(ADMIN_TOKEN_ENV) or None
 
 
 def export(cfg: ExportConfig) -> dict:
-    """Read, write, and answer what was written."""
-    from dressage.export import from_journal, from_proxy, write_html, write_jsonl, write_parquet, write_slime
+    """Read, write, and answer what was written. The files' paths are checked before anything is read, and
+    a Proxy's read is acknowledged (``--drain``) only once every file was written."""
+    from dressage.export import from_journal, reading_proxy
 
+    for path, what in ((cfg.out, "out (--out)"), (cfg.html, "html (--html)")):
+        if path is not None:
+            check_writable(path, what, make_parents=True)
     if cfg.proxy_url is not None:
-        sessions = from_proxy(cfg.proxy_url, token=_token(cfg.admin_token_file), drain=cfg.drain,
-                              timeout_s=cfg.timeout_s)
-    else:
-        spec = None
-        if cfg.tq_spec is not None:
-            from dressage.tq.client.spec import load_client_spec
+        with reading_proxy(cfg.proxy_url, token=_token(cfg.admin_token_file), drain=cfg.drain,
+                           timeout_s=cfg.timeout_s) as sessions:
+            return _write(cfg, sessions)
+    spec = None
+    if cfg.tq_spec is not None:
+        from dressage.tq.client.spec import load_client_spec
 
-            spec = load_client_spec(cfg.tq_spec)
-        token_text = None
-        if cfg.tokenizer is not None:
-            from dressage.tokenizer import load_tokenizer
-            from dressage.trajectory.view import TokenText
+        spec = load_client_spec(cfg.tq_spec)
+    token_text = None
+    if cfg.tokenizer is not None:
+        from dressage.tokenizer import load_tokenizer
+        from dressage.trajectory.view import TokenText
 
-            token_text = TokenText(load_tokenizer(cfg.tokenizer).decode)
-        sessions = from_journal(cfg.journal, tq_spec=spec, segment_view=cfg.segment_view, token_text=token_text)
+        token_text = TokenText(load_tokenizer(cfg.tokenizer).decode)
+    return _write(cfg, from_journal(cfg.journal, tq_spec=spec, segment_view=cfg.segment_view, token_text=token_text))
+
+
+def _write(cfg: ExportConfig, sessions: list) -> dict:
+    from dressage.export import write_html, write_jsonl, write_parquet, write_slime
+
     samples = [s for ex in sessions for s in ex.samples]
     report = {"sessions": len(sessions), "segments": len(samples),
               "trained_tokens": int(sum(int(s.loss_mask.sum()) for s in samples)),

@@ -11,7 +11,7 @@ import os
 import sys
 
 
-from dressage.errors import ConfigError
+from dressage.flags import check_writable, read_secret_file
 
 
 def _tree():
@@ -36,38 +36,16 @@ def _token(path: str | None) -> str | None:
     from dressage.proxy.config import ADMIN_TOKEN_ENV
 
     if path:
-        try:
-            with open(path, encoding="utf-8") as f:
-                return f.read(1 << 16).strip() or None
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text" \
-                if isinstance(exc, UnicodeDecodeError) else str(exc)
-            raise ConfigError(f"proxy.admin_token_file (--admin-token-file): cannot read {path!r}: {why}") \
-                from None
+        return read_secret_file(path, "proxy.admin_token_file (--admin-token-file)")
     return os.environ.get(ADMIN_TOKEN_ENV) or None
-
-
-def _check_writable(path: str) -> None:
-    """ConfigError unless the report can be written to ``path``: checked before the drain, which a
-    report that cannot be written would otherwise lose. Leaves no file behind."""
-    if os.path.isdir(path):
-        raise ConfigError(f"json (--json): {path!r} is a directory")
-    existed = os.path.exists(path)
-    try:
-        with open(path, "a", encoding="utf-8"):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"json (--json): cannot write {path!r}: {exc.strerror or exc}") from None
-    if not existed:
-        os.unlink(path)
 
 
 def _run(args: argparse.Namespace) -> int:
     from dressage.train.remote import ProxyTrajectorySource, consume
 
     cfg = trainer_config(args)
-    if cfg.json:
-        _check_writable(cfg.json)
+    if cfg.json:  # before the drain, which a report that cannot be written would otherwise lose
+        check_writable(cfg.json, "json (--json)")
     source = ProxyTrajectorySource(cfg.proxy.url, token=_token(cfg.proxy.admin_token_file),
                                    timeout_s=max(cfg.timeout_s, 5.0))
     try:

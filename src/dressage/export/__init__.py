@@ -6,8 +6,8 @@ never imports it.
 """
 
 from dressage.trajectory.rows import ExportedSession, segment_rows
-from dressage.export.sources import from_journal, from_proxy
+from dressage.export.sources import from_journal, from_proxy, reading_proxy
 from dressage.export.writers import FORMATS, write_html, write_jsonl, write_parquet, write_slime
 
-__all__ = ["ExportedSession", "segment_rows", "from_proxy", "from_journal", "FORMATS", "write_jsonl",
+__all__ = ["ExportedSession", "segment_rows", "from_proxy", "reading_proxy", "from_journal", "FORMATS", "write_jsonl",
            "write_parquet", "write_slime", "write_html"]

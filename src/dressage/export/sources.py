@@ -1,13 +1,17 @@
 """Where exported sessions come from: a running Proxy (its admin read) or a journal file (replayed).
 
-A Proxy is read under a lease: released afterwards, so the trajectories stay for the trainer, or
-acknowledged with ``drain``. Large fields in TransferQueue are restored through the TQ the Proxy (or
-``tq_spec``) names, without releasing its keys; a journal without ``tq_spec`` keeps them as refs.
+A Proxy is read under a lease held while the export writes (:func:`reading_proxy`): released afterwards,
+so the trajectories stay for the trainer, or, with ``drain``, acknowledged only once the writing went
+through, and their TransferQueue keys released (the export is then what consumed them). Large fields in
+TransferQueue are restored through the TQ the Proxy (or ``tq_spec``) names; a journal without ``tq_spec``
+keeps them as refs.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -16,7 +20,7 @@ from dressage.trajectory.rows import ExportedSession
 from dressage.trajectory import Sample, build_segments
 from dressage.trajectory.view import session_document
 
-__all__ = ["from_proxy", "from_journal"]
+__all__ = ["from_proxy", "reading_proxy", "from_journal"]
 
 
 def _restore(samples: list[Sample], client: Any) -> None:
@@ -26,14 +30,22 @@ def _restore(samples: list[Sample], client: Any) -> None:
         TrainingReader(client).restore(samples)
 
 
-def from_proxy(url: str, *, token: str | None = None, drain: bool = False,
-               timeout_s: float = 60.0) -> list[ExportedSession]:
-    """The Proxy's finalized trajectories with their session documents, restored from its TQ."""
+@contextmanager
+def reading_proxy(url: str, *, token: str | None = None, drain: bool = False,
+                  timeout_s: float = 60.0) -> Iterator[list[ExportedSession]]:
+    """The Proxy's finalized trajectories with their session documents, restored from its TQ, held under a
+    lease while the ``with`` block runs. A block that ends with an error (a file that could not be written)
+    releases the read: nothing is forgotten. One that ends well acknowledges it with ``drain`` (the Proxy
+    forgets the trajectories, and their TQ keys are released: nobody else will read them), else releases
+    it (they stay for the trainer)."""
+    from dressage.rollout.manager import sample_ref_keys
+    from dressage.train.reader import release_batch
     from dressage.train.remote import ProxyTrajectorySource
 
     source = ProxyTrajectorySource(url, token=token, timeout_s=timeout_s)
     try:
         batch = source.read(lease=True)
+        keys = sample_ref_keys(batch.samples)  # before the restore, which drops the refs it read
         try:
             if any(s.remote for s in batch.samples):
                 _restore(batch.samples, source.client())
@@ -45,16 +57,27 @@ def from_proxy(url: str, *, token: str | None = None, drain: bool = False,
                 doc = source.session_document(sid)
                 out.append(ExportedSession(sid, samples, doc, reward=doc.get("reward"),
                                            metadata=dict(doc.get("metadata") or {})))
+            yield out
         except BaseException:
             source.release(batch)
             raise
-        if drain:
-            source.ack(batch)
-        else:
+        if not drain:
             source.release(batch)
-        return out
+            return
+        source.ack(batch)
+        if keys:
+            release_batch(source.client(), sorted(keys))
     finally:
         source.close()
+
+
+def from_proxy(url: str, *, token: str | None = None, drain: bool = False,
+               timeout_s: float = 60.0) -> list[ExportedSession]:
+    """The Proxy's finalized trajectories with their session documents, restored from its TQ; ``drain``
+    has the Proxy forget them (and their TQ keys go) once they were read (:func:`reading_proxy` holds the
+    read while a caller writes them)."""
+    with reading_proxy(url, token=token, drain=drain, timeout_s=timeout_s) as sessions:
+        return sessions
 
 
 def from_journal(path: str | os.PathLike[str], *, tq_spec: Mapping[str, Any] | None = None,

@@ -401,3 +401,22 @@ def test_export_with_transfer_queue_restores_without_releasing_and_a_journal_kee
                  "--out", str(restored)]) == 0
     _check_rows_equal_read(pq.read_table(restored).to_pylist(), samples)
     assert tq.total_keys() == keys
+
+
+def test_a_drain_forgets_only_what_was_written_and_releases_its_tq_keys(engine, proxy_stack, tq, tmp_path, capsys):
+    proxy = proxy_stack(engine.url, tq=tq)
+    drive_branch_and_rewrite(proxy.url)
+    keys = tq.total_keys()
+    assert keys > 0
+    (tmp_path / "a-file").write_text("")
+    for bad in (tmp_path / "a-file" / "x.jsonl", tmp_path):  # no directory can be made there; a directory
+        assert main(["export", "--proxy-url", proxy.url, "--format", "jsonl", "--out", str(bad), "--drain"]) == 2
+        assert "out (--out)" in capsys.readouterr().err
+        assert _unread(proxy) == ["s-tree"] and tq.total_keys() == keys  # nothing read, nothing forgotten
+    assert main(["export", "--proxy-url", proxy.url, "--format", "jsonl", "--out", str(tmp_path / "t.jsonl"),
+                 "--admin-token-file", str(tmp_path / "no-such-file"), "--drain"]) == 2
+    assert "admin_token_file (--admin-token-file): cannot read" in capsys.readouterr().err
+    out = tmp_path / "new-dir" / "t.jsonl"
+    assert main(["export", "--proxy-url", proxy.url, "--format", "jsonl", "--out", str(out), "--drain"]) == 0
+    assert out.exists() and _unread(proxy) == []
+    assert tq.total_keys() == 0  # the export consumed them: no trainer will ever be handed these refs
