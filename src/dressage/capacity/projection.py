@@ -110,11 +110,16 @@ def project(config: CapacityConfig, baseline: Baseline) -> Projection:
     return Projection(
         baseline_label=baseline.label,
         growth=g,
-        without_tq=ProjectedPath(components=without,
-                                 master_peak_bytes=sum(without.values()) * baseline.without_tq.overlap),
-        with_tq=ProjectedPath(components=with_tq,
-                              master_peak_bytes=sum(with_tq.values()) * baseline.with_tq.overlap),
+        without_tq=ProjectedPath(components=without, master_peak_bytes=_master_peak(without, baseline.without_tq.overlap)),
+        with_tq=ProjectedPath(components=with_tq, master_peak_bytes=_master_peak(with_tq, baseline.with_tq.overlap)),
     )
+
+
+def _master_peak(components: dict[str, float], overlap: float) -> float:
+    """The components' sum times the baseline's overlap, and never less than the largest of them: where one
+    component grows far past the others, the overlap measured among comparable ones would put the peak
+    under that component alone."""
+    return max(sum(components.values()) * overlap, max(components.values(), default=0.0))
 
 
 FAR_EXTRAPOLATION = 100.0

@@ -41,6 +41,15 @@ def test_projecting_the_baseline_onto_itself_returns_its_measurements():
         assert p.without_tq.components[name] == pytest.approx(value)
 
 
+def test_a_projected_peak_is_never_below_its_largest_component():
+    # One GLM-5.2 256K trajectory on one node: the master's StorageUnit dwarfs the rest, and the overlap
+    # measured among the seed's comparable components would put the peak under it.
+    p = project(glm(rollout_batch_size=1, n_samples_per_prompt=1, nodes=1), SEED_QWEN_BASELINE)
+    for path in (p.with_tq, p.without_tq):
+        assert path.master_peak_bytes >= max(path.components.values())
+    assert p.with_tq.master_peak_bytes == pytest.approx(p.with_tq.components["tq_storage_unit_master"])
+
+
 def test_growth_to_glm_256k_32_nodes_is_7_5x_cluster_and_0_47x_local_r3():
     g = project(glm(), SEED_QWEN_BASELINE).growth
     assert g.r3 == pytest.approx(7.5)
