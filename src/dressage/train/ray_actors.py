@@ -9,6 +9,7 @@ classes are plain: callers wrap them with ``ray.remote`` and the options (resour
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,7 @@ from dressage.train.reader import TrainingReader, release_batch
 from dressage.train.remote import ProxyTrajectorySource, drain
 from dressage.train.summary import summarise_shard
 
-__all__ = ["RolloutManagerActor", "TrainerActor", "RayBackend", "RayBackendConfig", "start_ray_backend"]
+__all__ = ["RolloutManagerActor", "TrainerActor", "RayBackend", "RayBackendConfig", "start_ray_backend", "join_ray"]
 
 _LARGE = ("rollout_log_probs", "rollout_routed_experts")
 _READ_TIMEOUT_S = 300.0  # one trajectory read: without TQ it carries a group's large fields
@@ -112,16 +113,33 @@ class RayBackendConfig:
             raise ConfigError(f"dp_size must be a positive integer, got {self.dp_size!r}")
 
 
+def join_ray(address: str | None) -> bool:
+    """Join the Ray cluster at ``address`` (``None``: start a fresh local one of 2 CPUs, never whatever else
+    runs on this host) unless Ray is up already; True when this call started it (the caller shuts it
+    down). An address nothing answers at, or ``auto`` with no cluster, is a ConfigError naming
+    ``--ray-address`` at once rather than minutes of Ray's own retries."""
+    if ray.is_initialized():
+        return False
+    where = "cluster.ray_address (--ray-address)"
+    host, _, port = (address or "").removeprefix("ray://").rpartition(":")
+    if host and port.isdigit():
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        except OSError as exc:
+            raise ConfigError(f"{where}: nothing answers at {address!r} ({exc.strerror or exc})") from None
+    try:
+        ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
+                 **({} if address else {"num_cpus": 2}))
+    except (ConnectionError, ValueError) as exc:
+        raise ConfigError(f"{where}: cannot join Ray at {address!r}: {exc}") from None
+    return True
+
+
 class RayBackend:
     """A RolloutManager actor and one trainer actor per DP rank; Samples travel via ``ray.put``."""
 
     def __init__(self, cfg: RayBackendConfig, tq_spec: dict | None, client: Any) -> None:
-        if not ray.is_initialized():
-            ray.init(address=cfg.ray_address or "local", include_dashboard=False, log_to_driver=False,
-                     **({} if cfg.ray_address else {"num_cpus": 2}))
-            self._owns_ray = True
-        else:
-            self._owns_ray = False
+        self._owns_ray = join_ray(cfg.ray_address)
         self.client = client
         self.rm = ray.remote(num_cpus=0)(RolloutManagerActor).remote(cfg.dp_size)
         trainer = ray.remote(num_cpus=0)(TrainerActor)

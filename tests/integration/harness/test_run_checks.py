@@ -137,6 +137,14 @@ def test_unreachable_engine_url_is_one_line_naming_url_and_cause(capsys):
     assert err == f"dressage run: error: engine {url} is unreachable: connection refused by 127.0.0.1:{url.rsplit(':', 1)[1]}"
 
 
+def test_an_unreachable_ray_address_is_one_line_naming_the_flag(capsys):
+    address = f"127.0.0.1:{_closed_port()}"
+    assert main(["run", *SMALL, "--ray-address", address]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dressage run: error: cluster.ray_address (--ray-address): nothing answers at {address!r}")
+    assert err.count("\n") == 0
+
+
 def test_engine_url_dns_failure_and_bad_urls():
     with pytest.raises(EngineUnavailable, match=r"engine http://no-such-host\.invalid:30000 is unreachable: "
                                                 r"DNS lookup of 'no-such-host\.invalid' failed"):

@@ -107,6 +107,14 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
             stack.callback(engine.stop)
         else:
             check_engine_reachable(engine_url)
+        if cfg.cluster.ray:
+            # Ray is joined once, at the run's address, before a TransferQueue on Ray or the actors need it.
+            import ray
+
+            from dressage.train.ray_actors import join_ray
+
+            if join_ray(cfg.cluster.ray_address):
+                stack.callback(ray.shutdown)
         tq = None
         if dp.enable_transfer_queue:
             from dressage.tq import TransferQueue
