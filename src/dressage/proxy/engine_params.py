@@ -46,10 +46,14 @@ _LEADING = re.compile(r"^\s*([A-Za-z_]+)\b")
 
 def engine_param_of(message: str) -> str | None:
     """The SGLang sampling parameter an engine's refusal names: ``sampling_params.NAME`` anywhere, or a
-    known parameter the message opens with (SGLang's own checks: ``top_p must be in (0, 1], ...``)."""
+    known parameter the message opens with (SGLang's own checks: ``top_p must be in (0, 1], ...``), or
+    ``max_new_tokens`` for SGLang's refusal of a prompt that fits whose reply budget does not ("... N tokens
+    for the completion", said only once the input alone fits the context)."""
     found = _PREFIXED.search(message)
     if found:
         return found.group(1)
+    if "tokens for the completion" in message:
+        return "max_new_tokens"
     lead = _LEADING.match(message)
     return lead.group(1) if lead and lead.group(1) in CLIENT_NAMES else None
 

@@ -20,6 +20,10 @@ def _refusal(said):
     ("min_new_tokens must be in [0, max_new_tokens], got 9.", "min_new_tokens"),
     ("sampling_params: json_schema and ebnf are both set; give one constraint", None),
     ("the prompt is empty", None), ("rid must be a string, got 3", None),
+    # SGLang's two context refusals: the reply budget past the window names max_new_tokens, the prompt nothing.
+    ("Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total of "
+     "100009 tokens: 9 tokens from the input messages and 100000 tokens for the completion.", "max_new_tokens"),
+    ("The input (5008 tokens) is longer than the model's context length (4096 tokens).", None),
 ])
 def test_the_engines_parameter_is_read_from_its_message(said, name):
     assert engine_param_of(said) == name
