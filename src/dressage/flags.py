@@ -275,7 +275,7 @@ class ConfigTree:
     def values(self, args: argparse.Namespace) -> dict[str, Any]:
         """The nested map of what ``--config FILE`` and the flags given set (flags win)."""
         given = vars(args)
-        data: dict[str, Any] = load_yaml(given[_DEST]) if given.get(_DEST) else {}
+        data: dict[str, Any] = read_tree(self.root, load_yaml(given[_DEST])) if given.get(_DEST) else {}
         for s in self.settings:
             if s.dest in given:
                 value = given[s.dest]
@@ -314,8 +314,10 @@ class ConfigTree:
             path, section = prefix + name, _section_of(f, hints[name])
             if section is not None:
                 value = data.get(name)
-                if name in data and not isinstance(value, Mapping):
+                if name in data and _built(value, section, hints[name]):
                     kwargs[name] = value  # built in code (a config object, or what the section resolves to)
+                elif value is not None and not isinstance(value, Mapping):
+                    raise ConfigError(f"{path}: expected a map of settings, got {_kind(value)}")
                 elif name in data or self._has_defaults_under(path) or not _has_default(f):
                     kwargs[name] = self._make(section, value or {}, path + ".")
             elif name in data:
@@ -333,6 +335,153 @@ class ConfigTree:
 
     def _has_defaults_under(self, path: str) -> bool:
         return any(k.startswith(path + ".") for k in self.defaults)
+
+
+def _built(value: Any, section: type, hint: Any) -> bool:
+    """Whether a section's value is an object built in code (not a map of its settings)."""
+    if value is None or isinstance(value, Mapping):
+        return False
+    classes = [c for c in (section, _base(hint)) if isinstance(c, type) and dataclasses.is_dataclass(c)]
+    return any(isinstance(value, c) for c in classes)
+
+
+def _kind(value: Any) -> str:
+    """A YAML value's kind as an error names it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, Mapping):
+        return "a map"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _flag_of(path: str, f: dataclasses.Field) -> str:
+    """The flag a setting's errors name: its flat name, else its dotted one."""
+    meta = _meta(f)
+    if meta["flat"] and not meta["positional"]:
+        return meta["name"] or "--" + f.name.replace("_", "-")
+    return "--" + path
+
+
+def read_tree(cls: type, data: Any, prefix: str = "") -> dict[str, Any]:
+    """A YAML map of ``cls``'s tree with every setting read as its flag reads it: the same parser
+    (``parse_bool``, ``int``, ``float``, the field's ``parse``), the same choices, ``X | None`` taking
+    null, a tuple taking a list (or one value, as its flag does). A section is a map, or null for its
+    defaults. A bad value raises :class:`ConfigError` naming its dotted key and its flag; keys the
+    tree does not have are left for :meth:`ConfigTree.build` to name."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: expected a map of settings, got {_kind(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        f = fields.get(key) if isinstance(key, str) else None
+        if f is None:
+            out[key] = value
+            continue
+        path, section = prefix + key, _section_of(f, hints[key])
+        if section is not None:
+            if value is None:
+                continue  # ``data_plane:`` with nothing under it: the section's defaults
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{path}: expected a map of settings, got {_kind(value)}")
+            out[key] = read_tree(section, value, path + ".")
+        else:
+            out[key] = _read_setting(path, f, hints[key], value)
+    return out
+
+
+def _optional(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+
+
+def _read_setting(path: str, f: dataclasses.Field, hint: Any, value: Any, flag_name: str | None = None) -> Any:
+    meta, base = _meta(f), _base(hint)
+    if flag_name is None:
+        flag_name = f" ({_flag_of(path, f)})"
+    where = path + flag_name
+    if value is None:
+        if _optional(hint):
+            return None
+        raise ConfigError(f"{where}: expected a value, got null")
+    if typing.get_origin(base) is tuple or meta["append"]:
+        item = (typing.get_args(base) or (str,))[0] if typing.get_origin(base) is tuple else base
+        items = value if isinstance(value, (list, tuple)) else [value]  # one value, as ``--flag VALUE`` gives
+        return tuple(_read_value(where if len(items) == 1 else f"{path}[{i}]{flag_name}", meta, item, v)
+                     for i, v in enumerate(items))
+    return _read_value(where, meta, base, value)
+
+
+def _read_value(where: str, meta: dict[str, Any], base: Any, value: Any) -> Any:
+    """One YAML scalar read as the flag reads its text."""
+    parse = meta["parse"]
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (str, int)) and not isinstance(value, float):
+            parse = parse_bool
+        else:
+            raise ConfigError(f"{where}: expected true or false, got {_kind(value)}")
+    elif isinstance(value, Mapping) and not isinstance(base, type):
+        return dict(value)  # one of a union's settings objects given as a map (transfer_queue.config)
+    elif isinstance(base, type) and dataclasses.is_dataclass(base) and parse is None:
+        if isinstance(value, base):
+            return value
+        if isinstance(value, Mapping):  # a shape written out in YAML (data_plane.model)
+            return _read_object(where, base, value)
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a name or a map, got {_kind(value)}")
+        parse = str
+    elif base in (int, float) or parse is not None and not (base is str or _has_str(base)):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ConfigError(f"{where}: expected a number, got {_kind(value)}")
+        value, parse = str(value), parse or base
+    else:  # text: a path, a URL, a name
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected text, got {_kind(value)} (quote it to make it text)")
+        parse = parse or str
+    try:
+        out = parse(value)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except ConfigError as exc:  # a parser that names its flag already: named once
+        message = str(exc)
+        for name in where.replace("(", "").replace(")", "").split():
+            message = message.removeprefix(name + ": ")
+        raise ConfigError(f"{where}: {message}") from None
+    except (TypeError, ValueError):
+        name = getattr(parse, "__name__", "value")
+        raise ConfigError(f"{where}: invalid {name} value: {value!r}") from None
+    if meta["choices"] and out not in meta["choices"]:
+        raise ConfigError(f"{where}: invalid choice: {out!r} (choose from {', '.join(map(str, meta['choices']))})")
+    return out
+
+
+def _has_str(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and str in typing.get_args(hint)
+
+
+def _read_object(where: str, cls: type, value: Mapping[str, Any]) -> Any:
+    """A dataclass-typed setting given as a map of its fields, each checked for its type."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    path = where.partition(" ")[0]
+    for key in value:
+        if key not in fields:
+            raise ConfigError(f"{path}.{key}: unknown setting (known: {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, f in fields.items():
+        if name in value:
+            kwargs[name] = _read_setting(f"{path}.{name}", f, hints[name], value[name], flag_name="")
+        elif not _has_default(f):
+            needed = [n for n, g in fields.items() if not _has_default(g)]
+            raise ConfigError(f"{path}.{name}: required (given as a map, {path} needs {', '.join(needed)})")
+    return cls(**kwargs)
 
 
 def _put(data: dict[str, Any], path: str, value: Any) -> None:

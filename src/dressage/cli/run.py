@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
-from dressage.errors import DressageError
+from dressage.errors import ConfigError, DressageError, LostSamplesError
 from dressage.units import format_bytes
 
 
@@ -14,8 +16,9 @@ def _tree():
     from dressage.flags import ConfigTree
     from dressage.harness.run.config import RunConfig
 
-    # run starts its own TransferQueue: joining a running one is the Proxy's option only.
-    return ConfigTree(RunConfig, omit=("transfer_queue.spec",))
+    # run starts its own TransferQueue and trains in its own processes: joining a running one, or writing
+    # its client spec for others to join, is the Proxy's option only (RunConfig refuses either in YAML).
+    return ConfigTree(RunConfig, omit=("transfer_queue.spec", "transfer_queue.spec_out"))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,10 +45,37 @@ def run_config(args: argparse.Namespace):
     return tree.build(values, **extra)
 
 
+def check_writable(path: str, where: str) -> None:
+    """ConfigError unless a report can be written to ``path`` (its parent folder is made, as the run
+    would make it): checked before the run, which a report that cannot be written would otherwise
+    throw away at its end. Leaves no file behind."""
+    if os.path.isdir(path):
+        raise ConfigError(f"{where}: {path!r} is a directory")
+    existed = os.path.lexists(path)
+    parent = Path(path).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), parent)
+        raise ConfigError(f"{where}: cannot write {path!r}: {str(blocker)!r} is a file, not a folder") from None
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot write {path!r}: {exc.strerror or exc}") from None
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot write {path!r}: {exc.strerror or exc}") from None
+    if not existed:
+        os.unlink(path)
+
+
 def _run(args: argparse.Namespace) -> int:
     from dressage.harness.run.verdict import run_and_judge
 
     cfg = run_config(args)
+    for path, where in ((cfg.report.json, "report.json (--json)"), (cfg.report.html, "report.html (--html)")):
+        if path:
+            check_writable(path, where)
     try:
         report, baseline, verdict = run_and_judge(cfg)
     except DressageError as exc:
@@ -53,6 +83,9 @@ def _run(args: argparse.Namespace) -> int:
             with open(cfg.report.json, "w") as f:
                 json.dump({"verdict": {"ok": False, "passed": [], "failed": [str(exc)], "line": f"FAIL: {exc}"},
                            "error": {"code": exc.code, "message": str(exc)}}, f, indent=2)
+        if isinstance(exc, LostSamplesError):  # the run lost data: a FAIL verdict, not a usage error
+            print(f"FAIL: {exc}", file=sys.stderr)
+            return 1
         raise
     print(render_report(report))
     if cfg.report.json:

@@ -317,3 +317,89 @@ def test_a_model_name_with_no_preset_points_to_the_shape_flags(capsys, argv):
     err = capsys.readouterr().err
     assert "unknown preset 'Qwen/Qwen3-30B-A3B'" in err and "known presets: qwen3.6-35b-a3b" in err
     assert "leave out --model and give its shape: --num-layers N --topk K --num-experts E" in err
+
+
+def _run_yaml(tmp_path, text, *argv):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return _run(["--config", str(path), *argv])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("true", True), ("false", False), ('"false"', False), ('"no"', False), ('"off"', False), ("'0'", False),
+    ('"yes"', True), ("1", True), ("0", False),
+])
+def test_a_yaml_boolean_is_read_as_its_flag_reads_it(tmp_path, text, expected):
+    cfg = _run_yaml(tmp_path, f"compare_without_tq: {text}\ndata_plane:\n  use_rollout_routing_replay: {text}\n"
+                              f"  enable_transfer_queue: {text}\n")
+    assert cfg.data_plane.use_rollout_routing_replay is expected
+    assert cfg.data_plane.enable_transfer_queue is expected and cfg.compare_without_tq is expected
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('data_plane: {use_rollout_routing_replay: "yes please"}',
+     "data_plane.use_rollout_routing_replay (--use-rollout-routing-replay): expected true or false, got 'yes please'"),
+    ('data_plane: {enable_transfer_queue: [true]}',
+     "data_plane.enable_transfer_queue (--enable-transfer-queue): expected true or false, got a list"),
+    ("compare_without_tq: 2.0", "compare_without_tq (--compare-without-tq): expected true or false, got a number"),
+    ("rollout: 5", "rollout: expected a map of settings, got a number (5)"),
+    ("data_plane: []", "data_plane: expected a map of settings, got a list"),
+    ("data_plane: {model: 5}", "data_plane.model (--model): expected a name or a map, got a number (5)"),
+    ("data_plane: {model: {num_layers: 4, topk: 2, num_experts: 16}}",
+     "data_plane.model.name: required (given as a map, data_plane.model needs name, num_layers, topk, num_experts)"),
+    ("data_plane: {model: {name: m, num_layers: 4, topk: 2, num_experts: 16, layers: 3}}",
+     "data_plane.model.layers: unknown setting"),
+    ("data_plane: {model: {name: m, num_layers: '4', topk: 2.5, num_experts: 16}}",
+     "data_plane.model.topk: invalid int value: '2.5'"),
+    ("cluster: {ray_address: 5}", "cluster.ray_address (--ray-address): expected text, got a number (5)"),
+    ("report: {json: 5}", "report.json (--json): expected text, got a number (5)"),
+    ("report: {html: [a.html]}", "report.html (--html): expected text, got a list"),
+    ("rollout: {num_rollouts: 2.5}", "rollout.num_rollouts (--num-rollouts): invalid int value: '2.5'"),
+    ("rollout: {num_rollouts: null}", "rollout.num_rollouts (--num-rollouts): expected a value, got null"),
+    ("rollout: {num_rollouts: true}", "rollout.num_rollouts (--num-rollouts): expected a number, got a boolean"),
+    ("agents: {context_length: 2.5X}", "agents.context_length (--context-length): unknown suffix 'x' in '2.5X'"),
+    ("inference: {backend: vllm}", "inference.backend (--engine): invalid choice: 'vllm' (choose from builtin"),
+    ("data_plane: {enable_transfer_queue: true, transfer_params: [logprobs, nope]}",
+     "data_plane.transfer_params[1] (--transfer-params): invalid choice: 'nope'"),
+])
+def test_a_bad_yaml_value_is_one_line_naming_its_key_and_flag(tmp_path, capsys, text, needle):
+    path = tmp_path / "run.yaml"
+    path.write_text(text + "\n")
+    assert main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dressage run: error: ") and needle in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_yaml_values_take_the_flag_formats(tmp_path):
+    cfg = _run_yaml(tmp_path, "agents: {context_length: 2.5K, retry_rate: '0.25'}\nrollout: {num_rollouts: '3'}\n"
+                              "data_plane: {enable_transfer_queue: true, transfer_params: logprobs}\n"
+                              "transfer_queue: {retention_s: 1e3}\n")
+    assert cfg.agents.context_length == 2560 and cfg.agents.retry_rate == 0.25 and cfg.rollout.num_rollouts == 3
+    # one value where the flag takes several: what ``--transfer-params logprobs`` gives
+    assert cfg.data_plane.transfer_params == ("logprobs",)
+    assert cfg.transfer_queue.retention_s == 1000.0  # YAML reads 1e3 as text; the flag's float() reads it
+    assert cfg == _run(["--context-length", "2.5K", "--retry-rate", "0.25", "--num-rollouts", "3",
+                        "--enable-transfer-queue", "--transfer-params", "logprobs",
+                        "--transfer-queue-retention-seconds", "1e3"])
+
+
+def test_a_null_section_keeps_its_defaults_and_a_null_optional_setting_is_unset(tmp_path):
+    cfg = _run_yaml(tmp_path, "data_plane:\nreport: {json: null}\ncluster: null\n")
+    assert cfg == _run([])
+
+
+def test_a_shape_map_in_yaml_is_the_model(tmp_path):
+    cfg = _run_yaml(tmp_path, "data_plane: {model: {name: mine, num_layers: 4, topk: 2, num_experts: 16}}\n")
+    assert (cfg.data_plane.model.name, cfg.data_plane.model.num_layers, cfg.data_plane.model.topk,
+            cfg.data_plane.model.num_experts) == ("mine", 4, 2, 16)
+
+
+def test_yaml_with_flags_reads_every_tree_as_its_flags(tmp_path):
+    # The proxy's repeated flag and a capacity count read from YAML as from the command line.
+    path = tmp_path / "proxy.yaml"
+    path.write_text("engines: {engine_urls: http://e:1}\nserver: {port: '9001'}\n")
+    assert _proxy(["--config", str(path)]) == _proxy(["--engine-url", "http://e:1", "--port", "9001"])
+    path.write_text("context_length: 64K\n")
+    assert _capacity(["--config", str(path), "--model", "tiny-moe", "--rollout-batch-size", "8"]) == \
+        _capacity(["--context-length", "64K", "--model", "tiny-moe", "--rollout-batch-size", "8"])
