@@ -521,14 +521,18 @@ def check_writable(path: str | os.PathLike[str], what: str, *, make_parents: boo
     path = os.fspath(path)
     if os.path.isdir(path):
         raise ConfigError(f"{what}: {path!r} is a directory")
+    parent = Path(path).parent
     try:
-        if make_parents and os.path.dirname(path):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-        existed = os.path.exists(path)
+        if make_parents:
+            parent.mkdir(parents=True, exist_ok=True)
+        existed = os.path.lexists(path)
         with open(path, "a", encoding="utf-8"):
             pass
         if not existed:
             os.unlink(path)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), parent)
+        raise ConfigError(f"{what}: cannot write {path!r}: {str(blocker)!r} is a file, not a folder") from None
     except OSError as exc:
         raise ConfigError(f"{what}: cannot write {path!r}: {exc.strerror or exc}") from None
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from pathlib import Path
 
-from dressage.errors import ConfigError, DressageError, LostSamplesError
+from dressage.errors import DressageError, LostSamplesError
+from dressage.flags import check_writable
 from dressage.units import format_bytes
 
 
@@ -45,37 +44,13 @@ def run_config(args: argparse.Namespace):
     return tree.build(values, **extra)
 
 
-def check_writable(path: str, where: str) -> None:
-    """ConfigError unless a report can be written to ``path`` (its parent folder is made, as the run
-    would make it): checked before the run, which a report that cannot be written would otherwise
-    throw away at its end. Leaves no file behind."""
-    if os.path.isdir(path):
-        raise ConfigError(f"{where}: {path!r} is a directory")
-    existed = os.path.lexists(path)
-    parent = Path(path).parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        blocker = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), parent)
-        raise ConfigError(f"{where}: cannot write {path!r}: {str(blocker)!r} is a file, not a folder") from None
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot write {path!r}: {exc.strerror or exc}") from None
-    try:
-        with open(path, "a", encoding="utf-8"):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot write {path!r}: {exc.strerror or exc}") from None
-    if not existed:
-        os.unlink(path)
-
-
 def _run(args: argparse.Namespace) -> int:
     from dressage.harness.run.verdict import run_and_judge
 
     cfg = run_config(args)
     for path, where in ((cfg.report.json, "report.json (--json)"), (cfg.report.html, "report.html (--html)")):
-        if path:
-            check_writable(path, where)
+        if path:  # before the run, which a report that cannot be written would throw away at its end
+            check_writable(path, where, make_parents=True)
     try:
         report, baseline, verdict = run_and_judge(cfg)
     except DressageError as exc:

@@ -220,16 +220,6 @@ def test_trainer_files_it_cannot_use_are_one_line_errors_before_it_drains(tmp_pa
     assert err.startswith("dressage trainer: error: ") and needle in err and err.count("\n") == 1
 
 
-def test_the_writable_check_leaves_no_file_behind(tmp_path):
-    from dressage.flags import check_writable
-
-    report = tmp_path / "report.json"
-    check_writable(str(report), "json (--json)")
-    assert not report.exists()
-    check_writable(str(tmp_path / "made" / "report.json"), "json (--json)", make_parents=True)
-    assert (tmp_path / "made").is_dir() and not (tmp_path / "made" / "report.json").exists()
-
-
 def test_a_yaml_key_the_tree_does_not_have_names_its_dotted_path(tmp_path, capsys):
     path = tmp_path / "proxy.yaml"
     path.write_text("engines:\n  engine_urls: [http://e:1]\nserver:\n  prot: 1\n")

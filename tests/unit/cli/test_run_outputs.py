@@ -43,13 +43,13 @@ def test_a_report_path_that_cannot_be_written_is_refused_before_the_run(tmp_path
 
 
 def test_a_missing_report_folder_is_made_and_the_check_leaves_no_file(tmp_path):
-    from dressage.cli.run import check_writable
+    from dressage.flags import check_writable
 
     path = tmp_path / "out" / "deeper" / "run.json"
-    check_writable(str(path), "report.json (--json)")
+    check_writable(str(path), "report.json (--json)", make_parents=True)
     assert path.parent.is_dir() and not path.exists()
     path.parent.joinpath("run.json").write_text("old")
-    check_writable(str(path), "report.json (--json)")
+    check_writable(str(path), "report.json (--json)", make_parents=True)
     assert path.read_text() == "old"  # an existing report is kept until the run writes its own
 
 
