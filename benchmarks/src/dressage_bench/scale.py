@@ -450,6 +450,11 @@ def _sessions_config(args: argparse.Namespace) -> SessionsConfig | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from dressage.flags import check_writable
+
+    for path, what in ((args.json, "--json"), (args.plot, "--plot")):
+        if path:  # before the curves, which an output that cannot be written would lose at their end
+            check_writable(path, what, make_parents=True)
     sizes = args.sizes or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536, 262144])
     if any(s <= OUTPUT_TOKENS for s in sizes):
         raise SystemExit(f"--sizes: a Step needs more than {OUTPUT_TOKENS} tokens")

@@ -2,7 +2,8 @@
 
 ``load_tokenizer("byte")`` gives the built-in one; ``qwen3``, ``qwen3.5`` and ``qwen3.6`` give real
 vocabularies from installed packages (:mod:`dressage.tokenizer.packaged`); any other value is a
-local Hugging Face tokenizer folder (never fetched from a hub).
+Hugging Face tokenizer: a local folder (read as it is, never a hub look-up) or a hub id, which
+``transformers`` fetches (or finds in its cache).
 """
 
 from dressage.tokenizer.base import Message, Tokenizer, ToolSpec

@@ -41,6 +41,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(load_cases()))
         return 0
+    if args.json:  # before the run, which a report that cannot be written would lose at its end
+        from dressage.flags import check_writable
+
+        check_writable(args.json, "--json", make_parents=True)
     cfg = FaultsConfig(quick=args.quick, only=tuple(args.cases), soak_iterations=args.soak_iterations,
                        fuzz_inputs=args.fuzz_inputs, load_sessions=args.load_sessions, seed=args.seed,
                        load_rounds=args.load_rounds,
