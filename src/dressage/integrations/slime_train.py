@@ -47,17 +47,18 @@ _STD_NORMALISED = ("grpo", "gspo", "cispo")
 
 # ------------------------------------------------------------------ RolloutManager side
 def post_process_rewards(args: Any, samples: Sequence[Any]) -> tuple[list[float], list[float]]:
-    """``(raw_rewards, rewards)``: Dressage's per-session post-processing when installed, else
-    ``args.custom_reward_post_process_path``, else slime's group normalisation."""
+    """``(raw_rewards, rewards)``: the user's ``args.custom_reward_post_process_path`` when given, else
+    Dressage's per-session post-processing (:mod:`dressage.integrations.slime_rewards`), else slime's group
+    normalisation."""
+    path = getattr(args, "custom_reward_post_process_path", None)
+    if path:
+        return _load_function(path)(args, samples)
     try:
         from dressage.integrations.slime_rewards import reward_post_process  # type: ignore[attr-defined]
     except ImportError:
         reward_post_process = None
     if reward_post_process is not None:
         return reward_post_process(args, samples)
-    path = getattr(args, "custom_reward_post_process_path", None)
-    if path:
-        return _load_function(path)(args, samples)
     raw = [s.get_reward_value(args) for s in samples]
     if getattr(args, "advantage_estimator", None) not in _GROUP_NORMALISED or \
             not getattr(args, "rewards_normalization", False):

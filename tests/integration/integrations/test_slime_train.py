@@ -277,6 +277,8 @@ def test_conversion_builds_slimes_train_data_and_normalises_rewards_per_group(mo
     ours.reward_post_process = lambda a, samples: ([7.0] * len(samples), [0.25] * len(samples))
     monkeypatch.setitem(sys.modules, "dressage.integrations.slime_rewards", ours)
     assert convert_samples_to_train_data(args, _slime_samples([0.0, 1.0]))["rewards"] == [0.25, 0.25]
+    # The user's own function, when named, wins over Dressage's, which is always installed.
+    assert convert_samples_to_train_data(by_path, _slime_samples([0.5, 1.0]))["rewards"] == [5.0, 10.0]
     with pytest.raises(TrajectoryError, match="no samples"):
         convert_samples_to_train_data(args, [])
 
