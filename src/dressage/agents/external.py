@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import numbers
 import os
 import shutil
 import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 from typing import Any, Awaitable, Callable, Mapping, Sequence, Union
 
 from dressage.errors import AgentCommandError, ConfigError
@@ -78,7 +81,8 @@ def reward_number(reward: Any, reward_key: str | None) -> float:
         if reward_key not in reward:
             raise ConfigError(f"reward_key {reward_key!r} is not in the agent's reward {sorted(map(str, reward))}")
         reward = reward[reward_key]
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+    # Any real number (numpy's np.float32 and np.int64 too), but not a boolean.
+    if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real):
         raise ValueError(f"a reward must be a number, got {type(reward).__name__} {str(reward)[:100]!r}")
     value = float(reward)
     if not math.isfinite(value):

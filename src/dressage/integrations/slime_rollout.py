@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import inspect
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -200,7 +201,11 @@ class SlimeRollout:
                 sid = await self._create(proxy, meta, created)
                 ctx = self._context(sid, src, group_index, rollout_id, args, evaluation)
                 try:
-                    reward = await asyncio.wait_for(self.agent(ctx), self.timeout_s)
+                    run = self.agent(ctx)
+                    if not inspect.isawaitable(run):  # every session would fail the same way: say so once
+                        raise ConfigError(f"dressage_agent: the agent must be an async function (a coroutine "
+                                          f"function); it returned {type(run).__name__} instead of an awaitable")
+                    reward = await asyncio.wait_for(run, self.timeout_s)
                     value = reward_number(reward, reward_key)
                 except ConfigError:
                     raise  # a reward mapping without --reward-key: every session would fail the same way
@@ -212,7 +217,17 @@ class SlimeRollout:
                 if evaluation:
                     await proxy.discard(sid)  # evaluated, never trained on: its keys go now
                 else:
-                    await proxy.finalize(sid, value)
+                    try:
+                        await proxy.finalize(sid, value)
+                    except ProxyStatusError as exc:
+                        if exc.status_code != 409 or "no steps" not in str(exc):
+                            raise
+                        # The agent returned without one model call: nothing to train on, a failed session.
+                        last = TrajectoryError(f"the agent returned without calling the Proxy at {ctx.base_url} "
+                                               "(a session with no model call has nothing to train on)")
+                        stats["sessions_failed"] += 1
+                        await proxy.discard(sid)
+                        continue
                 # slime's rollout id is the data source's index; without one, an id unique in this rollout
                 return _Finished(sid, src, reward, int(index) if index is not None else -len(created))
         raise _SessionFailed(f"Sample {index} of group {group_index} failed {1 + self.session_retries} times; "

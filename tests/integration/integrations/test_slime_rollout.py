@@ -197,6 +197,31 @@ def test_a_failing_session_is_retried_and_an_always_failing_group_is_replaced(en
         assert stats["sessions"]["active"] == 0 and stats["unread_trajectories"] == 0
 
 
+def test_agent_mistakes_are_named_and_leave_nothing_behind(engine):
+    def sync_agent(ctx):  # not async: every session would fail the same way
+        return 1.0
+
+    async def numpy_reward(ctx):  # a numpy scalar is a number
+        await tool_agent(ctx)
+        return np.float32(0.5)
+
+    async def no_call(ctx):  # returns without one model call: nothing to train on
+        return 1.0
+
+    with start_proxy(engine.url) as proxy:
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=sync_agent, max_group_replacements=3)
+        with pytest.raises(ConfigError, match="must be an async function.*returned float"):
+            rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+        out = SlimeRollout(proxy_url=proxy.url, agent=numpy_reward)(slime_args(batch=1), 1,
+                                                                     DataSource(["Add 2 and 3."]))
+        assert [sess[0].reward for g in out.samples for sess in g] == [0.5, 0.5]
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=no_call, session_retries=0, max_group_replacements=0)
+        with pytest.raises(TrajectoryError, match="returned without calling the Proxy"):
+            rollout(slime_args(batch=1), 2, DataSource(["Add 2 and 3."]))
+        stats = proxy.service.stats()
+        assert stats["sessions"]["active"] == 0
+
+
 def drop_first_group(args, samples):
     """A dynamic sampling filter: drops the groups whose Samples have an even group index."""
     return SimpleNamespace(keep=samples[0].group_index % 2 == 1, reason="even")
