@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dressage.cli.journal import repair
-from dressage.errors import (JournalDamagedError, JournalFullError, JournalWriteError, SessionStateError,
+from dressage.errors import (JournalDamagedError, JournalError, JournalFullError, JournalWriteError, SessionStateError,
                              TransferQueueError)
 from dressage.proxy.config import DataPlaneConfig, EnginesConfig, JournalConfig, ProxyConfig
 from dressage.proxy.deployment import build_service
@@ -221,3 +221,18 @@ def test_a_failed_journal_write_leaves_the_session_and_the_replay_as_they_were(t
     assert sessions[sid].metadata["instance_id"] == "7"  # the finalize's metadata is journaled with it
     with pytest.raises(SessionStateError):
         core.finalize(sid, 1.0)
+
+
+def test_a_journal_belongs_to_one_proxy_at_a_time(tmp_path):
+    path = tmp_path / "j"
+    first = Journal(path, fsync="never")
+    with pytest.raises(JournalError, match="in use by another process"):
+        Journal(path, fsync="never")  # a second Proxy, or `journal repair` beside a running one
+    with pytest.raises(JournalError, match="in use by another process"):
+        repair(path)
+    first.close()
+    Journal(path, fsync="never").close()  # free again once the first one closed (or its process ended)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    with pytest.raises(JournalError, match="cannot open journal"):  # a parent that cannot be made
+        Journal(blocked / "sub" / "j", fsync="never")

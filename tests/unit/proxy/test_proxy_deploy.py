@@ -554,10 +554,11 @@ def test_a_finalize_repeated_after_a_restart_is_answered_from_the_journal(tmp_pa
 
     async def go():
         mock = MockSGLang([W1])
-        _, h = start(mock)
+        crashed, h = start(mock)
         await chat(h, "s", "q", turn="t1")
         await chat(h, "s", "r", turn="t2")
         first = (await h.post("/session/finalize", json={"session_id": "s", "reward": 1.0})).json()
+        crashed.core.journal.close()  # its process ends: the journal is free for the next Proxy
         restarted, h2 = start(mock)
         again = await h2.post("/session/finalize", json={"session_id": "s"})
         assert again.status_code == 200

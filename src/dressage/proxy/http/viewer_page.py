@@ -237,8 +237,9 @@ def render_viewer(sessions: Sequence[Mapping[str, Any]] | None = None, *, title:
     memory samples (``{"label", "bytes"}``, drawn as a line)."""
     data = None if sessions is None else {"sessions": list(sessions), "figures": list(figures),
                                           "capacity": dict(capacity or {}), "timeline": list(timeline)}
-    # "</" inside the script element would end it early: JSON allows the escaped slash.
-    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    # Inside the script element "</script" would end it early and "<!--<script" would keep it from ending at
+    # all (the parser's double-escaped state): no "<" at all, as JSON's "\u003c" (valid in any JSON string).
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
     esc = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return (_PAGE.replace("__TITLE__", esc).replace("__TRAINED__", _rgb(TRAINED_RGB))
             .replace("__UNTRAINED__", _rgb(UNTRAINED_RGB)).replace("__PROMPT__", _rgb(PROMPT_RGB))

@@ -17,6 +17,7 @@ copies what was appended meanwhile under the lock and swaps the files.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import threading
 import time
@@ -92,6 +93,20 @@ class ReplayReport:
         return text
 
 
+def _own(path: Path) -> int:
+    """Hold the journal for this process (an exclusive ``flock`` on ``PATH.lock``, a file of its own so that
+    a compaction's new journal file stays held): a second Proxy, or ``journal repair`` beside a running one,
+    would write over the frames of the first and lose what it acknowledged. Closing the fd releases it."""
+    fd = _open_private(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise JournalError(f"journal {path} is in use by another process (a running Proxy, or a journal tool): "
+                           "a journal belongs to one Proxy; stop that one first") from None
+    return fd
+
+
 def _open_private(path: Path, flags: int) -> int:
     fd = os.open(path, flags | os.O_CREAT, FILE_MODE)
     os.fchmod(fd, FILE_MODE)
@@ -143,7 +158,6 @@ class Journal:
         self.path = Path(path)
         self.fsync, self.fsync_interval_s = fsync, float(fsync_interval_s)
         self.compact_min_bytes, self.compact_ratio = compact_min_bytes, float(compact_ratio)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._compacting = threading.Lock()
         self._compactor: threading.Thread | None = None
@@ -155,9 +169,17 @@ class Journal:
         self.compaction_error: BaseException | None = None
         self._closed = False
         try:
-            self.damage_found = self._open(intact_bytes)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._owner = _own(self.path)  # before the scan, which may cut the file back to its intact prefix
         except OSError as exc:
             raise JournalError(f"cannot open journal {self.path}: {exc}") from exc
+        try:
+            self.damage_found = self._open(intact_bytes)
+        except BaseException as exc:
+            os.close(self._owner)
+            if isinstance(exc, OSError):
+                raise JournalError(f"cannot open journal {self.path}: {exc}") from exc
+            raise
         self._last_sync = time.monotonic()
 
     # ------------------------------------------------------------------- open
@@ -295,6 +317,7 @@ class Journal:
                     os.fsync(self._fd)
                 finally:
                     os.close(self._fd)
+                    os.close(self._owner)  # the journal is free for the next Proxy
 
     # ------------------------------------------------------------- compaction
     def _compaction_due(self) -> bool:

@@ -309,8 +309,11 @@ class ProxyCore:
         self.write_behind.wait(session_id)
 
     def close(self) -> None:
-        """Write and commit every step still under way (the Proxy calls this when it stops)."""
+        """Write and commit every step still under way, then close the journal, which frees it for the next
+        Proxy (the Proxy calls this when it stops)."""
         self.write_behind.close()
+        if self.journal is not None:
+            self.journal.close()
 
     # --------------------------------------------------------------- lifecycle
     def finalize(self, session_id: str, reward: float | None = None, *,
