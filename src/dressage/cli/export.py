@@ -11,7 +11,7 @@ import argparse
 from dataclasses import dataclass, field
 
 from dressage.errors import ConfigError
-from dressage.flags import ConfigTree, check_writable, flag, read_secret_file
+from dressage.flags import ConfigTree, check_writable, flag
 
 __all__ = ["register", "ExportConfig", "export"]
 
@@ -67,16 +67,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run)
 
 
-def _token(path: str | None) -> str | None:
-    import os
-
-    from dressage.proxy.config import ADMIN_TOKEN_ENV
-
-    if path:
-        return read_secret_file(path, "admin_token_file (--admin-token-file)")
-    return os.environ.get(ADMIN_TOKEN_ENV) or None
-
-
 def export(cfg: ExportConfig) -> dict:
     """Read, write, and answer what was written. The files' paths are checked before anything is read, and
     a Proxy's read is acknowledged (``--drain``) only once every file was written."""
@@ -86,7 +76,10 @@ def export(cfg: ExportConfig) -> dict:
         if path is not None:
             check_writable(path, what, make_parents=True)
     if cfg.proxy_url is not None:
-        with reading_proxy(cfg.proxy_url, token=_token(cfg.admin_token_file), drain=cfg.drain,
+        from dressage.proxy.config import admin_token_of
+
+        token = admin_token_of(cfg.admin_token_file, "admin_token_file (--admin-token-file)")
+        with reading_proxy(cfg.proxy_url, token=token, drain=cfg.drain,
                            timeout_s=cfg.timeout_s) as sessions:
             return _write(cfg, sessions)
     spec = None

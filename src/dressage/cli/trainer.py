@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 
-from dressage.flags import check_writable, read_secret_file
+from dressage.flags import check_writable
 
 
 def _tree():
@@ -32,22 +31,15 @@ def trainer_config(args: argparse.Namespace):
     return _tree().build(args)
 
 
-def _token(path: str | None) -> str | None:
-    from dressage.proxy.config import ADMIN_TOKEN_ENV
-
-    if path:
-        return read_secret_file(path, "proxy.admin_token_file (--admin-token-file)")
-    return os.environ.get(ADMIN_TOKEN_ENV) or None
-
-
 def _run(args: argparse.Namespace) -> int:
+    from dressage.proxy.config import admin_token_of
     from dressage.train.remote import ProxyTrajectorySource, consume
 
     cfg = trainer_config(args)
     if cfg.json:  # before the drain, which a report that cannot be written would otherwise lose
         check_writable(cfg.json, "json (--json)")
-    source = ProxyTrajectorySource(cfg.proxy.url, token=_token(cfg.proxy.admin_token_file),
-                                   timeout_s=max(cfg.timeout_s, 5.0))
+    token = admin_token_of(cfg.proxy.admin_token_file, "proxy.admin_token_file (--admin-token-file)")
+    source = ProxyTrajectorySource(cfg.proxy.url, token=token, timeout_s=max(cfg.timeout_s, 5.0))
     try:
         report = consume(source, dp_size=cfg.dp_size, expect_sessions=cfg.expect_sessions,
                          timeout_s=cfg.timeout_s, on_lost=cfg.on_lost)

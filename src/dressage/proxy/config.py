@@ -10,12 +10,13 @@ flat aliases of the same settings, and :func:`upstream_environment` reads its ``
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from dressage.dataplane import DataPlaneConfig
 from dressage.errors import ConfigError
-from dressage.flags import flag
+from dressage.flags import flag, read_secret_file
 from dressage.observe.logs import LOG_FORMATS
 from dressage.observe.otel import OTEL_EXPORTERS
 from dressage.proxy.parsers.registry import AUTO, REASONING_PARSERS, TOOL_CALL_PARSERS
@@ -24,7 +25,7 @@ from dressage.tq.config import TransferQueueSelection, is_loopback
 __all__ = ["ProxyConfig", "ServerConfig", "AccessConfig", "EnginesConfig", "LimitsConfig", "SessionsConfig",
            "ReadsConfig", "TokenBuildConfig", "ToolCallHooksConfig", "JournalConfig", "TrajectoryExportConfig",
            "DataPlaneConfig", "TransferQueueSelection", "upstream_environment", "environment_overrides",
-           "PARSE_BACKENDS", "UPSTREAM_TOOL_CALL_TYPES", "UPSTREAM_REASONING_TYPES"]
+           "PARSE_BACKENDS", "UPSTREAM_TOOL_CALL_TYPES", "UPSTREAM_REASONING_TYPES", "admin_token_of"]
 
 FSYNC_POLICIES = ("always", "interval", "never")
 JOURNAL_RECOVER_MODES = ("refuse", "truncate")
@@ -56,6 +57,14 @@ def _read_token(path: str, key: str) -> str:
     if not token:
         raise ConfigError(f"{key}: {path} holds no token")
     return token
+
+
+def admin_token_of(path: str | None, what: str) -> str | None:
+    """The admin token a trainer-side command (``dressage trainer``, ``dressage export``) sends to a Proxy:
+    read from the file ``path`` when given (``what`` names its setting in errors), else ``$DRESSAGE_ADMIN_TOKEN``."""
+    if path:
+        return read_secret_file(path, what)
+    return os.environ.get(ADMIN_TOKEN_ENV) or None
 
 
 def _positive_int(key: str, value: object) -> None:

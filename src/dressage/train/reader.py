@@ -13,8 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from dressage.errors import (ConfigError, KeyNotFoundError, LostSamplesError, StorageUnitUnavailable,
-                             TransferQueueError)
+from dressage.errors import ConfigError, KeyNotFoundError, LostSamplesError, StorageUnitUnavailable
 from dressage.trajectory import SAMPLE_LARGE_FIELDS, Sample, materialize_pieces
 from dressage.trajectory.pieces import Piece
 
@@ -167,9 +166,8 @@ def _sample_keys(s: Sample) -> set[str]:
 def release_batch(client: Any, keys: Sequence[str], *, metrics: Any = None) -> int:
     """Delete a consumed batch's keys from every StorageUnit (call once, after all ranks trained); returns
     how many the TransferQueue knew, which ``metrics`` (a ``RestoreMetrics``) counts as released."""
-    if isinstance(keys, (str, bytes)):  # one key is not a batch of its characters
-        raise TransferQueueError("release_batch takes a list of keys, not one string")
-    released = int(client.delete(list(keys))) if keys else 0
+    # Passed as given: the client refuses one key string (iterated, it would name each of its characters).
+    released = int(client.delete(keys)) if keys else 0
     if metrics is not None:
         metrics.observe_release(released)
     return released

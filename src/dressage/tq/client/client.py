@@ -110,8 +110,9 @@ def keys_of(refs_or_keys: Any, what: str) -> list[str]:
     """The keys of an iterable of FieldRefs or key strings, each checked (:func:`check_name`). A bare
     string (or bytes) is refused: iterating it would name each of its characters."""
     if refs_or_keys is None or isinstance(refs_or_keys, (str, bytes, bytearray, memoryview, FieldRef)):
-        raise TransferQueueError(f"{what} takes a list of FieldRefs or keys, got {type(refs_or_keys).__name__} "
-                                 f"{refs_or_keys!r:.60}" + ("; wrap a single one in a list" if refs_or_keys is not None else ""))
+        one = "" if refs_or_keys is None else ", not one " + ("ref" if isinstance(refs_or_keys, FieldRef) else "string")
+        raise TransferQueueError(f"{what} takes a list of FieldRefs or keys{one}, got {type(refs_or_keys).__name__} "
+                                 f"{refs_or_keys!r:.60}" + ("; wrap a single one in a list" if one else ""))
     try:
         items = iter(refs_or_keys)
     except TypeError:
