@@ -129,11 +129,16 @@ class DressageError(Exception):
 
 
 class ConfigError(DressageError, ValueError):
-    """A configuration value, flag or YAML key is invalid; the message names it."""
+    """A configuration value, flag or YAML key is invalid; the message names it (and ``param``, when it is a
+    request's setting, the field the error answer names)."""
 
     code = "invalid_config"
     http_status = 400
     openai_type = "invalid_request_error"
+
+    def __init__(self, message: str = "", *, param: str | None = None) -> None:
+        self.param = param
+        super().__init__(message)
 
 
 class EngineMismatchError(ConfigError):

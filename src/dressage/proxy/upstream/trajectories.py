@@ -30,12 +30,6 @@ from dressage.trajectory.sample_wire import samples_wire
 __all__ = ["Trajectories"]
 
 
-
-def _naming(param: str, exc: Exception) -> Exception:
-    """``exc`` with the request field it is about as its ``param`` (the error answer names it)."""
-    exc.param = param  # type: ignore[attr-defined]
-    return exc
-
 class Trajectories:
     """The finalized trajectories of one Proxy and every use case that finalizes, reads or drops them.
 
@@ -256,13 +250,13 @@ class Trajectories:
         segments_of = None
         if segment_view is not None and segment_view != cfg.segment_view:
             if format == "samples":
-                raise _naming("segment_view", ConfigError(
-                    f"segment_view: Samples are built with the Proxy's --segment-view ({cfg.segment_view}) at "
-                    f"finalize; read them without segment_view, or with {cfg.segment_view!r}"))
+                raise ConfigError(f"segment_view: Samples are built with the Proxy's --segment-view "
+                                  f"({cfg.segment_view}) at finalize; read them without segment_view, or with "
+                                  f"{cfg.segment_view!r}", param="segment_view")
             if cfg.drop_retry_orphans:
-                raise _naming("segment_view", ConfigError(
-                    f"segment_view differs from the Proxy's --segment-view ({cfg.segment_view}), and retry orphans "
-                    "were dropped (their keys released) at finalize: read with the Proxy's view"))
+                raise ConfigError(f"segment_view differs from the Proxy's --segment-view ({cfg.segment_view}), and "
+                                  "retry orphans were dropped (their keys released) at finalize: read with the "
+                                  "Proxy's view", param="segment_view")
 
             def segments_of(done: Any) -> list[Any]:
                 return build_segments(self.core.session(done.session_id), segment_view)
