@@ -60,6 +60,24 @@ def interleaved(n: int, dp_size: int) -> list[list[int]]:
     return [list(range(r, n, dp_size)) for r in range(dp_size)]
 
 
+def scheduled_like_slime(rollout_ids: list[int], global_batch_size: int, dp_size: int) -> list[list[int]]:
+    """Sample indices per rank as slime's build_dp_schedule (slime/utils/dp_schedule.py) picks them,
+    without its length balancing: the rollouts, in the order of their first sample, cut into steps of
+    ``global_batch_size``; trailing rollouts that fill no step are dropped; a step's samples dealt
+    round-robin."""
+    by_rollout: dict[int, list[int]] = {}
+    for i, rid in enumerate(rollout_ids):
+        by_rollout.setdefault(rid, []).append(i)
+    order = list(by_rollout)
+    ranks: list[list[int]] = [[] for _ in range(dp_size)]
+    for step in range(len(order) // global_batch_size):
+        positions = [i for rid in order[step * global_batch_size:(step + 1) * global_batch_size]
+                     for i in by_rollout[rid]]
+        for k, i in enumerate(positions):
+            ranks[k % dp_size].append(i)
+    return ranks
+
+
 def process_rollout_data(args, rollout_data_ref, dp_rank, dp_size):
     """slime.utils.data.process_rollout_data as far as the data goes: the rank's object from the store,
     ``total_lengths`` narrowed to its partition."""

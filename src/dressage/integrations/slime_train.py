@@ -31,7 +31,8 @@ from dressage.trajectory import SAMPLE_LARGE_FIELDS, Sample
 from dressage.trajectory.sample_wire import SAMPLE_WIRE_VERSION, remote_from_wire
 
 __all__ = ["convert_samples_to_train_data", "restore_rollout_data", "carried_keys", "post_process_rewards",
-           "RankRefs", "ProxyRolloutControl", "REFS_TRAIN_KEY", "dressage_train_actor", "tq_spec", "train", "main"]
+           "RankRefs", "ProxyRolloutControl", "REFS_TRAIN_KEY", "dressage_train_actor", "tq_spec", "unscheduled_samples",
+           "train", "main"]
 
 REFS_TRAIN_KEY = "prompt"
 """The train-data key the refs ride under. slime's ``_split_train_data_by_dp`` copies a fixed list of keys
@@ -164,7 +165,38 @@ def convert_samples_to_train_data(args: Any, samples: Sequence[Any]) -> dict[str
     carriers = [(s.metadata or {}).get(REFS_METADATA_KEY) for s in samples]
     if any(c is not None for c in carriers):
         data[REFS_TRAIN_KEY] = carriers
+        _release_unscheduled(args, data)
     return data
+
+
+def unscheduled_samples(rollout_ids: Sequence[int], global_batch_size: int | None) -> list[int]:
+    """The positions of the samples slime's DP schedule trains on no rank: it cuts the rollouts (in
+    the order their first sample comes) into steps of ``global_batch_size`` rollouts, and the trailing
+    rollouts that fill no step are dropped with all their samples."""
+    if not global_batch_size:
+        return []
+    order = list(dict.fromkeys(rollout_ids))
+    kept = set(order[:len(order) // int(global_batch_size) * int(global_batch_size)])
+    return [i for i, rid in enumerate(rollout_ids) if rid not in kept]
+
+
+def _release_unscheduled(args: Any, data: Mapping[str, Any]) -> int:
+    """Release the TransferQueue keys only samples that slime's schedule drops refer to (a
+    ``--global-batch-size`` that does not divide the rollout's rollouts): no rank reads or releases them."""
+    dropped = set(unscheduled_samples(data["rollout_ids"], getattr(args, "global_batch_size", None)))
+    if not dropped:
+        return 0
+    carriers = data[REFS_TRAIN_KEY]
+
+    def keys(positions: Any) -> set[str]:
+        return set(carried_keys({REFS_TRAIN_KEY: [carriers[i] for i in positions]}))
+
+    orphans = sorted(keys(dropped) - keys(i for i in range(len(carriers)) if i not in dropped))
+    logging.getLogger(__name__).warning(
+        "global_batch_size %s: slime's schedule trains no rank on %d of %d samples (trailing rollouts that "
+        "fill no step); releasing the %d TransferQueue keys only they refer to", args.global_batch_size,
+        len(dropped), len(carriers), len(orphans))
+    return _release_keys(args, orphans)
 
 
 def _as_tensors(arrays: list[Any]) -> list[Any]:
@@ -439,7 +471,10 @@ def _release_untrained(args: Any, rollout_data_refs: Sequence[Any]) -> int:
     """Release a step's keys that no rank restored (a critic-only step: the actor did not train)."""
     import ray
 
-    keys = sorted({k for box in rollout_data_refs for k in carried_keys(ray.get(box.inner))})
+    return _release_keys(args, sorted({k for box in rollout_data_refs for k in carried_keys(ray.get(box.inner))}))
+
+
+def _release_keys(args: Any, keys: Sequence[str]) -> int:
     if not keys:
         return 0
     client = _tq_client(args)

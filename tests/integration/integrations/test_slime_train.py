@@ -24,7 +24,7 @@ from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 from dressage.integrations.slime import REFS_METADATA_KEY, SlimeSample, to_slime_groups
 from dressage.integrations.slime_train import (REFS_TRAIN_KEY, ProxyRolloutControl, RankRefs, carried_keys,
                                                convert_samples_to_train_data, dressage_train_actor,
-                                               restore_rollout_data, tq_spec)
+                                               restore_rollout_data, tq_spec, unscheduled_samples)
 from dressage.rollout.manager import sample_ref_keys
 from dressage.tq import TransferQueue
 from dressage.tq.client.spec import write_client_spec
@@ -34,8 +34,8 @@ from dressage.trajectory import Sample
 from dressage.trajectory.pieces import Piece
 
 import slime_standins
-from slime_standins import (SLIME_FETCH, MegatronActorStandIn, assert_same, interleaved, rank_data, split_like_slime,
-                            train_ranks)
+from slime_standins import (SLIME_FETCH, MegatronActorStandIn, assert_same, interleaved, rank_data,
+                            scheduled_like_slime, split_like_slime, train_ranks)
 
 ENGINE = {"seed": 11, "mean_response_tokens": 16, "tool_call_rate": 0.5}
 N_PROMPTS, N_SAMPLES, DP = 3, 2, 2
@@ -188,6 +188,54 @@ def _synthetic(n: int, tokens: int, response: int, layers: int, topk: int, *, re
             s.rollout_routed_experts = rng.integers(0, 128, (tokens - 1, layers, topk), dtype=np.int32)
         out.append(s)
     return out
+
+
+def test_samples_slimes_schedule_drops_have_their_keys_released_at_conversion(engine, tq2, proxy_stack, caplog):
+    # 6 rollouts (sessions) and a global batch of 4: slime trains one step of 4 rollouts and drops 2.
+    proxy = proxy_stack(engine.url, tq=tq2, request_timeout_s=600)
+    asyncio.run(run_rollout(proxy.url, make_prompts(N_PROMPTS, seed=5, max_background_words=0), N_SAMPLES,
+                            AgentConfig(max_turns=3, seed=3), concurrency=3))
+    batch = ProxyTrajectorySource(proxy.url).read(drain=True)
+    keys = sample_ref_keys(batch.samples)
+    client = tq2.client()
+    assert client.total_keys() == len(keys) > 0
+    args = SimpleNamespace(**vars(ARGS), global_batch_size=4, dressage_tq_spec=batch.transfer_queue)
+    with caplog.at_level("WARNING", logger="dressage.integrations.slime_train"):
+        data = convert_samples_to_train_data(args, to_slime_groups(batch.samples, cls=SlimeSample, keep_refs=True))
+    partitions = scheduled_like_slime(data["rollout_ids"], 4, DP)
+    kept = sorted(i for r in partitions for i in r)
+    dropped = unscheduled_samples(data["rollout_ids"], 4)
+    assert dropped and sorted(kept + dropped) == list(range(len(data["tokens"])))
+    assert len(set(data["rollout_ids"][i] for i in dropped)) == 2
+    kept_keys = set(carried_keys({REFS_TRAIN_KEY: [data[REFS_TRAIN_KEY][i] for i in kept]}))
+    assert client.total_keys() == len(kept_keys) < len(keys)  # the dropped samples' keys are gone already
+    assert "trains no rank on" in caplog.text
+    train_ranks(dressage_train_actor(MegatronActorStandIn), args, split_like_slime(data, partitions))
+    assert client.total_keys() == 0 and sum(int(row["keys"]) for row in tq2.stats().values()) == 0
+
+
+def test_a_key_kept_and_dropped_samples_share_stays_for_the_rank_that_trains(monkeypatch):
+    import dressage.integrations.slime_train as slime_train
+
+    samples = _synthetic(5, 64, 16, 2, 2, refs=True)
+    samples[4].remote = dict(samples[0].remote)  # a dropped sample that refers to a kept sample's keys
+    samples[3].remote = {k: pieces for k, pieces in samples[3].remote.items() if k == "logprobs"} | {
+        "routed_experts": samples[1].remote["routed_experts"]}
+    released: list[list[str]] = []
+    monkeypatch.setattr(slime_train, "_release_keys", lambda args, keys: released.append(list(keys)) or len(keys))
+    groups = to_slime_groups(samples, cls=SlimeSample, keep_refs=True)
+    args = SimpleNamespace(**vars(ARGS), global_batch_size=3)
+    data = convert_samples_to_train_data(args, groups)
+    assert data["rollout_ids"] == [0, 1, 2, 3, 4] and unscheduled_samples(data["rollout_ids"], 3) == [3, 4]
+    assert released == [["k3/logprobs"]]  # k1's and k0's keys stay: samples 0 and 1 train
+    released.clear()
+    convert_samples_to_train_data(SimpleNamespace(**vars(ARGS), global_batch_size=5), groups)
+    convert_samples_to_train_data(ARGS, groups)  # no global batch size given: slime's split is not ours to guess
+    assert released == []
+    # Rollouts count once however many samples each has, in the order of their first sample.
+    assert unscheduled_samples([7, 7, 2, 9, 2, 9, 5], 3) == [6]
+    assert unscheduled_samples([7, 7, 2, 9, 2, 9, 5], 2) == []
+    assert unscheduled_samples([7, 7, 2], 3) == [0, 1, 2]
 
 
 def test_refs_past_the_split_cut_what_crosses_the_object_store(capsys):
