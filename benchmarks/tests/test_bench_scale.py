@@ -35,6 +35,7 @@ def test_quick_run_writes_every_point_its_bounds_and_a_plot(tmp_path):
     for name, b in curve["bounds"].items():
         assert b["limit"] == scale.BOUNDS[name] and b["met"] == (b["worst"] <= b["limit"])
     units = curves["storage_units"]
+    assert units["link"] is None  # unshaped loopback unless --link-gbit
     assert [p["units"] for p in units["points"]] == [1, 2]
     for p in units["points"]:
         assert p["steps"] == 3 and p["step_bytes"] == 4096 * 40 * 8 and 1 <= p["units_written"] <= p["units"]

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dressage_bench._link import LinkError, ShapedLoopback
 from dressage_bench.scale_proxy_cpu import PROXY_CPU_BOUND, prompt_for, run_proxy_cpu_curve
 from dressage_bench.scale_sessions import VARIANTS, SessionsConfig, plot_sessions, run_sessions_curve
 
@@ -310,16 +311,23 @@ def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...
     return point
 
 
-def run_units_curve(units: list[int], steps: int, rounds: int,
-                    part_shape: tuple[int, ...] = (4096, 40, 8)) -> dict[str, Any]:
+def run_units_curve(units: list[int], steps: int, rounds: int, part_shape: tuple[int, ...] = (4096, 40, 8), *,
+                    link_gbit: float | None = None) -> dict[str, Any]:
     """The StorageUnits curve: TQ put+get across processes over TCP against two bare TCP hops sending
     the same requests. The bound is judged on the ratio of the medians of the ``batched`` mode (the
-    Proxy's writer under load); the ``per_step`` mode's worst is reported beside it."""
-    points = [_units_point(n, steps, rounds, part_shape) for n in units]
+    Proxy's writer under load); the ``per_step`` mode's worst is reported beside it. ``link_gbit``: both
+    cross a loopback link shaped to that rate (:class:`~dressage_bench._link.ShapedLoopback`), as between
+    hosts, where the link sets the pace; without it loopback runs at the speed of this host's cores."""
+    from contextlib import nullcontext
+
+    link = ShapedLoopback(link_gbit) if link_gbit is not None else None
+    with link if link is not None else nullcontext():
+        points = [_units_point(n, steps, rounds, part_shape) for n in units]
     worst = min(p["batched"]["tq_vs_tcp"] for p in points)
     per_step = min(p["per_step"]["tq_vs_tcp"] for p in points)
-    return {"points": points, "bounds": {"tq_vs_two_tcp_hops": {
-        "limit": 0.8, "worst": worst, "met": worst >= 0.8, "mode": "batched", "per_step_worst": per_step}}}
+    return {"points": points, "link": link.describe() if link is not None else None,
+            "bounds": {"tq_vs_two_tcp_hops": {"limit": 0.8, "worst": worst, "met": worst >= 0.8, "mode": "batched",
+                                              "per_step_worst": per_step}}}
 
 
 def _plot(curve: dict[str, Any], path: str) -> None:
@@ -421,6 +429,10 @@ def register(benches: argparse._SubParsersAction) -> None:
     p.add_argument("--unit-steps", type=int, metavar="N",
                    help="Step writes (4K tokens of 40x8 uint8 R3, 1.25 MiB) per round of the units curve "
                         "(default 64; quick: 8)")
+    p.add_argument("--link-gbit", type=float, metavar="GBIT",
+                   help="run the units curve over a loopback link shaped to this rate (tc tbf on lo, for the "
+                        "curve's duration; needs root): the link, not this host's cores, sets the pace, as "
+                        "between hosts (default: unshaped loopback)")
     p.add_argument("--sessions", nargs="*", type=int, metavar="N",
                    help="concurrent agent sessions of the sessions curve (default 16 64 256 1024; quick: 16 64; "
                         "none: skip it)")
@@ -455,6 +467,11 @@ def _run(args: argparse.Namespace) -> int:
     for path, what in ((args.json, "--json"), (args.plot, "--plot")):
         if path:  # before the curves, which an output that cannot be written would lose at their end
             check_writable(path, what, make_parents=True)
+    if args.link_gbit is not None:
+        try:  # before the curves: a link that cannot be shaped here fails now, not after the Step curve
+            ShapedLoopback(args.link_gbit).check()
+        except LinkError as exc:
+            raise SystemExit(f"--link-gbit: {exc}") from None
     sizes = args.sizes or ([1024, 4096] if args.quick else [1024, 4096, 16384, 65536, 262144])
     if any(s <= OUTPUT_TOKENS for s in sizes):
         raise SystemExit(f"--sizes: a Step needs more than {OUTPUT_TOKENS} tokens")
@@ -470,7 +487,11 @@ def _run(args: argparse.Namespace) -> int:
     sessions = _sessions_config(args)
     curves = {"step_size": curve}
     if units:
-        curves["storage_units"] = run_units_curve(units, args.unit_steps or (8 if args.quick else 64), rounds)
+        try:
+            curves["storage_units"] = run_units_curve(units, args.unit_steps or (8 if args.quick else 64), rounds,
+                                                      link_gbit=args.link_gbit)
+        except LinkError as exc:
+            raise SystemExit(f"--link-gbit: {exc}") from None
     if sessions is not None:
         curves["sessions"] = run_sessions_curve(sessions)
     report = {"bench": "scale", "curves": curves,
@@ -483,6 +504,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{p['layers']:>3}x{p['topk']} {p['dtype']:>5} T={p['tokens']:>7}: Proxy CPU per call "
               f"{p['proxy_cpu_s'] * 1e3:.1f} ms, {p['proxy_cpu_vs_b64']:.2f}x b64 "
               f"(best {p['proxy_cpu_vs_b64_best']:.2f}x)", flush=True)
+    link = curves.get("storage_units", {}).get("link")
+    if link is not None:
+        print(f"units curve over {link['device']} shaped to {link['rate_gbit']:g} Gbit/s ({link['qdisc']})")
     for p in curves.get("storage_units", {}).get("points", []):
         for mode in ("batched", "per_step"):
             m = p[mode]
