@@ -82,7 +82,8 @@ class ServerConfig:
     max_body_bytes: int = field(default=32 * 1024 * 1024, metadata=flag(metavar="N"))
     """Larger request bodies get 413."""
     max_header_bytes: int = field(default=64 * 1024, metadata=flag(metavar="N"))
-    """Request line plus headers larger than this get 400."""
+    """Request line plus headers larger than this get 400 ``headers_too_large`` (a JSON error) and the
+    connection is closed."""
     header_timeout_s: float = field(default=30.0, metadata=flag("--header-timeout", metavar="S"))
     """A connection whose request line and headers are not complete this long after it opened (or
     after its previous answer, once bytes of a next request came) is closed."""
