@@ -17,6 +17,7 @@ these classes). Hierarchy, with status and type where a class sets them::
     │   ├── InputValueError          a lone surrogate, a non-finite number or a malformed tool (names it)
     │   ├── IdempotencyKeyReusedError  an Idempotency-Key sent again with another request  422
     │   ├── BodyTooLargeError        a body over the size limit (bytes received)     413
+    │   ├── HeadersTooLargeError     a request line and headers over the size limit
     │   ├── AuthenticationError      no or a wrong bearer token                      401 authentication_error
     │   └── PermissionDeniedError    an agent token on an admin path                 403 permission_error
     ├── SessionLimitError            the Proxy holds its maximum of live sessions    429 rate_limit_exceeded
@@ -95,8 +96,9 @@ __all__ = [
     "ReplyConstraintError", "UnsupportedParameterError", "TokenizerError",
     "ChatTemplateError", "JournalError", "JournalEncodeError", "JournalDamagedError", "JournalWriteError",
     "JournalFullError", "AnswerEncodeError", "ContextOverflowError", "SessionIdError",
-    "MissingSessionIdError", "RequestRejected", "IdempotencyKeyReusedError", "InputValueError", "BodyTooLargeError", "AuthenticationError",
-    "PermissionDeniedError", "SessionLimitError", "NoHealthyEngineError", "TrajectoryError", "SessionStateError",
+    "MissingSessionIdError", "RequestRejected", "IdempotencyKeyReusedError", "InputValueError", "BodyTooLargeError",
+    "HeadersTooLargeError", "AuthenticationError", "PermissionDeniedError", "SessionLimitError", "NoHealthyEngineError",
+    "TrajectoryError", "SessionStateError",
     "StepLimitError", "WeightVersionChangedError", "GenerationPreemptedError", "PartialRolloutStalenessError",
     "WeightVersionMismatchError", "UnknownStepError", "UnknownSessionError", "UnknownReadError", "ToolCallHookError",
     "TransferQueueError", "TransferWriteError",
@@ -389,6 +391,12 @@ class InputValueError(RequestRejected):
 class BodyTooLargeError(RequestRejected):
     """More request body bytes arrived (declared or chunked) than ``max_body_bytes``."""
     http_status, code = 413, "body_too_large"
+
+
+class HeadersTooLargeError(RequestRejected):
+    """A request line and headers over ``max_header_bytes``: answered before they are parsed, and the
+    connection closed."""
+    code = "headers_too_large"
 
 
 class AuthenticationError(RequestRejected):

@@ -503,15 +503,25 @@ def _copy(data: Any) -> Any:
     return data
 
 
-def read_secret_file(path: str | os.PathLike[str], what: str) -> str | None:
-    """The token or secret a file holds (stripped; ``None`` when empty); ConfigError naming ``what`` (the
-    setting and its flag) when it cannot be read."""
+def read_secret_file(path: str | os.PathLike[str], what: str) -> str:
+    """The token a file holds: its whole text with the whitespace around it (a trailing newline) stripped.
+
+    ConfigError naming ``what`` (the setting and its flag) and the file when it cannot be read, is not
+    UTF-8 text, is empty (only whitespace), or holds more than one line: a token file holds the token alone.
+    """
+    name = os.fspath(path)
     try:
         with open(path, encoding="utf-8") as f:
-            return f.read(1 << 16).strip() or None
+            text = f.read(1 << 16)
     except (OSError, UnicodeDecodeError) as exc:
         why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else "not UTF-8 text"
-        raise ConfigError(f"{what}: cannot read {os.fspath(path)!r}: {why}") from None
+        raise ConfigError(f"{what}: cannot read {name!r}: {why}") from None
+    token = text.strip()
+    if not token:
+        raise ConfigError(f"{what}: {name!r} is empty; it must hold the token")
+    if "\n" in token or "\r" in token:
+        raise ConfigError(f"{what}: {name!r} holds more than one line; it must hold the token alone")
+    return token
 
 
 def check_writable(path: str | os.PathLike[str], what: str, *, make_parents: bool = False) -> None:

@@ -5,7 +5,8 @@ become a ConfigError naming the address. :class:`ConnectionLimits` bound what on
 hold: its request line and headers must be complete ``header_timeout_s`` after it opened (or
 after its previous answer, once a next request began), its body ``body_timeout_s`` after its
 headers, else the connection is closed; headers are at most ``max_header_bytes``; an idle
-keep-alive connection is closed after ``keep_alive_s``. Slow senders (slowloris) cannot pile up.
+keep-alive connection is closed after ``keep_alive_s``. Slow senders (slowloris) cannot pile up. A server
+words the answer to oversized headers itself (:data:`HeadRefusal`; plain text unless it says otherwise).
 The HTTP parser is httptools (C) where it is installed, h11 otherwise, on uvloop's event loop
 where that is installed; the limits hold for both parsers. A serving process's cyclic collector is set
 up here too (:func:`tune_gc_for_serving`): start-up frozen, calls in flight and sessions swept out of its walks.
@@ -18,12 +19,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Callable
 
 from dressage.errors import ConfigError
 
-__all__ = ["UvicornServer", "ConnectionLimits", "guarded_protocol", "tune_gc_for_serving", "ServingGc", "YoungSweeper",
-           "GcPauses", "GC_PAUSES"]
+__all__ = ["UvicornServer", "ConnectionLimits", "HeadRefusal", "plain_head_refusal", "guarded_protocol",
+           "tune_gc_for_serving", "ServingGc", "YoungSweeper", "GcPauses", "GC_PAUSES"]
 
 
 SERVING_GC_YOUNG = 20_000
@@ -256,35 +258,67 @@ def _tick(limits: ConnectionLimits) -> float:
     return max(0.05, min(limits.header_timeout_s, limits.body_timeout_s) / 4)
 
 
+_START_BYTES = 2048
+"""How much of a request's head is kept to name its path in a refusal (a longer request line goes unnamed)."""
+
+
 class _HeadBytes:
     """The bytes of a request line and its headers, counted as reads arrive and before a parser consumes
     them, up to the blank line that ends them (which may straddle two reads): a whole request arriving in
-    one read is parsed, answered and forgotten within one call, so a count taken after parsing never sees it."""
+    one read is parsed, answered and forgotten within one call, so a count taken after parsing never sees it.
+    Its first bytes are kept too, for :meth:`path`."""
 
-    __slots__ = ("count", "_tail")
+    __slots__ = ("count", "_tail", "_start")
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self.count, self._tail = 0, b""
+        self.count, self._tail, self._start = 0, b"", b""
 
     def add(self, data: bytes) -> int:
+        if len(self._start) < _START_BYTES:
+            self._start += data[:_START_BYTES - len(self._start)]
         seen = self._tail + data
         end = seen.find(b"\r\n\r\n")
         self.count += len(data) if end < 0 else end + 4 - len(self._tail)
         self._tail = seen[-3:]
         return self.count
 
+    def path(self) -> str | None:
+        """The path of the request line (no query string); ``None`` when the line was not received whole."""
+        line, ended, _ = self._start.lstrip(b"\r\n").partition(b"\r\n")
+        parts = line.split(b" ")
+        if not ended or len(parts) != 3:
+            return None
+        return parts[1].split(b"?", 1)[0].decode("latin-1")
 
-_TOO_LARGE = b"Request headers too large."
+
+HeadRefusal = Callable[[str | None], tuple[int, list[tuple[bytes, bytes]], bytes]]
+"""A server's answer to a request whose request line and headers pass ``max_header_bytes``: given the
+request's path (``None`` when its request line did not arrive whole), the status, headers and body. It is
+sent before the headers are parsed, with ``content-length`` and ``connection: close``, and the connection is
+closed. It runs on the server's event loop."""
 
 
-def _guarded_h11(limits: ConnectionLimits) -> type:
+def plain_head_refusal(path: str | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The default :data:`HeadRefusal`: 400, ``Request headers too large.`` as plain text."""
+    return 400, [(b"content-type", b"text/plain; charset=utf-8")], b"Request headers too large."
+
+
+def _refusal(refuse: HeadRefusal, head: _HeadBytes) -> bytes:
+    status, headers, body = refuse(head.path())
+    lines = [b"HTTP/1.1 %d %s" % (status, HTTPStatus(status).phrase.encode()),
+             *(name + b": " + value for name, value in headers),
+             b"content-length: %d" % len(body), b"connection: close"]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def _guarded_h11(limits: ConnectionLimits, refuse: HeadRefusal) -> type:
     """uvicorn's h11 (pure Python) protocol with the deadlines and a bound on header bytes: h11's own
     bound (``h11_max_incomplete_event_size``) covers a header block still incomplete, this one also a block
     that arrives whole in one read. Bytes are counted while h11 waits for a request (between requests on a
-    connection); past ``max_header_bytes`` the answer is 400 and the connection is closed, unparsed."""
+    connection); past ``max_header_bytes`` the answer is ``refuse``'s and the connection is closed, unparsed."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -296,9 +330,7 @@ def _guarded_h11(limits: ConnectionLimits) -> type:
         def data_received(self, data: bytes) -> None:
             if self.conn.their_state is h11.IDLE and self._head.add(data) > limits.max_header_bytes:
                 if not self.transport.is_closing():
-                    self.transport.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
-                                         b"content-length: %d\r\nconnection: close\r\n\r\n%s"
-                                         % (len(_TOO_LARGE), _TOO_LARGE))
+                    self.transport.write(_refusal(refuse, self._head))
                     self.transport.close()
                 return
             super().data_received(data)
@@ -309,11 +341,11 @@ def _guarded_h11(limits: ConnectionLimits) -> type:
     return GuardedH11Protocol
 
 
-def _guarded_httptools(limits: ConnectionLimits) -> type:
+def _guarded_httptools(limits: ConnectionLimits, refuse: HeadRefusal) -> type:
     """uvicorn's httptools (llhttp, C) protocol with the deadlines and a bound on header bytes.
 
     The bytes received while no request body is being read (a request line and headers, or the
-    idle gap before them) are counted; past ``max_header_bytes`` the answer is 400 and the
+    idle gap before them) are counted; past ``max_header_bytes`` the answer is ``refuse``'s and the
     connection is closed, before the parser has buffered more.
     """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -326,7 +358,8 @@ def _guarded_httptools(limits: ConnectionLimits) -> type:
         def data_received(self, data: bytes) -> None:
             if not self._in_body and self._head.add(data) > limits.max_header_bytes:
                 if not self.transport.is_closing():
-                    self.send_400_response(_TOO_LARGE.decode())
+                    self.transport.write(_refusal(refuse, self._head))
+                    self.transport.close()
                 return
             super().data_received(data)
 
@@ -343,9 +376,11 @@ def _guarded_httptools(limits: ConnectionLimits) -> type:
     return GuardedHttpToolsProtocol
 
 
-def guarded_protocol(limits: ConnectionLimits, http: str = "auto") -> type:
+def guarded_protocol(limits: ConnectionLimits, http: str = "auto",
+                     refuse_head: HeadRefusal = plain_head_refusal) -> type:
     """The HTTP protocol class uvicorn serves with: ``httptools`` (C parser) when it is installed and
-    ``http`` is ``auto`` or ``httptools``, else ``h11``; both keep :class:`ConnectionLimits`."""
+    ``http`` is ``auto`` or ``httptools``, else ``h11``; both keep :class:`ConnectionLimits`, and answer
+    oversized headers with ``refuse_head``'s answer."""
     if http not in ("auto", "h11", "httptools"):
         raise ConfigError(f"http: {http!r} is not one of auto, h11, httptools")
     if http != "h11":
@@ -355,8 +390,8 @@ def guarded_protocol(limits: ConnectionLimits, http: str = "auto") -> type:
             if http == "httptools":
                 raise ConfigError("http: httptools is not installed (pip install 'dressage[server]')") from None
         else:
-            return _guarded_httptools(limits)
-    return _guarded_h11(limits)
+            return _guarded_httptools(limits, refuse_head)
+    return _guarded_h11(limits, refuse_head)
 
 
 def _event_loop() -> str:
@@ -371,12 +406,12 @@ def _event_loop() -> str:
 class UvicornServer:
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, name: str = "server",
                  log_level: str = "warning", limits: ConnectionLimits | None = None, http: str = "auto",
-                 own_log_handlers: bool = True) -> None:
+                 own_log_handlers: bool = True, refuse_head: HeadRefusal = plain_head_refusal) -> None:
         self.app, self.host, self.port, self.name, self.log_level = app, host, int(port), name, log_level
         self.own_log_handlers = own_log_handlers
         """uvicorn installs its text handlers; ``False`` leaves its records to the root logger's (JSON lines)."""
         self.limits = limits or ConnectionLimits()
-        self.protocol = guarded_protocol(self.limits, http)
+        self.protocol = guarded_protocol(self.limits, http, refuse_head)
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._bound: int | None = None

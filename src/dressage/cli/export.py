@@ -35,7 +35,8 @@ class ExportConfig:
     drain: bool = False
     """Have the Proxy forget what was exported (acknowledge the read)."""
     admin_token_file: str | None = None
-    """A file holding the Proxy's admin token (default: the environment's)."""
+    """A file holding the Proxy's admin token (the token alone, stripped; an empty file is refused);
+    default: the environment's."""
     tq_spec: str | None = None
     """A TransferQueue client spec file (the Proxy's --transfer-queue-spec-out): restores a journal's large
     fields kept as refs."""

@@ -48,17 +48,6 @@ def _url_ok(url: object) -> bool:
     return isinstance(url, str) and url.startswith(("http://", "https://"))
 
 
-def _read_token(path: str, key: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.readline().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{key}: cannot read {path}: {exc}") from exc
-    if not token:
-        raise ConfigError(f"{key}: {path} holds no token")
-    return token
-
-
 def admin_token_of(path: str | None, what: str) -> str | None:
     """The admin token a trainer-side command (``dressage trainer``, ``dressage export``) sends to a Proxy:
     read from the file ``path`` when given (``what`` names its setting in errors), else ``$DRESSAGE_ADMIN_TOKEN``."""
@@ -93,7 +82,8 @@ class ServerConfig:
     max_body_bytes: int = field(default=32 * 1024 * 1024, metadata=flag(metavar="N"))
     """Larger request bodies get 413."""
     max_header_bytes: int = field(default=64 * 1024, metadata=flag(metavar="N"))
-    """Request line plus headers larger than this get 400."""
+    """Request line plus headers larger than this get 400 ``headers_too_large`` (a JSON error) and the
+    connection is closed."""
     header_timeout_s: float = field(default=30.0, metadata=flag("--header-timeout", metavar="S"))
     """A connection whose request line and headers are not complete this long after it opened (or
     after its previous answer, once bytes of a next request came) is closed."""
@@ -186,12 +176,12 @@ class AccessConfig:
     Alone (no admin token) it also opens the admin endpoints; ``no-auth`` (upstream's default) turns
     the check off. Prefer the environment or a file: arguments show in ``ps``."""
     api_token_file: str | None = field(default=None, metadata=flag(metavar="PATH"))
-    """Read the agents' token from this file (first line)."""
+    """Read the agents' token from this file (the token alone, stripped; an empty file is refused)."""
     admin_token: str | None = field(default=None, metadata=flag(metavar="TOKEN", default_text="$" + ADMIN_TOKEN_ENV))
     """Trainer's token: when set, trajectory read / drain, pause / resume, discard and the engine
     endpoints need it (agent tokens get 403 there); it opens the agent endpoints too."""
     admin_token_file: str | None = field(default=None, metadata=flag(metavar="PATH"))
-    """Read the admin token from this file (first line)."""
+    """Read the admin token from this file (the token alone, stripped; an empty file is refused)."""
     no_auth: bool = False
     """Serve without an agents' token even on an address other machines reach (``--api-key no-auth``
     says the same, as upstream's Proxy does by default)."""
@@ -204,7 +194,7 @@ class AccessConfig:
             if path is not None:
                 if getattr(self, key) is not None:
                     raise ConfigError(f"access.{key} and access.{key}_file are both set: give one")
-                setattr(self, key, _read_token(path, f"access.{key}_file"))
+                setattr(self, key, read_secret_file(path, f"access.{key}_file"))
             token = getattr(self, key)
             if token is not None and (not isinstance(token, str) or not token.strip() or not token.isprintable()
                                       or len(token) > 4096):

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt,
-                      StrictStr, field_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr,
+                      field_validator)
 from pydantic_core import PydanticCustomError
 
 from dressage.proxy.json_values import nesting_problem, storable_problem
@@ -335,7 +335,7 @@ class TrajectoryReadRequest(_Control):
     drain: Flag = False
     """Forget what was read once the answer was written in full (an answer that cannot be written
     forgets nothing)."""
-    lease: StrictBool = False
+    lease: Flag = False
     """Two-phase read: hand the trajectories out under the answer's ``read_id``; ``POST /trajectory/ack``
     forgets them, ``POST /trajectory/release`` (or the lease running out) makes them readable again."""
     lease_s: Any = None
@@ -368,7 +368,7 @@ class ResumeRequest(_Control):
     """The policy version of the tokens generated from now on (unchanged if omitted)."""
     version: Optional[Union[StrictStr, StrictInt]] = None
     """The same as the engine names it (upstream's field); a plain integer string is that number."""
-    update_engines: StrictBool = False
+    update_engines: Flag = False
     """Also set the version on every engine (``POST /update_weight_version``) before resuming."""
     reason: Optional[str] = None
 

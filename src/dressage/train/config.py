@@ -24,7 +24,8 @@ class TrainerProxyConfig:
     url: str = field(metadata=flag("--proxy-url", metavar="URL"))
     """The Proxy, e.g. http://127.0.0.1:8000."""
     admin_token_file: str | None = field(default=None, metadata=flag(metavar="PATH"))
-    """File holding the Proxy's admin token (else $DRESSAGE_ADMIN_TOKEN, else none)."""
+    """File holding the Proxy's admin token (the token alone, stripped; an empty file is refused); else
+    $DRESSAGE_ADMIN_TOKEN, else none."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):

@@ -312,29 +312,43 @@ def test_client_that_disconnects_mid_stream_leaves_nothing_recorded(slow_engine)
         p.close()
 
 
-@pytest.mark.parametrize("route", ["chat", "generate", "header_session"])
-def test_a_client_that_hangs_up_before_a_whole_answer_leaves_nothing_recorded(slow_engine, route):
+_HANG_UP_CALLS = {  # endpoint -> (path on a session's base URL, body of an 80-token call)
+    "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Write at length."}], "max_tokens": 80}),
+    "generate": ("/generate", {"input_ids": [72, 105], "sampling_params": {"max_new_tokens": 80}}),
+    "responses": ("/v1/responses", {"model": "m", "input": "Write at length.", "max_output_tokens": 80}),
+    "messages": ("/v1/messages", {"model": "m", "max_tokens": 80,
+                                  "messages": [{"role": "user", "content": "Write at length."}]}),
+}
+
+
+@pytest.mark.parametrize("endpoint, by_header", [("chat", False), ("generate", False), ("chat", True),
+                                                 ("responses", False), ("responses", True),
+                                                 ("messages", False), ("messages", True)])
+def test_a_client_that_hangs_up_before_a_whole_answer_leaves_nothing_recorded(slow_engine, endpoint, by_header):
     p = start_proxy(slow_engine.url)
     try:
-        sid, base = _new_session(p.url)
-        url, headers = base + "/chat/completions", {}
-        body = {"messages": [{"role": "user", "content": "Write at length."}], "max_tokens": 80}
-        if route == "generate":
-            url, body = f"{p.url}/sessions/{sid}/generate", {"input_ids": [72, 105],
-                                                             "sampling_params": {"max_new_tokens": 80}}
-        elif route == "header_session":
-            sid = "hdr-hangs-up"
-            url, headers = p.url + "/v1/chat/completions", {"X-Session-Id": sid}
+        path, body = _HANG_UP_CALLS[endpoint]
+        sid, _ = _new_session(p.url)
+        url, headers = f"{p.url}/sessions/{sid}{path}", {}
+        if by_header:
+            sid = f"hdr-hangs-up-{endpoint}"
+            url, headers = p.url + path, {"X-Session-Id": sid}
         with pytest.raises(httpx.TimeoutException):
             httpx.post(url, json=body, headers=headers, timeout=0.3)  # 80 tokens take ~0.8 s: gone before
         time.sleep(1.2)                                 # longer than the whole reply would take
         assert httpx.get(p.url + "/v1/rollout/pause_state").json()["in_flight"] == 0
         info = httpx.get(slow_engine.url + "/get_server_info").json()
         assert info["internal_states"][0]["num_running_reqs"] == 0  # the engine request was aborted too
-        if route == "header_session":  # its first call failed: the session is not kept
+        if by_header:  # its first call failed: the session is not kept
             assert httpx.get(f"{p.url}/sessions/{sid}").status_code == 404
         else:
             assert len(p.steps(sid)) == 0
+        # The same call left to finish is recorded: the hang-up, not the endpoint, left nothing.
+        sid, _ = _new_session(p.url)
+        url = f"{p.url}/sessions/{sid}{path}" if not by_header else url
+        headers = {"X-Session-Id": sid} if by_header else {}
+        assert httpx.post(url, json=body, headers=headers, timeout=20).status_code == 200
+        assert len(p.steps(sid)) == 1
     finally:
         p.close()
 

@@ -205,6 +205,38 @@ def test_slow_headers_and_slow_bodies_are_cut_off(hostile):
         server.close()
 
 
+@pytest.mark.parametrize("path, anthropic", [("/v1/chat/completions", False), ("/sessions/s1/v1/messages", True),
+                                             ("/health", False)])
+def test_headers_over_the_limit_are_a_json_error_in_the_proxys_shape(hostile, path, anthropic):
+    server = _serve(hostile.url, server=ServerConfig(max_header_bytes=8 * 1024))
+    try:
+        host, port = server.url[7:].rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as sock:
+            try:
+                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nX-Pad: {'p' * 32768}\r\n\r\n".encode())
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed while sending: the answer came first
+            sock.settimeout(10)
+            got = b""
+            while data := sock.recv(65536):
+                got += data
+        head, _, body = got.partition(b"\r\n\r\n")
+        status, *lines = head.decode().split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines)
+        assert status == "HTTP/1.1 400 Bad Request" and headers["content-type"] == "application/json"
+        assert headers["connection"] == "close" and headers["x-should-retry"] == "false"
+        message = "request line and headers over 8192 bytes"
+        if anthropic:
+            assert json.loads(body) == {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+        else:
+            assert json.loads(body) == {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                                  "code": "headers_too_large"}}
+        assert server.service.book.failed_by == {(400, "headers_too_large"): 1}
+        assert httpx.get(server.url + "/health").status_code == 200  # the next connection is served
+    finally:
+        server.close()
+
+
 def test_agent_and_admin_tokens(hostile, tmp_path):
     (tmp_path / "agent").write_text("agent-secret\n")
     server = _serve(hostile.url,

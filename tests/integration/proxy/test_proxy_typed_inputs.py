@@ -73,6 +73,22 @@ def test_a_boolean_or_a_string_is_not_a_number_and_only_true_or_false_is_a_flag(
     assert _steps(proxy) == before
 
 
+@pytest.mark.parametrize("path, body, param", [
+    ("/trajectory/read", {"drain": "yes"}, "drain"),
+    ("/trajectory/read", {"lease": "yes"}, "lease"),
+    ("/trajectory/read", {"lease": 1}, "lease"),
+    ("/v1/rollout/resume", {"version": "7", "update_engines": "yes"}, "update_engines"),
+    ("/v1/rollout/resume", {"version": "7", "update_engines": 1}, "update_engines"),
+])
+def test_a_control_call_takes_only_true_or_false_for_a_flag(proxy, path, body, param):
+    before = httpx.get(proxy.url + "/v1/rollout/pause_state").json()
+    r = httpx.post(proxy.url + path, json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and NOT_A_FLAG in r.json()["error"]["message"]
+    assert httpx.get(proxy.url + "/v1/rollout/pause_state").json() == before  # no version set
+    assert proxy.service.trajectories.leases.open == {}  # no read handed anything out
+
+
 def test_an_integral_number_written_with_a_fraction_is_that_integer(proxy):
     sid = _sid(proxy)
     r = httpx.post(f"{proxy.url}/sessions/{sid}/v1/chat/completions",

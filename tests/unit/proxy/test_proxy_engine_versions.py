@@ -194,7 +194,9 @@ def test_without_the_flag_resume_calls_no_engine_and_the_flag_is_strict():
         mock = MockSGLang([W1])
         service, h = make(mock)
         await h.post("/v1/rollout/pause")
-        assert (await h.post("/v1/rollout/resume", json={"update_engines": "yes", "version": "3"})).status_code == 422
+        r = await h.post("/v1/rollout/resume", json={"update_engines": "yes", "version": "3"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "update_engines"
+        assert "expected true or false" in r.json()["error"]["message"]
         r = await h.post("/v1/rollout/resume", json={"update_engines": True})
         assert r.status_code == 400 and "needs a weight_version or version" in r.json()["error"]["message"]
         assert service.pause.paused

@@ -8,8 +8,10 @@ import asyncio
 import json
 import re
 from types import SimpleNamespace
+from unittest import mock
 
 import httpx
+import pytest
 from fastapi import FastAPI, Request
 
 from dressage.fields import get_model
@@ -156,3 +158,65 @@ def test_a_hot_route_answers_the_same_through_the_fast_path_as_through_its_fasta
     keys = ("sessions", "steps", "response_tokens", "calls", "failed_calls", "unread_trajectories")
     assert {k: fast_stats[k] for k in keys} == {k: routed_stats[k] for k in keys}
     assert fast_stats["steps"] == 4 and fast_stats["failed_calls"] == 1
+
+
+class _Stalled:
+    """A model call that never answers (an engine still generating) and notes when it is cancelled."""
+
+    def __init__(self) -> None:
+        self.started, self.cancelled = asyncio.Event(), []
+
+    def call(self, kind):
+        async def call(*args, **kwargs):
+            self.started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(kind)
+                raise
+        return call
+
+
+@pytest.mark.parametrize("path, body, kind", [
+    ("/sessions/s1/v1/chat/completions", MSG, "chat"),
+    ("/sessions/s1/generate", {"input_ids": [1, 2]}, "generate"),
+    ("/sessions/s1/v1/responses", {"model": "m", "input": "hello"}, "responses"),
+    ("/v1/responses", {"model": "m", "input": "hello"}, "responses"),
+    ("/sessions/s1/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+     "messages"),
+    ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}, "messages"),
+])
+def test_each_model_call_route_of_the_fastapi_app_cancels_the_call_of_a_client_that_hung_up(path, body, kind):
+    """The FastAPI app's routes (what a Proxy mounted under a root path serves, and the only routes of
+    Responses and Anthropic Messages) watch the connection as the hot routes do: nothing is answered."""
+    stalled, service = _Stalled(), mock.MagicMock()
+    service.config.access = SimpleNamespace(api_token=None, admin_token=None)
+    service.config.server.max_body_bytes = 1 << 20
+    service.chat.open = stalled.call("chat")
+    service.chat.generate_tokens = stalled.call("generate")
+    service.responses.open = stalled.call("responses")
+    service.messages.open = stalled.call("messages")
+    app = fastapi_app(service)
+    data, sent = json.dumps(body).encode(), []
+
+    async def go():
+        messages = iter([{"type": "http.request", "body": data, "more_body": False}])
+
+        async def receive():
+            message = next(messages, None)
+            if message is not None:
+                return message
+            await stalled.started.wait()  # the client hangs up while its call runs
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
+                 "root_path": "", "headers": [(b"content-type", b"application/json"), (b"x-session-id", b"s1")],
+                 "scheme": "http", "server": ("proxy", 80), "client": ("agent", 1), "http_version": "1.1",
+                 "asgi": {"version": "3.0", "spec_version": "2.4"}}
+        await asyncio.wait_for(app(scope, receive, send), 10)
+
+    asyncio.run(go())
+    assert stalled.cancelled == [kind] and sent == []

@@ -26,10 +26,11 @@ async def _echo(scope, receive, send):
     await send({"type": "http.response.body", "body": body})
 
 
-def _server(http: str, **limits) -> UvicornServer:
+def _server(http: str, refuse_head=None, **limits) -> UvicornServer:
     if http == "httptools":
         pytest.importorskip("httptools")
-    srv = UvicornServer(_echo, name="echo", http=http, limits=ConnectionLimits(**limits))
+    words = {} if refuse_head is None else {"refuse_head": refuse_head}
+    srv = UvicornServer(_echo, name="echo", http=http, limits=ConnectionLimits(**limits), **words)
     srv.start_background()
     return srv
 
@@ -67,6 +68,12 @@ def _read_until_closed(sock: socket.socket, seconds: float) -> tuple[bool, bytes
         return False, got
     except ConnectionResetError:
         return True, got
+
+
+def _split_answer(got: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
+    head, _, body = got.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    return status, dict(line.split(b": ", 1) for line in lines), body
 
 
 def _request(sock: socket.socket, body: bytes = b"abc", headers: bytes = b"") -> bytes:
@@ -136,7 +143,9 @@ def test_a_whole_request_with_too_many_header_bytes_in_one_read_is_400(http):
     try:
         for _ in range(5):
             closed, got = _refused(srv, b"GET /x HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"p" * (32 * 1024) + b"\r\n\r\n")
-            assert got.startswith(b"HTTP/1.1 400 "), got[:80]
+            status, headers, body = _split_answer(got)  # plain text: the server words it no other way
+            assert status == b"HTTP/1.1 400 Bad Request" and body == b"Request headers too large.", got[:80]
+            assert headers[b"content-type"] == b"text/plain; charset=utf-8"
     finally:
         srv.stop()
 
@@ -197,3 +206,28 @@ def test_many_requests_on_one_connection_are_each_counted_on_their_own(http):
         sock.close()
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_headers_over_the_limit_get_the_servers_own_answer_naming_the_path_when_known(http):
+    paths = []
+
+    def refuse(path):
+        paths.append(path)
+        return 400, [(b"content-type", b"application/json"), (b"x-should-retry", b"false")], b'{"error": "big"}'
+
+    srv = _server(http, refuse, max_header_bytes=8 * 1024)
+    try:
+        pad = b"X-Pad: " + b"p" * (32 * 1024) + b"\r\n"
+        for head in (b"POST /sessions/s1/v1/messages?beta=true HTTP/1.1\r\nHost: x\r\n" + pad + b"\r\n",  # one read
+                     b"GET /health HTTP/1.1\r\nHost: x\r\n" + pad,                                   # never ends
+                     b"GET /" + b"a" * (16 * 1024) + b" HTTP/1.1\r\nHost: x\r\n\r\n"):             # a huge path
+            closed, got = _refused(srv, head)
+            status, headers, body = _split_answer(got)
+            assert closed and status == b"HTTP/1.1 400 Bad Request" and body == b'{"error": "big"}'
+            assert headers == {b"content-type": b"application/json", b"x-should-retry": b"false",
+                               b"content-length": b"16", b"connection": b"close"}
+        assert paths == ["/sessions/s1/v1/messages", "/health", None]
+    finally:
+        srv.stop()
+

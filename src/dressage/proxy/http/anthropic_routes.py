@@ -3,7 +3,8 @@
 Served on a session's base URL (``/sessions/{id}/v1/messages``, any query string such as
 ``?beta=true``) and on ``/v1/messages`` with the session in headers. Every error raised on these
 routes, a malformed body included, is answered in Anthropic's shape (``{"type": "error", ...}``)
-with the status its class carries.
+with the status its class carries. A Messages call whose client hangs up before its answer is cancelled
+(:mod:`dressage.proxy.http.hangup`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dressage.errors import DressageError, UnsupportedParameterError
 from dressage.proxy import fastjson
 from dressage.proxy.anthropic.protocol import (CountTokensRequest, MessagesRequest, dressage_error_object,
                                                invalid_body, is_anthropic_path)
+from dressage.proxy.http.hangup import HungUp, unless_gone
 from dressage.proxy.recording.turn_scope import identity_of, scope_of
 
 __all__ = ["anthropic_router", "is_anthropic_path", "anthropic_error_response"]
@@ -63,12 +65,15 @@ def anthropic_router(service: Any) -> APIRouter:
             ident = identity_of(request.headers)
             if session_id is None:
                 session_id = service.header_session(ident)
-            out = await service.messages.open(session_id, req, scope=scope_of(request.headers))
+            out = await unless_gone(service.messages.open(session_id, req, scope=scope_of(request.headers)),
+                                    request.receive)
         except DressageError as exc:
             return anthropic_error_response(service.book, exc)
         except Exception as exc:  # a bug still answers in the shape the client reads
             log.exception("messages call failed")
             return anthropic_error_response(service.book, DressageError(f"internal error: {type(exc).__name__}"))
+        if out is None:
+            return HungUp()  # the agent hung up before its answer: nothing to send it
         if isinstance(out, dict):
             return Response(fastjson.dumps(out), media_type="application/json")
         return StreamingResponse(out, media_type="text/event-stream", headers=_SSE_HEADERS)

@@ -25,10 +25,11 @@ from dressage.observe.context import bind_call
 from dressage.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dressage.proxy import fastjson
 from dressage.proxy.engines import server_timing
-from dressage.errors import DressageError
+from dressage.errors import DressageError, HeadersTooLargeError
 from dressage.proxy.http.anthropic_routes import anthropic_error_response, anthropic_router, is_anthropic_path
 from dressage.proxy.http.fast_routes import FastRoutes, dressage_error_response, listener_url
-from dressage.proxy.http.guard import RequestGuard
+from dressage.proxy.http.guard import RequestGuard, rejection
+from dressage.proxy.http.hangup import HungUp, unless_gone
 from dressage.proxy.http.upstream_routes import upstream_router
 from dressage.proxy.http.openai_routes import openai_router
 from dressage.proxy.http.rollout_routes import rollout_router
@@ -126,7 +127,10 @@ def fastapi_app(service: Any) -> FastAPI:
     app.include_router(upstream_router(service))
 
     async def answer(session_id: str, request: Request, body: ChatRequest) -> Response:
-        out = await service.chat.open(session_id, body, scope=scope_of(request.headers, body))
+        out = await unless_gone(service.chat.open(session_id, body, scope=scope_of(request.headers, body)),
+                                request.receive)
+        if out is None:
+            return HungUp()
         if isinstance(out, dict):
             return _json(out)
         return StreamingResponse(out, media_type="text/event-stream", headers={"cache-control": "no-cache"})
@@ -157,8 +161,9 @@ def fastapi_app(service: Any) -> FastAPI:
         return service.models.list(session_id)
 
     @app.post("/sessions/{session_id}/generate")
-    async def generate(session_id: str, body: GenerateRequest) -> dict[str, Any]:
-        return await service.chat.generate_tokens(session_id, body)
+    async def generate(session_id: str, request: Request, body: GenerateRequest) -> Response:
+        out = await unless_gone(service.chat.generate_tokens(session_id, body), request.receive)
+        return HungUp() if out is None else _json(out)
 
     @app.post("/sessions/{session_id}/abort")
     async def abort(session_id: str) -> dict[str, Any]:
@@ -263,7 +268,13 @@ class ProxyServer(UvicornServer):
         limits = ConnectionLimits(header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s,
                                   keep_alive_s=cfg.keep_alive_timeout_s, max_header_bytes=cfg.max_header_bytes)
         super().__init__(build_app(service), host=cfg.host, port=cfg.port, name="proxy",
-                         limits=limits, own_log_handlers=cfg.log_format == "text")
+                         limits=limits, own_log_handlers=cfg.log_format == "text", refuse_head=self._refuse_head)
+
+    def _refuse_head(self, path: str | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        # Headers over the limit are answered by the connection, before any route: in the Proxy's error shape too.
+        exc = HeadersTooLargeError(f"request line and headers over {self.limits.max_header_bytes} bytes")
+        self.service.book.failed(exc)
+        return rejection(exc, path)
 
     async def after_serving(self) -> None:
         await self.service.aclose()  # the engine clients' pools live on this loop

@@ -14,7 +14,6 @@ the service is answered as the app's handler answers it (:func:`dressage_error_r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any, Awaitable, Callable
@@ -27,6 +26,7 @@ from dressage.errors import DressageError
 from dressage.proxy import fastjson
 from dressage.proxy.engines import server_timing
 from dressage.proxy.http.guard import replay_body
+from dressage.proxy.http.hangup import unless_gone
 from dressage.proxy.schemas import ChatRequest, CreateSession, FinalizeRequest, GenerateRequest
 from dressage.proxy.openai.streaming import error_payload
 from dressage.proxy.recording.turn_scope import identity_of, scope_of
@@ -102,35 +102,6 @@ async def _read(receive: Receive) -> bytes | None:
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_gone(answer: Awaitable[Response], receive: Receive) -> Response | None:
-    """``answer``'s response, or ``None`` when the client hung up first: the answer is then cancelled, as a
-    stream's is when its reader goes away (the engine request aborted, nothing recorded; a reply already
-    being recorded is recorded whole). A stream's response is returned as soon as it opens; from then on
-    the stream watches its reader itself."""
-    work = asyncio.ensure_future(answer)
-    gone = asyncio.ensure_future(_disconnected(receive))
-    try:
-        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # this request itself is cancelled (the server stopping)
-        work.cancel()
-        gone.cancel()
-        raise
-    if work.done():
-        gone.cancel()
-        return work.result()
-    work.cancel()
-    try:
-        await work
-    except (asyncio.CancelledError, DressageError):
-        pass
-    return None
-
-
 def _json(value: Any, tally: server_timing.Tally | None = None) -> Response:
     headers = None if tally is None else {"server-timing": server_timing.header_value(tally)}
     return Response(fastjson.dumps(value), media_type="application/json", headers=headers)
@@ -173,7 +144,7 @@ class FastRoutes:
             return
         try:
             if kind in ("chat", "generate"):
-                response = await _unless_gone(self._answer(kind, session_id, scope, req), receive)
+                response = await unless_gone(self._answer(kind, session_id, scope, req), receive)
                 if response is None:
                     return  # the agent hung up before its answer: nothing to send it
             else:

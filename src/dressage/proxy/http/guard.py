@@ -17,7 +17,9 @@ Before a route runs it checks, in this order:
   ``arguments``) is the route's to read and check (:mod:`dressage.proxy.function_tools`).
 
 Each refusal is a :class:`dressage.errors.RequestRejected` answered in the OpenAI error form (in
-Anthropic's on the Messages endpoints, whose clients send their token as ``x-api-key``).
+Anthropic's on the Messages endpoints, whose clients send their token as ``x-api-key``): :func:`rejection`,
+which also words the server's answer to headers over ``max_header_bytes`` (:class:`HeadersTooLargeError`,
+sent before any route sees the request; see :class:`dressage.proxy.http.app.ProxyServer`).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from dressage.proxy.anthropic.protocol import dressage_error_object, is_anthropi
 from dressage.proxy.json_values import lone_surrogate
 from dressage.proxy.openai.streaming import error_payload
 
-__all__ = ["RequestGuard", "ADMIN_PREFIXES", "is_admin_path", "check_json_values"]
+__all__ = ["RequestGuard", "ADMIN_PREFIXES", "is_admin_path", "check_json_values", "rejection"]
 
 ADMIN_PREFIXES = ("/trajectory/", "/transfer_queue/", "/v1/rollout/", "/v1/engines", "/engines", "/session/discard",
                   "/admin/", "/v1/weights", "/update_weight", "/metrics")
@@ -172,7 +174,7 @@ class RequestGuard:
         except RequestRejected as exc:
             if self.on_reject is not None:
                 self.on_reject(exc)
-            await _answer(send, exc, anthropic=is_anthropic_path(scope.get("path", "")))
+            await _answer(send, exc, scope.get("path", ""))
             return
         await self.app(scope, replay_body(body, receive), send)
 
@@ -194,13 +196,21 @@ def replay_body(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _answer(send: Send, exc: RequestRejected, *, anthropic: bool = False) -> None:
+def rejection(exc: RequestRejected, path: str | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The answer to a refused request for ``path``: its status, headers (no ``content-length``) and JSON body,
+    the OpenAI error object, or Anthropic's on the Messages endpoints (``path`` ``None``: not known)."""
+    anthropic = path is not None and is_anthropic_path(path)
     data = json.dumps(dressage_error_object(exc) if anthropic else error_payload(exc)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-               (b"x-should-retry", b"false")]
-    if isinstance(exc, BodyTooLargeError):
-        headers.append((b"connection", b"close"))  # the rest of the body is not read
+    headers = [(b"content-type", b"application/json"), (b"x-should-retry", b"false")]
     if isinstance(exc, AuthenticationError):
         headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": exc.http_status, "headers": headers})
+    return exc.http_status, headers, data
+
+
+async def _answer(send: Send, exc: RequestRejected, path: str) -> None:
+    status, headers, data = rejection(exc, path)
+    headers.append((b"content-length", str(len(data)).encode()))
+    if isinstance(exc, BodyTooLargeError):
+        headers.append((b"connection", b"close"))  # the rest of the body is not read
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})

@@ -1,7 +1,8 @@
 """HTTP routes of the OpenAI endpoints beyond chat: Responses, text completions, one model.
 
 Each is served on a session's base URL (``/sessions/{id}/v1/...``) and on ``/v1/...`` with the
-session in headers, like chat completions. Errors are the app's (``DressageError`` -> OpenAI
+session in headers, like chat completions; a Responses call whose client hangs up before its answer is
+cancelled (:mod:`dressage.proxy.http.hangup`). Errors are the app's (``DressageError`` -> OpenAI
 error object with the class's status).
 """
 
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
 from dressage.proxy import fastjson
+from dressage.proxy.http.hangup import HungUp, unless_gone
 from dressage.proxy.openai.completions import CompletionRequest
 from dressage.proxy.openai.responses.protocol import ResponsesRequest
 from dressage.proxy.recording.turn_scope import identity_of, scope_of
@@ -36,7 +38,9 @@ def openai_router(service: Any) -> APIRouter:
         return service.header_session(identity_of(request.headers, body))
 
     async def respond(session_id: str, request: Request, body: ResponsesRequest) -> Response:
-        return _answer(await service.responses.open(session_id, body, scope=scope_of(request.headers, body)))
+        out = await unless_gone(service.responses.open(session_id, body, scope=scope_of(request.headers, body)),
+                                request.receive)
+        return HungUp() if out is None else _answer(out)
 
     @router.post("/sessions/{session_id}/v1/responses")
     async def responses(session_id: str, request: Request, body: ResponsesRequest) -> Response:
