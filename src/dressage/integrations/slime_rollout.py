@@ -228,8 +228,9 @@ class SlimeRollout:
                         stats["sessions_failed"] += 1
                         await proxy.discard(sid)
                         continue
-                # slime's rollout id is the data source's index; without one, an id unique in this rollout
-                return _Finished(sid, src, reward, int(index) if index is not None else -len(created))
+                # slime's rollout id is the data source's index; without one, an id of this session's own
+                # (its place among the rollout's sessions: sessions that finish together differ all the same)
+                return _Finished(sid, src, reward, int(index) if index is not None else -1 - created.index(sid))
         raise _SessionFailed(f"Sample {index} of group {group_index} failed {1 + self.session_retries} times; "
                              f"last: {type(last).__name__}: {last}") from last
 

@@ -37,8 +37,9 @@ class DataSource:
     """slime's data source contract: ``get_samples(n)`` -> n groups of ``per_group`` Samples, indexed 0.. in
     order of handing out, with the data source's own label, metadata and group index."""
 
-    def __init__(self, prompts, per_group=2, metadata=None):
+    def __init__(self, prompts, per_group=2, metadata=None, indexed=True):
         self.prompts, self.per_group, self.metadata = list(prompts), per_group, metadata or {}
+        self.indexed = indexed  # False: Samples without an index, as some data sources hand them out
         self.calls, self.next_group, self.next_index = [], 0, 0
 
     def get_samples(self, n):
@@ -50,8 +51,8 @@ class DataSource:
             group = []
             for _ in range(self.per_group):
                 meta = {"task": f"task-{g}", "difficulty": g % 3, **self.metadata.get(prompt, {})}
-                group.append(SlimeSample(group_index=100 + g, index=self.next_index, prompt=prompt,
-                                         label={"answer": g}, metadata=meta))
+                group.append(SlimeSample(group_index=100 + g, index=self.next_index if self.indexed else None,
+                                         prompt=prompt, label={"answer": g}, metadata=meta))
                 self.next_index += 1
             self.next_group += 1
             out.append(group)
@@ -68,13 +69,14 @@ async def tool_agent(ctx):
     """A user's agent: the official openai client on the session's base URL, a multi-turn tool loop. A
     Sample whose metadata says ``compress`` rewrites its history once (the Proxy starts a new Segment)."""
     client = openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0, timeout=60)
+    index = ctx.index or 0  # a data source may hand out Samples without an index
     messages = [{"role": "system", "content": "You are a careful calculator agent."},
                 {"role": "user", "content": ctx.prompt}]
     try:
         for turn in range(4):
             reply = await client.chat.completions.create(
                 model=ctx.model, messages=messages, tools=TOOLS, max_tokens=12, temperature=1.0,
-                seed=1000 * ctx.index + turn)
+                seed=1000 * index + turn)
             msg = reply.choices[0].message
             assistant = {"role": "assistant", "content": msg.content}
             if msg.tool_calls:
@@ -88,7 +90,7 @@ async def tool_agent(ctx):
                 messages = [messages[0], {"role": "user", "content": f"Summary: two turns on {ctx.prompt!r}."}]
     finally:
         await client.close()
-    return float(ctx.index % 3) / 2
+    return float(index % 3) / 2
 
 
 def sessions_of(groups):
@@ -134,6 +136,21 @@ def test_a_users_openai_agent_yields_complete_slime_groups_with_the_data_sources
 def _fields(groups):
     return [[(seg.tokens, seg.loss_mask, seg.rollout_log_probs, seg.rollout_routed_experts.tolist(), seg.reward)
              for seg in sess] for sess in sessions_of(groups)]
+
+
+def test_sessions_of_samples_without_an_index_each_get_a_rollout_id_of_their_own(engine):
+    # All four sessions are created before any finishes (concurrency 4): they finish together.
+    source = DataSource(["Add 2 and 3.", "Multiply 4 by 5."], metadata={"Multiply 4 by 5.": {"compress": True}},
+                        indexed=False)
+    with start_proxy(engine.url) as proxy:
+        out = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)(slime_args(), 0, source)
+    sessions = sessions_of(out.samples)
+    assert len(sessions) == 4 and any(len(sess) > 1 for sess in sessions)
+    ids = [{seg.rollout_id for seg in sess} for sess in sessions]
+    assert all(len(i) == 1 for i in ids)  # a session's Segments are one rollout
+    ids = [i.pop() for i in ids]
+    assert sorted(ids) == [-4, -3, -2, -1]  # one id per session, none an index a data source hands out
+    assert all(seg.index is None for sess in sessions for seg in sess)
 
 
 def test_tq_on_and_off_give_the_same_samples_and_no_key_outlives_a_rollout(engine):
