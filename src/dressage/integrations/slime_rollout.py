@@ -17,6 +17,7 @@ import concurrent.futures
 import copy
 import inspect
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Coroutine, Mapping, Sequence
@@ -36,6 +37,8 @@ from dressage.train.remote import ProxyTrajectorySource
 from dressage.trajectory import SAMPLE_LARGE_FIELDS
 
 __all__ = ["SlimeRollout", "install", "generate_rollout"]
+
+log = logging.getLogger(__name__)
 
 
 class _SessionFailed(Exception):
@@ -262,6 +265,10 @@ class SlimeRollout:
                 raise _GroupLost(f"group {group_index} dropped by the dynamic sampling filter", filtered=True)
         return done
 
+    def _sessions(self) -> ProxySessions:
+        return ProxySessions(self.proxy_url, token=self.token, admin_token=self.admin_token,
+                             timeout_s=min(self.timeout_s, 600.0), max_connections=self.concurrency)
+
     @staticmethod
     async def _create(proxy: ProxySessions, meta: Mapping[str, Any], created: list[str]) -> str:
         """``POST /sessions``, the new id noted in ``created`` even when the rollout is cancelled meanwhile
@@ -293,8 +300,7 @@ class SlimeRollout:
         created: list[str] = []
         gate = asyncio.Semaphore(self.concurrency)
         out: list[list[_Finished] | None] = [None] * len(groups)
-        async with ProxySessions(self.proxy_url, token=self.token, admin_token=self.admin_token,
-                                 timeout_s=min(self.timeout_s, 600.0), max_connections=self.concurrency) as proxy:
+        async with self._sessions() as proxy:
             def start(slot: int, group: list[Any]) -> asyncio.Future:
                 return asyncio.ensure_future(self._group(proxy, gate, created, stats, group, slot, rollout_id, args,
                                                          reward_key, dynamic_filter))
@@ -330,21 +336,48 @@ class SlimeRollout:
     # ------------------------------------------------------------------ read, restore, shape
     def _collect(self, finished: list[list[_Finished]]) -> tuple[list[list[list[Any]]], int]:
         """Read exactly these sessions' Samples from the Proxy, restore them (``restore="rollout"``) and
-        shape them as ``groups[g][s] = [Segment, ...]``; returns the groups and the TQ bytes restored."""
+        shape them as ``groups[g][s] = [Segment, ...]``; returns the groups and the TQ bytes restored.
+
+        A read, restore, shape or ack that fails discards the sessions, their TQ keys with them: nothing
+        else reads them (each rollout reads only the sessions it made, by name), so handed back to the
+        Proxy they would wait there, and their keys in TQ, for a read that never comes."""
         session_ids = [f.session_id for g in finished for f in g]
-        batch = self._source.read(session_ids=session_ids, lease=True)
+        batch = None
         try:
+            batch = self._source.read(session_ids=session_ids, lease=True)
             groups, restored, consumed = self._shape(finished, session_ids, batch)
+            self._acknowledge(batch, session_ids)
         except BaseException:
-            try:  # nothing restored is acknowledged: the trajectories stay readable on the Proxy
-                self._source.release(batch)
-            except DressageError:
-                pass  # the lease then runs out on its own
+            _run_sync(self._abandon(session_ids))
+            if batch is not None:
+                try:  # the read's lease, empty now, ends too
+                    self._source.release(batch)
+                except DressageError:
+                    pass  # it runs out on its own
             raise
-        self._source.ack(batch)
         if consumed:  # restored into the Samples and acknowledged: nothing of this rollout stays in TQ
             release_batch(self._source.client(), consumed)
         return groups, restored
+
+    def _acknowledge(self, batch: Any, session_ids: list[str]) -> None:
+        """Acknowledge the read. When its lease ended before the ack (a restore that outlived it: 409; a
+        Proxy that restarted and lost it: 404), the trajectories are still on the Proxy and the Samples in
+        hand are theirs (a finalized trajectory does not change): lease them again by name and ack that."""
+        try:
+            self._source.ack(batch)
+        except ProxyStatusError as exc:
+            if exc.status_code not in (404, 409):
+                raise
+            self._source.ack(self._source.read(session_ids=session_ids, lease=True))
+
+    async def _abandon(self, session_ids: Sequence[str]) -> None:
+        """Discard a failed collect's sessions; a Proxy that cannot be reached leaves them to its own
+        clean-up (the error that failed the collect is the one raised)."""
+        try:
+            async with self._sessions() as proxy:
+                await self._discard_all(proxy, session_ids)
+        except DressageError as exc:
+            log.warning("could not discard the %d sessions of a failed rollout read: %s", len(session_ids), exc)
 
     def _shape(self, finished: list[list[_Finished]], session_ids: list[str],
                batch: Any) -> tuple[list[list[list[Any]]], int, list[str]]:
@@ -364,7 +397,6 @@ class SlimeRollout:
         if missing:
             raise TrajectoryError(f"{self.proxy_url}: the read returned no Samples for sessions {missing[:5]}")
         keep_refs = self.restore == "trainer"
-        # A failure here releases the read: the trajectories, and their keys, stay for another read.
         groups = [[[self._segment(f, seg, len(by_session[f.session_id]), keep_refs)
                     for seg in sorted(by_session[f.session_id], key=lambda s: s.segment_index)]
                    for f in g] for g in finished]
@@ -404,8 +436,7 @@ class SlimeRollout:
         created: list[str] = []
         gate = asyncio.Semaphore(self.concurrency)
         data: dict[str, dict[str, Any]] = {}
-        async with ProxySessions(self.proxy_url, token=self.token, admin_token=self.admin_token,
-                                 timeout_s=min(self.timeout_s, 600.0), max_connections=self.concurrency) as proxy:
+        async with self._sessions() as proxy:
             for name, samples in sets:
                 jobs = [asyncio.ensure_future(self._session(proxy, gate, created, stats, s, int(s.group_index), 0,
                                                             rollout_id, args, reward_key, True)) for s in samples]

@@ -487,31 +487,87 @@ def test_trainer_restore_gives_each_rank_what_the_rollout_restore_gives_it(engin
         tq.shutdown()
 
 
-def test_a_failed_restore_leaves_the_rollouts_trajectories_and_keys_on_the_proxy(engine, monkeypatch):
-    from dressage.errors import LostSamplesError
+@pytest.fixture()
+def tq1():
     from dressage.tq import TransferQueue
 
-    class FailingReader:
-        def __init__(self, client, **kw):
-            pass
+    q = TransferQueue.start({"deployment": "embedded", "num_storage_units": 1, "retention_s": None})
+    yield q
+    q.shutdown()
 
+
+def _restoring(monkeypatch, during):
+    """The rollout's TrainingReader with ``during()`` run before each restore."""
+    real = slime_rollout.TrainingReader
+
+    class Reader(real):
         def restore(self, samples):
-            raise LostSamplesError("a StorageUnit lost these Samples")
+            during()
+            return super().restore(samples)
 
-    tq = TransferQueue.start({"deployment": "embedded", "num_storage_units": 1, "retention_s": None})
-    try:
-        with start_proxy(engine.url, tq=tq, routed_experts_dtype="uint8") as proxy:
-            rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)
-            monkeypatch.setattr(slime_rollout, "TrainingReader", FailingReader)
-            with pytest.raises(LostSamplesError):
-                rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
-            kept = proxy.service.trajectories
-            assert len(kept.finalized) == 2 and len(kept.leases) == 0  # released, not acknowledged
-            keys = tq.client().total_keys()
-            assert keys > 0  # their large fields stay for the next read
-            monkeypatch.undo()
-            batch = rollout._source.read(session_ids=list(kept.finalized), lease=True)
-            assert batch.trajectories == 2 and len({s.session_id for s in batch.samples}) == 2
-            rollout._source.release(batch)
-    finally:
-        tq.shutdown()
+    monkeypatch.setattr(slime_rollout, "TrainingReader", Reader)
+
+
+@pytest.mark.parametrize("how", ["restore", "shape", "ack"])
+def test_a_failed_collect_discards_the_rollouts_sessions_and_their_keys(engine, tq1, monkeypatch, how):
+    from dressage.errors import LostSamplesError, ProxyStatusError
+
+    with start_proxy(engine.url, tq=tq1, routed_experts_dtype="uint8") as proxy:
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)
+        made = []
+        real_read = rollout._source.read
+
+        def read(**kw):
+            made.extend(kw["session_ids"])
+            assert tq1.client().total_keys() > 0  # the sessions' large fields wait in TQ
+            return real_read(**kw)
+
+        monkeypatch.setattr(rollout._source, "read", read)
+        if how == "restore":
+            _restoring(monkeypatch, lambda: (_ for _ in ()).throw(LostSamplesError("a StorageUnit lost these")))
+            error = LostSamplesError
+        elif how == "shape":
+            def shape(finished, session_ids, batch):  # what a read missing a session's Samples meets
+                raise TrajectoryError(f"the read returned no Samples for sessions {session_ids[:1]}")
+            monkeypatch.setattr(rollout, "_shape", shape)
+            error = TrajectoryError
+        else:
+            def ack(batch):
+                raise ProxyStatusError("HTTP 507: journal_disk_full", status_code=507)
+            monkeypatch.setattr(rollout._source, "ack", ack)
+            error = ProxyStatusError
+        with pytest.raises(error):
+            rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+        kept = proxy.service.trajectories
+        assert len(made) == 2 and not kept.finalized and len(kept.leases) == 0  # discarded, no read held
+        assert tq1.client().total_keys() == 0  # their keys went with them
+        for sid in made:
+            assert proxy.service.core.state_of(sid) == "discarded"
+        monkeypatch.undo()
+        rollout(slime_args(batch=1), 1, DataSource(["Multiply 4 by 5."]))  # the next rollout is not hindered
+        assert not kept.finalized and tq1.client().total_keys() == 0
+
+
+@pytest.mark.parametrize("lost", ["expired", "proxy-restarted"])
+def test_a_restore_that_outlives_its_read_lease_is_still_acknowledged(engine, tq1, monkeypatch, lost):
+    import time
+
+    from dressage.proxy.upstream.leases import ReadLeases
+
+    with start_proxy(engine.url, tq=tq1, routed_experts_dtype="uint8", lease_s=0.3) as proxy:
+        kept = proxy.service.trajectories
+        if lost == "expired":
+            _restoring(monkeypatch, lambda: time.sleep(0.6))  # a large batch's restore, longer than the lease
+        else:
+            def restart():  # a Proxy that restarted from its journal keeps the trajectories, not the leases
+                kept.leases = ReadLeases()
+            _restoring(monkeypatch, restart)
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)
+        out = rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+        samples = flatten_like_slime(out.samples)
+        assert len(out.samples[0]) == 2 and all(s.rollout_routed_experts is not None for s in samples)
+        assert out.metrics["dressage/tq_bytes_restored"] > 0
+        assert not kept.finalized and len(kept.leases) == 0  # acknowledged: the Proxy forgot them
+        assert tq1.client().total_keys() == 0  # restored, acknowledged and released
+        if lost == "expired":
+            assert kept.leases.expired == 1
