@@ -29,8 +29,8 @@ from dressage.errors import ConfigError, DressageError, ProxyStatusError, Trajec
 from dressage.fields.versions import VersionTable
 from dressage.integrations.proxy_sessions import ProxySessions, fetch_capabilities
 from dressage.integrations.slime import REFS_METADATA_KEY, SlimeSample, rollout_output_classes, to_slime_sample
-from dressage.integrations.slime_config import (RESTORE_MODES, check_against_proxy, eval_prompt_sets, load_object,
-                                                rollout_settings, sampling_params)
+from dressage.integrations.slime_config import (RESTORE_MODES, check_against_proxy, check_trainer_handoff,
+                                                eval_prompt_sets, load_object, rollout_settings, sampling_params)
 from dressage.rollout.manager import sample_ref_keys
 from dressage.train.reader import TrainingReader, release_batch
 from dressage.train.remote import ProxyTrajectorySource
@@ -99,7 +99,9 @@ class SlimeRollout:
     data source, at most ``max_group_replacements`` times a rollout (default: 2 x rollout_batch_size).
     ``token`` is the agents' bearer token, ``admin_token`` the trainer's (discard, trajectory read).
     ``restore``: ``rollout`` restores the large fields here and releases their TQ keys; ``trainer``
-    leaves their FieldRefs in the Samples. ``model`` is the model name agents send (``ctx.model``).
+    leaves their FieldRefs in the Samples, and is refused unless slime's ``args`` say Dressage's conversion
+    and training entry take them (:func:`~dressage.integrations.slime_config.check_trainer_handoff`).
+    ``model`` is the model name agents send (``ctx.model``).
     """
 
     def __init__(self, *, proxy_url: str, agent: Any = None, agent_config: Any = None, concurrency: int = 64,
@@ -145,6 +147,8 @@ class SlimeRollout:
 
     # ------------------------------------------------------------------ slime's entry
     def __call__(self, args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+        if self.restore == "trainer":
+            check_trainer_handoff(args)  # also for a rollout installed by hand: the args say who trains
         train_cls, eval_cls = rollout_output_classes()
         if evaluation:
             data, metrics = _run_sync(self._evaluate(args, int(rollout_id)))

@@ -25,7 +25,7 @@ import numpy as np
 
 from dressage.errors import ConfigError, FieldShapeError, SampleWireError, TrajectoryError
 from dressage.integrations.slime import REFS_METADATA_KEY
-from dressage.integrations.slime_config import trainer_metrics_address, trainer_proxy
+from dressage.integrations.slime_config import TRAIN_ENTRY_MARK, trainer_metrics_address, trainer_proxy
 from dressage.train.reader import TrainingReader, release_batch
 from dressage.trajectory import SAMPLE_LARGE_FIELDS, Sample
 from dressage.trajectory.sample_wire import SAMPLE_WIRE_VERSION, remote_from_wire
@@ -493,6 +493,9 @@ def train(args: Any, *, control: ProxyRolloutControl | None = None) -> None:
         create_placement_groups, create_rollout_manager, create_training_models)
     from slime.utils.misc import should_run_periodic_action  # type: ignore
 
+    # Before the RolloutManager is created with these args: its rollout function refuses dressage_restore:
+    # trainer without the mark (under slime's train.py no actor would restore or release the refs).
+    setattr(args, TRAIN_ENTRY_MARK, True)
     configure_logger()
     pgs = create_placement_groups(args)
     init_tracking(args)

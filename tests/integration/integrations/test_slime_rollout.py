@@ -19,6 +19,7 @@ from dressage.fields import get_model
 from dressage.harness.agents.config import AgentConfig
 from dressage.integrations import slime_rollout
 from dressage.integrations.slime import SlimeSample
+from dressage.integrations.slime_config import TRAIN_ENTRY_MARK, TRAINER_CONVERSION
 from dressage.integrations.slime_rollout import SlimeRollout
 from dressage.testing.stack import start_proxy
 
@@ -57,6 +58,11 @@ class DataSource:
             self.next_group += 1
             out.append(group)
         return out
+
+
+def trainer_marks():
+    """What slime's args carry under ``python -m dressage.integrations.slime_train`` with Dressage's conversion."""
+    return {"custom_convert_samples_to_train_data_path": TRAINER_CONVERSION, TRAIN_ENTRY_MARK: True}
 
 
 def slime_args(batch=2, **over):
@@ -383,13 +389,38 @@ def test_from_args_builds_the_rollout_generate_rollout_runs_when_nothing_is_inst
     ({"dressage_restore": "nowhere"}, "dressage_restore"),
     ({"dressage_agent": "no_such_module_here:agent"}, "cannot import"),
     ({"dressage_proxy_url": None}, "dressage_proxy_url"),
+    ({"dressage_restore": "trainer"}, "--custom-convert-samples-to-train-data-path dressage.integrations.slime_train"),
 ], ids=["top-p", "layers", "topk", "both-agents", "no-agent", "token-in-yaml", "unset-token-env", "restore",
-        "bad-import", "no-url"])
+        "bad-import", "no-url", "trainer-under-slimes-train"])
 def test_from_args_refuses_what_the_samples_cannot_honour(engine, monkeypatch, over, match):
     monkeypatch.delenv("DRESSAGE_PROXY_URL", raising=False)
     with start_proxy(engine.url) as proxy:
         with pytest.raises(ConfigError, match=match):
             SlimeRollout.from_args(yaml_args(proxy.url, **over))
+
+
+@pytest.mark.parametrize("over", [
+    {},  # slime's train.py with its own conversion
+    {"custom_convert_samples_to_train_data_path": TRAINER_CONVERSION},  # slime's train.py: plain actors
+    {"custom_convert_samples_to_train_data_path": TRAINER_CONVERSION, TRAIN_ENTRY_MARK: True,
+     "debug_rollout_only": True},  # slime returns before converting
+], ids=["slime-conversion", "slime-actors", "debug-rollout-only"])
+def test_a_trainer_rollout_nobody_would_restore_is_refused_before_any_session(engine, over):
+    from dressage.tq import TransferQueue
+
+    tq = TransferQueue.start({"deployment": "embedded", "num_storage_units": 1, "retention_s": None})
+    try:
+        with start_proxy(engine.url, tq=tq, routed_experts_dtype="uint8") as proxy:
+            rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4, restore="trainer")
+            source = DataSource(["Add 2 and 3."])
+            with pytest.raises(ConfigError, match="dressage_restore: trainer .*every key would be left"):
+                rollout(slime_args(batch=1, **over), 0, source)
+            assert source.calls == [] and not proxy.service.core.sessions  # no session made, nothing written
+            assert tq.client().total_keys() == 0
+            out = rollout(slime_args(batch=1, **trainer_marks()), 0, source)  # what the train entry hands it
+            assert len(out.samples[0]) == 2 and tq.client().total_keys() > 0  # held for the training ranks
+    finally:
+        tq.shutdown()
 
 
 def test_the_proxy_says_the_shape_of_the_routed_experts_it_records(engine):
@@ -425,7 +456,8 @@ def test_trainer_restore_gives_each_rank_what_the_rollout_restore_gives_it(engin
 
     for name in ("DRESSAGE_TQ_SPEC", "DRESSAGE_PROXY_URL", "DRESSAGE_ADMIN_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    args = slime_args(advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True)
+    args = slime_args(advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
+                      **trainer_marks())
 
     def rollout(proxy_url, restore):
         source = DataSource(["Add 2 and 3.", "Multiply 4 by 5."], metadata={"Multiply 4 by 5.": {"compress": True}})

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+import dressage.integrations.slime_train as slime_train
 from dressage.errors import (ConfigError, FieldShapeError, LostSamplesError, NoTransferQueueError, ProxyStatusError,
                              SampleWireError, TrajectoryError)
 from dressage.fields.refs import FieldRef
@@ -215,8 +216,6 @@ def test_samples_slimes_schedule_drops_have_their_keys_released_at_conversion(en
 
 
 def test_a_key_kept_and_dropped_samples_share_stays_for_the_rank_that_trains(monkeypatch):
-    import dressage.integrations.slime_train as slime_train
-
     samples = _synthetic(5, 64, 16, 2, 2, refs=True)
     samples[4].remote = dict(samples[0].remote)  # a dropped sample that refers to a kept sample's keys
     samples[3].remote = {k: pieces for k, pieces in samples[3].remote.items() if k == "logprobs"} | {
@@ -329,6 +328,47 @@ def test_conversion_builds_slimes_train_data_and_normalises_rewards_per_group(mo
     assert convert_samples_to_train_data(by_path, _slime_samples([0.5, 1.0]))["rewards"] == [5.0, 10.0]
     with pytest.raises(TrajectoryError, match="no samples"):
         convert_samples_to_train_data(args, [])
+
+
+def test_the_train_entry_marks_the_args_its_rollout_manager_gets(monkeypatch):
+    """slime creates the RolloutManager with ``RolloutManager.options(...).remote(args, pg)``: Ray pickles
+    the args into the actor, and the rollout function there is handed ``self.args``."""
+    import argparse
+
+    import ray.cloudpickle
+
+    from dressage.integrations.slime_config import TRAIN_ENTRY_MARK, TRAINER_CONVERSION, check_trainer_handoff
+
+    class Created(Exception):
+        pass
+
+    seen = {}
+
+    def create_rollout_manager(args, pg):
+        shipped = ray.cloudpickle.loads(ray.cloudpickle.dumps(args))
+        check_trainer_handoff(shipped)  # what the rollout function does with them there
+        seen["args"] = shipped
+        raise Created
+
+    stubs = {"slime.observability.logging_utils": dict(configure_logger=lambda: None, init_tracking=lambda a: None,
+                                                       finish_tracking=lambda a: None),
+             "slime.ray.placement_group": dict(create_placement_groups=lambda a: {"rollout": None},
+                                               create_rollout_manager=create_rollout_manager,
+                                               create_training_models=None),
+             "slime.utils.misc": dict(should_run_periodic_action=None)}
+    for name in ("slime", "slime.observability", "slime.ray", "slime.utils"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    for name, attrs in stubs.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    args = argparse.Namespace(dressage_restore="trainer", custom_convert_samples_to_train_data_path=TRAINER_CONVERSION,
+                              debug_rollout_only=False)
+    with pytest.raises(ConfigError, match="in place of slime's train.py"):
+        check_trainer_handoff(args)  # slime's train.py hands the RolloutManager these args as they are
+    with pytest.raises(Created):
+        slime_train.train(args)
+    assert getattr(seen["args"], TRAIN_ENTRY_MARK) is True
 
 
 def test_the_train_entry_says_slime_is_missing():
