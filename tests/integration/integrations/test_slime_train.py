@@ -6,9 +6,12 @@ slime, with one batched read per StorageUnit, and releases every key."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pathlib
 import pickle
 import subprocess
 import sys
+import textwrap
 import types
 from types import SimpleNamespace
 
@@ -17,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 
+import dressage
 import dressage.integrations.slime_train as slime_train
 from dressage.errors import (ConfigError, FieldShapeError, LostSamplesError, NoTransferQueueError, ProxyStatusError,
                              SampleWireError, TrajectoryError)
@@ -328,6 +332,101 @@ def test_conversion_builds_slimes_train_data_and_normalises_rewards_per_group(mo
     assert convert_samples_to_train_data(by_path, _slime_samples([0.5, 1.0]))["rewards"] == [5.0, 10.0]
     with pytest.raises(TrajectoryError, match="no samples"):
         convert_samples_to_train_data(args, [])
+
+
+# ---------------------------------------------------------------- the training actor as Ray ships it
+TESTS_DIR = pathlib.Path(slime_standins.__file__).parent
+SRC_DIR = pathlib.Path(dressage.__file__).parent.parent
+
+
+def _restored_and_ref_boxes(proxy, client, dp_size):
+    """A rollout's data per rank, restored (what the rollout-side restore gives each rank) and with refs
+    (what ``trainer`` puts through the object store), slime's DP split dealing samples round-robin."""
+    asyncio.run(run_rollout(proxy.url, make_prompts(2, seed=4, max_background_words=0), N_SAMPLES,
+                            AgentConfig(max_turns=3, seed=7, retry_rate=0.3), concurrency=2))
+    source = ProxyTrajectorySource(proxy.url)
+    reference = source.read(drain=False).samples
+    TrainingReader(client).restore(reference)
+    partitions = interleaved(len(reference), dp_size)
+    expected = split_like_slime(convert_samples_to_train_data(ARGS, to_slime_groups(reference, cls=SlimeSample)),
+                                partitions)
+    batch = source.read(drain=True)
+    data = convert_samples_to_train_data(ARGS, to_slime_groups(batch.samples, cls=SlimeSample, keep_refs=True))
+    return batch, split_like_slime(data, partitions), expected
+
+
+def _worker_env() -> dict[str, str]:
+    """A fresh process that imports dressage and the stand-ins (slime's actor module), as a Ray worker would."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(SRC_DIR)])}
+
+
+_FRESH_RANKS = textwrap.dedent("""
+    import pickle, sys
+    import slime_standins
+    from slime_standins import SLIME_FETCH, train_ranks
+
+    fresh = slime_standins.process_rollout_data is SLIME_FETCH
+    with open(sys.argv[1], "rb") as f:
+        cls, args, boxes = pickle.load(f)  # what a Ray worker does with the class it is sent
+    actors = train_ranks(cls, args, boxes)
+    out = {"fresh": fresh, "class_module": cls.__module__, "wrapped": slime_standins.process_rollout_data
+           is not SLIME_FETCH and slime_standins.process_rollout_data.__wrapped__ is SLIME_FETCH,
+           "taken": [a.taken for a in actors], "pending": [a._dressage_refs.pending for a in actors],
+           "read": [a._dressage_refs.reader.last_plan.keys for a in actors]}
+    for a in actors:
+        a._dressage_refs.client.close()
+    with open(sys.argv[2], "wb") as f:
+        pickle.dump(out, f)
+""")
+
+
+def test_the_training_actor_pickles_and_restores_and_releases_in_the_process_it_is_sent_to(
+        engine, tq2, proxy_stack, tmp_path):
+    import ray.cloudpickle
+
+    proxy = proxy_stack(engine.url, tq=tq2, routed_experts_dtype="uint8", request_timeout_s=600)
+    client = tq2.client()
+    batch, boxes, expected = _restored_and_ref_boxes(proxy, client, DP)
+    keys = sample_ref_keys(batch.samples)
+    assert client.total_keys() == len(keys) > 0
+    cls = dressage_train_actor(MegatronActorStandIn)
+    # Ray sends the class by value (it is made in a function); its methods reach no unpicklable global.
+    (tmp_path / "actor.pkl").write_bytes(ray.cloudpickle.dumps(
+        (cls, SimpleNamespace(dressage_tq_spec=batch.transfer_queue), boxes)))
+    proc = subprocess.run([sys.executable, "-c", _FRESH_RANKS, str(tmp_path / "actor.pkl"), str(tmp_path / "out.pkl")],
+                          capture_output=True, text=True, env=_worker_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = pickle.loads((tmp_path / "out.pkl").read_bytes())
+    assert out["fresh"] and out["wrapped"]  # slime's fetch wrapped there, on the actor's first step
+    assert out["class_module"] == "dressage.integrations.slime_train"
+    assert out["pending"] == [[], []] and sum(out["read"]) >= len(keys)  # every key read, and released
+    for taken, want in zip(out["taken"], expected):
+        assert_same(taken, rank_data(want))  # restored bit for bit, dtypes and shapes included
+        assert taken["rollout_routed_experts"][0].dtype == torch.int32 and REFS_TRAIN_KEY not in taken
+    assert client.total_keys() == 0 and sum(int(row["keys"]) for row in tq2.stats().values()) == 0
+
+
+@pytest.mark.ray
+def test_the_training_actor_restores_and_releases_as_a_ray_actor(engine, tq2, proxy_stack):
+    ray = pytest.importorskip("ray")
+
+    proxy = proxy_stack(engine.url, tq=tq2, routed_experts_dtype="uint8", request_timeout_s=600)
+    client = tq2.client()
+    batch, boxes, expected = _restored_and_ref_boxes(proxy, client, 1)
+    assert client.total_keys() == len(sample_ref_keys(batch.samples)) > 0
+    # A fresh local cluster, never one another process on this host happens to run.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": _worker_env()["PYTHONPATH"]}})
+    try:
+        actor = ray.remote(dressage_train_actor(MegatronActorStandIn)).remote(
+            SimpleNamespace(dressage_proxy_url=proxy.url), 0, 1)  # the rank asks the Proxy for its TQ
+        ray.get(actor.train.remote(0, boxes), timeout=300)
+        taken = ray.get(actor.taken_data.remote(), timeout=60)
+    finally:
+        ray.shutdown()
+    assert_same(taken, rank_data(expected[0]))
+    assert taken["rollout_routed_experts"][0].dtype == torch.int32 and REFS_TRAIN_KEY not in taken
+    assert client.total_keys() == 0 and sum(int(row["keys"]) for row in tq2.stats().values()) == 0
 
 
 def test_the_train_entry_marks_the_args_its_rollout_manager_gets(monkeypatch):
