@@ -100,7 +100,7 @@ class MegatronActorStandIn:
     its module's ``process_rollout_data`` and then moves the data on (here: keeps it); ``train`` takes
     the data and ends in the gradient all-reduce every DP rank joins (a barrier)."""
 
-    def __init__(self, args, rank: int, size: int, all_reduce: threading.Barrier) -> None:
+    def __init__(self, args, rank: int, size: int, all_reduce: threading.Barrier | None = None) -> None:
         self.args, self.rank, self.size, self.all_reduce = args, rank, size, all_reduce
         self.taken = None
 
@@ -109,7 +109,12 @@ class MegatronActorStandIn:
 
     def train(self, rollout_id, rollout_data_ref, external_data=None):
         self.taken = self._get_rollout_data(rollout_data_ref)
-        self.all_reduce.wait(timeout=60)
+        if self.all_reduce is not None:  # a single rank (a Ray actor of its own) has no peer to wait for
+            self.all_reduce.wait(timeout=60)
+
+    def taken_data(self):
+        """What the last step trained on (a Ray actor's attributes are reached through its methods)."""
+        return self.taken
 
 
 def train_ranks(actor_cls, args, boxes):

@@ -17,11 +17,21 @@ from typing import Any, Mapping
 from dressage.errors import ConfigError
 
 __all__ = ["load_object", "sampling_params", "rollout_settings", "trainer_proxy", "trainer_metrics_address",
-           "check_against_proxy", "eval_prompt_sets", "RESTORE_MODES"]
+           "check_against_proxy", "check_trainer_handoff", "eval_prompt_sets", "RESTORE_MODES",
+           "TRAINER_CONVERSION", "TRAIN_ENTRY_MARK"]
 
 RESTORE_MODES = ("rollout", "trainer")
 """``rollout``: the rollout function restores the large fields and releases their TQ keys;
 ``trainer``: the Samples keep their FieldRefs and each trainer rank restores its own shard."""
+
+TRAINER_CONVERSION = "dressage.integrations.slime_train.convert_samples_to_train_data"
+"""slime's ``--custom-convert-samples-to-train-data-path`` for ``dressage_restore: trainer``: the one conversion
+that carries the refs past slime's DP split (slime's own drops ``metadata["dressage_refs"]``)."""
+
+TRAIN_ENTRY_MARK = "dressage_train_entry"
+"""The attribute :func:`dressage.integrations.slime_train.train` sets on slime's ``args`` before it creates
+the RolloutManager (which gets those args, pickled, and hands them to the rollout function): its training
+actors restore and release the refs. slime's ``train.py`` does not set it."""
 
 
 def load_object(path: Any, key: str) -> Any:
@@ -119,6 +129,8 @@ def rollout_settings(args: Any) -> dict[str, Any]:
     restore = getattr(args, "dressage_restore", None) or "rollout"
     if restore not in RESTORE_MODES:
         raise ConfigError(f"dressage_restore must be one of {', '.join(RESTORE_MODES)}, got {restore!r}")
+    if restore == "trainer":
+        check_trainer_handoff(args)
     return {"proxy_url": url, "agent": agent,
             "concurrency": _int(args, "dressage_agent_concurrency", 64, 1),
             "timeout_s": float(timeout_s),
@@ -127,6 +139,27 @@ def rollout_settings(args: Any) -> dict[str, Any]:
             "token": _token(args, "dressage_agent_token_env"),
             "admin_token": _token(args, "dressage_admin_token_env"),
             "restore": restore}
+
+
+def check_trainer_handoff(args: Any) -> None:
+    """Refuse ``dressage_restore: trainer`` where nobody would restore and release the rollout's TransferQueue
+    keys: once the rollout function returns, only slime's Samples know them, so slime must convert with
+    :data:`TRAINER_CONVERSION`, split and train (not ``--debug-rollout-only``), under the training entry
+    whose actors restore (:data:`TRAIN_ENTRY_MARK`). One :class:`ConfigError` names every fix needed."""
+    fixes = []
+    conversion = getattr(args, "custom_convert_samples_to_train_data_path", None)
+    if conversion != TRAINER_CONVERSION:
+        fixes.append(f"--custom-convert-samples-to-train-data-path {TRAINER_CONVERSION} (got {conversion!r}: "
+                     "no other conversion carries the refs past slime's DP split)")
+    if getattr(args, "debug_rollout_only", False):
+        fixes.append("no --debug-rollout-only (slime then converts and trains nothing)")
+    if not getattr(args, TRAIN_ENTRY_MARK, False):
+        fixes.append("python -m dressage.integrations.slime_train <slime args> in place of slime's train.py "
+                     "(its training actors restore and release the refs, slime's do not)")
+    if fixes:
+        raise ConfigError("dressage_restore: trainer leaves the large fields in TransferQueue and, once the rollout "
+                          "function returns, only slime's Samples know their keys, so every key would be left. It "
+                          "needs " + "; ".join(fixes) + ". Or use dressage_restore: rollout")
 
 
 def trainer_proxy(args: Any) -> tuple[str | None, str | None]:

@@ -17,6 +17,7 @@ import concurrent.futures
 import copy
 import inspect
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Coroutine, Mapping, Sequence
@@ -28,14 +29,16 @@ from dressage.errors import ConfigError, DressageError, ProxyStatusError, Trajec
 from dressage.fields.versions import VersionTable
 from dressage.integrations.proxy_sessions import ProxySessions, fetch_capabilities
 from dressage.integrations.slime import REFS_METADATA_KEY, SlimeSample, rollout_output_classes, to_slime_sample
-from dressage.integrations.slime_config import (RESTORE_MODES, check_against_proxy, eval_prompt_sets, load_object,
-                                                rollout_settings, sampling_params)
+from dressage.integrations.slime_config import (RESTORE_MODES, check_against_proxy, check_trainer_handoff,
+                                                eval_prompt_sets, load_object, rollout_settings, sampling_params)
 from dressage.rollout.manager import sample_ref_keys
 from dressage.train.reader import TrainingReader, release_batch
 from dressage.train.remote import ProxyTrajectorySource
 from dressage.trajectory import SAMPLE_LARGE_FIELDS
 
 __all__ = ["SlimeRollout", "install", "generate_rollout"]
+
+log = logging.getLogger(__name__)
 
 
 class _SessionFailed(Exception):
@@ -96,7 +99,9 @@ class SlimeRollout:
     data source, at most ``max_group_replacements`` times a rollout (default: 2 x rollout_batch_size).
     ``token`` is the agents' bearer token, ``admin_token`` the trainer's (discard, trajectory read).
     ``restore``: ``rollout`` restores the large fields here and releases their TQ keys; ``trainer``
-    leaves their FieldRefs in the Samples. ``model`` is the model name agents send (``ctx.model``).
+    leaves their FieldRefs in the Samples, and is refused unless slime's ``args`` say Dressage's conversion
+    and training entry take them (:func:`~dressage.integrations.slime_config.check_trainer_handoff`).
+    ``model`` is the model name agents send (``ctx.model``).
     """
 
     def __init__(self, *, proxy_url: str, agent: Any = None, agent_config: Any = None, concurrency: int = 64,
@@ -142,6 +147,8 @@ class SlimeRollout:
 
     # ------------------------------------------------------------------ slime's entry
     def __call__(self, args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+        if self.restore == "trainer":
+            check_trainer_handoff(args)  # also for a rollout installed by hand: the args say who trains
         train_cls, eval_cls = rollout_output_classes()
         if evaluation:
             data, metrics = _run_sync(self._evaluate(args, int(rollout_id)))
@@ -228,8 +235,9 @@ class SlimeRollout:
                         stats["sessions_failed"] += 1
                         await proxy.discard(sid)
                         continue
-                # slime's rollout id is the data source's index; without one, an id unique in this rollout
-                return _Finished(sid, src, reward, int(index) if index is not None else -len(created))
+                # slime's rollout id is the data source's index; without one, an id of this session's own
+                # (its place among the rollout's sessions: sessions that finish together differ all the same)
+                return _Finished(sid, src, reward, int(index) if index is not None else -1 - created.index(sid))
         raise _SessionFailed(f"Sample {index} of group {group_index} failed {1 + self.session_retries} times; "
                              f"last: {type(last).__name__}: {last}") from last
 
@@ -260,6 +268,10 @@ class SlimeRollout:
                 await self._discard_all(proxy, [d.session_id for d in done])
                 raise _GroupLost(f"group {group_index} dropped by the dynamic sampling filter", filtered=True)
         return done
+
+    def _sessions(self) -> ProxySessions:
+        return ProxySessions(self.proxy_url, token=self.token, admin_token=self.admin_token,
+                             timeout_s=min(self.timeout_s, 600.0), max_connections=self.concurrency)
 
     @staticmethod
     async def _create(proxy: ProxySessions, meta: Mapping[str, Any], created: list[str]) -> str:
@@ -292,8 +304,7 @@ class SlimeRollout:
         created: list[str] = []
         gate = asyncio.Semaphore(self.concurrency)
         out: list[list[_Finished] | None] = [None] * len(groups)
-        async with ProxySessions(self.proxy_url, token=self.token, admin_token=self.admin_token,
-                                 timeout_s=min(self.timeout_s, 600.0), max_connections=self.concurrency) as proxy:
+        async with self._sessions() as proxy:
             def start(slot: int, group: list[Any]) -> asyncio.Future:
                 return asyncio.ensure_future(self._group(proxy, gate, created, stats, group, slot, rollout_id, args,
                                                          reward_key, dynamic_filter))
@@ -329,21 +340,48 @@ class SlimeRollout:
     # ------------------------------------------------------------------ read, restore, shape
     def _collect(self, finished: list[list[_Finished]]) -> tuple[list[list[list[Any]]], int]:
         """Read exactly these sessions' Samples from the Proxy, restore them (``restore="rollout"``) and
-        shape them as ``groups[g][s] = [Segment, ...]``; returns the groups and the TQ bytes restored."""
+        shape them as ``groups[g][s] = [Segment, ...]``; returns the groups and the TQ bytes restored.
+
+        A read, restore, shape or ack that fails discards the sessions, their TQ keys with them: nothing
+        else reads them (each rollout reads only the sessions it made, by name), so handed back to the
+        Proxy they would wait there, and their keys in TQ, for a read that never comes."""
         session_ids = [f.session_id for g in finished for f in g]
-        batch = self._source.read(session_ids=session_ids, lease=True)
+        batch = None
         try:
+            batch = self._source.read(session_ids=session_ids, lease=True)
             groups, restored, consumed = self._shape(finished, session_ids, batch)
+            self._acknowledge(batch, session_ids)
         except BaseException:
-            try:  # nothing restored is acknowledged: the trajectories stay readable on the Proxy
-                self._source.release(batch)
-            except DressageError:
-                pass  # the lease then runs out on its own
+            _run_sync(self._abandon(session_ids))
+            if batch is not None:
+                try:  # the read's lease, empty now, ends too
+                    self._source.release(batch)
+                except DressageError:
+                    pass  # it runs out on its own
             raise
-        self._source.ack(batch)
         if consumed:  # restored into the Samples and acknowledged: nothing of this rollout stays in TQ
             release_batch(self._source.client(), consumed)
         return groups, restored
+
+    def _acknowledge(self, batch: Any, session_ids: list[str]) -> None:
+        """Acknowledge the read. When its lease ended before the ack (a restore that outlived it: 409; a
+        Proxy that restarted and lost it: 404), the trajectories are still on the Proxy and the Samples in
+        hand are theirs (a finalized trajectory does not change): lease them again by name and ack that."""
+        try:
+            self._source.ack(batch)
+        except ProxyStatusError as exc:
+            if exc.status_code not in (404, 409):
+                raise
+            self._source.ack(self._source.read(session_ids=session_ids, lease=True))
+
+    async def _abandon(self, session_ids: Sequence[str]) -> None:
+        """Discard a failed collect's sessions; a Proxy that cannot be reached leaves them to its own
+        clean-up (the error that failed the collect is the one raised)."""
+        try:
+            async with self._sessions() as proxy:
+                await self._discard_all(proxy, session_ids)
+        except DressageError as exc:
+            log.warning("could not discard the %d sessions of a failed rollout read: %s", len(session_ids), exc)
 
     def _shape(self, finished: list[list[_Finished]], session_ids: list[str],
                batch: Any) -> tuple[list[list[list[Any]]], int, list[str]]:
@@ -363,7 +401,6 @@ class SlimeRollout:
         if missing:
             raise TrajectoryError(f"{self.proxy_url}: the read returned no Samples for sessions {missing[:5]}")
         keep_refs = self.restore == "trainer"
-        # A failure here releases the read: the trajectories, and their keys, stay for another read.
         groups = [[[self._segment(f, seg, len(by_session[f.session_id]), keep_refs)
                     for seg in sorted(by_session[f.session_id], key=lambda s: s.segment_index)]
                    for f in g] for g in finished]
@@ -403,8 +440,7 @@ class SlimeRollout:
         created: list[str] = []
         gate = asyncio.Semaphore(self.concurrency)
         data: dict[str, dict[str, Any]] = {}
-        async with ProxySessions(self.proxy_url, token=self.token, admin_token=self.admin_token,
-                                 timeout_s=min(self.timeout_s, 600.0), max_connections=self.concurrency) as proxy:
+        async with self._sessions() as proxy:
             for name, samples in sets:
                 jobs = [asyncio.ensure_future(self._session(proxy, gate, created, stats, s, int(s.group_index), 0,
                                                             rollout_id, args, reward_key, True)) for s in samples]

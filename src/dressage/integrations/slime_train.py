@@ -18,6 +18,7 @@ import importlib
 import itertools
 import logging
 import os
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from dressage.errors import ConfigError, FieldShapeError, SampleWireError, TrajectoryError
 from dressage.integrations.slime import REFS_METADATA_KEY
-from dressage.integrations.slime_config import trainer_metrics_address, trainer_proxy
+from dressage.integrations.slime_config import TRAIN_ENTRY_MARK, trainer_metrics_address, trainer_proxy
 from dressage.train.reader import TrainingReader, release_batch
 from dressage.trajectory import SAMPLE_LARGE_FIELDS, Sample
 from dressage.trajectory.sample_wire import SAMPLE_WIRE_VERSION, remote_from_wire
@@ -362,62 +363,78 @@ class ProxyRolloutControl:
 _TAKING: contextvars.ContextVar[RankRefs | None] = contextvars.ContextVar("dressage_taking", default=None)
 """The rank whose ``_get_rollout_data`` runs in this thread (context), if any."""
 
+_WRAPPING = threading.Lock()
+
 
 def _restoring_fetch(module: Any) -> None:
-    """Wrap ``module.process_rollout_data`` (once) so that, inside a rank's ``_get_rollout_data``, the
-    data it fetched comes back restored; anywhere else the wrapper answers what slime's function does."""
-    fetch = module.process_rollout_data
-    if getattr(fetch, "__dressage_restores__", False):
-        return
+    """Wrap ``module.process_rollout_data`` (once per process) so that, inside a rank's ``_get_rollout_data``,
+    the data it fetched comes back restored; anywhere else the wrapper answers what slime's function does."""
+    with _WRAPPING:
+        fetch = module.process_rollout_data
+        if getattr(fetch, "__dressage_restores__", False):
+            return
 
-    def process_rollout_data(*args: Any, **kwargs: Any) -> Any:
-        data = fetch(*args, **kwargs)
-        refs = _TAKING.get()
-        return data if refs is None else refs.take(data)
+        def process_rollout_data(*args: Any, **kwargs: Any) -> Any:
+            data = fetch(*args, **kwargs)
+            refs = _TAKING.get()
+            return data if refs is None else refs.take(data)
 
-    process_rollout_data.__dressage_restores__ = True  # type: ignore[attr-defined]
-    process_rollout_data.__wrapped__ = fetch  # type: ignore[attr-defined]
-    module.process_rollout_data = process_rollout_data
+        process_rollout_data.__dressage_restores__ = True  # type: ignore[attr-defined]
+        process_rollout_data.__wrapped__ = fetch  # type: ignore[attr-defined]
+        module.process_rollout_data = process_rollout_data
 
 
 def dressage_train_actor(base: type | None = None) -> type:
     """slime's Megatron training actor, restoring its rank's refs when it takes its rollout data and
     releasing them after the step. ``base`` defaults to slime's ``MegatronTrainRayActor``; the rank joins
     the Proxy's TransferQueue (:func:`tq_spec`: by default it asks the Proxy of ``args.dressage_proxy_url``)
-    on its first step."""
+    on its first step.
+
+    Ray ships the class to each actor's process by value (it is made here, not importable by name): its
+    methods only call this module's functions, which travel by reference, and everything with state (the
+    fetch's wrapping, the rank's TransferQueue client) is set up there, on the actor's first step."""
     if base is None:
         from slime.backends.megatron_utils.actor import MegatronTrainRayActor as base  # type: ignore
-    # slime's ``_get_rollout_data`` fetches the rank's data through its module's ``process_rollout_data``
-    # and moves it to the GPU in the same method; the refs must be restored in between, so that name is
-    # wrapped, and the wrapper restores for the actor whose ``_get_rollout_data`` is running (a context
-    # variable: actors that share a process, or threads of one actor, each restore their own).
-    _restoring_fetch(importlib.import_module(base.__module__))
 
     class DressageTrainRayActor(base):  # type: ignore[misc, valid-type]
+        _dressage_fetch_module = base.__module__
         _dressage_refs: RankRefs | None = None
         _dressage_metrics: Any = None
 
-        def _refs(self) -> RankRefs:
-            if self._dressage_refs is None:
-                client = _tq_client(self.args)
-                metrics, self._dressage_metrics = _rank_metrics(self.args, client)
-                self._dressage_refs = RankRefs(client, metrics=metrics)
-            return self._dressage_refs
-
         def _get_rollout_data(self, rollout_data_ref: Any) -> Any:
-            token = _TAKING.set(self._refs())
-            try:
-                return super()._get_rollout_data(rollout_data_ref)
-            finally:
-                _TAKING.reset(token)
+            return _take_rollout_data(self, super()._get_rollout_data, rollout_data_ref)
 
         def train(self, rollout_id: int, rollout_data_ref: Any, external_data: Any = None) -> Any:
             out = super().train(rollout_id, rollout_data_ref, external_data=external_data)
             # After a failed step the keys stay (a retry reads them again; TQ's retention sweeps them).
-            self._refs().release()
+            _rank_refs(self).release()
             return out
 
     return DressageTrainRayActor
+
+
+def _take_rollout_data(actor: Any, fetch: Any, rollout_data_ref: Any) -> Any:
+    """``fetch(rollout_data_ref)`` (slime's ``_get_rollout_data``) with the data restored for ``actor``'s rank.
+
+    slime's ``_get_rollout_data`` fetches the rank's data through its module's ``process_rollout_data`` and
+    moves it to the GPU in the same method; the refs must be restored in between, so that name is wrapped,
+    in the actor's own process, and the wrapper restores for the actor whose ``_get_rollout_data`` is running
+    (a context variable: actors that share a process, or threads of one actor, each restore their own)."""
+    _restoring_fetch(importlib.import_module(actor._dressage_fetch_module))
+    token = _TAKING.set(_rank_refs(actor))
+    try:
+        return fetch(rollout_data_ref)
+    finally:
+        _TAKING.reset(token)
+
+
+def _rank_refs(actor: Any) -> RankRefs:
+    """The actor's :class:`RankRefs`, joined to the TransferQueue on first use."""
+    if actor._dressage_refs is None:
+        client = _tq_client(actor.args)
+        metrics, actor._dressage_metrics = _rank_metrics(actor.args, client)
+        actor._dressage_refs = RankRefs(client, metrics=metrics)
+    return actor._dressage_refs
 
 
 def _rank_metrics(args: Any, client: Any) -> tuple[Any, Any]:
@@ -493,6 +510,9 @@ def train(args: Any, *, control: ProxyRolloutControl | None = None) -> None:
         create_placement_groups, create_rollout_manager, create_training_models)
     from slime.utils.misc import should_run_periodic_action  # type: ignore
 
+    # Before the RolloutManager is created with these args: its rollout function refuses dressage_restore:
+    # trainer without the mark (under slime's train.py no actor would restore or release the refs).
+    setattr(args, TRAIN_ENTRY_MARK, True)
     configure_logger()
     pgs = create_placement_groups(args)
     init_tracking(args)

@@ -19,6 +19,7 @@ from dressage.fields import get_model
 from dressage.harness.agents.config import AgentConfig
 from dressage.integrations import slime_rollout
 from dressage.integrations.slime import SlimeSample
+from dressage.integrations.slime_config import TRAIN_ENTRY_MARK, TRAINER_CONVERSION
 from dressage.integrations.slime_rollout import SlimeRollout
 from dressage.testing.stack import start_proxy
 
@@ -37,8 +38,9 @@ class DataSource:
     """slime's data source contract: ``get_samples(n)`` -> n groups of ``per_group`` Samples, indexed 0.. in
     order of handing out, with the data source's own label, metadata and group index."""
 
-    def __init__(self, prompts, per_group=2, metadata=None):
+    def __init__(self, prompts, per_group=2, metadata=None, indexed=True):
         self.prompts, self.per_group, self.metadata = list(prompts), per_group, metadata or {}
+        self.indexed = indexed  # False: Samples without an index, as some data sources hand them out
         self.calls, self.next_group, self.next_index = [], 0, 0
 
     def get_samples(self, n):
@@ -50,12 +52,17 @@ class DataSource:
             group = []
             for _ in range(self.per_group):
                 meta = {"task": f"task-{g}", "difficulty": g % 3, **self.metadata.get(prompt, {})}
-                group.append(SlimeSample(group_index=100 + g, index=self.next_index, prompt=prompt,
-                                         label={"answer": g}, metadata=meta))
+                group.append(SlimeSample(group_index=100 + g, index=self.next_index if self.indexed else None,
+                                         prompt=prompt, label={"answer": g}, metadata=meta))
                 self.next_index += 1
             self.next_group += 1
             out.append(group)
         return out
+
+
+def trainer_marks():
+    """What slime's args carry under ``python -m dressage.integrations.slime_train`` with Dressage's conversion."""
+    return {"custom_convert_samples_to_train_data_path": TRAINER_CONVERSION, TRAIN_ENTRY_MARK: True}
 
 
 def slime_args(batch=2, **over):
@@ -68,13 +75,14 @@ async def tool_agent(ctx):
     """A user's agent: the official openai client on the session's base URL, a multi-turn tool loop. A
     Sample whose metadata says ``compress`` rewrites its history once (the Proxy starts a new Segment)."""
     client = openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0, timeout=60)
+    index = ctx.index or 0  # a data source may hand out Samples without an index
     messages = [{"role": "system", "content": "You are a careful calculator agent."},
                 {"role": "user", "content": ctx.prompt}]
     try:
         for turn in range(4):
             reply = await client.chat.completions.create(
                 model=ctx.model, messages=messages, tools=TOOLS, max_tokens=12, temperature=1.0,
-                seed=1000 * ctx.index + turn)
+                seed=1000 * index + turn)
             msg = reply.choices[0].message
             assistant = {"role": "assistant", "content": msg.content}
             if msg.tool_calls:
@@ -88,7 +96,7 @@ async def tool_agent(ctx):
                 messages = [messages[0], {"role": "user", "content": f"Summary: two turns on {ctx.prompt!r}."}]
     finally:
         await client.close()
-    return float(ctx.index % 3) / 2
+    return float(index % 3) / 2
 
 
 def sessions_of(groups):
@@ -134,6 +142,21 @@ def test_a_users_openai_agent_yields_complete_slime_groups_with_the_data_sources
 def _fields(groups):
     return [[(seg.tokens, seg.loss_mask, seg.rollout_log_probs, seg.rollout_routed_experts.tolist(), seg.reward)
              for seg in sess] for sess in sessions_of(groups)]
+
+
+def test_sessions_of_samples_without_an_index_each_get_a_rollout_id_of_their_own(engine):
+    # All four sessions are created before any finishes (concurrency 4): they finish together.
+    source = DataSource(["Add 2 and 3.", "Multiply 4 by 5."], metadata={"Multiply 4 by 5.": {"compress": True}},
+                        indexed=False)
+    with start_proxy(engine.url) as proxy:
+        out = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)(slime_args(), 0, source)
+    sessions = sessions_of(out.samples)
+    assert len(sessions) == 4 and any(len(sess) > 1 for sess in sessions)
+    ids = [{seg.rollout_id for seg in sess} for sess in sessions]
+    assert all(len(i) == 1 for i in ids)  # a session's Segments are one rollout
+    ids = [i.pop() for i in ids]
+    assert sorted(ids) == [-4, -3, -2, -1]  # one id per session, none an index a data source hands out
+    assert all(seg.index is None for sess in sessions for seg in sess)
 
 
 def test_tq_on_and_off_give_the_same_samples_and_no_key_outlives_a_rollout(engine):
@@ -366,13 +389,38 @@ def test_from_args_builds_the_rollout_generate_rollout_runs_when_nothing_is_inst
     ({"dressage_restore": "nowhere"}, "dressage_restore"),
     ({"dressage_agent": "no_such_module_here:agent"}, "cannot import"),
     ({"dressage_proxy_url": None}, "dressage_proxy_url"),
+    ({"dressage_restore": "trainer"}, "--custom-convert-samples-to-train-data-path dressage.integrations.slime_train"),
 ], ids=["top-p", "layers", "topk", "both-agents", "no-agent", "token-in-yaml", "unset-token-env", "restore",
-        "bad-import", "no-url"])
+        "bad-import", "no-url", "trainer-under-slimes-train"])
 def test_from_args_refuses_what_the_samples_cannot_honour(engine, monkeypatch, over, match):
     monkeypatch.delenv("DRESSAGE_PROXY_URL", raising=False)
     with start_proxy(engine.url) as proxy:
         with pytest.raises(ConfigError, match=match):
             SlimeRollout.from_args(yaml_args(proxy.url, **over))
+
+
+@pytest.mark.parametrize("over", [
+    {},  # slime's train.py with its own conversion
+    {"custom_convert_samples_to_train_data_path": TRAINER_CONVERSION},  # slime's train.py: plain actors
+    {"custom_convert_samples_to_train_data_path": TRAINER_CONVERSION, TRAIN_ENTRY_MARK: True,
+     "debug_rollout_only": True},  # slime returns before converting
+], ids=["slime-conversion", "slime-actors", "debug-rollout-only"])
+def test_a_trainer_rollout_nobody_would_restore_is_refused_before_any_session(engine, over):
+    from dressage.tq import TransferQueue
+
+    tq = TransferQueue.start({"deployment": "embedded", "num_storage_units": 1, "retention_s": None})
+    try:
+        with start_proxy(engine.url, tq=tq, routed_experts_dtype="uint8") as proxy:
+            rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4, restore="trainer")
+            source = DataSource(["Add 2 and 3."])
+            with pytest.raises(ConfigError, match="dressage_restore: trainer .*every key would be left"):
+                rollout(slime_args(batch=1, **over), 0, source)
+            assert source.calls == [] and not proxy.service.core.sessions  # no session made, nothing written
+            assert tq.client().total_keys() == 0
+            out = rollout(slime_args(batch=1, **trainer_marks()), 0, source)  # what the train entry hands it
+            assert len(out.samples[0]) == 2 and tq.client().total_keys() > 0  # held for the training ranks
+    finally:
+        tq.shutdown()
 
 
 def test_the_proxy_says_the_shape_of_the_routed_experts_it_records(engine):
@@ -408,7 +456,8 @@ def test_trainer_restore_gives_each_rank_what_the_rollout_restore_gives_it(engin
 
     for name in ("DRESSAGE_TQ_SPEC", "DRESSAGE_PROXY_URL", "DRESSAGE_ADMIN_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    args = slime_args(advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True)
+    args = slime_args(advantage_estimator="grpo", rewards_normalization=True, grpo_std_normalization=True,
+                      **trainer_marks())
 
     def rollout(proxy_url, restore):
         source = DataSource(["Add 2 and 3.", "Multiply 4 by 5."], metadata={"Multiply 4 by 5.": {"compress": True}})
@@ -470,31 +519,87 @@ def test_trainer_restore_gives_each_rank_what_the_rollout_restore_gives_it(engin
         tq.shutdown()
 
 
-def test_a_failed_restore_leaves_the_rollouts_trajectories_and_keys_on_the_proxy(engine, monkeypatch):
-    from dressage.errors import LostSamplesError
+@pytest.fixture()
+def tq1():
     from dressage.tq import TransferQueue
 
-    class FailingReader:
-        def __init__(self, client, **kw):
-            pass
+    q = TransferQueue.start({"deployment": "embedded", "num_storage_units": 1, "retention_s": None})
+    yield q
+    q.shutdown()
 
+
+def _restoring(monkeypatch, during):
+    """The rollout's TrainingReader with ``during()`` run before each restore."""
+    real = slime_rollout.TrainingReader
+
+    class Reader(real):
         def restore(self, samples):
-            raise LostSamplesError("a StorageUnit lost these Samples")
+            during()
+            return super().restore(samples)
 
-    tq = TransferQueue.start({"deployment": "embedded", "num_storage_units": 1, "retention_s": None})
-    try:
-        with start_proxy(engine.url, tq=tq, routed_experts_dtype="uint8") as proxy:
-            rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)
-            monkeypatch.setattr(slime_rollout, "TrainingReader", FailingReader)
-            with pytest.raises(LostSamplesError):
-                rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
-            kept = proxy.service.trajectories
-            assert len(kept.finalized) == 2 and len(kept.leases) == 0  # released, not acknowledged
-            keys = tq.client().total_keys()
-            assert keys > 0  # their large fields stay for the next read
-            monkeypatch.undo()
-            batch = rollout._source.read(session_ids=list(kept.finalized), lease=True)
-            assert batch.trajectories == 2 and len({s.session_id for s in batch.samples}) == 2
-            rollout._source.release(batch)
-    finally:
-        tq.shutdown()
+    monkeypatch.setattr(slime_rollout, "TrainingReader", Reader)
+
+
+@pytest.mark.parametrize("how", ["restore", "shape", "ack"])
+def test_a_failed_collect_discards_the_rollouts_sessions_and_their_keys(engine, tq1, monkeypatch, how):
+    from dressage.errors import LostSamplesError, ProxyStatusError
+
+    with start_proxy(engine.url, tq=tq1, routed_experts_dtype="uint8") as proxy:
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)
+        made = []
+        real_read = rollout._source.read
+
+        def read(**kw):
+            made.extend(kw["session_ids"])
+            assert tq1.client().total_keys() > 0  # the sessions' large fields wait in TQ
+            return real_read(**kw)
+
+        monkeypatch.setattr(rollout._source, "read", read)
+        if how == "restore":
+            _restoring(monkeypatch, lambda: (_ for _ in ()).throw(LostSamplesError("a StorageUnit lost these")))
+            error = LostSamplesError
+        elif how == "shape":
+            def shape(finished, session_ids, batch):  # what a read missing a session's Samples meets
+                raise TrajectoryError(f"the read returned no Samples for sessions {session_ids[:1]}")
+            monkeypatch.setattr(rollout, "_shape", shape)
+            error = TrajectoryError
+        else:
+            def ack(batch):
+                raise ProxyStatusError("HTTP 507: journal_disk_full", status_code=507)
+            monkeypatch.setattr(rollout._source, "ack", ack)
+            error = ProxyStatusError
+        with pytest.raises(error):
+            rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+        kept = proxy.service.trajectories
+        assert len(made) == 2 and not kept.finalized and len(kept.leases) == 0  # discarded, no read held
+        assert tq1.client().total_keys() == 0  # their keys went with them
+        for sid in made:
+            assert proxy.service.core.state_of(sid) == "discarded"
+        monkeypatch.undo()
+        rollout(slime_args(batch=1), 1, DataSource(["Multiply 4 by 5."]))  # the next rollout is not hindered
+        assert not kept.finalized and tq1.client().total_keys() == 0
+
+
+@pytest.mark.parametrize("lost", ["expired", "proxy-restarted"])
+def test_a_restore_that_outlives_its_read_lease_is_still_acknowledged(engine, tq1, monkeypatch, lost):
+    import time
+
+    from dressage.proxy.upstream.leases import ReadLeases
+
+    with start_proxy(engine.url, tq=tq1, routed_experts_dtype="uint8", lease_s=0.3) as proxy:
+        kept = proxy.service.trajectories
+        if lost == "expired":
+            _restoring(monkeypatch, lambda: time.sleep(0.6))  # a large batch's restore, longer than the lease
+        else:
+            def restart():  # a Proxy that restarted from its journal keeps the trajectories, not the leases
+                kept.leases = ReadLeases()
+            _restoring(monkeypatch, restart)
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)
+        out = rollout(slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+        samples = flatten_like_slime(out.samples)
+        assert len(out.samples[0]) == 2 and all(s.rollout_routed_experts is not None for s in samples)
+        assert out.metrics["dressage/tq_bytes_restored"] > 0
+        assert not kept.finalized and len(kept.leases) == 0  # acknowledged: the Proxy forgot them
+        assert tq1.client().total_keys() == 0  # restored, acknowledged and released
+        if lost == "expired":
+            assert kept.leases.expired == 1

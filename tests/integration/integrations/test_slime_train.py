@@ -6,9 +6,12 @@ slime, with one batched read per StorageUnit, and releases every key."""
 from __future__ import annotations
 
 import asyncio
+import os
+import pathlib
 import pickle
 import subprocess
 import sys
+import textwrap
 import types
 from types import SimpleNamespace
 
@@ -17,6 +20,8 @@ import numpy as np
 import pytest
 import torch
 
+import dressage
+import dressage.integrations.slime_train as slime_train
 from dressage.errors import (ConfigError, FieldShapeError, LostSamplesError, NoTransferQueueError, ProxyStatusError,
                              SampleWireError, TrajectoryError)
 from dressage.fields.refs import FieldRef
@@ -215,8 +220,6 @@ def test_samples_slimes_schedule_drops_have_their_keys_released_at_conversion(en
 
 
 def test_a_key_kept_and_dropped_samples_share_stays_for_the_rank_that_trains(monkeypatch):
-    import dressage.integrations.slime_train as slime_train
-
     samples = _synthetic(5, 64, 16, 2, 2, refs=True)
     samples[4].remote = dict(samples[0].remote)  # a dropped sample that refers to a kept sample's keys
     samples[3].remote = {k: pieces for k, pieces in samples[3].remote.items() if k == "logprobs"} | {
@@ -329,6 +332,142 @@ def test_conversion_builds_slimes_train_data_and_normalises_rewards_per_group(mo
     assert convert_samples_to_train_data(by_path, _slime_samples([0.5, 1.0]))["rewards"] == [5.0, 10.0]
     with pytest.raises(TrajectoryError, match="no samples"):
         convert_samples_to_train_data(args, [])
+
+
+# ---------------------------------------------------------------- the training actor as Ray ships it
+TESTS_DIR = pathlib.Path(slime_standins.__file__).parent
+SRC_DIR = pathlib.Path(dressage.__file__).parent.parent
+
+
+def _restored_and_ref_boxes(proxy, client, dp_size):
+    """A rollout's data per rank, restored (what the rollout-side restore gives each rank) and with refs
+    (what ``trainer`` puts through the object store), slime's DP split dealing samples round-robin."""
+    asyncio.run(run_rollout(proxy.url, make_prompts(2, seed=4, max_background_words=0), N_SAMPLES,
+                            AgentConfig(max_turns=3, seed=7, retry_rate=0.3), concurrency=2))
+    source = ProxyTrajectorySource(proxy.url)
+    reference = source.read(drain=False).samples
+    TrainingReader(client).restore(reference)
+    partitions = interleaved(len(reference), dp_size)
+    expected = split_like_slime(convert_samples_to_train_data(ARGS, to_slime_groups(reference, cls=SlimeSample)),
+                                partitions)
+    batch = source.read(drain=True)
+    data = convert_samples_to_train_data(ARGS, to_slime_groups(batch.samples, cls=SlimeSample, keep_refs=True))
+    return batch, split_like_slime(data, partitions), expected
+
+
+def _worker_env() -> dict[str, str]:
+    """A fresh process that imports dressage and the stand-ins (slime's actor module), as a Ray worker would."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), str(SRC_DIR)])}
+
+
+_FRESH_RANKS = textwrap.dedent("""
+    import pickle, sys
+    import slime_standins
+    from slime_standins import SLIME_FETCH, train_ranks
+
+    fresh = slime_standins.process_rollout_data is SLIME_FETCH
+    with open(sys.argv[1], "rb") as f:
+        cls, args, boxes = pickle.load(f)  # what a Ray worker does with the class it is sent
+    actors = train_ranks(cls, args, boxes)
+    out = {"fresh": fresh, "class_module": cls.__module__, "wrapped": slime_standins.process_rollout_data
+           is not SLIME_FETCH and slime_standins.process_rollout_data.__wrapped__ is SLIME_FETCH,
+           "taken": [a.taken for a in actors], "pending": [a._dressage_refs.pending for a in actors],
+           "read": [a._dressage_refs.reader.last_plan.keys for a in actors]}
+    for a in actors:
+        a._dressage_refs.client.close()
+    with open(sys.argv[2], "wb") as f:
+        pickle.dump(out, f)
+""")
+
+
+def test_the_training_actor_pickles_and_restores_and_releases_in_the_process_it_is_sent_to(
+        engine, tq2, proxy_stack, tmp_path):
+    import ray.cloudpickle
+
+    proxy = proxy_stack(engine.url, tq=tq2, routed_experts_dtype="uint8", request_timeout_s=600)
+    client = tq2.client()
+    batch, boxes, expected = _restored_and_ref_boxes(proxy, client, DP)
+    keys = sample_ref_keys(batch.samples)
+    assert client.total_keys() == len(keys) > 0
+    cls = dressage_train_actor(MegatronActorStandIn)
+    # Ray sends the class by value (it is made in a function); its methods reach no unpicklable global.
+    (tmp_path / "actor.pkl").write_bytes(ray.cloudpickle.dumps(
+        (cls, SimpleNamespace(dressage_tq_spec=batch.transfer_queue), boxes)))
+    proc = subprocess.run([sys.executable, "-c", _FRESH_RANKS, str(tmp_path / "actor.pkl"), str(tmp_path / "out.pkl")],
+                          capture_output=True, text=True, env=_worker_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = pickle.loads((tmp_path / "out.pkl").read_bytes())
+    assert out["fresh"] and out["wrapped"]  # slime's fetch wrapped there, on the actor's first step
+    assert out["class_module"] == "dressage.integrations.slime_train"
+    assert out["pending"] == [[], []] and sum(out["read"]) >= len(keys)  # every key read, and released
+    for taken, want in zip(out["taken"], expected):
+        assert_same(taken, rank_data(want))  # restored bit for bit, dtypes and shapes included
+        assert taken["rollout_routed_experts"][0].dtype == torch.int32 and REFS_TRAIN_KEY not in taken
+    assert client.total_keys() == 0 and sum(int(row["keys"]) for row in tq2.stats().values()) == 0
+
+
+@pytest.mark.ray
+def test_the_training_actor_restores_and_releases_as_a_ray_actor(engine, tq2, proxy_stack):
+    ray = pytest.importorskip("ray")
+
+    proxy = proxy_stack(engine.url, tq=tq2, routed_experts_dtype="uint8", request_timeout_s=600)
+    client = tq2.client()
+    batch, boxes, expected = _restored_and_ref_boxes(proxy, client, 1)
+    assert client.total_keys() == len(sample_ref_keys(batch.samples)) > 0
+    # A fresh local cluster, never one another process on this host happens to run.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": _worker_env()["PYTHONPATH"]}})
+    try:
+        actor = ray.remote(dressage_train_actor(MegatronActorStandIn)).remote(
+            SimpleNamespace(dressage_proxy_url=proxy.url), 0, 1)  # the rank asks the Proxy for its TQ
+        ray.get(actor.train.remote(0, boxes), timeout=300)
+        taken = ray.get(actor.taken_data.remote(), timeout=60)
+    finally:
+        ray.shutdown()
+    assert_same(taken, rank_data(expected[0]))
+    assert taken["rollout_routed_experts"][0].dtype == torch.int32 and REFS_TRAIN_KEY not in taken
+    assert client.total_keys() == 0 and sum(int(row["keys"]) for row in tq2.stats().values()) == 0
+
+
+def test_the_train_entry_marks_the_args_its_rollout_manager_gets(monkeypatch):
+    """slime creates the RolloutManager with ``RolloutManager.options(...).remote(args, pg)``: Ray pickles
+    the args into the actor, and the rollout function there is handed ``self.args``."""
+    import argparse
+
+    import ray.cloudpickle
+
+    from dressage.integrations.slime_config import TRAIN_ENTRY_MARK, TRAINER_CONVERSION, check_trainer_handoff
+
+    class Created(Exception):
+        pass
+
+    seen = {}
+
+    def create_rollout_manager(args, pg):
+        shipped = ray.cloudpickle.loads(ray.cloudpickle.dumps(args))
+        check_trainer_handoff(shipped)  # what the rollout function does with them there
+        seen["args"] = shipped
+        raise Created
+
+    stubs = {"slime.observability.logging_utils": dict(configure_logger=lambda: None, init_tracking=lambda a: None,
+                                                       finish_tracking=lambda a: None),
+             "slime.ray.placement_group": dict(create_placement_groups=lambda a: {"rollout": None},
+                                               create_rollout_manager=create_rollout_manager,
+                                               create_training_models=None),
+             "slime.utils.misc": dict(should_run_periodic_action=None)}
+    for name in ("slime", "slime.observability", "slime.ray", "slime.utils"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    for name, attrs in stubs.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    args = argparse.Namespace(dressage_restore="trainer", custom_convert_samples_to_train_data_path=TRAINER_CONVERSION,
+                              debug_rollout_only=False)
+    with pytest.raises(ConfigError, match="in place of slime's train.py"):
+        check_trainer_handoff(args)  # slime's train.py hands the RolloutManager these args as they are
+    with pytest.raises(Created):
+        slime_train.train(args)
+    assert getattr(seen["args"], TRAIN_ENTRY_MARK) is True
 
 
 def test_the_train_entry_says_slime_is_missing():

@@ -10,7 +10,8 @@ import pytest
 from dressage.agents import CommandAgent
 from dressage.errors import ConfigError
 from dressage.integrations.slime import SlimeSample
-from dressage.integrations.slime_config import (check_against_proxy, eval_prompt_sets, load_object,
+from dressage.integrations.slime_config import (TRAIN_ENTRY_MARK, TRAINER_CONVERSION, check_against_proxy,
+                                                check_trainer_handoff, eval_prompt_sets, load_object,
                                                 rollout_settings, sampling_params, trainer_metrics_address)
 
 
@@ -89,3 +90,36 @@ def test_a_training_ranks_metrics_port_is_offset_by_its_local_rank_and_checked(m
     monkeypatch.setenv("DRESSAGE_METRICS_PORT", "x")
     with pytest.raises(ConfigError, match="DRESSAGE_METRICS_PORT must be a port number"):
         trainer_metrics_address(SimpleNamespace())
+
+
+def trainer_args(**over):
+    """slime's args as ``python -m dressage.integrations.slime_train`` hands them to the rollout function."""
+    return SimpleNamespace(**{"dressage_agent": "json:dumps", "dressage_proxy_url": "http://proxy:8000",
+                              "dressage_restore": "trainer", "custom_convert_samples_to_train_data_path":
+                              TRAINER_CONVERSION, "debug_rollout_only": False, TRAIN_ENTRY_MARK: True, **over})
+
+
+def test_trainer_restore_is_taken_only_where_slime_converts_splits_and_trains_with_dressages_actors():
+    from dressage.integrations.slime_train import convert_samples_to_train_data
+
+    assert load_object(TRAINER_CONVERSION, "k") is convert_samples_to_train_data  # the path slime loads
+    assert rollout_settings(trainer_args())["restore"] == "trainer"
+    for over, fix in [
+        ({"custom_convert_samples_to_train_data_path": None}, f"--custom-convert-samples-to-train-data-path "
+                                                              f"{TRAINER_CONVERSION} (got None"),
+        ({"custom_convert_samples_to_train_data_path": "my.convert"}, "(got 'my.convert'"),
+        ({"debug_rollout_only": True}, "no --debug-rollout-only"),
+        ({TRAIN_ENTRY_MARK: None}, "python -m dressage.integrations.slime_train <slime args> in place of slime's "
+                                   "train.py"),
+    ]:
+        args = trainer_args(**over)
+        for check in (check_trainer_handoff, rollout_settings):
+            with pytest.raises(ConfigError, match=r"dressage_restore: trainer .*every key would be left") as info:
+                check(args)
+            assert fix in str(info.value) and str(info.value).count("; ") == 0  # only what is wrong
+    # slime's own train.py with its own conversion: both fixes named in one error.
+    plain = trainer_args(custom_convert_samples_to_train_data_path=None, **{TRAIN_ENTRY_MARK: None})
+    with pytest.raises(ConfigError, match="convert-samples.*; python -m dressage.integrations.slime_train"):
+        check_trainer_handoff(plain)
+    assert rollout_settings(trainer_args(dressage_restore="rollout", debug_rollout_only=True,
+                                         custom_convert_samples_to_train_data_path=None))["restore"] == "rollout"
