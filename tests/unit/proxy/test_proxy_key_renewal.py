@@ -1,8 +1,6 @@
 """The Proxy keeps the TQ keys of every session it holds (live, or finalized and not yet acknowledged) out of
 the retention sweep, and hands a forgotten session's keys on with a whole ``retention_s`` to restore them."""
 
-import time
-
 import numpy as np
 
 from dressage.dataplane import DataPlaneConfig
@@ -13,24 +11,10 @@ from dressage.tq import TransferQueueClient
 from dressage.tq.directory.controller import Controller
 from dressage.tq.directory.entries import KeyState, UnitInfo
 from dressage.tq.storage.memory import MemoryStorageUnit
+from clocks import FakeClock, eventually
 
 MODEL = ModelSpec(name="toy", num_layers=4, topk=2, num_experts=16)
 
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
-def _eventually(check, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 def _core(client, sink=None):
@@ -60,13 +44,13 @@ def test_held_sessions_are_renewed_and_a_forgotten_one_gets_retention_s_from_its
         stray = client.put("logprobs", np.zeros(2, np.float32))  # a key no session names
         keys = {sid: sorted(k for k in core.held_keys() if k.startswith(sid)) for sid in (acked, live)}
         assert [len(k) for k in keys.values()] == [2, 2]
-        _eventually(lambda: core.renewal.rounds >= 1)  # the first round ran as the first step was written
+        eventually(lambda: core.renewal.rounds >= 1)  # the first round ran as the first step was written
         clock.now = 90.0
         assert core.renewal.renew() == 4  # what the renewal thread does every retention_s / 4
         clock.now = 95.0
         renewed = core.renewal.renewed
         core.forget(acked)  # the trainer acknowledged it: the keys leave the Proxy ...
-        _eventually(lambda: core.renewal.renewed == renewed + 2)  # ... renewed once more as they go
+        eventually(lambda: core.renewal.renewed == renewed + 2)  # ... renewed once more as they go
         assert sorted(core.held_keys()) == keys[live]
         clock.now = 150.0
         assert ctl.expire() == {"u0": [stray.key]}  # untouched since t=0: nobody holds it

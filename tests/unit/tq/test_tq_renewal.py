@@ -12,22 +12,8 @@ from dressage.tq import TransferQueue
 from dressage.tq.client.renewal import RENEW_SHARE, KeyRenewal
 from dressage.tq.directory.controller import Controller
 from dressage.tq.directory.entries import KeyState, UnitInfo
+from clocks import FakeClock, eventually
 
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
-def _eventually(check, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
 
 
 def test_touch_restarts_a_keys_retention_and_an_untouched_key_still_expires():
@@ -91,13 +77,13 @@ def test_key_renewal_touches_the_held_keys_every_round_and_a_hand_off_at_once():
     renewal = KeyRenewal(client, lambda: list(held))
     renewal.start()
     try:
-        _eventually(lambda: client.rounds_with("a") >= 1)  # the first round comes at once
+        eventually(lambda: client.rounds_with("a") >= 1)  # the first round comes at once
         assert client.touched[0] == ["a", "b"] and renewal.period_s == pytest.approx(1.0)
         renewal.hand_off(["handed"])
-        _eventually(lambda: client.rounds_with("handed") == 1)  # without waiting for the next round
+        eventually(lambda: client.rounds_with("handed") == 1)  # without waiting for the next round
         assert client.rounds_with("a") == 1  # a hand-off touches only what was handed on
         held[:] = ["c"]
-        _eventually(lambda: client.rounds_with("c") >= 1)
+        eventually(lambda: client.rounds_with("c") >= 1)
         assert renewal.rounds >= 2 and renewal.renewed >= 4
     finally:
         renewal.close()
@@ -113,7 +99,7 @@ def test_a_failed_round_is_counted_and_the_next_one_renews():
     renewal = KeyRenewal(client, lambda: ["k"])
     renewal.start()
     try:
-        _eventually(lambda: client.rounds_with("k") >= 1)
+        eventually(lambda: client.rounds_with("k") >= 1)
         assert renewal.failures == 1
     finally:
         renewal.close()
@@ -123,7 +109,7 @@ def test_without_retention_nothing_is_renewed():
     client = _Client(retention_s=None)
     renewal = KeyRenewal(client, lambda: ["k"])
     renewal.start()
-    _eventually(lambda: not renewal._thread.is_alive())
+    eventually(lambda: not renewal._thread.is_alive())
     renewal.hand_off(["x"])
     assert client.touched == [] and renewal.period_s is None
     renewal.close()
@@ -142,4 +128,4 @@ def test_a_held_key_outlives_retention_and_a_key_nobody_holds_expires():
             np.testing.assert_array_equal(client.get(held), np.arange(3, dtype=np.float32))
         finally:
             renewal.close()
-        _eventually(lambda: tq.total_keys() == 0)  # its holder stopped renewing: retention takes it
+        eventually(lambda: tq.total_keys() == 0)  # its holder stopped renewing: retention takes it

@@ -332,8 +332,8 @@ class ProxyCore:
         self.write_behind.wait(session_id)
 
     def close(self) -> None:
-        """Write and commit every step still under way, then close the journal, which frees it for the next
-        Proxy (the Proxy calls this when it stops)."""
+        """Write and commit every step still under way, stop renewing the held keys, then close the journal,
+        which frees it for the next Proxy (the Proxy calls this when it stops)."""
         self.write_behind.close()
         if self.renewal is not None:
             self.renewal.close()

@@ -321,25 +321,23 @@ class Controller:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def mark_consumed(self, keys: Iterable[str]) -> int:
-        now, n = self._clock(), 0
-        with self._lock:
-            for key in keys:
-                entry = self._entries.get(key)
-                if entry is not None:
-                    entry.state = KeyState.CONSUMED
-                    entry.touched_at = now
-                    n += 1
-        return n
+        return self._stamp(keys, KeyState.CONSUMED)
 
     def touch(self, keys: Iterable[str]) -> int:
         """Renew keys someone still holds: their retention counts from now; their state does not change.
         How a holder (the Proxy, for its live and unacknowledged sessions) keeps keys that nobody reads
         for a while out of the retention sweep. Returns how many of ``keys`` the directory holds."""
+        return self._stamp(keys, None)
+
+    def _stamp(self, keys: Iterable[str], state: KeyState | None) -> int:
+        """Keys the directory holds touched now (and moved to ``state`` unless None); how many."""
         now, n = self._clock(), 0
         with self._lock:
             for key in keys:
                 entry = self._entries.get(key)
                 if entry is not None:
+                    if state is not None:
+                        entry.state = state
                     entry.touched_at = now
                     n += 1
         return n
