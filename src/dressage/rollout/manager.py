@@ -43,6 +43,32 @@ def _own_token_fields(s: Sample) -> None:
             setattr(s, name, a.copy())
 
 
+def _unit_of(sample: Sample, keep_groups: bool) -> tuple[str, Any]:
+    """What a batch may not be cut inside: the Sample's prompt group (``keep_groups``), else its session."""
+    if keep_groups and sample.group_index is not None:
+        return ("group", sample.group_index)
+    return ("session", sample.session_id)
+
+
+def _cut_whole_units(ready: list[Sample], max_samples: int, *, keep_groups: bool) -> tuple[list[Sample], list[Sample]]:
+    """``ready`` split into the whole units (see :meth:`RolloutManager.take_batch`) that fit ``max_samples``,
+    in arrival order of each unit's first Sample, and the rest (in queue order)."""
+    sizes: dict[tuple[str, Any], int] = {}
+    for s in ready:
+        unit = _unit_of(s, keep_groups)
+        sizes[unit] = sizes.get(unit, 0) + 1
+    taken: set[tuple[str, Any]] = set()
+    total = 0
+    for unit, n in sizes.items():  # first arrival order
+        if taken and total + n > max_samples:
+            break
+        taken.add(unit)
+        total += n
+    batch = [s for s in ready if _unit_of(s, keep_groups) in taken]
+    rest = [s for s in ready if _unit_of(s, keep_groups) not in taken]
+    return batch, rest
+
+
 @dataclass(slots=True)
 class RolloutBatch:
     """One training batch: its Samples and their DP shards."""
@@ -109,10 +135,24 @@ class RolloutManager:
             return sum(sample_resident_nbytes(s) for s in self._ready)
 
     def take_batch(self, rollout_id: int, max_samples: int | None = None) -> RolloutBatch:
-        """Take queued Samples (all, or the first ``max_samples``) and shard them for DP ranks."""
+        """Take queued Samples (all, or whole units of at most ``max_samples`` in all) and shard them
+        for DP ranks.
+
+        With ``max_samples`` the batch is cut between units, never inside one: a session (its Segments
+        share their common steps' TQ keys, so releasing one batch's keys would take a later batch's
+        rows with them) or, with ``keep_groups``, a prompt group (``group_index``: its sessions stay
+        in one batch as they stay on one DP rank). Units are taken in the order their first Sample
+        arrived, up to the first that does not fit; a first unit larger than ``max_samples`` is taken
+        whole.
+        """
+        if max_samples is not None and (isinstance(max_samples, bool) or not isinstance(max_samples, int)
+                                        or max_samples < 1):
+            raise ConfigError(f"max_samples must be a positive integer or None, got {max_samples!r}")
         with self._lock:
-            n = len(self._ready) if max_samples is None else min(max_samples, len(self._ready))
-            samples, self._ready = self._ready[:n], self._ready[n:]
+            if max_samples is None:
+                samples, self._ready = self._ready, []
+            else:
+                samples, self._ready = _cut_whole_units(self._ready, max_samples, keep_groups=self.keep_groups)
         samples.sort(key=lambda smp: smp.order_key)
         shards = shard_samples(samples, self.dp_size, keep_groups=self.keep_groups)
         return RolloutBatch(rollout_id, samples, shards)

@@ -7,6 +7,7 @@ fit no live unit. The test calls ``close()`` on it when it has one. Checked, wit
 - placement: the writer's node first, then most free bytes, equal units filling evenly; live units only;
   a full directory with ``strict_budget`` is StorageFullError with nothing reserved;
 - commit: pending -> written, consumed stays consumed, a key cleared while in flight is an error;
+- touch: renews the keys the directory holds, changes no state; ``retention()``;
 - write-once keys, and ``place_many`` all or nothing;
 - delete / clear / abort: what each unit must delete, tombstones (``state`` CLEARED), freed bytes;
 - unit states: dead with its reason, live again, ``add_unit``;
@@ -133,6 +134,16 @@ class ControllerTests:
             ctl.commit("k")
         with pytest.raises(TransferQueueError):
             ctl.commit("never-placed")
+
+    def test_touch_renews_keys_it_holds_and_changes_no_state(self, ctl):
+        ctl.place("pending", 1)
+        ctl.place("consumed", 1)
+        ctl.commit("consumed")
+        ctl.mark_consumed(["consumed"])
+        assert ctl.touch(["pending", "consumed", "never"]) == 2
+        assert ctl.state("pending") is KeyState.PENDING and ctl.state("consumed") is KeyState.CONSUMED
+        assert ctl.touch([]) == 0 and ctl.total_keys() == 2
+        assert ctl.retention() is None  # made without retention_s: keys stay until cleared
 
     def test_set_batch_moves_keys_between_batches(self, ctl):
         for k in ("x", "y", "z"):

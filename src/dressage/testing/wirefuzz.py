@@ -84,7 +84,7 @@ def hostile_message(rng: np.random.Generator, kind: str | None = None,
             frames = wire.encode(obj, [pickle.dumps(np.array([1, 2], dtype=object))])
     elif kind == "typed_garbage":
         control = {"op": str(rng.choice(["put", "get", "delete", "info", "exists", "place", "commit", "abort",
-                                         "add_unit", "unit_state", "clear", "set_batch", "state"])), "id": 1}
+                                         "add_unit", "unit_state", "clear", "set_batch", "state", "touch"])), "id": 1}
         for name in rng.choice(["items", "reqs", "keys", "key", "batch", "unit", "unit_id", "state", "shm"],
                                size=int(rng.integers(1, 4))):
             control[str(name)] = _garbage_value(rng)

@@ -74,7 +74,10 @@ class TransferQueueConfig:
     full_wait_s: float = 30.0
     """How long a put waits for space when ``on_full: wait``."""
     retention_s: float | None = 3600.0
-    """Keys nobody cleared are removed this long after their last write or read; ``None`` keeps them."""
+    """Keys nobody holds are removed this long after their last write, consuming read or renewal; ``None``
+    keeps them until cleared. A safety net for keys nobody will read: the Proxy renews the keys of every
+    session it holds (live, or finalized and not yet acknowledged) every ``retention_s / 4``, and once more
+    when a trainer acknowledges them, which then has ``retention_s`` to restore them."""
     host: str = "127.0.0.1"
     """Address ZMQ sockets bind to; use ``0.0.0.0`` on a real multi-host Ray cluster."""
     controller_port: int = 0
@@ -256,8 +259,9 @@ class TransferQueueSelection:
     """Write the client spec of the TransferQueue in use to this file (JSON, mode 0600: it carries the
     TQ's secret) once it runs, for processes that join it by file; the command removes it when it stops."""
     retention_s: float | None = field(default=None, metadata=flag("--transfer-queue-retention-seconds", metavar="S"))
-    """Overrides the started deployment's ``retention_s``: keys nobody cleared are removed this long
-    after their last write or read. ``None``: the deployment's own setting."""
+    """Overrides the started deployment's ``retention_s``: keys nobody holds are removed this long after
+    their last write, consuming read or renewal (the Proxy renews its sessions' keys). ``None``: the
+    deployment's own setting."""
 
     def __post_init__(self) -> None:
         if self.retention_s is not None:

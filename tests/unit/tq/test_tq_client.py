@@ -14,6 +14,7 @@ import pytest
 from dressage.errors import KeyNotFoundError, StorageFullError
 from dressage.testing import ClientTests
 from dressage.tq import Controller, KeyState, TransferQueue, TransferQueueClient, UnitInfo
+from clocks import FakeClock
 
 
 class TestEmbeddedClient(ClientTests):
@@ -74,14 +75,6 @@ def test_retention_clears_keys_nobody_consumed():
         assert tq.total_keys() == 0
         with pytest.raises(KeyNotFoundError):
             c.get(ref)
-
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
 
 
 def test_retention_counts_from_the_last_write_or_read():

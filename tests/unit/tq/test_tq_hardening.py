@@ -62,7 +62,7 @@ def test_place_with_out_of_range_values_is_refused_and_stats_still_answers(contr
 
 
 @pytest.mark.parametrize("op,control", [
-    ("consumed", {"keys": "k"}), ("delete", {"keys": [1, 2]}), ("state", {"key": "x" * 5000}),
+    ("consumed", {"keys": "k"}), ("touch", {"keys": [None]}), ("delete", {"keys": [1, 2]}), ("state", {"key": "x" * 5000}),
     ("abort", {"keys": ["k"], "unit_down": "yes"}), ("clear", {"batch": None}),
     ("unit_state", {"unit_id": "u0", "state": "dead", "reason": "r" * 10_000}),
     ("add_unit", {"unit": {"unit_id": "u9", "memory_budget": 2**63}}),

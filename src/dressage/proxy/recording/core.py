@@ -10,6 +10,7 @@ import secrets
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ from dressage.fields import GenerateOutput, RoutedExpertsSpec, decode_generate_r
 from dressage.dataplane import DataPlaneConfig
 from dressage.proxy.recording.weights import step_labels
 from dressage.proxy.recording.write_behind import PendingStep, WriteBehind, done_step
+from dressage.tq.client.renewal import KeyRenewal
 from dressage.trajectory import Boundary, RouteDecision, Segment, Session, StepRecord, build_segments
 from dressage.trajectory.sample import VERSION_LABELS_KEY
 from dressage.trajectory.segment import segment_ends
@@ -88,6 +90,10 @@ class ProxyCore:
     ``config.enable_transfer_queue``. ``sink`` receives each :class:`FinalizedSession`.
     ``write_behind``: :meth:`begin_step` answers before the TQ write lands (see
     :mod:`dressage.proxy.recording.write_behind`).
+
+    The TQ keys of every session held here (live, or finalized and not yet forgotten) are kept out of
+    the TransferQueue's retention sweep by :attr:`renewal` (``tq/client/renewal.py``), started by the
+    first step written; a forgotten session's keys are renewed once more as they are handed on.
     """
 
     def __init__(self, config: DataPlaneConfig, tq: Any = None, *, sink: Callable[[FinalizedSession], None] | None = None,
@@ -104,6 +110,13 @@ class ProxyCore:
         self._batch_tag = batch_tag or (lambda: None)
         self.journal = journal
         self.write_behind = WriteBehind(tq, enabled=write_behind)
+        self.renewal: KeyRenewal | None = None
+        """Renews the held sessions' TQ keys (``None``: a client that cannot, e.g. a test double)."""
+        if callable(getattr(tq, "touch", None)):
+            core = weakref.ref(self)
+            self.renewal = KeyRenewal(tq, lambda: [] if (c := core()) is None else c.held_keys(),
+                                      name="proxy-tq-renewal")
+            weakref.finalize(self, self.renewal.close, False)  # a core dropped without close() stops it too
         self._r3 = RoutedExpertsCodec.of(config)
         # Keys stay unique across restarts of a Proxy that recovered its sessions from a journal.
         self._epoch = secrets.token_hex(3)
@@ -258,6 +271,8 @@ class ProxyCore:
 
     def _commit(self, session: Session, decision: RouteDecision, rec: StepRecord, refs: dict[str, Any]) -> StepRecord:
         """Record a validated step whose offloaded fields are stored under ``refs`` (journal first)."""
+        if refs and self.renewal is not None:
+            self.renewal.start()
         try:
             with self._lock:
                 rec = session.rebase(rec, **refs)
@@ -284,6 +299,14 @@ class ProxyCore:
             except DressageError:
                 pass  # the unit is gone; retention clears what it held
 
+    def held_keys(self) -> list[str]:
+        """The TQ keys of every session held here (live, or finalized and not yet forgotten)."""
+        keys: list[str] = []
+        for s in list(self.sessions.values()):
+            with self._lock:  # a step may be committing into it
+                keys += _session_keys(s)
+        return keys
+
     def held_bytes(self) -> dict[str, int]:
         """What this Proxy's StepRecords hold themselves: large-field arrays (refs count zero) and
         token fields, in bytes, and the number of steps."""
@@ -309,9 +332,11 @@ class ProxyCore:
         self.write_behind.wait(session_id)
 
     def close(self) -> None:
-        """Write and commit every step still under way, then close the journal, which frees it for the next
-        Proxy (the Proxy calls this when it stops)."""
+        """Write and commit every step still under way, stop renewing the held keys, then close the journal,
+        which frees it for the next Proxy (the Proxy calls this when it stops)."""
         self.write_behind.close()
+        if self.renewal is not None:
+            self.renewal.close()
         if self.journal is not None:
             self.journal.close()
 
@@ -417,7 +442,9 @@ class ProxyCore:
         return True
 
     def forget(self, session_id: str) -> None:
-        """Drop a finished session from memory (its Segments live on in the RolloutManager)."""
+        """Drop a finished session from memory (its Segments live on in the RolloutManager, or with the
+        trainer that acknowledged them). Its TQ keys are renewed once more as they leave: whoever holds
+        them now has ``retention_s`` from this moment to restore them."""
         with self._lock:
             s = self.sessions.get(session_id)
             if s is not None and s.state == "active":
@@ -426,6 +453,8 @@ class ProxyCore:
                 self.journal.forgotten(session_id)  # durable first: a failed write keeps the session
             self.sessions.pop(session_id, None)
             self._calls.pop(session_id, None)
+        if s is not None and self.renewal is not None:
+            self.renewal.hand_off(_session_keys(s))
 
     def recover(self, path: Any, *, accept: Callable[[Any], None] | None = None) -> Any:
         """Replay a journal into this (empty) core: active sessions resume, finalized ones are
@@ -451,6 +480,8 @@ class ProxyCore:
                                                                                      *report.active)])
         except DressageError as exc:  # the Controller did not answer: nothing is marked on a guess
             report.tq_check_error = f"{type(exc).__name__}: {exc}"
+        if self.sessions and self.renewal is not None:
+            self.renewal.start()  # what the replay brought back is held again
         for sid in report.active:  # its steps before the crash point at nothing: so will its Samples
             if sid in report.lost_fields:
                 self.sessions[sid].metadata[LOST_FIELDS_KEY] = len(report.lost_fields[sid])
@@ -465,9 +496,14 @@ class ProxyCore:
         where = getattr(controller, "where", None)
         if where is None:
             return {}
-        named = {s.session_id: sorted({r.key for r in s.large_field_refs() if hasattr(r, "key")}) for s in sessions}
+        named = {s.session_id: sorted(set(_session_keys(s))) for s in sessions}
         keys = [k for ks in named.values() for k in ks]
         held: set[str] = set()
         for i in range(0, len(keys), _WHERE_CHUNK):  # bounded requests to the Controller
             held.update(where(keys[i:i + _WHERE_CHUNK]))
         return {sid: lost for sid, ks in named.items() if (lost := [k for k in ks if k not in held])}
+
+
+def _session_keys(session: Session) -> list[str]:
+    """The TQ keys a session's steps name."""
+    return [r.key for r in session.large_field_refs() if hasattr(r, "key")]

@@ -443,6 +443,18 @@ class TransferQueueClient:
         self._check_open()
         return self._controller.mark_consumed(set(keys_of(refs_or_keys, "mark_consumed")))
 
+    def touch(self, refs_or_keys: Iterable[FieldRef | str]) -> int:
+        """Renew keys this caller still holds: their retention counts from now, their state stays (see
+        ``tq/client/renewal.py``). Returns how many the directory holds; a page of keys per request."""
+        self._check_open()
+        return self._controller.touch(list(dict.fromkeys(keys_of(refs_or_keys, "touch"))))
+
+    def retention(self) -> float | None:
+        """The TransferQueue's ``retention_s``: how long a key nobody writes, reads or renews is kept
+        (None: kept until cleared)."""
+        self._check_open()
+        return self._controller.retention()
+
     def set_batch(self, refs_or_keys: Iterable[FieldRef | str], batch: str | None) -> int:
         """Move keys to another batch (e.g. once the rollout step that will consume them is known)."""
         self._check_open()

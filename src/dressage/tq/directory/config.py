@@ -48,7 +48,8 @@ class ControllerProcessConfig:
     port: int = 0
     """Port to bind; 0 picks a free one."""
     retention_s: float | None = field(default=None, metadata=flag(metavar="S"))
-    """Keys nobody cleared are removed this long after their last write or read; none keeps them."""
+    """Keys nobody holds are removed this long after their last write, consuming read or renewal
+    (``touch``); none keeps them."""
     sweep_s: float = field(default=1.0, metadata=flag(metavar="S"))
     """Seconds between two sweeps of deleted and expired keys."""
     strict_budget: bool = False

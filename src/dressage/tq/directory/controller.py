@@ -321,15 +321,30 @@ class Controller:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def mark_consumed(self, keys: Iterable[str]) -> int:
+        return self._stamp(keys, KeyState.CONSUMED)
+
+    def touch(self, keys: Iterable[str]) -> int:
+        """Renew keys someone still holds: their retention counts from now; their state does not change.
+        How a holder (the Proxy, for its live and unacknowledged sessions) keeps keys that nobody reads
+        for a while out of the retention sweep. Returns how many of ``keys`` the directory holds."""
+        return self._stamp(keys, None)
+
+    def _stamp(self, keys: Iterable[str], state: KeyState | None) -> int:
+        """Keys the directory holds touched now (and moved to ``state`` unless None); how many."""
         now, n = self._clock(), 0
         with self._lock:
             for key in keys:
                 entry = self._entries.get(key)
                 if entry is not None:
-                    entry.state = KeyState.CONSUMED
+                    if state is not None:
+                        entry.state = state
                     entry.touched_at = now
                     n += 1
         return n
+
+    def retention(self) -> float | None:
+        """``retention_s``: how long a key nobody writes, reads, commits or touches is kept (None: kept)."""
+        return self._retention_s
 
     def set_batch(self, keys: Iterable[str], batch: str | None) -> int:
         n = 0
@@ -361,7 +376,8 @@ class Controller:
         return self.delete(keys)
 
     def expire(self) -> dict[str, list[str]]:
-        """Retention sweep: drop keys untouched (not written, read or committed) for ``retention_s``."""
+        """Retention sweep: drop keys untouched (not written, read, committed or renewed by :meth:`touch`)
+        for ``retention_s``."""
         if self._retention_s is None:
             return {}
         deadline = self._clock() - self._retention_s

@@ -107,6 +107,10 @@ class ControllerServer:
             return {}, ()
         if op == "consumed":
             return {"n": ctl.mark_consumed(str_list(c.get("keys"), "keys"))}, ()
+        if op == "touch":
+            return {"n": ctl.touch(str_list(c.get("keys"), "keys"))}, ()
+        if op == "retention":
+            return {"retention_s": ctl.retention()}, ()
         if op == "set_batch":
             return {"n": ctl.set_batch(str_list(c.get("keys"), "keys"), opt_str(c.get("batch"), "batch"))}, ()
         if op == "delete":
@@ -284,6 +288,16 @@ class RemoteController:
     def mark_consumed(self, keys: Iterable[str]) -> int:
         return sum(int(self._rpc.call("consumed", {"keys": page}, keys=page)[0]["n"])
                    for page in key_pages(list(keys)))
+
+    def touch(self, keys: Iterable[str]) -> int:
+        return sum(int(self._rpc.call("touch", {"keys": page}, keys=page)[0]["n"])
+                   for page in key_pages(list(keys)))
+
+    def retention(self) -> float | None:
+        value = self._rpc.call("retention")[0].get("retention_s")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ProtocolError(f"the Controller's retention answer is not a positive number of seconds: {value!r:.40}")
+        return None if value is None else float(value)
 
     def set_batch(self, keys: Iterable[str], batch: str | None) -> int:
         return sum(int(self._rpc.call("set_batch", {"keys": page, "batch": batch}, keys=page)[0]["n"])
