@@ -153,9 +153,16 @@ class RayBackend:
 
     def train(self, rollout_id: int) -> tuple[list[dict], int, int]:
         refs, keys, rm_bytes, _ = ray.get(self.rm.take_batch_refs.remote(rollout_id))
-        results = ray.get([t.consume.remote(ref) for t, ref in zip(self.trainers, refs)])
-        if self.client is not None:
-            release_batch(self.client, keys)  # once every rank has trained on the batch
+        tasks = [t.consume.remote(ref) for t, ref in zip(self.trainers, refs)]
+        try:
+            if tasks:  # every rank done, or failed, before the keys go: none is left mid-restore
+                ray.wait(tasks, num_returns=len(tasks))
+            results = ray.get(tasks)
+        finally:
+            # Once every rank has trained on the batch; also when one failed: the batch left the
+            # RolloutManager when it was cut, so nobody else would release its keys.
+            if self.client is not None:
+                release_batch(self.client, keys)
         return [r[0] for r in results], rm_bytes, sum(r[1] for r in results)
 
     def close(self) -> None:
