@@ -137,12 +137,15 @@ class ProxyTrajectorySource:
         """Finalized trajectories as Samples. ``lease`` hands them out under the batch's ``read_id``:
         :meth:`ack` once they were restored (the Proxy forgets them; the TQ keys stay until the reader
         releases those of ``batch.acknowledged``), :meth:`release` when they could not be. ``drain``
-        instead has the Proxy forget them once its answer was written; with neither, the read only looks.
-        ``session_ids`` reads exactly those sessions (each must be finalized and not acknowledged),
-        whatever else waits in the Proxy. ``min_group_size`` / ``group_timeout_s``: only prompt groups
-        with that many finalized sessions, or that waited that long (default: the Proxy's ``reads``
-        settings); the groups held back are in ``meta_info["incomplete_groups"]``."""
-        body: dict[str, Any] = {"format": "samples", "drain": drain, "lease": lease}
+        leases, decodes, then acknowledges before answering: the batch holds the acknowledged sessions
+        only, and an answer that cannot be decoded (or never arrives) forgets nothing. (The wire's
+        one-call ``"drain": true`` forgets once the answer was written, before the client decoded it.)
+        With neither, the read only looks. ``session_ids`` reads exactly those sessions (each must be
+        finalized and not acknowledged), whatever else waits in the Proxy. ``min_group_size`` /
+        ``group_timeout_s``: only prompt groups with that many finalized sessions, or that waited that
+        long (default: the Proxy's ``reads`` settings); the groups held back are in
+        ``meta_info["incomplete_groups"]``."""
+        body: dict[str, Any] = {"format": "samples", "lease": lease or drain}
         for key, value in (("max_groups", max_groups), ("instance_id", instance_id), ("lease_s", lease_s),
                            ("min_group_size", min_group_size), ("group_timeout_s", group_timeout_s)):
             if value is not None:
@@ -166,9 +169,20 @@ class ProxyTrajectorySource:
         ref_keys: dict[str, set[str]] = {}
         for s in samples:
             ref_keys.setdefault(s.session_id, set()).update(sample_ref_keys([s]))
-        return TrajectoryBatch(samples, spec, len(answer["data"]), dict(meta) if isinstance(meta, Mapping) else {},
-                               read_id=read_id, session_ids=[str(t.get("session_id")) for t in answer["data"]],
-                               ref_keys=ref_keys)
+        batch = TrajectoryBatch(samples, spec, len(answer["data"]), dict(meta) if isinstance(meta, Mapping) else {},
+                                read_id=read_id, session_ids=[str(t.get("session_id")) for t in answer["data"]],
+                                ref_keys=ref_keys)
+        if drain and read_id is not None:
+            try:
+                self.ack(batch)
+            except BaseException:
+                self.release(batch, quiet=True)
+                raise
+            held = set(batch.acknowledged)  # what a named read took meanwhile is its reader's
+            batch.samples = [s for s in batch.samples if s.session_id in held]
+            batch.session_ids = [sid for sid in batch.session_ids if sid in held]
+            batch.trajectories = len(batch.session_ids)
+        return batch
 
     def ack(self, batch: TrajectoryBatch) -> int:
         """The batch was restored: the Proxy forgets its trajectories. Returns how many it forgot now;

@@ -1,14 +1,17 @@
 """Every reader of a Proxy releases the TransferQueue keys of exactly the sessions its ack covered, as soon as
-it covered them: a session a named read took over stays that reader's (keys and all), and a read whose ack
-failed leaves its keys for the next reader."""
+it covered them: a session a named read took over stays that reader's (keys and all), a read whose ack failed
+leaves its keys for the next reader, and a draining read the client cannot use forgets nothing."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from dressage.errors import ProxyConnectionError, ProxyStatusError
+from dressage.errors import ProxyConnectionError, ProxyStatusError, SampleWireError
 from dressage.export.sources import reading_proxy
 from dressage.train import TrainingReader, release_batch
+from dressage.train import remote
 from dressage.train.ray_actors import RolloutManagerActor
 from dressage.train.remote import ProxyTrajectorySource, consume
 from group_sessions import record_session
@@ -122,6 +125,47 @@ def test_a_release_after_an_ack_whose_answer_was_lost_releases_the_acknowledged_
         consume(source, expect_sessions=4, timeout_s=10)
     # The read is gone from the Proxy; the release learns so and takes its keys along: none is left ownerless.
     assert proxy.service.trajectories.finalized == {} and tq.total_keys() == 0
+
+
+def test_a_draining_read_the_client_cannot_decode_forgets_nothing(proxy, tq, monkeypatch):
+    total = tq.total_keys()
+
+    def undecodable(answer):
+        raise SampleWireError("group_index must be an integer, got 'zzz'")
+
+    with monkeypatch.context() as m:
+        m.setattr(remote, "_samples_of", undecodable)
+        with pytest.raises(SampleWireError):
+            ProxyTrajectorySource(proxy.url).read(drain=True)
+    assert sorted(proxy.service.trajectories.finalized) == ["s-0", "s-1", "s-2", "s-3"]
+    assert len(proxy.service.trajectories.leases) == 0 and tq.total_keys() == total
+    batch = ProxyTrajectorySource(proxy.url).read(drain=True)  # readable again at once
+    assert sorted(batch.acknowledged) == ["s-0", "s-1", "s-2", "s-3"] and batch.trajectories == 4
+    assert proxy.service.trajectories.finalized == {}
+
+
+def test_a_draining_read_whose_answer_never_arrived_forgets_nothing(proxy, tq, monkeypatch):
+    total, source = tq.total_keys(), ProxyTrajectorySource(proxy.url, timeout_s=10)
+    real_post = source._post
+
+    def answer_lost(path, body):
+        answer = real_post(path, body)  # written in full by the Proxy ...
+        if path == "/trajectory/read":
+            raise ProxyConnectionError(f"{proxy.url}{path}: connection reset")  # ... never read by the client
+        return answer
+
+    monkeypatch.setattr(source, "_post", answer_lost)
+    with pytest.raises(ProxyConnectionError):
+        source.read(drain=True)
+    monkeypatch.undo()
+    assert sorted(proxy.service.trajectories.finalized) == ["s-0", "s-1", "s-2", "s-3"]
+    assert tq.total_keys() == total
+    leases = proxy.service.trajectories.leases
+    leases.clock = lambda: time.monotonic() + 3600.0  # the lease runs out: readable again, nothing was lost
+    batch = source.read(drain=True)
+    assert batch.trajectories == 4
+    release_batch(source.client(), batch.acknowledged_keys())
+    assert tq.total_keys() == 0 and proxy.service.trajectories.finalized == {}
 
 
 def test_a_rollout_manager_drain_withdraws_a_session_a_named_read_took_over(proxy, tq, monkeypatch):
