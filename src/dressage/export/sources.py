@@ -2,13 +2,15 @@
 
 A Proxy is read under a lease held while the export writes (:func:`reading_proxy`): released afterwards,
 so the trajectories stay for the trainer, or, with ``drain``, acknowledged only once the writing went
-through, and their TransferQueue keys released (the export is then what consumed them). Large fields in
+through, and the TransferQueue keys of the sessions the ack covered released (the export is then what
+consumed them; a session a named read took over meanwhile stays that reader's). Large fields in
 TransferQueue are restored through the TQ the Proxy (or ``tq_spec``) names; a journal without ``tq_spec``
 keeps them as refs.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +23,8 @@ from dressage.trajectory import Sample, build_segments
 from dressage.trajectory.view import session_document
 
 __all__ = ["from_proxy", "reading_proxy", "from_journal"]
+
+log = logging.getLogger(__name__)
 
 
 def _restore(samples: list[Sample], client: Any) -> None:
@@ -36,16 +40,15 @@ def reading_proxy(url: str, *, token: str | None = None, drain: bool = False,
     """The Proxy's finalized trajectories with their session documents, restored from its TQ, held under a
     lease while the ``with`` block runs. A block that ends with an error (a file that could not be written)
     releases the read: nothing is forgotten. One that ends well acknowledges it with ``drain`` (the Proxy
-    forgets the trajectories, and their TQ keys are released: nobody else will read them), else releases
-    it (they stay for the trainer)."""
-    from dressage.rollout.manager import sample_ref_keys
+    forgets the trajectories, and the TQ keys of those the ack covered are released: nobody else will read
+    them; a session a named read, e.g. the trainer's, took over while the export wrote is that reader's,
+    keys and all), else releases it (they stay for the trainer)."""
     from dressage.train.reader import release_batch
     from dressage.train.remote import ProxyTrajectorySource
 
     source = ProxyTrajectorySource(url, token=token, timeout_s=timeout_s)
     try:
-        batch = source.read(lease=True)
-        keys = sample_ref_keys(batch.samples)  # before the restore, which drops the refs it read
+        batch = source.read(lease=True)  # its keys by session are taken now: the restore drops the refs
         try:
             if any(s.remote for s in batch.samples):
                 _restore(batch.samples, source.client())
@@ -58,15 +61,22 @@ def reading_proxy(url: str, *, token: str | None = None, drain: bool = False,
                 out.append(ExportedSession(sid, samples, doc, reward=doc.get("reward"),
                                            metadata=dict(doc.get("metadata") or {})))
             yield out
+            if drain:
+                source.ack(batch)
         except BaseException:
-            source.release(batch)
+            source.release(batch, quiet=True)
             raise
         if not drain:
             source.release(batch)
             return
-        source.ack(batch)
+        keys = batch.acknowledged_keys()
         if keys:
-            release_batch(source.client(), sorted(keys))
+            release_batch(source.client(), keys)
+        taken = batch.unacknowledged()
+        if taken:
+            log.warning("%d exported sessions were taken over by another read before the export acknowledged "
+                        "them: they were written but not drained, and stay with that reader (e.g. %s)",
+                        len(taken), taken[0])
     finally:
         source.close()
 

@@ -45,24 +45,34 @@ class RolloutManagerActor:
 
     def read_proxy(self, proxy_url: str, *, max_groups: int = 1, token: str | None = None) -> int:
         """Drain a Proxy's finalized trajectories through its trajectory-read interface and queue their
-        Samples; returns the sessions read.
+        Samples; returns the sessions queued.
 
         This is how a RolloutManager takes trajectories from a Proxy that runs as its own service (no
-        Ray in it): ``POST /trajectory/read`` with ``format: samples`` and ``drain``, ``max_groups``
-        prompt groups a read (what one answer holds in memory on both sides), until none is left.
-        With TQ on, the Samples carry FieldRefs; the trainers restore them.
+        Ray in it): ``POST /trajectory/read`` with ``format: samples``, leased, ``max_groups`` prompt
+        groups a read (what one answer holds in memory on both sides), until none is left (see
+        :func:`~dressage.train.remote.drain`). With TQ on, the Samples carry FieldRefs; the trainers
+        restore them. Each read is acknowledged once its Samples were queued; a session the ack did not
+        cover (a named read took it over meanwhile, or the read was released) is withdrawn again: its
+        Samples, and TQ keys, are another reader's.
         """
-        sessions = 0
-        for batch in drain(ProxyTrajectorySource(proxy_url, token=token, timeout_s=_READ_TIMEOUT_S),
-                           max_groups=max_groups):
-            self._count(self.rm.add_samples(batch.samples, sessions=batch.trajectories))
-            sessions += batch.trajectories
-        return sessions
+        queued: list[Any] = []
+        try:
+            for batch in drain(ProxyTrajectorySource(proxy_url, token=token, timeout_s=_READ_TIMEOUT_S),
+                               max_groups=max_groups):
+                added = self.rm.add_samples(batch.samples, sessions=batch.trajectories)
+                queued.append(batch)
+                self._count(added)
+        finally:
+            for batch in queued:
+                for sid in batch.unacknowledged():
+                    self.rm.discard(sid)
+                    self._count([s for s in batch.samples if s.session_id == sid], sign=-1)
+        return sum(len(batch.acknowledged) for batch in queued)
 
-    def _count(self, samples: list[Any]) -> int:
+    def _count(self, samples: list[Any], sign: int = 1) -> int:
         for s in samples:
             for name, a in s.field_arrays().items():
-                self._held["large_fields" if name in _LARGE else "token_fields"] += int(a.nbytes)
+                self._held["large_fields" if name in _LARGE else "token_fields"] += sign * int(a.nbytes)
         return len(samples)
 
     def held(self) -> dict[str, int]:
@@ -153,9 +163,16 @@ class RayBackend:
 
     def train(self, rollout_id: int) -> tuple[list[dict], int, int]:
         refs, keys, rm_bytes, _ = ray.get(self.rm.take_batch_refs.remote(rollout_id))
-        results = ray.get([t.consume.remote(ref) for t, ref in zip(self.trainers, refs)])
-        if self.client is not None:
-            release_batch(self.client, keys)  # once every rank has trained on the batch
+        tasks = [t.consume.remote(ref) for t, ref in zip(self.trainers, refs)]
+        try:
+            if tasks:  # every rank done, or failed, before the keys go: none is left mid-restore
+                ray.wait(tasks, num_returns=len(tasks))
+            results = ray.get(tasks)
+        finally:
+            # Once every rank has trained on the batch; also when one failed: the batch left the
+            # RolloutManager when it was cut, so nobody else would release its keys.
+            if self.client is not None:
+                release_batch(self.client, keys)
         return [r[0] for r in results], rm_bytes, sum(r[1] for r in results)
 
     def close(self) -> None:

@@ -5,6 +5,8 @@
 TransferQueue (``GET /transfer_queue/spec`` answers it alone). This module joins that TQ, so the large
 fields go StorageUnit -> trainer directly. Reads are two-phase: a batch is leased, restored, then
 acknowledged (``/trajectory/ack``); a batch that cannot be restored is released and stays on the Proxy.
+A reader releases the TQ keys of exactly the sessions the Proxy says its ack covered
+(:meth:`TrajectoryBatch.acknowledged_keys`): a session a named read took over meanwhile is that reader's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import msgpack
 
 from dressage.errors import (ConfigError, DressageError, NoTransferQueueError, ProxyConnectionError,
                              ProxyStatusError, SampleWireError)
+from dressage.rollout.manager import sample_ref_keys
 from dressage.trajectory.sample_wire import MSGPACK_MEDIA_TYPE, sample_from_wire
 from dressage.trajectory import Sample
 
@@ -55,6 +58,28 @@ class TrajectoryBatch:
     meta_info: dict[str, Any] = field(default_factory=dict)
     read_id: str | None = None
     """The lease the Proxy holds these trajectories under (a leasing read): ack or release it."""
+    session_ids: list[str] = field(default_factory=list)
+    """The sessions read, in the answer's order."""
+    ref_keys: dict[str, set[str]] = field(default_factory=dict)
+    """The TQ keys each session's Samples referenced when read (a restore drops the refs it read)."""
+    acknowledged: list[str] = field(default_factory=list)
+    """The sessions the Proxy forgot for this read, as its ack (or release) answered: their TQ keys are
+    this reader's to release once it is done. A session a named read took over is not among them."""
+
+    def acknowledged_keys(self) -> list[str]:
+        """The TQ keys of the acknowledged sessions, sorted. Keys are per session; one that a session not
+        acknowledged also referenced would still be another reader's, and is left out."""
+        held = set(self.acknowledged)
+        mine: set[str] = set()
+        theirs: set[str] = set()
+        for sid, keys in self.ref_keys.items():
+            (mine if sid in held else theirs).update(keys)
+        return sorted(mine - theirs)
+
+    def unacknowledged(self) -> list[str]:
+        """The sessions read that the Proxy did not forget for this read (taken over, released, not acked)."""
+        held = set(self.acknowledged)
+        return [sid for sid in self.session_ids if sid not in held]
 
 
 class ProxyTrajectorySource:
@@ -110,14 +135,17 @@ class ProxyTrajectorySource:
              session_ids: Sequence[str] | None = None, min_group_size: int | None = None,
              group_timeout_s: float | None = None) -> TrajectoryBatch:
         """Finalized trajectories as Samples. ``lease`` hands them out under the batch's ``read_id``:
-        :meth:`ack` once they were restored (the Proxy forgets them; the TQ keys stay until the trainer
-        releases them), :meth:`release` when they could not be. ``drain`` instead has the Proxy forget
-        them once its answer was written; with neither, the read only looks. ``session_ids`` reads exactly
-        those sessions (each must be finalized and not acknowledged), whatever else waits in the Proxy.
-        ``min_group_size`` / ``group_timeout_s``: only prompt groups with that many finalized
-        sessions, or that waited that long (default: the Proxy's ``reads`` settings); the groups
-        held back are in ``meta_info["incomplete_groups"]``."""
-        body: dict[str, Any] = {"format": "samples", "drain": drain, "lease": lease}
+        :meth:`ack` once they were restored (the Proxy forgets them; the TQ keys stay until the reader
+        releases those of ``batch.acknowledged``), :meth:`release` when they could not be. ``drain``
+        leases, decodes, then acknowledges before answering: the batch holds the acknowledged sessions
+        only, and an answer that cannot be decoded (or never arrives) forgets nothing. (The wire's
+        one-call ``"drain": true`` forgets once the answer was written, before the client decoded it.)
+        With neither, the read only looks. ``session_ids`` reads exactly those sessions (each must be
+        finalized and not acknowledged), whatever else waits in the Proxy. ``min_group_size`` /
+        ``group_timeout_s``: only prompt groups with that many finalized sessions, or that waited that
+        long (default: the Proxy's ``reads`` settings); the groups held back are in
+        ``meta_info["incomplete_groups"]``."""
+        body: dict[str, Any] = {"format": "samples", "lease": lease or drain}
         for key, value in (("max_groups", max_groups), ("instance_id", instance_id), ("lease_s", lease_s),
                            ("min_group_size", min_group_size), ("group_timeout_s", group_timeout_s)):
             if value is not None:
@@ -132,30 +160,65 @@ class ProxyTrajectorySource:
         except SampleWireError:
             # Nothing of a leased read reached the caller: hand it back at once rather than leave its
             # trajectories held (and every batch they are in unreadable) until the lease runs out.
-            if read_id is not None:
-                try:
-                    self._post("/trajectory/release", {"read_id": read_id})
-                except (ProxyStatusError, ProxyConnectionError):
-                    log.warning("could not release read %s after a failed decode", read_id)
+            self.release(TrajectoryBatch([], None, read_id=read_id), quiet=True)
             raise
         meta = answer.get("meta_info") or {}
         spec = meta.get("transfer_queue") if isinstance(meta, Mapping) else None
         if spec is not None:
             self._spec = dict(spec)
-        return TrajectoryBatch(samples, spec, len(answer["data"]), dict(meta) if isinstance(meta, Mapping) else {},
-                               read_id=read_id)
+        ref_keys: dict[str, set[str]] = {}
+        for s in samples:
+            ref_keys.setdefault(s.session_id, set()).update(sample_ref_keys([s]))
+        batch = TrajectoryBatch(samples, spec, len(answer["data"]), dict(meta) if isinstance(meta, Mapping) else {},
+                                read_id=read_id, session_ids=[str(t.get("session_id")) for t in answer["data"]],
+                                ref_keys=ref_keys)
+        if drain and read_id is not None:
+            try:
+                self.ack(batch)
+            except BaseException:
+                self.release(batch, quiet=True)
+                raise
+            held = set(batch.acknowledged)  # what a named read took meanwhile is its reader's
+            batch.samples = [s for s in batch.samples if s.session_id in held]
+            batch.session_ids = [sid for sid in batch.session_ids if sid in held]
+            batch.trajectories = len(batch.session_ids)
+        return batch
 
     def ack(self, batch: TrajectoryBatch) -> int:
-        """The batch was restored: the Proxy forgets its trajectories. Returns how many it forgot."""
+        """The batch was restored: the Proxy forgets its trajectories. Returns how many it forgot now;
+        ``batch.acknowledged`` then names every session the read's ack covers (also on a repeat), the
+        ones whose TQ keys are this reader's."""
         if batch.read_id is None:
             return 0
         answer = self._post("/trajectory/ack", {"read_id": batch.read_id})
-        return int(answer.get("acknowledged", 0)) if isinstance(answer, Mapping) else 0
+        answer = answer if isinstance(answer, Mapping) else {}
+        batch.acknowledged = _acknowledged(answer, batch.session_ids)
+        return int(answer.get("acknowledged", 0))
 
-    def release(self, batch: TrajectoryBatch) -> None:
-        """The batch could not be used: its trajectories are readable again at once."""
-        if batch.read_id is not None:
-            self._post("/trajectory/release", {"read_id": batch.read_id})
+    def release(self, batch: TrajectoryBatch, *, quiet: bool = False) -> None:
+        """The batch could not be used: its trajectories are readable again at once.
+
+        Sessions an ack of this read already had the Proxy forget (one that failed part-way, or whose
+        answer was lost) cannot go back: the answer names them (``batch.acknowledged``), and since this
+        reader gives them up, their TQ keys are released here: no key is left without a reader.
+        ``quiet``: a failed release is logged, not raised (for a caller that is failing already; the
+        lease then runs out on its own)."""
+        if batch.read_id is None:
+            return
+        try:
+            answer = self._post("/trajectory/release", {"read_id": batch.read_id})
+            batch.acknowledged = _acknowledged(answer if isinstance(answer, Mapping) else {}, [])
+            keys = batch.acknowledged_keys()
+            if keys:
+                from dressage.train.reader import release_batch
+
+                log.warning("read %s: %d sessions were acknowledged before it was released; their %d TQ keys "
+                            "are released with it", batch.read_id, len(batch.acknowledged), len(keys))
+                release_batch(self.client(), keys)
+        except DressageError as exc:
+            if not quiet:
+                raise
+            log.warning("could not release read %s: %s", batch.read_id, exc)
 
     def session_document(self, session_id: str) -> dict[str, Any]:
         """One session's step tree and Segments (``GET /admin/sessions/{id}``, an admin endpoint)."""
@@ -198,12 +261,21 @@ class ProxyTrajectorySource:
             self._client = None
 
 
+def _acknowledged(answer: Mapping[str, Any], assumed: Sequence[str]) -> list[str]:
+    """The sessions an ack or release answer says the read acknowledged; ``assumed`` for a Proxy whose
+    answers do not name them."""
+    sids = answer.get("acknowledged_session_ids")
+    return [str(s) for s in sids] if isinstance(sids, list) else list(assumed)
+
+
 def drain(source: ProxyTrajectorySource, *, max_groups: int | None = None, min_group_size: int | None = None,
           group_timeout_s: float | None = None) -> Iterator[TrajectoryBatch]:
     """The Proxy's finalized trajectories, ``max_groups`` prompt groups a read (what one answer holds
     in memory on both sides; None: all in one), until a read finds none. Each batch is leased: it is
-    acknowledged when the consumer asks for the next one, released when the consumer raised.
-    Groups still short of ``min_group_size`` (and younger than ``group_timeout_s``) stay on the Proxy."""
+    acknowledged when the consumer asks for the next one, released when the consumer raised. A session a
+    named read took over before the ack is then in ``batch.unacknowledged()``: a consumer that kept the
+    batch's Samples withdraws those (their reader is the other read). Groups still short of
+    ``min_group_size`` (and younger than ``group_timeout_s``) stay on the Proxy."""
     while True:
         batch = source.read(lease=True, max_groups=max_groups, min_group_size=min_group_size,
                             group_timeout_s=group_timeout_s)
@@ -212,22 +284,23 @@ def drain(source: ProxyTrajectorySource, *, max_groups: int | None = None, min_g
         try:
             yield batch
         except BaseException:
-            source.release(batch)
+            source.release(batch, quiet=True)
             raise
         source.ack(batch)
 
 
 def consume(source: ProxyTrajectorySource, *, dp_size: int = 1, expect_sessions: int | None = None,
             timeout_s: float = 60.0, poll_s: float = 0.2, on_lost: str = "fail") -> dict[str, Any]:
-    """Read the Proxy (leased), shard by DP rank, restore each shard from TQ, check, acknowledge the
-    reads, release the keys. A restore or check that fails releases the reads: nothing is lost.
+    """Read the Proxy (leased), shard by DP rank, restore each shard from TQ, check, then per read:
+    acknowledge it and release the keys of the sessions its ack covered. A restore or check that fails
+    releases the reads: nothing is lost. An ack that fails releases that read and the ones after it
+    (readable again at once); the reads acknowledged before it have had their keys released.
 
     Reads until ``expect_sessions`` trajectories arrived (or once, when ``None``). Answers what a
     driver logs: samples, sessions, the samples digest, bytes restored and the keys left in TQ.
     """
     import time
 
-    from dressage.rollout.manager import sample_ref_keys
     from dressage.train.checks import check_sample
     from dressage.train.digest import samples_digest
     from dressage.train.reader import TrainingReader, release_batch
@@ -265,13 +338,19 @@ def consume(source: ProxyTrajectorySource, *, dp_size: int = 1, expect_sessions:
             restored_bytes += sum(int(a.nbytes) for n, a in s.field_arrays().items() if n.startswith("rollout_"))
     except BaseException:
         for batch in batches:  # nothing restored is acknowledged: the Proxy keeps every trajectory
-            try:
-                source.release(batch)
-            except DressageError:
-                pass  # the lease then runs out on its own
+            source.release(batch, quiet=True)
         raise
-    acknowledged = sum(source.ack(batch) for batch in batches)
-    released = release_batch(source.client(), sorted(keys)) if keys else 0
+    acknowledged = released = 0
+    for i, batch in enumerate(batches):
+        try:
+            source.ack(batch)
+        except BaseException:
+            for rest in batches[i:]:  # not acknowledged: readable again at once, not after the lease
+                source.release(rest, quiet=True)
+            raise
+        acknowledged += len(batch.acknowledged)
+        mine = batch.acknowledged_keys()  # at once: a later ack that fails leaves none of these behind
+        released += release_batch(source.client(), mine) if mine else 0
     keys_left = source.client().total_keys() if spec is not None else 0
     return {"sessions": sessions, "acknowledged": acknowledged, "samples": len(samples), "dp_size": dp_size,
             "samples_digest": samples_digest(samples), "large_field_bytes_restored": restored_bytes,

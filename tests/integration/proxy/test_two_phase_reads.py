@@ -79,15 +79,62 @@ def test_an_expired_or_released_lease_makes_its_trajectories_readable_again(engi
     assert httpx.post(proxy.url + "/trajectory/read", json={"lease": True, "lease_s": 0}, timeout=10).status_code == 400
 
 
-def test_a_named_read_takes_its_sessions_from_another_lease(engine, proxy_stack):
+def _post(proxy, path: str, read_id: str) -> dict:
+    r = httpx.post(proxy.url + path, json={"read_id": read_id}, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_named_read_takes_its_sessions_from_another_lease_and_the_ack_says_which(engine, proxy_stack):
     proxy = proxy_stack(engine.url)
     for i in range(2):
         record_session(proxy.url, f"s-{i}", str(i))
     first = read_trajectories(proxy.url, lease=True)
     named = read_trajectories(proxy.url, session_ids=["s-1"], lease=True)
     assert _ids(named) == ["s-1"]
-    ack = httpx.post(proxy.url + "/trajectory/ack", json={"read_id": first["read_id"]}, timeout=10).json()
+    ack = _post(proxy, "/trajectory/ack", first["read_id"])
     assert ack["acknowledged"] == 1 and sorted(proxy.service.trajectories.finalized) == ["s-1"]
+    # The batch reader learns which sessions (and so which TQ keys) are its own, also on a repeat.
+    assert ack["acknowledged_session_ids"] == ["s-0"] and ack["taken_over"] == ["s-1"]
+    again = _post(proxy, "/trajectory/ack", first["read_id"])
+    assert again["already"] is True and again["acknowledged_session_ids"] == ["s-0"]
+    # A read that lost every session to a named read acknowledges none, and hands none back.
+    record_session(proxy.url, "s-2", "2")
+    second = read_trajectories(proxy.url, lease=True)
+    assert _ids(second) == ["s-2"]
+    read_trajectories(proxy.url, session_id="s-2", lease=True)
+    ack = _post(proxy, "/trajectory/ack", second["read_id"])
+    assert (ack["acknowledged"], ack["acknowledged_session_ids"], ack["taken_over"]) == (0, [], ["s-2"])
+    released = _post(proxy, "/trajectory/release", second["read_id"])
+    assert (released["released"], released["session_ids"], released["taken_over"]) == (0, [], ["s-2"])
+    assert sorted(proxy.service.trajectories.finalized) == ["s-1", "s-2"]  # the named reads hold them
+
+
+def test_an_ack_that_failed_part_way_names_what_it_forgot_at_its_repeat_and_at_a_release(engine, proxy_stack,
+                                                                                     tmp_path, monkeypatch):
+    proxy = proxy_stack(engine.url, journal=JournalConfig(path=str(tmp_path / "proxy.journal"), fsync="never"))
+    for i in range(3):
+        record_session(proxy.url, f"s-{i}", str(i))
+    first, second = (read_trajectories(proxy.url, session_ids=ids, lease=True)
+                     for ids in (["s-0", "s-1"], ["s-2"]))
+    real_write, writes = journal_log._write_all, []
+
+    def second_write_fails(fd, data):
+        writes.append(1)
+        if len(writes) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(fd, data)
+
+    monkeypatch.setattr(journal_log, "_write_all", second_write_fails)
+    r = httpx.post(proxy.url + "/trajectory/ack", json={"read_id": first["read_id"]}, timeout=10)
+    assert r.status_code == 507 and sorted(proxy.service.trajectories.finalized) == ["s-1", "s-2"]
+    ack = _post(proxy, "/trajectory/ack", first["read_id"])  # the repeat forgets the rest
+    assert ack["acknowledged"] == 1 and ack["acknowledged_session_ids"] == ["s-0", "s-1"]
+    monkeypatch.setattr(journal_log, "_write_all", real_write)
+    _post(proxy, "/trajectory/ack", second["read_id"])
+    released = _post(proxy, "/trajectory/release", second["read_id"])  # an ack whose answer was lost
+    assert released["released"] == 0 and released["acknowledged_session_ids"] == ["s-2"]
+    assert proxy.service.trajectories.finalized == {}
 
 
 @pytest.mark.parametrize("binary", [True, False])

@@ -256,13 +256,16 @@ class _LocalBackend:
         keys = sample_ref_keys(batch.samples)
         rm_bytes = sum(sample_resident_nbytes(s) for s in batch.samples)
         parts, replay = [], {}
-        for shard in batch.shards:
-            TrainingReader(self.client).restore(shard)
-            parts.append(summarise_shard(shard, self.cfg.data_plane.model))
-            if self.replay_model is not None:
-                replay = merge_replay(replay, replay_summary(self.replay_model, shard))
-        if self.client is not None:
-            release_batch(self.client, sorted(keys))
+        try:
+            for shard in batch.shards:
+                TrainingReader(self.client).restore(shard)
+                parts.append(summarise_shard(shard, self.cfg.data_plane.model))
+                if self.replay_model is not None:
+                    replay = merge_replay(replay, replay_summary(self.replay_model, shard))
+        finally:
+            # Also when a rank failed: the batch left the RolloutManager when it was cut.
+            if self.client is not None:
+                release_batch(self.client, sorted(keys))
         merged = _merge(parts, rm_bytes)
         if self.replay_model is not None:
             merged["replay"] = replay

@@ -2,8 +2,9 @@
 
 A read that leases (or drains) hands its trajectories out under a ``read_id``; batch reads skip them
 until the reader acknowledges (they are forgotten), releases them, or the lease expires (they are
-readable again). Nothing here forgets a trajectory: :class:`~dressage.proxy.upstream.trajectories.Trajectories`
-does, once the reader said it holds what it read.
+readable again). A named read takes what it names from another lease; that lease remembers what was
+taken, so its reader learns at its ack which sessions are its own. Nothing here forgets a trajectory:
+:class:`~dressage.proxy.upstream.trajectories.Trajectories` does, once the reader said it holds what it read.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from dressage.errors import ConfigError, SessionStateError, UnknownReadError
@@ -25,23 +26,34 @@ DEFAULT_LEASE_S = 600.0
 class Lease:
     read_id: str
     session_ids: list[str]
+    """The sessions it holds now."""
     expires_at: float
     """On the leases' clock (``time.monotonic()`` unless a test gives another)."""
+    acknowledged: list[str] = field(default_factory=list)
+    """Sessions an ack of this read forgot (one that failed part-way forgot some): their TQ keys are its reader's."""
+    taken: list[str] = field(default_factory=list)
+    """Sessions a named read took over from it: that read's reader holds them (and their keys)."""
+    how: str | None = None
+    """How it ended (``acknowledged``, ``released``, ``expired``, ``taken over``); ``None`` while open."""
 
 
 class ReadLeases:
     """Open leases by read id, the session each leased trajectory is held by, and how ended reads ended.
 
-    ``clock``: the time leases expire by. ``remember``: how many ended read ids are kept, so that a
-    repeated ack answers the same and an ack after expiry says so.
+    ``clock``: the time leases expire by. ``remember``: how many ended reads are kept, so that a
+    repeated ack answers the same (the same sessions) and an ack after expiry says so;
+    ``remember_sessions`` bounds the session ids they keep in all (the oldest reads go first).
     """
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic, remember: int = 10_000) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, remember: int = 10_000,
+                 remember_sessions: int = 1_000_000) -> None:
         self.clock = clock
         self.remember = int(remember)
+        self.remember_sessions = int(remember_sessions)
         self.open: dict[str, Lease] = {}
         self._holder: dict[str, str] = {}
-        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._ended: OrderedDict[str, Lease] = OrderedDict()
+        self._ended_sessions = 0
         self.expired = 0
         """Leases that ran out before an ack: their trajectories were handed out again."""
 
@@ -66,13 +78,14 @@ class ReadLeases:
 
     def grant(self, session_ids: Iterable[str], lease_s: float) -> Lease:
         """Lease ``session_ids`` under a new read id; a session another lease held moves to this one
-        (a named read takes exactly what it names)."""
+        (a named read takes exactly what it names), and that lease lists it as ``taken``."""
         sids = list(session_ids)
         for sid in sids:
             old = self._holder.get(sid)
             if old is not None:
                 lease = self.open[old]
                 lease.session_ids.remove(sid)
+                lease.taken.append(sid)
                 if not lease.session_ids:
                     self._end(old, "taken over")
         lease = Lease(secrets.token_urlsafe(12), sids, self.clock() + lease_s)
@@ -86,12 +99,13 @@ class ReadLeases:
         lease = self.open.get(read_id)
         if lease is not None:
             return lease
-        how = self._ended.get(read_id)
-        if how is None:
+        ended = self._ended.get(read_id)
+        if ended is None:
             raise UnknownReadError(f"unknown read_id {read_id!r}")
-        raise SessionStateError(f"read {read_id} is {how}; its trajectories were readable again")
+        raise SessionStateError(f"read {read_id} is {ended.how}; its trajectories were readable again")
 
-    def ended(self, read_id: str) -> str | None:
+    def ended(self, read_id: str) -> Lease | None:
+        """The ended read ``read_id`` (its ``how``, what it acknowledged and what was taken), if remembered."""
         return self._ended.get(read_id)
 
     def finish(self, read_id: str, how: str) -> list[str]:
@@ -110,11 +124,15 @@ class ReadLeases:
         for sid in lease.session_ids:
             if self._holder.get(sid) == read_id:
                 del self._holder[sid]
-        self._ended[read_id] = how
-        self._ended.move_to_end(read_id)
-        while len(self._ended) > self.remember:
-            self._ended.popitem(last=False)
-        return list(lease.session_ids)
+        held = list(lease.session_ids)
+        lease.session_ids.clear()  # an ended read holds nothing; what it acknowledged and lost is kept
+        lease.how = how
+        self._ended[read_id] = lease
+        self._ended_sessions += len(lease.acknowledged) + len(lease.taken)
+        while self._ended and (len(self._ended) > self.remember or self._ended_sessions > self.remember_sessions):
+            _, old = self._ended.popitem(last=False)
+            self._ended_sessions -= len(old.acknowledged) + len(old.taken)
+        return held
 
     def __len__(self) -> int:
         return len(self.open)

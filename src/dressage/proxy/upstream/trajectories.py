@@ -294,24 +294,44 @@ class Trajectories:
     def ack(self, read_id: str) -> dict[str, Any]:
         """The reader holds what read ``read_id`` handed out: forget those trajectories.
 
-        A repeat answers ``already``; an ack after the lease expired (or was released) is a 409 (its
-        trajectories were readable again). A journal write that fails (507 / 503) forgets none of the
-        trajectories not yet forgotten; they stay under the lease and the ack may be repeated.
+        The answer names the sessions the ack covers (``acknowledged_session_ids``: their TQ keys are the
+        reader's to release once it is done with them) and those a named read took over from this one
+        (``taken_over``: their reader is that read's, and so are their keys). A read that lost every
+        session that way acknowledges none. A repeat answers ``already`` and the same sessions; an ack
+        after the lease expired (or was released) is a 409 (its trajectories were readable again). A
+        journal write that fails (507 / 503) forgets none of the trajectories not yet forgotten; they
+        stay under the lease and the ack may be repeated (its answer then names every session forgotten).
         """
-        if self.leases.ended(read_id) == "acknowledged":
-            return {"success": True, "read_id": read_id, "acknowledged": 0, "already": True}
+        ended = self.leases.ended(read_id)
+        if ended is not None and ended.how in ("acknowledged", "taken over"):
+            return self._lease_answer(ended, already=ended.how == "acknowledged", acknowledged=0)
         self.leases.expire()
         lease = self.leases.lease(read_id)
         sids = list(lease.session_ids)
-        self.forget(sids)
+        try:
+            self.forget(sids)
+        finally:  # a journal write that failed part-way: what was forgotten stays this read's
+            lease.acknowledged += [sid for sid in sids if sid not in self.finalized]
         self.leases.finish(read_id, "acknowledged")
-        return {"success": True, "read_id": read_id, "acknowledged": len(sids), "already": False}
+        return self._lease_answer(lease, already=False, acknowledged=len(sids))
 
     def release(self, read_id: str) -> dict[str, Any]:
-        """Hand read ``read_id``'s trajectories back (the reader could not use them): readable again now."""
-        if self.leases.ended(read_id) == "released":
-            return {"success": True, "read_id": read_id, "released": 0, "already": True}
+        """Hand read ``read_id``'s trajectories back (the reader could not use them): readable again now.
+
+        A read that ended already (released, expired, acknowledged, taken over) hands nothing back
+        (``released`` 0; ``already`` when it was released). Sessions an ack of this read forgot (one that
+        failed part-way, or whose answer the reader never got) cannot be handed back: the answer names
+        them (``acknowledged_session_ids``; their TQ keys are the reader's). 404 when never granted."""
         self.leases.expire()
-        self.leases.lease(read_id)
+        ended = self.leases.ended(read_id)
+        if ended is not None:
+            return self._lease_answer(ended, already=ended.how == "released", released=0, session_ids=[])
+        lease = self.leases.lease(read_id)
         sids = self.leases.finish(read_id, "released")
-        return {"success": True, "read_id": read_id, "released": len(sids), "already": False}
+        return self._lease_answer(lease, already=False, released=len(sids), session_ids=sids)
+
+    @staticmethod
+    def _lease_answer(lease: Any, *, already: bool, **counts: Any) -> dict[str, Any]:
+        """An ack's or release's answer: what it did (``counts``), what the read acknowledged and lost."""
+        return {"success": True, "read_id": lease.read_id, **counts, "already": already,
+                "acknowledged_session_ids": list(lease.acknowledged), "taken_over": list(lease.taken)}
