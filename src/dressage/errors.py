@@ -18,6 +18,7 @@ these classes). Hierarchy, with status and type where a class sets them::
     │   ├── IdempotencyKeyReusedError  an Idempotency-Key sent again with another request  422
     │   ├── BodyTooLargeError        a body over the size limit (bytes received)     413
     │   ├── HeadersTooLargeError     a request line and headers over the size limit
+    │   ├── BadHttpRequestError      a request the HTTP parser refused (request line, header, body framing)
     │   ├── AuthenticationError      no or a wrong bearer token                      401 authentication_error
     │   └── PermissionDeniedError    an agent token on an admin path                 403 permission_error
     ├── SessionLimitError            the Proxy holds its maximum of live sessions    429 rate_limit_exceeded
@@ -97,7 +98,8 @@ __all__ = [
     "ChatTemplateError", "JournalError", "JournalEncodeError", "JournalDamagedError", "JournalWriteError",
     "JournalFullError", "AnswerEncodeError", "ContextOverflowError", "SessionIdError",
     "MissingSessionIdError", "RequestRejected", "IdempotencyKeyReusedError", "InputValueError", "BodyTooLargeError",
-    "HeadersTooLargeError", "AuthenticationError", "PermissionDeniedError", "SessionLimitError", "NoHealthyEngineError",
+    "HeadersTooLargeError", "BadHttpRequestError", "AuthenticationError", "PermissionDeniedError",
+    "SessionLimitError", "NoHealthyEngineError",
     "TrajectoryError", "SessionStateError",
     "StepLimitError", "WeightVersionChangedError", "GenerationPreemptedError", "PartialRolloutStalenessError",
     "WeightVersionMismatchError", "UnknownStepError", "UnknownSessionError", "UnknownReadError", "ToolCallHookError",
@@ -397,6 +399,12 @@ class HeadersTooLargeError(RequestRejected):
     """A request line and headers over ``max_header_bytes``: answered before they are parsed, and the
     connection closed."""
     code = "headers_too_large"
+
+
+class BadHttpRequestError(RequestRejected):
+    """A request the HTTP parser refused (a malformed request line or header, a body whose chunk sizes or
+    ``Content-Length`` are not HTTP/1.1): answered before any route sees it, and the connection closed."""
+    code = "bad_http_request"
 
 
 class AuthenticationError(RequestRejected):

@@ -6,7 +6,8 @@ hold: its request line and headers must be complete ``header_timeout_s`` after i
 after its previous answer, once a next request began), its body ``body_timeout_s`` after its
 headers, else the connection is closed; headers are at most ``max_header_bytes``; an idle
 keep-alive connection is closed after ``keep_alive_s``. Slow senders (slowloris) cannot pile up. A server
-words the answer to oversized headers itself (:data:`HeadRefusal`; plain text unless it says otherwise).
+words its answer to a request refused before any route sees it, oversized headers or what the HTTP parser
+cannot read, itself (:data:`HeadRefusal`; plain text, in uvicorn's words, unless it says otherwise).
 The HTTP parser is httptools (C) where it is installed, h11 otherwise, on uvloop's event loop
 where that is installed; the limits hold for both parsers. A serving process's cyclic collector is set
 up here too (:func:`tune_gc_for_serving`): start-up frozen, calls in flight and sessions swept out of its walks.
@@ -19,12 +20,13 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from enum import Enum
 from http import HTTPStatus
 from typing import Any, Callable
 
 from dressage.errors import ConfigError
 
-__all__ = ["UvicornServer", "ConnectionLimits", "HeadRefusal", "plain_head_refusal", "guarded_protocol",
+__all__ = ["UvicornServer", "ConnectionLimits", "Refused", "HeadRefusal", "plain_head_refusal", "guarded_protocol",
            "tune_gc_for_serving", "ServingGc", "YoungSweeper", "GcPauses", "GC_PAUSES"]
 
 
@@ -294,31 +296,66 @@ class _HeadBytes:
         return parts[1].split(b"?", 1)[0].decode("latin-1")
 
 
-HeadRefusal = Callable[[str | None], tuple[int, list[tuple[bytes, bytes]], bytes]]
-"""A server's answer to a request whose request line and headers pass ``max_header_bytes``: given the
-request's path (``None`` when its request line did not arrive whole), the status, headers and body. It is
-sent before the headers are parsed, with ``content-length`` and ``connection: close``, and the connection is
-closed. It runs on the server's event loop."""
+class Refused(Enum):
+    """Why the connection answers a request itself, before any route sees it; the value is the plain-text
+    answer (:func:`plain_head_refusal`)."""
+
+    HEADERS_TOO_LARGE = "Request headers too large."
+    """The request line and headers pass ``max_header_bytes``: answered before they are parsed."""
+    BAD_REQUEST = "Invalid HTTP request received."
+    """The HTTP parser refused the request: its request line, a header or its body's framing (a chunk size, a
+    ``Content-Length``) is not HTTP/1.1. uvicorn's words for it."""
 
 
-def plain_head_refusal(path: str | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """The default :data:`HeadRefusal`: 400, ``Request headers too large.`` as plain text."""
-    return 400, [(b"content-type", b"text/plain; charset=utf-8")], b"Request headers too large."
+HeadRefusal = Callable[[str | None, Refused], tuple[int, list[tuple[bytes, bytes]], bytes]]
+"""A server's answer to a request the connection refuses (:class:`Refused`): given the request's path
+(``None`` when its request line did not arrive whole, or is not a method, a target and a version) and why,
+the status, headers and body. It is sent after the server's default headers (``date``, ``server``), with
+``content-length`` and ``connection: close``, and the connection is closed. It runs on the server's event
+loop."""
 
 
-def _refusal(refuse: HeadRefusal, head: _HeadBytes) -> bytes:
-    status, headers, body = refuse(head.path())
+def plain_head_refusal(path: str | None, why: Refused) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The default :data:`HeadRefusal`: 400 with the plain-text words of ``why`` (uvicorn's own answer to a
+    request its parser refuses, byte for byte with httptools)."""
+    return 400, [(b"content-type", b"text/plain; charset=utf-8")], why.value.encode()
+
+
+def _refuse(protocol: Any, refuse: HeadRefusal, why: Refused, path: str | None) -> None:
+    """Answer ``refuse``'s words on ``protocol``'s connection and close it."""
+    transport = protocol.transport
+    if transport.is_closing():
+        return
+    status, headers, body = refuse(path, why)
     lines = [b"HTTP/1.1 %d %s" % (status, HTTPStatus(status).phrase.encode()),
-             *(name + b": " + value for name, value in headers),
+             *(name + b": " + value for name, value in (*protocol.server_state.default_headers, *headers)),
              b"content-length: %d" % len(body), b"connection: close"]
-    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+    transport.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+    transport.close()
+
+
+def _refuse_unreadable(protocol: Any, refuse: HeadRefusal, head: _HeadBytes) -> None:
+    """What uvicorn's protocols do where their parser refuses a request (``send_400_response``, its own
+    plain-text 400): ``refuse``'s answer instead, naming the request's path where it is known (from its
+    head, or, once the head was read and its body's framing failed, from the request in progress). An
+    answer already begun for that request cannot be replaced: the connection is only closed."""
+    cycle = protocol.cycle
+    if cycle is not None and cycle.more_body:  # the request in progress: its body could not be read
+        if cycle.response_started:
+            protocol.transport.close()
+            return
+        path = cycle.scope["raw_path"].split(b"?", 1)[0].decode("latin-1")
+    else:
+        path = head.path()
+    _refuse(protocol, refuse, Refused.BAD_REQUEST, path)
 
 
 def _guarded_h11(limits: ConnectionLimits, refuse: HeadRefusal) -> type:
     """uvicorn's h11 (pure Python) protocol with the deadlines and a bound on header bytes: h11's own
     bound (``h11_max_incomplete_event_size``) covers a header block still incomplete, this one also a block
     that arrives whole in one read. Bytes are counted while h11 waits for a request (between requests on a
-    connection); past ``max_header_bytes`` the answer is ``refuse``'s and the connection is closed, unparsed."""
+    connection); past ``max_header_bytes`` the answer is ``refuse``'s and the connection is closed, unparsed.
+    A request h11 cannot read is answered with ``refuse``'s words too."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -329,13 +366,14 @@ def _guarded_h11(limits: ConnectionLimits, refuse: HeadRefusal) -> type:
 
         def data_received(self, data: bytes) -> None:
             if self.conn.their_state is h11.IDLE and self._head.add(data) > limits.max_header_bytes:
-                if not self.transport.is_closing():
-                    self.transport.write(_refusal(refuse, self._head))
-                    self.transport.close()
+                _refuse(self, refuse, Refused.HEADERS_TOO_LARGE, self._head.path())
                 return
             super().data_received(data)
             if self.conn.their_state is not h11.IDLE:  # a request's head was read: the next one counts anew
                 self._head.reset()
+
+        def send_400_response(self, msg: str) -> None:
+            _refuse_unreadable(self, refuse, self._head)
 
     GuardedH11Protocol.limits, GuardedH11Protocol.tick = limits, _tick(limits)
     return GuardedH11Protocol
@@ -346,7 +384,8 @@ def _guarded_httptools(limits: ConnectionLimits, refuse: HeadRefusal) -> type:
 
     The bytes received while no request body is being read (a request line and headers, or the
     idle gap before them) are counted; past ``max_header_bytes`` the answer is ``refuse``'s and the
-    connection is closed, before the parser has buffered more.
+    connection is closed, before the parser has buffered more. A request llhttp cannot read is answered
+    with ``refuse``'s words too.
     """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -357,11 +396,12 @@ def _guarded_httptools(limits: ConnectionLimits, refuse: HeadRefusal) -> type:
 
         def data_received(self, data: bytes) -> None:
             if not self._in_body and self._head.add(data) > limits.max_header_bytes:
-                if not self.transport.is_closing():
-                    self.transport.write(_refusal(refuse, self._head))
-                    self.transport.close()
+                _refuse(self, refuse, Refused.HEADERS_TOO_LARGE, self._head.path())
                 return
             super().data_received(data)
+
+        def send_400_response(self, msg: str) -> None:
+            _refuse_unreadable(self, refuse, self._head)
 
         def on_headers_complete(self) -> None:
             self._in_body = True
@@ -380,7 +420,7 @@ def guarded_protocol(limits: ConnectionLimits, http: str = "auto",
                      refuse_head: HeadRefusal = plain_head_refusal) -> type:
     """The HTTP protocol class uvicorn serves with: ``httptools`` (C parser) when it is installed and
     ``http`` is ``auto`` or ``httptools``, else ``h11``; both keep :class:`ConnectionLimits`, and answer
-    oversized headers with ``refuse_head``'s answer."""
+    oversized headers and a request their parser refuses with ``refuse_head``'s answer."""
     if http not in ("auto", "h11", "httptools"):
         raise ConfigError(f"http: {http!r} is not one of auto, h11, httptools")
     if http != "h11":

@@ -85,7 +85,7 @@ class ProxyService:
                                             self.versions.forget))
         """Header-created sessions, per-session forgetting and the call counters, shared by every endpoint."""
         calls = ModelCalls(config, core, tokenizer, engines=self.engines, pause=self.pause, versions=self.versions,
-                           limits=self.limits, rids=self.rids, in_flight=self.in_flight, book=self.book,
+                           limits=self.limits, rids=self.rids, book=self.book,
                            keep_special_tokens=getattr(self.parser, "special_markers", False))
         hooks = config.tool_call_hooks
         self.tool_call_hooks = ToolCallHooks(load_tool_call_hooks(hooks.hooks), before_timeout_s=hooks.before_timeout_s)

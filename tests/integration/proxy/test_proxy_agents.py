@@ -318,12 +318,14 @@ _HANG_UP_CALLS = {  # endpoint -> (path on a session's base URL, body of an 80-t
     "responses": ("/v1/responses", {"model": "m", "input": "Write at length.", "max_output_tokens": 80}),
     "messages": ("/v1/messages", {"model": "m", "max_tokens": 80,
                                   "messages": [{"role": "user", "content": "Write at length."}]}),
+    "completions": ("/v1/completions", {"model": "m", "prompt": "Write at length.", "max_tokens": 80}),
 }
 
 
 @pytest.mark.parametrize("endpoint, by_header", [("chat", False), ("generate", False), ("chat", True),
                                                  ("responses", False), ("responses", True),
-                                                 ("messages", False), ("messages", True)])
+                                                 ("messages", False), ("messages", True),
+                                                 ("completions", False), ("completions", True)])
 def test_a_client_that_hangs_up_before_a_whole_answer_leaves_nothing_recorded(slow_engine, endpoint, by_header):
     p = start_proxy(slow_engine.url)
     try:

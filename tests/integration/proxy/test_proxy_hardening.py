@@ -205,15 +205,36 @@ def test_slow_headers_and_slow_bodies_are_cut_off(hostile):
         server.close()
 
 
-@pytest.mark.parametrize("path, anthropic", [("/v1/chat/completions", False), ("/sessions/s1/v1/messages", True),
-                                             ("/health", False)])
-def test_headers_over_the_limit_are_a_json_error_in_the_proxys_shape(hostile, path, anthropic):
+_PROXY_REFUSED = {  # what is wrong -> (its code, the bytes sent for a path; None: no request line)
+    "too large": ("headers_too_large",
+                  lambda path: (f"POST {path} HTTP/1.1\r\nHost: x\r\nX-Pad: {'p' * 32768}\r\n\r\n".encode()
+                                if path else b"\x16\x03\x01" + b"p" * 32768)),
+    "bad header": ("bad_http_request",
+                   lambda path: (f"POST {path} HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n".encode()
+                                 if path else b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40)),
+    "bad chunk": ("bad_http_request",
+                  lambda path: f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               f"Transfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n".encode()),
+}
+
+
+@pytest.mark.parametrize("what, path, anthropic", [
+    ("too large", "/v1/chat/completions", False), ("too large", "/sessions/s1/v1/messages", True),
+    ("too large", "/health", False), ("too large", None, False),
+    ("bad header", "/v1/chat/completions", False), ("bad header", "/sessions/s1/v1/messages", True),
+    ("bad header", None, False),
+    ("bad chunk", "/v1/chat/completions", False), ("bad chunk", "/sessions/s1/v1/messages", True)])
+def test_a_request_refused_before_any_route_is_a_json_error_in_the_proxys_shape(hostile, what, path, anthropic):
+    """Headers over the limit and a request the HTTP parser cannot read (its head, or its body's framing) are
+    answered by the connection in the Proxy's error shape (Anthropic's on the Messages endpoints, the
+    OpenAI one where no path is known), counted once as a failed call; the connection is closed."""
+    code, sent = _PROXY_REFUSED[what]
     server = _serve(hostile.url, server=ServerConfig(max_header_bytes=8 * 1024))
     try:
         host, port = server.url[7:].rsplit(":", 1)
         with socket.create_connection((host, int(port))) as sock:
             try:
-                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nX-Pad: {'p' * 32768}\r\n\r\n".encode())
+                sock.sendall(sent(path))
             except (BrokenPipeError, ConnectionResetError):
                 pass  # closed while sending: the answer came first
             sock.settimeout(10)
@@ -225,14 +246,17 @@ def test_headers_over_the_limit_are_a_json_error_in_the_proxys_shape(hostile, pa
         headers = dict(line.lower().split(": ", 1) for line in lines)
         assert status == "HTTP/1.1 400 Bad Request" and headers["content-type"] == "application/json"
         assert headers["connection"] == "close" and headers["x-should-retry"] == "false"
-        message = "request line and headers over 8192 bytes"
+        message = ("request line and headers over 8192 bytes" if code == "headers_too_large" else
+                   "malformed HTTP request: its request line, a header or its body's framing (chunk sizes, "
+                   "Content-Length) is not HTTP/1.1")
         if anthropic:
             assert json.loads(body) == {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
         else:
             assert json.loads(body) == {"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                                  "code": "headers_too_large"}}
-        assert server.service.book.failed_by == {(400, "headers_too_large"): 1}
+                                                  "code": code}}
+        assert server.service.book.failed_by == {(400, code): 1}
         assert httpx.get(server.url + "/health").status_code == 200  # the next connection is served
+        assert server.service.book.failed_by == {(400, code): 1} and not server.service.core.sessions
     finally:
         server.close()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from types import SimpleNamespace
 from unittest import mock
 
@@ -177,6 +178,28 @@ class _Stalled:
         return call
 
 
+async def _hang_up(app, path, body, gone):
+    """POST ``body`` to ``path`` of ``app`` and hang up once ``gone()`` returns; what the app sent."""
+    messages, sent = iter([{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]), []
+
+    async def receive():
+        message = next(messages, None)
+        if message is not None:
+            return message
+        await gone()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
+             "root_path": "", "headers": [(b"content-type", b"application/json"), (b"x-session-id", b"s1")],
+             "scheme": "http", "server": ("proxy", 80), "client": ("agent", 1), "http_version": "1.1",
+             "asgi": {"version": "3.0", "spec_version": "2.4"}}
+    await asyncio.wait_for(app(scope, receive, send), 10)
+    return sent
+
+
 @pytest.mark.parametrize("path, body, kind", [
     ("/sessions/s1/v1/chat/completions", MSG, "chat"),
     ("/sessions/s1/generate", {"input_ids": [1, 2]}, "generate"),
@@ -185,10 +208,13 @@ class _Stalled:
     ("/sessions/s1/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
      "messages"),
     ("/v1/messages", {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}, "messages"),
+    ("/sessions/s1/v1/completions", {"model": "m", "prompt": "hi"}, "completions"),
+    ("/v1/completions", {"model": "m", "prompt": "hi"}, "completions"),
 ])
 def test_each_model_call_route_of_the_fastapi_app_cancels_the_call_of_a_client_that_hung_up(path, body, kind):
     """The FastAPI app's routes (what a Proxy mounted under a root path serves, and the only routes of
-    Responses and Anthropic Messages) watch the connection as the hot routes do: nothing is answered."""
+    Responses, text completions and Anthropic Messages) watch the connection as the hot routes do: nothing
+    is answered."""
     stalled, service = _Stalled(), mock.MagicMock()
     service.config.access = SimpleNamespace(api_token=None, admin_token=None)
     service.config.server.max_body_bytes = 1 << 20
@@ -196,27 +222,47 @@ def test_each_model_call_route_of_the_fastapi_app_cancels_the_call_of_a_client_t
     service.chat.generate_tokens = stalled.call("generate")
     service.responses.open = stalled.call("responses")
     service.messages.open = stalled.call("messages")
-    app = fastapi_app(service)
-    data, sent = json.dumps(body).encode(), []
+    service.completions.open = stalled.call("completions")
+    sent = asyncio.run(_hang_up(fastapi_app(service), path, body, stalled.started.wait))
+    assert stalled.cancelled == [kind] and sent == []
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", MSG),
+    ("/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3}}),
+    ("/v1/completions", {"model": "m", "prompt": "hello", "max_tokens": 3}),
+])
+def test_a_client_that_hangs_up_while_its_call_is_recorded_leaves_it_recorded_whole(path, body):
+    """A hang-up that comes once the engine answered and the step is being committed does not cut the
+    recording half-way: the step and its bookkeeping (counted tokens, the session's weight version) are
+    recorded whole, and the call stays in flight (finalize waits for it) until the commit is done."""
+    engine = MockSGLang()
+    engines = EnginesConfig(engine_url=engine.workers[0], request_timeout_s=20)
+    service, _ = build_service(ProxyConfig(data_plane=DataPlaneConfig(model=get_model("tiny-moe")), engines=engines),
+                               engine=engine_clients(engines, transport=engine.transport()))
+    sid = service.create_session(None, "http://proxy/")["session_id"]
+    committing, release = threading.Event(), threading.Event()
+    begin_step = service.core.begin_step
+
+    def held_begin_step(*args, **kwargs):  # the commit region, held until the agent has gone
+        committing.set()
+        assert release.wait(10)
+        return begin_step(*args, **kwargs)
+
+    service.core.begin_step = held_begin_step
 
     async def go():
-        messages = iter([{"type": "http.request", "body": data, "more_body": False}])
+        sent = await _hang_up(build_app(service), f"/sessions/{sid}{path}", body,
+                              lambda: asyncio.to_thread(committing.wait, 10))
+        in_flight = service.in_flight.running(sid)
+        release.set()
+        for _ in range(1000):
+            if not service.in_flight.running(sid):
+                break
+            await asyncio.sleep(0.01)
+        return sent, in_flight
 
-        async def receive():
-            message = next(messages, None)
-            if message is not None:
-                return message
-            await stalled.started.wait()  # the client hangs up while its call runs
-            return {"type": "http.disconnect"}
-
-        async def send(message):
-            sent.append(message)
-
-        scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
-                 "root_path": "", "headers": [(b"content-type", b"application/json"), (b"x-session-id", b"s1")],
-                 "scheme": "http", "server": ("proxy", 80), "client": ("agent", 1), "http_version": "1.1",
-                 "asgi": {"version": "3.0", "spec_version": "2.4"}}
-        await asyncio.wait_for(app(scope, receive, send), 10)
-
-    asyncio.run(go())
-    assert stalled.cancelled == [kind] and sent == []
+    sent, in_flight = asyncio.run(go())
+    assert sent == [] and in_flight == 1  # nothing answered; the commit still counted in flight
+    (step,) = service.core.sessions[sid].steps.values()
+    assert service.in_flight.running(sid) == 0 and service.book.generated_tokens == step.response_len > 0

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from dressage.errors import ConfigError
-from dressage.serving import ConnectionLimits, UvicornServer, guarded_protocol
+from dressage.serving import ConnectionLimits, Refused, UvicornServer, guarded_protocol
 
 async def _echo(scope, receive, send):
     """Answers every request with the length of the body it read."""
@@ -208,26 +208,99 @@ def test_many_requests_on_one_connection_are_each_counted_on_their_own(http):
         srv.stop()
 
 
-@pytest.mark.parametrize("http", ["h11", "httptools"])
-def test_headers_over_the_limit_get_the_servers_own_answer_naming_the_path_when_known(http):
-    paths = []
+_PAD = b"X-Pad: " + b"p" * (32 * 1024) + b"\r\n"
+_TLS_HELLO = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40
+_REFUSED_HEADS = {  # why -> (what a client sent, the path the server's refusal is told)
+    Refused.HEADERS_TOO_LARGE: [
+        (b"POST /sessions/s1/v1/messages?beta=true HTTP/1.1\r\nHost: x\r\n" + _PAD + b"\r\n",  # in one read
+         "/sessions/s1/v1/messages"),
+        (b"GET /health HTTP/1.1\r\nHost: x\r\n" + _PAD, "/health"),                          # never ends
+        (b"GET /" + b"a" * (16 * 1024) + b" HTTP/1.1\r\nHost: x\r\n\r\n", None)],           # a huge path
+    Refused.BAD_REQUEST: [
+        (b"POST /sessions/s1/v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+         "/sessions/s1/v1/messages"),                                                        # a bad header
+        (b"GET /health HTTP/9.x\r\nHost: x\r\n\r\n", "/health"),                            # a bad version
+        (_TLS_HELLO, None),                                                                  # not HTTP at all
+        (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n",
+         "/v1/chat/completions")],                                                           # a bad chunk size
+}
 
-    def refuse(path):
-        paths.append(path)
-        return 400, [(b"content-type", b"application/json"), (b"x-should-retry", b"false")], b'{"error": "big"}'
+
+@pytest.mark.parametrize("why", list(Refused), ids=lambda why: why.name)
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_refused_request_gets_the_servers_own_answer_naming_the_path_when_known(http, why):
+    """Headers over the limit and a request the parser cannot read (in its head or in its body's framing)
+    are answered in the server's words, told the path where the request line gave one, after the server's
+    default headers; the connection is closed and the next one is served."""
+    told = []
+
+    def refuse(path, what):
+        told.append((path, what))
+        return 400, [(b"content-type", b"application/json"), (b"x-should-retry", b"false")], b'{"error": "no"}'
 
     srv = _server(http, refuse, max_header_bytes=8 * 1024)
     try:
-        pad = b"X-Pad: " + b"p" * (32 * 1024) + b"\r\n"
-        for head in (b"POST /sessions/s1/v1/messages?beta=true HTTP/1.1\r\nHost: x\r\n" + pad + b"\r\n",  # one read
-                     b"GET /health HTTP/1.1\r\nHost: x\r\n" + pad,                                   # never ends
-                     b"GET /" + b"a" * (16 * 1024) + b" HTTP/1.1\r\nHost: x\r\n\r\n"):             # a huge path
+        for head, _ in _REFUSED_HEADS[why]:
             closed, got = _refused(srv, head)
             status, headers, body = _split_answer(got)
-            assert closed and status == b"HTTP/1.1 400 Bad Request" and body == b'{"error": "big"}'
-            assert headers == {b"content-type": b"application/json", b"x-should-retry": b"false",
-                               b"content-length": b"16", b"connection": b"close"}
-        assert paths == ["/sessions/s1/v1/messages", "/health", None]
+            assert closed and status == b"HTTP/1.1 400 Bad Request" and body == b'{"error": "no"}', got[:200]
+            assert list(headers)[:2] == [b"date", b"server"] and headers[b"server"] == b"uvicorn"
+            assert {k: v for k, v in headers.items() if k not in (b"date", b"server")} == {
+                b"content-type": b"application/json", b"x-should-retry": b"false", b"content-length": b"15",
+                b"connection": b"close"}
+        assert told == [(path, why) for _, path in _REFUSED_HEADS[why]]
+        ok = _connect(srv)
+        assert b" 200 " in _request(ok)
+        ok.close()
     finally:
         srv.stop()
 
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_request_the_parser_refuses_gets_uvicorns_plain_answer_by_default(http):
+    """A server that words nothing (the engine server) answers as uvicorn's httptools protocol always did,
+    byte for byte but the date: 400, ``Invalid HTTP request received.`` as plain text, the connection closed
+    (with h11 too, which sent no date, server or content-length)."""
+    srv = _server(http)
+    try:
+        for head, _ in _REFUSED_HEADS[Refused.BAD_REQUEST]:
+            closed, got = _refused(srv, head)
+            status, headers, body = _split_answer(got)
+            assert closed and status == b"HTTP/1.1 400 Bad Request", got[:200]
+            assert body == b"Invalid HTTP request received." and list(headers) == [
+                b"date", b"server", b"content-type", b"content-length", b"connection"]
+            assert (headers[b"server"], headers[b"content-type"], headers[b"content-length"],
+                    headers[b"connection"]) == (b"uvicorn", b"text/plain; charset=utf-8", b"30", b"close")
+    finally:
+        srv.stop()
+
+
+async def _answers_at_once(scope, receive, send):
+    """Answers before reading the request's body."""
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.mark.parametrize("http", ["h11", "httptools"])
+def test_a_body_the_parser_refuses_after_its_answer_began_only_closes_the_connection(http):
+    """The answer to that request already went out: a refusal cannot replace it, and is not sent after it."""
+    if http == "httptools":
+        pytest.importorskip("httptools")
+    told = []
+    srv = UvicornServer(_answers_at_once, name="early", http=http,
+                        refuse_head=lambda path, why: told.append(why) or (400, [], b"no"))
+    srv.start_background()
+    try:
+        sock = _connect(srv)
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        sock.settimeout(10)
+        got = b""
+        while not got.endswith(b"ok"):
+            got += sock.recv(4096)
+        sock.sendall(b"zz\r\nab\r\n")
+        closed, rest = _read_until_closed(sock, 10)
+        assert got.startswith(b"HTTP/1.1 200 OK") and closed and rest == b"" and told == []
+        sock.close()
+    finally:
+        srv.stop()

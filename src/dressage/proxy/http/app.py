@@ -25,7 +25,7 @@ from dressage.observe.context import bind_call
 from dressage.observe.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from dressage.proxy import fastjson
 from dressage.proxy.engines import server_timing
-from dressage.errors import DressageError, HeadersTooLargeError
+from dressage.errors import BadHttpRequestError, DressageError, HeadersTooLargeError, RequestRejected
 from dressage.proxy.http.anthropic_routes import anthropic_error_response, anthropic_router, is_anthropic_path
 from dressage.proxy.http.fast_routes import FastRoutes, dressage_error_response, listener_url
 from dressage.proxy.http.guard import RequestGuard, rejection
@@ -38,7 +38,7 @@ from dressage.proxy.schemas import BAD_REQUEST_ERRORS, ChatRequest, CreateSessio
 from dressage.proxy.anthropic.protocol import error_object
 from dressage.proxy.openai.streaming import error_body
 from dressage.proxy.recording.turn_scope import identity_of, scope_of
-from dressage.serving import ConnectionLimits, UvicornServer
+from dressage.serving import ConnectionLimits, Refused, UvicornServer
 
 __all__ = ["build_app", "fastapi_app", "HotFirst", "ProxyServer", "status_for"]
 
@@ -270,9 +270,15 @@ class ProxyServer(UvicornServer):
         super().__init__(build_app(service), host=cfg.host, port=cfg.port, name="proxy",
                          limits=limits, own_log_handlers=cfg.log_format == "text", refuse_head=self._refuse_head)
 
-    def _refuse_head(self, path: str | None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        # Headers over the limit are answered by the connection, before any route: in the Proxy's error shape too.
-        exc = HeadersTooLargeError(f"request line and headers over {self.limits.max_header_bytes} bytes")
+    def _refuse_head(self, path: str | None, why: Refused) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        # Headers over the limit and what the HTTP parser cannot read are answered by the connection, before
+        # any route: in the Proxy's error shape too.
+        if why is Refused.HEADERS_TOO_LARGE:
+            exc: RequestRejected = HeadersTooLargeError(
+                f"request line and headers over {self.limits.max_header_bytes} bytes")
+        else:
+            exc = BadHttpRequestError("malformed HTTP request: its request line, a header or its body's framing "
+                                      "(chunk sizes, Content-Length) is not HTTP/1.1")
         self.service.book.failed(exc)
         return rejection(exc, path)
 

@@ -18,8 +18,9 @@ Before a route runs it checks, in this order:
 
 Each refusal is a :class:`dressage.errors.RequestRejected` answered in the OpenAI error form (in
 Anthropic's on the Messages endpoints, whose clients send their token as ``x-api-key``): :func:`rejection`,
-which also words the server's answer to headers over ``max_header_bytes`` (:class:`HeadersTooLargeError`,
-sent before any route sees the request; see :class:`dressage.proxy.http.app.ProxyServer`).
+which also words the server's answer to headers over ``max_header_bytes`` (:class:`HeadersTooLargeError`)
+and to a request the HTTP parser refused (:class:`BadHttpRequestError`), both sent before any route sees
+the request; see :class:`dressage.proxy.http.app.ProxyServer`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """A model call whose client hangs up before its answer: cancelled, as a stream is when its reader goes away.
 
-Every route that answers a model call (chat, ``/generate``, Responses, Anthropic Messages; the hot
-routes of :mod:`dressage.proxy.http.fast_routes` and the FastAPI app's alike) awaits its answer through
-:func:`unless_gone`, once the request's body was read.
+Every route that answers a model call (chat, ``/generate``, Responses, text completions, Anthropic
+Messages; the hot routes of :mod:`dressage.proxy.http.fast_routes` and the FastAPI app's alike) awaits
+its answer through :func:`unless_gone`, once the request's body was read. A call whose recording already
+began is recorded whole (:class:`dressage.proxy.recording.lifecycle.CallInFlight`).
 """
 
 from __future__ import annotations

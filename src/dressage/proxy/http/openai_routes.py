@@ -1,9 +1,9 @@
 """HTTP routes of the OpenAI endpoints beyond chat: Responses, text completions, one model.
 
 Each is served on a session's base URL (``/sessions/{id}/v1/...``) and on ``/v1/...`` with the
-session in headers, like chat completions; a Responses call whose client hangs up before its answer is
-cancelled (:mod:`dressage.proxy.http.hangup`). Errors are the app's (``DressageError`` -> OpenAI
-error object with the class's status).
+session in headers, like chat completions; a Responses or text-completion call whose client hangs up
+before its answer is cancelled (:mod:`dressage.proxy.http.hangup`). Errors are the app's
+(``DressageError`` -> OpenAI error object with the class's status).
 """
 
 from __future__ import annotations
@@ -50,13 +50,17 @@ def openai_router(service: Any) -> APIRouter:
     async def responses_by_headers(request: Request, body: ResponsesRequest) -> Response:
         return await respond(by_headers(request, body), request, body)
 
+    async def complete(session_id: str, request: Request, body: CompletionRequest) -> Response:
+        out = await unless_gone(service.completions.open(session_id, body), request.receive)
+        return HungUp() if out is None else _answer(out)
+
     @router.post("/sessions/{session_id}/v1/completions")
-    async def completions(session_id: str, body: CompletionRequest) -> Response:
-        return _answer(await service.completions.open(session_id, body))
+    async def completions(session_id: str, request: Request, body: CompletionRequest) -> Response:
+        return await complete(session_id, request, body)
 
     @router.post("/v1/completions")
     async def completions_by_headers(request: Request, body: CompletionRequest) -> Response:
-        return _answer(await service.completions.open(by_headers(request, body), body))
+        return await complete(by_headers(request, body), request, body)
 
     @router.get("/sessions/{session_id}/v1/models/{model_id:path}")
     async def session_model(session_id: str, model_id: str) -> dict[str, Any]:

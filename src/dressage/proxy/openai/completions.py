@@ -182,11 +182,15 @@ class CompletionsServing:
                           "total_tokens": step.seq_len}}
 
     async def open(self, session_id: str, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
-        """A text completion (dict) or, for ``stream``, its SSE stream; every 4xx is raised before generation."""
+        """A text completion (dict) or, for ``stream``, its SSE stream; every 4xx is raised before generation.
+        A call that fails (or is cancelled: its agent hung up) before its recording began records nothing, and
+        a header session it created is not kept."""
         try:
             return await self._open(session_id, req)
-        except DressageError as exc:
-            name_client_param(exc, "completions", req.model_fields_set)  # an engine's refusal names our field
+        except BaseException as exc:
+            self.book.drop_if_unused(session_id)
+            if isinstance(exc, DressageError):
+                name_client_param(exc, "completions", req.model_fields_set)  # an engine's refusal names our field
             raise
 
     async def _open(self, session_id: str, req: CompletionRequest) -> dict[str, Any] | AsyncIterator[bytes]:
@@ -196,12 +200,10 @@ class CompletionsServing:
             # The 200 waits for the engine's first answer: a refusal before it is a plain error status.
             return await opened(self._stream_completion(session_id, plan, url, stops, req, completion_id, created),
                                 heartbeat_s=self.config.server.stream_heartbeat_interval_s)
-        self.in_flight.enter(session_id)
-        try:
+        with self.in_flight.call(session_id) as running:
             result = await self.calls.final(plan)
-            return await self._record_completion(session_id, plan, url, result, stops, req, completion_id, created)
-        finally:
-            self.in_flight.exit(session_id)
+            return await running.commit(self._record_completion(session_id, plan, url, result, stops, req,
+                                                                completion_id, created))
 
     async def _stream_completion(self, session_id: str, plan: Any, url: str, stops: list[str], req: CompletionRequest,
                                  completion_id: str, created: int) -> AsyncIterator[bytes]:
@@ -214,29 +216,28 @@ class CompletionsServing:
         sent = ""
         result = None
         began = False  # a frame was sent: the 200 with it
-        self.in_flight.enter(session_id)
-        try:
-            async for event in self.calls.generate(plan):
-                if event is None:
-                    began = True
-                    yield KEEPALIVE
-                elif isinstance(event, str):
-                    text = visible_prefix(event, stops).rstrip("\ufffd")
-                    if len(text) > len(sent) and text.startswith(sent):
+        with self.in_flight.call(session_id) as running:
+            try:
+                async for event in self.calls.generate(plan):
+                    if event is None:
                         began = True
-                        yield chunk(text[len(sent):])
-                        sent = text
-                else:
-                    result = event
-            done = await self._record_completion(session_id, plan, url, result, stops, req, completion_id, created)
-        except DressageError as exc:
-            if not began:
-                raise  # nothing sent yet (see opened): the agent gets the error's own status
-            self.book.failed(exc)
-            yield sse(error_payload(exc))
-            return
-        finally:
-            self.in_flight.exit(session_id)
+                        yield KEEPALIVE
+                    elif isinstance(event, str):
+                        text = visible_prefix(event, stops).rstrip("\ufffd")
+                        if len(text) > len(sent) and text.startswith(sent):
+                            began = True
+                            yield chunk(text[len(sent):])
+                            sent = text
+                    else:
+                        result = event
+                done = await running.commit(self._record_completion(session_id, plan, url, result, stops, req,
+                                                                    completion_id, created))
+            except DressageError as exc:
+                if not began:
+                    raise  # nothing sent yet (see opened): the agent gets the error's own status
+                self.book.failed(exc)
+                yield sse(error_payload(exc))
+                return
         choice = done["choices"][0]
         final = choice["text"]
         yield chunk(final[len(sent):] if final.startswith(sent) else "", choice["finish_reason"], choice["logprobs"])

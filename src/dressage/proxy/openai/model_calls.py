@@ -20,7 +20,6 @@ from dressage.proxy.engines.inflight import InflightBudget, answer_bytes
 from dressage.proxy.engines.pool import EnginePool
 from dressage.proxy.engines.rids import RidFactory
 from dressage.proxy.recording.core import ProxyCore
-from dressage.proxy.recording.lifecycle import InFlight
 from dressage.proxy.recording.limits import CallLimits
 from dressage.proxy.recording.pause import RolloutPause
 from dressage.proxy.recording.session_book import SessionBook
@@ -34,10 +33,10 @@ class ModelCalls:
 
     def __init__(self, config: ProxyConfig, core: ProxyCore, tokenizer: Any, *, engines: EnginePool,
                  pause: RolloutPause, versions: WeightVersions, limits: CallLimits, rids: RidFactory,
-                 in_flight: InFlight, book: SessionBook, keep_special_tokens: bool = False) -> None:
+                 book: SessionBook, keep_special_tokens: bool = False) -> None:
         self.config, self.core, self.tokenizer = config, core, tokenizer
         self.engines, self.pause, self.versions, self.limits = engines, pause, versions, limits
-        self.rids, self.in_flight, self.book = rids, in_flight, book
+        self.rids, self.book = rids, book
         self.keep_special_tokens = keep_special_tokens
         """Reply texts keep special tokens (the reply parser's markers are special tokens: gpt-oss's
         channels, Kimi-K2's call sections); the end-of-turn tokens are left out either way."""
@@ -151,13 +150,6 @@ class ModelCalls:
             if isinstance(event, GenerationResult):
                 result = event
         return result
-
-    def leave(self, session_id: str, commit: asyncio.Future | None) -> None:
-        """The call is over for finalize's wait once its commit (if one began) is done."""
-        if commit is None or commit.done():
-            self.in_flight.exit(session_id)
-        else:
-            commit.add_done_callback(lambda _: self.in_flight.exit(session_id))
 
     # ------------------------------------------------------------ recording
     def check_generated(self, session_id: str, results: Iterable[GenerationResult], *,

@@ -308,6 +308,7 @@ def test_a_stream_that_fails_after_it_began_ends_with_an_error_event():
     from dressage.errors import EngineTimeout
     from dressage.proxy.anthropic.serving import MessageShaper, MessagesServing
     from dressage.proxy.openai.chat.serving import ChatServing
+    from dressage.proxy.recording.lifecycle import InFlight
 
     async def generate(plan):
         yield "Some words"
@@ -321,14 +322,13 @@ def test_a_stream_that_fails_after_it_began_ends_with_an_error_event():
         book.failures.append(type(exc).__name__)
 
     book.failed = failed
-    left = []
-    calls = SimpleNamespace(generate=generate, leave=lambda sid, commit: left.append((sid, commit)))
-    chat = ChatServing(None, None, None, calls=calls, sampler=None, turns=None, limits=None,
-                       in_flight=SimpleNamespace(enter=lambda sid: None), book=book)
+    in_flight = InFlight()
+    chat = ChatServing(None, None, None, calls=SimpleNamespace(generate=generate), sampler=None, turns=None,
+                       limits=None, in_flight=in_flight, book=book)
     messages = MessagesServing(None, None, None, chat=chat, parser=QwenToolCallParser(), book=book)
     call = SimpleNamespace(session_id="s1", completion_id=CID, prompt=SimpleNamespace(prompt_ids=np.arange(7)),
                            turn_id=None, cached=False, retry=False, buffered=False, plan=None,
-                           options=SimpleNamespace(stops=()), commit=None)
+                           options=SimpleNamespace(stops=()))
 
     async def run():
         return [f async for f in chat._stream(call, MessageShaper(messages, "m"))]
@@ -340,7 +340,7 @@ def test_a_stream_that_fails_after_it_began_ends_with_an_error_event():
     # The agent is told what an OpenAI client is told (the whole message goes to the Proxy's log).
     assert evs[-1] == {"type": "error", "error": {"type": "api_error", "message": EngineTimeout.public_message}}
     assert book.failed_calls == 1 and book.failures == ["EngineTimeout"] and book.dropped == ["s1"]  # nothing was committed: a fresh session goes
-    assert left == [("s1", None)]  # the call is no longer in flight
+    assert in_flight.running("s1") == 0  # the call is no longer in flight
 
 
 def test_a_last_assistant_message_a_prefill_is_refused_naming_it():

@@ -33,7 +33,7 @@ from dressage.proxy.schemas import GENERATE_PARAMS, ChatRequest, GenerateRequest
 from dressage.proxy.openai.chat.shaper import ChatShaper, ReplyEvents, ReplyShaper
 from dressage.proxy.openai.streaming import aiter_frames, opened
 from dressage.proxy.recording.core import ProxyCore
-from dressage.proxy.recording.lifecycle import InFlight
+from dressage.proxy.recording.lifecycle import CallInFlight, InFlight
 from dressage.proxy.recording.limits import CallLimits
 from dressage.proxy.recording.session_book import SessionBook
 from dressage.proxy.recording.turn_scope import CallKey, CallScope, turn_of
@@ -64,8 +64,6 @@ class ChatCall:
     options: ChatOptions = field(default_factory=lambda: ChatOptions({}))
     plans: list[GenerationPlan] = field(default_factory=list)
     """One plan per sample (``n``); ``plans[0]`` is ``plan``."""
-    commit: Any = None
-    """The task recording the call's steps, once it began (finalize waits for it)."""
     samples: list[ChatSample] = field(default_factory=list)
     """The replies being recorded, once drawn and accepted (other wire formats read how each ended)."""
     cached: bool = False
@@ -218,26 +216,23 @@ class ChatServing:
         self.book.replayed_turns += 1
         return completion
 
-    def _commit_task(self, call: ChatCall, samples: list[ChatSample]) -> asyncio.Future:
+    def _commit(self, call: ChatCall, running: CallInFlight, samples: list[ChatSample]) -> asyncio.Future:
+        """The call's recording begun (whole, or not at all: :meth:`CallInFlight.commit`), to await."""
         call.samples = samples
-        task = call.commit = asyncio.ensure_future(self._hooked_commit(call, samples))
+        answer = running.commit(self._hooked_commit(call, samples))
         if call.cached:
-            self.turns.settle(call.session_id, call.turn_id, task)
-        return task
+            self.turns.settle(call.session_id, call.turn_id, running.recording)
+        return answer
 
     async def _complete(self, call: ChatCall) -> dict[str, Any]:
-        self.in_flight.enter(call.session_id)
-        try:
+        with self.in_flight.call(call.session_id) as running:
             try:
                 samples = await self.sampler.samples(call)
             except BaseException as exc:
                 if call.cached:
                     self.turns.abandon(call.session_id, call.turn_id, exc)
                 raise
-            # Shielded: an agent that hangs up now still gets its steps recorded whole, or not at all.
-            return await asyncio.shield(self._commit_task(call, samples))
-        finally:
-            self.calls.leave(call.session_id, call.commit)
+            return await self._commit(call, running, samples)
 
     async def _stream(self, call: ChatCall, shaper: ReplyShaper) -> AsyncIterator[bytes]:
         if call.cached:
@@ -249,48 +244,39 @@ class ChatServing:
                     yield frame
                 return
             self.turns.begin(call.session_id, call.turn_id)
-        committing = False
+        with self.in_flight.call(call.session_id) as running:
+            frames = shaper.frames(call, self._reply_events(call, running))
+            sent = False
+            try:
+                async for frame in frames:
+                    sent = True
+                    yield frame
+            except Exception as exc:
+                self._release_uncommitted(call, running, exc)
+                if not isinstance(exc, DressageError):
+                    log.exception("streamed call %s failed", call.completion_id)
+                    exc = DressageError(f"internal error: {type(exc).__name__}")
+                if not sent:
+                    raise exc  # nothing sent yet (see opened): the agent gets the error's own status
+                # The stream has begun (200 sent): the error ends it, in the endpoint's shape.
+                self.book.failed(exc)
+                for frame in shaper.failed(call, exc):
+                    yield frame
+            except BaseException as exc:
+                self._release_uncommitted(call, running, exc)
+                raise
 
-        def began() -> None:
-            nonlocal committing
-            committing = True
-
-        frames = shaper.frames(call, self._reply_events(call, began))
-        self.in_flight.enter(call.session_id)
-        sent = False
-        try:
-            async for frame in frames:
-                sent = True
-                yield frame
-        except Exception as exc:
-            self._release_uncommitted(call, committing, exc)
-            if not isinstance(exc, DressageError):
-                log.exception("streamed call %s failed", call.completion_id)
-                exc = DressageError(f"internal error: {type(exc).__name__}")
-            if not sent:
-                raise exc  # nothing sent yet (see opened): the agent gets the error's own status
-            # The stream has begun (200 sent): the error ends it, in the endpoint's shape.
-            self.book.failed(exc)
-            for frame in shaper.failed(call, exc):
-                yield frame
-        except BaseException as exc:
-            self._release_uncommitted(call, committing, exc)
-            raise
-        finally:
-            self.calls.leave(call.session_id, call.commit)
-
-    def _release_uncommitted(self, call: ChatCall, committing: bool, exc: BaseException) -> None:
+    def _release_uncommitted(self, call: ChatCall, running: CallInFlight, exc: BaseException) -> None:
         """A stream that failed before its commit began: drop a session it alone created, free its turn."""
-        if committing:
+        if running.recording is not None:
             return
         self.book.drop_if_unused(call.session_id, own_calls=1)
         if call.cached:
             self.turns.abandon(call.session_id, call.turn_id, exc)
 
-    async def _reply_events(self, call: ChatCall, on_commit: Any) -> ReplyEvents:
-        """The :data:`ReplyEvents` of a streamed call; ``on_commit()`` runs as recording begins. A
-        buffered call (``n > 1``, tool rules) sends no text: its completion comes once every sample
-        is checked."""
+    async def _reply_events(self, call: ChatCall, running: CallInFlight) -> ReplyEvents:
+        """The :data:`ReplyEvents` of a streamed call, recorded through ``running``. A buffered call
+        (``n > 1``, tool rules) sends no text: its completion comes once every sample is checked."""
         if call.buffered:
             task = asyncio.ensure_future(self.sampler.samples(call))
             try:
@@ -309,8 +295,7 @@ class ChatServing:
                 else:
                     yield event
             samples = [await self.sampler.reply(call, 0, call.plan, result)]
-        on_commit()
-        yield await asyncio.shield(self._commit_task(call, samples))
+        yield await self._commit(call, running, samples)
 
     # ------------------------------------------------------- token level
     async def generate_tokens(self, session_id: str, req: GenerateRequest) -> dict[str, Any]:
@@ -322,17 +307,15 @@ class ChatServing:
         sp = dict(req.sampling_params or {})
         sp = {**self.limits.sampling(sp.pop("max_new_tokens", None), len(prompt_ids)), **sp}
         plan, url = self.calls.plan(session_id, prompt_ids, sp, stream=False)
-        self.in_flight.enter(session_id)
-        try:
+        with self.in_flight.call(session_id) as running:
             try:
                 result = await self.calls.final(plan)
             except DressageError as exc:
                 name_client_param(exc, "generate")  # sampling_params.NAME, as the agent sent it
                 raise
             self.calls.check_generated(session_id, [result])
-            step = await self.calls.record(session_id, plan, result, url, metadata={}, committed=True)  # ids answered
-        finally:
-            self.in_flight.exit(session_id)
+            step = await running.commit(self.calls.record(session_id, plan, result, url, metadata={},
+                                                          committed=True))  # its ids are answered
         return {"output_ids": step.response_ids.tolist(),
                 "text": self.calls.decode(step.response_ids.tolist()),
                 "step_id": step.step_id, "parent_id": step.parent_id, "lineage_id": step.lineage_id,
