@@ -350,7 +350,7 @@ class SlimeRollout:
         try:
             batch = self._source.read(session_ids=session_ids, lease=True)
             groups, restored, consumed = self._shape(finished, session_ids, batch)
-            self._acknowledge(batch, session_ids)
+            acknowledged = self._acknowledge(batch, session_ids)
         except BaseException:
             _run_sync(self._abandon(session_ids))
             if batch is not None:
@@ -359,20 +359,26 @@ class SlimeRollout:
                 except DressageError:
                     pass  # it runs out on its own
             raise
-        if consumed:  # restored into the Samples and acknowledged: nothing of this rollout stays in TQ
+        # Restored into the Samples and acknowledged: nothing of this rollout stays in TQ. A session another
+        # named read took over meanwhile is that reader's, and so are its keys.
+        consumed = sorted(set(consumed) & acknowledged)
+        if consumed:
             release_batch(self._source.client(), consumed)
         return groups, restored
 
-    def _acknowledge(self, batch: Any, session_ids: list[str]) -> None:
-        """Acknowledge the read. When its lease ended before the ack (a restore that outlived it: 409; a
-        Proxy that restarted and lost it: 404), the trajectories are still on the Proxy and the Samples in
-        hand are theirs (a finalized trajectory does not change): lease them again by name and ack that."""
+    def _acknowledge(self, batch: Any, session_ids: list[str]) -> set[str]:
+        """Acknowledge the read; the TQ keys of the sessions the ack covered. When its lease ended before the
+        ack (a restore that outlived it: 409; a Proxy that restarted and lost it: 404), the trajectories are
+        still on the Proxy and the Samples in hand are theirs (a finalized trajectory does not change): lease
+        them again by name and ack that."""
         try:
             self._source.ack(batch)
         except ProxyStatusError as exc:
             if exc.status_code not in (404, 409):
                 raise
-            self._source.ack(self._source.read(session_ids=session_ids, lease=True))
+            batch = self._source.read(session_ids=session_ids, lease=True)
+            self._source.ack(batch)
+        return set(batch.acknowledged_keys())
 
     async def _abandon(self, session_ids: Sequence[str]) -> None:
         """Discard a failed collect's sessions; a Proxy that cannot be reached leaves them to its own

@@ -580,6 +580,34 @@ def test_a_failed_collect_discards_the_rollouts_sessions_and_their_keys(engine, 
         assert not kept.finalized and tq1.client().total_keys() == 0
 
 
+def test_a_session_another_named_read_took_over_during_the_restore_keeps_its_keys_for_that_reader(engine, tq1,
+                                                                                                   monkeypatch):
+    from dressage.rollout.manager import sample_ref_keys
+    from dressage.train import TrainingReader, release_batch
+    from dressage.train.remote import ProxyTrajectorySource
+
+    with start_proxy(engine.url, tq=tq1, routed_experts_dtype="uint8") as proxy:
+        kept = proxy.service.trajectories
+        other = ProxyTrajectorySource(proxy.url)
+        taken = []
+
+        def take_one():  # e.g. an operator's named read of one session, while the rollout restores
+            if not taken:
+                taken.append(other.read(session_ids=[sorted(kept.finalized)[0]], lease=True))
+
+        _restoring(monkeypatch, take_one)
+        out = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)(
+            slime_args(batch=1), 0, DataSource(["Add 2 and 3."]))
+        assert len(out.samples[0]) == 2
+        theirs = taken[0]
+        their_keys = sample_ref_keys(theirs.samples)
+        assert their_keys and tq1.client().total_keys() == len(their_keys)  # the rollout released only its own
+        TrainingReader(other.client()).restore(theirs.samples)  # the other reader's restore finds them all
+        other.ack(theirs)
+        release_batch(other.client(), theirs.acknowledged_keys())
+        assert tq1.client().total_keys() == 0 and not kept.finalized
+
+
 @pytest.mark.parametrize("lost", ["expired", "proxy-restarted"])
 def test_a_restore_that_outlives_its_read_lease_is_still_acknowledged(engine, tq1, monkeypatch, lost):
     import time
