@@ -92,9 +92,13 @@ def test_a_read_waiting_on_a_unit_ends_when_the_unit_is_marked_dead():
     ctl = Controller([UnitInfo("u0")])
     remote = RemoteStorageUnit("u0", server.address, timeout_s=30)
     client = TransferQueueClient(ctl, {"u0": remote})
+    hung = threading.Event()
     try:
         ref = client.put("logprobs", np.arange(8, dtype=np.float32))
-        server.stop()                                   # nobody answers now; timeout is 30 s
+        real_get = backend.get_many
+        # The unit takes the read and never answers (its socket stays open); timeout is 30 s. (A stopped
+        # server would not do: the client may see its connection close and fail at once, verdict or not.)
+        backend.get_many = lambda *a, **k: (hung.wait(60), real_get(*a, **k))[1]
         threading.Timer(0.3, ctl.mark_unit_dead, args=("u0", "test verdict")).start()
         with pytest.raises(StorageUnitUnavailable) as info:
             client.get(ref)
@@ -107,6 +111,8 @@ def test_a_read_waiting_on_a_unit_ends_when_the_unit_is_marked_dead():
         assert client.dead_units() == {"u0": client.dead_units()["u0"]}
         assert client.delete([ref]) == 1                # the unit copy stays queued, nothing waits
     finally:
+        hung.set()
+        server.stop()
         client.close()
         remote.close()
         backend.close()

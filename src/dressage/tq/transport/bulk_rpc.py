@@ -182,6 +182,10 @@ class BulkServer:
 
     def stop(self) -> None:
         self._stop.set()
+        try:  # wakes the accept thread out of accept() now rather than at its next timeout
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         with self._lock:
             conns = list(self._conns)
         for sock in conns:  # wakes the connection threads out of their reads
