@@ -1,7 +1,9 @@
 """Recovery that says what it did: a journal damaged mid-file is refused (offset, records and sessions
 after it named) until ``journal repair`` or ``--journal-recover truncate``; a replayed journal whose TQ
 keys are gone marks those trajectories; finalize / abort / discard / forget journal before they change
-memory, so a failed write leaves the session, and a replay, as they were."""
+memory, so a failed write leaves the session, and a replay, as they were; a step whose write lands after
+its session ended is refused before it is journaled, and a journal an older Proxy wrote such a step into
+replays without it."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ from dressage.proxy.recording.core import LOST_FIELDS_KEY, ProxyCore
 from dressage.tokenizer import load_tokenizer
 from dressage.tq import TransferQueue
 from test_journal_wal import _cfg, _journal_of
-from test_offload import MODEL, SCRIPT, _drive
+from test_offload import MODEL, SCRIPT, _config, _drive
+from test_write_behind import _begin, _Gated
 from trajgen import sglang_body
 
 
@@ -236,3 +239,65 @@ def test_a_journal_belongs_to_one_proxy_at_a_time(tmp_path):
     blocked.write_text("")
     with pytest.raises(JournalError, match="cannot open journal"):  # a parent that cannot be made
         Journal(blocked / "sub" / "j", fsync="never")
+
+
+@pytest.mark.parametrize("end", ["abort", "discard", "finalize"])
+def test_a_step_whose_write_lands_after_its_session_ended_is_refused_before_the_journal(tmp_path, tq, monkeypatch,
+                                                                                        end):
+    path = tmp_path / "j"
+    client = _Gated(tq.client())
+    core = ProxyCore(_config(True, dtype="uint8"), client, journal=Journal(path, fsync="never"))
+    sid = core.create_session().session_id
+    first = _begin(core, sid, [1, 2, 3], [40, 41]).result(10)
+    client.gate.clear()  # the next call answered; its TQ write is still on the wire
+    late = _begin(core, sid, np.concatenate([first.full_ids, [7]]), [50])
+    if end == "finalize":  # the call answered between finalize's wait for the session's writes and its record
+        monkeypatch.setattr(core, "_settle", lambda session_id: None)
+        core.finalize(sid, reward=1.0)
+        monkeypatch.undo()
+    else:
+        getattr(core, end)(sid)
+    client.gate.set()
+    with pytest.raises(SessionStateError, match="it takes no more steps"):
+        late.result(10)
+    later = core.create_session().session_id
+    _begin(core, later, [4, 5, 6], [60, 61]).result(10)
+    core.finalize(later, reward=2.0)
+    core.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and report.ended_steps == [] and report.records == 6
+    assert (sessions[later].state, sessions[later].reward, len(sessions[later].steps)) == ("finalized", 2.0, 1)
+    assert sessions[sid].state == ("finalized" if end == "finalize" else "aborted") and len(sessions[sid].steps) == 1
+    # the refused step's keys went with it: what is left is the finalized sessions' steps
+    assert tq.total_keys() == (4 if end == "finalize" else 2)
+
+
+def test_a_journal_with_a_step_after_its_sessions_end_replays_without_it(tmp_path):
+    path = tmp_path / "j"
+    core = ProxyCore(_cfg(), None, journal=Journal(path, fsync="never"))
+    s = core.create_session()
+    sid = s.session_id
+    first = np.asarray([1, 2, 3], np.int32)
+    core.ingest(sid, core.plan(sid, first), sglang_body(first, [40, 41], start=0), prompt_ids=first)
+    prompt = np.concatenate([s.steps[0].full_ids, [7]]).astype(np.int32)
+    d = core.plan(sid, prompt)
+    out = core.normalize(sglang_body(prompt, [50], start=d.routed_experts_start), prompt_len=len(prompt), decision=d)
+    late = s.prepare_step(d, prompt_ids=prompt, response_ids=out.output_ids, logprobs=out.logprobs,
+                          routed_experts=out.routed_experts)
+    core.discard(sid)
+    core.journal.step(sid, d, late, s)  # what a Proxy that journaled before checking the session wrote
+    later = core.create_session({"group_index": 3}).session_id
+    core.ingest(later, core.plan(later, first), sglang_body(first, [42], start=0), prompt_ids=first)
+    core.finalize(later, reward=2.0)
+    core.journal.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and report.ended_steps == [sid] and report.records == 7
+    assert sessions[sid].state == "aborted" and len(sessions[sid].steps) == 1
+    assert sessions[later].state == "finalized" and sessions[later].reward == 2.0
+    assert f"1 step records of 1 sessions that had ended before them were skipped (never recorded: {sid})" in \
+        report.summary()
+    service, report = _service(path)  # the Proxy starts on it, the later finalize there to read
+    assert list(service.trajectories.finalized) == [later] and service.core.state_of(sid) == "aborted"
+    assert report.ended_steps == [sid]
+    service.core.journal.close()
+

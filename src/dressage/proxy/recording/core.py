@@ -275,7 +275,12 @@ class ProxyCore:
             self.renewal.start()
         try:
             with self._lock:
+                if session.state == "active" and self.sessions.get(session.session_id) is not session:
+                    raise SessionStateError(f"session {session.session_id} was dropped; it takes no more steps")
                 rec = session.rebase(rec, **refs)
+                # Refused before it is journaled, under the lock that abort, discard and finalize journal
+                # under: a step record after the session's end would make the journal unreplayable.
+                session.check_insertable(rec)
                 if self.journal is not None:
                     self.journal.step(session.session_id, decision, rec, session)  # durable before it is visible
                 return session.insert_step(rec)
@@ -433,7 +438,7 @@ class ProxyCore:
         """Forget an active session that recorded nothing (its first call failed), as if never created."""
         with self._lock:
             s = self.sessions.get(session_id)
-            if s is None or s.state != "active" or s.steps:
+            if s is None or s.state != "active" or s.steps or self.write_behind.futures(session_id):
                 return False
             if self.journal is not None:
                 self.journal.forgotten(session_id)
