@@ -1,9 +1,9 @@
 """Recovery that says what it did: a journal damaged mid-file is refused (offset, records and sessions
 after it named) until ``journal repair`` or ``--journal-recover truncate``; a replayed journal whose TQ
-keys are gone marks those trajectories; finalize / abort / discard / forget journal before they change
-memory, so a failed write leaves the session, and a replay, as they were; a step whose write lands after
-its session ended is refused before it is journaled, and a journal an older Proxy wrote such a step into
-replays without it."""
+keys are gone marks those trajectories (keys a finalize released on purpose are not lost); finalize /
+abort / discard / forget journal before they change memory, so a failed write leaves the session, and a
+replay, as they were; a step whose write lands after its session ended is refused before it is journaled,
+and a journal an older Proxy wrote such a step into replays without it."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ from dressage.proxy.journal import log as journal_log
 from dressage.proxy.journal.log import Journal
 from dressage.proxy.journal.wal import Scan
 from dressage.proxy.recording.core import LOST_FIELDS_KEY, ProxyCore
+from dressage.rollout import RolloutManager
+from dressage.rollout.manager import sample_ref_keys
 from dressage.tokenizer import load_tokenizer
 from dressage.tq import TransferQueue
+from dressage.train import TrainingReader, release_batch, samples_digest
 from test_journal_wal import _cfg, _journal_of
 from test_offload import MODEL, SCRIPT, _config, _drive
 from test_write_behind import _begin, _Gated
@@ -301,3 +304,27 @@ def test_a_journal_with_a_step_after_its_sessions_end_replays_without_it(tmp_pat
     assert report.ended_steps == [sid]
     service.core.journal.close()
 
+
+def test_retry_orphans_released_at_finalize_are_not_lost_after_a_replay(tmp_path, tq):
+    path = tmp_path / "j"
+    cfg = _config(True, dtype="uint8", drop=True)
+    before = RolloutManager(dp_size=1)
+    core = ProxyCore(cfg, tq.client(), journal=Journal(path, fsync="never"), write_behind=False, sink=before)
+    retried = [(0, "extend", [], [40, 41]), (0, "retry", [], [50, 51]), (1, "extend", [20, 21], [42, 43])]
+    s = _drive(core, retried)
+    assert s.retry_orphans() == {0} and tq.total_keys() == 4  # step 0's two keys released at finalize
+    core.journal.close()
+    after = RolloutManager(dp_size=1)
+    report = ProxyCore(cfg, tq.client(), sink=after).recover(path)
+    assert report.lost_fields == {} and "no longer holds" not in report.summary()
+    assert [d.session_id for d in report.delivered] == [s.session_id]
+    assert LOST_FIELDS_KEY not in report.delivered[0].metadata and len(report.delivered[0].released_refs) == 2
+    client = tq.client()
+    samples, keys = {}, {}
+    for name, rm in (("before", before), ("after", after)):
+        batch = rm.take_batch(0)
+        assert not any(LOST_FIELDS_KEY in x.metadata for x in batch.samples)
+        keys[name] = sample_ref_keys(batch.samples)
+        samples[name] = [x for shard in batch.shards for x in TrainingReader(client).restore(shard)]
+    assert len(samples["after"]) == 1 and samples_digest(samples["after"]) == samples_digest(samples["before"])
+    assert keys["after"] == keys["before"] and release_batch(client, keys["after"]) == 4 and tq.total_keys() == 0

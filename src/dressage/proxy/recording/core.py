@@ -365,9 +365,11 @@ class ProxyCore:
                 self.journal.finalized(session_id, reward, update or None, finalization_id=fid)
             session.metadata.update(update)
             session.finalize(reward, allow_empty=allow_empty, finalization_id=fid)
-        return self._deliver(session)
+        return self._hand_over(self._cut(session))
 
-    def _deliver(self, session: Session, *, lost: int = 0) -> FinalizedSession:
+    def _cut(self, session: Session) -> FinalizedSession:
+        """A finalized session's Segments; the refs no Segment uses (dropped retry orphans) are deleted from
+        TQ now and listed in ``released_refs``."""
         session_id = session.session_id
         # Chat histories and tool schemas are for routing calls, and none come any more; a Segment's
         # last step keeps its conversation, what an export or the viewer shows of the Segment.
@@ -384,11 +386,14 @@ class ProxyCore:
         labels = {code: label for st in session.steps.values() for code, label in step_labels(st.metadata).items()}
         if labels:  # the engine's names of the session's named versions, for Sample.weight_versions
             metadata[VERSION_LABELS_KEY] = labels
-        if lost:  # its Samples' refs point at nothing: a reader must not take it as whole
-            metadata[LOST_FIELDS_KEY] = lost
-        done = FinalizedSession(session_id, segments, session.reward, metadata, unused,
+        return FinalizedSession(session_id, segments, session.reward, metadata, unused,
                                 finalization_id=session.finalization_id)
-        self.trained_tokens += sum(int(np.count_nonzero(seg.loss_mask)) for seg in segments)
+
+    def _hand_over(self, done: FinalizedSession, *, lost: int = 0) -> FinalizedSession:
+        """Give ``done`` to the sink; ``lost``: how many of its keys the TransferQueue no longer holds."""
+        if lost:  # its Samples' refs point at nothing: a reader must not take it as whole
+            done.metadata[LOST_FIELDS_KEY] = lost
+        self.trained_tokens += sum(int(np.count_nonzero(seg.loss_mask)) for seg in done.segments)
         if self.sink is not None:
             self.sink(done)
         return done
@@ -480,9 +485,13 @@ class ProxyCore:
                     continue
                 self.sessions[sid] = s
                 self._calls[sid] = 0
+        cut = [self._cut(self.sessions[sid]) for sid in report.finalized]
+        # A finalized session's keys are those its Segments use: the others were released on purpose at
+        # its finalize (dropped retry orphans), and are gone, not lost.
+        named = {done.session_id: _kept_keys(self.sessions[done.session_id], done) for done in cut}
+        named.update((sid, _session_keys(self.sessions[sid])) for sid in report.active)
         try:
-            report.lost_fields = self._missing_keys([self.sessions[sid] for sid in (*report.finalized,
-                                                                                     *report.active)])
+            report.lost_fields = self._missing_keys(named)
         except DressageError as exc:  # the Controller did not answer: nothing is marked on a guess
             report.tq_check_error = f"{type(exc).__name__}: {exc}"
         if self.sessions and self.renewal is not None:
@@ -490,18 +499,19 @@ class ProxyCore:
         for sid in report.active:  # its steps before the crash point at nothing: so will its Samples
             if sid in report.lost_fields:
                 self.sessions[sid].metadata[LOST_FIELDS_KEY] = len(report.lost_fields[sid])
-        report.delivered = [self._deliver(self.sessions[sid], lost=len(report.lost_fields.get(sid, ())))
-                            for sid in report.finalized]
+        report.delivered = [self._hand_over(done, lost=len(report.lost_fields.get(done.session_id, ())))
+                            for done in cut]
         return report
 
-    def _missing_keys(self, sessions: Sequence[Session]) -> dict[str, list[str]]:
-        """Per session, the TQ keys its steps name that the TransferQueue's directory no longer holds
-        (a TQ that did not outlive the Proxy). Empty without TQ, or when the directory cannot be asked."""
+    def _missing_keys(self, named: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+        """Per session, the keys of ``named`` (session id -> its TQ keys) that the TransferQueue's directory
+        no longer holds (a TQ that did not outlive the Proxy). Empty without TQ, or when the directory
+        cannot be asked."""
         controller = getattr(self.tq, "controller", None) or getattr(self.tq, "_controller", None)
         where = getattr(controller, "where", None)
         if where is None:
             return {}
-        named = {s.session_id: sorted(set(_session_keys(s))) for s in sessions}
+        named = {sid: sorted(set(ks)) for sid, ks in named.items()}
         keys = [k for ks in named.values() for k in ks]
         held: set[str] = set()
         for i in range(0, len(keys), _WHERE_CHUNK):  # bounded requests to the Controller
@@ -512,3 +522,9 @@ class ProxyCore:
 def _session_keys(session: Session) -> list[str]:
     """The TQ keys a session's steps name."""
     return [r.key for r in session.large_field_refs() if hasattr(r, "key")]
+
+
+def _kept_keys(session: Session, done: FinalizedSession) -> list[str]:
+    """The TQ keys of a finalized session its Segments use (those its finalize released left out)."""
+    released = {r.key for r in done.released_refs if hasattr(r, "key")}
+    return [k for k in _session_keys(session) if k not in released]
