@@ -1,11 +1,14 @@
-"""A drained session id used again starts a new session: it gets its own finalize answer."""
+"""A drained session id used again starts a new session: it gets its own finalize answer and its own
+TransferQueue keys, while the reader of its first life may still hold that life's keys; both lives restore
+whole and leave no key once each reader released its own."""
 
 from __future__ import annotations
 
 import httpx
+import numpy as np
 
 from dressage.rollout.manager import sample_ref_keys
-from dressage.train import release_batch
+from dressage.train import TrainingReader, release_batch
 from dressage.trajectory.sample_wire import sample_from_wire
 
 ENGINE = {"seed": 5, "mean_response_tokens": 8, "tool_call_rate": 0.0}
@@ -50,3 +53,25 @@ def test_a_session_id_used_again_gets_the_finalize_answer_of_its_new_life(engine
     assert [s.reward for s in samples] == [0.0] * len(samples) and samples
     assert release_batch(tq.client(), sample_ref_keys(samples)) == 4 and tq.total_keys() == 0
 
+
+def test_a_session_id_used_again_writes_keys_of_its_own_while_the_first_reader_holds_its(engine, tq,
+                                                                                         proxy_stack):
+    proxy = proxy_stack(engine.url, tq=tq, routed_experts_dtype="uint8")
+    logprobs = {"first": _call(proxy.url, "B", "first life")}
+    _finalize(proxy.url, "B", 1.0)
+    lives = {"first": _read_and_ack(proxy.url, "B")}  # its reader restores and releases later, at its step
+    logprobs["second"] = _call(proxy.url, "B", "second life " * 10)
+    _finalize(proxy.url, "B", 0.0)
+    lives["second"] = _read_and_ack(proxy.url, "B")
+    keys = {life: sample_ref_keys(samples) for life, samples in lives.items()}
+    assert len(keys["first"]) == len(keys["second"]) == 2 and not keys["first"] & keys["second"]
+    assert tq.total_keys() == 4
+    client = tq.client()
+    for life, samples in lives.items():
+        (restored,) = TrainingReader(client).restore(samples)
+        response = restored.tokens[-restored.response_length:]
+        assert restored.reward == (1.0 if life == "first" else 0.0)
+        np.testing.assert_allclose(restored.rollout_log_probs, np.asarray(logprobs[life], np.float32))
+        assert restored.rollout_routed_experts.shape[0] == len(restored.tokens) - 1 and len(response) > 0
+    assert release_batch(client, keys["first"]) == 2 and tq.total_keys() == 2
+    assert release_batch(client, keys["second"]) == 2 and tq.total_keys() == 0

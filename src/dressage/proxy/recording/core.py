@@ -6,6 +6,7 @@ The service (``dressage.proxy.service``) calls this; so can any embedding. Onlin
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import threading
 import time
@@ -33,6 +34,24 @@ __all__ = ["ProxyCore", "FinalizedSession", "LOST_FIELDS_KEY"]
 _WHERE_CHUNK = 4096
 LOST_FIELDS_KEY = "large_fields_lost"
 """Metadata of a trajectory recovered from a journal whose TQ keys are gone: how many keys are lost."""
+
+
+@dataclass(slots=True)
+class _KeyNames:
+    """The TQ keys of one life of a session id: ``{session}/{incarnation}.{call}/{field}``.
+
+    ``incarnation`` is the Proxy's epoch (drawn at each start) and the life's number within that start.
+    TQ keys are write-once and the reader of an earlier life may still hold its keys, so a drained id
+    used again, or a session resumed after a restart, never names a key an earlier life wrote.
+    """
+
+    incarnation: str
+    calls: int = 0
+
+    def next_call(self, session_id: str, fields: list[str]) -> list[str]:
+        """The keys of the next call's ``fields``."""
+        call, self.calls = self.calls, self.calls + 1
+        return [f"{session_id}/{self.incarnation}.{call}/{n}" for n in fields]
 
 
 @dataclass(slots=True)
@@ -118,11 +137,13 @@ class ProxyCore:
                                       name="proxy-tq-renewal")
             weakref.finalize(self, self.renewal.close, False)  # a core dropped without close() stops it too
         self._r3 = RoutedExpertsCodec.of(config)
-        # Keys stay unique across restarts of a Proxy that recovered its sessions from a journal.
-        self._epoch = secrets.token_hex(3)
+        # Drawn at each start: keys stay unique across restarts of a Proxy that recovered its sessions from a
+        # journal (48 random bits: two starts of one Proxy drawing the same epoch is not a case to plan for).
+        self._epoch = secrets.token_hex(6)
+        self._lives = itertools.count()
         self.sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
-        self._calls: dict[str, int] = {}
+        self._keys_of: dict[str, _KeyNames] = {}
         # Aborted and discarded sessions leave memory; their ids are remembered (bounded) so a
         # late call gets "session is aborted" rather than "unknown session".
         self._gone: OrderedDict[str, str] = OrderedDict()
@@ -142,7 +163,7 @@ class ProxyCore:
             if self.journal is not None:
                 self.journal.session_created(session)
             self.sessions[sid] = session
-            self._calls[sid] = 0
+            self._keys_of[sid] = self._new_life()
         return session
 
     def session(self, session_id: str) -> Session:
@@ -163,7 +184,7 @@ class ProxyCore:
         """Drop a session from memory, remembering only that it is ``state`` (its end is journaled)."""
         with self._lock:
             self.sessions.pop(session_id, None)
-            self._calls.pop(session_id, None)
+            self._keys_of.pop(session_id, None)
             self._gone[session_id] = state
             self._gone.move_to_end(session_id)
             while len(self._gone) > self.gone_capacity:
@@ -291,11 +312,13 @@ class ProxyCore:
     def _offloaded_names(self, fields: dict[str, Any]) -> list[str]:
         return [n for n in self.config.offloaded if fields.get(n) is not None]
 
+    def _new_life(self) -> _KeyNames:
+        """The key names of a session id's life starting now (under the lock)."""
+        return _KeyNames(f"{self._epoch}-{next(self._lives)}")
+
     def _keys(self, session_id: str, names: list[str]) -> list[str]:
         with self._lock:
-            call = self._calls[session_id]
-            self._calls[session_id] = call + 1
-        return [f"{session_id}/{self._epoch}.{call}/{n}" for n in names]
+            return self._keys_of[session_id].next_call(session_id, names)
 
     def _delete_quietly(self, refs: list[Any]) -> None:
         if refs and self.tq is not None:
@@ -448,7 +471,7 @@ class ProxyCore:
             if self.journal is not None:
                 self.journal.forgotten(session_id)
             del self.sessions[session_id]
-            self._calls.pop(session_id, None)
+            self._keys_of.pop(session_id, None)
         return True
 
     def forget(self, session_id: str) -> None:
@@ -462,7 +485,7 @@ class ProxyCore:
             if s is not None and self.journal is not None:
                 self.journal.forgotten(session_id)  # durable first: a failed write keeps the session
             self.sessions.pop(session_id, None)
-            self._calls.pop(session_id, None)
+            self._keys_of.pop(session_id, None)
         if s is not None and self.renewal is not None:
             self.renewal.hand_off(_session_keys(s))
 
@@ -484,7 +507,7 @@ class ProxyCore:
                     self._gone[sid] = "aborted"  # its keys were released when it was aborted
                     continue
                 self.sessions[sid] = s
-                self._calls[sid] = 0
+                self._keys_of[sid] = self._new_life()  # resumed: its new calls name keys of this start
         cut = [self._cut(self.sessions[sid]) for sid in report.finalized]
         # A finalized session's keys are those its Segments use: the others were released on purpose at
         # its finalize (dropped retry orphans), and are gone, not lost.
