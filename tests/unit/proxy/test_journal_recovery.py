@@ -328,3 +328,22 @@ def test_retry_orphans_released_at_finalize_are_not_lost_after_a_replay(tmp_path
         samples[name] = [x for shard in batch.shards for x in TrainingReader(client).restore(shard)]
     assert len(samples["after"]) == 1 and samples_digest(samples["after"]) == samples_digest(samples["before"])
     assert keys["after"] == keys["before"] and release_batch(client, keys["after"]) == 4 and tq.total_keys() == 0
+
+
+def test_a_session_dropped_as_unused_takes_no_step_landing_after_it(tmp_path, tq, monkeypatch):
+    path = tmp_path / "j"
+    client = _Gated(tq.client())
+    core = ProxyCore(_config(True, dtype="uint8"), client, journal=Journal(path, fsync="never"))
+    sid = core.create_session().session_id
+    client.gate.clear()
+    pending = _begin(core, sid, [1, 2, 3], [40, 41])
+    assert core.drop_unused(sid) is False  # a step of it is being written: it is not unused
+    # a call that got past its session check just before the drop, and queued its write just after
+    monkeypatch.setattr(core.write_behind, "futures", lambda session_id: [])
+    assert core.drop_unused(sid) is True
+    client.gate.set()
+    with pytest.raises(SessionStateError, match="was dropped"):
+        pending.result(10)
+    core.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and sessions == {} and report.records == 2 and tq.total_keys() == 0
