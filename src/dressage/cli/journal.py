@@ -66,6 +66,7 @@ def check(path: str | os.PathLike[str]) -> dict:
     _, report = Journal.replay(p)
     out = {"path": str(p), "ok": report.damage is None, "file_bytes": p.stat().st_size,
            "records": report.records, "intact_bytes": report.intact_bytes, "duplicates": report.duplicates,
+           "ended_steps": len(report.ended_steps),
            "sessions": {"active": len(report.active), "finalized": len(report.finalized),
                         "aborted": len(report.aborted)},
            "damage": None, "frames_after_damage": 0, "sessions_after_damage": 0}
@@ -110,7 +111,9 @@ def _print_check(report: dict) -> None:
     s = report["sessions"]
     print(f"{report['path']}: {report['records']} records, {report['file_bytes']} bytes; sessions: "
           f"{s['active']} active, {s['finalized']} finalized, {s['aborted']} aborted"
-          + (f"; {report['duplicates']} duplicated records skipped" if report["duplicates"] else ""))
+          + (f"; {report['duplicates']} duplicated records skipped" if report["duplicates"] else "")
+          + (f"; {report['ended_steps']} step records of sessions that had ended skipped" if report["ended_steps"]
+             else ""))
     d = report["damage"]
     if d is None:
         print("intact")

@@ -68,6 +68,8 @@ def _serve(args: argparse.Namespace) -> int:
                       f"TransferQueue no longer holds: their large fields are lost; reads mark them "
                       f"(metadata.large_fields_lost): {', '.join(list(report.lost_fields)[:5])}"
                       + (" ..." if len(report.lost_fields) > 5 else ""), flush=True)
+            if report.ended_steps:
+                print(f"dressage proxy: journal: {report.ended_steps_text()}", flush=True)
         dp = proxy.config.data_plane
         if proxy.engine_check is not None:
             print(f"dressage proxy: engine check passed: {proxy.engine_check.describe()}", flush=True)

@@ -372,8 +372,9 @@ class Session:
             return rec
         return replace(rec, metadata=dict(rec.metadata), **changes)  # the copy's metadata is its own
 
-    def insert_step(self, rec: StepRecord) -> StepRecord:
-        """Add a record from :meth:`prepare_step`; refuses one the session has moved past."""
+    def check_insertable(self, rec: StepRecord) -> None:
+        """Raise what :meth:`insert_step` would refuse ``rec`` with, changing nothing (a caller journals
+        the step in between: a session that ended, or moved past the record, must not get it journaled)."""
         if self.state != "active":
             raise SessionStateError(f"session {self.session_id} is {self.state}; it takes no more steps")
         if rec.step_id != len(self.steps) or (rec.parent_id is not None and rec.parent_id not in self.steps):
@@ -381,6 +382,10 @@ class Session:
         siblings = self.children.get(rec.parent_id, []) if rec.parent_id is not None else []
         if rec.lineage_id not in (self._next_lineage,) and siblings:
             raise TrajectoryError(f"session {self.session_id} changed since step {rec.step_id} was prepared")
+
+    def insert_step(self, rec: StepRecord) -> StepRecord:
+        """Add a record from :meth:`prepare_step`; refuses one the session has moved past."""
+        self.check_insertable(rec)
         if rec.lineage_id == self._next_lineage:
             self._next_lineage += 1
         parent = None if rec.parent_id is None else self.steps[rec.parent_id]

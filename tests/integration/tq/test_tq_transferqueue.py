@@ -52,6 +52,10 @@ def test_step_keys_map_to_upstream_rows_columns_and_tags():
     assert (other.kv_key, other.column, other.tag) == ("run:abc-7", "value", {})
     # A call index written differently is another key, so it must not share the Step's row.
     assert kv_location("run", "sess-1/a1b2c3.04/logprobs").kv_key == "run:sess-1/a1b2c3.04/logprobs"
+    # ProxyCore's incarnation: its epoch and the session id's life within it (a row per life of the id)
+    lives = [kv_location("run", f"sess-1/0a1b2c3d4e5f-{life}.4/logprobs") for life in (0, 1)]
+    assert [loc.kv_key for loc in lives] == ["run:sess-1:0a1b2c3d4e5f-0:step:4", "run:sess-1:0a1b2c3d4e5f-1:step:4"]
+    assert lives[1].tag == {"trajectory_id": "sess-1", "incarnation_id": "0a1b2c3d4e5f-1"}
 
 
 def test_store_id_is_checked_at_the_edge():

@@ -1,7 +1,9 @@
 """Recovery that says what it did: a journal damaged mid-file is refused (offset, records and sessions
 after it named) until ``journal repair`` or ``--journal-recover truncate``; a replayed journal whose TQ
-keys are gone marks those trajectories; finalize / abort / discard / forget journal before they change
-memory, so a failed write leaves the session, and a replay, as they were."""
+keys are gone marks those trajectories (keys a finalize released on purpose are not lost); finalize /
+abort / discard / forget journal before they change memory, so a failed write leaves the session, and a
+replay, as they were; a step whose write lands after its session ended is refused before it is journaled,
+and a journal an older Proxy wrote such a step into replays without it."""
 
 from __future__ import annotations
 
@@ -20,10 +22,14 @@ from dressage.proxy.journal import log as journal_log
 from dressage.proxy.journal.log import Journal
 from dressage.proxy.journal.wal import Scan
 from dressage.proxy.recording.core import LOST_FIELDS_KEY, ProxyCore
+from dressage.rollout import RolloutManager
+from dressage.rollout.manager import sample_ref_keys
 from dressage.tokenizer import load_tokenizer
 from dressage.tq import TransferQueue
+from dressage.train import TrainingReader, release_batch, samples_digest
 from test_journal_wal import _cfg, _journal_of
-from test_offload import MODEL, SCRIPT, _drive
+from test_offload import MODEL, SCRIPT, _config, _drive
+from test_write_behind import _begin, _Gated
 from trajgen import sglang_body
 
 
@@ -236,3 +242,108 @@ def test_a_journal_belongs_to_one_proxy_at_a_time(tmp_path):
     blocked.write_text("")
     with pytest.raises(JournalError, match="cannot open journal"):  # a parent that cannot be made
         Journal(blocked / "sub" / "j", fsync="never")
+
+
+@pytest.mark.parametrize("end", ["abort", "discard", "finalize"])
+def test_a_step_whose_write_lands_after_its_session_ended_is_refused_before_the_journal(tmp_path, tq, monkeypatch,
+                                                                                        end):
+    path = tmp_path / "j"
+    client = _Gated(tq.client())
+    core = ProxyCore(_config(True, dtype="uint8"), client, journal=Journal(path, fsync="never"))
+    sid = core.create_session().session_id
+    first = _begin(core, sid, [1, 2, 3], [40, 41]).result(10)
+    client.gate.clear()  # the next call answered; its TQ write is still on the wire
+    late = _begin(core, sid, np.concatenate([first.full_ids, [7]]), [50])
+    if end == "finalize":  # the call answered between finalize's wait for the session's writes and its record
+        monkeypatch.setattr(core, "_settle", lambda session_id: None)
+        core.finalize(sid, reward=1.0)
+        monkeypatch.undo()
+    else:
+        getattr(core, end)(sid)
+    client.gate.set()
+    with pytest.raises(SessionStateError, match="it takes no more steps"):
+        late.result(10)
+    later = core.create_session().session_id
+    _begin(core, later, [4, 5, 6], [60, 61]).result(10)
+    core.finalize(later, reward=2.0)
+    core.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and report.ended_steps == [] and report.records == 6
+    assert (sessions[later].state, sessions[later].reward, len(sessions[later].steps)) == ("finalized", 2.0, 1)
+    assert sessions[sid].state == ("finalized" if end == "finalize" else "aborted") and len(sessions[sid].steps) == 1
+    # the refused step's keys went with it: what is left is the finalized sessions' steps
+    assert tq.total_keys() == (4 if end == "finalize" else 2)
+
+
+def test_a_journal_with_a_step_after_its_sessions_end_replays_without_it(tmp_path):
+    path = tmp_path / "j"
+    core = ProxyCore(_cfg(), None, journal=Journal(path, fsync="never"))
+    s = core.create_session()
+    sid = s.session_id
+    first = np.asarray([1, 2, 3], np.int32)
+    core.ingest(sid, core.plan(sid, first), sglang_body(first, [40, 41], start=0), prompt_ids=first)
+    prompt = np.concatenate([s.steps[0].full_ids, [7]]).astype(np.int32)
+    d = core.plan(sid, prompt)
+    out = core.normalize(sglang_body(prompt, [50], start=d.routed_experts_start), prompt_len=len(prompt), decision=d)
+    late = s.prepare_step(d, prompt_ids=prompt, response_ids=out.output_ids, logprobs=out.logprobs,
+                          routed_experts=out.routed_experts)
+    core.discard(sid)
+    core.journal.step(sid, d, late, s)  # what a Proxy that journaled before checking the session wrote
+    later = core.create_session({"group_index": 3}).session_id
+    core.ingest(later, core.plan(later, first), sglang_body(first, [42], start=0), prompt_ids=first)
+    core.finalize(later, reward=2.0)
+    core.journal.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and report.ended_steps == [sid] and report.records == 7
+    assert sessions[sid].state == "aborted" and len(sessions[sid].steps) == 1
+    assert sessions[later].state == "finalized" and sessions[later].reward == 2.0
+    assert f"1 step records of 1 sessions that had ended before them were skipped (never recorded: {sid})" in \
+        report.summary()
+    service, report = _service(path)  # the Proxy starts on it, the later finalize there to read
+    assert list(service.trajectories.finalized) == [later] and service.core.state_of(sid) == "aborted"
+    assert report.ended_steps == [sid]
+    service.core.journal.close()
+
+
+def test_retry_orphans_released_at_finalize_are_not_lost_after_a_replay(tmp_path, tq):
+    path = tmp_path / "j"
+    cfg = _config(True, dtype="uint8", drop=True)
+    before = RolloutManager(dp_size=1)
+    core = ProxyCore(cfg, tq.client(), journal=Journal(path, fsync="never"), write_behind=False, sink=before)
+    retried = [(0, "extend", [], [40, 41]), (0, "retry", [], [50, 51]), (1, "extend", [20, 21], [42, 43])]
+    s = _drive(core, retried)
+    assert s.retry_orphans() == {0} and tq.total_keys() == 4  # step 0's two keys released at finalize
+    core.journal.close()
+    after = RolloutManager(dp_size=1)
+    report = ProxyCore(cfg, tq.client(), sink=after).recover(path)
+    assert report.lost_fields == {} and "no longer holds" not in report.summary()
+    assert [d.session_id for d in report.delivered] == [s.session_id]
+    assert LOST_FIELDS_KEY not in report.delivered[0].metadata and len(report.delivered[0].released_refs) == 2
+    client = tq.client()
+    samples, keys = {}, {}
+    for name, rm in (("before", before), ("after", after)):
+        batch = rm.take_batch(0)
+        assert not any(LOST_FIELDS_KEY in x.metadata for x in batch.samples)
+        keys[name] = sample_ref_keys(batch.samples)
+        samples[name] = [x for shard in batch.shards for x in TrainingReader(client).restore(shard)]
+    assert len(samples["after"]) == 1 and samples_digest(samples["after"]) == samples_digest(samples["before"])
+    assert keys["after"] == keys["before"] and release_batch(client, keys["after"]) == 4 and tq.total_keys() == 0
+
+
+def test_a_session_dropped_as_unused_takes_no_step_landing_after_it(tmp_path, tq, monkeypatch):
+    path = tmp_path / "j"
+    client = _Gated(tq.client())
+    core = ProxyCore(_config(True, dtype="uint8"), client, journal=Journal(path, fsync="never"))
+    sid = core.create_session().session_id
+    client.gate.clear()
+    pending = _begin(core, sid, [1, 2, 3], [40, 41])
+    assert core.drop_unused(sid) is False  # a step of it is being written: it is not unused
+    # a call that got past its session check just before the drop, and queued its write just after
+    monkeypatch.setattr(core.write_behind, "futures", lambda session_id: [])
+    assert core.drop_unused(sid) is True
+    client.gate.set()
+    with pytest.raises(SessionStateError, match="was dropped"):
+        pending.result(10)
+    core.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and sessions == {} and report.records == 2 and tq.total_keys() == 0

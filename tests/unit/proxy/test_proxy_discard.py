@@ -1,4 +1,5 @@
-"""Discard and abort forget the session and its TransferQueue keys; a late call gets a clear 409."""
+"""Discard and abort forget the session and its TransferQueue keys; a late call gets a clear 409. A session
+id used again writes keys of its own."""
 
 import numpy as np
 import pytest
@@ -67,3 +68,32 @@ def test_aborted_sessions_leave_memory_but_stay_known(tq):
     other = core.create_session()
     core.abort(other.session_id)
     assert core.state_of(s.session_id) is None and core.state_of(other.session_id) == "aborted"
+
+
+def test_each_life_of_a_session_id_names_keys_of_its_own_also_across_a_restart(tq, tmp_path):
+    from dressage.proxy.journal.log import Journal
+
+    path = tmp_path / "j"
+    cfg = DataPlaneConfig(model=MODEL, use_rollout_routing_replay=True, enable_transfer_queue=True)
+    core = ProxyCore(cfg, tq.client(), journal=Journal(path, fsync="never"))
+    keys = []
+    for life in range(2):  # a drained id used again; the reader of the first life still holds its keys
+        core.create_session(session_id="A")
+        _step(core, "A")
+        core.finalize("A", reward=float(life))
+        keys.append({r.key for r in core.session("A").large_field_refs()})
+        core.forget("A")
+    core.create_session(session_id="A")
+    _step(core, "A")  # a third life, active at the restart
+    keys.append({r.key for r in core.session("A").large_field_refs()})
+    core.close()
+    fresh = ProxyCore(cfg, tq.client())
+    fresh.recover(path)
+    _step(fresh, "A", resp=(41,))  # the resumed session's call after the restart
+    resumed = fresh.session("A").steps[1]
+    keys.append({resumed.logprobs.key, resumed.routed_experts.key})
+    assert [len(k) for k in keys] == [2, 2, 2, 2] and len(set().union(*keys)) == 8
+    assert tq.total_keys() == 8
+    assert all(k.startswith("A/") and k.endswith(("/logprobs", "/routed_experts")) for k in set().union(*keys))
+    tq.client().delete(sorted(set().union(*keys)))
+    assert tq.total_keys() == 0

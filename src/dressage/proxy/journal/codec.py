@@ -180,7 +180,14 @@ def apply(sessions: dict[str, Session], payload: bytes, *, decode=None, special_
     return kind
 
 
+class EndedSessionStep(JournalError):
+    """A step record of a session that had ended (aborted, discarded or finalized) before it: the Proxy that
+    wrote it had refused the step (its keys were deleted), so replay skips it rather than stopping there."""
+
+
 def _apply_step(s: Session, rec: dict[str, Any]) -> None:
+    if s.state != "active":  # journaled by a Proxy that did not yet check the session before the record
+        raise EndedSessionStep(f"step record {rec.get('id')} of session {s.session_id!r}, which is {s.state}")
     kind, parent, start, bnd = rec["dec"]
     decision = RouteDecision(kind, parent, start, None if bnd is None else Boundary(*bnd))
     if rec["id"] != len(s.steps):

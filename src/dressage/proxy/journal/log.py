@@ -61,6 +61,9 @@ class ReplayReport:
     """Sessions (finalized or active) whose TQ keys the TransferQueue no longer holds: session id -> keys."""
     tq_check_error: str | None = None
     """Why the TransferQueue could not be asked which keys it holds (nothing was marked then)."""
+    ended_steps: list[str] = field(default_factory=list)
+    """Step records skipped because their session had ended before them (a session id per record): an
+    older Proxy journaled a step it then refused, as its session was aborted, discarded or finalized."""
 
     @property
     def mid_journal_damage(self) -> bool:
@@ -90,7 +93,15 @@ class ReplayReport:
         if self.lost_fields:
             text += (f"; {len(self.lost_fields)} sessions name TQ keys the TransferQueue no longer "
                      "holds (their large fields are lost)")
+        if self.ended_steps:
+            text += f"; {self.ended_steps_text()}"
         return text
+
+    def ended_steps_text(self) -> str:
+        """The step records skipped as their session had ended, and whose."""
+        sessions = list(dict.fromkeys(self.ended_steps))
+        return (f"{len(self.ended_steps)} step records of {len(sessions)} sessions that had ended before them "
+                f"were skipped (never recorded: {', '.join(sessions[:5])}{', ...' if len(sessions) > 5 else ''})")
 
 
 def _own(path: Path) -> int:
@@ -395,15 +406,18 @@ class Journal:
     def replay(path: str | os.PathLike[str], *, decode=None, special_ids=()) -> tuple[dict[str, Session], ReplayReport]:
         """Rebuild sessions from the intact prefix of the journal (forgotten sessions are skipped)."""
         sessions: dict[str, Session] = {}
+        ended: list[str] = []
         scan = Scan(path)
         for _, payload, _ in scan:
             try:
                 codec.apply(sessions, payload, decode=decode, special_ids=special_ids)
+            except codec.EndedSessionStep:
+                ended.append(codec.split(payload)[1])
             except JournalError as exc:
                 scan.stop(str(exc))
         report = ReplayReport(records=scan.records, damage=scan.damage, duplicates=scan.duplicates,
                               truncated_tail=scan.damage is not None and scan.damage.kind == "torn_tail",
-                              intact_bytes=scan.end)
+                              intact_bytes=scan.end, ended_steps=ended)
         if report.mid_journal_damage and scan.damage.kind != "not_a_journal":
             after: dict[str, None] = {}
             for payload in frames_after(path, scan.damage.offset):

@@ -6,6 +6,7 @@ The service (``dressage.proxy.service``) calls this; so can any embedding. Onlin
 
 from __future__ import annotations
 
+import itertools
 import secrets
 import threading
 import time
@@ -33,6 +34,24 @@ __all__ = ["ProxyCore", "FinalizedSession", "LOST_FIELDS_KEY"]
 _WHERE_CHUNK = 4096
 LOST_FIELDS_KEY = "large_fields_lost"
 """Metadata of a trajectory recovered from a journal whose TQ keys are gone: how many keys are lost."""
+
+
+@dataclass(slots=True)
+class _KeyNames:
+    """The TQ keys of one life of a session id: ``{session}/{incarnation}.{call}/{field}``.
+
+    ``incarnation`` is the Proxy's epoch (drawn at each start) and the life's number within that start.
+    TQ keys are write-once and the reader of an earlier life may still hold its keys, so a drained id
+    used again, or a session resumed after a restart, never names a key an earlier life wrote.
+    """
+
+    incarnation: str
+    calls: int = 0
+
+    def next_call(self, session_id: str, fields: list[str]) -> list[str]:
+        """The keys of the next call's ``fields``."""
+        call, self.calls = self.calls, self.calls + 1
+        return [f"{session_id}/{self.incarnation}.{call}/{n}" for n in fields]
 
 
 @dataclass(slots=True)
@@ -118,11 +137,13 @@ class ProxyCore:
                                       name="proxy-tq-renewal")
             weakref.finalize(self, self.renewal.close, False)  # a core dropped without close() stops it too
         self._r3 = RoutedExpertsCodec.of(config)
-        # Keys stay unique across restarts of a Proxy that recovered its sessions from a journal.
-        self._epoch = secrets.token_hex(3)
+        # Drawn at each start: keys stay unique across restarts of a Proxy that recovered its sessions from a
+        # journal (48 random bits: two starts of one Proxy drawing the same epoch is not a case to plan for).
+        self._epoch = secrets.token_hex(6)
+        self._lives = itertools.count()
         self.sessions: dict[str, Session] = {}
         self._lock = threading.RLock()
-        self._calls: dict[str, int] = {}
+        self._keys_of: dict[str, _KeyNames] = {}
         # Aborted and discarded sessions leave memory; their ids are remembered (bounded) so a
         # late call gets "session is aborted" rather than "unknown session".
         self._gone: OrderedDict[str, str] = OrderedDict()
@@ -142,7 +163,7 @@ class ProxyCore:
             if self.journal is not None:
                 self.journal.session_created(session)
             self.sessions[sid] = session
-            self._calls[sid] = 0
+            self._keys_of[sid] = self._new_life()
         return session
 
     def session(self, session_id: str) -> Session:
@@ -163,7 +184,7 @@ class ProxyCore:
         """Drop a session from memory, remembering only that it is ``state`` (its end is journaled)."""
         with self._lock:
             self.sessions.pop(session_id, None)
-            self._calls.pop(session_id, None)
+            self._keys_of.pop(session_id, None)
             self._gone[session_id] = state
             self._gone.move_to_end(session_id)
             while len(self._gone) > self.gone_capacity:
@@ -275,7 +296,12 @@ class ProxyCore:
             self.renewal.start()
         try:
             with self._lock:
+                if session.state == "active" and self.sessions.get(session.session_id) is not session:
+                    raise SessionStateError(f"session {session.session_id} was dropped; it takes no more steps")
                 rec = session.rebase(rec, **refs)
+                # Refused before it is journaled, under the lock that abort, discard and finalize journal
+                # under: a step record after the session's end would make the journal unreplayable.
+                session.check_insertable(rec)
                 if self.journal is not None:
                     self.journal.step(session.session_id, decision, rec, session)  # durable before it is visible
                 return session.insert_step(rec)
@@ -286,11 +312,13 @@ class ProxyCore:
     def _offloaded_names(self, fields: dict[str, Any]) -> list[str]:
         return [n for n in self.config.offloaded if fields.get(n) is not None]
 
+    def _new_life(self) -> _KeyNames:
+        """The key names of a session id's life starting now (under the lock)."""
+        return _KeyNames(f"{self._epoch}-{next(self._lives)}")
+
     def _keys(self, session_id: str, names: list[str]) -> list[str]:
         with self._lock:
-            call = self._calls[session_id]
-            self._calls[session_id] = call + 1
-        return [f"{session_id}/{self._epoch}.{call}/{n}" for n in names]
+            return self._keys_of[session_id].next_call(session_id, names)
 
     def _delete_quietly(self, refs: list[Any]) -> None:
         if refs and self.tq is not None:
@@ -360,9 +388,11 @@ class ProxyCore:
                 self.journal.finalized(session_id, reward, update or None, finalization_id=fid)
             session.metadata.update(update)
             session.finalize(reward, allow_empty=allow_empty, finalization_id=fid)
-        return self._deliver(session)
+        return self._hand_over(self._cut(session))
 
-    def _deliver(self, session: Session, *, lost: int = 0) -> FinalizedSession:
+    def _cut(self, session: Session) -> FinalizedSession:
+        """A finalized session's Segments; the refs no Segment uses (dropped retry orphans) are deleted from
+        TQ now and listed in ``released_refs``."""
         session_id = session.session_id
         # Chat histories and tool schemas are for routing calls, and none come any more; a Segment's
         # last step keeps its conversation, what an export or the viewer shows of the Segment.
@@ -379,11 +409,14 @@ class ProxyCore:
         labels = {code: label for st in session.steps.values() for code, label in step_labels(st.metadata).items()}
         if labels:  # the engine's names of the session's named versions, for Sample.weight_versions
             metadata[VERSION_LABELS_KEY] = labels
-        if lost:  # its Samples' refs point at nothing: a reader must not take it as whole
-            metadata[LOST_FIELDS_KEY] = lost
-        done = FinalizedSession(session_id, segments, session.reward, metadata, unused,
+        return FinalizedSession(session_id, segments, session.reward, metadata, unused,
                                 finalization_id=session.finalization_id)
-        self.trained_tokens += sum(int(np.count_nonzero(seg.loss_mask)) for seg in segments)
+
+    def _hand_over(self, done: FinalizedSession, *, lost: int = 0) -> FinalizedSession:
+        """Give ``done`` to the sink; ``lost``: how many of its keys the TransferQueue no longer holds."""
+        if lost:  # its Samples' refs point at nothing: a reader must not take it as whole
+            done.metadata[LOST_FIELDS_KEY] = lost
+        self.trained_tokens += sum(int(np.count_nonzero(seg.loss_mask)) for seg in done.segments)
         if self.sink is not None:
             self.sink(done)
         return done
@@ -433,12 +466,12 @@ class ProxyCore:
         """Forget an active session that recorded nothing (its first call failed), as if never created."""
         with self._lock:
             s = self.sessions.get(session_id)
-            if s is None or s.state != "active" or s.steps:
+            if s is None or s.state != "active" or s.steps or self.write_behind.futures(session_id):
                 return False
             if self.journal is not None:
                 self.journal.forgotten(session_id)
             del self.sessions[session_id]
-            self._calls.pop(session_id, None)
+            self._keys_of.pop(session_id, None)
         return True
 
     def forget(self, session_id: str) -> None:
@@ -452,7 +485,7 @@ class ProxyCore:
             if s is not None and self.journal is not None:
                 self.journal.forgotten(session_id)  # durable first: a failed write keeps the session
             self.sessions.pop(session_id, None)
-            self._calls.pop(session_id, None)
+            self._keys_of.pop(session_id, None)
         if s is not None and self.renewal is not None:
             self.renewal.hand_off(_session_keys(s))
 
@@ -474,10 +507,14 @@ class ProxyCore:
                     self._gone[sid] = "aborted"  # its keys were released when it was aborted
                     continue
                 self.sessions[sid] = s
-                self._calls[sid] = 0
+                self._keys_of[sid] = self._new_life()  # resumed: its new calls name keys of this start
+        cut = [self._cut(self.sessions[sid]) for sid in report.finalized]
+        # A finalized session's keys are those its Segments use: the others were released on purpose at
+        # its finalize (dropped retry orphans), and are gone, not lost.
+        named = {done.session_id: _kept_keys(self.sessions[done.session_id], done) for done in cut}
+        named.update((sid, _session_keys(self.sessions[sid])) for sid in report.active)
         try:
-            report.lost_fields = self._missing_keys([self.sessions[sid] for sid in (*report.finalized,
-                                                                                     *report.active)])
+            report.lost_fields = self._missing_keys(named)
         except DressageError as exc:  # the Controller did not answer: nothing is marked on a guess
             report.tq_check_error = f"{type(exc).__name__}: {exc}"
         if self.sessions and self.renewal is not None:
@@ -485,18 +522,19 @@ class ProxyCore:
         for sid in report.active:  # its steps before the crash point at nothing: so will its Samples
             if sid in report.lost_fields:
                 self.sessions[sid].metadata[LOST_FIELDS_KEY] = len(report.lost_fields[sid])
-        report.delivered = [self._deliver(self.sessions[sid], lost=len(report.lost_fields.get(sid, ())))
-                            for sid in report.finalized]
+        report.delivered = [self._hand_over(done, lost=len(report.lost_fields.get(done.session_id, ())))
+                            for done in cut]
         return report
 
-    def _missing_keys(self, sessions: Sequence[Session]) -> dict[str, list[str]]:
-        """Per session, the TQ keys its steps name that the TransferQueue's directory no longer holds
-        (a TQ that did not outlive the Proxy). Empty without TQ, or when the directory cannot be asked."""
+    def _missing_keys(self, named: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+        """Per session, the keys of ``named`` (session id -> its TQ keys) that the TransferQueue's directory
+        no longer holds (a TQ that did not outlive the Proxy). Empty without TQ, or when the directory
+        cannot be asked."""
         controller = getattr(self.tq, "controller", None) or getattr(self.tq, "_controller", None)
         where = getattr(controller, "where", None)
         if where is None:
             return {}
-        named = {s.session_id: sorted(set(_session_keys(s))) for s in sessions}
+        named = {sid: sorted(set(ks)) for sid, ks in named.items()}
         keys = [k for ks in named.values() for k in ks]
         held: set[str] = set()
         for i in range(0, len(keys), _WHERE_CHUNK):  # bounded requests to the Controller
@@ -507,3 +545,9 @@ class ProxyCore:
 def _session_keys(session: Session) -> list[str]:
     """The TQ keys a session's steps name."""
     return [r.key for r in session.large_field_refs() if hasattr(r, "key")]
+
+
+def _kept_keys(session: Session, done: FinalizedSession) -> list[str]:
+    """The TQ keys of a finalized session its Segments use (those its finalize released left out)."""
+    released = {r.key for r in done.released_refs if hasattr(r, "key")}
+    return [k for k in _session_keys(session) if k not in released]

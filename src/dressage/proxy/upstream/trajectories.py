@@ -100,6 +100,7 @@ class Trajectories:
         released = self.core.abort(session_id)
         self.finalized.pop(session_id, None)
         self.leases.drop(session_id)
+        self.ledger.drop(session_id)  # a finalize answer kept under the id is an earlier life's
         self.book.forget_state(session_id)
         self._ended(session_id, "aborted")
         return {"session_id": session_id, "state": "aborted", "released_refs": released}
@@ -145,7 +146,7 @@ class Trajectories:
         """Finalize once: wait (bounded) for the session's calls in flight, record ``instance_id`` /
         ``label``, build Segments. A repeat, or a finalize that arrives while one runs, answers what
         the first finalize answered."""
-        prior = self.ledger.get(sid)
+        prior = self._kept_answer(sid)
         if prior is not None:
             return prior
         running = self.finalizing.get(sid)
@@ -166,6 +167,17 @@ class Trajectories:
             self.finalizing.pop(sid, None)
         fut.set_result(answer)
         return answer
+
+    def _kept_answer(self, sid: str) -> dict[str, Any] | None:
+        """The kept answer of the finalize of the session ``sid`` names now, if any. An answer is of one life
+        of the id: once a drained id is used again, the answer of its earlier life is no answer for the
+        new session (which is then finalized in its own right)."""
+        prior = self.ledger.get(sid)
+        current = self.core.sessions.get(sid)
+        if prior is not None and current is not None and current.finalization_id != prior["finalization_id"]:
+            self.ledger.drop(sid)
+            return None
+        return prior
 
     async def _finalize_once(self, sid: str, reward: float | None, instance_id: str | None, label: Any,
                              wait_s: float | None) -> dict[str, Any]:

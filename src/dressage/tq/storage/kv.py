@@ -2,8 +2,8 @@
 through its ``kv_put`` / ``kv_batch_get`` / ``kv_clear`` / ``kv_list`` API in the step layout that
 upstream Dressage's transport writes, so that trainers built for that layout read our Proxy's Steps.
 
-Layout: a Proxy key ``{session}/{epoch}.{call}/{field}`` is the column ``STEP_COLUMNS[field]`` of the row
-``{store_id}:{session}:{epoch}:step:{call}`` in partition ``dressage:{store_id}:steps``, tagged with
+Layout: a Proxy key ``{session}/{incarnation}.{call}/{field}`` is the column ``STEP_COLUMNS[field]`` of the row
+``{store_id}:{session}:{incarnation}:step:{call}`` in partition ``dressage:{store_id}:steps``, tagged with
 ``expires_at`` (Unix seconds), ``trajectory_id`` and ``incarnation_id``. ``logprobs`` is a float32 tensor
 (``response_logprobs``); ``routed_experts`` is one chunk ``{"data", "row_count", "dtype"}`` in its storage
 dtype (``response_routed_experts_chunks``). Any other key is the column ``value`` of ``{store_id}:{key}``.
@@ -28,8 +28,8 @@ STEP_COLUMNS = {"logprobs": "response_logprobs", "routed_experts": "response_rou
 """Our StepRecord's offloaded fields and the columns upstream's transport stores them under."""
 _CHUNKED = "response_routed_experts_chunks"
 _OTHER_COLUMN = "value"
-# ``{session}/{epoch}.{call}/{field}``: the keys ProxyCore gives each offloaded field of a Step.
-_STEP_KEY = re.compile(r"^(?P<session>.+)/(?P<epoch>[^/.]+)\.(?P<call>0|[1-9]\d*)/(?P<field>[^/]+)$")
+# ``{session}/{incarnation}.{call}/{field}``: the keys ProxyCore gives each offloaded field of a Step.
+_STEP_KEY = re.compile(r"^(?P<session>.+)/(?P<incarnation>[^/.]+)\.(?P<call>0|[1-9]\d*)/(?P<field>[^/]+)$")
 
 
 def step_partition(store_id: str) -> str:
@@ -50,9 +50,9 @@ def kv_location(store_id: str, key: str) -> KVLocation:
     """The row, column and retention tag (less ``expires_at``) of ``key`` in store ``store_id``."""
     m = _STEP_KEY.match(key)
     if m is not None and m["field"] in STEP_COLUMNS:
-        session, epoch = m["session"], m["epoch"]
-        return KVLocation(f"{store_id}:{session}:{epoch}:step:{int(m['call'])}", STEP_COLUMNS[m["field"]],
-                          {"trajectory_id": session, "incarnation_id": epoch})
+        session, incarnation = m["session"], m["incarnation"]
+        return KVLocation(f"{store_id}:{session}:{incarnation}:step:{int(m['call'])}", STEP_COLUMNS[m["field"]],
+                          {"trajectory_id": session, "incarnation_id": incarnation})
     return KVLocation(f"{store_id}:{key}", _OTHER_COLUMN, {})
 
 
