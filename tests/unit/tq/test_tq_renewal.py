@@ -116,14 +116,14 @@ def test_without_retention_nothing_is_renewed():
 
 
 def test_a_held_key_outlives_retention_and_a_key_nobody_holds_expires():
-    with TransferQueue.start({"deployment": "embedded", "retention_s": 1.0}) as tq:
+    with TransferQueue.start({"deployment": "embedded", "retention_s": 2.0}) as tq:
         client = tq.client()
         held = client.put("logprobs", np.arange(3, dtype=np.float32))
         stray = client.put("logprobs", np.zeros(3, np.float32))
         renewal = KeyRenewal(client, lambda: [held.key])
         renewal.start()
         try:
-            time.sleep(2.5)  # 2.5 x retention_s, nobody reading either key
+            time.sleep(4.5)  # 2.25 x retention_s (renewed every 0.5 s), nobody reading either key
             assert tq.controller.state(stray.key) is KeyState.CLEARED
             np.testing.assert_array_equal(client.get(held), np.arange(3, dtype=np.float32))
         finally:
