@@ -30,6 +30,7 @@ from dressage.tq.directory.service import RemoteController
 from dressage.tq.secret import DeploymentSecret
 from dressage.tq.storage import StorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
+from dressage.tq.transport import shm
 
 __all__ = ["RayDeployment", "current_node_id"]
 
@@ -310,6 +311,26 @@ class RayDeployment:
     def run_janitor(self) -> int:
         return self.controller.run_janitor()
 
+    @staticmethod
+    def _stopped(ref: Any) -> bool:
+        """Whether a finished ``stop`` call succeeded (an actor that had died answers with an error)."""
+        try:
+            _ray().get(ref)
+            return True
+        except Exception:
+            return False
+
+    @staticmethod
+    def _remove_segments(infos: list[UnitInfo]) -> None:
+        """Remove the /dev/shm segments of units that did not stop by themselves (dead, or killed while
+        stuck), as the ``local`` deployment does; a unit on another host than this driver is out of reach."""
+        here = shm.host_id()
+        for info in infos:
+            if info.shm_token and here is not None and info.host_id == here:
+                n = shm.remove_segments(info.shm_token)
+                if n:
+                    log.info("removed %d /dev/shm segment(s) StorageUnit %s left behind", n, info.unit_id)
+
     def shutdown(self) -> None:
         ray = _ray()
         supervisor = getattr(self, "_supervisor", None)
@@ -326,14 +347,15 @@ class RayDeployment:
         proc = getattr(self, "_controller_proc", None)
         if proc is not None:
             stop_children([proc])
-        if ray.is_initialized():
+        if ray.is_initialized() and self._actors:
+            # Every survivor gets its stop (which removes its /dev/shm segments) before any kill: a
+            # dead actor's stop fails at once and must not cut the others' short.
             stops = [a.stop.remote() for a in self._actors]
-            try:
-                ray.get(stops, timeout=10)
-            except Exception:  # an actor that is already gone needs no stopping
-                pass
+            stopped, _ = ray.wait(stops, num_returns=len(stops), timeout=10)
             for actor in self._actors:
                 ray.kill(actor)
+            self._remove_segments([info for info, ref in zip(getattr(self, "_infos", []), stops)
+                                   if ref not in stopped or not self._stopped(ref)])
         self._actors.clear()
         if self._started_ray:
             ray.shutdown()
