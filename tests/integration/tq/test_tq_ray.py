@@ -118,6 +118,29 @@ def test_shutdown_stops_every_actor(cluster):
     assert not any(psutil.pid_exists(p) for p in pids.values())
 
 
+def test_shutdown_after_a_unit_actor_died_leaves_no_shm_segment_of_any_unit(cluster):
+    import glob
+
+    tq = TransferQueue.start({"deployment": "ray", "num_storage_units": 2, "unit_memory_budget": "16MiB",
+                              "heartbeat_interval_s": 0.2, "unit_dead_after_s": 1.0})  # both off the head
+    try:
+        tokens = {u.unit_id: u.shm_token for u in tq.units()}
+        assert all(tokens.values())
+        client = tq.client()
+        refs = [client.put("routed_experts", np.full(1 << 20, i, dtype=np.uint8)) for i in range(6)]
+        assert {r.unit_id for r in refs} == {"unit0", "unit1"}  # each unit maps segments this driver wrote
+        assert all(glob.glob(f"/dev/shm/dtq-{t}-*") for t in tokens.values())
+        ray.kill(tq._deployment._unit_actors["unit0"])
+        deadline = time.monotonic() + 30
+        while tq.unit_states()["unit0"]["state"] != "dead":
+            assert time.monotonic() < deadline, tq.unit_states()
+            time.sleep(0.05)
+    finally:
+        tq.shutdown()
+    # The survivor stopped (removing its own) before any kill; the dead unit's were removed for it.
+    assert {u: glob.glob(f"/dev/shm/dtq-{t}-*") for u, t in tokens.items()} == {"unit0": [], "unit1": []}
+
+
 def test_a_killed_unit_actor_is_marked_dead_and_puts_go_to_the_live_units(cluster):
     from dressage.errors import StorageUnitUnavailable
 

@@ -14,7 +14,9 @@ from dressage.errors import StorageUnitUnavailable
 from dressage.tq import TransferQueue
 from dressage.tq.directory.controller import Controller
 from dressage.tq.directory.entries import KeyState, UnitInfo
-from dressage.tq.directory.recovery import recover_directory
+from dressage.tq.directory.janitor import Janitor
+from dressage.tq.directory.liveness import LivenessMonitor
+from dressage.tq.directory.recovery import LateAdoption, recover_directory
 from dressage.tq.storage import MemoryStorageUnit
 
 MiB = 1 << 20
@@ -47,6 +49,65 @@ def test_recovery_adopts_every_key_each_unit_holds_and_names_the_units_it_could_
         raise AssertionError("a recovered key was placed again")
     except Exception as exc:
         assert "write-once" in str(exc)
+
+
+class _Stopped:
+    """A unit whose process is stopped (SIGSTOP): it answers nothing, neither inventory nor probe, until resumed."""
+
+    def __init__(self, unit):
+        self.unit, self.stopped = unit, True
+
+    def _answer(self):
+        if self.stopped:
+            raise StorageUnitUnavailable(f"unit {self.unit.unit_id} is unavailable (no reply)")
+
+    def inventory(self):
+        self._answer()
+        return self.unit.inventory()
+
+    def ping(self, timeout_s=None):
+        self._answer()
+
+    def close(self):
+        pass
+
+
+def test_a_unit_stopped_during_recovery_keeps_its_keys_and_they_are_adopted_when_it_answers_a_probe():
+    now = [0.0]
+    units = {u: MemoryStorageUnit(u, memory_budget=64 * MiB) for u in ("u0", "u1")}
+    arrays = {f"k{i}": np.full(10 + i, i, dtype=np.float32) for i in range(6)}
+    for i, (key, a) in enumerate(arrays.items()):
+        units[f"u{i % 2}"].put(key, a)
+    ctl = Controller([UnitInfo(u, memory_budget=64 * MiB) for u in units])
+    stopped = _Stopped(units["u1"])
+    report = recover_directory(ctl, {"u0": units["u0"], "u1": stopped})
+    assert report.adopted == {"u0": 3} and list(report.unreachable) == ["u1"]
+    # The unit answers the Janitor's listing (it resumed between probes) before any probe adopted it:
+    # its committed keys are not orphans, however many rounds pass.
+    janitor = Janitor(ctl, units.get, interval_s=1.0, reconcile_s=10.0, clock=lambda: now[0])
+    for now[0] in (10.0, 20.0, 30.0):
+        assert janitor.run_once() == 0
+    assert sorted(units["u1"].list()) == ["k1", "k3", "k5"] and janitor.orphans_removed == 0
+    assert ctl.awaits_inventory("u1") and ctl.total_keys() == 3
+    late = LateAdoption(ctl, {"u1": stopped})
+    monitor = LivenessMonitor(late, {"u1": stopped}, interval_s=0.02, dead_after_s=60.0).start()
+    try:
+        stopped.stopped = False  # resumed: its next probe answer takes its inventory in
+        deadline = time.monotonic() + 30
+        while ctl.awaits_inventory("u1"):
+            assert time.monotonic() < deadline, "the resumed unit's inventory was never adopted"
+            time.sleep(0.01)
+    finally:
+        monitor.stop()
+    assert ctl.where(list(arrays)) == {key: f"u{i % 2}" for i, key in enumerate(arrays)}
+    assert ctl.total_keys() == 6 and ctl.stats()["u1"]["directory_bytes"] == 4 * (11 + 13 + 15)
+    # Adopted now, the unit is reconciled again: a true orphan goes in two rounds, its keys stay.
+    units["u1"].put("orphan", arrays["k0"])
+    for now[0] in (40.0, 50.0):
+        janitor.run_once()
+    assert janitor.orphans_removed == 1 and sorted(units["u1"].list()) == ["k1", "k3", "k5"]
+    for key in ("k1", "k3", "k5"):
+        np.testing.assert_array_equal(units["u1"].get(key), arrays[key])
 
 
 def test_after_the_controller_process_is_killed_it_is_started_again_and_every_committed_key_is_readable():

@@ -18,7 +18,7 @@ import os
 import threading
 from typing import Any
 
-from dressage.errors import ConfigError, StorageUnitUnavailable
+from dressage.errors import ConfigError, StorageUnitUnavailable, TransferQueueError
 from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.client.node import current_node_id
 from dressage.tq.client.spec import make_spec
@@ -30,6 +30,7 @@ from dressage.tq.directory.service import RemoteController
 from dressage.tq.secret import DeploymentSecret
 from dressage.tq.storage import StorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
+from dressage.tq.transport import shm
 
 __all__ = ["RayDeployment", "current_node_id"]
 
@@ -100,12 +101,18 @@ def _unit_nodes(nodes: list[dict[str, Any]], heads: set[str], head_units: bool) 
 
 
 class _ActorWatcher:
-    """Keeps one ``describe`` call in flight per unit actor; a RayActorError means the actor died."""
+    """Keeps one ``describe`` call in flight per unit actor; a RayActorError means the actor died.
+
+    A death is reported to the Controller until a report succeeds, and again to every Controller
+    process started after it (``forget_reports``): a new one knows of no dead unit and would take it
+    for live until its probes time out."""
 
     def __init__(self, actors: dict[str, Any], controller: Any, interval_s: float) -> None:
         self._actors = actors
         self._controller = controller
         self._interval = interval_s
+        self._died: dict[str, str] = {}  # unit id -> why: never watched again
+        self._reported: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tq-actor-watch", daemon=True)
 
@@ -113,34 +120,50 @@ class _ActorWatcher:
         self._thread.start()
         return self
 
+    def unit_died(self, unit_id: str, reason: str) -> None:
+        """Stop watching ``unit_id``'s actor; its death is reported from the next round on."""
+        self._died[unit_id] = reason
+
+    def forget_reports(self) -> None:
+        """A new Controller process knows of no dead unit yet: report them all again."""
+        self._reported = set()
+
     def _run(self) -> None:
         ray = _ray()
         pending: dict[str, Any] = {}
-        dead: set[str] = set()
         while not self._stop.is_set():
             try:
                 for uid, actor in self._actors.items():
-                    if uid not in dead and uid not in pending:
+                    if uid not in self._died and uid not in pending:
                         pending[uid] = actor.describe.remote()
-                if not pending:
-                    self._stop.wait(self._interval)
-                    continue
-                # A stopped actor just stays pending here; the Controller's probes time it out.
-                ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=self._interval)
-                for uid, ref in list(pending.items()):
-                    if ref not in ready:
-                        continue
-                    del pending[uid]
-                    try:
-                        ray.get(ref)
-                    except ray.exceptions.RayActorError as exc:
-                        dead.add(uid)
-                        self._controller.mark_unit_dead(uid, f"Ray actor died: {type(exc).__name__}")
+                if pending:
+                    # A stopped actor just stays pending here; the Controller's probes time it out.
+                    ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=self._interval)
+                    for uid, ref in list(pending.items()):
+                        if ref not in ready:
+                            continue
+                        del pending[uid]
+                        try:
+                            ray.get(ref)
+                        except ray.exceptions.RayActorError as exc:
+                            self.unit_died(uid, f"Ray actor died: {type(exc).__name__}")
+                self._report()
                 self._stop.wait(self._interval)
-            except Exception as exc:  # Ray shutting down, or the Controller gone; stop quietly
+            except Exception as exc:  # Ray shutting down; stop quietly
                 if not self._stop.is_set():
                     log.debug("actor watcher: %s", exc)
                     self._stop.wait(self._interval)
+
+    def _report(self) -> None:
+        reported = self._reported  # forget_reports may start a new set meanwhile: that one is asked next round
+        for uid, reason in list(self._died.items()):
+            if uid in reported:
+                continue
+            try:
+                self._controller.mark_unit_dead(uid, reason)
+                reported.add(uid)
+            except TransferQueueError:  # the Controller is busy, gone or starting again; next round
+                pass
 
     def stop(self) -> None:
         self._stop.set()
@@ -246,6 +269,8 @@ class RayDeployment:
     def _controller_restarted(self, proc: Any) -> None:
         self._controller_proc = proc
         self._pids["controller"] = proc.pid
+        if self._watcher is not None:
+            self._watcher.forget_reports()
 
     @property
     def controller_restarts(self) -> int:
@@ -286,6 +311,26 @@ class RayDeployment:
     def run_janitor(self) -> int:
         return self.controller.run_janitor()
 
+    @staticmethod
+    def _stopped(ref: Any) -> bool:
+        """Whether a finished ``stop`` call succeeded (an actor that had died answers with an error)."""
+        try:
+            _ray().get(ref)
+            return True
+        except Exception:
+            return False
+
+    @staticmethod
+    def _remove_segments(infos: list[UnitInfo]) -> None:
+        """Remove the /dev/shm segments of units that did not stop by themselves (dead, or killed while
+        stuck), as the ``local`` deployment does; a unit on another host than this driver is out of reach."""
+        here = shm.host_id()
+        for info in infos:
+            if info.shm_token and here is not None and info.host_id == here:
+                n = shm.remove_segments(info.shm_token)
+                if n:
+                    log.info("removed %d /dev/shm segment(s) StorageUnit %s left behind", n, info.unit_id)
+
     def shutdown(self) -> None:
         ray = _ray()
         supervisor = getattr(self, "_supervisor", None)
@@ -302,14 +347,15 @@ class RayDeployment:
         proc = getattr(self, "_controller_proc", None)
         if proc is not None:
             stop_children([proc])
-        if ray.is_initialized():
+        if ray.is_initialized() and self._actors:
+            # Every survivor gets its stop (which removes its /dev/shm segments) before any kill: a
+            # dead actor's stop fails at once and must not cut the others' short.
             stops = [a.stop.remote() for a in self._actors]
-            try:
-                ray.get(stops, timeout=10)
-            except Exception:  # an actor that is already gone needs no stopping
-                pass
+            stopped, _ = ray.wait(stops, num_returns=len(stops), timeout=10)
             for actor in self._actors:
                 ray.kill(actor)
+            self._remove_segments([info for info, ref in zip(getattr(self, "_infos", []), stops)
+                                   if ref not in stopped or not self._stopped(ref)])
         self._actors.clear()
         if self._started_ray:
             ray.shutdown()

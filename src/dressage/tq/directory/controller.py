@@ -50,6 +50,7 @@ class Controller:
         self._cleared_total = 0
         self._down_until: dict[str, float] = {}
         self._live: dict[str, Liveness] = {}
+        self._unadopted: set[str] = set()  # units whose contents a restarted directory has not taken in yet
         self._strict = strict_budget
         self._leases = LeaseDesk()  # used under self._lock only
         for u in units:
@@ -217,11 +218,13 @@ class Controller:
     def adopt(self, unit_id: str, items: Iterable[tuple[str, int]]) -> int:
         """Record keys a unit already holds ``(key, nbytes)`` as written there: how a restarted Controller
         rebuilds its directory from its units' contents. Keys the directory knows are left as they are.
-        Returns how many were adopted."""
+        The unit's contents count as known from now on (:meth:`awaits_inventory`). Returns how many were
+        adopted."""
         n = 0
         with self._lock:
             if unit_id not in self._units:
                 raise TransferQueueError(f"adopt: unknown StorageUnit {unit_id!r}")
+            self._unadopted.discard(unit_id)
             now = self._clock()
             for key, nbytes in items:
                 if key in self._entries:
@@ -232,6 +235,19 @@ class Controller:
                 self._tombstones.pop(key, None)
                 n += 1
         return n
+
+    def await_inventory(self, unit_id: str) -> None:
+        """A restarted directory could not ask ``unit_id`` what it holds: until :meth:`adopt` takes its
+        inventory in, whatever is on the unit may be committed keys, never orphans."""
+        with self._lock:
+            if unit_id not in self._units:
+                raise TransferQueueError(f"await_inventory: unknown StorageUnit {unit_id!r}")
+            self._unadopted.add(unit_id)
+
+    def awaits_inventory(self, unit_id: str) -> bool:
+        """Whether ``unit_id``'s contents are still to be adopted (see :meth:`await_inventory`)."""
+        with self._lock:
+            return unit_id in self._unadopted
 
     # -- placement leases (the protocol: tq/directory/lease.py) --------------------------------
     def lease(self, nbytes: int, *, node_id: str | None = None, returning: str | None = None) -> dict[str, Any] | None:

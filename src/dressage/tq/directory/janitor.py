@@ -5,7 +5,9 @@ Every ``reconcile_s`` it also compares each live unit's contents with the direct
 directory does not place on that unit (a put that landed after its key was aborted or deleted, a
 deletion lost with a restarted Controller) is an orphan, and one still orphaned at the next
 reconciliation is deleted. Waiting one round means a key whose placement is in flight is never
-taken for an orphan (a key is placed in the directory before its blob is written).
+taken for an orphan (a key is placed in the directory before its blob is written). A unit that a
+restarted Controller could not ask for its inventory is not reconciled until that inventory is adopted
+(``recovery.py``): what it holds are committed keys the directory has yet to learn.
 """
 
 from __future__ import annotations
@@ -83,11 +85,14 @@ class Janitor:
         return removed
 
     def reconcile(self) -> int:
-        """One reconciliation round over the live units; returns how many orphan blobs were deleted."""
+        """One reconciliation round over the live units whose contents the directory knows; returns how
+        many orphan blobs were deleted."""
         removed = 0
         for info in self._controller.units():
             uid = info.unit_id
-            if self._controller.dead_reason(uid) is not None:
+            # A unit whose inventory a restarted directory has not adopted yet holds committed keys the
+            # directory does not know: none of them is an orphan.
+            if self._controller.dead_reason(uid) is not None or self._controller.awaits_inventory(uid):
                 continue
             try:
                 unit = self._resolve(uid)

@@ -26,7 +26,7 @@ RECOVERY_TIMEOUT_S = 5.0  # how long a starting Controller waits for each unit's
 def main(argv: list[str] | None = None) -> int:
     from dressage.tq.config import SECRET_ENV
     from dressage.tq.directory.liveness import LivenessMonitor
-    from dressage.tq.directory.recovery import recover_directory
+    from dressage.tq.directory.recovery import LateAdoption, recover_directory
     from dressage.tq.storage.remote import RemoteStorageUnit
     from dressage.tq.storage.server import serve_until_signalled
 
@@ -56,20 +56,21 @@ def main(argv: list[str] | None = None) -> int:
     for uid, h in handles.items():  # a janitor delete on a unit found dead ends at once
         h.attach_liveness(lambda uid=uid: controller.dead_reason(uid))
     # A Controller started again over running units (its process died) takes their keys back first;
-    # a unit that does not answer soon is reported and does not hold the start up.
+    # a unit that does not answer soon is reported and does not hold the start up: its keys are taken
+    # in when it first answers a probe (``LateAdoption``).
     asked = {u.unit_id: RemoteStorageUnit(u.unit_id, u.address, timeout_s=min(live.timeout_s, RECOVERY_TIMEOUT_S),
                                           secret=secret) for u in units if u.address}
-    try:
-        recover_directory(controller, asked)
-    finally:
-        for h in asked.values():
+    unreachable = recover_directory(controller, asked).unreachable
+    for uid, h in asked.items():
+        if uid not in unreachable:
             h.close()
+    late = LateAdoption(controller, {uid: asked[uid] for uid in unreachable})
     janitor = Janitor(controller, handles.get, interval_s=cfg.sweep_s).start()
     # Own sockets, to the units' heartbeat endpoints: neither a slow janitor delete nor a long client
     # request delays a probe.
     probes = {u.unit_id: RemoteStorageUnit(u.unit_id, u.heartbeat or u.address, timeout_s=live.dead_after_s,
                                            secret=secret) for u in units if u.address}
-    monitor = LivenessMonitor(controller, probes, interval_s=live.heartbeat_s,
+    monitor = LivenessMonitor(late, probes, interval_s=live.heartbeat_s,
                               dead_after_s=live.dead_after_s).start()
     server = ControllerServer(controller, host=cfg.host, port=cfg.port, janitor=janitor, secret=secret)
     server.start_stream()
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         monitor.stop()
         for h in probes.values():
             h.close()
+        late.close()
         janitor.stop()
         for h in handles.values():
             h.close()
