@@ -13,6 +13,7 @@ from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.directory.controller import Controller
 from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.liveness import LivenessMonitor
+from dressage.tq.directory.service import ControllerServer, RemoteController
 from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer
@@ -181,3 +182,56 @@ def test_a_unit_busy_with_a_long_request_is_not_marked_dead():
         probe.close()
         data.close()
         server.stop()
+
+
+def test_reads_of_live_units_do_not_wait_on_a_stalled_controller():
+    """Reads go straight to the unit; the liveness check asks a stalled Controller briefly, then backs off
+    and keeps the last known states, which come back up to date once the Controller answers again."""
+    ctl = Controller([UnitInfo("u0")])
+    stalled = threading.Event()
+    resumed = threading.Event()
+    real_states = ctl.unit_states
+
+    def unit_states():
+        if stalled.is_set():           # the Controller's one loop stops serving (a SIGSTOPped process)
+            resumed.wait(30)
+        return real_states()
+
+    ctl.unit_states = unit_states
+    ctl_server = ControllerServer(ctl, stream=False).start()
+    backend = MemoryStorageUnit("u0", memory_budget=1 << 20)
+    server = StorageUnitServer(backend, shared_memory=False).start()
+    remote_ctl = RemoteController(ctl_server.address, timeout_s=2.0)
+    remote = RemoteStorageUnit("u0", server.address, timeout_s=2.0)
+    client = TransferQueueClient(remote_ctl, {"u0": remote}, fast_writes=False)
+    try:
+        refs = [client.put("logprobs", np.full(4, i, dtype=np.float32)) for i in range(3)]
+        client.get(refs[0])
+        stalled.set()
+        time.sleep(0.25)                                   # the view's copy is stale: the next check asks
+        t0 = time.monotonic()
+        first = client.get(refs[1])
+        took_first = time.monotonic() - t0
+        t0 = time.monotonic()
+        rest = client.get_many(refs)
+        took_rest = time.monotonic() - t0
+        # Before: each check waited out the 2 s request timeout, twice per unit read (4 s, then 4 s).
+        assert [float(first[0])] + [float(a[0]) for a in rest] == [1.0, 0.0, 1.0, 2.0]
+        assert took_first < 0.8 and took_rest < 0.3, (took_first, took_rest)
+        assert client._liveness.failed_refreshes == 1      # backed off: asked once, not per check
+        ctl.mark_unit_dead("u0", "verdict while stalled")  # the stalled Controller cannot tell anyone yet
+        assert client.dead_units() == {}                   # the last known states stay
+        resumed.set()
+        stalled.clear()
+        deadline = time.monotonic() + 3.0                  # asked again once the backoff (1 s) is over
+        while not client.dead_units() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "verdict while stalled" in client.dead_units()["u0"]
+    finally:
+        resumed.set()
+        client.close()
+        remote.close()
+        remote_ctl.close()
+        server.stop()
+        ctl_server.stop()
+        backend.close()
