@@ -235,3 +235,35 @@ def test_reads_of_live_units_do_not_wait_on_a_stalled_controller():
         server.stop()
         ctl_server.stop()
         backend.close()
+
+
+def test_delete_and_clear_leave_a_stalled_units_deletions_to_the_janitor():
+    """The unit takes the delete and never answers (stalled, not yet marked dead): the directory already
+    forgot the keys and queued the unit deletions, so the release counts them and returns, no error."""
+    backend = MemoryStorageUnit("u0", memory_budget=1 << 20)
+    server = StorageUnitServer(backend, shared_memory=False).start()
+    ctl = Controller([UnitInfo("u0")])
+    remote = RemoteStorageUnit("u0", server.address, timeout_s=0.5)
+    client = TransferQueueClient(ctl, {"u0": remote}, fast_writes=False)
+    hung = threading.Event()
+    try:
+        refs = [client.put("logprobs", np.full(4, i, dtype=np.float32)) for i in range(3)]
+        batch = [client.put("logprobs", np.full(4, 9, dtype=np.float32), batch="b1") for _ in range(2)]
+        real_delete = backend.delete
+        backend.delete = lambda *a, **k: (hung.wait(30), real_delete(*a, **k))[1]
+        assert client.delete(refs[:2]) == 2              # before: StorageUnitUnavailable (no reply in 0.5 s)
+        assert client.clear("b1") == 2
+        assert client.clear("b1") == 0                   # the directory was cleared the first time
+        assert client.counters.deletes == 4 and client.counters.deletes_deferred == 4
+        assert ctl.total_keys() == 1
+        assert sorted(ctl.take_deletions()["u0"]) == sorted(r.key for r in refs[:2] + batch)  # the janitor's
+        hung.set()
+        backend.delete = real_delete
+        assert client.delete([refs[2]]) == 1             # a unit that answers deletes at once, as before
+        assert client.counters.deletes_deferred == 4 and ctl.total_keys() == 0
+    finally:
+        hung.set()
+        server.stop()
+        client.close()
+        remote.close()
+        backend.close()
