@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dressage.dataplane import DataPlaneConfig
-from dressage.errors import LostSamplesError
+from dressage.errors import LostSamplesError, StorageUnitUnavailable
 from dressage.fields import ModelSpec
 from dressage.harness.run import RunConfig
 from dressage.harness.run.config import RolloutConfig
@@ -45,6 +45,25 @@ def test_a_failed_in_process_step_still_releases_the_batch_keys(tq):
     with pytest.raises(LostSamplesError):
         backend.train(0)
     assert tq.total_keys() == 0 and backend.rm.num_ready == 0
+
+
+def test_a_release_that_fails_after_a_failed_step_does_not_hide_the_steps_error(tq, monkeypatch, caplog):
+    """The restore's LostSamplesError names the lost Samples; a release failing after it (a unit that
+    does not answer, say) is logged, and the step's error is what the caller sees."""
+    client = tq.client()
+    backend = _LocalBackend(RunConfig(data_plane=CONFIG, rollout=RolloutConfig(dp_size=2)), client)
+    _two_sessions_one_key_lost(client, backend.sink)
+    real_delete, released = client.delete, []
+
+    def delete(keys):
+        released.append(real_delete(keys))
+        raise StorageUnitUnavailable("StorageUnit u9 is unavailable (delete: no reply within 2 s)")
+
+    monkeypatch.setattr(client, "delete", delete)
+    with pytest.raises(LostSamplesError) as info:
+        backend.train(0)
+    assert len(info.value.samples) == 1 and released == [3]    # the release was still made, once
+    assert tq.total_keys() == 0 and "u9" in caplog.text
 
 
 @pytest.mark.ray

@@ -27,7 +27,7 @@ from dressage.proxy.deployment import Proxy
 from dressage.proxy.parsers import ParseEndpoints
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
-from dressage.train import TrainingReader, release_batch
+from dressage.train import TrainingReader, releasing
 from dressage.train.digest import combine_digests
 from dressage.train.summary import summarise_shard
 
@@ -256,16 +256,12 @@ class _LocalBackend:
         keys = sample_ref_keys(batch.samples)
         rm_bytes = sum(sample_resident_nbytes(s) for s in batch.samples)
         parts, replay = [], {}
-        try:
+        with releasing(self.client, sorted(keys)):  # also when a rank failed: the batch left the RolloutManager
             for shard in batch.shards:
                 TrainingReader(self.client).restore(shard)
                 parts.append(summarise_shard(shard, self.cfg.data_plane.model))
                 if self.replay_model is not None:
                     replay = merge_replay(replay, replay_summary(self.replay_model, shard))
-        finally:
-            # Also when a rank failed: the batch left the RolloutManager when it was cut.
-            if self.client is not None:
-                release_batch(self.client, sorted(keys))
         merged = _merge(parts, rm_bytes)
         if self.replay_model is not None:
             merged["replay"] = replay
