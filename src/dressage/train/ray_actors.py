@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from dressage.errors import ConfigError
+from dressage.errors import ConfigError, DressageError
 from dressage.fields import ModelSpec
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
@@ -169,7 +169,12 @@ class RayBackend:
         with releasing(self.client, keys):
             if tasks:  # every rank done, or failed, before the keys go: none is left mid-restore
                 ray.wait(tasks, num_returns=len(tasks))
-            results = ray.get(tasks)
+            try:
+                results = ray.get(tasks)
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, DressageError):  # the rank's own typed error, e.g. a LostSamplesError
+                    raise exc.cause from exc              # naming the lost Samples (dressage run's FAIL line)
+                raise
         return [r[0] for r in results], rm_bytes, sum(r[1] for r in results)
 
     def close(self) -> None:
