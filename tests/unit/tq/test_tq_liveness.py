@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -86,15 +87,29 @@ def test_monitor_marks_a_silent_unit_dead_within_the_bound_and_live_when_it_answ
         monitor.stop()
 
 
-def test_a_read_waiting_on_a_unit_ends_when_the_unit_is_marked_dead():
-    """The unit is alive at the socket level but never answers; the Controller's verdict ends the wait."""
+@contextlib.contextmanager
+def _served_unit(*, timeout_s: float, **client_kw):
+    """A StorageUnit served on ZMQ, its in-process Controller and a client; ``hung`` (set at the end)
+    is what a test's blocking backend method waits on, so the unit stalls with its socket open."""
     backend = MemoryStorageUnit("u0", memory_budget=1 << 20)
     server = StorageUnitServer(backend, shared_memory=False).start()
     ctl = Controller([UnitInfo("u0")])
-    remote = RemoteStorageUnit("u0", server.address, timeout_s=30)
-    client = TransferQueueClient(ctl, {"u0": remote})
+    remote = RemoteStorageUnit("u0", server.address, timeout_s=timeout_s)
+    client = TransferQueueClient(ctl, {"u0": remote}, **client_kw)
     hung = threading.Event()
     try:
+        yield ctl, backend, client, hung
+    finally:
+        hung.set()
+        server.stop()
+        client.close()
+        remote.close()
+        backend.close()
+
+
+def test_a_read_waiting_on_a_unit_ends_when_the_unit_is_marked_dead():
+    """The unit is alive at the socket level but never answers; the Controller's verdict ends the wait."""
+    with _served_unit(timeout_s=30) as (ctl, backend, client, hung):
         ref = client.put("logprobs", np.arange(8, dtype=np.float32))
         real_get = backend.get_many
         # The unit takes the read and never answers (its socket stays open); timeout is 30 s. (A stopped
@@ -111,12 +126,6 @@ def test_a_read_waiting_on_a_unit_ends_when_the_unit_is_marked_dead():
         assert "no reply within" not in str(info.value)
         assert client.dead_units() == {"u0": client.dead_units()["u0"]}
         assert client.delete([ref]) == 1                # the unit copy stays queued, nothing waits
-    finally:
-        hung.set()
-        server.stop()
-        client.close()
-        remote.close()
-        backend.close()
 
 
 def test_a_put_whose_unit_goes_silent_is_placed_again_on_a_live_unit():
@@ -240,13 +249,7 @@ def test_reads_of_live_units_do_not_wait_on_a_stalled_controller():
 def test_delete_and_clear_leave_a_stalled_units_deletions_to_the_janitor():
     """The unit takes the delete and never answers (stalled, not yet marked dead): the directory already
     forgot the keys and queued the unit deletions, so the release counts them and returns, no error."""
-    backend = MemoryStorageUnit("u0", memory_budget=1 << 20)
-    server = StorageUnitServer(backend, shared_memory=False).start()
-    ctl = Controller([UnitInfo("u0")])
-    remote = RemoteStorageUnit("u0", server.address, timeout_s=0.5)
-    client = TransferQueueClient(ctl, {"u0": remote}, fast_writes=False)
-    hung = threading.Event()
-    try:
+    with _served_unit(timeout_s=0.5, fast_writes=False) as (ctl, backend, client, hung):
         refs = [client.put("logprobs", np.full(4, i, dtype=np.float32)) for i in range(3)]
         batch = [client.put("logprobs", np.full(4, 9, dtype=np.float32), batch="b1") for _ in range(2)]
         real_delete = backend.delete
@@ -261,9 +264,3 @@ def test_delete_and_clear_leave_a_stalled_units_deletions_to_the_janitor():
         backend.delete = real_delete
         assert client.delete([refs[2]]) == 1             # a unit that answers deletes at once, as before
         assert client.counters.deletes_deferred == 4 and ctl.total_keys() == 0
-    finally:
-        hung.set()
-        server.stop()
-        client.close()
-        remote.close()
-        backend.close()
