@@ -82,10 +82,15 @@ def write_run_page(r, path: str, figures=()) -> str:
     capacity = {f"peak {k}": format_bytes(v) for k, v in sorted(r.peak_memory_bytes.items())}
     capacity.update({"large fields as stored": format_bytes(r.stored_large_field_bytes),
                      "TQ bytes written / read": f"{format_bytes(r.tq_bytes_written)} / {format_bytes(r.tq_bytes_read)}",
-                     "TQ keys left": r.tq_keys_left, "segments": r.segments, "trained tokens": r.trained_tokens})
+                     "TQ keys left": keys_left_text(r), "segments": r.segments, "trained tokens": r.trained_tokens})
     timeline = [{"label": f"rollout {x['rollout']}", "bytes": x["pss_bytes"]} for x in r.rollouts if "pss_bytes" in x]
     return str(write_html(r.session_views, path, title="dressage run", figures=figures, capacity=capacity,
                           timeline=timeline))
+
+
+def keys_left_text(r) -> str:
+    """The report's TQ keys left, or why they could not be counted."""
+    return str(r.tq_keys_left) if r.tq_keys_left is not None else f"unknown ({r.tq_keys_uncounted})"
 
 
 def render_report(r) -> str:
@@ -106,7 +111,7 @@ def render_report(r) -> str:
         ("large fields as stored", format_bytes(r.stored_large_field_bytes)),
         ("bytes through RolloutManager", format_bytes(r.rollout_manager_path_bytes)),
         ("TQ bytes written / read", f"{format_bytes(r.tq_bytes_written)} / {format_bytes(r.tq_bytes_read)}"),
-        ("TQ keys left", r.tq_keys_left),
+        ("TQ keys left", keys_left_text(r)),
     ]
     if r.replay:
         rp = r.replay

@@ -45,6 +45,8 @@ _CLIENT = (
     ("get_requests", "dressage_tq_client_get_requests_total", "Unit round trips of this process's reads."),
     ("bytes_read", "dressage_tq_client_get_bytes_total", "Payload bytes this process read from the TransferQueue."),
     ("deletes", "dressage_tq_client_deletes_total", "Keys this process deleted from the TransferQueue."),
+    ("deletes_deferred", "dressage_tq_client_deletes_deferred_total",
+     "Deleted keys whose unit did not answer the delete; the Controller's janitor deletes them."),
     ("full_waits", "dressage_tq_client_full_waits_total", "Puts that waited because every unit was full."),
 )
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import ray
 
-from dressage.errors import ConfigError
+from dressage.errors import ConfigError, DressageError
 from dressage.fields import ModelSpec
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
-from dressage.train.reader import TrainingReader, release_batch
+from dressage.train.reader import TrainingReader, releasing
 from dressage.train.remote import ProxyTrajectorySource, drain
 from dressage.train.summary import summarise_shard
 
@@ -164,15 +164,17 @@ class RayBackend:
     def train(self, rollout_id: int) -> tuple[list[dict], int, int]:
         refs, keys, rm_bytes, _ = ray.get(self.rm.take_batch_refs.remote(rollout_id))
         tasks = [t.consume.remote(ref) for t, ref in zip(self.trainers, refs)]
-        try:
+        # Once every rank has trained on the batch; also when one failed: the batch left the
+        # RolloutManager when it was cut, so nobody else would release its keys.
+        with releasing(self.client, keys):
             if tasks:  # every rank done, or failed, before the keys go: none is left mid-restore
                 ray.wait(tasks, num_returns=len(tasks))
-            results = ray.get(tasks)
-        finally:
-            # Once every rank has trained on the batch; also when one failed: the batch left the
-            # RolloutManager when it was cut, so nobody else would release its keys.
-            if self.client is not None:
-                release_batch(self.client, keys)
+            try:
+                results = ray.get(tasks)
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, DressageError):  # the rank's own typed error, e.g. a LostSamplesError
+                    raise exc.cause from exc              # naming the lost Samples (dressage run's FAIL line)
+                raise
         return [r[0] for r in results], rm_bytes, sum(r[1] for r in results)
 
     def close(self) -> None:

@@ -6,8 +6,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -17,7 +20,9 @@ from dressage.errors import ConfigError, KeyNotFoundError, LostSamplesError, Sto
 from dressage.trajectory import SAMPLE_LARGE_FIELDS, Sample, materialize_pieces
 from dressage.trajectory.pieces import Piece
 
-__all__ = ["TrainingReader", "ReadPlan", "LostReport", "LOST_POLICIES", "release_batch", "to_torch"]
+__all__ = ["TrainingReader", "ReadPlan", "LostReport", "LOST_POLICIES", "release_batch", "releasing", "to_torch"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -171,6 +176,26 @@ def release_batch(client: Any, keys: Sequence[str], *, metrics: Any = None) -> i
     if metrics is not None:
         metrics.observe_release(released)
     return released
+
+
+@contextlib.contextmanager
+def releasing(client: Any, keys: Sequence[str], *, metrics: Any = None) -> Iterator[None]:
+    """Run the block, then :func:`release_batch` ``keys`` (nothing when ``client`` is None), also when the
+    block raised: a batch that left the RolloutManager has nobody else to release it. A release that fails
+    after the block raised is logged and the block's error goes on (a ``LostSamplesError`` names the lost
+    Samples; the release's error would name only a unit); after a block that finished it is raised."""
+    try:
+        yield
+    except BaseException:
+        if client is not None:
+            try:
+                release_batch(client, keys, metrics=metrics)
+            except Exception:
+                log.warning("releasing %d TQ keys after a failed step failed too; the step's error is raised",
+                            len(keys), exc_info=True)
+        raise
+    if client is not None:
+        release_batch(client, keys, metrics=metrics)
 
 
 def to_torch(sample: Sample) -> dict[str, Any]:

@@ -57,6 +57,31 @@ def test_make_run_defaults_exercise_context_compression_and_the_verdict_counts_i
     assert data["baseline_samples_digest"] == data["samples_digest"]
 
 
+def test_a_run_whose_keys_cannot_be_counted_ends_with_a_fail_verdict_naming_the_unit(tmp_path, capsys,
+                                                                                     monkeypatch):
+    """A StorageUnit that does not answer the final count: the promise of 0 keys left cannot be shown, so
+    the verdict fails naming the unit (exit 1), with the rest of the report; not an error with no report."""
+    from dressage.errors import StorageUnitUnavailable
+    from dressage.tq import TransferQueue
+
+    def total_keys(self):
+        raise StorageUnitUnavailable("cannot count keys of unit unit0: StorageUnit unit0 is unavailable (stats: "
+                                     "no reply within 2 s)")
+
+    monkeypatch.setattr(TransferQueue, "total_keys", total_keys)
+    out = tmp_path / "run.json"
+    rc = main(["run", *SMALL, "--enable-transfer-queue", "--json", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 1
+    line = captured.err.strip().splitlines()[-1]
+    assert line.startswith("FAIL: TQ keys left after consumption unknown: cannot count keys of unit unit0: ")
+    assert "(passed: 4 sessions without errors" in line and "error:" not in captured.err
+    data = json.loads(out.read_text())
+    assert data["tq_keys_left"] is None and "unit0" in data["tq_keys_uncounted"]
+    assert [r["tq_keys_left"] for r in data["rollouts"]] == [None] * len(data["rollouts"])
+    assert data["segments"] > 0 and "TQ keys left" in captured.out and "unknown (cannot count keys" in captured.out
+
+
 def test_compare_without_tq_needs_tq_on(capsys):
     assert main(["run", *SMALL, "--compare-without-tq"]) == 2
     assert capsys.readouterr().err.strip() == ("dressage run: error: --compare-without-tq compares a run with TQ "

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dressage.dataplane import DataPlaneConfig
-from dressage.errors import LostSamplesError
+from dressage.errors import LostSamplesError, StorageUnitUnavailable
 from dressage.fields import ModelSpec
 from dressage.harness.run import RunConfig
 from dressage.harness.run.config import RolloutConfig
@@ -47,6 +47,25 @@ def test_a_failed_in_process_step_still_releases_the_batch_keys(tq):
     assert tq.total_keys() == 0 and backend.rm.num_ready == 0
 
 
+def test_a_release_that_fails_after_a_failed_step_does_not_hide_the_steps_error(tq, monkeypatch, caplog):
+    """The restore's LostSamplesError names the lost Samples; a release failing after it (a unit that
+    does not answer, say) is logged, and the step's error is what the caller sees."""
+    client = tq.client()
+    backend = _LocalBackend(RunConfig(data_plane=CONFIG, rollout=RolloutConfig(dp_size=2)), client)
+    _two_sessions_one_key_lost(client, backend.sink)
+    real_delete, released = client.delete, []
+
+    def delete(keys):
+        released.append(real_delete(keys))
+        raise StorageUnitUnavailable("StorageUnit u9 is unavailable (delete: no reply within 2 s)")
+
+    monkeypatch.setattr(client, "delete", delete)
+    with pytest.raises(LostSamplesError) as info:
+        backend.train(0)
+    assert len(info.value.samples) == 1 and released == [3]    # the release was still made, once
+    assert tq.total_keys() == 0 and "u9" in caplog.text
+
+
 @pytest.mark.ray
 def test_a_rank_that_fails_its_restore_still_has_the_batch_keys_released():
     import ray
@@ -62,8 +81,9 @@ def test_a_rank_that_fails_its_restore_still_has_the_batch_keys_released():
             backend = RayBackend(RayBackendConfig(model=MODEL, dp_size=2), tq.client_spec(), client)
             _two_sessions_one_key_lost(client, backend.sink)
             assert tq.total_keys() == 3
-            with pytest.raises(ray.exceptions.RayTaskError, match="LostSamplesError"):
+            with pytest.raises(LostSamplesError) as info:   # the rank's own error, naming the lost Sample
                 backend.train(0)
+            assert len(info.value.samples) == 1 and isinstance(info.value.__cause__, ray.exceptions.RayTaskError)
             assert tq.total_keys() == 0  # the other rank trained; the batch's keys went with the step
         finally:
             if backend is not None:

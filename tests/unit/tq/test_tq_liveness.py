@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -13,6 +14,7 @@ from dressage.tq.client.client import TransferQueueClient
 from dressage.tq.directory.controller import Controller
 from dressage.tq.directory.entries import UnitInfo
 from dressage.tq.directory.liveness import LivenessMonitor
+from dressage.tq.directory.service import ControllerServer, RemoteController
 from dressage.tq.storage import MemoryStorageUnit
 from dressage.tq.storage.remote import RemoteStorageUnit
 from dressage.tq.storage.server import StorageUnitServer
@@ -85,15 +87,29 @@ def test_monitor_marks_a_silent_unit_dead_within_the_bound_and_live_when_it_answ
         monitor.stop()
 
 
-def test_a_read_waiting_on_a_unit_ends_when_the_unit_is_marked_dead():
-    """The unit is alive at the socket level but never answers; the Controller's verdict ends the wait."""
+@contextlib.contextmanager
+def _served_unit(*, timeout_s: float, **client_kw):
+    """A StorageUnit served on ZMQ, its in-process Controller and a client; ``hung`` (set at the end)
+    is what a test's blocking backend method waits on, so the unit stalls with its socket open."""
     backend = MemoryStorageUnit("u0", memory_budget=1 << 20)
     server = StorageUnitServer(backend, shared_memory=False).start()
     ctl = Controller([UnitInfo("u0")])
-    remote = RemoteStorageUnit("u0", server.address, timeout_s=30)
-    client = TransferQueueClient(ctl, {"u0": remote})
+    remote = RemoteStorageUnit("u0", server.address, timeout_s=timeout_s)
+    client = TransferQueueClient(ctl, {"u0": remote}, **client_kw)
     hung = threading.Event()
     try:
+        yield ctl, backend, client, hung
+    finally:
+        hung.set()
+        server.stop()
+        client.close()
+        remote.close()
+        backend.close()
+
+
+def test_a_read_waiting_on_a_unit_ends_when_the_unit_is_marked_dead():
+    """The unit is alive at the socket level but never answers; the Controller's verdict ends the wait."""
+    with _served_unit(timeout_s=30) as (ctl, backend, client, hung):
         ref = client.put("logprobs", np.arange(8, dtype=np.float32))
         real_get = backend.get_many
         # The unit takes the read and never answers (its socket stays open); timeout is 30 s. (A stopped
@@ -110,12 +126,6 @@ def test_a_read_waiting_on_a_unit_ends_when_the_unit_is_marked_dead():
         assert "no reply within" not in str(info.value)
         assert client.dead_units() == {"u0": client.dead_units()["u0"]}
         assert client.delete([ref]) == 1                # the unit copy stays queued, nothing waits
-    finally:
-        hung.set()
-        server.stop()
-        client.close()
-        remote.close()
-        backend.close()
 
 
 def test_a_put_whose_unit_goes_silent_is_placed_again_on_a_live_unit():
@@ -181,3 +191,76 @@ def test_a_unit_busy_with_a_long_request_is_not_marked_dead():
         probe.close()
         data.close()
         server.stop()
+
+
+def test_reads_of_live_units_do_not_wait_on_a_stalled_controller():
+    """Reads go straight to the unit; the liveness check asks a stalled Controller briefly, then backs off
+    and keeps the last known states, which come back up to date once the Controller answers again."""
+    ctl = Controller([UnitInfo("u0")])
+    stalled = threading.Event()
+    resumed = threading.Event()
+    real_states = ctl.unit_states
+
+    def unit_states():
+        if stalled.is_set():           # the Controller's one loop stops serving (a SIGSTOPped process)
+            resumed.wait(30)
+        return real_states()
+
+    ctl.unit_states = unit_states
+    ctl_server = ControllerServer(ctl, stream=False).start()
+    backend = MemoryStorageUnit("u0", memory_budget=1 << 20)
+    server = StorageUnitServer(backend, shared_memory=False).start()
+    remote_ctl = RemoteController(ctl_server.address, timeout_s=2.0)
+    remote = RemoteStorageUnit("u0", server.address, timeout_s=2.0)
+    client = TransferQueueClient(remote_ctl, {"u0": remote}, fast_writes=False)
+    try:
+        refs = [client.put("logprobs", np.full(4, i, dtype=np.float32)) for i in range(3)]
+        client.get(refs[0])
+        stalled.set()
+        time.sleep(0.25)                                   # the view's copy is stale: the next check asks
+        t0 = time.monotonic()
+        first = client.get(refs[1])
+        took_first = time.monotonic() - t0
+        t0 = time.monotonic()
+        rest = client.get_many(refs)
+        took_rest = time.monotonic() - t0
+        # Before: each check waited out the 2 s request timeout, twice per unit read (4 s, then 4 s).
+        assert [float(first[0])] + [float(a[0]) for a in rest] == [1.0, 0.0, 1.0, 2.0]
+        assert took_first < 0.8 and took_rest < 0.3, (took_first, took_rest)
+        assert client._liveness.failed_refreshes == 1      # backed off: asked once, not per check
+        ctl.mark_unit_dead("u0", "verdict while stalled")  # the stalled Controller cannot tell anyone yet
+        assert client.dead_units() == {}                   # the last known states stay
+        resumed.set()
+        stalled.clear()
+        deadline = time.monotonic() + 3.0                  # asked again once the backoff (1 s) is over
+        while not client.dead_units() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "verdict while stalled" in client.dead_units()["u0"]
+    finally:
+        resumed.set()
+        client.close()
+        remote.close()
+        remote_ctl.close()
+        server.stop()
+        ctl_server.stop()
+        backend.close()
+
+
+def test_delete_and_clear_leave_a_stalled_units_deletions_to_the_janitor():
+    """The unit takes the delete and never answers (stalled, not yet marked dead): the directory already
+    forgot the keys and queued the unit deletions, so the release counts them and returns, no error."""
+    with _served_unit(timeout_s=0.5, fast_writes=False) as (ctl, backend, client, hung):
+        refs = [client.put("logprobs", np.full(4, i, dtype=np.float32)) for i in range(3)]
+        batch = [client.put("logprobs", np.full(4, 9, dtype=np.float32), batch="b1") for _ in range(2)]
+        real_delete = backend.delete
+        backend.delete = lambda *a, **k: (hung.wait(30), real_delete(*a, **k))[1]
+        assert client.delete(refs[:2]) == 2              # before: StorageUnitUnavailable (no reply in 0.5 s)
+        assert client.clear("b1") == 2
+        assert client.clear("b1") == 0                   # the directory was cleared the first time
+        assert client.counters.deletes == 4 and client.counters.deletes_deferred == 4
+        assert ctl.total_keys() == 1
+        assert sorted(ctl.take_deletions()["u0"]) == sorted(r.key for r in refs[:2] + batch)  # the janitor's
+        hung.set()
+        backend.delete = real_delete
+        assert client.delete([refs[2]]) == 1             # a unit that answers deletes at once, as before
+        assert client.counters.deletes_deferred == 4 and ctl.total_keys() == 0

@@ -15,7 +15,7 @@ from typing import Any
 
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
-from dressage.errors import AgentError, ConfigError, DressageError
+from dressage.errors import AgentError, ConfigError, DressageError, StorageUnitUnavailable
 from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 from dressage.harness.agents.rollout import first_causes
 from dressage.harness.replay import merge_replay, replay_summary
@@ -27,7 +27,7 @@ from dressage.proxy.deployment import Proxy
 from dressage.proxy.parsers import ParseEndpoints
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
-from dressage.train import TrainingReader, release_batch
+from dressage.train import TrainingReader, releasing
 from dressage.train.digest import combine_digests
 from dressage.train.summary import summarise_shard
 
@@ -53,7 +53,10 @@ class RunReport:
     """Bytes of Samples that passed through the RolloutManager (resident arrays only)."""
     tq_bytes_written: int = 0
     tq_bytes_read: int = 0
-    tq_keys_left: int = 0
+    tq_keys_left: int | None = 0
+    """Keys the StorageUnits hold after the last batch was consumed; None when a unit could not be asked."""
+    tq_keys_uncounted: str = ""
+    """Why ``tq_keys_left`` is None: the unit that did not answer the count (the verdict fails on it)."""
     peak_memory_bytes: dict[str, int] = field(default_factory=dict)
     samples_digest: str = ""
     replay: dict[str, Any] = field(default_factory=dict)
@@ -66,6 +69,17 @@ class RunReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__ if name != "session_views"}
+
+
+def count_keys_left(tq: Any) -> tuple[int | None, str]:
+    """The keys ``tq``'s StorageUnits hold (0 without TQ), or None and why when one cannot be asked: a unit
+    that is dead or does not answer ends no run early; the verdict names it (see ``verdict.judge``)."""
+    if tq is None:
+        return 0, ""
+    try:
+        return tq.total_keys(), ""
+    except StorageUnitUnavailable as exc:
+        return None, str(exc)
 
 
 def _peak(report: RunReport, name: str, value: int) -> None:
@@ -170,7 +184,7 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
             if cfg.report.html:  # only the last rollout's: the page stays the size of one batch
                 report.session_views = [_session_view(core, service, sid) for sid in finished]
             service.trajectories.forget(finished)
-            keys_left = tq.total_keys() if tq is not None else 0
+            keys_left, _ = count_keys_left(tq)
             report.rollouts.append({"rollout": i, "sessions": len(finished), "segments": out["segments"],
                                     "digest": out["digest"], "tq_keys_left": keys_left,
                                     "agent_errors": _agent_counts(rr).get("errors", 0),
@@ -183,7 +197,7 @@ def run_pipeline(cfg: RunConfig) -> RunReport:
         if client is not None:
             report.tq_bytes_written = client.counters.bytes_written
             report.tq_bytes_read = client.counters.bytes_read + backend.remote_bytes_read
-            report.tq_keys_left = tq.total_keys()
+            report.tq_keys_left, report.tq_keys_uncounted = count_keys_left(tq)
         report.samples_digest = combine_digests((i, bytes.fromhex(d)) for i, d in enumerate(digests))
         _peak(report, "process_pss", sampler.peak)
     report.wall_s = time.perf_counter() - t0
@@ -256,16 +270,12 @@ class _LocalBackend:
         keys = sample_ref_keys(batch.samples)
         rm_bytes = sum(sample_resident_nbytes(s) for s in batch.samples)
         parts, replay = [], {}
-        try:
+        with releasing(self.client, sorted(keys)):  # also when a rank failed: the batch left the RolloutManager
             for shard in batch.shards:
                 TrainingReader(self.client).restore(shard)
                 parts.append(summarise_shard(shard, self.cfg.data_plane.model))
                 if self.replay_model is not None:
                     replay = merge_replay(replay, replay_summary(self.replay_model, shard))
-        finally:
-            # Also when a rank failed: the batch left the RolloutManager when it was cut.
-            if self.client is not None:
-                release_batch(self.client, sorted(keys))
         merged = _merge(parts, rm_bytes)
         if self.replay_model is not None:
             merged["replay"] = replay

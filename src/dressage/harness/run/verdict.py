@@ -4,7 +4,8 @@ Checks, each only where it applies:
 - every agent session finished without an error (the line counts the agents' turns, tool calls,
   retries and context compressions), and the rollouts produced Samples (each of them
   already passed the consumer's :func:`dressage.train.check_sample` on the way);
-- with TransferQueue on, no key is left once every batch has been consumed;
+- with TransferQueue on, no key is left once every batch has been consumed (a StorageUnit that cannot
+  be asked fails this check, named: the promise cannot be shown to hold);
 - with ``compare_without_tq``, the same seed with TQ off gives the same samples digest;
 - with the ``transformers`` engine and R3, the trainer's forced-routing forward pass reproduces the
   recorded logprobs token by token bit for bit and each sequence's total within ``SEQUENCE_TOLERANCE``.
@@ -74,7 +75,10 @@ def judge(report: Any, baseline: Any = None) -> Verdict:
           f"{errors} agent sessions failed" + (f" ({first_causes(causes)})" if causes else ""))
     check(report.segments > 0, f"{report.segments} samples checked", "no Samples reached the trainer")
     if report.config.get("enable_transfer_queue"):
-        check(report.tq_keys_left == 0, "0 TQ keys left", f"{report.tq_keys_left} TQ keys left after consumption")
+        if report.tq_keys_left is None:
+            check(False, "", f"TQ keys left after consumption unknown: {report.tq_keys_uncounted}")
+        else:
+            check(report.tq_keys_left == 0, "0 TQ keys left", f"{report.tq_keys_left} TQ keys left after consumption")
     if baseline is not None:
         same = baseline.samples_digest == report.samples_digest
         check(same, f"TQ on/off samples identical (digest {report.samples_digest[:8]})",

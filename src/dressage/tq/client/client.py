@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import threading
 import uuid
@@ -36,6 +37,8 @@ from dressage.tq.transport.wire import MAX_KEY_BYTES, MAX_TEXT, max_keys
 
 __all__ = ["TransferQueueClient", "ClientCounters"]
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(slots=True)
 class ClientCounters:
@@ -51,6 +54,7 @@ class ClientCounters:
     deletes: int = 0
     full_waits: int = 0           # times a put backed off because every unit was full (on_full: wait)
     replaced_puts: int = 0        # puts placed again because their first unit died before answering
+    deletes_deferred: int = 0     # deleted keys whose unit could not be reached: the janitor deletes them
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -393,7 +397,9 @@ class TransferQueueClient:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def delete(self, refs_or_keys: Iterable[FieldRef | str]) -> int:
-        """Remove keys everywhere now; returns how many the directory knew."""
+        """Remove keys everywhere now; returns how many the directory knew. A unit that cannot be reached
+        keeps its deletions queued in the directory (the janitor's) and is no error: those keys are gone
+        from the directory already."""
         self._check_open()
         keys = list(dict.fromkeys(keys_of(refs_or_keys, "delete")))
         return self._drop(self._controller.delete(keys))
@@ -404,9 +410,10 @@ class TransferQueueClient:
         if batch is None:
             raise TransferQueueError("clear takes a batch name, got None")
         check_batch(batch, "clear batch")
-        # A page of the batch at a time, so no request or answer carries more keys than one may. A page
-        # whose unit deletions fail stays queued in the directory (the janitor retries it page by page);
-        # the other pages are still cleared, then the first failure is raised.
+        # A page of the batch at a time, so no request or answer carries more keys than one may. A unit
+        # that cannot be reached keeps its deletions queued in the directory (``_drop``); a page whose unit
+        # deletions fail otherwise stays queued too (the janitor retries it page by page): the other pages
+        # are still cleared, then the first such failure is raised.
         removed, failed = 0, None
         while page := self._controller.clear(batch, limit=max_keys()):
             try:
@@ -420,21 +427,31 @@ class TransferQueueClient:
 
     def _drop(self, placement: dict[str, list[str]]) -> int:
         # The directory already forgot the keys and queued the unit deletions; deleting here as well
-        # makes the call synchronous (idempotent, so the janitor's later pass is harmless).
+        # makes the call synchronous (idempotent, so the janitor's later pass is harmless). A unit that
+        # cannot be reached now (dead, stalled, gone mid-call) keeps its deletions queued for the janitor:
+        # nothing is left to do here, so that is counted (``deletes_deferred``), not raised.
         failed: list[BaseException] = []
+        deferred = 0
         for unit_id, keys in placement.items():
             unit = self._units.get(unit_id)
             if unit is None:
                 continue
-            if self._liveness is not None and unit.remote and self._liveness.reason(unit_id):
-                continue  # the directory keeps these deletions queued until the unit answers again
-            try:
-                unit.delete(keys)
-            except Exception as exc:  # the janitor retries; report after trying every unit
-                failed.append(exc)
+            why = self._liveness.reason(unit_id) if self._liveness is not None and unit.remote else None
+            if not why:
+                try:
+                    unit.delete(keys)
+                    continue
+                except StorageUnitUnavailable as exc:
+                    why = str(exc)
+                except Exception as exc:  # the janitor retries; report after trying every unit
+                    failed.append(exc)
+                    continue
+            deferred += len(keys)
+            log.warning("%d deletions of StorageUnit %s stay queued for the janitor: %s", len(keys), unit_id, why)
         n = sum(len(k) for k in placement.values())
         with self._lock:
             self._counters.deletes += n
+            self._counters.deletes_deferred += deferred
         if failed:
             raise failed[0]
         return n

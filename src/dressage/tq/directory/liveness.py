@@ -22,6 +22,13 @@ __all__ = ["LivenessMonitor", "LivenessView"]
 log = logging.getLogger(__name__)
 # How stale a client's copy of the unit states may be; bounds the extra delay of a fail-fast read.
 VIEW_TTL_S = 0.2
+# How long a refresh waits for a remote Controller's answer (an idle one answers in about a millisecond).
+VIEW_ASK_S = 0.2
+# After a refresh that got no answer, the view keeps its last states this long before asking again, doubling
+# up to VIEW_BACKOFF_MAX_S while the Controller stays silent: a stalled Controller costs a reader one
+# VIEW_ASK_S wait per backoff period, not a wait per check.
+VIEW_BACKOFF_S = 1.0
+VIEW_BACKOFF_MAX_S = 8.0
 
 
 class LivenessMonitor:
@@ -73,16 +80,26 @@ class LivenessMonitor:
 class LivenessView:
     """A client's copy of the Controller's unit states, refreshed at most every ``ttl_s``.
 
-    ``reason(unit_id)`` is None for a live unit, else why it is dead. A Controller that cannot be asked
-    leaves the last known states in place: a failing directory must not fail reads that would work.
+    ``reason(unit_id)`` is None for a live unit, else why it is dead. While the Controller answers, the
+    copy is at most ``ttl_s`` old. A refresh waits at most ``ask_s`` for a remote Controller (one with
+    ``remote = True``, whose ``unit_states`` takes ``timeout_s``); one that cannot be asked leaves the last
+    known states in place and is asked again only after ``backoff_s`` (doubling, at most
+    ``VIEW_BACKOFF_MAX_S``, while it stays silent): a failing or stalled directory must neither fail nor
+    slow down reads that would work.
     """
 
-    def __init__(self, controller: Any, *, ttl_s: float = VIEW_TTL_S) -> None:
+    def __init__(self, controller: Any, *, ttl_s: float = VIEW_TTL_S, ask_s: float = VIEW_ASK_S,
+                 backoff_s: float = VIEW_BACKOFF_S) -> None:
         self._controller = controller
+        self._remote = bool(getattr(controller, "remote", False))
         self._ttl = ttl_s
+        self._ask = ask_s
+        self._backoff_first = backoff_s
+        self._backoff = backoff_s
         self._lock = threading.Lock()
         self._states: dict[str, dict[str, Any]] = {}
         self._at = float("-inf")
+        self.failed_refreshes = 0  # refreshes the Controller did not answer (in time)
 
     def _refresh(self) -> dict[str, dict[str, Any]]:
         now = time.monotonic()
@@ -91,11 +108,19 @@ class LivenessView:
                 return self._states
             self._at = now  # one refresher at a time; the others use what is there
         try:
-            states = self._controller.unit_states()
-        except TransferQueueError:
+            states = (self._controller.unit_states(timeout_s=self._ask) if self._remote
+                      else self._controller.unit_states())
+        except TransferQueueError as exc:
+            with self._lock:
+                # Not asked again before the backoff ends: ``_at`` lies that far minus ttl ahead.
+                self._at = time.monotonic() + self._backoff - self._ttl
+                wait, self._backoff = self._backoff, min(self._backoff * 2, VIEW_BACKOFF_MAX_S)
+                self.failed_refreshes += 1
+            log.debug("unit states not refreshed (%s); the last known stay for %.1f s", exc, wait)
             return self._states
         with self._lock:
             self._states = states
+            self._backoff = self._backoff_first
         return states
 
     def begin_refresh(self) -> bool:

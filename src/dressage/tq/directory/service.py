@@ -366,8 +366,8 @@ class RemoteController:
     def mark_unit_live(self, unit_id: str) -> bool:
         return bool(self._rpc.call("unit_state", {"unit_id": unit_id, "state": "live"})[0]["changed"])
 
-    def unit_states(self) -> dict[str, dict[str, Any]]:
-        return dict(self._rpc.call("unit_states")[0]["states"])
+    def unit_states(self, timeout_s: float | None = None) -> dict[str, dict[str, Any]]:
+        return dict(self._rpc.call("unit_states", timeout_s=timeout_s)[0]["states"])
 
     def run_janitor(self) -> int:
         return int(self._rpc.call("sweep")[0]["removed"])
