@@ -22,7 +22,7 @@ from dressage.proxy.journal.wal import Scan
 from dressage.proxy.recording.core import LOST_FIELDS_KEY, ProxyCore
 from dressage.tokenizer import load_tokenizer
 from dressage.tq import TransferQueue
-from test_journal_wal import _cfg, _journal_of
+from test_journal_wal import _cfg, _frames, _journal_of
 from test_offload import MODEL, SCRIPT, _drive
 from trajgen import sglang_body
 
@@ -236,3 +236,43 @@ def test_a_journal_belongs_to_one_proxy_at_a_time(tmp_path):
     blocked.write_text("")
     with pytest.raises(JournalError, match="cannot open journal"):  # a parent that cannot be made
         Journal(blocked / "sub" / "j", fsync="never")
+
+
+@pytest.mark.parametrize("tail", ["cut last frame", "last frame zeroed", "4 KiB of zeros after the last frame",
+                                  "header zeroed"])
+def test_a_tail_a_crash_leaves_starts_as_a_torn_tail(tmp_path, tail):
+    """Killed mid-write, the last frame is cut short; after a power loss its bytes (or the bytes after it)
+    may read as zeros, the file's size having reached the disk and its last blocks not. Nothing intact
+    follows either: the Proxy starts on the records before it, as from any torn tail."""
+    path = tmp_path / "j"
+    _journal_of(path, sessions=3)
+    frames = _frames(path)
+    data = path.read_bytes()
+    last = frames[-1][0]
+    path.write_bytes({"cut last frame": data[:-30], "last frame zeroed": data[:-30] + bytes(30),
+                      "4 KiB of zeros after the last frame": data + bytes(4096),
+                      "header zeroed": data[:last + 10] + bytes(len(data) - last - 10)}[tail])
+    intact = len(data) if tail.startswith("4 KiB") else last
+    service, report = _service(path)
+    assert report.truncated_tail and not report.mid_journal_damage and report.damage.kind == "torn_tail"
+    assert report.damage.offset == report.intact_bytes == intact and service.core.journal.set_aside is None
+    assert report.records == len(frames) - (0 if tail.startswith("4 KiB") else 1)
+    assert path.stat().st_size == intact  # cut back before the next append
+    service.core.journal.close()
+
+
+@pytest.mark.parametrize("tail", ["flipped byte in the last frame", "zeros, then an intact frame"])
+def test_damage_at_the_end_that_a_crash_does_not_leave_is_still_refused(tmp_path, tail):
+    path = tmp_path / "j"
+    _journal_of(path, sessions=3)
+    frames = _frames(path)
+    data = bytearray(path.read_bytes())
+    (last, _), (before_last, n) = frames[-1], frames[-2]
+    if tail.startswith("flipped"):
+        data[last + 30] ^= 0xFF  # the last record's bytes were written whole, and changed since
+        assert data[-1] != 0
+    else:
+        data[before_last + 30:before_last + n] = bytes(n - 30)
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalDamagedError):
+        _service(path)
