@@ -1,11 +1,22 @@
 """Journal records: what one session event looks like on disk, and how replay applies it.
 
 A payload is ``u8 kind, u32 len(session id), session id (UTF-8), msgpack body``, so compaction can
-tell which session a record belongs to without decoding its body. A step record stores only what is
-new: its prompt as ``(base step, n tokens)`` plus the ids after them, its messages as ``(base step,
-k messages)`` plus the rest and its tools as a reference when they equal the base step's. The base is
-the parent (append / branch) or the boundary's candidate step (a new lineage that shares a prefix), so
-a session of N turns journals O(total tokens), not O(N * context).
+tell which session a record belongs to without decoding its body. The kinds (``KINDS``):
+
+- ``session`` (1): a session was created (metadata, R3 shape, whether it records logprobs);
+- ``step`` (2): a committed StepRecord (below);
+- ``finalize`` (3): reward, the metadata the finalize added, its finalization id;
+- ``abort`` (4): the session was aborted (or discarded while active); replay remembers its id only;
+- ``forget`` (5): a finished session was dropped (no body).
+
+A session id that is used again after its session was forgotten (or aborted, once the Proxy stopped
+remembering it) starts a new life with a new ``session`` record: replay, and compaction, leave the
+first life at the record that ended it.
+
+A step record stores only what is new: its prompt as ``(base step, n tokens)`` plus the ids after
+them, its messages as ``(base step, k messages)`` plus the rest and its tools as a reference when they
+equal the base step's. The base is the parent (append / branch) or the boundary's candidate step (a
+new lineage that shares a prefix), so a session of N turns journals O(total tokens), not O(N * context).
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ import numpy as np
 from dressage.errors import DressageError, JournalEncodeError, JournalError
 from dressage.trajectory import Boundary, RouteDecision, Session, StepRecord
 
-__all__ = ["JournalEncodeError", "KINDS", "encode", "split", "apply", "encode_session", "encode_step"]
+__all__ = ["JournalEncodeError", "KINDS", "encode", "split", "apply", "encode_session", "encode_step", "ended"]
 
 _PREFIX = struct.Struct("<BI")
 KINDS = {"session": 1, "step": 2, "finalize": 3, "abort": 4, "forget": 5}
@@ -53,6 +64,12 @@ def split(payload: bytes) -> tuple[str, str, memoryview]:
     except UnicodeDecodeError as exc:
         raise JournalError(f"record session id is not UTF-8: {exc}") from None
     return _NAMES[code], sid, memoryview(payload)[_PREFIX.size + n:]
+
+
+def ended(kind: str, sid: str, body: memoryview | bytes) -> list[str]:
+    """The sessions whose life a record of ``kind`` ends: a forget's, an abort's (replay remembers an aborted
+    id only); none for another kind."""
+    return [sid] if kind in ("forget", "abort") else []
 
 
 # ----------------------------------------------------------------------- encode
@@ -146,7 +163,8 @@ def apply(sessions: dict[str, Session], payload: bytes, *, decode=None, special_
         if not isinstance(rec, dict) and kind != "forget":
             raise JournalError(f"{kind} record body is a {type(rec).__name__}, not a map")
         if kind == "session":
-            if sid in sessions:
+            # An aborted id is remembered only; used again (once the Proxy stopped remembering it), it is a new life.
+            if sid in sessions and sessions[sid].state != "aborted":
                 raise JournalError(f"session {sid!r} is created twice")
             sessions[sid] = Session(sid, metadata=rec["meta"], r3_shape=tuple(rec["r3"]) if rec["r3"] else None,
                                     record_logprobs=rec["lp"], decode=decode, special_ids=special_ids)
