@@ -13,7 +13,7 @@ garbage. Files are created 0600. When the records of forgotten sessions outweigh
 journal compacts itself: it copies the records a replay still needs (:class:`Lives`) to a new file
 without blocking appends, then copies what was appended meanwhile under the lock and swaps the files.
 A compacted journal replays to the sessions the one it replaced did (aborted ones without their steps,
-which nothing reads).
+which nothing reads); the acknowledged reads a replay reports do not outlive a compaction.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ FILE_MODE = 0o600
 ABORTED_KEPT = 100_000
 """Aborted session ids a compaction keeps the records of (the newest), so that a replay still remembers them
 as aborted: as many as a ProxyCore remembers of the sessions that left it."""
+READS_KEPT, READ_SESSIONS_KEPT = 10_000, 1_000_000
+"""Acknowledged reads a replay reports (the newest, with at most so many session ids in all), so that an ack
+repeated after a restart answers what it forgot: as many as the Proxy's read leases remember of ended reads."""
 
 
 @dataclass(slots=True)
@@ -68,6 +71,9 @@ class ReplayReport:
     """Sessions (finalized or active) whose TQ keys the TransferQueue no longer holds: session id -> keys."""
     tq_check_error: str | None = None
     """Why the TransferQueue could not be asked which keys it holds (nothing was marked then)."""
+    acknowledged_reads: OrderedDict[str, list[str]] = field(default_factory=OrderedDict)
+    """Reads whose ack the journal holds, oldest first (the newest ``READS_KEPT``, until a compaction drops
+    them): read id -> the sessions that ack forgot."""
 
     @property
     def mid_journal_damage(self) -> bool:
@@ -304,8 +310,12 @@ class Journal:
     def aborted(self, session_id: str, reason: str) -> None:
         self._append(codec.encode("abort", session_id, {"reason": reason}))
 
-    def forgotten(self, session_id: str) -> None:
-        self._append(codec.encode("forget", session_id, None))
+    def forgotten(self, *session_ids: str, read_id: str | None = None) -> None:
+        """Forget finished sessions, all in one record: a crash leaves every one of them forgotten or none.
+        ``read_id``: the read whose ack forgets them (a replay reports it, so that a repeat of the ack after
+        a restart answers what it forgot)."""
+        if session_ids:
+            self._append(codec.encode_forget(session_ids, read_id))
 
     def close(self) -> None:
         t = self._compactor
@@ -398,15 +408,17 @@ class Journal:
     def replay(path: str | os.PathLike[str], *, decode=None, special_ids=()) -> tuple[dict[str, Session], ReplayReport]:
         """Rebuild sessions from the intact prefix of the journal (forgotten sessions are skipped)."""
         sessions: dict[str, Session] = {}
+        acks = _AckedReads()
         scan = Scan(path)
         for _, payload, _ in scan:
             try:
-                codec.apply(sessions, payload, decode=decode, special_ids=special_ids)
+                if codec.apply(sessions, payload, decode=decode, special_ids=special_ids) == "forget_many":
+                    acks.note(codec.acknowledged_read(payload))
             except JournalError as exc:
                 scan.stop(str(exc))
         report = ReplayReport(records=scan.records, damage=scan.damage, duplicates=scan.duplicates,
                               truncated_tail=scan.damage is not None and scan.damage.kind == "torn_tail",
-                              intact_bytes=scan.end)
+                              intact_bytes=scan.end, acknowledged_reads=acks.reads)
         if report.mid_journal_damage and scan.damage.kind != "not_a_journal":
             after: dict[str, None] = {}
             for payload in frames_after(path, scan.damage.offset):
@@ -421,11 +433,28 @@ class Journal:
         return sessions, report
 
 
+class _AckedReads:
+    """The acknowledged reads a replay found: the newest ``READS_KEPT``, with ``READ_SESSIONS_KEPT`` ids in all."""
+
+    def __init__(self) -> None:
+        self.reads: OrderedDict[str, list[str]] = OrderedDict()
+        self._ids = 0
+
+    def note(self, ack: tuple[str, list[str]] | None) -> None:
+        if ack is None:
+            return
+        read_id, ids = ack
+        self.reads[read_id] = ids
+        self._ids += len(ids)
+        while len(self.reads) > READS_KEPT or self._ids > READ_SESSIONS_KEPT:
+            self._ids -= len(self.reads.popitem(last=False)[1])
+
+
 class Lives:
     """What a replay of a journal still needs, record by record: compaction keeps exactly that.
 
-    A session's current life starts at its ``session`` record and ends at a ``forget``: then none of its
-    records are needed. An ``abort`` ends it too, but a replay remembers an
+    A session's current life starts at its ``session`` record and ends at a ``forget`` (or a ``forget_many``
+    naming it): then none of its records are needed. An ``abort`` ends it too, but a replay remembers an
     aborted id, for which it needs that life's ``session`` and ``abort`` records (kept for the newest
     ``ABORTED_KEPT`` aborted ids). A record of an id whose life ended is needed by nothing: a drained session
     id used again starts a new life at its new ``session`` record, and its first life never comes back.
