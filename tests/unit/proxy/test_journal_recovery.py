@@ -277,7 +277,11 @@ def test_an_ack_is_one_journal_record_so_a_crash_forgets_all_of_it_or_none(tmp_p
     assert again["already"] is True and sorted(again["acknowledged_session_ids"]) == finalized
     released = restarted.trajectories.release(read["read_id"])
     assert released["released"] == 0 and sorted(released["acknowledged_session_ids"]) == finalized
+    restarted.core.journal.compact()  # the acknowledged sessions' records, and the ack's, are dropped
     restarted.core.journal.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and list(sessions) == report.active and len(report.active) == 1
+    assert report.records == 2 and not report.acknowledged_reads
 
 
 def test_a_journal_that_forgot_an_ack_session_by_session_still_replays(tmp_path):
