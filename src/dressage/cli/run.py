@@ -82,7 +82,8 @@ def write_run_page(r, path: str, figures=()) -> str:
     capacity = {f"peak {k}": format_bytes(v) for k, v in sorted(r.peak_memory_bytes.items())}
     capacity.update({"large fields as stored": format_bytes(r.stored_large_field_bytes),
                      "TQ bytes written / read": f"{format_bytes(r.tq_bytes_written)} / {format_bytes(r.tq_bytes_read)}",
-                     "TQ keys left": keys_left_text(r), "segments": r.segments, "trained tokens": r.trained_tokens})
+                     "TQ keys left": r.tq_keys_left if r.tq_keys_left is not None else keys_left_text(r),
+                     "segments": r.segments, "trained tokens": r.trained_tokens})
     timeline = [{"label": f"rollout {x['rollout']}", "bytes": x["pss_bytes"]} for x in r.rollouts if "pss_bytes" in x]
     return str(write_html(r.session_views, path, title="dressage run", figures=figures, capacity=capacity,
                           timeline=timeline))

@@ -128,7 +128,7 @@ class ProxyService:
         report = self.core.recover(journal.path, accept=accept)
         self.replay_s = time.perf_counter() - began
         self.versions.restore(self.core.sessions.values())  # named versions keep their codes
-        self.trajectories.adopt(report.delivered)
+        self.trajectories.adopt(report.delivered, report.acknowledged_reads)
         # Appends start where replay stopped: a record the replay refused is cut (and set aside) too.
         self.core.journal = Journal(journal.path, fsync=journal.fsync, intact_bytes=report.intact_bytes)
         self.metrics.watch_journal(self.core.journal)

@@ -198,8 +198,8 @@ class ProxyTrajectorySource:
     def release(self, batch: TrajectoryBatch, *, quiet: bool = False) -> None:
         """The batch could not be used: its trajectories are readable again at once.
 
-        Sessions an ack of this read already had the Proxy forget (one that failed part-way, or whose
-        answer was lost) cannot go back: the answer names them (``batch.acknowledged``), and since this
+        Sessions an ack of this read already had the Proxy forget (one whose answer was lost, also before
+        a Proxy restart) cannot go back: the answer names them (``batch.acknowledged``), and since this
         reader gives them up, their TQ keys are released here: no key is left without a reader.
         ``quiet``: a failed release is logged, not raised (for a caller that is failing already; the
         lease then runs out on its own)."""

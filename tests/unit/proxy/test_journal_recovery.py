@@ -15,7 +15,7 @@ import pytest
 
 from dressage.cli.journal import repair
 from dressage.errors import (JournalDamagedError, JournalError, JournalFullError, JournalWriteError, SessionStateError,
-                             TransferQueueError)
+                             TransferQueueError, UnknownReadError)
 from dressage.proxy.config import DataPlaneConfig, EnginesConfig, JournalConfig, ProxyConfig
 from dressage.proxy.deployment import build_service
 from dressage.proxy.journal import log as journal_log
@@ -27,7 +27,7 @@ from dressage.rollout.manager import sample_ref_keys
 from dressage.tokenizer import load_tokenizer
 from dressage.tq import TransferQueue
 from dressage.train import TrainingReader, release_batch, samples_digest
-from test_journal_wal import _cfg, _journal_of
+from test_journal_wal import _cfg, _frames, _journal_of, _state
 from test_offload import MODEL, SCRIPT, _config, _drive
 from test_write_behind import _begin, _Gated
 from trajgen import sglang_body
@@ -347,3 +347,108 @@ def test_a_session_dropped_as_unused_takes_no_step_landing_after_it(tmp_path, tq
     core.close()
     sessions, report = Journal.replay(path)
     assert report.damage is None and sessions == {} and report.records == 2 and tq.total_keys() == 0
+
+def test_an_ack_is_one_journal_record_so_a_crash_forgets_all_of_it_or_none(tmp_path):
+    """A SIGKILL while an ack is written leaves its record whole or torn: after the restart every
+    trajectory the ack did not get to forget is readable again, as it was; once the record is on disk, all
+    of them are forgotten and a repeat of the ack (its answer was lost with the process) names them."""
+    path = tmp_path / "j"
+    _journal_of(path, sessions=6)
+    before, _ = Journal.replay(path)
+    service, _ = _service(path)
+    finalized = sorted(service.trajectories.finalized)
+    assert len(finalized) == 6
+    read = service.trajectories.read(lease=True)
+    records, size = len(_frames(path)), path.stat().st_size
+    answer = service.trajectories.ack(read["read_id"])
+    assert sorted(answer["acknowledged_session_ids"]) == finalized and answer["acknowledged"] == 6
+    service.core.journal.close()
+    data = path.read_bytes()
+    for cut in range(size, len(data)):  # killed at every byte of what the ack wrote
+        path.write_bytes(data[:cut])
+        sessions, report = Journal.replay(path)
+        assert report.damage is None or report.truncated_tail
+        assert _state(sessions) == _state(before), f"killed at byte {cut - size} of the ack"
+    assert not report.acknowledged_reads
+    path.write_bytes(data)
+    assert len(_frames(path)) == records + 1  # the whole ack: one record
+    path.write_bytes(data[:size + 40])
+    restarted, report = _service(path)  # readable again, every one, and the read id is unknown
+    assert report.truncated_tail and sorted(restarted.trajectories.finalized) == finalized
+    assert sorted(t["session_id"] for t in restarted.trajectories.read(lease=True)["trajectories"]) == finalized
+    with pytest.raises(UnknownReadError):
+        restarted.trajectories.ack(read["read_id"])
+    restarted.core.journal.close()
+
+    path.write_bytes(data)  # the record reached the disk, the answer did not
+    restarted, report = _service(path)
+    assert restarted.trajectories.finalized == {} and list(report.acknowledged_reads) == [read["read_id"]]
+    again = restarted.trajectories.ack(read["read_id"])
+    assert again["already"] is True and sorted(again["acknowledged_session_ids"]) == finalized
+    released = restarted.trajectories.release(read["read_id"])
+    assert released["released"] == 0 and sorted(released["acknowledged_session_ids"]) == finalized
+    restarted.core.journal.compact()  # the acknowledged sessions' records, and the ack's, are dropped
+    restarted.core.journal.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and list(sessions) == report.active and len(report.active) == 1
+    assert report.records == 2 and not report.acknowledged_reads
+
+
+def test_a_journal_that_forgot_an_ack_session_by_session_still_replays(tmp_path):
+    """The previous version journaled an ack as one ``forget`` record per session: such a journal
+    replays with those sessions forgotten, and a compaction drops them."""
+    from dressage.proxy.journal import codec
+
+    path = tmp_path / "j"
+    core = _journal_of(path, sessions=3)
+    done = sorted(sid for sid, s in core.sessions.items() if s.state == "finalized")
+    j = Journal(path, fsync="never", compact_min_bytes=None)
+    for sid in done[:2]:
+        j._append(codec.encode("forget", sid, None))
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and sorted(report.finalized) == done[2:] and len(report.active) == 1
+    j.compact()
+    j.close()
+    compacted, again = Journal.replay(path)
+    assert again.damage is None and _state(compacted) == _state(sessions)
+    assert not any(codec.split(p)[1] in done[:2] for _, p, _ in Scan(path))
+
+
+@pytest.mark.parametrize("tail", ["cut last frame", "last frame zeroed", "4 KiB of zeros after the last frame",
+                                  "header zeroed"])
+def test_a_tail_a_crash_leaves_starts_as_a_torn_tail(tmp_path, tail):
+    """Killed mid-write, the last frame is cut short; after a power loss its bytes (or the bytes after it)
+    may read as zeros, the file's size having reached the disk and its last blocks not. Nothing intact
+    follows either: the Proxy starts on the records before it, as from any torn tail."""
+    path = tmp_path / "j"
+    _journal_of(path, sessions=3)
+    frames = _frames(path)
+    data = path.read_bytes()
+    last = frames[-1][0]
+    path.write_bytes({"cut last frame": data[:-30], "last frame zeroed": data[:-30] + bytes(30),
+                      "4 KiB of zeros after the last frame": data + bytes(4096),
+                      "header zeroed": data[:last + 10] + bytes(len(data) - last - 10)}[tail])
+    intact = len(data) if tail.startswith("4 KiB") else last
+    service, report = _service(path)
+    assert report.truncated_tail and not report.mid_journal_damage and report.damage.kind == "torn_tail"
+    assert report.damage.offset == report.intact_bytes == intact and service.core.journal.set_aside is None
+    assert report.records == len(frames) - (0 if tail.startswith("4 KiB") else 1)
+    assert path.stat().st_size == intact  # cut back before the next append
+    service.core.journal.close()
+
+
+@pytest.mark.parametrize("tail", ["flipped byte in the last frame", "zeros, then an intact frame"])
+def test_damage_at_the_end_that_a_crash_does_not_leave_is_still_refused(tmp_path, tail):
+    path = tmp_path / "j"
+    _journal_of(path, sessions=3)
+    frames = _frames(path)
+    data = bytearray(path.read_bytes())
+    (last, _), (before_last, n) = frames[-1], frames[-2]
+    if tail.startswith("flipped"):
+        data[last + 30] ^= 0xFF  # the last record's bytes were written whole, and changed since
+        assert data[-1] != 0
+    else:
+        data[before_last + 30:before_last + n] = bytes(n - 30)
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalDamagedError):
+        _service(path)

@@ -14,6 +14,7 @@ from dressage.cli import main
 from dressage.errors import JournalDamagedError
 from dressage.proxy.config import DataPlaneConfig
 from dressage.proxy.recording.core import ProxyCore
+from dressage.proxy.journal import codec
 from dressage.proxy.journal.log import Journal, JournalEncodeError
 from dressage.proxy.journal.wal import FILE_MAGIC, HEADER, Scan, _crc32c_py, crc32c
 from dressage.tq import TransferQueue
@@ -361,3 +362,84 @@ def test_build_service_appends_where_replay_stopped(tmp_path):
     sessions, again = Journal.replay(path)
     assert again.damage is None and sessions[live].state == "finalized" and sessions[live].reward == 0.5
     assert set(sessions) == set(core.sessions)
+
+
+def _step(core, sid, tokens=(1, 2, 3)):
+    prompt = np.asarray(tokens, np.int32)
+    core.ingest(sid, core.plan(sid, prompt), sglang_body(prompt, [40, 41], start=0), prompt_ids=prompt)
+
+
+def test_compaction_of_a_session_id_used_again_keeps_only_its_second_life(tmp_path):
+    """A drained header id used again starts a new session: compaction drops every record of the
+    first life (read and acknowledged) and the compacted journal replays with the second life active."""
+    path = tmp_path / "j"
+    core = ProxyCore(_cfg(), None, journal=Journal(path, fsync="never", compact_min_bytes=None))
+    core.create_session({"group_index": 0}, session_id="X")
+    _step(core, "X")
+    core.finalize("X", 1.0)
+    core.forget("X")  # read and acknowledged
+    other = _drive(core, SCRIPT, group=1)
+    core.create_session({"group_index": 2}, session_id="X")  # the second life
+    _step(core, "X", (7, 8, 9))
+    expected = _state(core.sessions)
+    assert expected["X"][0] == "active" and expected["X"][2][0][2] == [7, 8, 9, 40, 41]
+    uncompacted, _ = Journal.replay(path)
+    assert _state(uncompacted) == expected
+    core.journal.compact()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and _state(sessions) == expected
+    assert sorted(report.active) == ["X"] and report.finalized == [other.session_id]
+    assert [codec.split(p)[0] for _, p, _ in Scan(path) if codec.split(p)[1] == "X"] == ["session", "step"]
+    core.finalize("X", 0.5)  # the second life goes the way of the first, and so does a compaction after it
+    core.forget("X")
+    core.journal.compact()
+    core.journal.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and list(sessions) == [other.session_id]
+
+
+def test_compaction_keeps_aborted_ids_remembered_as_aborted(tmp_path):
+    """A replay remembers an aborted id (a late call is told it is aborted): so does the replay of a
+    compacted journal, which keeps the session and abort records of an aborted session, not its steps."""
+    path = tmp_path / "j"
+    core = ProxyCore(_cfg(), None, journal=Journal(path, fsync="never", compact_min_bytes=None))
+    for sid in ("A", "D"):
+        core.create_session({"group_index": 0}, session_id=sid)
+        _step(core, sid)
+    core.abort("A")
+    core.discard("D")  # an active session discarded: journaled as aborted
+    done = _drive(core, SCRIPT, group=3)
+    uncompacted, before = Journal.replay(path)
+    assert sorted(before.aborted) == ["A", "D"]
+    size = path.stat().st_size
+    core.journal.compact()
+    core.journal.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and path.stat().st_size < size
+    assert sorted(report.aborted) == ["A", "D"] and report.finalized == [done.session_id]
+    assert {sid: len(s.steps) for sid, s in sessions.items()} == {"A": 0, "D": 0, done.session_id: len(SCRIPT)}
+    sid = done.session_id
+    assert _state({sid: sessions[sid]}) == _state({sid: uncompacted[sid]})
+    restarted = ProxyCore(_cfg(), None)
+    restarted.recover(path)
+    assert restarted.state_of("A") == "aborted" and restarted.state_of("D") == "aborted"
+
+
+def test_an_aborted_id_used_again_replays_as_its_new_life(tmp_path):
+    """Aborted ids are remembered in bounded number: one the Proxy stopped remembering may be used again,
+    and the journal then replays, compacted or not, with the new session (not "created twice")."""
+    path = tmp_path / "j"
+    core = ProxyCore(_cfg(), None, journal=Journal(path, fsync="never", compact_min_bytes=None))
+    core.create_session({"group_index": 0}, session_id="R")
+    _step(core, "R")
+    core.gone_capacity = 0  # the Proxy remembers no gone id: "R" may be used again
+    core.abort("R")
+    core.create_session({"group_index": 1}, session_id="R")
+    _step(core, "R", (5, 6, 7))
+    expected = _state(core.sessions)
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and report.active == ["R"] and _state(sessions) == expected
+    core.journal.compact()
+    core.journal.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and report.active == ["R"] and _state(sessions) == expected

@@ -1,17 +1,35 @@
 """Journal records: what one session event looks like on disk, and how replay applies it.
 
 A payload is ``u8 kind, u32 len(session id), session id (UTF-8), msgpack body``, so compaction can
-tell which session a record belongs to without decoding its body. A step record stores only what is
-new: its prompt as ``(base step, n tokens)`` plus the ids after them, its messages as ``(base step,
-k messages)`` plus the rest and its tools as a reference when they equal the base step's. The base is
-the parent (append / branch) or the boundary's candidate step (a new lineage that shares a prefix), so
-a session of N turns journals O(total tokens), not O(N * context).
+tell which session a record belongs to without decoding its body (a ``forget_many`` names its
+sessions in its body). The kinds (``KINDS``):
+
+- ``session`` (1): a session was created (metadata, R3 shape, whether it records logprobs);
+- ``step`` (2): a committed StepRecord (below);
+- ``finalize`` (3): reward, the metadata the finalize added, its finalization id;
+- ``abort`` (4): the session was aborted (or discarded while active); replay remembers its id only;
+- ``forget`` (5): one finished session was dropped (no body), outside a read's ack: a discard of a
+  finalized session, a session that recorded nothing. A previous version also wrote one per session
+  an ack forgot; such journals replay as they did;
+- ``forget_many`` (6): finished sessions dropped together, in one record, so that a crash leaves all
+  or none of them forgotten: the ack of a read (body ``{"ids": [...], "read": read id}``; a replay
+  reports the read, so that a repeat of its ack after a restart answers what it forgot), or a batch
+  the Proxy forgets itself (``"read": None``). Its prefix names no session (an empty id).
+
+A session id that is used again after its session was forgotten (or aborted, once the Proxy stopped
+remembering it) starts a new life with a new ``session`` record: replay, and compaction, leave the
+first life at the record that ended it.
+
+A step record stores only what is new: its prompt as ``(base step, n tokens)`` plus the ids after
+them, its messages as ``(base step, k messages)`` plus the rest and its tools as a reference when they
+equal the base step's. The base is the parent (append / branch) or the boundary's candidate step (a
+new lineage that shares a prefix), so a session of N turns journals O(total tokens), not O(N * context).
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, Sequence
 
 import msgpack
 import numpy as np
@@ -19,10 +37,11 @@ import numpy as np
 from dressage.errors import DressageError, JournalEncodeError, JournalError
 from dressage.trajectory import Boundary, RouteDecision, Session, StepRecord
 
-__all__ = ["JournalEncodeError", "KINDS", "encode", "split", "apply", "encode_session", "encode_step"]
+__all__ = ["JournalEncodeError", "KINDS", "encode", "split", "apply", "encode_session", "encode_step",
+           "encode_forget", "ended", "acknowledged_read"]
 
 _PREFIX = struct.Struct("<BI")
-KINDS = {"session": 1, "step": 2, "finalize": 3, "abort": 4, "forget": 5}
+KINDS = {"session": 1, "step": 2, "finalize": 3, "abort": 4, "forget": 5, "forget_many": 6}
 _NAMES = {v: k for k, v in KINDS.items()}
 
 
@@ -55,7 +74,48 @@ def split(payload: bytes) -> tuple[str, str, memoryview]:
     return _NAMES[code], sid, memoryview(payload)[_PREFIX.size + n:]
 
 
+def _forgets(sid: str, raw: memoryview | bytes) -> tuple[list[str], str | None]:
+    """The session ids and the read id of a ``forget_many`` body."""
+    try:
+        rec = msgpack.unpackb(raw, raw=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise JournalError(f"forget_many record: {type(exc).__name__}: {exc}") from None
+    if sid or not isinstance(rec, dict):
+        raise JournalError("forget_many record names a session in its prefix or has no map body")
+    ids, read = rec.get("ids"), rec.get("read")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids) or not (
+            read is None or isinstance(read, str)):
+        raise JournalError("forget_many record: ids is not a list of session ids, or read is not a read id")
+    return ids, read
+
+
+def ended(kind: str, sid: str, body: memoryview | bytes) -> list[str]:
+    """The sessions whose life a record of ``kind`` ends: a forget's, an abort's (replay remembers an aborted
+    id only), every id of a ``forget_many``; none for another kind."""
+    if kind == "forget_many":
+        return _forgets(sid, body)[0]
+    return [sid] if kind in ("forget", "abort") else []
+
+
+def acknowledged_read(payload: bytes) -> tuple[str, list[str]] | None:
+    """``(read id, session ids)`` of a record that forgot what an acknowledged read handed out; else ``None``."""
+    kind, sid, body = split(payload)
+    if kind != "forget_many":
+        return None
+    ids, read = _forgets(sid, body)
+    return None if read is None else (read, ids)
+
+
 # ----------------------------------------------------------------------- encode
+def encode_forget(session_ids: Sequence[str], read_id: str | None = None) -> bytes:
+    """One record that forgets ``session_ids`` together (``read_id``: the read whose ack forgets them). One
+    session and no read is the ``forget`` record (the form a previous version reads too)."""
+    ids = list(session_ids)
+    if len(ids) == 1 and read_id is None:
+        return encode("forget", ids[0], None)
+    return encode("forget_many", "", {"ids": ids, "read": read_id})
+
+
 def _arr(a: np.ndarray) -> dict[str, Any]:
     a = np.ascontiguousarray(a)
     return {"d": a.dtype.str, "s": list(a.shape), "b": a.tobytes()}
@@ -142,11 +202,16 @@ def apply(sessions: dict[str, Session], payload: bytes, *, decode=None, special_
     are then unchanged."""
     kind, sid, raw = split(payload)
     try:
+        if kind == "forget_many":  # all of them at once: the record is one frame, intact or not replayed
+            for gone in _forgets(sid, raw)[0]:
+                sessions.pop(gone, None)
+            return kind
         rec = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         if not isinstance(rec, dict) and kind != "forget":
             raise JournalError(f"{kind} record body is a {type(rec).__name__}, not a map")
         if kind == "session":
-            if sid in sessions:
+            # An aborted id is remembered only; used again (once the Proxy stopped remembering it), it is a new life.
+            if sid in sessions and sessions[sid].state != "aborted":
                 raise JournalError(f"session {sid!r} is created twice")
             sessions[sid] = Session(sid, metadata=rec["meta"], r3_shape=tuple(rec["r3"]) if rec["r3"] else None,
                                     record_logprobs=rec["lp"], decode=decode, special_ids=special_ids)

@@ -10,8 +10,10 @@ the intact prefix is recovered and the damage is reported in :class:`ReplayRepor
 Opening a journal for append cuts it back to its intact prefix first (bytes past a damage other than
 a torn tail are kept beside it as ``PATH.damaged-OFFSET``), so new records are never written after
 garbage. Files are created 0600. When the records of forgotten sessions outweigh the live ones the
-journal compacts itself: it copies the live records to a new file without blocking appends, then
-copies what was appended meanwhile under the lock and swaps the files.
+journal compacts itself: it copies the records a replay still needs (:class:`Lives`) to a new file
+without blocking appends, then copies what was appended meanwhile under the lock and swaps the files.
+A compacted journal replays to the sessions the one it replaced did (aborted ones without their steps,
+which nothing reads); the acknowledged reads a replay reports do not outlive a compaction.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import fcntl
 import os
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from dressage.errors import ConfigError, JournalEncodeError, JournalError, JournalFullError, JournalWriteError
 from dressage.proxy.config import FSYNC_POLICIES
@@ -31,9 +34,16 @@ from dressage.proxy.journal import codec as codec
 from dressage.proxy.journal.wal import FILE_MAGIC, HEADER, JournalDamage, Scan, frame, frames_after
 from dressage.trajectory import RouteDecision, Session, StepRecord
 
-__all__ = ["Journal", "JournalError", "JournalEncodeError", "JournalDamage", "ReplayReport", "FSYNC_POLICIES"]
+__all__ = ["Journal", "JournalError", "JournalEncodeError", "JournalDamage", "ReplayReport", "FSYNC_POLICIES",
+           "ABORTED_KEPT", "Lives"]
 
 FILE_MODE = 0o600
+ABORTED_KEPT = 100_000
+"""Aborted session ids a compaction keeps the records of (the newest), so that a replay still remembers them
+as aborted: as many as a ProxyCore remembers of the sessions that left it."""
+READS_KEPT, READ_SESSIONS_KEPT = 10_000, 1_000_000
+"""Acknowledged reads a replay reports (the newest, with at most so many session ids in all), so that an ack
+repeated after a restart answers what it forgot: as many as the Proxy's read leases remember of ended reads."""
 
 
 @dataclass(slots=True)
@@ -64,6 +74,9 @@ class ReplayReport:
     ended_steps: list[str] = field(default_factory=list)
     """Step records skipped because their session had ended before them (a session id per record): an
     older Proxy journaled a step it then refused, as its session was aborted, discarded or finalized."""
+    acknowledged_reads: OrderedDict[str, list[str]] = field(default_factory=OrderedDict)
+    """Reads whose ack the journal holds, oldest first (the newest ``READS_KEPT``, until a compaction drops
+    them): read id -> the sessions that ack forgot."""
 
     @property
     def mid_journal_damage(self) -> bool:
@@ -196,17 +209,18 @@ class Journal:
     # ------------------------------------------------------------------- open
     def _open(self, intact_bytes: int | None) -> JournalDamage | None:
         scan = Scan(self.path)
-        live: dict[str, int] = {}
-        dead = last_seq = 0
-        for seq, payload, _ in scan:
+        lives = Lives()
+        last_seq = 0
+        for seq, payload, offset in scan:
             if intact_bytes is not None and scan.end > intact_bytes:
                 break
             try:
-                kind, sid, _ = codec.split(payload)
+                kind, sid, body = codec.split(payload)
+                ends = codec.ended(kind, sid, body)
             except JournalError as exc:
                 scan.stop(str(exc))
                 break
-            dead += self._account(live, kind, sid, HEADER + len(payload))
+            lives.add(offset, kind, sid, ends, HEADER + len(payload))
             last_seq = seq
         if scan.damage is not None and scan.damage.kind == "not_a_journal":
             raise JournalError(f"{self.path} is not a Dressage journal ({scan.damage.detail}); move it away, "
@@ -228,7 +242,7 @@ class Journal:
             end = len(FILE_MAGIC)
         os.lseek(self._fd, 0, os.SEEK_END)
         self._size, self._seq = end, last_seq
-        self._live, self._dead = live, dead
+        self._lives = lives
         return scan.damage
 
     def _save_aside(self, start: int, end: int) -> Path:
@@ -247,17 +261,9 @@ class Journal:
             os.close(out)
         return aside
 
-    @staticmethod
-    def _account(live: dict[str, int], kind: str, sid: str, nbytes: int) -> int:
-        """Add one record to the live bytes; returns the bytes that became dead."""
-        if kind in ("forget", "abort"):  # an aborted session is gone: replay only remembers its id
-            return live.pop(sid, 0) + nbytes
-        live[sid] = live.get(sid, 0) + nbytes
-        return 0
-
     @property
     def live_bytes(self) -> int:
-        return sum(self._live.values())
+        return self._lives.live_bytes
 
     @property
     def size(self) -> int:
@@ -265,7 +271,8 @@ class Journal:
 
     # ------------------------------------------------------------------ write
     def _append(self, payload: bytes) -> None:
-        kind, sid, _ = codec.split(payload)
+        kind, sid, body = codec.split(payload)
+        ends = codec.ended(kind, sid, body)
         with self._lock:
             if self._closed:
                 raise JournalError(f"cannot append to journal {self.path}: it is closed")
@@ -286,9 +293,9 @@ class Journal:
                 except OSError:
                     pass
                 raise _write_error(self.path, exc) from exc
+            self._lives.add(self._size, kind, sid, ends, len(data))
             self._seq += 1
             self._size += len(data)
-            self._dead += self._account(self._live, kind, sid, len(data))
             due = self._compaction_due()
         if due:
             self._compact_in_background()
@@ -314,8 +321,12 @@ class Journal:
     def aborted(self, session_id: str, reason: str) -> None:
         self._append(codec.encode("abort", session_id, {"reason": reason}))
 
-    def forgotten(self, session_id: str) -> None:
-        self._append(codec.encode("forget", session_id, None))
+    def forgotten(self, *session_ids: str, read_id: str | None = None) -> None:
+        """Forget finished sessions, all in one record: a crash leaves every one of them forgotten or none.
+        ``read_id``: the read whose ack forgets them (a replay reports it, so that a repeat of the ack after
+        a restart answers what it forgot)."""
+        if session_ids:
+            self._append(codec.encode_forget(session_ids, read_id))
 
     def close(self) -> None:
         t = self._compactor
@@ -334,7 +345,8 @@ class Journal:
     def _compaction_due(self) -> bool:
         if self.compact_min_bytes is None or self._compacting.locked():
             return False
-        return self._dead > self.compact_min_bytes and self._dead > self.compact_ratio * self.live_bytes
+        dead = self._lives.dead
+        return dead > self.compact_min_bytes and dead > self.compact_ratio * self._lives.live_bytes
 
     def _compact_in_background(self) -> None:
         def run() -> None:
@@ -353,20 +365,21 @@ class Journal:
             t.join()
 
     def compact(self) -> int:
-        """Rewrite the journal with only the records of sessions not forgotten; returns its new size."""
+        """Rewrite the journal with only the records a replay needs (:meth:`Lives.needed`); returns its new
+        size. What a replay of it gives is what a replay of the file it replaces gave."""
         with self._compacting:
             with self._lock:
                 if self._closed:
                     raise JournalError(f"journal {self.path} is closed")
-                cut, live = self._size, set(self._live)
+                cut, needed = self._size, self._lives.needed()
             tmp = self.path.with_name(self.path.name + ".compact")
             out = _open_private(tmp, os.O_WRONLY | os.O_TRUNC)
             try:
                 _write_all(out, FILE_MAGIC)
-                seq, size, new_live = 0, len(FILE_MAGIC), {}
-                seq, size, _ = self._copy(out, 0, cut, seq, size, new_live, keep=live)
+                seq, size, lives = 0, len(FILE_MAGIC), Lives()
+                seq, size = self._copy(out, 0, cut, seq, size, lives, keep=needed)
                 with self._lock:
-                    seq, size, dead = self._copy(out, cut, self._size, seq, size, new_live, keep=None)
+                    seq, size = self._copy(out, cut, self._size, seq, size, lives, keep=None)
                     os.fsync(out)
                     os.replace(tmp, self.path)
                     _fsync_dir(self.path)
@@ -374,7 +387,7 @@ class Journal:
                     out = -1
                     os.close(old)
                     os.lseek(self._fd, 0, os.SEEK_END)
-                    self._seq, self._size, self._live, self._dead = seq, size, new_live, dead
+                    self._seq, self._size, self._lives = seq, size, lives
                     self.compactions += 1
                     return size
             except OSError as exc:
@@ -384,22 +397,22 @@ class Journal:
                     os.close(out)
                     tmp.unlink(missing_ok=True)
 
-    def _copy(self, out: int, start: int, stop: int, seq: int, size: int, live: dict[str, int], *,
-              keep: set[str] | None) -> tuple[int, int, int]:
-        """Renumber and copy the records in ``[start, stop)`` (only sessions in ``keep`` unless None)."""
-        dead = 0
+    def _copy(self, out: int, start: int, stop: int, seq: int, size: int, lives: "Lives", *,
+              keep: Callable[[int, str], bool] | None) -> tuple[int, int]:
+        """Renumber and copy the records in ``[start, stop)`` (only those ``keep(offset, session id)`` says a
+        replay needs, unless None), accounting them in ``lives`` at their offsets in the new file."""
         scan = Scan(self.path, start=start, stop=stop)
-        for _, payload, _ in scan:
-            kind, sid, _ = codec.split(payload)
-            if keep is not None and (sid not in keep or kind == "forget"):
+        for _, payload, offset in scan:
+            kind, sid, body = codec.split(payload)
+            if keep is not None and not keep(offset, sid):
                 continue
             data = frame(seq + 1, payload)
             _write_all(out, data)
+            lives.add(size, kind, sid, codec.ended(kind, sid, body), len(data))
             seq, size = seq + 1, size + len(data)
-            dead += self._account(live, kind, sid, len(data))
         if scan.damage is not None or scan.end != stop:
             raise JournalError(f"journal {self.path} changed under compaction: {scan.damage or scan.end}")
-        return seq, size, dead
+        return seq, size
 
     # ----------------------------------------------------------------- replay
     @staticmethod
@@ -407,17 +420,19 @@ class Journal:
         """Rebuild sessions from the intact prefix of the journal (forgotten sessions are skipped)."""
         sessions: dict[str, Session] = {}
         ended: list[str] = []
+        acks = _AckedReads()
         scan = Scan(path)
         for _, payload, _ in scan:
             try:
-                codec.apply(sessions, payload, decode=decode, special_ids=special_ids)
+                if codec.apply(sessions, payload, decode=decode, special_ids=special_ids) == "forget_many":
+                    acks.note(codec.acknowledged_read(payload))
             except codec.EndedSessionStep:
                 ended.append(codec.split(payload)[1])
             except JournalError as exc:
                 scan.stop(str(exc))
         report = ReplayReport(records=scan.records, damage=scan.damage, duplicates=scan.duplicates,
                               truncated_tail=scan.damage is not None and scan.damage.kind == "torn_tail",
-                              intact_bytes=scan.end, ended_steps=ended)
+                              intact_bytes=scan.end, ended_steps=ended, acknowledged_reads=acks.reads)
         if report.mid_journal_damage and scan.damage.kind != "not_a_journal":
             after: dict[str, None] = {}
             for payload in frames_after(path, scan.damage.offset):
@@ -430,3 +445,95 @@ class Journal:
         for sid, s in sessions.items():
             {"active": report.active, "finalized": report.finalized, "aborted": report.aborted}[s.state].append(sid)
         return sessions, report
+
+
+class _AckedReads:
+    """The acknowledged reads a replay found: the newest ``READS_KEPT``, with ``READ_SESSIONS_KEPT`` ids in all."""
+
+    def __init__(self) -> None:
+        self.reads: OrderedDict[str, list[str]] = OrderedDict()
+        self._ids = 0
+
+    def note(self, ack: tuple[str, list[str]] | None) -> None:
+        if ack is None:
+            return
+        read_id, ids = ack
+        self.reads[read_id] = ids
+        self._ids += len(ids)
+        while len(self.reads) > READS_KEPT or self._ids > READ_SESSIONS_KEPT:
+            self._ids -= len(self.reads.popitem(last=False)[1])
+
+
+class Lives:
+    """What a replay of a journal still needs, record by record: compaction keeps exactly that.
+
+    A session's current life starts at its ``session`` record and ends at a ``forget`` (or a ``forget_many``
+    naming it): then none of its records are needed. An ``abort`` ends it too, but a replay remembers an
+    aborted id, for which it needs that life's ``session`` and ``abort`` records (kept for the newest
+    ``ABORTED_KEPT`` aborted ids). A record of an id whose life ended is needed by nothing: a drained session
+    id used again starts a new life at its new ``session`` record, and its first life never comes back.
+    ``live_bytes`` counts the bytes needed, ``dead`` those not.
+    """
+
+    def __init__(self) -> None:
+        self._life: dict[str, list[int]] = {}
+        """Session id -> [offset of its current life's session record, that record's bytes, the life's bytes]."""
+        self._aborted: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
+        """Aborted id -> (offset of its session record, offset of its abort record, their bytes), oldest first."""
+        self.live_bytes = 0
+        self.dead = 0
+
+    def add(self, offset: int, kind: str, sid: str, ends: Iterable[str], nbytes: int) -> None:
+        """Account the record at ``offset`` (``ends``: the sessions whose life it ends, :func:`codec.ended`)."""
+        if kind == "session":
+            self._end(sid)  # an aborted id used again (or an id created twice): its earlier life is needed by nothing
+            self._life[sid] = [offset, nbytes, nbytes]
+            self.live_bytes += nbytes
+            return
+        ends = list(ends)
+        if not ends:
+            life = self._life.get(sid)
+            if life is None:
+                self.dead += nbytes
+            else:
+                life[2] += nbytes
+                self.live_bytes += nbytes
+            return
+        lives = [self._end(gone) for gone in ends]
+        if kind == "abort" and lives[0] is not None:  # remembered as aborted: its session record and this one
+            start, head, _ = lives[0]
+            self.dead -= head
+            self.live_bytes += head + nbytes
+            self._aborted[sid] = (start, offset, head + nbytes)
+            while len(self._aborted) > ABORTED_KEPT:
+                self._forget_aborted(next(iter(self._aborted)))
+        else:
+            self.dead += nbytes
+
+    def _end(self, sid: str) -> list[int] | None:
+        """End ``sid``'s life (and its memory as aborted): its bytes are dead now. Returns the life ended."""
+        if sid in self._aborted:
+            self._forget_aborted(sid)
+        life = self._life.pop(sid, None)
+        if life is not None:
+            self.live_bytes -= life[2]
+            self.dead += life[2]
+        return life
+
+    def _forget_aborted(self, sid: str) -> None:
+        _, _, nbytes = self._aborted.pop(sid)
+        self.live_bytes -= nbytes
+        self.dead += nbytes
+
+    def needed(self) -> Callable[[int, str], bool]:
+        """Whether a replay needs the record at ``offset`` of session ``sid`` (as accounted so far)."""
+        starts = {sid: life[0] for sid, life in self._life.items()}
+        aborted = {sid: (start, end) for sid, (start, end, _) in self._aborted.items()}
+
+        def keep(offset: int, sid: str) -> bool:
+            start = starts.get(sid)
+            if start is not None:
+                return offset >= start
+            return offset in aborted.get(sid, ())
+
+        return keep

@@ -8,7 +8,10 @@ File layout::
     header = b"\\xd5J" u32 length  u64 seq  u32 crc32c(payload)  u32 crc32c(header[0:18])   (little-endian)
 
 Sequence numbers start at 1 and grow by one. A scan stops at the first damage and reports it as a
-:class:`JournalDamage` with the offset where the intact prefix ends; an exact copy of a recent
+:class:`JournalDamage` with the offset where the intact prefix ends. A *torn tail* is what a crash
+leaves at the end: a last frame cut short (killed mid-write), or a last frame whose bytes turn into
+zeros that run to the end of the file (a power loss after the file's size reached the disk and before
+its last blocks did); nothing intact can follow either. An exact copy of a recent
 record (same sequence number and checksum) is a *duplicate*: counted and skipped. Nothing is read
 whole: a scan holds one record at a time, so a journal of any size replays in bounded memory.
 """
@@ -166,7 +169,11 @@ class Scan:
             magic, length, seq, pcrc = _HEAD.unpack_from(head)
             (hcrc,) = _HCRC.unpack_from(head, _HEAD.size)
             if magic != _FRAME_MAGIC or crc32c(head[:_HEAD.size]) != hcrc:
-                self._damaged("bad_header", pos, "frame header magic or checksum does not match")
+                if _zeros_from(f, pos + HEADER, size):
+                    self._damaged("torn_tail", pos, "the last frame's header turns into zeros that run to the end of "
+                                                    "the file")
+                else:
+                    self._damaged("bad_header", pos, "frame header magic or checksum does not match")
                 return
             if pos + HEADER + length > size:
                 self._damaged("torn_tail", pos, f"record seq {seq} needs {length} payload bytes, "
@@ -174,7 +181,11 @@ class Scan:
                 return
             payload = f.read(length)
             if crc32c(payload) != pcrc:
-                self._damaged("bad_checksum", pos, f"record seq {seq}: payload checksum does not match")
+                if _zeros_from(f, pos + HEADER + length, size):
+                    self._damaged("torn_tail", pos, f"record seq {seq}: its payload turns into zeros that run to the "
+                                                    "end of the file")
+                else:
+                    self._damaged("bad_checksum", pos, f"record seq {seq}: payload checksum does not match")
                 return
             nxt = pos + HEADER + length
             if any_first_seq and self.records == 0 and not recent:
@@ -197,6 +208,24 @@ class Scan:
             yield seq, payload, self._cur[0]
             if self.damage is not None:  # the caller called stop()
                 return
+
+
+def _zeros_from(f: BinaryIO, limit: int, size: int) -> bool:
+    """Whether the file ends in a run of zeros that starts before ``limit`` (inside the damaged frame): what a
+    crash leaves when the file's size reached the disk and its last blocks did not. Reads backwards from
+    ``size`` only as far as the run goes."""
+    end = size
+    while end > 0:
+        start = max(end - (1 << 20), 0)
+        f.seek(start)
+        chunk = f.read(end - start)
+        last = len(chunk.rstrip(b"\0"))
+        if last:
+            return start + last < limit and start + last < size
+        if start < limit:
+            return size > 0
+        end = start
+    return size > 0
 
 
 def frames_after(path: str | os.PathLike[str], offset: int) -> Iterator[bytes]:

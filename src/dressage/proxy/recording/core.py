@@ -474,20 +474,25 @@ class ProxyCore:
             self._keys_of.pop(session_id, None)
         return True
 
-    def forget(self, session_id: str) -> None:
-        """Drop a finished session from memory (its Segments live on in the RolloutManager, or with the
-        trainer that acknowledged them). Its TQ keys are renewed once more as they leave: whoever holds
-        them now has ``retention_s`` from this moment to restore them."""
+    def forget(self, *session_ids: str, read_id: str | None = None) -> None:
+        """Drop finished sessions from memory (their Segments live on in the RolloutManager, or with the
+        trainer that acknowledged them), all or none: one journal record forgets them together, written
+        before anything changes, so neither a failed write nor a crash leaves part of them forgotten. An
+        active one is refused before anything is written. ``read_id``: the read whose ack forgets them,
+        journaled with them. Their TQ keys are renewed once more as they leave: whoever holds them now has
+        ``retention_s`` from this moment to restore them."""
         with self._lock:
-            s = self.sessions.get(session_id)
-            if s is not None and s.state == "active":
-                raise SessionStateError(f"session {session_id} is still active")
-            if s is not None and self.journal is not None:
-                self.journal.forgotten(session_id)  # durable first: a failed write keeps the session
-            self.sessions.pop(session_id, None)
-            self._keys_of.pop(session_id, None)
-        if s is not None and self.renewal is not None:
-            self.renewal.hand_off(_session_keys(s))
+            held = {sid: s for sid in dict.fromkeys(session_ids) if (s := self.sessions.get(sid)) is not None}
+            active = [sid for sid, s in held.items() if s.state == "active"]
+            if active:
+                raise SessionStateError(f"session {active[0]} is still active")
+            if held and self.journal is not None:
+                self.journal.forgotten(*held, read_id=read_id)  # durable first: a failed write keeps them all
+            for sid in held:
+                del self.sessions[sid]
+                self._keys_of.pop(sid, None)
+        if held and self.renewal is not None:
+            self.renewal.hand_off([key for s in held.values() for key in _session_keys(s)])
 
     def recover(self, path: Any, *, accept: Callable[[Any], None] | None = None) -> Any:
         """Replay a journal into this (empty) core: active sessions resume, finalized ones are

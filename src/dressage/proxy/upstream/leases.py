@@ -30,7 +30,7 @@ class Lease:
     expires_at: float
     """On the leases' clock (``time.monotonic()`` unless a test gives another)."""
     acknowledged: list[str] = field(default_factory=list)
-    """Sessions an ack of this read forgot (one that failed part-way forgot some): their TQ keys are its reader's."""
+    """Sessions the ack of this read forgot: their TQ keys are its reader's."""
     taken: list[str] = field(default_factory=list)
     """Sessions a named read took over from it: that read's reader holds them (and their keys)."""
     how: str | None = None
@@ -111,6 +111,12 @@ class ReadLeases:
     def finish(self, read_id: str, how: str) -> list[str]:
         """End the open lease ``read_id`` (``acknowledged`` / ``released``); returns its sessions."""
         return self._end(read_id, how)
+
+    def acknowledged_before(self, read_id: str, session_ids: Iterable[str]) -> None:
+        """Remember read ``read_id`` as acknowledged, forgetting ``session_ids`` (an ack a journal replay found):
+        a repeat of its ack answers ``already`` and those sessions, a release names them."""
+        self.open[read_id] = Lease(read_id, [], 0.0, acknowledged=list(session_ids))
+        self._end(read_id, "acknowledged")
 
     def drop(self, session_id: str) -> None:
         """A leased session left (forgotten, discarded): its lease no longer covers it."""

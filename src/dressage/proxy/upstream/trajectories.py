@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from dressage.errors import ConfigError, NoTransferQueueError, SessionStateError, UnknownSessionError
 from dressage.proxy.config import ProxyConfig
@@ -78,10 +78,15 @@ class Trajectories:
                                        "its reads carry the large fields themselves, there is no spec to join")
         return spec
 
-    def adopt(self, delivered: Iterable[FinalizedSession]) -> None:
-        """Take back trajectories a journal replay found finalized and not yet read."""
+    def adopt(self, delivered: Iterable[FinalizedSession],
+              acknowledged: Mapping[str, Sequence[str]] | None = None) -> None:
+        """Take back trajectories a journal replay found finalized and not yet read, and the reads it found
+        acknowledged (read id -> the sessions their ack forgot): a repeat of such an ack, whose answer a
+        restart may have cut off, answers what it forgot."""
         for done in delivered:
             self.finalized[done.session_id] = done
+        for read_id, sids in (acknowledged or {}).items():
+            self.leases.acknowledged_before(read_id, sids)
 
     # ------------------------------------------------------------ finalize, abort
     def finalize(self, session_id: str, reward: float | None,
@@ -113,24 +118,22 @@ class Trajectories:
             raise SessionStateError(f"session {session_id} is {s.state}; segments exist after finalize")
         return [seg.to_summary() for seg in done.segments]
 
-    def forget(self, session_ids: Iterable[str]) -> None:
-        """Drop finished sessions once their Samples were consumed.
+    def forget(self, session_ids: Iterable[str], *, read_id: str | None = None) -> None:
+        """Drop finished sessions once their Samples were consumed: all of them, in one journal record
+        (``read_id``: the read whose ack this is), or, when that write fails, none.
 
         The heap pages they freed are then handed back to the OS (:func:`trim_heap`), so that what
         a batch left behind does not stay mapped as free heap into the next.
         """
-        forgotten = 0
-        try:
-            for sid in list(session_ids):
-                self.core.forget(sid)  # journaled first: a failed write raises with the session still here
-                self.finalized.pop(sid, None)
-                self.leases.drop(sid)
-                self.book.forget_state(sid)
-                forgotten += 1
-        finally:
-            if forgotten:
-                self.heap_trim_s += trim_heap()
-                self.heap_trims += 1
+        sids = list(session_ids)
+        self.core.forget(*sids, read_id=read_id)  # journaled first: a failed write raises with every one here
+        for sid in sids:
+            self.finalized.pop(sid, None)
+            self.leases.drop(sid)
+            self.book.forget_state(sid)
+        if sids:
+            self.heap_trim_s += trim_heap()
+            self.heap_trims += 1
 
     # ------------------------------------------------------------ upstream's clients
     def _answer(self, sid: str, done: Any, session: Any, waited: bool) -> dict[str, Any]:
@@ -309,10 +312,11 @@ class Trajectories:
         The answer names the sessions the ack covers (``acknowledged_session_ids``: their TQ keys are the
         reader's to release once it is done with them) and those a named read took over from this one
         (``taken_over``: their reader is that read's, and so are their keys). A read that lost every
-        session that way acknowledges none. A repeat answers ``already`` and the same sessions; an ack
-        after the lease expired (or was released) is a 409 (its trajectories were readable again). A
-        journal write that fails (507 / 503) forgets none of the trajectories not yet forgotten; they
-        stay under the lease and the ack may be repeated (its answer then names every session forgotten).
+        session that way acknowledges none. A repeat answers ``already`` and the same sessions, also after
+        a restart (the ack is journaled with its read id); an ack after the lease expired (or was
+        released) is a 409 (its trajectories were readable again). The ack is one journal record: a write
+        that fails (507 / 503), or a crash before the record is whole on disk, forgets none of them; they
+        stay under the lease (readable again after a restart) and the ack may be repeated.
         """
         ended = self.leases.ended(read_id)
         if ended is not None and ended.how in ("acknowledged", "taken over"):
@@ -320,10 +324,8 @@ class Trajectories:
         self.leases.expire()
         lease = self.leases.lease(read_id)
         sids = list(lease.session_ids)
-        try:
-            self.forget(sids)
-        finally:  # a journal write that failed part-way: what was forgotten stays this read's
-            lease.acknowledged += [sid for sid in sids if sid not in self.finalized]
+        self.forget(sids, read_id=read_id)
+        lease.acknowledged += sids
         self.leases.finish(read_id, "acknowledged")
         return self._lease_answer(lease, already=False, acknowledged=len(sids))
 
@@ -331,9 +333,9 @@ class Trajectories:
         """Hand read ``read_id``'s trajectories back (the reader could not use them): readable again now.
 
         A read that ended already (released, expired, acknowledged, taken over) hands nothing back
-        (``released`` 0; ``already`` when it was released). Sessions an ack of this read forgot (one that
-        failed part-way, or whose answer the reader never got) cannot be handed back: the answer names
-        them (``acknowledged_session_ids``; their TQ keys are the reader's). 404 when never granted."""
+        (``released`` 0; ``already`` when it was released). Sessions an ack of this read forgot (one whose
+        answer the reader never got, also before a restart) cannot be handed back: the answer names them
+        (``acknowledged_session_ids``; their TQ keys are the reader's). 404 when never granted."""
         self.leases.expire()
         ended = self.leases.ended(read_id)
         if ended is not None:
