@@ -50,12 +50,16 @@ def test_the_client_touches_a_page_at_a_time_and_says_the_retention():
 class _Client:
     """Records touches; ``retention()`` answers ``retention_s``."""
 
-    def __init__(self, retention_s, fail=0):
-        self.retention_s, self.fail = retention_s, fail
+    def __init__(self, retention_s, fail=0, unanswered=0):
+        self.retention_s, self.fail, self.unanswered = retention_s, fail, unanswered
         self.touched: list[list[str]] = []
         self.lock = threading.Lock()
 
     def retention(self):
+        with self.lock:
+            if self.unanswered:
+                self.unanswered -= 1
+                raise StorageUnitUnavailable("controller out of reach")
         return self.retention_s
 
     def touch(self, keys):
@@ -105,14 +109,49 @@ def test_a_failed_round_is_counted_and_the_next_one_renews():
         renewal.close()
 
 
-def test_without_retention_nothing_is_renewed():
+def test_without_retention_nothing_is_renewed_and_nothing_handed_off_is_kept():
     client = _Client(retention_s=None)
     renewal = KeyRenewal(client, lambda: ["k"])
     renewal.start()
     eventually(lambda: not renewal._thread.is_alive())
-    renewal.hand_off(["x"])
+    renewal.hand_off(["x"] * 1000)
     assert client.touched == [] and renewal.period_s is None
+    assert renewal._handed == []  # an acknowledged session's keys are not held in memory for nothing
     renewal.close()
+
+
+def test_a_controller_that_cannot_say_its_retention_at_first_is_asked_again(monkeypatch):
+    from dressage.tq.client import renewal as renewal_module
+
+    monkeypatch.setattr(renewal_module, "RETENTION_RETRY_S", (0.01, 0.02))
+    client = _Client(retention_s=0.1 * RENEW_SHARE, unanswered=3)  # e.g. a Proxy restarted beside a restarting TQ
+    renewal = KeyRenewal(client, lambda: ["k"])
+    renewal.start()
+    try:
+        renewal.hand_off(["handed"])
+        eventually(lambda: client.rounds_with("k") >= 2 and client.rounds_with("handed") == 1)
+        assert renewal.failures == 3 and renewal.period_s == pytest.approx(0.1)
+    finally:
+        renewal.close()
+
+
+def test_a_round_whose_held_keys_cannot_be_listed_is_counted_and_the_next_one_renews():
+    client = _Client(retention_s=0.05 * RENEW_SHARE)
+    calls = []
+
+    def held():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("dictionary changed size during iteration")
+        return ["k"]
+
+    renewal = KeyRenewal(client, held)
+    renewal.start()
+    try:
+        eventually(lambda: client.rounds_with("k") >= 1)
+        assert renewal.failures == 1 and renewal._thread.is_alive()
+    finally:
+        renewal.close()
 
 
 def test_a_held_key_outlives_retention_and_a_key_nobody_holds_expires():

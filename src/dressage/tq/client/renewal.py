@@ -24,6 +24,9 @@ __all__ = ["KeyRenewal", "RENEW_SHARE"]
 
 log = logging.getLogger(__name__)
 
+RETENTION_RETRY_S = (1.0, 30.0)
+"""The first and the longest wait between two asks of a Controller that has not said its retention yet."""
+
 RENEW_SHARE = 4
 """Held keys are renewed every ``retention_s / RENEW_SHARE``: three rounds in a row may fail (a Controller
 restarting) before one could expire."""
@@ -33,8 +36,10 @@ class KeyRenewal:
     """Renews the keys ``held()`` names on a thread of its own, started by :meth:`start`.
 
     ``client`` has ``touch(keys)`` and ``retention()`` (a :class:`~dressage.tq.TransferQueueClient`); the
-    thread asks the retention once and ends at once when there is none. A round that fails (the
-    Controller out of reach) is logged and counted, and the next round tries again.
+    thread asks the retention until the Controller answers (a Controller out of reach is asked again,
+    first 1 s later, then less and less often: ``RETENTION_RETRY_S``), and ends at once when there is
+    none: hand-offs are dropped from then on. A round that fails (the Controller out of reach) is logged
+    and counted, and the next round tries again; so is a round whose ``held()`` raised.
     """
 
     def __init__(self, client: Any, held: Callable[[], Iterable[str]], *, name: str = "tq-renewal") -> None:
@@ -45,6 +50,7 @@ class KeyRenewal:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._handed: list[str] = []
+        self._off = False  # the Controller keeps keys until cleared: nothing to renew or hand off
         self._thread: threading.Thread | None = None
         self.period_s: float | None = None
         """Seconds between rounds, once the thread learnt the retention (None: not yet, or no retention)."""
@@ -69,7 +75,7 @@ class KeyRenewal:
         """``keys`` leave the holder (a trainer acknowledged them): touch them once more, now, on the
         renewal's thread, so their next holder has a whole ``retention_s`` from this moment."""
         keys = list(keys)
-        if not keys or self._stop.is_set():
+        if not keys or self._stop.is_set() or self._off:
             return
         with self._lock:
             self._handed.extend(keys)
@@ -78,7 +84,13 @@ class KeyRenewal:
 
     def renew(self) -> int:
         """One round over every held key now; returns how many the directory held."""
-        n = self._touch(list(dict.fromkeys(self._held())))
+        try:
+            held = list(dict.fromkeys(self._held()))
+        except Exception:  # the holder's bookkeeping failed this once: its keys are asked for again next round
+            self.failures += 1
+            log.warning("retention renewal could not list the held keys (tried again next round)", exc_info=True)
+            return 0
+        n = self._touch(held)
         self.rounds += 1
         return n
 
@@ -95,14 +107,27 @@ class KeyRenewal:
         self.renewed += n
         return n
 
+    def _retention(self) -> float | None:
+        """The Controller's ``retention_s``, asked until it answers or the renewal is closed (then None)."""
+        wait, longest = RETENTION_RETRY_S
+        while not self._stop.is_set():
+            try:
+                return self._client.retention()
+            except DressageError as exc:
+                self.failures += 1
+                log.warning("TransferQueue retention renewal waits for the Controller to say its retention_s "
+                            "(asked again in %.0f s): %s", wait, exc)
+            self._stop.wait(wait)
+            wait = min(wait * 2, longest)
+        return None
+
     def _run(self) -> None:
-        try:
-            retention = self._client.retention()
-        except DressageError as exc:
-            log.warning("TransferQueue retention renewal is off: the Controller did not say its retention_s: %s", exc)
+        retention = self._retention()
+        if retention is None:  # keys are kept until cleared (or the renewal closed): nothing to renew
+            self._off = True
+            with self._lock:
+                self._handed.clear()
             return
-        if retention is None:
-            return  # keys are kept until cleared: nothing to renew
         self.period_s = period = float(retention) / RENEW_SHARE
         due = time.monotonic()  # a first round at once: a holder that restarted may hold old keys
         while not self._stop.is_set():
