@@ -126,6 +126,16 @@ class RolloutManager:
             self._ready = keep
         return n
 
+    def withdraw(self, samples: Sequence[Sample]) -> int:
+        """Withdraw exactly these queued Samples (not others of their sessions: a session read again and
+        queued by a later read stays); returns how many were queued."""
+        gone = {id(s) for s in samples}
+        with self._lock:
+            keep = [s for s in self._ready if id(s) not in gone]
+            n = len(self._ready) - len(keep)
+            self._ready = keep
+        return n
+
     @property
     def num_ready(self) -> int:
         return len(self._ready)

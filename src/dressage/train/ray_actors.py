@@ -64,9 +64,10 @@ class RolloutManagerActor:
                 self._count(added)
         finally:
             for batch in queued:
-                for sid in batch.unacknowledged():
-                    self.rm.discard(sid)
-                    self._count([s for s in batch.samples if s.session_id == sid], sign=-1)
+                unacknowledged = set(batch.unacknowledged())
+                gone = [s for s in batch.samples if s.session_id in unacknowledged]
+                self.rm.withdraw(gone)  # this read's Samples only: a later read may have queued the session
+                self._count(gone, sign=-1)
         return sum(len(batch.acknowledged) for batch in queued)
 
     def _count(self, samples: list[Any], sign: int = 1) -> int:

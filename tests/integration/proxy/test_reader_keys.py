@@ -168,6 +168,36 @@ def test_a_draining_read_whose_answer_never_arrived_forgets_nothing(proxy, tq, m
     assert tq.total_keys() == 0 and proxy.service.trajectories.finalized == {}
 
 
+def test_a_session_a_named_read_took_and_gave_back_is_queued_by_the_later_read_that_acknowledged_it(
+        engine, tq, proxy_stack, monkeypatch):
+    proxy = proxy_stack(engine.url, tq=tq, routed_experts_dtype="uint8")  # no group waits for a member
+    for i in range(4):
+        record_session(proxy.url, f"s-{i}", f"g{i}")
+    trainer = ProxyTrajectorySource(proxy.url)
+    real_ack = ProxyTrajectorySource.ack
+    taken = []
+
+    def ack(self, batch):
+        if self is not trainer and not taken:  # taken during the first read's restore, then given back
+            taken.append(trainer.read(session_ids=["s-0"], lease=True))
+            trainer.release(taken[0])
+        return real_ack(self, batch)
+
+    monkeypatch.setattr(ProxyTrajectorySource, "ack", ack)
+    manager = RolloutManagerActor(dp_size=1)
+    assert manager.read_proxy(proxy.url, max_groups=1) == 4  # s-0 acknowledged by a later read of the drain
+    monkeypatch.undo()
+    batch = manager.rm.take_batch(0)
+    assert sorted({s.session_id for s in batch.samples}) == ["s-0", "s-1", "s-2", "s-3"]
+    from dressage.rollout.manager import sample_ref_keys
+
+    keys = sorted(sample_ref_keys(batch.samples))
+    assert len(keys) == tq.total_keys() == 8
+    TrainingReader(tq.client()).restore(batch.samples)
+    release_batch(tq.client(), keys)
+    assert tq.total_keys() == 0 and proxy.service.trajectories.finalized == {}
+
+
 def test_a_rollout_manager_drain_withdraws_a_session_a_named_read_took_over(proxy, tq, monkeypatch):
     trainer, taken = ProxyTrajectorySource(proxy.url), []
     real_ack = ProxyTrajectorySource.ack
