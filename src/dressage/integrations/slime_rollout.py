@@ -147,7 +147,7 @@ class SlimeRollout:
 
     # ------------------------------------------------------------------ slime's entry
     def __call__(self, args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
-        if self.restore == "trainer":
+        if self.restore == "trainer" and not evaluation:
             check_trainer_handoff(args)  # also for a rollout installed by hand: the args say who trains
         train_cls, eval_cls = rollout_output_classes()
         if evaluation:

@@ -23,7 +23,7 @@ import torch
 import dressage
 import dressage.integrations.slime_train as slime_train
 from dressage.errors import (ConfigError, FieldShapeError, LostSamplesError, NoTransferQueueError, ProxyStatusError,
-                             SampleWireError, TrajectoryError)
+                             SampleWireError, StorageUnitUnavailable, TrajectoryError)
 from dressage.fields.refs import FieldRef
 from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 from dressage.integrations.slime import REFS_METADATA_KEY, SlimeSample, to_slime_groups
@@ -235,6 +235,11 @@ def test_a_key_kept_and_dropped_samples_share_stays_for_the_rank_that_trains(mon
     convert_samples_to_train_data(SimpleNamespace(**vars(ARGS), global_batch_size=5), groups)
     convert_samples_to_train_data(ARGS, groups)  # no global batch size given: slime's split is not ours to guess
     assert released == []
+    def unreachable(args, keys):
+        raise StorageUnitUnavailable("unit0 is unavailable")
+
+    monkeypatch.setattr(slime_train, "_release_keys", unreachable)  # a clean-up that fails: the conversion stands
+    assert convert_samples_to_train_data(args, groups)["rollout_ids"] == [0, 1, 2, 3, 4]
     # Rollouts count once however many samples each has, in the order of their first sample.
     assert unscheduled_samples([7, 7, 2, 9, 2, 9, 5], 3) == [6]
     assert unscheduled_samples([7, 7, 2, 9, 2, 9, 5], 2) == []
