@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -29,6 +30,11 @@ from dressage.trajectory import Sample
 __all__ = ["ProxyTrajectorySource", "TrajectoryBatch", "drain", "consume"]
 
 log = logging.getLogger(__name__)
+
+_ACK_RETRY_S = (0.2, 1.0)
+"""Waits before an ack whose answer was lost is sent again (idempotent: a repeat answers what it forgot)."""
+ACK_TRIES = len(_ACK_RETRY_S) + 1
+"""How many times :meth:`ProxyTrajectorySource.ack` sends an ack whose answer did not arrive."""
 
 
 def _samples_of(answer: Any) -> list[Sample]:
@@ -187,10 +193,20 @@ class ProxyTrajectorySource:
     def ack(self, batch: TrajectoryBatch) -> int:
         """The batch was restored: the Proxy forgets its trajectories. Returns how many it forgot now;
         ``batch.acknowledged`` then names every session the read's ack covers (also on a repeat), the
-        ones whose TQ keys are this reader's."""
+        ones whose TQ keys are this reader's. An ack whose answer did not arrive (the connection failed:
+        it may or may not have been applied) is sent again, up to ``ACK_TRIES`` times in all: a repeated
+        ack answers what the first one forgot."""
         if batch.read_id is None:
             return 0
-        answer = self._post("/trajectory/ack", {"read_id": batch.read_id})
+        for wait in (*_ACK_RETRY_S, None):
+            try:
+                answer = self._post("/trajectory/ack", {"read_id": batch.read_id})
+                break
+            except ProxyConnectionError as exc:
+                if wait is None:
+                    raise
+                log.warning("ack of read %s: no answer (%s); sent again in %.1f s", batch.read_id, exc, wait)
+                time.sleep(wait)
         answer = answer if isinstance(answer, Mapping) else {}
         batch.acknowledged = _acknowledged(answer, batch.session_ids)
         return int(answer.get("acknowledged", 0))
@@ -299,8 +315,6 @@ def consume(source: ProxyTrajectorySource, *, dp_size: int = 1, expect_sessions:
     Reads until ``expect_sessions`` trajectories arrived (or once, when ``None``). Answers what a
     driver logs: samples, sessions, the samples digest, bytes restored and the keys left in TQ.
     """
-    import time
-
     from dressage.train.checks import check_sample
     from dressage.train.digest import samples_digest
     from dressage.train.reader import TrainingReader, release_batch

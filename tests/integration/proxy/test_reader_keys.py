@@ -198,6 +198,33 @@ def test_a_session_a_named_read_took_and_gave_back_is_queued_by_the_later_read_t
     assert tq.total_keys() == 0 and proxy.service.trajectories.finalized == {}
 
 
+def test_an_ack_whose_answer_was_lost_is_sent_again_and_the_drain_keeps_what_it_acknowledged(proxy, tq,
+                                                                                              monkeypatch):
+    from dressage.rollout.manager import sample_ref_keys
+
+    monkeypatch.setattr(remote, "_ACK_RETRY_S", (0.01, 0.01))
+    real_call, lost = ProxyTrajectorySource._call, []
+
+    def call(self, method, path, data):
+        answer = real_call(self, method, path, data)  # the Proxy applied it ...
+        if path == "/trajectory/ack" and not lost:
+            lost.append(answer)
+            raise ProxyConnectionError(f"{self.url}{path}: connection reset")  # ... and the answer was lost
+        return answer
+
+    monkeypatch.setattr(ProxyTrajectorySource, "_call", call)
+    manager = RolloutManagerActor(dp_size=1)
+    assert manager.read_proxy(proxy.url) == 4 and lost[0]["acknowledged"] == 2  # a group a read
+    monkeypatch.undo()
+    batch = manager.rm.take_batch(0)
+    assert sorted({s.session_id for s in batch.samples}) == ["s-0", "s-1", "s-2", "s-3"]
+    keys = sorted(sample_ref_keys(batch.samples))
+    assert len(keys) == tq.total_keys() > 0 and proxy.service.trajectories.finalized == {}
+    TrainingReader(tq.client()).restore(batch.samples)
+    release_batch(tq.client(), keys)
+    assert tq.total_keys() == 0
+
+
 def test_a_rollout_manager_drain_withdraws_a_session_a_named_read_took_over(proxy, tq, monkeypatch):
     trainer, taken = ProxyTrajectorySource(proxy.url), []
     real_ack = ProxyTrajectorySource.ack
