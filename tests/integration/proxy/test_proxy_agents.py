@@ -312,6 +312,26 @@ def test_client_that_disconnects_mid_stream_leaves_nothing_recorded(slow_engine)
         p.close()
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_header_session_whose_first_stream_is_cut_mid_reply_is_not_kept(slow_engine, endpoint):
+    p = start_proxy(slow_engine.url)
+    try:
+        path, body = _HANG_UP_CALLS[endpoint]
+        sid = f"hdr-cut-{endpoint}"
+        text = '"content":"' if endpoint == "chat" else '"text":"'
+        with httpx.stream("POST", p.url + path, json={**body, "stream": True}, headers={"X-Session-Id": sid},
+                          timeout=10) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if text in line and text + '"' not in line:
+                    break                               # got real content: hang up mid-reply
+        time.sleep(1.2)                                 # longer than the whole reply would take
+        assert httpx.get(p.url + "/v1/rollout/pause_state").json()["in_flight"] == 0
+        assert httpx.get(f"{p.url}/sessions/{sid}").status_code == 404  # its first call failed: not kept
+    finally:
+        p.close()
+
+
 _HANG_UP_CALLS = {  # endpoint -> (path on a session's base URL, body of an 80-token call)
     "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Write at length."}], "max_tokens": 80}),
     "generate": ("/generate", {"input_ids": [72, 105], "sampling_params": {"max_new_tokens": 80}}),

@@ -205,6 +205,12 @@ class CompletionsServing:
             return await running.commit(self._record_completion(session_id, plan, url, result, stops, req,
                                                                 completion_id, created))
 
+    def _drop_if_unrecorded(self, session_id: str, running: Any) -> None:
+        """A stream that failed before its recording began: a header session it alone created is not kept
+        (as :meth:`open` does for a call that fails before its stream, and chat for its streams)."""
+        if running.recording is None:
+            self.book.drop_if_unused(session_id, own_calls=1)
+
     async def _stream_completion(self, session_id: str, plan: Any, url: str, stops: list[str], req: CompletionRequest,
                                  completion_id: str, created: int) -> AsyncIterator[bytes]:
         base = {"id": completion_id, "object": "text_completion", "created": created,
@@ -233,11 +239,15 @@ class CompletionsServing:
                 done = await running.commit(self._record_completion(session_id, plan, url, result, stops, req,
                                                                     completion_id, created))
             except DressageError as exc:
+                self._drop_if_unrecorded(session_id, running)
                 if not began:
                     raise  # nothing sent yet (see opened): the agent gets the error's own status
                 self.book.failed(exc)
                 yield sse(error_payload(exc))
                 return
+            except BaseException:  # the agent hung up mid-stream
+                self._drop_if_unrecorded(session_id, running)
+                raise
         choice = done["choices"][0]
         final = choice["text"]
         yield chunk(final[len(sent):] if final.startswith(sent) else "", choice["finish_reason"], choice["logprobs"])
