@@ -58,6 +58,9 @@ def _run(args: argparse.Namespace) -> int:
 
 def verdict(report: dict, url: str) -> tuple[str, int]:
     """The last line of a read and its exit status: OK only when Samples were read and no TQ key is left."""
+    if report["tq_keys_left"] is None:
+        return (f"KEYS UNKNOWN: the TransferQueue keys left after {report['samples']} Samples from "
+                f"{report['sessions']} trajectories could not be counted: {report['tq_keys_uncounted']}"), 1
     if report["tq_keys_left"]:
         return (f"KEYS LEFT: {report['tq_keys_left']} TransferQueue keys were not released after "
                 f"{report['samples']} Samples from {report['sessions']} trajectories"), 1

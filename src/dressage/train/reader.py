@@ -20,7 +20,8 @@ from dressage.errors import ConfigError, KeyNotFoundError, LostSamplesError, Sto
 from dressage.trajectory import SAMPLE_LARGE_FIELDS, Sample, materialize_pieces
 from dressage.trajectory.pieces import Piece
 
-__all__ = ["TrainingReader", "ReadPlan", "LostReport", "LOST_POLICIES", "release_batch", "releasing", "to_torch"]
+__all__ = ["TrainingReader", "ReadPlan", "LostReport", "LOST_POLICIES", "release_batch", "releasing", "count_keys_left",
+           "to_torch"]
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +177,18 @@ def release_batch(client: Any, keys: Sequence[str], *, metrics: Any = None) -> i
     if metrics is not None:
         metrics.observe_release(released)
     return released
+
+
+def count_keys_left(tq: Any) -> tuple[int | None, str]:
+    """The keys ``tq`` (a TransferQueue or its client) holds (0 for None), or None and why when a StorageUnit
+    cannot be asked: a unit that is dead or does not answer ends no run or read early; its report says the
+    count is unknown, and its verdict fails on that."""
+    if tq is None:
+        return 0, ""
+    try:
+        return tq.total_keys(), ""
+    except StorageUnitUnavailable as exc:
+        return None, str(exc)
 
 
 @contextlib.contextmanager

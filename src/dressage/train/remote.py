@@ -317,7 +317,7 @@ def consume(source: ProxyTrajectorySource, *, dp_size: int = 1, expect_sessions:
     """
     from dressage.train.checks import check_sample
     from dressage.train.digest import samples_digest
-    from dressage.train.reader import TrainingReader, release_batch
+    from dressage.train.reader import TrainingReader, count_keys_left, release_batch
     from dressage.trajectory import shard_samples
 
     if not isinstance(dp_size, int) or isinstance(dp_size, bool) or dp_size < 1:
@@ -365,8 +365,11 @@ def consume(source: ProxyTrajectorySource, *, dp_size: int = 1, expect_sessions:
         acknowledged += len(batch.acknowledged)
         mine = batch.acknowledged_keys()  # at once: a later ack that fails leaves none of these behind
         released += release_batch(source.client(), mine) if mine else 0
-    keys_left = source.client().total_keys() if spec is not None else 0
-    return {"sessions": sessions, "acknowledged": acknowledged, "samples": len(samples), "dp_size": dp_size,
-            "samples_digest": samples_digest(samples), "large_field_bytes_restored": restored_bytes,
-            "tq_keys_read": len(keys), "tq_keys_released": released, "tq_keys_left": keys_left,
-            "transfer_queue": spec is not None}
+    keys_left, uncounted = count_keys_left(source.client() if spec is not None else None)
+    report = {"sessions": sessions, "acknowledged": acknowledged, "samples": len(samples), "dp_size": dp_size,
+              "samples_digest": samples_digest(samples), "large_field_bytes_restored": restored_bytes,
+              "tq_keys_read": len(keys), "tq_keys_released": released, "tq_keys_left": keys_left,
+              "transfer_queue": spec is not None}
+    if keys_left is None:
+        report["tq_keys_uncounted"] = uncounted  # a StorageUnit did not answer the count
+    return report

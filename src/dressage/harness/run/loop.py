@@ -15,7 +15,7 @@ from typing import Any
 
 from dressage.engine.config import EngineConfig
 from dressage.engine.server import EngineServer
-from dressage.errors import AgentError, ConfigError, DressageError, StorageUnitUnavailable
+from dressage.errors import AgentError, ConfigError, DressageError
 from dressage.harness.agents import AgentConfig, make_prompts, run_rollout
 from dressage.harness.agents.rollout import first_causes
 from dressage.harness.replay import merge_replay, replay_summary
@@ -28,6 +28,7 @@ from dressage.proxy.parsers import ParseEndpoints
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys, sample_resident_nbytes
 from dressage.train import TrainingReader, releasing
+from dressage.train.reader import count_keys_left
 from dressage.train.digest import combine_digests
 from dressage.train.summary import summarise_shard
 
@@ -69,17 +70,6 @@ class RunReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__ if name != "session_views"}
-
-
-def count_keys_left(tq: Any) -> tuple[int | None, str]:
-    """The keys ``tq``'s StorageUnits hold (0 without TQ), or None and why when one cannot be asked: a unit
-    that is dead or does not answer ends no run early; the verdict names it (see ``verdict.judge``)."""
-    if tq is None:
-        return 0, ""
-    try:
-        return tq.total_keys(), ""
-    except StorageUnitUnavailable as exc:
-        return None, str(exc)
 
 
 def _peak(report: RunReport, name: str, value: int) -> None:
