@@ -20,7 +20,7 @@ from dressage.proxy.config import DataPlaneConfig, EnginesConfig, JournalConfig,
 from dressage.proxy.deployment import build_service
 from dressage.proxy.journal import log as journal_log
 from dressage.proxy.journal.log import Journal
-from dressage.proxy.journal.wal import Scan
+from dressage.proxy.journal.wal import BLOCK, Scan
 from dressage.proxy.recording.core import LOST_FIELDS_KEY, ProxyCore
 from dressage.rollout import RolloutManager
 from dressage.rollout.manager import sample_ref_keys
@@ -425,9 +425,10 @@ def test_a_tail_a_crash_leaves_starts_as_a_torn_tail(tmp_path, tail):
     frames = _frames(path)
     data = path.read_bytes()
     last = frames[-1][0]
-    path.write_bytes({"cut last frame": data[:-30], "last frame zeroed": data[:-30] + bytes(30),
+    block = next((o for o in range(last + 1, len(data)) if o % BLOCK == 0), last)  # lost from a block start on
+    path.write_bytes({"cut last frame": data[:-30], "last frame zeroed": data[:block] + bytes(len(data) - block),
                       "4 KiB of zeros after the last frame": data + bytes(4096),
-                      "header zeroed": data[:last + 10] + bytes(len(data) - last - 10)}[tail])
+                      "header zeroed": data[:last] + bytes(len(data) - last)}[tail])
     intact = len(data) if tail.startswith("4 KiB") else last
     service, report = _service(path)
     assert report.truncated_tail and not report.mid_journal_damage and report.damage.kind == "torn_tail"
@@ -437,16 +438,21 @@ def test_a_tail_a_crash_leaves_starts_as_a_torn_tail(tmp_path, tail):
     service.core.journal.close()
 
 
-@pytest.mark.parametrize("tail", ["flipped byte in the last frame", "zeros, then an intact frame"])
+@pytest.mark.parametrize("tail", ["flipped byte in the last frame", "zeros, then an intact frame",
+                                  "flipped byte in a last frame whose bytes end in zeros"])
 def test_damage_at_the_end_that_a_crash_does_not_leave_is_still_refused(tmp_path, tail):
     path = tmp_path / "j"
     _journal_of(path, sessions=3)
     frames = _frames(path)
     data = bytearray(path.read_bytes())
     (last, _), (before_last, n) = frames[-1], frames[-2]
-    if tail.startswith("flipped"):
+    if tail == "flipped byte in the last frame":
         data[last + 30] ^= 0xFF  # the last record's bytes were written whole, and changed since
         assert data[-1] != 0
+    elif tail.startswith("flipped"):  # as a finalize of reward 1.0 ends (cb 3f f0 00 .. 00), a byte changed
+        n = 7 if (len(data) - 7) % BLOCK else 6
+        data[-n:] = bytes(n)
+        data[last + 30] ^= 0xFF
     else:
         data[before_last + 30:before_last + n] = bytes(n - 30)
     path.write_bytes(bytes(data))

@@ -249,3 +249,18 @@ def test_a_unit_inventory_is_paged_and_names_spilled_keys_with_their_sizes(tmp_p
         remote.close()
         server.stop()
         backend.close()
+
+
+def test_a_key_put_and_deleted_while_its_unit_awaited_adoption_stays_deleted():
+    ctl = Controller([UnitInfo("u0"), UnitInfo("u1")])
+    ctl.await_inventory("u1")  # a restarted directory could not ask u1; u1 is live and takes new puts
+    ctl.mark_unit_dead("u0", "down")  # so the put lands on u1
+    unit = ctl.place_many([("new", 10, "f")], node_id=None)
+    assert unit == "u1"
+    ctl.commit_many(["new"], unit_id=unit)
+    ctl.delete(["new"])  # the client's delete; the unit could not be reached, so it stays queued
+    assert ctl.state("new") is KeyState.CLEARED
+    adopted = ctl.adopt(unit, [("old", 7), ("new", 10)])  # the unit answers: its inventory, both keys on it
+    assert adopted == 1 and ctl.state("old") is KeyState.WRITTEN and ctl.state("new") is KeyState.CLEARED
+    assert "new" in ctl.take_deletions().get(unit, [])  # the janitor still deletes the blob
+    assert ctl.total_keys() == 1

@@ -67,7 +67,8 @@ def soak(cfg: FaultsConfig) -> tuple[bool, dict[str, Any]]:
     steady = rows[warm:]
     pss = [r["pss_bytes"] for r in steady]
     mem_slope = slope(floor(pss))
-    keys_left = max(r["tq_keys_left"] for r in rows)
+    counts = [r["tq_keys_left"] for r in rows]  # None: a StorageUnit did not answer that rollout's count
+    keys_left = None if None in counts else max(counts)
     fd_growth = steady[-1]["open_fds"] - steady[0]["open_fds"] if steady else 0
     thread_growth = steady[-1]["threads"] - steady[0]["threads"] if steady else 0
     held = max(r["proxy_sessions_held"] for r in rows)

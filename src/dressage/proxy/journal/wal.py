@@ -10,8 +10,8 @@ File layout::
 Sequence numbers start at 1 and grow by one. A scan stops at the first damage and reports it as a
 :class:`JournalDamage` with the offset where the intact prefix ends. A *torn tail* is what a crash
 leaves at the end: a last frame cut short (killed mid-write), or a last frame whose bytes turn into
-zeros that run to the end of the file (a power loss after the file's size reached the disk and before
-its last blocks did); nothing intact can follow either. An exact copy of a recent
+zeros that run to the end of the file from where a block starts, or whole (a power loss after the file's
+size reached the disk and before its last blocks did); nothing intact can follow either. An exact copy of a recent
 record (same sequence number and checksum) is a *duplicate*: counted and skipped. Nothing is read
 whole: a scan holds one record at a time, so a journal of any size replays in bounded memory.
 """
@@ -37,6 +37,7 @@ _HCRC = struct.Struct("<I")
 HEADER = _HEAD.size + _HCRC.size          # 22 bytes
 MAX_RECORD = 2**32 - 1
 _DUP_WINDOW = 4096                        # recent (seq -> crc) kept to recognise a duplicated record
+BLOCK = 512                               # the smallest unit a disk writes: lost blocks read as zeros from one
 
 DAMAGE_KINDS = ("torn_tail", "not_a_journal", "bad_header", "bad_checksum", "sequence_gap", "bad_record")
 
@@ -169,7 +170,7 @@ class Scan:
             magic, length, seq, pcrc = _HEAD.unpack_from(head)
             (hcrc,) = _HCRC.unpack_from(head, _HEAD.size)
             if magic != _FRAME_MAGIC or crc32c(head[:_HEAD.size]) != hcrc:
-                if _zeros_from(f, pos + HEADER, size):
+                if _zeros_from(f, pos, size):
                     self._damaged("torn_tail", pos, "the last frame's header turns into zeros that run to the end of "
                                                     "the file")
                 else:
@@ -181,7 +182,7 @@ class Scan:
                 return
             payload = f.read(length)
             if crc32c(payload) != pcrc:
-                if _zeros_from(f, pos + HEADER + length, size):
+                if _zeros_from(f, pos, size):
                     self._damaged("torn_tail", pos, f"record seq {seq}: its payload turns into zeros that run to the "
                                                     "end of the file")
                 else:
@@ -210,22 +211,23 @@ class Scan:
                 return
 
 
-def _zeros_from(f: BinaryIO, limit: int, size: int) -> bool:
-    """Whether the file ends in a run of zeros that starts before ``limit`` (inside the damaged frame): what a
-    crash leaves when the file's size reached the disk and its last blocks did not. Reads backwards from
-    ``size`` only as far as the run goes."""
+def _zeros_from(f: BinaryIO, frame: int, size: int) -> bool:
+    """Whether the file ends in zeros that a crash leaves, from inside the damaged frame at ``frame``: when the
+    file's size reached the disk and its last blocks did not, the run of zeros starts where a block starts
+    (a multiple of ``BLOCK`` bytes into the file) or covers the whole frame. A record whose own bytes end in
+    zeros and were changed elsewhere does not pass: its zeros start where its bytes happen to end. Reads
+    backwards from ``size`` only as far as the run goes."""
     end = size
-    while end > 0:
-        start = max(end - (1 << 20), 0)
+    while end > frame:
+        start = max(end - (1 << 20), frame)
         f.seek(start)
         chunk = f.read(end - start)
         last = len(chunk.rstrip(b"\0"))
         if last:
-            return start + last < limit and start + last < size
-        if start < limit:
-            return size > 0
+            run = start + last  # the first zero byte of the run
+            return run < size and run % BLOCK == 0
         end = start
-    return size > 0
+    return size > frame  # the whole frame, header and all, reads as zeros
 
 
 def frames_after(path: str | os.PathLike[str], offset: int) -> Iterator[bytes]:

@@ -217,17 +217,19 @@ class Controller:
 
     def adopt(self, unit_id: str, items: Iterable[tuple[str, int]]) -> int:
         """Record keys a unit already holds ``(key, nbytes)`` as written there: how a restarted Controller
-        rebuilds its directory from its units' contents. Keys the directory knows are left as they are.
-        The unit's contents count as known from now on (:meth:`awaits_inventory`). Returns how many were
-        adopted."""
+        rebuilds its directory from its units' contents. Keys the directory knows are left as they are, and
+        so are keys it deleted from this unit meanwhile (a late adoption: put and deleted while the unit was
+        out of reach; their deletion stays queued). The unit's contents count as known from now on
+        (:meth:`awaits_inventory`). Returns how many were adopted."""
         n = 0
         with self._lock:
             if unit_id not in self._units:
                 raise TransferQueueError(f"adopt: unknown StorageUnit {unit_id!r}")
             self._unadopted.discard(unit_id)
             now = self._clock()
+            deleting = self._to_delete.get(unit_id, set())
             for key, nbytes in items:
-                if key in self._entries:
+                if key in self._entries or key in deleting or self._tombstones.get(key) == unit_id:
                     continue
                 self._entries[key] = Entry(unit_id, int(nbytes), None, "", KeyState.WRITTEN, now, now, adopted=True)
                 self._used[unit_id] += int(nbytes)
