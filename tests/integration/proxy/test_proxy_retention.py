@@ -12,6 +12,7 @@ import numpy as np
 from dressage.tq import TransferQueue
 from dressage.tq.directory.entries import KeyState
 from dressage.train.remote import ProxyTrajectorySource, consume
+from clocks import eventually
 from group_sessions import finalize_session, record_session
 
 
@@ -21,8 +22,13 @@ def test_a_session_the_proxy_holds_outlives_retention_and_a_key_nobody_holds_exp
         proxy = proxy_stack(engine.url, tq=tq, routed_experts_dtype="uint8")
         stray = tq.client().put("logprobs", np.zeros(3, np.float32))  # no session names it
         record_session(proxy.url, "long", "0", finalize=False)  # its step's keys written now, then untouched
-        held = sorted(k for k in tq.controller.keys() if k != stray.key)
-        assert len(held) == 2 and all(k.startswith("long/") for k in held)
+
+        def held_keys():
+            return sorted(k for k in tq.controller.keys() if k != stray.key)
+
+        eventually(lambda: len(held_keys()) == 2)  # the call was answered; its TQ write lands behind it
+        held = held_keys()
+        assert all(k.startswith("long/") for k in held)
         time.sleep(4.5)  # the agent thinks, runs a tool: 2.25 x retention_s
         assert tq.controller.state(stray.key) is KeyState.CLEARED
         assert sorted(tq.controller.where(held)) == held
