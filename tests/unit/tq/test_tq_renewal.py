@@ -15,7 +15,6 @@ from dressage.tq.directory.entries import KeyState, UnitInfo
 from clocks import FakeClock, eventually
 
 
-
 def test_touch_restarts_a_keys_retention_and_an_untouched_key_still_expires():
     clock = FakeClock()
     ctl = Controller([UnitInfo("u0")], retention_s=10, clock=clock)

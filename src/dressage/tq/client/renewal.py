@@ -75,9 +75,11 @@ class KeyRenewal:
         """``keys`` leave the holder (a trainer acknowledged them): touch them once more, now, on the
         renewal's thread, so their next holder has a whole ``retention_s`` from this moment."""
         keys = list(keys)
-        if not keys or self._stop.is_set() or self._off:
+        if not keys or self._stop.is_set():
             return
-        with self._lock:
+        with self._lock:  # under the lock: a hand-off racing the thread's finding no retention keeps nothing
+            if self._off:
+                return
             self._handed.extend(keys)
         self.start()
         self._wake.set()
@@ -124,8 +126,8 @@ class KeyRenewal:
     def _run(self) -> None:
         retention = self._retention()
         if retention is None:  # keys are kept until cleared (or the renewal closed): nothing to renew
-            self._off = True
             with self._lock:
+                self._off = True
                 self._handed.clear()
             return
         self.period_s = period = float(retention) / RENEW_SHARE
