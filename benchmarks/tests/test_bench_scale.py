@@ -3,6 +3,7 @@
 import argparse
 import json
 
+import numpy as np
 import pytest
 
 from dressage_bench import scale, scale_proxy_cpu, scale_sessions
@@ -49,6 +50,10 @@ def test_quick_run_writes_every_point_its_bounds_and_a_plot(tmp_path):
             assert m["tq_vs_tcp_best"] == pytest.approx(m["tcp_best_s"] / m["tq_best_s"])
             assert m["tq_unauthenticated_vs_tcp"] == pytest.approx(m["tcp_two_hops_s"] / m["tq_unauthenticated_s"])
             assert m["tq_gbps"] == pytest.approx(2 * 3 * p["step_bytes"] / m["tq_s"] / 1e9)
+            # Every timed round is in the report, the figures their medians and bests.
+            raw = m["rounds_s"]
+            assert set(raw) == {"tq", "tq_unauthenticated", "tcp"} and all(len(v) == p["rounds"] for v in raw.values())
+            assert m["tq_s"] == pytest.approx(float(np.median(raw["tq"]))) and m["tcp_best_s"] == min(raw["tcp"])
     b = units["bounds"]["tq_vs_two_tcp_hops"]
     assert b["mode"] == "batched" and b["worst"] == min(p["batched"]["tq_vs_tcp"] for p in units["points"])
     assert b["per_step_worst"] == min(p["per_step"]["tq_vs_tcp"] for p in units["points"])

@@ -218,6 +218,8 @@ def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...
 
     from dressage.tq import TransferQueue, TransferQueueClient
     from dressage.tq.client.batching import PutBatcher
+    from dressage.tq.config import tq_default
+    from dressage.units import parse_bytes
     from dressage_bench._systems import Part, Workload, make_items
     from dressage_bench._tcp import TcpLoopbackSystem
 
@@ -230,6 +232,9 @@ def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...
     payloads = [_landed(item[0]) for item in make_items(workload, units)]
     step_bytes = int(payloads[0].nbytes)
     used: set[str] = set()
+    # The budget a deployment has by default, as users run it (nothing is allocated up front; it sizes
+    # the placement leases and the units' pools of recycled buffers), or more if the rounds need it.
+    budget = max(parse_bytes(tq_default("unit_memory_budget"), "unit_memory_budget"), 4 * steps * step_bytes)
     modes = ("batched", "per_step")
     systems = ("tq", "tq_unauthenticated", "tcp")
     times: dict[tuple[str, str], list[float]] = {(m, n): [] for m in modes for n in systems}
@@ -243,8 +248,7 @@ def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...
             for name, auth in (("tq", True), ("tq_unauthenticated", False)):
                 tq = stack.enter_context(TransferQueue.start({
                     "deployment": "local", "num_storage_units": units, "shared_memory": False,
-                    "unit_memory_budget": max(256 << 20, 4 * steps * step_bytes), "retention_s": None,
-                    "authenticate": auth}))
+                    "unit_memory_budget": budget, "retention_s": None, "authenticate": auth}))
                 clients[name] = TransferQueueClient.connect(tq.client_spec())
                 stack.callback(clients[name].close)
                 batchers[name] = PutBatcher(clients[name], name=f"scale-{name}")
@@ -307,7 +311,8 @@ def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...
             "tq_gbps": 2 * moved / med["tq"] / 1e9, "tcp_gbps": 2 * moved / med["tcp"] / 1e9,
             "tq_unauthenticated_gbps": 2 * moved / med["tq_unauthenticated"] / 1e9,
             "tq_vs_tcp": med["tcp"] / med["tq"], "tq_vs_tcp_best": best["tcp"] / best["tq"],
-            "tq_unauthenticated_vs_tcp": med["tcp"] / med["tq_unauthenticated"]}
+            "tq_unauthenticated_vs_tcp": med["tcp"] / med["tq_unauthenticated"],
+            "rounds_s": {name: times[mode, name] for name in systems}}
     return point
 
 

@@ -162,6 +162,32 @@ def test_small_puts_share_one_lease_spread_over_the_units_and_leave_zero_keys(se
                                   for s in ctl_.stats().values()))
 
 
+def test_a_put_batcher_round_goes_through_a_lease_and_a_full_lease_carries_two_per_unit():
+    # A PutBatcher round (up to its max_bytes, 32 MiB) is what the Proxy's writer sends: its placement
+    # overlaps its write, and a lease of full size (64 MiB a unit) carries two of them on each unit.
+    from dressage.tq.client.batching import PutBatcher
+
+    probe = PutBatcher(None, name="probe")
+    probe.close()
+    assert LEASE_PUT_MAX == LEASE_MAX_BYTES // 2 == probe.max_bytes
+    with TransferQueue.start({"num_storage_units": 2, "unit_memory_budget": "1GiB", "request_timeout_s": 5,
+                              "on_full": "error"}) as tq:
+        client = TransferQueueClient.connect(tq.client_spec())
+        placed = []
+        place_many = client._controller.place_many
+        client._controller.place_many = lambda *a, **k: placed.append(a) or place_many(*a, **k)
+        rounds = [[("routed_experts", np.full((LEASE_PUT_MAX // 2 // 320, 40, 8), 2 * r + i, np.uint8))
+                   for i in range(2)] for r in range(4)]
+        refs = [client.put_many(items, batch="b") for items in rounds]
+        assert client._fast_write.granted == 1 and placed == []  # four rounds, one Controller round trip first
+        assert sorted(len([r for r in refs if r[0].unit_id == u]) for u in client.unit_ids) == [2, 2]
+        got = client.get_many([ref for pair in refs for ref in pair])
+        assert [int(a[-1, -1, -1]) for a in got] == list(range(8))
+        assert client.clear("b") == 8 and client.total_keys() == 0
+        client.close()
+        assert eventually(lambda: all(s["leased_bytes"] == 0 for s in tq.controller.stats().values()))
+
+
 def test_large_puts_are_placed_each_without_a_lease(served):
     _, client = served
     client.put("routed_experts", np.ones(LEASE_PUT_MAX + 1, dtype=np.uint8))

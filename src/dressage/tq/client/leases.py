@@ -1,5 +1,6 @@
-"""The writer's side of placement leases (the protocol: ``tq/directory/lease.py``): a client's small puts
-written to a leased unit while their placement travels to the Controller, so a put costs one round trip.
+"""The writer's side of placement leases (the protocol: ``tq/directory/lease.py``): a client's puts (up to
+``LEASE_PUT_MAX``) written to a leased unit while their placement travels to the Controller, so a put
+costs one round trip.
 A ``FastWrite`` of the client's one put path, for a Controller in another process.
 """
 
@@ -125,7 +126,7 @@ class LeasedWrite:
             pass
 
     def write(self, put: PendingPut) -> str | None:
-        """Write a small put to the leased unit with its keys' placement in flight at the same time; the
+        """Write a put (up to ``LEASE_PUT_MAX``) to the leased unit with its keys' placement in flight at the same time; the
         unit id once both succeeded (the caller commits then), None when the put should be placed the
         regular way (no lease, or the unit was full or unavailable: nothing of it is left recorded)."""
         names, placing = put.keys, put.placing
