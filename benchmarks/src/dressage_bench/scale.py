@@ -211,7 +211,8 @@ def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...
 
     On get one request for the whole batch on the floor, one ``get_many`` in TQ. A second deployment
     with authentication off runs beside the authenticated one, to show what the MAC costs. All take
-    turns within each round (the order rotating between rounds) after one untimed round each; medians
+    turns within each round (the order rotating between rounds) after untimed rounds until every unit took a
+    put (``warmup_rounds``; ``units_warmed`` counts the units they wrote); medians
     and bests of wall time."""
     from concurrent.futures import ThreadPoolExecutor
     from contextlib import ExitStack
@@ -288,8 +289,15 @@ def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...
                 return tq_round(mode, name, r)
 
             order = list(times)
-            for i, (mode, name) in enumerate(order):
-                one(mode, name, -1 - i)
+            # Untimed rounds first, until every unit took a put (a round's puts go to as many units as it has
+            # put rounds, the next round's to the next ones): as the floor's far end writes its buffers before
+            # any timed round, so a long-running unit has its connection and its recycled buffers, and
+            # no timed round is a unit's first (a fresh unit's first put lands in pages never touched).
+            warm = -(-units // len(groups))
+            for w in range(warm):
+                for i, (mode, name) in enumerate(order):
+                    one(mode, name, -1 - w * len(order) - i)
+            warmed = len(used)
             tq_rounds.clear()
             for r in range(rounds):
                 shift = r % len(order)
@@ -300,6 +308,7 @@ def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...
         tcp.close()
     moved = steps * step_bytes
     point: dict[str, Any] = {"units": units, "steps": steps, "step_bytes": step_bytes, "units_written": len(used),
+                             "warmup_rounds": warm, "units_warmed": warmed,
                              "rounds": rounds, "batch_groups": groups,
                              "tq_put_rounds": float(np.median(tq_rounds)) if tq_rounds else 0.0}
     for mode in modes:

@@ -176,3 +176,26 @@ def test_an_embedded_deployment_served_over_zmq_authenticates_and_removes_its_se
         path = tq.secret_file
         assert spec["auth_secret"] and path.read_text() == spec["auth_secret"]
     assert not path.exists() and not path.parent.exists()
+
+
+
+def test_shutdown_stops_the_controller_before_any_unit(monkeypatch):
+    # A Controller still running while its units exit has its janitor's deletes fail against them, each
+    # logged as a warning on an ordinary shutdown: it gets SIGTERM, and is gone, before the units get theirs.
+    from dressage.tq.deploy import local
+
+    real, calls = local.stop_children, []
+
+    def recording(procs, grace_s=5.0):
+        calls.append(({p.pid for p in procs}, {pid for pid, p in everyone.items() if p.poll() is None}))
+        real(procs, grace_s)
+
+    tq = TransferQueue.start({"deployment": "local", "num_storage_units": 2})
+    everyone = {p.pid: p for p in tq._deployment._procs.values()}
+    pids = tq._deployment.processes()
+    controller, units = {pids.pop("controller")}, set(pids.values())
+    monkeypatch.setattr(local, "stop_children", recording)
+    tq.shutdown()
+    assert [stopped for stopped, _ in calls] == [controller, units]
+    assert calls[0][1] == controller | units and calls[1][1] == units  # the units ran until the Controller was gone
+    assert all(p.poll() is not None for p in everyone.values())

@@ -170,7 +170,10 @@ class LocalDeployment:
         controller = getattr(self, "controller", None)
         if controller is not None:
             controller.close()
-        stop_children(list(self._procs.values()))
+        # The Controller first: its janitor must not be deleting on units that are going away (each would
+        # be a failed delete, logged as a warning on every ordinary shutdown).
+        stop_children([p for name, p in self._procs.items() if name == "controller"])
+        stop_children([p for name, p in self._procs.items() if name != "controller"])
         self._procs.clear()
         for info in getattr(self, "_infos", []):
             if info.shm_token:
