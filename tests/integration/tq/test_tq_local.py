@@ -16,6 +16,7 @@ import pytest
 
 from dressage.errors import KeyNotFoundError, StorageUnitUnavailable
 from dressage.tq import FieldRef, TransferQueue
+from dressage.tq.directory.entries import KeyState
 
 READER = r"""
 import json, sys
@@ -199,3 +200,23 @@ def test_shutdown_stops_the_controller_before_any_unit(monkeypatch):
     assert [stopped for stopped, _ in calls] == [controller, units]
     assert calls[0][1] == controller | units and calls[1][1] == units  # the units ran until the Controller was gone
     assert all(p.poll() is not None for p in everyone.values())
+
+
+def test_a_clear_across_processes_leaves_its_deletions_off_the_janitors_queue():
+    # The client deletes the unit copies itself and tells the Controller process (one-way): its queue
+    # empties at once, not at the janitor's next sweep (every 5 s at this retention), which would delete
+    # every key a second time.
+    with TransferQueue.start({"deployment": "local", "num_storage_units": 2, "retention_s": 3600}) as tq:
+        client = tq.client()
+        refs = [client.put("logprobs", np.full(64, i, np.float32), batch="b") for i in range(8)]
+        # A leased put's commit rides on the next message; one landing after the clear would queue its
+        # unit copy for deletion again (by design): every commit lands first.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(tq.controller.state(r.key) != KeyState.WRITTEN for r in refs):
+            time.sleep(0.01)
+        assert client.clear("b") == 8
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline and any(s["queued_deletes"] for s in tq.controller.stats().values()):
+            time.sleep(0.01)
+        assert {u: s["queued_deletes"] for u, s in tq.controller.stats().items()} == {u: 0 for u in tq.storage_units()}
+        assert all(not u.exists(r.key) for u in tq.storage_units().values() for r in refs)

@@ -69,3 +69,52 @@ def test_a_dead_unit_is_not_reconciled():
     ctl.mark_unit_live("u1")
     janitor.reconcile()
     assert janitor.reconcile() == 1 and not units["u1"].exists("orphan")
+
+
+class _CountingUnit(MemoryStorageUnit):
+    """Counts the delete requests it gets, keys included, whether or not they still held anything."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.asked: list[str] = []
+
+    def delete(self, keys):
+        keys = list(keys)
+        self.asked += keys
+        return super().delete(keys)
+
+
+def test_a_clear_deletes_each_unit_copy_once_and_leaves_the_janitor_nothing():
+    from dressage.tq import TransferQueueClient
+
+    units = {u: _CountingUnit(u, memory_budget=1 << 20) for u in ("u0", "u1")}
+    ctl = Controller([UnitInfo(u, memory_budget=1 << 20) for u in units])
+    janitor = Janitor(ctl, units.get, interval_s=1.0, reconcile_s=None)
+    client = TransferQueueClient(ctl, units)
+    refs = [client.put("logprobs", np.full(8, i, np.float32), batch="b") for i in range(6)]
+    refs += [client.put("logprobs", np.ones(8, np.float32), batch="other")]
+    assert client.clear("b") == 6 and client.delete([refs[-1]]) == 1
+    # The client deleted them itself and told the directory: nothing stays queued for the janitor.
+    assert {u: s["queued_deletes"] for u, s in ctl.stats().items()} == {"u0": 0, "u1": 0}
+    assert janitor.run_once() == 0
+    assert sorted(k for u in units.values() for k in u.asked) == sorted(r.key for r in refs)
+    assert all(not u.list() for u in units.values())
+
+
+def test_a_clear_whose_unit_delete_failed_stays_queued_for_the_janitor():
+    from dressage.tq import TransferQueueClient
+
+    units = {u: _CountingUnit(u, memory_budget=1 << 20) for u in ("u0",)}
+    ctl = Controller([UnitInfo("u0", memory_budget=1 << 20)])
+    janitor = Janitor(ctl, units.get, interval_s=1.0, reconcile_s=None)
+    client = TransferQueueClient(ctl, units)
+    ref = client.put("logprobs", np.ones(8, np.float32), batch="b")
+    real = units["u0"].delete
+    units["u0"].delete = lambda keys: (_ for _ in ()).throw(OSError("disk gone"))
+    try:
+        client.clear("b")
+    except OSError:
+        pass
+    assert ctl.stats()["u0"]["queued_deletes"] == 1  # not reported deleted: the janitor's to do
+    units["u0"].delete = real
+    assert janitor.run_once() == 1 and not units["u0"].exists(ref.key)

@@ -426,8 +426,9 @@ class TransferQueueClient:
         return removed
 
     def _drop(self, placement: dict[str, list[str]]) -> int:
-        # The directory already forgot the keys and queued the unit deletions; deleting here as well
-        # makes the call synchronous (idempotent, so the janitor's later pass is harmless). A unit that
+        # The directory already forgot the keys and queued the unit deletions; deleting here makes the
+        # call synchronous, and the directory is then told (one-way) to take them off its janitor's queue
+        # (a janitor that took them first deletes them twice: idempotent, harmless). A unit that
         # cannot be reached now (dead, stalled, gone mid-call) keeps its deletions queued for the janitor:
         # nothing is left to do here, so that is counted (``deletes_deferred``), not raised.
         failed: list[BaseException] = []
@@ -440,11 +441,13 @@ class TransferQueueClient:
             if not why:
                 try:
                     unit.delete(keys)
-                    continue
                 except StorageUnitUnavailable as exc:
                     why = str(exc)
                 except Exception as exc:  # the janitor retries; report after trying every unit
                     failed.append(exc)
+                    continue
+                else:
+                    self._deleted(unit_id, keys)
                     continue
             deferred += len(keys)
             log.warning("%d deletions of StorageUnit %s stay queued for the janitor: %s", len(keys), unit_id, why)
@@ -455,6 +458,13 @@ class TransferQueueClient:
         if failed:
             raise failed[0]
         return n
+
+    def _deleted(self, unit_id: str, keys: list[str]) -> None:
+        """Tell the directory the unit copies are gone, so its janitor does not delete them a second time."""
+        try:
+            self._controller.deleted(unit_id, keys)
+        except TransferQueueError as exc:  # its janitor deletes them again: idempotent, only work
+            log.debug("could not tell the Controller of %d deletion(s) on %s: %s", len(keys), unit_id, exc)
 
     def mark_consumed(self, refs_or_keys: Iterable[FieldRef | str]) -> int:
         self._check_open()

@@ -438,6 +438,17 @@ class Controller:
         with self._lock:
             self._to_delete.setdefault(unit_id, set()).update(keys)
 
+    def deleted(self, unit_id: str, keys: Iterable[str]) -> None:
+        """A caller of :meth:`delete` or :meth:`clear` deleted these keys' copies on ``unit_id`` itself:
+        the janitor need not delete them again (one it already took deletes them twice, harmlessly)."""
+        with self._lock:
+            queued = self._to_delete.get(unit_id)
+            if queued is None:
+                return
+            queued.difference_update(keys)
+            if not queued:
+                del self._to_delete[unit_id]
+
     # -- queries -------------------------------------------------------------------------------
     def state(self, key: str) -> KeyState | None:
         with self._lock:

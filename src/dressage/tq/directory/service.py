@@ -115,6 +115,10 @@ class ControllerServer:
             return {"n": ctl.set_batch(str_list(c.get("keys"), "keys"), opt_str(c.get("batch"), "batch"))}, ()
         if op == "delete":
             return {"placement": ctl.delete(str_list(c.get("keys"), "keys"))}, ()
+        if op == "deleted":
+            ctl.deleted(text(c.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False),
+                        str_list(c.get("keys"), "keys"))
+            return {}, ()
         if op == "clear":
             batch = text(c.get("batch"), "batch")
             # One page of the batch per answer, so no clear builds an answer past the request bounds.
@@ -259,6 +263,11 @@ class RemoteController:
     def requeue_deletions(self, unit_id: str, keys: Iterable[str]) -> None:
         for page in key_pages(list(keys)):
             self._rpc.call("requeue", {"unit_id": unit_id, "keys": page}, keys=page)
+
+    def deleted(self, unit_id: str, keys: Iterable[str]) -> None:
+        """One-way: a notice lost on the way only means the janitor deletes these keys again."""
+        for page in key_pages(list(keys)):
+            self._rpc.send_oneway("deleted", {"unit_id": unit_id, "keys": page}, keys=page)
 
     def commit(self, key: str) -> None:
         self.commit_many([key])
