@@ -43,6 +43,8 @@ def test_quick_run_writes_every_point_its_bounds_and_a_plot(tmp_path):
         # The floor sends the rounds a PutBatcher forms from 3 waiting Steps (all in one: 3.75 MiB);
         # the batcher's own rounds are counted (1, or 2 when its thread woke before the rest came).
         assert p["batch_groups"] == [3] and 1 <= p["tq_put_rounds"] <= 2
+        # Untimed rounds until every unit took a put: one put round a round here, so one per unit.
+        assert p["warmup_rounds"] == p["units"] and p["units_warmed"] == p["units"]
         for mode in ("batched", "per_step"):
             m = p[mode]
             assert m["tq_vs_tcp"] == pytest.approx(m["tcp_two_hops_s"] / m["tq_s"])
