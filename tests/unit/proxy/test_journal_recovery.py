@@ -305,6 +305,41 @@ def test_a_journal_with_a_step_after_its_sessions_end_replays_without_it(tmp_pat
     service.core.journal.close()
 
 
+def test_a_journal_with_a_step_after_its_session_was_acknowledged_replays_past_it(tmp_path):
+    # An old Proxy could journal a step whose session a read acknowledged (and forgot) meanwhile; it then
+    # refused the step. Replay skips that record, as one behind an ended session, instead of stopping there
+    # and losing every session the journal holds after it.
+    path = tmp_path / "j"
+    core = ProxyCore(_cfg(), None, journal=Journal(path, fsync="never"))
+    s = core.create_session()
+    sid = s.session_id
+    first = np.asarray([1, 2, 3], np.int32)
+    core.ingest(sid, core.plan(sid, first), sglang_body(first, [40, 41], start=0), prompt_ids=first)
+    prompt = np.concatenate([s.steps[0].full_ids, [7]]).astype(np.int32)
+    d = core.plan(sid, prompt)
+    out = core.normalize(sglang_body(prompt, [50], start=d.routed_experts_start), prompt_len=len(prompt), decision=d)
+    late = s.prepare_step(d, prompt_ids=prompt, response_ids=out.output_ids, logprobs=out.logprobs,
+                          routed_experts=out.routed_experts)
+    core.finalize(sid, reward=1.0)
+    core.journal.forgotten(sid, read_id="read-1")  # a read acknowledged it
+    core.journal.step(sid, d, late, s)  # what such a Proxy wrote after
+    later = core.create_session({"group_index": 3}).session_id
+    core.ingest(later, core.plan(later, first), sglang_body(first, [42], start=0), prompt_ids=first)
+    core.finalize(later, reward=2.0)
+    core.journal.close()
+    sessions, report = Journal.replay(path)
+    assert report.damage is None and report.ended_steps == [sid]
+    assert sid not in sessions and report.acknowledged_reads == {"read-1": [sid]}
+    assert sessions[later].state == "finalized" and sessions[later].reward == 2.0 and len(sessions[later].steps) == 1
+    # A step of an id the journal never created is still damage: replay stops there.
+    stray = tmp_path / "stray"
+    other = ProxyCore(_cfg(), None, journal=Journal(stray, fsync="never"))
+    other.journal.step("never-created", d, late, s)
+    other.journal.close()
+    sessions, report = Journal.replay(stray)
+    assert report.damage is not None and report.ended_steps == [] and not sessions
+
+
 def test_retry_orphans_released_at_finalize_are_not_lost_after_a_replay(tmp_path, tq):
     path = tmp_path / "j"
     cfg = _config(True, dtype="uint8", drop=True)

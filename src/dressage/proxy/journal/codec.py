@@ -196,16 +196,24 @@ def encode_step(session_id: str, decision: RouteDecision, rec: StepRecord, sessi
 
 
 # ------------------------------------------------------------------------ apply
-def apply(sessions: dict[str, Session], payload: bytes, *, decode=None, special_ids=()) -> str:
+def apply(sessions: dict[str, Session], payload: bytes, *, decode=None, special_ids=(),
+          forgotten: set[str] | None = None) -> str:
     """Apply one record to ``sessions``; returns its kind. Any record that does not fit (bad body,
     unknown session or step, a step the session refuses) is a :class:`JournalError`; the sessions
-    are then unchanged."""
+    are then unchanged. ``forgotten``: the ids whose life a ``forget`` ended (kept up to date here), so a
+    step record behind one is :class:`EndedSessionStep`, not damage."""
     kind, sid, raw = split(payload)
     try:
         if kind == "forget_many":  # all of them at once: the record is one frame, intact or not replayed
             for gone in _forgets(sid, raw)[0]:
                 sessions.pop(gone, None)
+                if forgotten is not None:
+                    forgotten.add(gone)
             return kind
+        if kind == "step" and sid not in sessions and forgotten is not None and sid in forgotten:
+            # Written by a Proxy that journaled a step before checking its session, which a read had
+            # acknowledged (and forgotten) meanwhile: that Proxy refused the step and deleted its keys.
+            raise EndedSessionStep(f"step record of session {sid!r}, which a read had acknowledged before it")
         rec = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         if not isinstance(rec, dict) and kind != "forget":
             raise JournalError(f"{kind} record body is a {type(rec).__name__}, not a map")
@@ -215,6 +223,8 @@ def apply(sessions: dict[str, Session], payload: bytes, *, decode=None, special_
                 raise JournalError(f"session {sid!r} is created twice")
             sessions[sid] = Session(sid, metadata=rec["meta"], r3_shape=tuple(rec["r3"]) if rec["r3"] else None,
                                     record_logprobs=rec["lp"], decode=decode, special_ids=special_ids)
+            if forgotten is not None:
+                forgotten.discard(sid)  # a new life: its steps are its own again
         elif kind == "step":
             _apply_step(sessions[sid], rec)
         elif kind == "finalize":
@@ -235,6 +245,8 @@ def apply(sessions: dict[str, Session], payload: bytes, *, decode=None, special_
             sessions[sid].abort(rec["reason"])
         elif kind == "forget":
             sessions.pop(sid, None)
+            if forgotten is not None:
+                forgotten.add(sid)
     except JournalError:
         raise
     except KeyError as exc:

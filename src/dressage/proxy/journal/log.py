@@ -421,10 +421,12 @@ class Journal:
         sessions: dict[str, Session] = {}
         ended: list[str] = []
         acks = _AckedReads()
+        forgotten: set[str] = set()
         scan = Scan(path)
         for _, payload, _ in scan:
             try:
-                if codec.apply(sessions, payload, decode=decode, special_ids=special_ids) == "forget_many":
+                if codec.apply(sessions, payload, decode=decode, special_ids=special_ids,
+                               forgotten=forgotten) == "forget_many":
                     acks.note(codec.acknowledged_read(payload))
             except codec.EndedSessionStep:
                 ended.append(codec.split(payload)[1])
