@@ -264,3 +264,36 @@ def test_a_key_put_and_deleted_while_its_unit_awaited_adoption_stays_deleted():
     assert adopted == 1 and ctl.state("old") is KeyState.WRITTEN and ctl.state("new") is KeyState.CLEARED
     assert "new" in ctl.take_deletions().get(unit, [])  # the janitor still deletes the blob
     assert ctl.total_keys() == 1
+
+
+def test_a_unit_that_answers_probes_but_never_its_inventory_goes_dead_and_is_adopted_when_it_does():
+    unit = MemoryStorageUnit("u1", memory_budget=64 * MiB)
+    unit.put("k", np.ones(4, np.float32))
+    ctl = Controller([UnitInfo("u1", memory_budget=64 * MiB)])
+    ctl.await_inventory("u1")
+
+    class NoInventory(_Stopped):
+        failing = True
+
+        def inventory(self):
+            if self.failing:
+                raise StorageUnitUnavailable("unit u1: the inventory timed out")
+            return super().inventory()
+
+    probe = NoInventory(unit)
+    probe.stopped = False  # it answers every ping
+    monitor = LivenessMonitor(LateAdoption(ctl, {"u1": probe}), {"u1": probe}, interval_s=0.02,
+                              dead_after_s=0.3).start()
+    try:
+        deadline = time.monotonic() + 30
+        while ctl.dead_reason("u1") is None:
+            assert time.monotonic() < deadline, "a unit whose inventory never came was never marked dead"
+            time.sleep(0.01)
+        assert ctl.awaits_inventory("u1") and ctl.total_keys() == 0 and "answered no inventory request" in ctl.dead_reason("u1")
+        probe.failing = False  # its inventory answers: adopted, and live again
+        while ctl.awaits_inventory("u1") or ctl.dead_reason("u1") is not None:
+            assert time.monotonic() < deadline, "the unit's inventory was never adopted"
+            time.sleep(0.01)
+    finally:
+        monitor.stop()
+    assert ctl.where(["k"]) == {"k": "u1"}

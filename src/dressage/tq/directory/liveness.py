@@ -56,15 +56,20 @@ class LivenessMonitor:
         last_ok = self._clock()
         while not self._stop.is_set():
             started = self._clock()
+            what = "probe"
             try:
                 # A stopped process never answers: the probe itself waits out the dead-after bound.
                 handle.ping(timeout_s=self._dead_after)
-                last_ok = self._clock()
+                # Answered only once reported live: a unit whose inventory a restarted Controller still
+                # awaits is live once that inventory is in (``recovery.LateAdoption``), and one that answers
+                # pings but never its inventory goes dead like one that answers nothing.
+                what = "inventory request"
                 self._controller.mark_unit_live(unit_id)
+                last_ok = self._clock()
             except TransferQueueError as exc:
                 silent = self._clock() - last_ok
                 if silent >= self._dead_after:
-                    self._controller.mark_unit_dead(unit_id, f"answered no probe for {silent:.1f} s ({exc})")
+                    self._controller.mark_unit_dead(unit_id, f"answered no {what} for {silent:.1f} s ({exc})")
             except Exception:  # the monitor must outlive any surprise; the next probe tries again
                 log.exception("liveness probe of unit %s failed", unit_id)
             self.probes += 1
