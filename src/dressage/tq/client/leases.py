@@ -126,9 +126,9 @@ class LeasedWrite:
             pass
 
     def write(self, put: PendingPut) -> str | None:
-        """Write a put (up to ``LEASE_PUT_MAX``) to the leased unit with its keys' placement in flight at the same time; the
-        unit id once both succeeded (the caller commits then), None when the put should be placed the
-        regular way (no lease, or the unit was full or unavailable: nothing of it is left recorded)."""
+        """Write a put (up to ``LEASE_PUT_MAX``) to the leased unit with its keys' placement in flight at the
+        same time; the unit id once both succeeded (the caller commits then), None when the put should be
+        placed the regular way (no lease, or the unit was full or unavailable: nothing of it is left recorded)."""
         names, placing = put.keys, put.placing
         if put.nbytes > LEASE_PUT_MAX:
             return None

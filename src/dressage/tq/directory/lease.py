@@ -3,8 +3,8 @@
 A lease is capacity the Controller sets aside for one client (``lease``) on every unit a put would be
 placed on right now (the writer's node first, the head node last: the pool ``_choose`` picks from), on
 each at most ``LEASE_MAX_BYTES`` and 1/``LEASE_SHARE`` of its free bytes, for ``LEASE_TTL_S``. The client
-spreads its puts (up to ``LEASE_PUT_MAX``) over the lease's units as placement does (most bytes left, then fewest puts:
-equal units fill evenly) and writes each to its unit while the put's keys travel to the Controller in
+spreads its puts (up to ``LEASE_PUT_MAX``) over the lease's units as placement does (most bytes left, then
+fewest puts: equal units fill evenly) and writes each to its unit while the put's keys travel to the Controller in
 the same moment (``place_leased``, sent before the unit write, its reply read after it), so the two
 round trips overlap and a put costs one. The directory rules do not change: ``place_leased`` records the
 keys as pending (write-once is checked there; a refusal fails the whole put and queues its unit copy for
