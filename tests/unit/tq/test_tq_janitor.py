@@ -4,7 +4,9 @@ keys (written or still in flight) are never touched, a dead unit is left alone."
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from dressage.errors import TransferQueueError
 from dressage.tq.directory.controller import Controller
 
 from dressage.tq.directory.entries import UnitInfo
@@ -118,3 +120,26 @@ def test_a_clear_whose_unit_delete_failed_stays_queued_for_the_janitor():
     assert ctl.stats()["u0"]["queued_deletes"] == 1  # not reported deleted: the janitor's to do
     units["u0"].delete = real
     assert janitor.run_once() == 1 and not units["u0"].exists(ref.key)
+
+
+def test_a_copy_queued_again_by_a_late_commit_stays_queued_after_the_clearers_notice():
+    # The write of a key still in flight when its batch was cleared can land after the clearing client's own
+    # delete; its commit then queues the copy again, and the clearer's notice must not take that back.
+    units = {u: MemoryStorageUnit(u, memory_budget=1 << 20) for u in ("u0",)}
+    ctl = Controller([UnitInfo("u0", memory_budget=1 << 20)])
+    janitor = Janitor(ctl, units.get, interval_s=1.0, reconcile_s=None)
+    a = np.ones(8, np.float32)
+    ctl.place_many([("early", a.nbytes, "lp"), ("late", a.nbytes, "lp")], batch="b")
+    units["u0"].put("early", a)
+    ctl.commit_many(["early"], unit_id="u0")
+    placement = ctl.clear("b")                   # "late" is still pending: its write is in flight
+    assert sorted(placement["u0"]) == ["early", "late"]
+    units["u0"].delete(placement["u0"])          # the clearing client's own delete ...
+    units["u0"].put("late", a)                   # ... before the write lands
+    with pytest.raises(TransferQueueError, match="cleared or expired"):
+        ctl.commit_many(["late"], unit_id="u0")  # its commit comes after the clear
+    ctl.deleted("u0", placement["u0"])           # the clearer's notice comes last
+    assert ctl.stats()["u0"]["queued_deletes"] == 1
+    assert janitor.run_once() == 1 and units["u0"].list() == []
+    ctl.deleted("u0", ["late"])                  # nothing left to take back
+    assert ctl.stats()["u0"]["queued_deletes"] == 0 and not ctl._late_copies

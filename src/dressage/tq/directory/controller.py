@@ -45,6 +45,9 @@ class Controller:
         self._entries: dict[str, Entry] = {}
         self._tombstones: OrderedDict[str, str] = OrderedDict()
         self._to_delete: dict[str, set[str]] = {}
+        # Queued deletions of unit copies that may have landed after a caller deleted them itself (a
+        # commit or an abandoned write that came after the key was cleared): ``deleted`` leaves them queued.
+        self._late_copies: set[tuple[str, str]] = set()
         self._retention_s = retention_s
         self._clock = clock
         self._cleared_total = 0
@@ -314,6 +317,7 @@ class Controller:
                     missing.append(key)
                     if unit_id is not None:
                         self._to_delete.setdefault(unit_id, set()).add(key)
+                        self._late_copies.add((unit_id, key))
                     continue
                 if entry.state is KeyState.PENDING:  # never move a consumed key back
                     entry.state = KeyState.WRITTEN
@@ -432,20 +436,26 @@ class Controller:
                 if dead:
                     out[unit_id] = dead
             self._to_delete = kept
+            self._late_copies = {(u, k) for u, k in self._late_copies if u in kept}
         return out
 
     def requeue_deletions(self, unit_id: str, keys: Iterable[str]) -> None:
         with self._lock:
+            keys = set(keys)
             self._to_delete.setdefault(unit_id, set()).update(keys)
+            self._late_copies.update((unit_id, k) for k in keys)
 
     def deleted(self, unit_id: str, keys: Iterable[str]) -> None:
         """A caller of :meth:`delete` or :meth:`clear` deleted these keys' copies on ``unit_id`` itself:
-        the janitor need not delete them again (one it already took deletes them twice, harmlessly)."""
+        the janitor need not delete them again (one it already took deletes them twice, harmlessly). A
+        copy queued since by a late commit or a refused write may have landed after that deletion: it
+        stays queued."""
         with self._lock:
             queued = self._to_delete.get(unit_id)
             if queued is None:
                 return
-            queued.difference_update(keys)
+            late = self._late_copies
+            queued.difference_update(k for k in keys if (unit_id, k) not in late)
             if not queued:
                 del self._to_delete[unit_id]
 
