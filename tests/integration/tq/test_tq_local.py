@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -220,3 +221,38 @@ def test_a_clear_across_processes_leaves_its_deletions_off_the_janitors_queue():
             time.sleep(0.01)
         assert {u: s["queued_deletes"] for u, s in tq.controller.stats().items()} == {u: 0 for u in tq.storage_units()}
         assert all(not u.exists(r.key) for u in tq.storage_units().values() for r in refs)
+
+
+def test_a_leased_put_outlasting_a_stalled_controller_succeeds_once_it_resumes_and_records_once():
+    # The Controller stalls (SIGSTOP) while a leased put's placement is on its stream: the stream's reply
+    # does not come in time, so the placement is sent again on ZMQ. When the Controller resumes it applies
+    # both copies: the second, carrying the same placement id, is answered as the first, not refused as
+    # write-once (which failed the put and left its key pending and its payload on the unit).
+    with TransferQueue.start({"deployment": "local", "num_storage_units": 2, "request_timeout_s": 2,
+                              "unit_dead_after_s": 30, "shared_memory": False, "retention_s": None}) as tq:
+        client = tq.client()
+        client.put("logprobs", np.ones(1024, np.float32), batch="b")  # a lease, and the stream learnt
+        assert client._fast_write.granted == 1
+        data = np.arange(8 << 20, dtype=np.uint8)
+        pid = tq.processes()["controller"]
+        os.kill(pid, signal.SIGSTOP)
+        got: dict = {}
+
+        def put():
+            try:
+                got["ref"] = client.put("routed_experts", data, batch="b")
+            except Exception as exc:  # noqa: BLE001 - reported below
+                got["error"] = exc
+
+        writer = threading.Thread(target=put)
+        writer.start()
+        time.sleep(3.0)  # past the stream's timeout (2 s), within the ZMQ resend's
+        os.kill(pid, signal.SIGCONT)
+        writer.join(30)
+        assert "error" not in got, got.get("error")
+        np.testing.assert_array_equal(client.get(got["ref"]), data)
+        stats = tq.controller.stats()
+        assert sum(s["directory_keys"] for s in stats.values()) == 2
+        assert client.clear("b") == 2
+        tq.run_janitor()
+        assert tq.total_keys() == 0 and all(not u.list() for u in tq.storage_units().values())

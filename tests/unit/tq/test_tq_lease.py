@@ -188,6 +188,18 @@ def test_a_put_batcher_round_goes_through_a_lease_and_a_full_lease_carries_two_p
         assert eventually(lambda: all(s["leased_bytes"] == 0 for s in tq.controller.stats().values()))
 
 
+def test_a_leased_placement_sent_again_is_answered_as_the_first_and_records_once():
+    c, _ = ctl(UnitInfo("a", "n1", 64 * MiB), UnitInfo("b", "n1", 64 * MiB))
+    grant = c.lease(1000, node_id="n1")
+    c.place_leased(grant["lease"], "a", [("k", 1000, "f")], batch="b", put_id="p1")
+    c.place_leased(grant["lease"], "a", [("k", 1000, "f")], batch="b", put_id="p1")  # its reply was lost
+    assert totals(c, "directory_keys") == {"a": 1, "b": 0} and totals(c, "directory_bytes") == {"a": 1000, "b": 0}
+    with pytest.raises(TransferQueueError, match="write-once"):  # another placement of the same key
+        c.place_leased(grant["lease"], "a", [("k", 1000, "f")], batch="b", put_id="p2")
+    with pytest.raises(TransferQueueError, match="another unit"):
+        c.place_leased(grant["lease"], "b", [("k", 1000, "f")], batch="b", put_id="p1")
+
+
 def test_large_puts_are_placed_each_without_a_lease(served):
     _, client = served
     client.put("routed_experts", np.ones(LEASE_PUT_MAX + 1, dtype=np.uint8))

@@ -24,6 +24,7 @@ __all__ = ["Controller"]
 
 log = logging.getLogger(__name__)
 _TOMBSTONES = 100_000  # how many cleared keys the directory remembers, for ``state()``
+_PLACEMENTS_KEPT = 4096  # how many leased placements the directory remembers by id, to answer a resend
 UNIT_DOWN_S = 10.0    # a unit a writer found unavailable gets no new keys for this long
 # What one unit's directory may hold however placements are sent: far above any real unit, far below
 # the int64 that every counter of ``stats`` must stay within.
@@ -48,6 +49,9 @@ class Controller:
         # Queued deletions of unit copies that may have landed after a caller deleted them itself (a
         # commit or an abandoned write that came after the key was cleared): ``deleted`` leaves them queued.
         self._late_copies: set[tuple[str, str]] = set()
+        # Recent leased placements by the id their writer gave them (-> unit id): one sent again after its
+        # reply was lost (a stream that timed out: sent again on ZMQ) is answered as the first was.
+        self._placements: OrderedDict[str, str] = OrderedDict()
         self._retention_s = retention_s
         self._clock = clock
         self._cleared_total = 0
@@ -279,13 +283,19 @@ class Controller:
             self._leases.end(lease_id)
 
     def place_leased(self, lease_id: str, unit_id: str, items: Sequence[tuple[str, int, str]], *,
-                     batch: str | None = None) -> None:
+                     batch: str | None = None, put_id: str | None = None) -> None:
         """Record new keys ``(key, nbytes, field)`` as pending on the lease's unit, their bytes taken from
         the lease (once it is used up or gone, charged to the unit as ``place_many`` does). Keys are
-        write-once; a dead unit is StorageUnitUnavailable; nothing is recorded when anything is refused."""
+        write-once; a dead unit is StorageUnitUnavailable; nothing is recorded when anything is refused.
+        ``put_id``: the writer's id of this placement; the same placement sent again (its first reply lost)
+        is answered as the first was, recording nothing twice."""
         with self._lock:
             if unit_id not in self._units:
                 raise TransferQueueError(f"place_leased: unknown StorageUnit {unit_id!r}")
+            if put_id is not None and put_id in self._placements:
+                if self._placements[put_id] != unit_id:
+                    raise TransferQueueError(f"place_leased: placement {put_id!r} was made on another unit")
+                return
             if not self._is_live(unit_id):
                 raise StorageUnitUnavailable(f"StorageUnit {unit_id} is dead; its leases ended")
             items = self._claim_adopted(unit_id, items, batch)
@@ -299,6 +309,10 @@ class Controller:
                 raise StorageFullError(f"StorageUnit {unit_id} is full and the lease for these keys is used up")
             self._leases.take(lease_id, unit_id, covered)
             self._record_pending(unit_id, items, batch)
+            if put_id is not None:
+                self._placements[put_id] = unit_id
+                if len(self._placements) > _PLACEMENTS_KEPT:
+                    self._placements.popitem(last=False)
 
     def commit(self, key: str) -> None:
         """The payload is durable in its unit."""

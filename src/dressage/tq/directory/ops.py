@@ -74,7 +74,8 @@ def lease_op(ctl: Controller, op: str, c: dict[str, Any]) -> dict[str, Any]:
             apply_commits(ctl, c.get("commits"))
         ctl.place_leased(text(c.get("lease"), "lease", max_len=MAX_KEY_BYTES),
                          text(c.get("unit_id"), "unit_id", max_len=MAX_KEY_BYTES, empty=False),
-                         place_items(c.get("items")), batch=opt_str(c.get("batch"), "batch"))
+                         place_items(c.get("items")), batch=opt_str(c.get("batch"), "batch"),
+                         put_id=text(c.get("put"), "put", max_len=MAX_KEY_BYTES, optional=True))
         return {"states": ctl.unit_states()} if c.get("states") is True else {}
     if op == "return_lease":
         ctl.return_lease(text(c.get("lease"), "lease", max_len=MAX_KEY_BYTES))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -161,10 +162,11 @@ class ControllerServer:
 
 class _StreamPlacement:
     """A placement sent on the Controller's stream. A stream that breaks before its reply (a connection
-    reset, not a refusal) is no verdict on the Controller: the same placement is sent again on ZMQ and
-    its answer, or its timeout, is the put's. (The unit may already hold the put's copy: placing the
-    put again elsewhere would then meet it as a write-once conflict.) Had the first one been applied, the
-    second is refused as write-once, and the put fails with nothing acknowledged."""
+    reset or a reply that did not come in time, not a refusal) is no verdict on the Controller: the same
+    placement is sent again on ZMQ and its answer, or its timeout, is the put's. (The unit may already hold
+    the put's copy: placing the put again elsewhere would then meet it as a write-once conflict.) Had the
+    first one been applied (a Controller that stalled past the timeout applies it when it resumes), the
+    second carries the same placement id and is answered as the first was."""
 
     __slots__ = ("_owner", "_pending", "_control", "_keys")
 
@@ -227,7 +229,7 @@ class RemoteController:
         wire_items = [[k, int(n), f] for k, n, f in items]
         owed = self._soon.take()  # the commits of earlier puts ride along
         control = {"lease": lease_id, "unit_id": unit_id, "items": wire_items, "batch": batch, "states": states,
-                   "commits": owed or None}
+                   "commits": owed or None, "put": secrets.token_hex(8)}
         keys = [i[0] for i in wire_items]
         try:
             stream = self._stream
