@@ -297,3 +297,20 @@ def test_a_unit_that_answers_probes_but_never_its_inventory_goes_dead_and_is_ado
     finally:
         monitor.stop()
     assert ctl.where(["k"]) == {"k": "u1"}
+
+
+def test_a_key_deleted_while_its_unit_awaits_adoption_is_deleted_there_when_adopted_not_brought_back():
+    # A restarted Controller could not ask u1; a trainer deletes its refs meanwhile (the directory does
+    # not know them yet): adopting u1 later must not make them readable again, and must delete them there.
+    units = {u: MemoryStorageUnit(u, memory_budget=64 * MiB) for u in ("u0", "u1")}
+    for key in ("gone", "kept"):
+        units["u1"].put(key, np.ones(4, np.float32))
+    ctl = Controller([UnitInfo(u, memory_budget=64 * MiB) for u in units])
+    report = recover_directory(ctl, {"u0": units["u0"], "u1": _Stopped(units["u1"])})
+    assert list(report.unreachable) == ["u1"]
+    assert ctl.delete(["gone", "never-was"]) == {}  # unknown for now
+    assert ctl.adopt("u1", units["u1"].inventory()) == 1
+    assert ctl.where(["gone", "kept"]) == {"kept": "u1"} and ctl.total_keys() == 1
+    janitor = Janitor(ctl, units.get, interval_s=1.0, reconcile_s=None)
+    assert janitor.run_once() == 1 and units["u1"].list() == ["kept"]
+    assert not ctl._deleted_unknown  # every unit adopted: nothing more to remember

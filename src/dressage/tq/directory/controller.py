@@ -25,6 +25,7 @@ __all__ = ["Controller"]
 log = logging.getLogger(__name__)
 _TOMBSTONES = 100_000  # how many cleared keys the directory remembers, for ``state()``
 _PLACEMENTS_KEPT = 4096  # how many leased placements the directory remembers by id, to answer a resend
+_DELETED_UNKNOWN_KEPT = 1_000_000  # unknown keys deleted while a unit awaits adoption, remembered at most
 UNIT_DOWN_S = 10.0    # a unit a writer found unavailable gets no new keys for this long
 # What one unit's directory may hold however placements are sent: far above any real unit, far below
 # the int64 that every counter of ``stats`` must stay within.
@@ -58,6 +59,9 @@ class Controller:
         self._down_until: dict[str, float] = {}
         self._live: dict[str, Liveness] = {}
         self._unadopted: set[str] = set()  # units whose contents a restarted directory has not taken in yet
+        # Keys deleted while some unit's contents were still to be adopted and the directory knew them not:
+        # they may be on that unit, and its adoption must not bring them back (emptied once all are adopted).
+        self._deleted_unknown: set[str] = set()
         self._strict = strict_budget
         self._leases = LeaseDesk()  # used under self._lock only
         for u in units:
@@ -226,7 +230,9 @@ class Controller:
         """Record keys a unit already holds ``(key, nbytes)`` as written there: how a restarted Controller
         rebuilds its directory from its units' contents. Keys the directory knows are left as they are, and
         so are keys it deleted from this unit meanwhile (a late adoption: put and deleted while the unit was
-        out of reach; their deletion stays queued). The unit's contents count as known from now on
+        out of reach; their deletion stays queued); a key deleted while the directory did not know it (put
+        before the restart, deleted before this adoption) is queued for deletion here instead of taken in.
+        The unit's contents count as known from now on
         (:meth:`awaits_inventory`). Returns how many were adopted."""
         n = 0
         with self._lock:
@@ -236,6 +242,9 @@ class Controller:
             now = self._clock()
             deleting = self._to_delete.get(unit_id, set())
             for key, nbytes in items:
+                if key in self._deleted_unknown and key not in self._entries:  # deleted while out of reach
+                    self._to_delete.setdefault(unit_id, set()).add(key)
+                    continue
                 if key in self._entries or key in deleting or self._tombstones.get(key) == unit_id:
                     continue
                 self._entries[key] = Entry(unit_id, int(nbytes), None, "", KeyState.WRITTEN, now, now, adopted=True)
@@ -243,6 +252,8 @@ class Controller:
                 self._count[unit_id] += 1
                 self._tombstones.pop(key, None)
                 n += 1
+            if not self._unadopted:
+                self._deleted_unknown.clear()
         return n
 
     def await_inventory(self, unit_id: str) -> None:
@@ -393,13 +404,21 @@ class Controller:
         return n
 
     def delete(self, keys: Iterable[str]) -> dict[str, list[str]]:
-        """Drop keys from the directory; returns ``{unit_id: keys}`` the caller should delete there."""
+        """Drop keys from the directory; returns ``{unit_id: keys}`` the caller should delete there. A key
+        the directory does not know while a unit's contents are still to be adopted may be on that unit:
+        its adoption deletes it there instead of taking it in."""
         out: dict[str, list[str]] = {}
         with self._lock:
             for key in keys:
                 unit_id = self._remove(key)
                 if unit_id is not None:
                     out.setdefault(unit_id, []).append(key)
+                elif self._unadopted and key not in self._tombstones:
+                    if len(self._deleted_unknown) < _DELETED_UNKNOWN_KEPT:
+                        self._deleted_unknown.add(key)
+                        if len(self._deleted_unknown) == _DELETED_UNKNOWN_KEPT:  # retention takes what comes back
+                            log.warning("delete: %d unknown keys deleted while a unit awaits adoption; later ones "
+                                        "are not remembered", _DELETED_UNKNOWN_KEPT)
         return out
 
     def clear(self, batch: str, *, limit: int | None = None) -> dict[str, list[str]]:
