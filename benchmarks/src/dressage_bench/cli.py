@@ -18,7 +18,7 @@ BENCHES: tuple[str, ...] = ("dressage_bench.cli:register_tq", "dressage_bench.me
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmarks: TransferQueue bandwidth, data-plane memory, faults",
+    p = sub.add_parser("bench", help="benchmarks: TransferQueue bandwidth, data-plane memory, faults, scale curves",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     benches = p.add_subparsers(dest="bench", metavar="BENCH")
     benches.required = True

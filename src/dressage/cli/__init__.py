@@ -33,7 +33,7 @@ COMMANDS = ("run", "proxy", "engine", "tq", "capacity", "trainer", "export")
 ENTRY_POINT_GROUP = "dressage.commands"
 # Commands that packages of this repository provide, with how to get them when they are missing.
 KNOWN_PLUGINS = {
-    "bench": ("benchmarks: TransferQueue bandwidth, data-plane memory, faults",
+    "bench": ("benchmarks: TransferQueue bandwidth, data-plane memory, faults, scale curves",
               "not installed: it comes with the dressage-bench package; run `pip install -e benchmarks` "
               "in the repository root (`make test` does)"),
 }

@@ -23,8 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     tsub = p.add_subparsers(dest="tq_command", metavar="ACTION")
     tsub.required = True
     s = tsub.add_parser("serve", help="run the Controller and StorageUnits and write their client spec",
-                        description="Start the TransferQueue --config names (local or ray), write the client "
-                                    "spec to --spec-out and serve until SIGTERM/SIGINT.")
+                        description="Start the TransferQueue --config names, write the client spec to "
+                                    "--spec-out and serve until SIGTERM/SIGINT. deployment: local or ray run the "
+                                    "Controller and each StorageUnit as processes of their own (a Controller that "
+                                    "dies is started again); embedded serves them from this process over ZMQ.")
     _tree().add_to(s)
     s.set_defaults(func=_serve)
 

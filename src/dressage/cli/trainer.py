@@ -37,7 +37,7 @@ def _run(args: argparse.Namespace) -> int:
 
     cfg = trainer_config(args)
     if cfg.json:  # before the drain, which a report that cannot be written would otherwise lose
-        check_writable(cfg.json, "json (--json)")
+        check_writable(cfg.json, "json (--json)", make_parents=True)
     token = admin_token_of(cfg.proxy.admin_token_file, "proxy.admin_token_file (--admin-token-file)")
     source = ProxyTrajectorySource(cfg.proxy.url, token=token, timeout_s=max(cfg.timeout_s, 5.0))
     try:

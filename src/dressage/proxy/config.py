@@ -21,6 +21,7 @@ from dressage.observe.logs import LOG_FORMATS
 from dressage.observe.otel import OTEL_EXPORTERS
 from dressage.proxy.parsers.registry import AUTO, REASONING_PARSERS, TOOL_CALL_PARSERS
 from dressage.tq.config import TransferQueueSelection, is_loopback
+from dressage.units import parse_count
 
 __all__ = ["ProxyConfig", "ServerConfig", "AccessConfig", "EnginesConfig", "LimitsConfig", "SessionsConfig",
            "ReadsConfig", "TokenBuildConfig", "ToolCallHooksConfig", "JournalConfig", "TrajectoryExportConfig",
@@ -283,19 +284,25 @@ class EnginesConfig:
         return self.engine_urls or (self.engine_url,)
 
 
+def tokens(text: str) -> int:
+    """A token count as ``4096``, ``4K`` or ``1M`` (argparse names this function in its errors)."""
+    return parse_count(text, "token count")
+
+
 @dataclass(kw_only=True, slots=True)
 class LimitsConfig:
     """What one model call may ask for: its token budget and the context it may fill."""
 
-    default_max_new_tokens: int | None = field(default=None, metadata=flag("--default-max-tokens", metavar="N"))
+    default_max_new_tokens: int | None = field(default=None, metadata=flag("--default-max-tokens", metavar="N",
+                                                                            parse=tokens))
     """max_new_tokens when a request gives no max_tokens. ``None``: the reply may run to what the
     context window leaves (window - prompt - 1), or to the engine's own default when no window is known."""
-    context_length: int | None = field(default=None, metadata=flag("--context-window", metavar="N"))
+    context_length: int | None = field(default=None, metadata=flag("--context-window", metavar="N", parse=tokens))
     """Prompt + reply tokens one call may use: max new tokens are clamped to what is left, and a
     prompt that leaves no room for one token gets ``context_overflow`` (nothing recorded). ``None``:
     the engines' own window, learnt from their model and server info at start-up (when they tell it);
     a value larger than theirs is lowered to it."""
-    max_output_tokens: int | None = field(default=None, metadata=flag(metavar="N"))
+    max_output_tokens: int | None = field(default=None, metadata=flag(metavar="N", parse=tokens))
     """Cap on any call's new tokens, whatever the request asks."""
     max_steps_per_session: int | None = field(default=None, metadata=flag(metavar="N"))
     """Calls one session may record; the next gets ``max_steps_exceeded``. ``None``: no limit."""

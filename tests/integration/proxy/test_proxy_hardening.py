@@ -336,8 +336,12 @@ def test_idle_sessions_are_evicted_and_the_cap_holds():
         sids.append(core.create_session().session_id)
         keeper.touch(sids[-1])
         clock.now += 10
-    with pytest.raises(SessionLimitError):
+    with pytest.raises(SessionLimitError, match=r"idle ones are evicted after 60 s"):
         keeper.admit()                                   # at the cap, nobody idle long enough
+    keeper.timeout_s = 0                                 # --session-timeout 0: nobody is ever evicted
+    with pytest.raises(SessionLimitError, match=r"idle ones are never evicted: --session-timeout 0"):
+        keeper.admit()
+    keeper.timeout_s = 60
     running[sids[0]] = 1
     clock.now += 75                                      # all idle over 60 s, but sids[0] has a call in flight
     keeper.admit()

@@ -110,6 +110,13 @@ def test_capabilities_answer_upstreams_schema_with_ours_nested(engine, proxy_sta
     assert (caps["token_build_mode"], caps["record_token_versions"], caps["max_output_tokens"]) == ("tito", True, 64)
     assert caps["chat_template_fingerprint"] is None   # the byte tokenizer has no template source
     assert caps["dressage"]["service"] == "dressage-proxy" and "POST /trajectory/read" in caps["dressage"]["endpoints"]
+    # Every field the read takes, and every mode its answer names (``format: samples`` answers ``samples``).
+    features = caps["dressage"]["features"]
+    assert features["trajectory_read_modes"] == ["trajectory", "batch", "samples"]
+    assert {"lease", "lease_s", "format", "min_group_size", "group_timeout_s", "drain"} <= \
+        set(features["trajectory_read_fields"])
+    bogus = httpx.post(url + "/trajectory/read", json={"no_such_field": 1})
+    assert bogus.status_code == 400 and "no_such_field" not in features["trajectory_read_fields"]
 
 
 def test_upstreams_launch_flags_start_the_proxy_as_its_own_module(engine):

@@ -81,7 +81,7 @@ def _rollout_then_train(engine_url, tmp_path, *, tq: bool, spec_file=None, on_st
         report = asyncio.run(run_rollout(url, make_prompts(N_PROMPTS, seed=5), N_SAMPLES,
                                          AgentConfig(seed=11, max_turns=3), concurrency=3))
         assert report.errors == 0, report.errors_by_kind
-        out = tmp_path / f"trainer_{'tq' if tq else 'plain'}.json"
+        out = tmp_path / "reports" / f"trainer_{'tq' if tq else 'plain'}.json"  # its folder made by the trainer
         trainer = subprocess.run(
             [sys.executable, "-m", "dressage", "trainer", "--proxy-url", url, "--dp-size", "2",
              "--expect-sessions", str(N_PROMPTS * N_SAMPLES), "--timeout", "30", "--json", str(out)],

@@ -393,3 +393,16 @@ def test_yaml_with_flags_reads_every_tree_as_its_flags(tmp_path):
     path.write_text("context_length: 64K\n")
     assert _capacity(["--config", str(path), "--model", "tiny-moe", "--rollout-batch-size", "8"]) == \
         _capacity(["--context-length", "64K", "--model", "tiny-moe", "--rollout-batch-size", "8"])
+
+
+def test_the_proxys_token_counts_read_k_and_m_as_model_cards_write_them(tmp_path):
+    cfg = _proxy(["--engine-url", "http://e:1", "--context-window", "256K", "--default-max-tokens", "1K",
+                  "--max-output-tokens", "0.5K"])
+    assert (cfg.limits.context_length, cfg.limits.default_max_new_tokens, cfg.limits.max_output_tokens) == \
+        (262144, 1024, 512)
+    path = tmp_path / "proxy.yaml"
+    path.write_text("engines: {engine_urls: [http://e:1]}\nlimits: {context_length: 4K, default_max_new_tokens: 2048}\n")
+    cfg = _proxy(["--config", str(path)])
+    assert (cfg.limits.context_length, cfg.limits.default_max_new_tokens) == (4096, 2048)
+    with pytest.raises(SystemExit):
+        _proxy(["--engine-url", "http://e:1", "--context-window", "4Q"])

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from dressage.proxy.schemas import TrajectoryReadRequest
+
 __all__ = ["capabilities", "upstream_capabilities", "template_fingerprint", "ENDPOINTS", "SESSION_HEADERS", "UPSTREAM_SCHEMA_VERSION",
            "OURS_KEY"]
 
@@ -50,9 +52,9 @@ def capabilities(*, partial_rollout: bool, rollout_routing_replay: bool, transfe
             "finalize_fields": ["session_id", "reward", "instance_id", "label", "wait_s"],
             "finalize_waits_for_in_flight_s": finalize_wait_s,
             "discard": True,
-            "trajectory_read_modes": ["trajectory", "batch"],
-            "trajectory_read_fields": ["trajectory_id", "session_id", "session_ids", "instance_id", "max_groups",
-                                       "segment_view", "drain"],
+            # The answer's ``mode``: a named read, a batch of whole groups, or trainer-ready Samples.
+            "trajectory_read_modes": ["trajectory", "batch", "samples"],
+            "trajectory_read_fields": list(TrajectoryReadRequest.model_fields),
             "segment_views": ["lineage", "timeline"],
             "default_segment_view": segment_view,
             "pause_scopes": ["all", "session", "instance"],

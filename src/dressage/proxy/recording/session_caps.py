@@ -59,8 +59,10 @@ class SessionKeeper:
         if full or now - self._swept >= 1.0:
             self.sweep(now, prune=full)
         if len(self._last) >= self.max_sessions:
+            idle = (f"idle ones are evicted after {self.timeout_s:g} s" if self.timeout_s
+                    else "idle ones are never evicted: --session-timeout 0")
             raise SessionLimitError(f"the Proxy holds its maximum of {self.max_sessions} live sessions; finalize "
-                                    f"or abort some (idle ones are evicted after {self.timeout_s:g} s)")
+                                    f"or abort some ({idle})")
 
     def sweep(self, now: float | None = None, *, prune: bool = False) -> list[str]:
         """Evict idle sessions (oldest first); ``prune`` also drops sessions that are no longer active."""
