@@ -275,23 +275,36 @@ def test_a_step_whose_write_lands_after_its_session_ended_is_refused_before_the_
     assert tq.total_keys() == (4 if end == "finalize" else 2)
 
 
+def _late_step(core):
+    """A session with one recorded step, and a second step prepared but not recorded: (session, its
+    route decision, the StepRecord), as a Proxy held them while the step's TQ write was on the wire."""
+    s = core.create_session()
+    first = np.asarray([1, 2, 3], np.int32)
+    core.ingest(s.session_id, core.plan(s.session_id, first), sglang_body(first, [40, 41], start=0), prompt_ids=first)
+    prompt = np.concatenate([s.steps[0].full_ids, [7]]).astype(np.int32)
+    d = core.plan(s.session_id, prompt)
+    out = core.normalize(sglang_body(prompt, [50], start=d.routed_experts_start), prompt_len=len(prompt), decision=d)
+    return s, d, s.prepare_step(d, prompt_ids=prompt, response_ids=out.output_ids, logprobs=out.logprobs,
+                                routed_experts=out.routed_experts)
+
+
+def _finalized_later(core):
+    """Another session, one step, finalized with reward 2.0: what the journal holds after the late step."""
+    later = core.create_session({"group_index": 3}).session_id
+    first = np.asarray([1, 2, 3], np.int32)
+    core.ingest(later, core.plan(later, first), sglang_body(first, [42], start=0), prompt_ids=first)
+    core.finalize(later, reward=2.0)
+    return later
+
+
 def test_a_journal_with_a_step_after_its_sessions_end_replays_without_it(tmp_path):
     path = tmp_path / "j"
     core = ProxyCore(_cfg(), None, journal=Journal(path, fsync="never"))
-    s = core.create_session()
+    s, d, late = _late_step(core)
     sid = s.session_id
-    first = np.asarray([1, 2, 3], np.int32)
-    core.ingest(sid, core.plan(sid, first), sglang_body(first, [40, 41], start=0), prompt_ids=first)
-    prompt = np.concatenate([s.steps[0].full_ids, [7]]).astype(np.int32)
-    d = core.plan(sid, prompt)
-    out = core.normalize(sglang_body(prompt, [50], start=d.routed_experts_start), prompt_len=len(prompt), decision=d)
-    late = s.prepare_step(d, prompt_ids=prompt, response_ids=out.output_ids, logprobs=out.logprobs,
-                          routed_experts=out.routed_experts)
     core.discard(sid)
     core.journal.step(sid, d, late, s)  # what a Proxy that journaled before checking the session wrote
-    later = core.create_session({"group_index": 3}).session_id
-    core.ingest(later, core.plan(later, first), sglang_body(first, [42], start=0), prompt_ids=first)
-    core.finalize(later, reward=2.0)
+    later = _finalized_later(core)
     core.journal.close()
     sessions, report = Journal.replay(path)
     assert report.damage is None and report.ended_steps == [sid] and report.records == 7
@@ -311,21 +324,12 @@ def test_a_journal_with_a_step_after_its_session_was_acknowledged_replays_past_i
     # and losing every session the journal holds after it.
     path = tmp_path / "j"
     core = ProxyCore(_cfg(), None, journal=Journal(path, fsync="never"))
-    s = core.create_session()
+    s, d, late = _late_step(core)
     sid = s.session_id
-    first = np.asarray([1, 2, 3], np.int32)
-    core.ingest(sid, core.plan(sid, first), sglang_body(first, [40, 41], start=0), prompt_ids=first)
-    prompt = np.concatenate([s.steps[0].full_ids, [7]]).astype(np.int32)
-    d = core.plan(sid, prompt)
-    out = core.normalize(sglang_body(prompt, [50], start=d.routed_experts_start), prompt_len=len(prompt), decision=d)
-    late = s.prepare_step(d, prompt_ids=prompt, response_ids=out.output_ids, logprobs=out.logprobs,
-                          routed_experts=out.routed_experts)
     core.finalize(sid, reward=1.0)
     core.journal.forgotten(sid, read_id="read-1")  # a read acknowledged it
     core.journal.step(sid, d, late, s)  # what such a Proxy wrote after
-    later = core.create_session({"group_index": 3}).session_id
-    core.ingest(later, core.plan(later, first), sglang_body(first, [42], start=0), prompt_ids=first)
-    core.finalize(later, reward=2.0)
+    later = _finalized_later(core)
     core.journal.close()
     sessions, report = Journal.replay(path)
     assert report.damage is None and report.ended_steps == [sid]
