@@ -339,7 +339,13 @@ class UnsupportedParameterError(DressageError, ValueError):
 
     def __init__(self, param: str, message: str) -> None:
         self.param = param
+        self.detail = message
         super().__init__(f"{param}: {message}")
+
+    def rename(self, param: str) -> None:
+        """Name the parameter as the client sent it (a refusal of a request translated from another API)."""
+        self.param = param
+        self.args = (f"{param}: {self.detail}",)
 
 
 class SessionIdError(DressageError, ValueError):
@@ -693,6 +699,7 @@ class UnknownResponseError(DressageError, LookupError):
     http_status = 400
     openai_type = "invalid_request_error"
     code = "previous_response_not_found"
+    param = "previous_response_id"
 
 
 class ModelNotFoundError(DressageError, LookupError):

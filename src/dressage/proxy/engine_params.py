@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
-from dressage.errors import EngineRequestError
+from dressage.errors import EngineRequestError, UnsupportedParameterError
 
-__all__ = ["CLIENT_NAMES", "APIS", "engine_param_of", "name_client_param"]
+__all__ = ["CLIENT_NAMES", "CHAT_FIELDS", "APIS", "engine_param_of", "name_client_param"]
 
 APIS = ("chat", "completions", "responses", "anthropic")
 """The order of each :data:`CLIENT_NAMES` row; ``generate`` (the token-level call) takes SGLang's names."""
@@ -38,6 +38,17 @@ CLIENT_NAMES: dict[str, tuple[str | tuple[str, ...] | None, ...]] = {
     "json_schema": ("response_format", None, "text.format", "output_config.format"),
     "ebnf": ("tool_choice", None, "tool_choice", "tool_choice"),
     "top_logprobs_num": ("top_logprobs", "logprobs", ("top_logprobs", "include"), None),
+}
+
+CHAT_FIELDS: dict[str, dict[str, str]] = {
+    # A chat field the Proxy's own check refuses (``chat.params.chat_options``) on a Responses or Messages
+    # request it translated to chat: that field's name on those APIs.
+    "response_format": {"responses": "text.format", "anthropic": "output_config.format"},
+    "response_format.type": {"responses": "text.format.type", "anthropic": "output_config.format.type"},
+    "response_format.json_schema.schema": {"responses": "text.format.schema",
+                                           "anthropic": "output_config.format.schema"},
+    "stop": {"anthropic": "stop_sequences"},
+    "parallel_tool_calls": {"anthropic": "tool_choice.disable_parallel_tool_use"},
 }
 
 _PREFIXED = re.compile(r"\bsampling_params\.([A-Za-z_]+)")
@@ -63,7 +74,13 @@ def name_client_param(exc: BaseException, api: str, sent: Iterable[str] = ()) ->
 
     ``sent``: the fields the request set (to pick among several that set one parameter). ``generate``
     names ``sampling_params.NAME`` as sent. Anything but an engine refusal, or one that already names a
-    parameter, is left as it is."""
+    parameter, is left as it is, but for the Proxy's own refusal of a chat field (:data:`CHAT_FIELDS`) on a
+    request it translated from ``api``, which gets that API's name of the field."""
+    if isinstance(exc, UnsupportedParameterError):
+        renamed = CHAT_FIELDS.get(exc.param, {}).get(api)
+        if renamed is not None:
+            exc.rename(renamed)
+        return
     if not isinstance(exc, EngineRequestError) or getattr(exc, "param", None) is not None:
         return
     name = engine_param_of(exc.engine_message or str(exc))

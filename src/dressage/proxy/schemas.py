@@ -99,12 +99,16 @@ class _Control(BaseModel):
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # ``function``: the deprecated function-call form, kept so that it is refused by name (a 400), not as
+    # a malformed body; so are an assistant turn's ``function_call`` and ``refusal`` (see ``chat_messages``).
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Optional[Union[str, list[dict[str, Any]]]] = None
     name: Optional[str] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
     tool_call_id: Optional[str] = None
     reasoning_content: Optional[str] = None
+    function_call: Optional[Any] = None
+    refusal: Optional[str] = None
 
 
 class ChatRequest(_Body):
@@ -162,19 +166,24 @@ class ChatRequest(_Body):
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, v: Any) -> Any:
+        # Any typed choice passes here: one that is not served (``allowed_tools``, ``custom``) is refused
+        # by name as an unsupported parameter (``chat.params._tool_mode``), not as a malformed body.
         if v is None or v in ("none", "auto", "required"):
             return v
-        if isinstance(v, dict) and isinstance((v.get("function") or {}).get("name"), str):
+        if isinstance(v, dict) and isinstance(v.get("type", "function"), str):
             return v
         raise ValueError('tool_choice must be "none", "auto", "required" or {"type": "function", '
                          '"function": {"name": ...}}')
 
     @field_validator("stop")
     @classmethod
-    def _stop(cls, v: Optional[Union[str, list[str]]]) -> Optional[Union[str, list[str]]]:
+    def _stop(cls, v: Optional[Union[str, list[str]]], info: Any) -> Optional[Union[str, list[str]]]:
+        # OpenAI's bound, which its clients keep; a request translated from a protocol without it (Anthropic's
+        # ``stop_sequences``) passes ``context={"max_stops": None}``: the engine takes any number.
+        most = (info.context or {}).get("max_stops", 4)
         stops = [v] if isinstance(v, str) else v or []
-        if len(stops) > 4:
-            raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
+        if most is not None and len(stops) > most:
+            raise ValueError(f"at most {most} stop sequences, got {len(stops)}")
         if any(not s for s in stops):
             raise ValueError("a stop sequence must not be empty")
         return v

@@ -81,7 +81,8 @@ CHAT_IGNORED = {"user": "u", "metadata": {"k": "v"}, "store": True, "service_tie
                 "prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "explicit"},
                 "safety_identifier": "s", "prediction": {"type": "content", "content": "x"},
                 "reasoning_effort": "high", "verbosity": "low", "modalities": ["text"]}
-RESPONSES_IGNORED = {"metadata": {"k": "v"}, "reasoning": {"effort": "low", "summary": "auto"},
+RESPONSES_IGNORED = {"metadata": {"k": "v"}, "reasoning": {"effort": "low", "summary": "auto", "mode": "standard",
+                                                           "context": "auto"}, "max_tool_calls": 2,
                      "truncation": "disabled", "background": False, "background_options": {}, "stream_options": {"include_obfuscation": False},
                      "client_metadata": {"thread_id": "t"}, "user": "u", "service_tier": "auto",
                      "safety_identifier": "s", "prompt_cache_key": "k", "prompt_cache_retention": "24h",
@@ -102,7 +103,7 @@ def test_every_ignored_field_is_accepted_and_changes_nothing():
 
 REFUSED_VALUES = {"audio": {"voice": "alloy"}, "functions": [{"name": "f"}], "function_call": "auto",
                   "web_search_options": {}, "moderation": {"model": "m"}, "conversation": "conv_1",
-                  "prompt": {"id": "p"}, "max_tool_calls": 2, "context_management": [{"type": "compaction"}],
+                  "prompt": {"id": "p"}, "context_management": [{"type": "compaction"}],
                   "access_programs": {}, "suffix": "x"}
 
 

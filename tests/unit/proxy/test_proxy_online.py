@@ -224,9 +224,10 @@ def test_proxy_serve_flags_build_the_sections():
     assert (cfg.limits.context_length, cfg.limits.max_output_tokens, cfg.limits.max_steps_per_session) == \
         (4096, 512, 30)
     assert cfg.sessions.partial_rollout is True and cfg.engines.health_check_interval_s == 0.5
-    bad = build_parser().parse_args(["proxy", "serve", "--engine-url", "http://x:1", "--context-window", "0"])
+    with pytest.raises(SystemExit):  # a token count must be positive: the flag's own parse refuses it
+        build_parser().parse_args(["proxy", "serve", "--engine-url", "http://x:1", "--context-window", "0"])
     with pytest.raises(ConfigError, match="limits.context_length"):
-        proxy_config(bad)
+        LimitsConfig(context_length=0)
 
 
 def test_a_move_stays_reported_until_a_step_is_recorded_on_the_new_engine():

@@ -206,9 +206,10 @@ def test_request_maps_to_the_chat_body_and_refuses_what_it_cannot_honour():
         "response_format"] == {"type": "json_object"}
     wants = chat_body(ResponsesRequest(input="x", include=["message.output_text.logprobs"], top_logprobs=2), messages)
     assert wants["logprobs"] is True and wants["top_logprobs"] == 2
-    for bad, param in (({"background": True}, "background"), ({"reasoning": {"effort": "high", "mode": "x"}}, "reasoning"),
+    for bad, param in (({"background": True}, "background"), ({"reasoning": {"effort": "high", "x": 1}}, "reasoning"),
+                       ({"reasoning": {"context": "all_turns"}}, "reasoning"),
                        ({"truncation": "auto"}, "truncation"), ({"conversation": "conv_1"}, "conversation"),
-                       ({"max_tool_calls": 2}, "max_tool_calls"), ({"text": {"verbosity": "low", "x": 1}}, "text"),
+                       ({"text": {"verbosity": "low", "x": 1}}, "text"),
                        ({"prompt": {"id": "p"}}, "prompt"), ({"seed": 3}, "seed"), ({"stop": ["x"]}, "stop"),
                        ({"context_management": [{"type": "compaction"}]}, "context_management")):
         with pytest.raises(UnsupportedParameterError) as info:

@@ -28,10 +28,11 @@ __all__ = ["MessagesRequest", "CountTokensRequest", "NO_OP_PARAMS", "THINKING_SI
 
 NO_OP_PARAMS = frozenset({"thinking", "context_management", "output_config", "output_format", "metadata",
                           "service_tier", "mcp_servers", "betas", "cache_control", "inference_geo", "speed",
-                          "diagnostics", "user_profile_id", "workspace_id", "fallbacks"})
+                          "diagnostics", "user_profile_id", "workspace_id", "fallbacks", "billing_policy",
+                          "fallback_credit_token"})
 """Accepted and ignored: Anthropic platform bookkeeping and settings the served model cannot take per call
-(the reasoning budget, effort, prompt caching, where and how fast Anthropic serves the call, its accounts,
-fallback models); none changes a reply's tokens here. ``mcp_servers`` must be empty,
+(the reasoning budget, effort, prompt caching, where and how fast Anthropic serves the call, its accounts and
+billing, fallback models); none changes a reply's tokens here. ``mcp_servers`` must be empty,
 ``context_management`` may hold no edit that drops context, and ``output_config.format`` (or the older
 ``output_format``) is served, as a chat ``response_format``."""
 

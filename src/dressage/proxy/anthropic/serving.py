@@ -78,7 +78,7 @@ class MessagesServing:
     def _chat_of(self, session_id: str, req: MessagesRequest) -> ChatRequest:
         self.core.session(session_id)  # an unknown session is a 404 before anything else
         try:
-            return ChatRequest.model_validate(chat_body(req))
+            return ChatRequest.model_validate(chat_body(req), context={"max_stops": None})  # Messages has no cap
         except ValidationError as exc:
             raise invalid_body(exc, CHAT_NAMES) from None
 

@@ -40,7 +40,9 @@ CHAT_PARAMS = ParamPolicy("chat completions", (
     Param("model", USED, "accepted; the one served model answers (its name is reported back)"),
     Param("tools", USED, "function tools (`type` `function` or left out; `function.name` of letters, digits, `_`, "
           "`-`, `.`, unique; `parameters` a JSON Schema object), rendered by the chat template; tool-call blocks "
-          "in the reply become `tool_calls`; `custom` and hosted tool types: 400 naming the type, a malformed "
+          "in the reply become `tool_calls`; `strict` accepted: under `required` or a named function the "
+          "arguments follow the schema (a grammar), under `auto` they are what the model wrote (SGLang constrains "
+          "a call only when one is forced); `custom` and hosted tool types: 400 naming the type, a malformed "
           "tool: 400 `invalid_value`"),
     Param("tool_choice", USED, '`none`: no tool rendered or parsed; `auto`; `required` / one named function: '
           'enforced by an engine grammar (SGLang `ebnf`) of the model\'s own call syntax, drawn once; a reply '
@@ -155,7 +157,12 @@ class ChatOptions:
 def _tool_mode(req: Any) -> tuple[str, str | None]:
     choice = req.tool_choice
     if isinstance(choice, dict):
-        name = choice["function"]["name"]
+        kind, fn = choice.get("type", "function"), choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if kind != "function" or not isinstance(name, str):
+            raise UnsupportedParameterError(
+                "tool_choice", f'a {kind!r} tool choice is not served: "none", "auto", "required" or '
+                               '{"type": "function", "function": {"name": ...}}')
         if not any((t.get("function") or {}).get("name") == name for t in req.tools or ()):
             raise UnsupportedParameterError("tool_choice", f"names function {name!r}, which is not in tools")
         return "function", name
@@ -229,6 +236,18 @@ def chat_messages(req: Any) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(req.messages):
         msg = m.model_dump(exclude_none=True)
+        if msg["role"] == "function":
+            raise UnsupportedParameterError(f"messages[{i}].role", '"function" messages (the deprecated function '
+                                            'calls) are not served: send tool_calls and "tool" messages')
+        if "function_call" in msg:
+            raise UnsupportedParameterError(f"messages[{i}].function_call", "the deprecated function call is not "
+                                            "served (it would be left out of the prompt): send tool_calls")
+        refusal = msg.pop("refusal", None)
+        if refusal:  # what the assistant answered when it refused: its turn's text
+            if msg.get("content"):
+                raise UnsupportedParameterError(f"messages[{i}].refusal", "a turn with both content and a "
+                                                "refusal cannot be rendered as one assistant turn")
+            msg["content"] = refusal
         if msg["role"] == "developer":
             msg["role"] = "system"
         content = msg.get("content")
@@ -240,6 +259,9 @@ def chat_messages(req: Any) -> list[dict[str, Any]]:
                         f"messages[{i}].content[{j}]",
                         f"{kind or 'untyped'} content parts are not supported: the served model reads text only")
         for j, call in enumerate(msg.get("tool_calls") or ()):
+            if isinstance(call, dict) and call.get("type", "function") != "function":
+                raise UnsupportedParameterError(f"messages[{i}].tool_calls[{j}].type",
+                                                f"{call.get('type')!r} tool calls are not served: function calls only")
             fn = call.get("function") if isinstance(call, dict) else None
             if isinstance(fn, dict):
                 check_arguments(fn.get("arguments"), f"messages[{i}].tool_calls[{j}].function.arguments")

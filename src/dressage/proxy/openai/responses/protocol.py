@@ -47,6 +47,20 @@ def _keys_within(allowed: frozenset[str], served: str) -> Callable[[Any], str | 
     return refuse
 
 
+def _reasoning(value: Any) -> str | None:
+    """``effort``, ``summary``, ``mode`` (effort-like) and ``context: "auto"`` change nothing here; another
+    ``context`` would choose which earlier reasoning the prompt carries, which the chat template decides."""
+    other = _keys_within(frozenset({"effort", "summary", "generate_summary", "mode", "context"}),
+                         "reasoning takes effort, summary, mode and context")(value)
+    if other is not None:
+        return other
+    context = value.get("context")
+    if context not in (None, "auto"):
+        return (f"context {context!r} is not supported: which earlier reasoning the prompt carries is the chat "
+                "template's choice (\"auto\")")
+    return None
+
+
 def _truncation(value: Any) -> str | None:
     return None if value == "disabled" else f"{value!r} is not supported (the conversation is never truncated)"
 
@@ -82,10 +96,9 @@ RESPONSES_PARAMS = ParamPolicy("Responses", (
     Param("store", USED, "`false`: the response is not kept for `previous_response_id`"),
     Param("stream", USED, "Responses server-sent events"),
     Param("metadata", IGNORED, "echoed in the Response; not shown to the model"),
-    Param("reasoning", IGNORED, "`effort` and `summary` accepted and ignored: the served model reasons as "
-          "its chat template says, its reasoning comes back whole as `reasoning` items",
-          _keys_within(frozenset({"effort", "summary", "generate_summary"}), "reasoning takes effort and "
-                       "summary")),
+    Param("reasoning", IGNORED, "`effort`, `summary`, `mode` and `context: \"auto\"` accepted and ignored: the "
+          "served model reasons as its chat template says, its reasoning comes back whole as `reasoning` items; "
+          "another `context`: 400", _reasoning),
     Param("truncation", IGNORED, '`"disabled"` accepted; `"auto"`: 400 (the conversation is never truncated)',
           _truncation),
     Param("background", IGNORED, "`false` accepted; `true`: 400 (background responses are not supported)",
@@ -103,7 +116,8 @@ RESPONSES_PARAMS = ParamPolicy("Responses", (
     Param("conversation", REFUSED, "stored conversations are not supported; send the items or "
           "previous_response_id"),
     Param("prompt", REFUSED, "stored prompt templates are not supported"),
-    Param("max_tool_calls", REFUSED, "a cap on tool calls is not enforced by this Proxy"),
+    Param("max_tool_calls", IGNORED, "accepted and ignored: it caps calls of built-in tools, and this Proxy "
+          "serves none"),
     Param("context_management", REFUSED, "server-side compaction is not run by this Proxy"),
     Param("moderation", REFUSED, "moderation is not run by this Proxy"),
     Param("access_programs", REFUSED, "access programs are not available on this Proxy"),
