@@ -131,6 +131,12 @@ def refs_carrier(sample: Sample) -> dict[str, Any]:
             **remote_to_wire(sample)}
 
 
+def _writable_int32(a: Any) -> np.ndarray:
+    """``a`` as a C-contiguous int32 array slime may write to: a copy only when it is not one already."""
+    out = np.ascontiguousarray(a, dtype=np.int32)
+    return out if out.flags.writeable else out.copy()
+
+
 def to_slime_sample(sample: Sample, *, rollout_id: int | None = None, versions: VersionTable | None = None,
                     cls: type | None = None, label: Any = None, prompt: Any = "",
                     train_metadata: dict | None = None, remove_sample: bool | None = None,
@@ -160,8 +166,10 @@ def to_slime_sample(sample: Sample, *, rollout_id: int | None = None, versions: 
         reward=sample.reward, loss_mask=[int(m) for m in sample.loss_mask], weight_versions=labels,
         rollout_log_probs=None if sample.rollout_log_probs is None else
         [float(x) for x in np.asarray(sample.rollout_log_probs, dtype=np.float32)],
+        # Writable, as under TQ (restored into arrays of its own): a wire-decoded array is a read-only view,
+        # which slime's ``torch.as_tensor`` warns about and an in-place edit would fail on.
         rollout_routed_experts=None if sample.rollout_routed_experts is None else
-        np.ascontiguousarray(sample.rollout_routed_experts, dtype=np.int32),
+        _writable_int32(sample.rollout_routed_experts),
         remove_sample=bool(meta.get("remove_sample", False) if remove_sample is None else remove_sample),
         metadata=meta, train_metadata=train_metadata, session_id=sample.session_id or None,
     )

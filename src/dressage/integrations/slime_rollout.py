@@ -78,12 +78,17 @@ def _json_safe(value: Any) -> Any:
 
 
 def _keeps(output: Any) -> bool:
-    """slime's ``DynamicFilterOutput.keep``, or a plain bool. (``keep_when_insufficient`` does not
-    apply: a dropped group is always replaced, within the rollout's replacement budget.)"""
+    """slime's ``DynamicFilterOutput.keep``, or a plain bool: any one-value truth (slime's own
+    ``check_reward_nonzero_std`` gives a 0-d torch bool tensor; slime tests it with ``if output.keep``).
+    (``keep_when_insufficient`` does not apply: a dropped group is always replaced, within the rollout's
+    replacement budget.)"""
     keep = getattr(output, "keep", output)
-    if not isinstance(keep, (bool, np.bool_)):
-        raise ConfigError(f"dynamic_sampling_filter_path: the filter returned {output!r}, expected a bool or "
-                          "an object with .keep")
+    if isinstance(keep, (bool, np.bool_)):
+        return bool(keep)
+    if isinstance(keep, (str, bytes)) or keep is None or not hasattr(keep, "__bool__") or \
+            getattr(keep, "ndim", 0) != 0 or getattr(keep, "dtype", None) is None:
+        raise ConfigError(f"dynamic_sampling_filter_path: the filter returned {output!r}, expected a bool (or a "
+                          "one-value bool tensor or array) or an object with .keep")
     return bool(keep)
 
 

@@ -130,6 +130,7 @@ def test_a_users_openai_agent_yields_complete_slime_groups_with_the_data_sources
                     assert len(seg.loss_mask) == seg.response_length == len(seg.rollout_log_probs) > 0
                     r3 = seg.rollout_routed_experts
                     assert r3.dtype == np.int32 and r3.shape == (len(seg.tokens) - 1, MODEL.num_layers, MODEL.topk)
+                    assert r3.flags.writeable  # as under TQ: slime's conversion (and a user's hook) may write it
                     assert seg.status.name == "COMPLETED" and seg.weight_versions
         counts = {g: [len(sess) for sess in group] for g, group in enumerate(groups)}
         assert counts[0] == [1, 1] and counts[1] == [2, 2]   # the compressing sessions: two Segments each
@@ -258,6 +259,28 @@ def test_a_group_the_dynamic_filter_drops_is_replaced(engine):
         assert [g[0][0].group_index for g in out.samples] == [103, 101]   # the slot of 100 refilled by 103
         assert out.metrics["dressage/groups_filtered"] == 2 and out.metrics["dressage/groups_replaced"] == 2
         assert proxy.service.stats()["unread_trajectories"] == 0
+
+
+def drop_first_group_as_slime_does(args, samples):
+    """As slime's own ``check_reward_nonzero_std``: ``keep`` a 0-d torch bool tensor."""
+    torch = pytest.importorskip("torch")
+    return SimpleNamespace(keep=torch.tensor(samples[0].group_index % 2 == 1), reason=None)
+
+
+def test_a_filter_keeping_with_a_one_value_tensor_as_slimes_own_is_honoured(engine):
+    from dressage.integrations.slime_rollout import _keeps
+
+    with start_proxy(engine.url) as proxy:
+        source = DataSource(["Add 2 and 3.", "Name a colour.", "Add 1 and 1.", "Name a fruit."])
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=tool_agent, concurrency=4)
+        out = rollout(slime_args(dynamic_sampling_filter_path=f"{__name__}:drop_first_group_as_slime_does"), 0,
+                      source)
+        assert [g[0][0].group_index for g in out.samples] == [103, 101]
+        assert proxy.service.stats()["unread_trajectories"] == 0
+    assert _keeps(np.array(True)) is True and _keeps(SimpleNamespace(keep=np.bool_(False))) is False
+    for bad in ("yes", None, np.array([True, False]), [True]):
+        with pytest.raises(ConfigError, match="dynamic_sampling_filter_path"):
+            _keeps(SimpleNamespace(keep=bad))
 
 
 CHAT_SCRIPT = textwrap.dedent("""
