@@ -12,12 +12,13 @@ import json
 import math
 import os
 import shlex
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from dressage.errors import ConfigError
 
 __all__ = ["load_object", "sampling_params", "rollout_settings", "trainer_proxy", "trainer_metrics_address",
-           "check_against_proxy", "check_trainer_handoff", "eval_prompt_sets", "RESTORE_MODES",
+           "check_against_proxy", "check_trainer_handoff", "eval_prompt_sets", "eval_sampling_params", "EvalSet",
+           "RESTORE_MODES",
            "TRAINER_CONVERSION", "TRAIN_ENTRY_MARK"]
 
 RESTORE_MODES = ("rollout", "trainer")
@@ -62,6 +63,38 @@ def sampling_params(args: Any) -> dict[str, Any]:
             "max_new_tokens": getattr(args, "rollout_max_response_len", None),
             "stop": getattr(args, "rollout_stop", None),
             "stop_token_ids": getattr(args, "rollout_stop_token_ids", None)}
+
+
+# An eval dataset's sampling setting: its own entry's key, then these args in order (slime's
+# ``DATASET_RUNTIME_SPECS``: ``--eval-*`` before the rollout's), then the rollout's default.
+_EVAL_SAMPLING = {"temperature": ("temperature", ("eval_temperature", "rollout_temperature"), 1.0),
+                  "top_p": ("top_p", ("eval_top_p", "rollout_top_p"), 1.0),
+                  "top_k": ("top_k", ("eval_top_k", "rollout_top_k"), -1),
+                  "max_new_tokens": ("max_response_len", ("eval_max_response_len", "rollout_max_response_len"), None),
+                  "stop": ("stop", ("rollout_stop",), None),
+                  "stop_token_ids": ("stop_token_ids", ("rollout_stop_token_ids",), None)}
+
+
+def _first(entry: Any, key: str, args: Any, attrs: Sequence[str], default: Any) -> Any:
+    value = _cfg(entry, key)
+    for attr in attrs:
+        if value is not None:
+            break
+        value = getattr(args, attr, None)
+    return default if value is None else value
+
+
+def eval_sampling_params(args: Any, entry: Any) -> dict[str, Any]:
+    """An eval dataset's sampling settings, resolved as slime resolves them for its own eval rollout."""
+    return {name: _first(entry, key, args, attrs, default) for name, (key, attrs, default) in _EVAL_SAMPLING.items()}
+
+
+class EvalSet(NamedTuple):
+    """One of ``args.eval_datasets``: its name, its Samples and the sampling settings its agents get."""
+
+    name: str
+    samples: list[Any]
+    sampling: dict[str, Any]
 
 
 def _int(args: Any, key: str, default: int | None, low: int) -> int | None:
@@ -229,10 +262,11 @@ def _cfg(entry: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def eval_prompt_sets(args: Any, sample_cls: type) -> list[tuple[str, list[Any]]]:
-    """``args.eval_datasets`` as ``[(name, Samples)]``: each dataset's JSONL prompts (``input_key``,
+def eval_prompt_sets(args: Any, sample_cls: type) -> list[EvalSet]:
+    """``args.eval_datasets`` as :class:`EvalSet`\ s: each dataset's JSONL prompts (``input_key``,
     ``label_key``, ``metadata_key``, as slime's dataset reads them, without a tokenizer),
-    ``n_samples_per_eval_prompt`` Samples each, indexed 0.. in order."""
+    ``n_samples_per_eval_prompt`` Samples each, indexed 0.. in order, and its sampling settings. Each
+    setting is the entry's, else slime's ``--eval-*`` argument, else the rollout's (as slime resolves them)."""
     out = []
     for entry in getattr(args, "eval_datasets", None) or []:
         name, path = _cfg(entry, "name"), _cfg(entry, "path")
@@ -240,10 +274,11 @@ def eval_prompt_sets(args: Any, sample_cls: type) -> list[tuple[str, list[Any]]]
             raise ConfigError(f"eval_datasets: each entry needs a name and a path, got {entry!r}")
         if not path.endswith(".jsonl"):
             raise ConfigError(f"eval_datasets {name}: the rollout function reads .jsonl prompts, got {path!r}")
-        input_key = _cfg(entry, "input_key", getattr(args, "input_key", None) or "input")
-        label_key = _cfg(entry, "label_key", getattr(args, "label_key", None))
+        input_key = _first(entry, "input_key", args, ("eval_input_key", "input_key"), "input")
+        label_key = _first(entry, "label_key", args, ("eval_label_key", "label_key"), None)
         metadata_key = _cfg(entry, "metadata_key", getattr(args, "metadata_key", None) or "metadata")
-        n = int(_cfg(entry, "n_samples_per_eval_prompt", getattr(args, "n_samples_per_eval_prompt", None) or 1))
+        n = int(_first(entry, "n_samples_per_eval_prompt", args, ("n_samples_per_eval_prompt", "n_samples_per_prompt"),
+                       1))
         samples: list[Any] = []
         try:
             with open(path) as f:
@@ -257,5 +292,5 @@ def eval_prompt_sets(args: Any, sample_cls: type) -> list[tuple[str, list[Any]]]
                 samples.append(sample_cls(group_index=g, index=len(samples), prompt=row[input_key],
                                           label=row.get(label_key) if label_key else None,
                                           metadata=dict(row.get(metadata_key) or {})))
-        out.append((name, samples))
+        out.append(EvalSet(name, samples, eval_sampling_params(args, entry)))
     return out

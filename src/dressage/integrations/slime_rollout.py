@@ -188,7 +188,7 @@ class SlimeRollout:
         return groups
 
     # ------------------------------------------------------------------ sessions
-    def _context(self, sid: str, src: Any, group_index: int, rollout_id: int, args: Any,
+    def _context(self, sid: str, src: Any, group_index: int, rollout_id: int, sampling: dict[str, Any],
                  evaluation: bool) -> SessionContext:
         return SessionContext(
             session_id=sid, base_url=f"{self.proxy_url}/sessions/{sid}/v1",
@@ -197,12 +197,13 @@ class SlimeRollout:
             prompt=getattr(src, "prompt", None), label=getattr(src, "label", None),
             metadata=copy.deepcopy(dict(getattr(src, "metadata", None) or {})), group_index=group_index,
             index=getattr(src, "index", None), rollout_id=rollout_id, evaluation=evaluation,
-            sampling_params=sampling_params(args))
+            sampling_params=dict(sampling))
 
     async def _session(self, proxy: ProxySessions, gate: asyncio.Semaphore, created: list[str], stats: Counter,
-                       src: Any, group_index: int, sample_pos: int, rollout_id: int, args: Any,
+                       src: Any, group_index: int, sample_pos: int, rollout_id: int, sampling: dict[str, Any],
                        reward_key: str | None, evaluation: bool) -> _Finished:
-        """One Sample's session, tried ``1 + session_retries`` times; finalized (or, evaluating, discarded)."""
+        """One Sample's session, tried ``1 + session_retries`` times; finalized (or, evaluating, discarded).
+        ``sampling``: slime's sampling settings the agent is given (the rollout's, or an eval dataset's)."""
         index = getattr(src, "index", None)
         meta = {"group_index": group_index, "instance_id": str(group_index), "sample_index": sample_pos,
                 "index": None if index is None else int(index), "rollout_id": rollout_id,
@@ -211,7 +212,7 @@ class SlimeRollout:
         for _ in range(1 + self.session_retries):
             async with gate:
                 sid = await self._create(proxy, meta, created)
-                ctx = self._context(sid, src, group_index, rollout_id, args, evaluation)
+                ctx = self._context(sid, src, group_index, rollout_id, sampling, evaluation)
                 try:
                     run = self.agent(ctx)
                     if not inspect.isawaitable(run):  # every session would fail the same way: say so once
@@ -252,8 +253,9 @@ class SlimeRollout:
         """Every session of one prompt group; :class:`_GroupLost` (its sessions discarded) when it cannot be used."""
         group_index = getattr(group[0], "group_index", None)
         group_index = slot if group_index is None else int(group_index)
+        sampling = sampling_params(args)
         jobs = [asyncio.ensure_future(self._session(proxy, gate, created, stats, src, group_index, i, rollout_id,
-                                                    args, reward_key, False)) for i, src in enumerate(group)]
+                                                    sampling, reward_key, False)) for i, src in enumerate(group)]
         results = await asyncio.gather(*jobs, return_exceptions=True)  # cancelling this cancels the sessions
         done = [r for r in results if isinstance(r, _Finished)]
         errors = [r for r in results if not isinstance(r, _Finished)]
@@ -452,9 +454,9 @@ class SlimeRollout:
         gate = asyncio.Semaphore(self.concurrency)
         data: dict[str, dict[str, Any]] = {}
         async with self._sessions() as proxy:
-            for name, samples in sets:
+            for name, samples, sampling in sets:
                 jobs = [asyncio.ensure_future(self._session(proxy, gate, created, stats, s, int(s.group_index), 0,
-                                                            rollout_id, args, reward_key, True)) for s in samples]
+                                                            rollout_id, sampling, reward_key, True)) for s in samples]
                 try:
                     finished = await asyncio.gather(*jobs)
                 except BaseException as exc:

@@ -352,6 +352,37 @@ def test_evaluation_returns_slimes_eval_data_and_trains_on_nothing(engine, tmp_p
         tq.shutdown()
 
 
+def test_evaluation_sessions_get_each_datasets_sampling_settings_as_slime_resolves_them(engine, tmp_path):
+    seen: dict[str, dict] = {}
+
+    async def recording_agent(ctx):
+        seen[f"{'eval' if ctx.evaluation else 'train'}:{ctx.prompt}"] = dict(ctx.sampling_params)
+        client = openai.AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0, timeout=60)
+        await client.chat.completions.create(model=ctx.model, messages=[{"role": "user", "content": ctx.prompt}],
+                                             max_tokens=ctx.sampling_params["max_new_tokens"] or 4,
+                                             temperature=ctx.sampling_params["temperature"])
+        return 1.0
+
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps({"question": f"from {name}"}))
+    args = slime_args(batch=1, n_samples_per_prompt=1, rollout_temperature=1.0, rollout_top_k=5,
+                      rollout_max_response_len=16, eval_temperature=0.6, eval_max_response_len=4,
+                      eval_input_key="question", n_samples_per_eval_prompt=1,
+                      eval_datasets=[{"name": "a", "path": str(tmp_path / "a.jsonl"), "temperature": 0.3,
+                                      "stop": ["###"]},
+                                     {"name": "b", "path": str(tmp_path / "b.jsonl")}])
+    with start_proxy(engine.url) as proxy:
+        rollout = SlimeRollout(proxy_url=proxy.url, agent=recording_agent)
+        rollout(args, 1, DataSource(["Add 2 and 3."]), evaluation=True)
+        rollout(args, 1, DataSource(["Add 2 and 3."]))
+    # the entry's own setting, else --eval-*, else the rollout's
+    assert seen["eval:from a"] == {"temperature": 0.3, "top_p": 1.0, "top_k": 5, "max_new_tokens": 4,
+                                   "stop": ["###"], "stop_token_ids": None}
+    assert seen["eval:from b"] == {**seen["eval:from a"], "temperature": 0.6, "stop": None}
+    assert seen["train:Add 2 and 3."] == {"temperature": 1.0, "top_p": 1.0, "top_k": 5, "max_new_tokens": 16,
+                                          "stop": None, "stop_token_ids": None}
+
+
 def test_the_rollout_function_also_runs_where_an_event_loop_is_running(engine):
     import asyncio
 
