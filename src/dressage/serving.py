@@ -500,9 +500,11 @@ class UvicornServer:
         """Runs on the server's own event loop once it stopped serving: a subclass closes there what lives
         on that loop (connection pools). Nothing here."""
 
-    def serve(self) -> None:
-        """Serve until interrupted."""
+    def serve(self, on_bound: Callable[[str], None] | None = None) -> None:
+        """Serve until interrupted; ``on_bound(url)`` once the port is bound (the port ``0`` chose)."""
         sock = self._bind()
+        if on_bound is not None:
+            on_bound(self.url)
         self._server = self._uvicorn()
         self._server.run(sockets=[sock])
 

@@ -38,8 +38,11 @@ def _serve(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     server = EngineServer(config, reply_parsers=ParseEndpoints())
     m = config.model
-    print(f"dressage engine ({config.backend}): {m.name} ({m.num_layers} layers x top-{m.topk} of {m.num_experts} experts), "
-          f"tokenizer {config.tokenizer}, seed {config.seed}, on http://{config.host}:{config.port}",
-          file=sys.stderr, flush=True)
-    server.serve()
+
+    def announce(url: str) -> None:  # the bound address: with --port 0, the port the system chose
+        print(f"dressage engine ({config.backend}): {m.name} ({m.num_layers} layers x top-{m.topk} of "
+              f"{m.num_experts} experts), tokenizer {config.tokenizer}, seed {config.seed}, on {url}",
+              file=sys.stderr, flush=True)
+
+    server.serve(on_bound=announce)
     return 0

@@ -218,3 +218,25 @@ def test_incremental_stream_chunks_concatenate_to_the_answer(fast):
     assert len(chunks) > 2 and all(len(c["output_ids"]) <= 7 for c in chunks)
     assert ids == plain["output_ids"] and lps == plain["meta_info"]["output_token_logprobs"]
     assert chunks[-1]["meta_info"]["routed_experts"] == plain["meta_info"]["routed_experts"]
+
+
+def test_engine_serve_on_port_0_announces_the_port_it_bound():
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "..", "src")
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "dressage", "engine", "serve", "--model.preset", "tiny-moe",
+                             "--port", "0"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    try:
+        line = proc.stderr.readline()
+        url = line.rsplit(" on ", 1)[1].strip()
+        assert not url.endswith(":0"), line
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert httpx.get(url + "/health", timeout=5).status_code == 200
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, f"nothing answers at {url}"
+                time.sleep(0.1)
+    finally:
+        proc.terminate()
+        proc.wait(10)
