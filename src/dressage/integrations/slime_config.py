@@ -263,7 +263,7 @@ def _cfg(entry: Any, key: str, default: Any = None) -> Any:
 
 
 def eval_prompt_sets(args: Any, sample_cls: type) -> list[EvalSet]:
-    """``args.eval_datasets`` as :class:`EvalSet`\ s: each dataset's JSONL prompts (``input_key``,
+    """``args.eval_datasets``, one :class:`EvalSet` each: the dataset's JSONL prompts (``input_key``,
     ``label_key``, ``metadata_key``, as slime's dataset reads them, without a tokenizer),
     ``n_samples_per_eval_prompt`` Samples each, indexed 0.. in order, and its sampling settings. Each
     setting is the entry's, else slime's ``--eval-*`` argument, else the rollout's (as slime resolves them)."""

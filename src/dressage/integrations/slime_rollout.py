@@ -85,8 +85,7 @@ def _keeps(output: Any) -> bool:
     keep = getattr(output, "keep", output)
     if isinstance(keep, (bool, np.bool_)):
         return bool(keep)
-    if isinstance(keep, (str, bytes)) or keep is None or not hasattr(keep, "__bool__") or \
-            getattr(keep, "ndim", 0) != 0 or getattr(keep, "dtype", None) is None:
+    if getattr(keep, "dtype", None) is None or getattr(keep, "ndim", None) != 0:  # not a 0-d array or tensor
         raise ConfigError(f"dynamic_sampling_filter_path: the filter returned {output!r}, expected a bool (or a "
                           "one-value bool tensor or array) or an object with .keep")
     return bool(keep)
