@@ -63,8 +63,10 @@ def test_eval_prompts_come_from_each_datasets_jsonl(tmp_path):
     path.write_text('{"q": "a", "ans": 1, "metadata": {"k": 1}}\n\n{"q": "b", "ans": 2}\n')
     args = SimpleNamespace(eval_datasets=[SimpleNamespace(name="x", path=str(path), input_key="q", label_key="ans",
                                                           metadata_key=None, n_samples_per_eval_prompt=2)])
-    [(name, samples)] = eval_prompt_sets(args, SlimeSample)
+    [(name, samples, sampling)] = eval_prompt_sets(args, SlimeSample)
     assert name == "x"
+    assert sampling == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": None, "stop": None,
+                        "stop_token_ids": None}  # neither the entry nor the args set one: slime's defaults
     assert [(s.prompt, s.label, s.index, s.group_index, s.metadata) for s in samples] == [
         ("a", 1, 0, 0, {"k": 1}), ("a", 1, 1, 0, {"k": 1}), ("b", 2, 2, 1, {}), ("b", 2, 3, 1, {})]
     with pytest.raises(ConfigError, match="reads .jsonl"):
