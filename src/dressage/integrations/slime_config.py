@@ -285,12 +285,17 @@ def eval_prompt_sets(args: Any, sample_cls: type) -> list[EvalSet]:
                 rows = [json.loads(line) for line in f if line.strip()]
         except (OSError, ValueError) as exc:
             raise ConfigError(f"eval_datasets {name}: cannot read {path} ({exc})") from None
+        # What slime's ``EvalDatasetConfig.inject_metadata`` adds to each Sample's metadata: the dataset's
+        # ``rm_type``, then its ``metadata_overrides``.
+        overrides = dict(_cfg(entry, "metadata_overrides", {}))
+        if _cfg(entry, "rm_type") is not None:
+            overrides = {"rm_type": _cfg(entry, "rm_type"), **overrides}
         for g, row in enumerate(rows):
             if not isinstance(row, dict) or input_key not in row:
                 raise ConfigError(f"eval_datasets {name}: line {g + 1} of {path} has no {input_key!r}")
             for _ in range(n):
                 samples.append(sample_cls(group_index=g, index=len(samples), prompt=row[input_key],
                                           label=row.get(label_key) if label_key else None,
-                                          metadata=dict(row.get(metadata_key) or {})))
+                                          metadata={**(row.get(metadata_key) or {}), **overrides}))
         out.append(EvalSet(name, samples, eval_sampling_params(args, entry)))
     return out

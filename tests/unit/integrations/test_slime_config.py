@@ -69,6 +69,11 @@ def test_eval_prompts_come_from_each_datasets_jsonl(tmp_path):
                         "stop_token_ids": None}  # neither the entry nor the args set one: slime's defaults
     assert [(s.prompt, s.label, s.index, s.group_index, s.metadata) for s in samples] == [
         ("a", 1, 0, 0, {"k": 1}), ("a", 1, 1, 0, {"k": 1}), ("b", 2, 2, 1, {}), ("b", 2, 3, 1, {})]
+    # slime's inject_metadata: the dataset's rm_type, then its metadata_overrides, over each row's metadata
+    tagged = SimpleNamespace(eval_datasets=[{"name": "t", "path": str(path), "input_key": "q", "rm_type": "math",
+                                             "metadata_overrides": {"k": 9, "src": "t"}}])
+    assert [s.metadata for s in eval_prompt_sets(tagged, SlimeSample)[0].samples] == [
+        {"k": 9, "rm_type": "math", "src": "t"}, {"rm_type": "math", "k": 9, "src": "t"}]
     with pytest.raises(ConfigError, match="reads .jsonl"):
         eval_prompt_sets(SimpleNamespace(eval_datasets=[{"name": "p", "path": "x.parquet"}]), SlimeSample)
     with pytest.raises(ConfigError, match="line 1 of .* has no 'input'"):
