@@ -216,7 +216,7 @@ def test_a_clear_across_processes_leaves_its_deletions_off_the_janitors_queue():
         while time.monotonic() < deadline and any(tq.controller.state(r.key) != KeyState.WRITTEN for r in refs):
             time.sleep(0.01)
         assert client.clear("b") == 8
-        deadline = time.monotonic() + 0.5
+        deadline = time.monotonic() + 2.5  # the janitor's first sweep comes 5 s after the start
         while time.monotonic() < deadline and any(s["queued_deletes"] for s in tq.controller.stats().values()):
             time.sleep(0.01)
         assert {u: s["queued_deletes"] for u, s in tq.controller.stats().items()} == {u: 0 for u in tq.storage_units()}
@@ -228,7 +228,7 @@ def test_a_leased_put_outlasting_a_stalled_controller_succeeds_once_it_resumes_a
     # does not come in time, so the placement is sent again on ZMQ. When the Controller resumes it applies
     # both copies: the second, carrying the same placement id, is answered as the first, not refused as
     # write-once (which failed the put and left its key pending and its payload on the unit).
-    with TransferQueue.start({"deployment": "local", "num_storage_units": 2, "request_timeout_s": 2,
+    with TransferQueue.start({"deployment": "local", "num_storage_units": 2, "request_timeout_s": 4,
                               "unit_dead_after_s": 30, "shared_memory": False, "retention_s": None}) as tq:
         client = tq.client()
         client.put("logprobs", np.ones(1024, np.float32), batch="b")  # a lease, and the stream learnt
@@ -246,7 +246,7 @@ def test_a_leased_put_outlasting_a_stalled_controller_succeeds_once_it_resumes_a
 
         writer = threading.Thread(target=put)
         writer.start()
-        time.sleep(3.0)  # past the stream's timeout (2 s), within the ZMQ resend's
+        time.sleep(5.0)  # past the stream's timeout (4 s), within the ZMQ resend's (3 s to spare)
         os.kill(pid, signal.SIGCONT)
         writer.join(30)
         assert "error" not in got, got.get("error")
