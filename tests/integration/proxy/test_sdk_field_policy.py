@@ -5,31 +5,15 @@ cannot be served is a 400 that names it, as the client sent it (a Responses or M
 served as a chat call, but its refusals name the Responses or Messages field).
 """
 
-import httpx
 import openai
 import pytest
 
-from dressage.testing.stack import start_proxy
-
 anthropic = pytest.importorskip("anthropic")
 
+# The Messages tests' Proxy (a fixture) and their session clients: a session's official SDK client each.
+from test_proxy_anthropic import _chat as _openai, _session as _anthropic, proxy  # noqa: E402,F401
+
 HI = {"role": "user", "content": "hi"}
-
-
-@pytest.fixture(scope="module")
-def proxy(engine):
-    with start_proxy(engine.url, dp_size=1) as stack:
-        yield stack
-
-
-def _openai(proxy):
-    r = httpx.post(proxy.url + "/sessions", json={}, timeout=20).json()
-    return r["session_id"], openai.OpenAI(base_url=r["base_url"], api_key="none", max_retries=0)
-
-
-def _anthropic(proxy):
-    sid = httpx.post(proxy.url + "/sessions", json={}, timeout=20).json()["session_id"]
-    return sid, anthropic.Anthropic(base_url=f"{proxy.url}/sessions/{sid}", api_key="dummy", max_retries=0)
 
 
 def _refused(call, param):
@@ -41,10 +25,6 @@ def _refused(call, param):
         assert error["param"] == param and error["code"] == "unsupported_parameter", body
     assert error["message"].startswith(f"{param}:"), body
     return error["message"]
-
-
-def _prompt(proxy, sid):
-    return httpx.get(f"{proxy.url}/sessions/{sid}", timeout=20).json()
 
 
 def test_chat_history_in_the_deprecated_function_call_form_is_refused_by_name(proxy):
