@@ -16,6 +16,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dressage.errors import DressageError, UnsupportedParameterError
+from dressage.proxy.engine_params import CHAT_FIELDS
 from dressage.proxy.function_tools import check_function, check_unique_names
 from dressage.proxy.openai.streaming import agent_message
 from dressage.proxy.schemas import Flag, Integer, Number
@@ -430,9 +431,11 @@ def dressage_error_object(exc: DressageError) -> dict[str, Any]:
     return error_object(exc.http_status, dressage_error_message(exc))
 
 
-CHAT_NAMES = {"stop": "stop_sequences", "response_format": "output_config.format",
-              "parallel_tool_calls": "tool_choice.disable_parallel_tool_use"}
-"""The Messages name of a chat parameter, for errors the chat schema raises on a translated request."""
+CHAT_NAMES = {chat: names["anthropic"] for chat, names in CHAT_FIELDS.items()
+              if "anthropic" in names and "." not in chat}
+"""The Messages name of a chat parameter, for errors the chat schema raises on a translated request (the
+top-level fields of the one table, :data:`~dressage.proxy.engine_params.CHAT_FIELDS`, that also names the
+Proxy's own refusals of them)."""
 
 
 def invalid_body(exc: ValidationError, names: dict[str, str] | None = None) -> UnsupportedParameterError:
