@@ -1,4 +1,5 @@
-"""PutBatcher: concurrent puts merge into few put_many rounds, each step all or nothing."""
+"""PutBatcher: concurrent puts merge into few put_many rounds, each step all or nothing; two rounds go out
+at once and resolve in the order they were formed."""
 
 import threading
 
@@ -32,7 +33,7 @@ def _step(i):
 
 def test_puts_queued_during_a_round_go_out_together_and_each_gets_its_refs(tq):
     client = _Gated(tq.client())
-    batcher = PutBatcher(client)
+    batcher = PutBatcher(client, rounds_in_flight=1)
     first = batcher.submit(_step(0), keys=["s0/lp", "s0/r3"], batch="rollout-0")
     assert client.entered.wait(5)  # round 1 is on the wire: the next ones queue behind it
     rest = [batcher.submit(_step(i), keys=[f"s{i}/lp", f"s{i}/r3"], batch="rollout-0") for i in range(1, 6)]
@@ -50,7 +51,7 @@ def test_puts_queued_during_a_round_go_out_together_and_each_gets_its_refs(tq):
 
 def test_rounds_keep_batch_tags_apart_and_respect_the_size_bound(tq):
     client = _Gated(tq.client())
-    batcher = PutBatcher(client, max_items=2)
+    batcher = PutBatcher(client, max_items=2, rounds_in_flight=1)
     futures = [batcher.submit(_step(0), keys=["a/lp", "a/r3"], batch="rollout-0")]
     assert client.entered.wait(5)
     futures += [batcher.submit(_step(1), keys=["b/lp", "b/r3"], batch="rollout-1"),
@@ -69,7 +70,7 @@ def test_rounds_keep_batch_tags_apart_and_respect_the_size_bound(tq):
 
 def test_a_failed_round_fails_every_step_in_it_and_leaves_nothing(tq):
     client = _Gated(tq.client())
-    batcher = PutBatcher(client)
+    batcher = PutBatcher(client, rounds_in_flight=1)
     first = batcher.submit(_step(0), keys=["ok/lp", "ok/r3"])
     assert client.entered.wait(5)  # round 1 waits on the gate; the next three form round 2
     doomed = [batcher.submit(_step(i), keys=[f"x{i}/lp", f"x{i}/r3"]) for i in range(1, 4)]
@@ -105,6 +106,8 @@ def test_close_sends_what_is_queued_then_refuses_more(tq):
         batcher.submit(_step(5), keys=["z/lp", "z/r3"])
     with pytest.raises(TransferQueueError, match="one key per item"):
         PutBatcher(client).submit(_step(1), keys=["only-one"])
+    with pytest.raises(TransferQueueError, match="rounds_in_flight"):
+        PutBatcher(client, rounds_in_flight=0)
 
 
 def test_an_idle_writer_holds_no_step_arrays():
@@ -127,3 +130,111 @@ def test_an_idle_writer_holds_no_step_arrays():
         assert [w() for w in watch] == [None, None]
     finally:
         batcher.close()
+
+
+class _Held:
+    """A client whose every round waits for its own release (by its first key) and answers with its keys."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.entered, self.gates, self.finished = [], {}, []
+        self.wire = self.most = 0
+
+    def gate(self, key):
+        with self.lock:
+            return self.gates.setdefault(key, threading.Event())
+
+    def put_many(self, items, *, batch=None, keys=None):
+        with self.lock:
+            self.entered.append(keys[0])
+            self.wire += 1
+            self.most = max(self.most, self.wire)
+        self.gate(keys[0]).wait(10)
+        with self.lock:
+            self.wire -= 1
+            self.finished.append(keys[0])
+        if keys[0].startswith("bad"):
+            raise TransferQueueError(f"unit u1 refused {keys[0]}")
+        return list(keys)
+
+
+def _until(check, timeout_s=5.0):
+    import time
+
+    end = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.002)
+
+
+def test_two_rounds_are_on_the_wire_at_once_and_resolve_in_the_order_they_were_formed():
+    client = _Held()
+    batcher = PutBatcher(client)  # two rounds in flight by default
+    resolved = []
+    try:
+        a = batcher.submit(_step(0), keys=["a/lp", "a/r3"])
+        _until(lambda: client.entered == ["a/lp"])
+        b = batcher.submit(_step(1), keys=["b/lp", "b/r3"])
+        _until(lambda: client.entered == ["a/lp", "b/lp"])  # a second round goes out while the first waits
+        c = batcher.submit(_step(2), keys=["c/lp", "c/r3"])
+        d = batcher.submit(_step(3), keys=["d/lp", "d/r3"])
+        for name, f in zip("abcd", (a, b, c, d)):
+            f.add_done_callback(lambda f, name=name: resolved.append(name))
+        assert batcher.pending() == 4
+        client.gate("b/lp").set()  # the second round is answered first ...
+        _until(lambda: client.finished == ["b/lp"])
+        assert not b.done() and resolved == []  # ... and waits for the first, which is still on the wire
+        assert client.entered == ["a/lp", "b/lp"]  # both slots stay taken until they resolve
+        client.gate("a/lp").set()
+        assert a.result(5) == ["a/lp", "a/r3"] and b.result(5) == ["b/lp", "b/r3"]
+        _until(lambda: client.entered == ["a/lp", "b/lp", "c/lp"])  # c and d queued together: one round
+        client.gate("c/lp").set()
+        assert c.result(5) == ["c/lp", "c/r3"] and d.result(5) == ["d/lp", "d/r3"]
+        assert resolved == ["a", "b", "c", "d"] and client.most == 2
+        assert batcher.rounds == 3 and batcher.steps == 4 and batcher.flush(5) and batcher.pending() == 0
+    finally:
+        for key in ("a/lp", "b/lp", "c/lp"):
+            client.gate(key).set()
+        batcher.close()
+
+
+def test_a_round_that_fails_beside_another_fails_only_its_own_steps_in_order():
+    client = _Held()
+    batcher = PutBatcher(client)
+    resolved = []
+    try:
+        ok = batcher.submit(_step(0), keys=["ok/lp", "ok/r3"])
+        _until(lambda: client.entered == ["ok/lp"])
+        bad = batcher.submit(_step(1), keys=["bad/lp", "bad/r3"])
+        _until(lambda: client.entered == ["ok/lp", "bad/lp"])
+        for name, f in (("ok", ok), ("bad", bad)):
+            f.add_done_callback(lambda f, name=name: resolved.append(name))
+        client.gate("bad/lp").set()
+        _until(lambda: client.finished == ["bad/lp"])
+        assert not bad.done()
+        client.gate("ok/lp").set()
+        assert ok.result(5) == ["ok/lp", "ok/r3"]
+        with pytest.raises(TransferQueueError, match="refused bad/lp"):
+            bad.result(5)
+        assert resolved == ["ok", "bad"] and batcher.rounds == 1 and batcher.steps == 1
+        client.gate("later/lp").set()
+        assert batcher.submit(_step(2), keys=["later/lp", "later/r3"]).result(5) == ["later/lp", "later/r3"]
+    finally:
+        for key in ("ok/lp", "bad/lp", "later/lp"):
+            client.gate(key).set()
+        batcher.close()
+
+
+def test_close_waits_for_both_rounds_in_flight(tq):
+    client = _Gated(tq.client())
+    batcher = PutBatcher(client)
+    first = batcher.submit(_step(0), keys=["p/lp", "p/r3"])
+    assert client.entered.wait(5)
+    second = batcher.submit(_step(1), keys=["q/lp", "q/r3"])
+    closing = threading.Thread(target=batcher.close)
+    closing.start()
+    client.gate.set()
+    closing.join(10)
+    assert not closing.is_alive() and first.done() and second.done()
+    assert [r.key for r in first.result() + second.result()] == ["p/lp", "p/r3", "q/lp", "q/r3"]
+    assert tq.total_keys() == 4

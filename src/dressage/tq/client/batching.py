@@ -1,10 +1,12 @@
 """PutBatcher: one writer thread that merges the puts of concurrent callers into few ``put_many`` calls.
 
-Each caller submits the fields of one step and gets a future of their FieldRefs. While a put is on the
-wire, later submissions queue; the next round sends everything queued (per batch tag, up to a size
-bound) as one ``put_many``: one placement, one unit round trip and one commit for many steps instead of
-one each. The all-or-nothing rule holds per round and so per step: a round that fails fails every
-future in it, and the client has then left nothing of any of them behind.
+Each caller submits the fields of one step and gets a future of their FieldRefs. While the rounds in
+flight fill every sender, later submissions queue; the next round sends everything queued (per batch
+tag, up to a size bound) as one ``put_many``: one placement, one unit round trip and one commit for many
+steps instead of one each. Two rounds are in flight by default, so one round's bytes are on the link
+while the other waits for its unit's reply, its commit or a placement lease. Rounds resolve in the
+order they were formed. The all-or-nothing rule holds per round and so per step: a round that fails
+fails every future in it, and the client has then left nothing of any of them behind.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -34,23 +36,42 @@ class _Put:
         self.nbytes = sum(int(a.nbytes) for _, a in items)
 
 
-class PutBatcher:
-    """Merges :meth:`submit` calls into ``client.put_many`` rounds on one daemon thread.
+class _Round:
+    """One ``put_many`` formed from queued puts, and its outcome once it has one."""
 
-    ``max_items`` / ``max_bytes`` bound one round (a single larger put goes alone). Futures resolve on
-    the writer thread, so their callbacks run there, one after the other, in submission order.
+    __slots__ = ("puts", "refs", "error", "done")
+
+    def __init__(self, puts: list[_Put]) -> None:
+        self.puts = puts
+        self.refs: list[Any] | None = None
+        self.error: BaseException | None = None
+        self.done = False
+
+
+class PutBatcher:
+    """Merges :meth:`submit` calls into ``client.put_many`` rounds, formed on one daemon thread.
+
+    ``max_items`` / ``max_bytes`` bound one round (a single larger put goes alone).
+    ``rounds_in_flight``: how many rounds are sent at once, each from a sender thread of its own (the
+    client is thread-safe). Rounds resolve in the order they were formed, whichever finishes first, so
+    the futures' callbacks run one after the other, in submission order (on the sender thread that
+    finished the oldest round still open).
     """
 
     def __init__(self, client: Any, *, max_items: int = 256, max_bytes: int = 32 << 20,
-                 name: str = "tq-put-batcher") -> None:
-        if max_items < 1 or max_bytes < 1:
-            raise TransferQueueError("PutBatcher needs max_items >= 1 and max_bytes >= 1")
+                 rounds_in_flight: int = 2, name: str = "tq-put-batcher") -> None:
+        if max_items < 1 or max_bytes < 1 or rounds_in_flight < 1:
+            raise TransferQueueError("PutBatcher needs max_items, max_bytes and rounds_in_flight >= 1")
         self.client = client
         self.max_items, self.max_bytes = int(max_items), int(max_bytes)
+        self.rounds_in_flight = int(rounds_in_flight)
+        self._name = name
         self._queue: deque[_Put] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._busy = False
+        self._in_flight = 0
+        self._open: deque[_Round] = deque()  # rounds sent and not yet resolved, oldest first
+        self._resolving = threading.Lock()
         self.rounds = 0
         self.steps = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -75,24 +96,24 @@ class PutBatcher:
 
     def pending(self) -> int:
         with self._cond:
-            return len(self._queue) + (1 if self._busy else 0)
+            return len(self._queue) + self._in_flight
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every submitted put has resolved; False if ``timeout_s`` ran out first."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._queue and not self._busy, timeout_s)
+            return self._cond.wait_for(lambda: not self._queue and not self._in_flight, timeout_s)
 
     def close(self, timeout_s: float | None = 30.0) -> None:
-        """Send what is queued, then stop the thread (later submissions are refused)."""
+        """Send what is queued, wait for the rounds in flight, then stop (later submissions are refused)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout_s)
 
-    def _take(self) -> list[_Put] | None:
+    def _take(self) -> _Round | None:
         with self._cond:
-            while not self._queue:
-                if self._closed:
+            while not self._queue or self._in_flight >= self.rounds_in_flight:
+                if self._closed and not self._queue:
                     return None
                 self._cond.wait()
             first = self._queue.popleft()
@@ -106,43 +127,60 @@ class PutBatcher:
                 round_.append(put)
                 nbytes += put.nbytes
             self._queue.extendleft(reversed(rest))
-            self._busy = True
-            return round_
+            self._in_flight += 1
+            taken = _Round(round_)
+        with self._resolving:
+            self._open.append(taken)
+        return taken
 
     def _run(self) -> None:
-        while True:
-            round_ = self._take()
-            if round_ is None:
-                return
-            try:
-                self._send(round_)
-            finally:
+        with ThreadPoolExecutor(self.rounds_in_flight, thread_name_prefix=f"{self._name}-send") as senders:
+            while True:
+                round_ = self._take()
+                if round_ is None:
+                    return  # leaving the block waits for the rounds in flight
+                senders.submit(self._send, round_)
                 # Dropped before waiting for the next round: an idle writer holds no Step's arrays.
                 round_ = None
+
+    def _send(self, round_: _Round) -> None:
+        items = [it for put in round_.puts for it in put.items]
+        keys = [k for put in round_.puts for k in put.keys]
+        try:
+            round_.refs = self.client.put_many(items, batch=round_.puts[0].batch, keys=keys)
+        except BaseException as exc:  # every step of the round failed, and none left anything behind
+            round_.error = exc
+        del items, keys
+        self._settle(round_)
+
+    def _settle(self, finished: _Round) -> None:
+        """Resolve, oldest first, every round whose outcome is in, up to the first still on the wire."""
+        with self._resolving:
+            finished.done = True
+            while self._open and self._open[0].done:
+                round_ = self._open.popleft()
+                self._resolve_round(round_)
+                round_.puts, round_.refs = [], None  # the steps' arrays go with their futures
                 with self._cond:
-                    self._busy = False
+                    self._in_flight -= 1
                     self._cond.notify_all()
 
-    def _send(self, round_: list[_Put]) -> None:
-        items = [it for put in round_ for it in put.items]
-        keys = [k for put in round_ for k in put.keys]
-        try:
-            refs = self.client.put_many(items, batch=round_[0].batch, keys=keys)
-        except BaseException as exc:  # every step of the round failed, and none left anything behind
-            for put in round_:
-                _resolve(put.future, exc=exc)
+    def _resolve_round(self, round_: _Round) -> None:
+        if round_.error is not None:
+            for put in round_.puts:
+                _resolve(put.future, exc=round_.error)
             return
         self.rounds += 1
-        self.steps += len(round_)
+        self.steps += len(round_.puts)
         at = 0
-        for put in round_:
+        for put in round_.puts:
             n = len(put.items)
-            _resolve(put.future, result=list(refs[at:at + n]))
+            _resolve(put.future, result=list(round_.refs[at:at + n]))  # type: ignore[index]
             at += n
 
 
 def _resolve(future: Future, *, result: Any = None, exc: BaseException | None = None) -> None:
-    # A callback that raises must not stop the writer thread (Future logs and swallows it).
+    # A callback that raises must not stop a sender thread (Future logs and swallows it).
     try:
         if exc is not None:
             future.set_exception(exc)
