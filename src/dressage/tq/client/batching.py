@@ -12,10 +12,12 @@ fails every future in it, and the client has then left nothing of any of them be
 from __future__ import annotations
 
 import logging
+import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -52,8 +54,8 @@ class PutBatcher:
     """Merges :meth:`submit` calls into ``client.put_many`` rounds, formed on one daemon thread.
 
     ``max_items`` / ``max_bytes`` bound one round (a single larger put goes alone).
-    ``rounds_in_flight``: how many rounds are sent at once, each from a sender thread of its own (the
-    client is thread-safe). Rounds resolve in the order they were formed, whichever finishes first, so
+    ``rounds_in_flight``: how many rounds are sent at once, each from a daemon sender thread of its own
+    (the client is thread-safe). Rounds resolve in the order they were formed, whichever finishes first, so
     the futures' callbacks run one after the other, in submission order (on the sender thread that
     finished the oldest round still open).
     """
@@ -65,17 +67,20 @@ class PutBatcher:
         self.client = client
         self.max_items, self.max_bytes = int(max_items), int(max_bytes)
         self.rounds_in_flight = int(rounds_in_flight)
-        self._name = name
         self._queue: deque[_Put] = deque()
         self._cond = threading.Condition()
         self._closed = False
         self._in_flight = 0
         self._open: deque[_Round] = deque()  # rounds sent and not yet resolved, oldest first
         self._resolving = threading.Lock()
+        self._formed: queue.SimpleQueue[_Round | None] = queue.SimpleQueue()  # to the senders; None: stop
         self.rounds = 0
         self.steps = 0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._form, name=name, daemon=True)]
+        self._threads += [threading.Thread(target=self._sender, name=f"{name}-send-{i}", daemon=True)
+                          for i in range(self.rounds_in_flight)]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, items: Sequence[tuple[str, np.ndarray]], *, keys: Sequence[str],
                batch: str | None = None) -> "Future[list[Any]]":
@@ -108,7 +113,9 @@ class PutBatcher:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _take(self) -> _Round | None:
         with self._cond:
@@ -133,15 +140,26 @@ class PutBatcher:
             self._open.append(taken)
         return taken
 
-    def _run(self) -> None:
-        with ThreadPoolExecutor(self.rounds_in_flight, thread_name_prefix=f"{self._name}-send") as senders:
+    def _form(self) -> None:
+        try:
             while True:
                 round_ = self._take()
                 if round_ is None:
-                    return  # leaving the block waits for the rounds in flight
-                senders.submit(self._send, round_)
+                    return
+                self._formed.put(round_)
                 # Dropped before waiting for the next round: an idle writer holds no Step's arrays.
                 round_ = None
+        finally:
+            for _ in range(self.rounds_in_flight):
+                self._formed.put(None)
+
+    def _sender(self) -> None:
+        while True:
+            round_ = self._formed.get()
+            if round_ is None:
+                return
+            self._send(round_)
+            round_ = None
 
     def _send(self, round_: _Round) -> None:
         items = [it for put in round_.puts for it in put.items]
