@@ -32,15 +32,15 @@ def as_root(monkeypatch):
 def test_the_link_is_shaped_inside_the_block_and_unshaped_after_it_also_after_a_failure(as_root):
     tc = FakeTc()
     link = ShapedLoopback(25, run=tc)
-    assert link.burst == 12_500_000  # a 4 ms tick's worth of 25 Gbit/s, above the 8 MiB floor
-    assert ShapedLoopback(1).burst == 8 << 20
+    assert link.burst == 3_125_000  # a millisecond of 25 Gbit/s: the link's rate, never more
+    assert ShapedLoopback(1).burst == 256 << 10
     with pytest.raises(ZeroDivisionError):
         with link:
             assert tc.calls[-1] == ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "25gbit",
-                                    "burst", "12500000", "latency", "10ms"]
+                                    "burst", "3125000", "latency", "10ms"]
             1 / 0
     assert tc.calls[-1] == ["tc", "qdisc", "del", "dev", "lo", "root"]
-    assert link.describe() == {"device": "lo", "rate_gbit": 25.0, "qdisc": "tbf rate 25gbit burst 12500000 latency 10ms"}
+    assert link.describe() == {"device": "lo", "rate_gbit": 25.0, "qdisc": "tbf rate 25gbit burst 3125000 latency 10ms"}
 
 
 def test_a_link_that_cannot_be_shaped_or_is_shaped_by_someone_else_is_refused_and_left_alone(as_root, monkeypatch):
@@ -85,3 +85,33 @@ def test_the_real_loopback_is_shaped_and_restored():
     with ShapedLoopback(100):  # far above what this host moves: nothing else running notices
         assert "tbf" in shown() and "100Gbit" in shown()
     assert shown() == before
+
+
+def test_the_units_curve_says_how_close_the_floor_runs_to_the_link(monkeypatch):
+    class Link:
+        rate_gbit = 25.0
+
+        def __init__(self, rate_gbit):
+            assert rate_gbit == 25
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def describe(self):
+            return {"device": "lo", "rate_gbit": 25.0, "qdisc": "tbf rate 25gbit burst 3125000 latency 10ms"}
+
+    def point(units, steps, rounds, part_shape):
+        return {"units": units, "batched": {"tq_vs_tcp": 0.9, "tcp_gbps": 3.0},
+                "per_step": {"tq_vs_tcp": 0.6, "tcp_gbps": 2.5}}
+
+    monkeypatch.setattr(scale, "ShapedLoopback", Link)
+    monkeypatch.setattr(scale, "_units_point", point)
+    curve = scale.run_units_curve([1, 2], 8, 1, link_gbit=25)
+    assert [p["batched"]["tcp_vs_link"] for p in curve["points"]] == [pytest.approx(0.96)] * 2
+    assert curve["points"][0]["per_step"]["tcp_vs_link"] == pytest.approx(0.8)
+    assert curve["link"]["rate_gbit"] == 25.0 and curve["bounds"]["tq_vs_two_tcp_hops"]["worst"] == 0.9
+    unshaped = scale.run_units_curve([1], 8, 1)
+    assert unshaped["link"] is None and "tcp_vs_link" not in unshaped["points"][0]["batched"]

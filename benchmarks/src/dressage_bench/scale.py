@@ -337,6 +337,10 @@ def run_units_curve(units: list[int], steps: int, rounds: int, part_shape: tuple
     link = ShapedLoopback(link_gbit) if link_gbit is not None else None
     with link if link is not None else nullcontext():
         points = [_units_point(n, steps, rounds, part_shape) for n in units]
+    if link is not None:  # how close the floor runs to the link's rate: at it, the link sets the pace
+        for p in points:
+            for mode in ("batched", "per_step"):
+                p[mode]["tcp_vs_link"] = p[mode]["tcp_gbps"] / (link.rate_gbit / 8)
     worst = min(p["batched"]["tq_vs_tcp"] for p in points)
     per_step = min(p["per_step"]["tq_vs_tcp"] for p in points)
     return {"points": points, "link": link.describe() if link is not None else None,
@@ -524,7 +528,9 @@ def _run(args: argparse.Namespace) -> int:
     for p in curves.get("storage_units", {}).get("points", []):
         for mode in ("batched", "per_step"):
             m = p[mode]
-            print(f"units={p['units']} {mode:>8}: TQ {m['tq_gbps']:.3f} GB/s, two TCP hops {m['tcp_gbps']:.3f} GB/s: "
+            at_link = f" ({m['tcp_vs_link']:.2f}x the link)" if "tcp_vs_link" in m else ""
+            print(f"units={p['units']} {mode:>8}: TQ {m['tq_gbps']:.3f} GB/s, two TCP hops {m['tcp_gbps']:.3f} GB/s"
+                  f"{at_link}: "
                   f"{m['tq_vs_tcp']:.2f}x (best against best {m['tq_vs_tcp_best']:.2f}x; unauthenticated "
                   f"{m['tq_unauthenticated_vs_tcp']:.2f}x)")
     for p in curves.get("sessions", {}).get("points", []):
