@@ -184,7 +184,7 @@ def check_trajectory(proxy: ProxyStack, sid: str, log: CallLog,
 
     No exchange failed; one Segment per conversation (``conversation(request body)`` names the conversation a
     model call belongs to) holding that conversation's calls; the loss masks count exactly the completion tokens
-    the Proxy reported; R3 has one row per token but the last. A call that repeats an earlier call's messages
+    the Proxy reported; R3 has one row per token but the last. A call whose body repeats an earlier call's
     exactly is the CLI retrying it (Qwen Code asks again after a reply with no visible text, which the engine
     gives now and then: an empty answer after its think block): the Proxy records it as a sibling root, a
     Segment of its own whose reason is ``retry``, and the conversation's later calls go on from it.
@@ -199,7 +199,7 @@ def check_trajectory(proxy: ProxyStack, sid: str, log: CallLog,
     asked: set[str] = set()
     retries = 0
     for c in calls:
-        asking = json.dumps([c.request.get("messages"), c.request.get("tools")], sort_keys=True)
+        asking = json.dumps(c.request, sort_keys=True)
         retries += asking in asked
         asked.add(asking)
         key = json.dumps(conversation(c.request), sort_keys=True)
