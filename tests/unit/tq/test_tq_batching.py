@@ -8,6 +8,7 @@ import pytest
 
 from dressage.errors import TransferQueueError
 from dressage.tq.client.batching import PutBatcher
+from clocks import eventually
 
 
 class _Gated:
@@ -158,36 +159,27 @@ class _Held:
         return list(keys)
 
 
-def _until(check, timeout_s=5.0):
-    import time
-
-    end = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < end, "timed out"
-        time.sleep(0.002)
-
-
 def test_two_rounds_are_on_the_wire_at_once_and_resolve_in_the_order_they_were_formed():
     client = _Held()
     batcher = PutBatcher(client)  # two rounds in flight by default
     resolved = []
     try:
         a = batcher.submit(_step(0), keys=["a/lp", "a/r3"])
-        _until(lambda: client.entered == ["a/lp"])
+        eventually(lambda: client.entered == ["a/lp"])
         b = batcher.submit(_step(1), keys=["b/lp", "b/r3"])
-        _until(lambda: client.entered == ["a/lp", "b/lp"])  # a second round goes out while the first waits
+        eventually(lambda: client.entered == ["a/lp", "b/lp"])  # a second round goes out while the first waits
         c = batcher.submit(_step(2), keys=["c/lp", "c/r3"])
         d = batcher.submit(_step(3), keys=["d/lp", "d/r3"])
         for name, f in zip("abcd", (a, b, c, d)):
             f.add_done_callback(lambda f, name=name: resolved.append(name))
         assert batcher.pending() == 4
         client.gate("b/lp").set()  # the second round is answered first ...
-        _until(lambda: client.finished == ["b/lp"])
+        eventually(lambda: client.finished == ["b/lp"])
         assert not b.done() and resolved == []  # ... and waits for the first, which is still on the wire
         assert client.entered == ["a/lp", "b/lp"]  # both slots stay taken until they resolve
         client.gate("a/lp").set()
         assert a.result(5) == ["a/lp", "a/r3"] and b.result(5) == ["b/lp", "b/r3"]
-        _until(lambda: client.entered == ["a/lp", "b/lp", "c/lp"])  # c and d queued together: one round
+        eventually(lambda: client.entered == ["a/lp", "b/lp", "c/lp"])  # c and d queued together: one round
         client.gate("c/lp").set()
         assert c.result(5) == ["c/lp", "c/r3"] and d.result(5) == ["d/lp", "d/r3"]
         assert resolved == ["a", "b", "c", "d"] and client.most == 2
@@ -204,13 +196,13 @@ def test_a_round_that_fails_beside_another_fails_only_its_own_steps_in_order():
     resolved = []
     try:
         ok = batcher.submit(_step(0), keys=["ok/lp", "ok/r3"])
-        _until(lambda: client.entered == ["ok/lp"])
+        eventually(lambda: client.entered == ["ok/lp"])
         bad = batcher.submit(_step(1), keys=["bad/lp", "bad/r3"])
-        _until(lambda: client.entered == ["ok/lp", "bad/lp"])
+        eventually(lambda: client.entered == ["ok/lp", "bad/lp"])
         for name, f in (("ok", ok), ("bad", bad)):
             f.add_done_callback(lambda f, name=name: resolved.append(name))
         client.gate("bad/lp").set()
-        _until(lambda: client.finished == ["bad/lp"])
+        eventually(lambda: client.finished == ["bad/lp"])
         assert not bad.done()
         client.gate("ok/lp").set()
         assert ok.result(5) == ["ok/lp", "ok/r3"]
