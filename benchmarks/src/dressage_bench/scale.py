@@ -181,6 +181,10 @@ def run_step_curve(sizes: list[int], shapes: list[str], dtypes: list[str], round
     return out
 
 
+UNIT_MODES = ("batched", "per_step")
+"""How the units curve writes its Steps (see :func:`_units_point`); the bound is judged on ``batched``."""
+
+
 def _batcher_groups(count: int, step_bytes: int, max_items: int, max_bytes: int) -> list[int]:
     """The put rounds a :class:`~dressage.tq.client.batching.PutBatcher` forms from ``count`` waiting
     Steps of ``step_bytes`` each: as many as fit ``max_items`` and ``max_bytes`` (at least one) per round."""
@@ -236,9 +240,8 @@ def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...
     # The budget a deployment has by default, as users run it (nothing is allocated up front; it sizes
     # the placement leases and the units' pools of recycled buffers), or more if the rounds need it.
     budget = max(parse_bytes(tq_default("unit_memory_budget"), "unit_memory_budget"), 4 * steps * step_bytes)
-    modes = ("batched", "per_step")
     systems = ("tq", "tq_unauthenticated", "tcp")
-    times: dict[tuple[str, str], list[float]] = {(m, n): [] for m in modes for n in systems}
+    times: dict[tuple[str, str], list[float]] = {(m, n): [] for m in UNIT_MODES for n in systems}
     tq_rounds: list[int] = []
     tcp = TcpLoopbackSystem(units, batched_get=True)
     tcp.start()
@@ -311,7 +314,7 @@ def _units_point(units: int, steps: int, rounds: int, part_shape: tuple[int, ...
                              "warmup_rounds": warm, "units_warmed": warmed,
                              "rounds": rounds, "batch_groups": groups,
                              "tq_put_rounds": float(np.median(tq_rounds)) if tq_rounds else 0.0}
-    for mode in modes:
+    for mode in UNIT_MODES:
         med = {name: float(np.median(times[mode, name])) for name in systems}
         best = {name: min(times[mode, name]) for name in systems}
         point[mode] = {
@@ -339,7 +342,7 @@ def run_units_curve(units: list[int], steps: int, rounds: int, part_shape: tuple
         points = [_units_point(n, steps, rounds, part_shape) for n in units]
     if link is not None:  # how close the floor runs to the link's rate: at it, the link sets the pace
         for p in points:
-            for mode in ("batched", "per_step"):
+            for mode in UNIT_MODES:
                 p[mode]["tcp_vs_link"] = p[mode]["tcp_gbps"] / (link.rate_gbit / 8)
     worst = min(p["batched"]["tq_vs_tcp"] for p in points)
     per_step = min(p["per_step"]["tq_vs_tcp"] for p in points)
@@ -526,7 +529,7 @@ def _run(args: argparse.Namespace) -> int:
     if link is not None:
         print(f"units curve over {link['device']} shaped to {link['rate_gbit']:g} Gbit/s ({link['qdisc']})")
     for p in curves.get("storage_units", {}).get("points", []):
-        for mode in ("batched", "per_step"):
+        for mode in UNIT_MODES:
             m = p[mode]
             at_link = f" ({m['tcp_vs_link']:.2f}x the link)" if "tcp_vs_link" in m else ""
             print(f"units={p['units']} {mode:>8}: TQ {m['tq_gbps']:.3f} GB/s, two TCP hops {m['tcp_gbps']:.3f} GB/s"
