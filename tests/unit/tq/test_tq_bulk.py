@@ -572,3 +572,34 @@ def test_the_work_after_a_reply_holds_none_of_the_replys_views(unit):
         assert backend.usage()["pooled_bytes"] == 2 * MiB
     finally:
         go_on.set()
+
+
+class _Feed:
+    """Stands in for a socket: serves ``data`` to ``recv_into`` and records how much each call asked for."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.at, self.asked = data, 0, []
+
+    def recv_into(self, mv) -> int:
+        self.asked.append(len(mv))
+        k = min(len(mv), len(self.data) - self.at)
+        mv[:k] = self.data[self.at:self.at + k]
+        self.at += k
+        return k
+
+
+def test_a_large_payload_is_received_and_tagged_in_pieces_of_at_most_recv_bytes():
+    """A receiver asks the socket for at most ``RECV_BYTES`` at a time and tags each piece as it lands (the
+    bytes queued behind a piece stay warm); the payload and its tag are those of the whole, read at once."""
+    payload = np.random.default_rng(3).integers(0, 256, 3 * MiB + 5, dtype=np.uint8)
+    feed = _Feed(payload.tobytes())
+    out = np.zeros_like(payload)
+    key = wire.payload_key(SECRET, wire.auth_head(seq=1))
+    mac = wire.PayloadMac(key, 0, payload.nbytes)
+    bulk.Conn(feed, lambda quiet: None).recv_into(memoryview(out), mac)
+    np.testing.assert_array_equal(out, payload)
+    assert max(feed.asked) == bulk.RECV_BYTES < bulk.CHUNK_BYTES
+    assert len(feed.asked) == -(-payload.nbytes // bulk.RECV_BYTES)
+    whole = wire.PayloadMac(key, 0, payload.nbytes)
+    whole.update(memoryview(payload))
+    assert mac.finalize() == whole.finalize()
