@@ -197,6 +197,23 @@ def test_recv_pool_drop_idle_gives_back_every_unviewed_buffer_and_keeps_the_view
     assert pool.take(2 * MiB).ctypes.data % landing.PAGE == landing.OFFSET and pool.reused == 0
 
 
+def test_recv_pool_finds_each_next_free_buffer_first_while_a_read_holds_the_ones_it_took(monkeypatch):
+    """A read of 64 payloads into a pool of 64 free buffers reuses every one of them, and looks at about one
+    buffer per take to find it (taken buffers move behind the free ones), not at every buffer it holds."""
+    pool = bulk.RecvPool(cap_bytes=256 * MiB, idle_s=3600.0)
+    first = [pool.take(MiB + 4096) for _ in range(64)]
+    owners = {id(landing.owner_of(b)) for b in first}
+    del first
+    looked = []
+    free = pool._free
+    monkeypatch.setattr(pool, "_free", lambda entry: looked.append(1) or free(entry))
+    held = [pool.take(MiB + 4096) for _ in range(64)]
+    assert {id(landing.owner_of(b)) for b in held} == owners and pool.reused == 64
+    assert len(looked) == 64
+    held.append(pool.take(MiB + 4096))  # every pooled one held: a new buffer, after a look at the first few
+    assert len(looked) == 64 + bulk._SCAN and pool.reused == 64
+
+
 def test_recv_pool_buffers_land_past_a_page_boundary_and_are_reused_only_once_unviewed():
     """Every pooled buffer starts ``landing.OFFSET`` bytes into a page (where the kernel copies a socket's
     bytes in fastest here), the unpooled ones past the cap too; a buffer comes back only when no view of
