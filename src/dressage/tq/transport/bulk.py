@@ -411,7 +411,8 @@ class RecvPool:
     def take(self, n: int, *, exact: bool = False) -> np.ndarray:
         """A writable uint8 view of ``n`` bytes on a pooled buffer (a plain one under ``MIN_BYTES`` or past
         the cap). ``exact``: a new buffer is ``n`` bytes rather than its size class (no slack on top of what
-        the caller keeps); a free one of the class is reused when it is at least ``n`` long."""
+        the caller keeps); a free one of the class is reused when it is at least ``n`` long and among the
+        first ``_SCAN`` of its class, the ones taken longest ago (a taken buffer goes last)."""
         if n < self.MIN_BYTES:
             return np.empty(n, dtype=np.uint8)
         size = self.size_class(n)
@@ -420,10 +421,8 @@ class RecvPool:
             if now >= self._trim_at:  # not on every take: a trim looks at every pooled buffer
                 self._trim_at = now + min(1.0, self.idle_s)
                 self._trim(now, self.idle_s)
-            # Taken buffers go last, so the first ones are those taken longest ago: a read of k payloads finds
-            # each next free buffer first, not behind the ones it holds, and only the first few are looked at
-            # (every one of a full pool held by one large read was k^2 / 2 reference counts: 2,000 for a
-            # 64-payload get, 3 million for 4,096 payloads, most of a second).
+            # A read of k payloads finds each next free buffer first, not behind the ones it holds: looking at
+            # every buffer was k^2 / 2 reference counts (2,000 for a 64-payload get, 3 million for 4,096).
             entries = self._classes.get(size, [])
             for i, entry in enumerate(entries[:_SCAN]):
                 if entry[1] >= n and self._free(entry):
